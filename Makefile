@@ -1,0 +1,34 @@
+# make test   — create .venv if missing, install with dev extras, run the test suite (offline)
+# make demo   — the whole BPD experiment in miniature on the bundled corpus
+PY ?= python3
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export WANDB_MODE := offline
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
+
+.PHONY: install test test-fast demo bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+	$(PYTHON) -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: install
+	$(PYTHON) -m pytest -q -m "not slow and not slurm" $(PYTEST_ARGS)
+
+bench: install
+	$(PYTHON) bench/decode.py
+	$(PYTHON) bench/data.py
+	$(PYTHON) bench/train.py
+	$(PYTHON) bench/distill.py
+
+clean:
+	rm -rf artifacts outputs multirun
