@@ -1,0 +1,362 @@
+"""Distilled corpora on disk: teacher ids, the shard plan, manifest.json, verification, find and load.
+
+Layout: ``${paths.artifacts}/<corpus>/distill/<teacher-id>/``
+  manifest.json              settings (teacher sha256, tokenizer hash, beam, alpha, max_len, split), the
+                             shard plan (row range, example count and id hash per shard), shard states,
+                             ``complete`` and, once verified, the teacher's BLEU against the gold targets.
+  shard-00000-of-00012.jsonl one JSON object per line, readable by ``datasets`` (``load_dataset("json")``):
+      {"id": ..., "translation": {<src>: source, <tgt>: teacher translation (detokenized)},
+       "teacher_ids": [...], "teacher_score": float|null, "gold": gold target}
+
+Shards are the unit of work and of atomicity: each one is written to a temp file and renamed, so a shard
+file that exists is whole; a crashed run leaves at most temp files, which the rerun removes and redoes.
+The plan is fixed when the manifest is first written and is checked by every later run, so different
+settings or a different selection of examples never mix into one folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from bpd_train.io import atomic_write_json, atomic_write_text, sha256_file
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+DISTILL_DIRNAME = "distill"
+DEFAULT_COMMAND = "python distill.py"
+
+# Manifest keys that must agree between every run and rank that writes into one folder.
+SETTINGS_KEYS = ("teacher_sha256", "tokenizer_hash", "beam_size", "length_penalty", "max_len", "split",
+                 "src_lang", "tgt_lang")
+PLAN_KEYS = ("num_examples", "shard_size", "num_shards", "ids_sha256", "limit")
+
+
+class DistillError(ValueError):
+    """A distilled corpus that is missing, incomplete, inconsistent, or made with other settings."""
+
+
+# ----------------------------------------------------------------------------------------------- ids
+
+
+def canonical_max_len(max_len: Any) -> int | list[float]:
+    """An int, or [a, b] meaning a*src_len + b per row (JSON-stable: tuples become lists)."""
+    if isinstance(max_len, bool):
+        raise DistillError(f"max_len must be an int or [a, b], got {max_len!r}")
+    if isinstance(max_len, int):
+        if max_len < 1:
+            raise DistillError(f"max_len must be >= 1, got {max_len}")
+        return max_len
+    try:
+        a, b = list(max_len)
+        a, b = float(a), float(b)
+    except (TypeError, ValueError):
+        raise DistillError(f"max_len must be an int or [a, b] (a*src_len + b), got {max_len!r}") from None
+    if a < 0 or a * 1 + b < 1:
+        raise DistillError(f"max_len [a, b] must give at least one token (a >= 0), got {max_len!r}")
+    return [a, b]
+
+
+@dataclass(frozen=True)
+class TeacherSettings:
+    """Everything that determines the teacher's output; hashed into the teacher id."""
+
+    teacher_sha256: str
+    tokenizer_hash: str
+    beam_size: int
+    length_penalty: float
+    max_len: Any
+    split: str
+    src_lang: str
+    tgt_lang: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"teacher_sha256": self.teacher_sha256, "tokenizer_hash": self.tokenizer_hash,
+                "beam_size": int(self.beam_size), "length_penalty": float(self.length_penalty),
+                "max_len": canonical_max_len(self.max_len), "split": str(self.split),
+                "src_lang": str(self.src_lang), "tgt_lang": str(self.tgt_lang)}
+
+    @property
+    def teacher_id(self) -> str:
+        """Readable and unique: ``train-b4-a0.6-<12 hex of the settings hash>``."""
+        d = self.as_dict()
+        digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+        return f"{d['split']}-b{d['beam_size']}-a{d['length_penalty']:g}-{digest}"
+
+
+# ---------------------------------------------------------------------------------------------- plan
+
+
+def ids_digest(ids: Iterable[Any]) -> str:
+    h = hashlib.sha256()
+    for i in ids:
+        h.update(str(i).encode("utf-8"))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def shard_filename(index: int, num_shards: int) -> str:
+    return f"shard-{index:05d}-of-{num_shards:05d}.jsonl"
+
+
+def plan_shards(ids: Sequence[Any], shard_size: int) -> list[dict[str, Any]]:
+    """Contiguous row ranges of `shard_size` examples, in corpus order; deterministic from the id list."""
+    if shard_size < 1:
+        raise DistillError(f"shard_size must be >= 1, got {shard_size}")
+    n = len(ids)
+    num_shards = math.ceil(n / shard_size)
+    shards = []
+    for s in range(num_shards):
+        start, stop = s * shard_size, min(n, (s + 1) * shard_size)
+        shards.append({"index": s, "file": shard_filename(s, num_shards), "start": start, "stop": stop,
+                       "num_examples": stop - start, "ids_sha256": ids_digest(ids[start:stop]),
+                       "state": "pending"})
+    return shards
+
+
+def shards_for_worker(num_shards: int, worker: int, num_workers: int) -> list[int]:
+    """Round-robin: worker w gets shards w, w+W, w+2W, ... (neighbouring shards have similar lengths,
+    so interleaving balances the load better than contiguous blocks)."""
+    if num_workers < 1 or not 0 <= worker < num_workers:
+        raise DistillError(f"worker index {worker} is not in [0, {num_workers})")
+    return list(range(worker, num_shards, num_workers))
+
+
+def new_manifest(settings: TeacherSettings, ids: Sequence[Any], shard_size: int, *, corpus: str,
+                 teacher_path: str, limit: int | None, command: str) -> dict[str, Any]:
+    if len(ids) == 0:
+        raise DistillError(f"split '{settings.split}' has no examples to distill")
+    if len(set(map(str, ids))) != len(ids):
+        raise DistillError(f"split '{settings.split}' has duplicate example ids; ids must be unique")
+    shards = plan_shards(ids, shard_size)
+    return {"format": FORMAT_VERSION, "teacher_id": settings.teacher_id, "corpus": corpus,
+            **settings.as_dict(), "teacher_path": str(teacher_path),
+            "num_examples": len(ids), "shard_size": int(shard_size), "num_shards": len(shards),
+            "ids_sha256": ids_digest(ids), "limit": limit, "command": command,
+            "shards": shards, "complete": False, "teacher_bleu": None}
+
+
+def check_compatible(existing: dict[str, Any], wanted: dict[str, Any], out_dir: Path) -> None:
+    """Refuse to add to a folder whose corpus was made by another teacher, setting or example selection."""
+    diffs = [f"{k}: folder has {existing.get(k)!r}, this run has {wanted.get(k)!r}"
+             for k in SETTINGS_KEYS if existing.get(k) != wanted.get(k)]
+    if diffs:
+        raise DistillError(f"{out_dir} holds a corpus made by another teacher or setting ("
+                           + "; ".join(diffs) + "). Nothing was changed. Use another distill.output_dir, "
+                           "or leave it unset so the teacher id picks a folder of its own.")
+    diffs = [f"{k}: folder has {existing.get(k)!r}, this run has {wanted.get(k)!r}"
+             for k in PLAN_KEYS if existing.get(k) != wanted.get(k)]
+    if diffs:
+        raise DistillError(f"{out_dir} was planned for a different selection of examples (" + "; ".join(diffs)
+                           + "). Nothing was changed. Rerun with the folder's settings "
+                           f"(`{existing.get('command', DEFAULT_COMMAND)}`), or pass distill.overwrite=true to "
+                           "start this corpus again.")
+
+
+# ------------------------------------------------------------------------------------------ manifest
+
+
+def read_manifest(out_dir: str | os.PathLike) -> dict[str, Any]:
+    path = Path(out_dir) / MANIFEST
+    if not path.is_file():
+        raise DistillError(f"{Path(out_dir)} is not a distilled corpus (no {MANIFEST}); "
+                           f"make one with `{DEFAULT_COMMAND}`")
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DistillError(f"cannot read {path}: {e}") from e
+    if not isinstance(m, dict) or m.get("format") != FORMAT_VERSION or "shards" not in m:
+        raise DistillError(f"{path} is not a bpd-train distillation manifest (format {FORMAT_VERSION})")
+    return m
+
+
+def write_manifest(out_dir: str | os.PathLike, manifest: dict[str, Any]) -> None:
+    atomic_write_json(Path(out_dir) / MANIFEST, manifest)
+
+
+# -------------------------------------------------------------------------------------------- shards
+
+
+def write_shard(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> None:
+    """One JSON object per line, written to a temp file and renamed (a shard file that exists is whole)."""
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    atomic_write_text(path, text)
+
+
+def read_shard(path: str | os.PathLike) -> list[dict[str, Any]]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DistillError(f"{path}:{n}: not a JSON line ({e})") from e
+    return out
+
+
+def shard_ids(path: str | os.PathLike) -> list[Any] | None:
+    """The ids in a shard file, or None if it is missing or unreadable."""
+    try:
+        return [r["id"] for r in read_shard(path)]
+    except (OSError, UnicodeDecodeError, DistillError, KeyError, TypeError):
+        return None
+
+
+def shard_is_done(out_dir: Path, shard: dict[str, Any]) -> bool:
+    """A shard is done when its file exists and holds exactly its planned ids, in order."""
+    ids = shard_ids(out_dir / shard["file"])
+    return ids is not None and len(ids) == shard["num_examples"] and ids_digest(ids) == shard["ids_sha256"]
+
+
+def remove_stale_temps(out_dir: Path, files: Iterable[str]) -> int:
+    """Temp files left by a killed writer of these shards (atomic_write_* names them .<file>.*.tmp)."""
+    n = 0
+    for name in files:
+        for tmp in out_dir.glob(f".{name}.*.tmp"):
+            tmp.unlink(missing_ok=True)
+            n += 1
+    return n
+
+
+# -------------------------------------------------------------------------------------------- verify
+
+
+def finish_hint(manifest: dict[str, Any]) -> str:
+    cmd = manifest.get("command") or DEFAULT_COMMAND
+    return (f"finish it with `{cmd}` (a rerun skips finished shards), or, if every shard was written by a "
+            f"job array, `{cmd} distill.action=verify`")
+
+
+def verify_corpus(out_dir: str | os.PathLike, *, bleu: bool = True) -> dict[str, Any]:
+    """Check every shard (ids, counts, no duplicates), record shard states and the teacher's BLEU against
+    the gold targets, and mark the manifest complete. Raises DistillError (manifest states updated,
+    ``complete`` false) when shards are missing or wrong."""
+    out_dir = Path(out_dir)
+    m = read_manifest(out_dir)
+    tgt = m["tgt_lang"]
+    seen: set[str] = set()
+    all_ids: list[Any] = []
+    hyps: list[str] = []
+    refs: list[str] = []
+    problems: list[str] = []
+    for shard in m["shards"]:
+        path = out_dir / shard["file"]
+        if not path.is_file():
+            shard.update(state="missing", sha256=None, bytes=None)
+            problems.append(f"{shard['file']}: missing")
+            continue
+        try:
+            recs = read_shard(path)
+            ids = [r["id"] for r in recs]
+        except (DistillError, KeyError, TypeError, UnicodeDecodeError) as e:
+            shard.update(state="bad", sha256=None, bytes=None)
+            problems.append(f"{shard['file']}: unreadable ({e})")
+            continue
+        dup = [i for i in ids if str(i) in seen]
+        if len(ids) != shard["num_examples"] or ids_digest(ids) != shard["ids_sha256"] or dup:
+            shard.update(state="bad", sha256=None, bytes=None)
+            problems.append(f"{shard['file']}: {len(ids)} examples (planned {shard['num_examples']})"
+                            + (f", duplicate ids {dup[:3]}" if dup else "")
+                            + ("" if ids_digest(ids) == shard["ids_sha256"] else ", ids differ from the plan"))
+            continue
+        seen.update(map(str, ids))
+        all_ids.extend(ids)
+        hyps.extend(r["translation"][tgt] for r in recs)
+        refs.extend(r["gold"] for r in recs)
+        shard.update(state="done", sha256=sha256_file(path), bytes=path.stat().st_size)
+    if not problems and (len(all_ids) != m["num_examples"] or ids_digest(all_ids) != m["ids_sha256"]):
+        problems.append(f"{len(all_ids)} examples in all shards, planned {m['num_examples']} (ids differ)")
+    m["complete"] = not problems
+    m["num_done_shards"] = sum(s["state"] == "done" for s in m["shards"])
+    if problems:
+        m["teacher_bleu"] = None
+        write_manifest(out_dir, m)
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise DistillError(f"distilled corpus {out_dir} is incomplete: {m['num_done_shards']}/{m['num_shards']} "
+                           f"shards done; " + "; ".join(problems[:5]) + more + ". " + finish_hint(m))
+    if bleu:
+        m["teacher_bleu"] = teacher_bleu(hyps, refs)
+    write_manifest(out_dir, m)
+    return m
+
+
+def teacher_bleu(hyps: list[str], refs: list[str]) -> dict[str, Any]:
+    import sacrebleu
+
+    b = sacrebleu.metrics.BLEU()
+    c = sacrebleu.metrics.CHRF()
+    bs = b.corpus_score(hyps, [refs])
+    cs = c.corpus_score(hyps, [refs])
+    return {"bleu": round(bs.score, 4), "bleu_signature": str(b.get_signature()),
+            "chrf": round(cs.score, 4), "chrf_signature": str(c.get_signature()), "num_sentences": len(hyps)}
+
+
+# --------------------------------------------------------------------------------------- find / load
+
+
+def _distill_root(corpus_artifacts_dir: Path) -> Path:
+    return corpus_artifacts_dir / DISTILL_DIRNAME
+
+
+def find_distilled_corpus(corpus_artifacts_dir: str | os.PathLike, *, split: str | None = "train",
+                          command: str = DEFAULT_COMMAND) -> Path:
+    """The single complete distilled corpus of `split` under ``<corpus_artifacts_dir>/distill/``, or a
+    clear error. `split=None` accepts any split. `command` is the distillation command to name in the
+    message (callers add their data=/experiment= overrides so the user can paste it)."""
+    root = _distill_root(Path(corpus_artifacts_dir))
+    found: list[tuple[Path, dict]] = []
+    for mpath in sorted(root.glob(f"*/{MANIFEST}")):
+        try:
+            found.append((mpath.parent, read_manifest(mpath.parent)))
+        except DistillError:
+            continue
+    if split is not None:
+        found = [(d, m) for d, m in found if m.get("split") == split]
+    complete = [(d, m) for d, m in found if m.get("complete")]
+    if len(complete) == 1:
+        return complete[0][0]
+    if len(complete) > 1:
+        listing = ", ".join(f"{d} ({m.get('teacher_path')}, beam {m.get('beam_size')}, "
+                            f"alpha {m.get('length_penalty')})" for d, m in complete)
+        raise DistillError(f"{len(complete)} complete distilled corpora under {root}: {listing}. "
+                           "Pick the one to train on with regime.distilled_dir=PATH, or remove the others.")
+    if found:
+        d, m = found[-1]
+        raise DistillError(f"the distilled corpus {d} is not complete; {finish_hint(m)}")
+    what = "no distilled corpus" + (f" of split '{split}'" if split else "")
+    raise DistillError(f"{what} under {root}; make one with `{command}` "
+                       "(it needs the base model: `python train.py +regime=base`)")
+
+
+def load_distilled_corpus(out_dir: str | os.PathLike):
+    """The distilled corpus as a ``datasets.Dataset`` in the translation schema, where the target
+    language holds the teacher translation. Columns: id, translation, teacher_ids, teacher_score, gold."""
+    out_dir = Path(out_dir)
+    m = read_manifest(out_dir)
+    if not m.get("complete"):
+        raise DistillError(f"the distilled corpus {out_dir} is not complete "
+                           f"({m.get('num_done_shards', 0)}/{m['num_shards']} shards verified); {finish_hint(m)}")
+    files = []
+    for s in m["shards"]:
+        p = out_dir / s["file"]
+        if not p.is_file() or (s.get("bytes") is not None and p.stat().st_size != s["bytes"]):
+            raise DistillError(f"{p} is missing or changed since the corpus was verified; "
+                               f"rerun `{m.get('command') or DEFAULT_COMMAND}` to redo it")
+        files.append(str(p))
+    import datasets
+
+    features = datasets.Features({
+        "id": datasets.Value("string"),
+        "translation": {m["src_lang"]: datasets.Value("string"), m["tgt_lang"]: datasets.Value("string")},
+        "teacher_ids": datasets.Sequence(datasets.Value("int32")),
+        "teacher_score": datasets.Value("float32"),
+        "gold": datasets.Value("string"),
+    })
+    ds = datasets.load_dataset("json", data_files=files, split="train", features=features)
+    if len(ds) != m["num_examples"]:
+        raise DistillError(f"{out_dir}: read {len(ds)} examples, the manifest says {m['num_examples']}")
+    return ds

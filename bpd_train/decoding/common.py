@@ -1,0 +1,80 @@
+"""Input checks and bookkeeping shared by the decoders."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+
+def model_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    for b in model.buffers():
+        return b.device
+    return torch.device("cpu")
+
+
+def prepare_source(model: nn.Module, src) -> Tensor:
+    """src: LongTensor [B,S] (ids + eos, right-padded) or a list of id lists -> LongTensor on the model's device."""
+    cfg = model.config
+    if isinstance(src, Tensor):
+        if src.dim() != 2:
+            raise ValueError(f"src must be a [B,S] tensor, got shape {tuple(src.shape)}")
+        t = src.to(device=model_device(model), dtype=torch.long)
+    else:
+        rows = [list(map(int, r)) for r in src]
+        if not rows:
+            raise ValueError("empty batch: no source rows to decode")
+        width = max(len(r) for r in rows)
+        t = torch.full((len(rows), max(width, 1)), cfg.pad_id, dtype=torch.long)
+        for i, r in enumerate(rows):
+            t[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        t = t.to(model_device(model))
+    if t.shape[0] == 0:
+        raise ValueError("empty batch: no source rows to decode")
+    if t.shape[1] > cfg.max_positions:
+        raise ValueError(f"source length {t.shape[1]} exceeds the model's max_positions={cfg.max_positions}")
+    if t.shape[1] == 0 or bool((t == cfg.pad_id).all(dim=1).any()):
+        raise ValueError("a source row is empty (only padding); sources must hold at least the eos token")
+    return t
+
+
+def row_limits(model: nn.Module, src: Tensor, max_len, reserve: int = 0) -> list[int]:
+    """Per-row cap on generated tokens (EOS not counted): an int, or (a, b) meaning int(a*src_len + b).
+    Capped so that every decoder position stays below max_positions (`reserve` extra positions)."""
+    cap = model.config.max_positions - reserve
+    if isinstance(max_len, (int,)) and not isinstance(max_len, bool):
+        if max_len < 0:
+            raise ValueError(f"max_len must be >= 0, got {max_len}")
+        return [min(max_len, cap)] * src.shape[0]
+    if isinstance(max_len, Sequence) and len(max_len) == 2:
+        a, b = float(max_len[0]), float(max_len[1])
+        lens = (src != model.config.pad_id).sum(1).tolist()
+        return [max(0, min(int(a * n + b), cap)) for n in lens]
+    raise ValueError(f"max_len must be an int or a pair (a, b) meaning a*src_len + b, got {max_len!r}")
+
+
+@contextlib.contextmanager
+def decoding_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode (no dropout) and no autograd for the duration; restores the caller's train/eval flag."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def trim(rows: list[list[int]], lengths: list[int], eos_id: int) -> list[list[int]]:
+    """Cut each row to its produced length and drop a final EOS."""
+    out = []
+    for r, n in zip(rows, lengths):
+        r = r[:n]
+        if r and r[-1] == eos_id:
+            r = r[:-1]
+        out.append(r)
+    return out

@@ -1,0 +1,390 @@
+"""The distillation job: re-translate a corpus split with a teacher's beam search into resumable shards.
+
+``run(cfg)`` is what ``python distill.py`` calls. Every worker (process, rank or array task) computes the
+same plan, takes its round-robin share of the shards, skips the ones already on disk, decodes the rest
+(sorted by length within the shard, token-budget batches, KV-cached batched beam search) and writes each
+shard atomically. The worker that sees every shard on disk verifies the corpus and marks it complete;
+``distill.action=verify`` does the same on its own (the dependent step of a SLURM job array).
+"""
+from __future__ import annotations
+
+import logging
+import shlex
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from bpd_train.data.distilled import (
+    DEFAULT_COMMAND, DistillError, TeacherSettings, canonical_max_len, check_compatible, new_manifest,
+    read_manifest, remove_stale_temps, shard_is_done, shards_for_worker, verify_corpus, write_manifest,
+    write_shard,
+)
+from bpd_train.distillation.workers import Worker, detect_worker
+
+log = logging.getLogger(__name__)
+
+ACTIONS = ("run", "verify", "plan", "status")
+# Overrides that differ between the workers of one corpus; the command stored in the manifest omits them.
+_WORKER_KEYS = ("distill.worker_index", "distill.num_workers", "distill.action", "distill.verify",
+                "distill.device", "distill.progress", "distill.overwrite", "hydra.")
+
+
+def command_from_overrides(overrides: Sequence[str], program: str = "python distill.py") -> str:
+    keep = [o for o in overrides if not o.lstrip("+~").startswith(_WORKER_KEYS)]
+    return " ".join([program, *map(shlex.quote, keep)])
+
+
+def train_base_command(overrides: Sequence[str]) -> str:
+    keep = [o for o in overrides if not o.lstrip("+~").startswith(("distill.", "hydra."))]
+    return " ".join(["python train.py +regime=base", *map(shlex.quote, keep)])
+
+
+# ------------------------------------------------------------------------------------------ batching
+
+
+def token_batches(lengths: Sequence[int], max_tokens: int, max_sentences: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length, longest first (an OOM shows up at once), each with
+    at most `max_sentences` rows and at most `max_tokens` padded source tokens (a longer single row is
+    a batch of its own). Deterministic: ties keep corpus order."""
+    if max_tokens < 1 or max_sentences < 1:
+        raise DistillError(f"max_tokens and max_sentences must be >= 1, got {max_tokens}, {max_sentences}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i in order:
+        new_max = max(cur_max, lengths[i])
+        if cur and (len(cur) >= max_sentences or (len(cur) + 1) * new_max > max_tokens):
+            batches.append(cur)
+            cur, new_max = [], lengths[i]
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def decoder_max_len(max_len: Any) -> int | tuple[float, float]:
+    m = canonical_max_len(max_len)
+    return m if isinstance(m, int) else (m[0], m[1])
+
+
+def translate_ids(model, sources: Sequence[Sequence[int]], *, beam_size: int, length_penalty: float,
+                  max_len: Any, max_tokens: int, max_sentences: int, device=None, progress=None,
+                  amp_dtype=None) -> list[tuple[list[int], float | None]]:
+    """Decode `sources` (ids + eos) with beam search (greedy when beam_size == 1), sorted by length and
+    batched by token budget; returns (tokens, score) in the order of `sources`."""
+    import torch
+
+    from bpd_train.decoding import beam_search, greedy
+
+    cfg = model.config
+    device = device if device is not None else next(model.parameters()).device
+    out: list[tuple[list[int], float | None] | None] = [None] * len(sources)
+    ml = decoder_max_len(max_len)
+    for batch in token_batches([len(s) for s in sources], max_tokens, max_sentences):
+        width = max(len(sources[i]) for i in batch)
+        src = torch.full((len(batch), width), cfg.pad_id, dtype=torch.long)
+        for row, i in enumerate(batch):
+            src[row, : len(sources[i])] = torch.tensor(sources[i], dtype=torch.long)
+        src = src.to(device)
+        with torch.no_grad(), torch.autocast(device_type=torch.device(device).type, dtype=amp_dtype,
+                                             enabled=amp_dtype is not None):
+            if beam_size == 1:
+                r = greedy(model, src, max_len=ml)
+            else:
+                r = beam_search(model, src, beam_size=beam_size, length_penalty=length_penalty, max_len=ml)
+        scores = getattr(r, "scores", None)
+        for row, i in enumerate(batch):
+            s = None
+            if scores is not None and scores[row] is not None:
+                s = round(float(scores[row]), 4)
+            out[i] = ([int(t) for t in r.tokens[row]], s)
+        if progress is not None:
+            progress.update(len(batch))
+    return out  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------------------- the job
+
+
+@dataclass
+class Job:
+    cfg: Any
+    out_dir: Path
+    manifest: dict
+    dataset: Any          # the selected split (datasets.Dataset), rows in plan order
+    teacher: Any          # checkpoint.LoadedModel (on CPU until a worker needs it)
+    command: str
+
+
+def _resolve_teacher(cfg, overrides: Sequence[str]) -> Path:
+    d = cfg.distill
+    corpus_dir = Path(cfg.paths.artifacts) / cfg.data.name
+    if d.teacher:
+        p = Path(str(d.teacher)).expanduser()
+        if not p.exists():
+            raise DistillError(f"teacher {p} does not exist (distill.teacher); pass a checkpoint file, a run "
+                               "folder or an exported bundle")
+        return p
+    p = corpus_dir / "base"
+    if not p.exists():
+        raise DistillError(f"no base model at {p} to use as the teacher; make it with "
+                           f"`{train_base_command(overrides)}`, or pass distill.teacher=PATH")
+    return p
+
+
+def _teacher_sha256(loaded) -> str:
+    from bpd_train.io import sha256_file
+
+    src = Path(loaded.source)
+    return sha256_file(src / "model.safetensors" if src.is_dir() else src)
+
+
+def _check_teacher(loaded, cfg, train_split) -> None:
+    """Teacher and tokenizer must agree (vocabulary size, special ids), and with the corpus tokenizer."""
+    mc = loaded.config
+    sp = loaded.tokenizer()
+    n = sp.get_piece_size()
+    if n != mc.vocab_size:
+        raise DistillError(f"teacher {loaded.source} has a {mc.vocab_size}-symbol vocabulary but its tokenizer "
+                           f"{loaded.tokenizer_path} has {n} pieces: they do not belong together")
+    specials = {"pad": (sp.pad_id(), mc.pad_id), "bos": (sp.bos_id(), mc.bos_id), "eos": (sp.eos_id(), mc.eos_id)}
+    bad = {k: v for k, v in specials.items() if v[0] != v[1]}
+    if bad:
+        raise DistillError(f"teacher {loaded.source} and its tokenizer disagree on special ids: "
+                           + ", ".join(f"{k} is {a} in the tokenizer, {b} in the model" for k, (a, b) in bad.items()))
+    if not cfg.distill.get("check_corpus_tokenizer", True):
+        return
+    corpus_tok = _corpus_tokenizer(cfg, train_split)
+    if corpus_tok is None:
+        log.warning("corpus '%s' has no tokenizer under %s yet; using the teacher's own (%s)", cfg.data.name,
+                    cfg.paths.artifacts, loaded.tokenizer_path)
+        return
+    from bpd_train.io import sha256_file
+
+    if sha256_file(corpus_tok) != loaded.tokenizer_hash:
+        raise DistillError(f"teacher {loaded.source} uses tokenizer {loaded.tokenizer_hash[:12]} but corpus "
+                           f"'{cfg.data.name}' uses {sha256_file(corpus_tok)[:12]} ({corpus_tok}): the teacher was "
+                           "trained on another corpus or tokenizer setting, and its token ids would not fit the "
+                           "students. Use a teacher trained on this corpus (or distill.check_corpus_tokenizer=false "
+                           "to keep only its text).")
+
+
+def _corpus_tokenizer(cfg, train_split) -> Path | None:
+    """The corpus's own tokenizer file for these data settings, if it has been built (never trains one)."""
+    from bpd_train.data.tokenizer import spm_settings, tokenizer_key
+
+    key = tokenizer_key(train_split, str(cfg.data.src_lang), str(cfg.data.tgt_lang), spm_settings(cfg.data))
+    p = Path(cfg.paths.artifacts) / str(cfg.data.name) / "spm" / key / "spm.model"
+    return p if p.is_file() else None
+
+
+def _select_split(cfg):
+    """(the split to distill, the corpus's train split)."""
+    from bpd_train.data.corpus import load_corpus
+
+    d = cfg.distill
+    try:
+        dsd = load_corpus(cfg.data)
+    except (ValueError, FileNotFoundError) as e:
+        raise DistillError(f"cannot load corpus '{cfg.data.name}': {e}") from e
+    if d.split not in dsd:
+        raise DistillError(f"corpus '{cfg.data.name}' has no split '{d.split}' (it has {sorted(dsd)}); "
+                           "set distill.split")
+    ds = dsd[d.split]
+    if d.limit is not None:
+        if int(d.limit) < 1:
+            raise DistillError(f"distill.limit must be >= 1 or null, got {d.limit}")
+        ds = ds.select(range(min(int(d.limit), len(ds))))
+    if len(ds) == 0:
+        raise DistillError(f"split '{d.split}' of corpus '{cfg.data.name}' is empty: nothing to distill")
+    return ds, dsd.get("train")
+
+
+def _ids(ds) -> list[str]:
+    if "id" in ds.column_names:
+        return [str(i) for i in ds["id"]]
+    return [str(i) for i in range(len(ds))]
+
+
+def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
+    """Everything that can fail on bad input, checked before anything is written."""
+    from bpd_train.checkpoint import CheckpointError, load_model
+
+    d = cfg.distill
+    if d.action not in ACTIONS:
+        raise DistillError(f"distill.action={d.action!r}; choose one of {', '.join(ACTIONS)}")
+    if int(d.beam_size) < 1:
+        raise DistillError(f"distill.beam_size must be >= 1, got {d.beam_size}")
+    canonical_max_len(d.max_len)
+    command = command_from_overrides(overrides)
+    teacher_path = _resolve_teacher(cfg, overrides)
+    try:
+        teacher = load_model(teacher_path, map_location="cpu")
+    except CheckpointError as e:
+        raise DistillError(f"cannot use {teacher_path} as the teacher: {e}") from e
+    ds, train_split = _select_split(cfg)
+    _check_teacher(teacher, cfg, train_split)
+    ids = _ids(ds)
+    settings = TeacherSettings(teacher_sha256=_teacher_sha256(teacher), tokenizer_hash=teacher.tokenizer_hash,
+                               beam_size=int(d.beam_size), length_penalty=float(d.length_penalty),
+                               max_len=d.max_len, split=str(d.split), src_lang=str(cfg.data.src_lang),
+                               tgt_lang=str(cfg.data.tgt_lang))
+    corpus_dir = Path(cfg.paths.artifacts) / cfg.data.name
+    out_dir = Path(d.output_dir) if d.output_dir else corpus_dir / "distill" / settings.teacher_id
+    wanted = new_manifest(settings, ids, int(d.shard_size), corpus=str(cfg.data.name),
+                          teacher_path=str(Path(teacher_path).resolve()),
+                          limit=None if d.limit is None else int(d.limit), command=command)
+    if (out_dir / "manifest.json").exists():
+        existing = read_manifest(out_dir)
+        if not d.overwrite:
+            check_compatible(existing, wanted, out_dir)
+            wanted = existing
+    elif out_dir.exists() and any(out_dir.iterdir()):
+        raise DistillError(f"{out_dir} exists, is not empty and has no manifest.json: not a distilled corpus. "
+                           "Nothing was changed; choose another distill.output_dir or remove it.")
+    return Job(cfg, out_dir, wanted, ds, teacher, command)
+
+
+def _device(cfg, worker: Worker):
+    import torch
+
+    dev = str(cfg.distill.get("device", "auto"))
+    if dev != "auto":
+        return torch.device(dev)
+    if torch.cuda.is_available():
+        return torch.device("cuda", worker.local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def _amp_dtype(cfg, device):
+    import torch
+
+    prec = str(cfg.distill.get("precision", "32"))
+    if prec in ("32", "fp32", "float32"):
+        return None
+    if prec in ("bf16", "bf16-mixed", "bfloat16"):
+        return torch.bfloat16
+    if prec in ("16", "fp16", "16-mixed") and device.type == "cuda":
+        return torch.float16
+    raise DistillError(f"distill.precision={prec!r}; use 32 or bf16")
+
+
+def run_worker(job: Job, worker: Worker) -> dict[str, Any]:
+    """Decode this worker's unfinished shards; return counts and speed."""
+    d = job.cfg.distill
+    m = job.manifest
+    mine = [m["shards"][i] for i in shards_for_worker(m["num_shards"], worker.index, worker.count)]
+    stale = remove_stale_temps(job.out_dir, [s["file"] for s in mine])
+    if stale:
+        log.info("removed %d partial shard file(s) left by an interrupted run", stale)
+    todo = [s for s in mine if not shard_is_done(job.out_dir, s)]
+    stats = {"worker": worker.index, "workers": worker.count, "shards": len(mine), "skipped": len(mine) - len(todo),
+             "decoded_shards": 0, "sentences": 0, "seconds": 0.0}
+    log.info("%s: %d of %d shards are mine, %d already done, %d to decode", worker, len(mine), m["num_shards"],
+             stats["skipped"], len(todo))
+    if not todo:
+        return stats
+    from tqdm.auto import tqdm
+
+    import torch
+
+    if d.get("num_threads"):  # CPU: oversubscribed cores make OpenMP spin (30x slower on a busy 2-core box)
+        torch.set_num_threads(int(d.num_threads))
+    device = _device(job.cfg, worker)
+    amp = _amp_dtype(job.cfg, device)
+    model = job.teacher.model.to(device).eval()
+    sp = job.teacher.tokenizer()
+    eos = model.config.eos_id
+    specials = {model.config.pad_id, model.config.bos_id, eos}
+    max_src = model.config.max_positions - 1  # room for eos; longer sources are cut (and counted)
+    src_lang, tgt_lang = m["src_lang"], m["tgt_lang"]
+    bar = tqdm(total=sum(s["num_examples"] for s in todo), unit="sent", desc=f"distill w{worker.index}",
+               disable=not d.get("progress", True), dynamic_ncols=True, mininterval=1.0)
+    t0 = time.perf_counter()
+    cut = 0
+    for shard in todo:
+        rows = job.dataset[shard["start"]: shard["stop"]]
+        srcs = [t[src_lang] for t in rows["translation"]]
+        golds = [t[tgt_lang] for t in rows["translation"]]
+        ids = [str(i) for i in rows["id"]] if "id" in rows else [str(i) for i in range(shard["start"], shard["stop"])]
+        pieces = sp.encode(srcs)
+        cut += sum(len(p) > max_src for p in pieces)
+        sources = [p[:max_src] + [eos] for p in pieces]
+        ts = time.perf_counter()
+        hyps = translate_ids(model, sources, beam_size=int(m["beam_size"]), length_penalty=float(m["length_penalty"]),
+                             max_len=m["max_len"], max_tokens=int(d.max_tokens), max_sentences=int(d.max_sentences),
+                             device=device, progress=bar, amp_dtype=amp)
+        records = [{"id": i, "translation": {src_lang: s, tgt_lang: sp.decode([t for t in toks if t not in specials])}, "teacher_ids": toks,
+                    "teacher_score": score, "gold": g}
+                   for i, s, g, (toks, score) in zip(ids, srcs, golds, hyps)]
+        write_shard(job.out_dir / shard["file"], records)
+        dt = time.perf_counter() - ts
+        stats["decoded_shards"] += 1
+        stats["sentences"] += len(records)
+        log.info("%s: wrote %s (%d sentences, %.1f sentences/s)", worker, shard["file"], len(records),
+                 len(records) / max(dt, 1e-9))
+    bar.close()
+    stats["seconds"] = round(time.perf_counter() - t0, 3)
+    stats["sentences_per_s"] = round(stats["sentences"] / max(stats["seconds"], 1e-9), 2)
+    if cut:
+        log.warning("%d source(s) were longer than the teacher's %d positions and were cut", cut, max_src + 1)
+    return stats
+
+
+def status(out_dir: Path, manifest: dict) -> dict[str, Any]:
+    done = [s["index"] for s in manifest["shards"] if (out_dir / s["file"]).is_file()]
+    return {"out_dir": str(out_dir), "complete": bool(manifest.get("complete")), "shards": manifest["num_shards"],
+            "shards_on_disk": len(done), "missing": [s["index"] for s in manifest["shards"] if s["index"] not in done]}
+
+
+def run(cfg, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The whole job for one worker; returns a summary (also logged)."""
+    d = cfg.distill
+    if d.action == "verify" and d.output_dir:  # a dependent verify step needs neither teacher nor corpus
+        m = verify_corpus(d.output_dir)
+        return _done(Path(d.output_dir), m)
+    job = prepare(cfg, overrides)
+    worker = detect_worker(index=d.get("worker_index"), count=d.get("num_workers"))
+    if d.overwrite and job.out_dir.exists():
+        if worker.count > 1:
+            raise DistillError("distill.overwrite=true with several workers would let them delete each other's "
+                               "shards; start over with one process (or remove the folder first)")
+        log.warning("distill.overwrite=true: removing %s", job.out_dir)
+        shutil.rmtree(job.out_dir)
+    if not (job.out_dir / "manifest.json").exists():
+        write_manifest(job.out_dir, job.manifest)
+    log.info("distilled corpus: %s (%d examples, %d shards)", job.out_dir, job.manifest["num_examples"],
+             job.manifest["num_shards"])
+    if d.action == "plan":
+        return {"out_dir": str(job.out_dir), "num_shards": job.manifest["num_shards"],
+                "num_examples": job.manifest["num_examples"], "teacher_id": job.manifest["teacher_id"]}
+    if d.action == "status":
+        return status(job.out_dir, job.manifest)
+    if d.action == "verify":
+        return _done(job.out_dir, verify_corpus(job.out_dir))
+    if job.manifest.get("complete") and all(shard_is_done(job.out_dir, s) for s in job.manifest["shards"]):
+        log.info("%s is already complete; nothing to do", job.out_dir)
+        return _done(job.out_dir, job.manifest, decoded=0)
+    stats = run_worker(job, worker)
+    st = status(job.out_dir, job.manifest)
+    if st["missing"]:
+        log.info("%d/%d shards on disk; the rest belong to other workers. The last worker to finish verifies "
+                 "the corpus, or run `%s distill.action=verify`", st["shards_on_disk"], st["shards"], job.command)
+        return {**stats, **st}
+    if not d.get("verify", True):
+        return {**stats, **st}
+    return _done(job.out_dir, verify_corpus(job.out_dir), **stats)
+
+
+def _done(out_dir: Path, m: dict, **extra) -> dict[str, Any]:
+    bleu = m.get("teacher_bleu") or {}
+    log.info("complete: %s — %d examples, teacher BLEU %s vs gold", out_dir, m["num_examples"], bleu.get("bleu"))
+    return {"out_dir": str(out_dir), "complete": bool(m.get("complete")), "num_examples": m["num_examples"],
+            "teacher_bleu": bleu.get("bleu"), **extra}
+
+
+__all__ = ["run", "prepare", "run_worker", "translate_ids", "token_batches", "Job", "DEFAULT_COMMAND"]

@@ -1,0 +1,137 @@
+"""BlockwiseEval: at the end of each validation, blockwise-decode a fixed validation subset and log
+val/bleu, val/mean_accepted (k̂), val/speedup (and val/agreement with greedy).
+
+Cheap by design: a small evenly spaced subset (default 32 sentences), collected once from the validation
+dataloader (sources as fed to the model, references decoded from the gold targets), decoded on rank 0 only.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # pragma: no cover - lightning is a hard dependency of training
+    Callback = object  # type: ignore[misc,assignment]
+
+
+class BlockwiseEval(Callback):
+    def __init__(self, enabled: Any = "auto", n_sentences: int = 32, batch_size: int = 16,
+                 block_size: int | None = None, accept: str = "exact", max_len: Any = (1.5, 10),
+                 every_n_validations: int = 1, warmup: int = 1):
+        """enabled: True | False | "auto" (on when the model has heads, k > 1); block_size: None = the model's k."""
+        super().__init__()
+        self.enabled = enabled
+        self.n_sentences = int(n_sentences)
+        self.batch_size = int(batch_size)
+        self.block_size = block_size
+        self.accept = accept
+        self.max_len = max_len
+        self.every = max(1, int(every_n_validations))
+        self.warmup = int(warmup)
+        self._subset: tuple[list[list[int]], list[str]] | None = None
+        self._count = 0
+
+    # --------------------------------------------------------------------------------------------- helpers
+    @staticmethod
+    def _tokenizer(trainer, pl_module):
+        dm = getattr(trainer, "datamodule", None)
+        tok = getattr(dm, "tokenizer", None) or getattr(pl_module, "tokenizer", None)
+        if tok is None:
+            raise RuntimeError("BlockwiseEval needs a tokenizer on the datamodule (or the LightningModule)")
+        return tok
+
+    def _collect(self, trainer, tok, cfg) -> tuple[list[list[int]], list[str]]:
+        dm = getattr(trainer, "datamodule", None)
+        if dm is not None and hasattr(dm, "val_dataloader"):
+            loader = dm.val_dataloader()
+        else:
+            loaders = trainer.val_dataloaders
+            loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+        rows = []
+        specials = {cfg.pad_id, cfg.eos_id, cfg.bos_id}
+        for batch in loader:
+            src, tgt = batch["src"], batch["tgt_out"]
+            idx = batch.get("idx")
+            for r in range(src.shape[0]):
+                s = [int(x) for x in src[r].tolist() if int(x) != cfg.pad_id]
+                t = [int(x) for x in tgt[r].tolist() if int(x) not in specials]
+                key = int(idx[r]) if idx is not None else len(rows)
+                rows.append((key, s, t))
+        rows.sort(key=lambda x: x[0])
+        n = min(self.n_sentences, len(rows))
+        if n == 0:
+            return [], []
+        picks = sorted({round(i * (len(rows) - 1) / max(1, n - 1)) for i in range(n)}) if n > 1 else [0]
+        decode = tok.decode if hasattr(tok, "decode") else tok.sp.decode
+        return [rows[i][1] for i in picks], [decode(rows[i][2]) for i in picks]
+
+    # ---------------------------------------------------------------------------------------------- hooks
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or self.enabled is False or str(self.enabled).lower() == "false":
+            return
+        model = pl_module.model
+        cfg = model.config
+        if str(self.enabled).lower() == "auto" and cfg.block_size <= 1:
+            return
+        self._count += 1
+        if (self._count - 1) % self.every:
+            return
+        if trainer.global_rank != 0:
+            return
+        metrics = self.evaluate(trainer, pl_module)
+        if metrics:
+            for name, value in metrics.items():
+                pl_module.log(name, value, rank_zero_only=True, prog_bar=name == "val/mean_accepted",
+                              batch_size=self.n_sentences)
+
+    @torch.no_grad()
+    def evaluate(self, trainer, pl_module) -> dict[str, float]:
+        from bpd_train.decoding import blockwise, greedy
+        from bpd_train.evaluation.decode import max_len_arg, parse_rule
+        from bpd_train.evaluation.metrics import (DecodeStats, agreement, corpus_scores, length_sorted_batches,
+                                                  pad_batch, time_interleaved)
+
+        model = pl_module.model
+        cfg = model.config
+        tok = self._tokenizer(trainer, pl_module)
+        if self._subset is None:
+            self._subset = self._collect(trainer, tok, cfg)
+        srcs, refs = self._subset
+        if not srcs:
+            return {}
+        k = min(self.block_size or cfg.block_size, cfg.block_size)
+        rule, max_len = parse_rule(self.accept), max_len_arg(self.max_len)
+        device = next(model.parameters()).device
+        groups = length_sorted_batches([len(s) for s in srcs], self.batch_size)
+        batches = [pad_batch([srcs[i] for i in g], cfg.pad_id, device) for g in groups]
+        fns = {"greedy": lambda s: greedy(model, s, max_len=max_len)}
+        if k > 1:
+            fns["blockwise"] = lambda s: blockwise(model, s, block_size=k, accept=rule, max_len=max_len)
+        was_training = model.training
+        model.eval()
+        try:
+            timed = time_interleaved(fns, batches, device, warmup=self.warmup)
+        finally:
+            model.train(was_training)
+        key = "blockwise" if k > 1 else "greedy"
+        tokens: list = [None] * len(srcs)
+        g_tokens: list = [None] * len(srcs)
+        for g, rb, rg in zip(groups, timed[key].results, timed["greedy"].results):
+            for i, tb, tg in zip(g, rb.tokens, rg.tokens):
+                tokens[i], g_tokens[i] = list(tb), list(tg)
+        decode = tok.decode if hasattr(tok, "decode") else tok.sp.decode
+        scores = corpus_scores([decode(t) for t in tokens], refs)
+        stats = DecodeStats()
+        for r in timed[key].results:
+            stats.add(r)
+        out = {"val/bleu": scores["bleu"], "val/mean_accepted": stats.mean_accepted if k > 1 else 1.0,
+               "val/speedup": (timed["greedy"].seconds / timed[key].seconds) if k > 1 and timed[key].seconds > 0
+               else 1.0, "val/agreement": agreement(tokens, g_tokens)}
+        log.info("blockwise eval (%d sentences, k=%d %s): %s", len(srcs), k, self.accept,
+                 ", ".join(f"{n}={v:.3f}" for n, v in out.items()))
+        return out

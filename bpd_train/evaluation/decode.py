@@ -1,0 +1,93 @@
+"""Glue between texts and the decoders: acceptance-rule names, default block sizes, tokenizing sources."""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from bpd_train.evaluation.metrics import pad_batch
+
+
+class EvalError(ValueError):
+    """Evaluation settings that cannot work (block size above the model's k, unknown rule, no sentences, ...)."""
+
+
+_TOP = re.compile(r"^top[-_:]?k?[-_:]?(\d+)$")
+_DIST = re.compile(r"^(?:distance|dist|eps)[-_:]?([0-9.]+)$")
+
+
+def parse_rule(name):
+    """'exact' -> Exact(); 'top2' / 'topk:2' -> TopK(2); 'distance:1' -> Distance(1)."""
+    from bpd_train.decoding import Distance, Exact, TopK
+
+    s = str(name).strip().lower()
+    if s == "exact":
+        return Exact()
+    if m := _TOP.match(s):
+        return TopK(int(m.group(1)))
+    if m := _DIST.match(s):
+        return Distance(float(m.group(1)))
+    raise EvalError(f"unknown acceptance rule {name!r}: use exact, top<N> (e.g. top2) or distance:<eps>")
+
+
+def rule_label(name) -> str:
+    s = str(name).strip().lower()
+    if s == "exact":
+        return "Exact"
+    if m := _TOP.match(s):
+        return f"TopK({m.group(1)})"
+    if m := _DIST.match(s):
+        return f"Distance({m.group(1)})"
+    return str(name)
+
+
+def default_block_sizes(k: int) -> list[int]:
+    """The model's k and every smaller even k (k = 8 -> [8, 6, 4, 2]); [] for a plain model (k = 1)."""
+    if k <= 1:
+        return []
+    return sorted({k, *range(2, k, 2)}, reverse=True)
+
+
+def check_block_sizes(sizes: Sequence[int] | None, k: int, where: str) -> list[int]:
+    if sizes is None:
+        return default_block_sizes(k)
+    out = []
+    for s in sizes:
+        s = int(s)
+        if s < 1:
+            raise EvalError(f"block size must be >= 1, got {s}")
+        if s > k:
+            raise EvalError(f"block size {s} is above the k = {k} heads of {where}: use block sizes <= {k}")
+        if s > 1 and s not in out:
+            out.append(s)
+    return out
+
+
+def max_len_arg(max_len):
+    """Config -> decoder max_len: an int, or [a, b] meaning a*src_len + b per row."""
+    if isinstance(max_len, (list, tuple)):
+        if len(max_len) != 2:
+            raise EvalError(f"max_len must be an int or [a, b] (a*src_len + b), got {max_len!r}")
+        return (float(max_len[0]), int(max_len[1]))
+    return int(max_len)
+
+
+class SpmText:
+    """Source ids and detokenized output from a sentencepiece processor (what every checkpoint and bundle carries).
+    Sources are the pieces followed by EOS, as bpd_train.data.encode_source makes them."""
+
+    def __init__(self, sp, eos_id: int, pad_id: int, max_positions: int | None = None):
+        self.sp, self.eos_id, self.pad_id, self.max_positions = sp, eos_id, pad_id, max_positions
+        self.truncated = 0
+
+    def source_ids(self, text: str) -> list[int]:
+        ids = list(self.sp.encode(text, out_type=int))
+        if self.max_positions is not None and len(ids) + 1 > self.max_positions:
+            ids = ids[: self.max_positions - 1]
+            self.truncated += 1
+        return ids + [self.eos_id]
+
+    def detok(self, ids: Sequence[int]) -> str:
+        return self.sp.decode([int(i) for i in ids])
+
+    def batch(self, ids: Sequence[Sequence[int]], device=None):
+        return pad_batch(ids, self.pad_id, device)

@@ -1,0 +1,204 @@
+"""Evaluation reports: report.json (everything), report.md (tables shaped like the paper's Table 1), PNG plots."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Iterable
+
+from bpd_train.io import atomic_write_json, atomic_write_text
+
+NOTES = ("Cells: BLEU / k̂ / wall-clock speedup over greedy decoding of the same checkpoint. Row k = 1 is greedy "
+         "decoding itself. k̂ = generated tokens per decoder call after the prefill call (per sentence, "
+         "averaged over accepted blocks); speedup = greedy seconds ÷ blockwise seconds on the same batches, "
+         "greedy and blockwise alternating, after warm-up.")
+
+
+def _fmt(x, nd=2) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:.{nd}f}"
+
+
+def _col_name(entry: dict) -> str:
+    name, regime = entry["name"], entry.get("regime")
+    return name if not regime or regime in name else f"{name} ({regime})"
+
+
+def table1(report: dict, rule: str, batch_size: int, checkpoints: Iterable[dict] | None = None) -> str:
+    """Rows k, columns checkpoints (regimes), cells 'BLEU / k̂ / speedup×' for one acceptance rule and batch size."""
+    cks = list(checkpoints if checkpoints is not None else report["checkpoints"])
+    rows = [r for r in report["rows"] if r["rule"] == rule and r["batch_size"] == batch_size]
+    ks = sorted({1} | {r["k"] for r in rows})
+    cell = {(r["checkpoint"], r["k"]): r for r in rows}
+    lines = ["| k | " + " | ".join(_col_name(c) for c in cks) + " |", "|---:|" + "---|" * len(cks)]
+    for k in ks:
+        cells = []
+        for c in cks:
+            if k == 1:
+                cells.append(f"{_fmt(c['greedy']['bleu'])} / 1.00 / 1.00×")
+            elif (c["name"], k) in cell:
+                r = cell[(c["name"], k)]
+                cells.append(f"{_fmt(r['bleu'])} / {_fmt(r['mean_accepted'])} / {_fmt(r['speedup'])}×")
+            else:
+                cells.append("–")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _combos(report: dict) -> list[tuple[str, str, int]]:
+    seen = []
+    for r in report["rows"]:
+        key = (r["rule"], r.get("rule_label", r["rule"]), r["batch_size"])
+        if key not in seen:
+            seen.append(key)
+    if not seen:  # only plain models: still one greedy table per batch size
+        seen = [("exact", "Exact", b) for b in report["settings"]["batch_sizes"]]
+    return seen
+
+
+def detail_table(rows: list[dict]) -> str:
+    head = ("| checkpoint | k | rule | batch | BLEU | chrF | k̂ | calls | greedy calls | agreement % | greedy s | "
+            "blockwise s | speedup |")
+    lines = [head, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['checkpoint']} | {r['k']} | {r.get('rule_label', r['rule'])} | {r['batch_size']} | "
+                     f"{_fmt(r['bleu'])} | {_fmt(r['chrf'])} | {_fmt(r['mean_accepted'])} | {r['calls']} | "
+                     f"{r['greedy_calls']} | {_fmt(r['agreement'], 1)} | {_fmt(r['greedy_seconds'], 3)} | "
+                     f"{_fmt(r['blockwise_seconds'], 3)} | {_fmt(r['speedup'])}× |")
+    return "\n".join(lines)
+
+
+def markdown(report: dict, plots: list[str] | None = None) -> str:
+    d, env = report.get("data", {}), report.get("environment", {})
+    title = f"{d.get('name', 'corpus')} {d.get('split', '')}".strip()
+    lines = [f"# Blockwise parallel decoding: {title}, {d.get('sentences')} sentences", "",
+             f"Command: `{report.get('command', '')}`  ", f"Device: {env.get('device')}, torch {env.get('torch')}, "
+             f"{env.get('threads')} thread(s); {report.get('created', '')}  ",
+             f"Direction: {d.get('src_lang', '?')} → {d.get('tgt_lang', '?')}; max_len {report['settings']['max_len']}  ",
+             f"BLEU signature: `{report['signatures']['bleu']}`  ", f"chrF signature: `{report['signatures']['chrf']}`",
+             "", NOTES, ""]
+    for rule, label, bs in _combos(report):
+        lines += [f"## {label} acceptance, batch size {bs}", "", table1(report, rule, bs), ""]
+    if report["rows"]:
+        lines += ["## All results", "", detail_table(report["rows"]), ""]
+    lines += ["## Checkpoints", "", "| name | regime | k | greedy BLEU | greedy chrF | path |", "|---|---|---:|---:|---:|---|"]
+    for c in report["checkpoints"]:
+        lines.append(f"| {c['name']} | {c.get('regime') or '–'} | {c['k']} | {_fmt(c['greedy']['bleu'])} | "
+                     f"{_fmt(c['greedy']['chrf'])} | `{c['path']}` |")
+    lines.append("")
+    for p in plots or []:
+        lines += [f"![{Path(p).stem}]({p})", ""]
+    return "\n".join(lines)
+
+
+def write_plots(report: dict, out_dir: Path) -> list[str]:
+    """speedup_vs_k.png (one panel per batch size) and bleu_vs_khat.png; matplotlib's Agg backend (no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    rows, written = report["rows"], []
+    if not rows:
+        return written
+    bss = sorted({r["batch_size"] for r in rows})
+    series = sorted({(r["checkpoint"], r.get("rule_label", r["rule"])) for r in rows})
+    fig, axes = plt.subplots(1, len(bss), figsize=(5 * len(bss), 4), squeeze=False)
+    for ax, bs in zip(axes[0], bss):
+        for ck, rule in series:
+            pts = sorted((r["k"], r["speedup"]) for r in rows if r["batch_size"] == bs and r["checkpoint"] == ck
+                         and r.get("rule_label", r["rule"]) == rule)
+            if pts:
+                ax.plot([1] + [p[0] for p in pts], [1.0] + [p[1] for p in pts], marker="o", label=f"{ck} {rule}")
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set(title=f"batch size {bs}", xlabel="block size k", ylabel="speedup over greedy (×)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "speedup_vs_k.png", dpi=110)
+    plt.close(fig)
+    written.append("speedup_vs_k.png")
+
+    bs0 = bss[0]
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for ck, rule in series:
+        pts = sorted((r["mean_accepted"], r["bleu"], r["k"]) for r in rows if r["batch_size"] == bs0
+                     and r["checkpoint"] == ck and r.get("rule_label", r["rule"]) == rule)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{ck} {rule}")
+            for x, y, k in pts:
+                ax.annotate(f"k={k}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    for c in report["checkpoints"]:
+        ax.scatter([1.0], [c["greedy"]["bleu"]], marker="x", color="black")
+    ax.set(xlabel="mean accepted block size k̂", ylabel="BLEU", title="BLEU vs k̂ (x: greedy)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "bleu_vs_khat.png", dpi=110)
+    plt.close(fig)
+    written.append("bleu_vs_khat.png")
+    return written
+
+
+def write_report(report: dict, out_dir: str | os.PathLike, plots: bool = True) -> None:
+    out_dir = Path(out_dir)
+    written = write_plots(report, out_dir) if plots else []
+    report["files"]["plots"] = written
+    atomic_write_json(out_dir / "report.json", _finite(report))
+    atomic_write_text(out_dir / "report.md", markdown(report, written))
+
+
+def _finite(obj):
+    """JSON has no NaN/Infinity: write null instead."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+# ------------------------------------------------------------------------------------- model cards (export)
+def load_report(path: str | os.PathLike) -> dict:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "report.json"
+    if not p.is_file():
+        raise FileNotFoundError(f"evaluation report {p} does not exist")
+    report = json.loads(p.read_text(encoding="utf-8"))
+    if report.get("format") != "bpd-train-eval-report":
+        raise ValueError(f"{p} is not a bpd-train evaluation report")
+    return report
+
+
+def find_report(eval_root: str | os.PathLike, source_id: str) -> Path | None:
+    """The newest report.json under eval_root/*/ that evaluated the weights with this content id."""
+    hits = []
+    for p in Path(eval_root).glob("*/report.json"):
+        try:
+            r = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if any(c.get("source_id") == source_id for c in r.get("checkpoints", [])):
+            hits.append(p)
+    return max(hits, key=lambda p: p.stat().st_mtime) if hits else None
+
+
+def card_section(report_path: str | os.PathLike, source_id: str | None = None) -> str | None:
+    """Markdown for a model card: the Table-1 tables restricted to the checkpoint with this content id."""
+    report = load_report(report_path)
+    cks = [c for c in report["checkpoints"] if source_id is None or c.get("source_id") == source_id]
+    if not cks:
+        return None
+    names = {c["name"] for c in cks}
+    sub = dict(report, checkpoints=cks, rows=[r for r in report["rows"] if r["checkpoint"] in names])
+    d = report.get("data", {})
+    lines = [f"From `{Path(report_path)}`: {d.get('name')} {d.get('split')}, {d.get('sentences')} sentences, "
+             f"{report.get('environment', {}).get('device')}.", "", NOTES, "",
+             f"BLEU signature: `{report['signatures']['bleu']}`", ""]
+    for rule, label, bs in _combos(sub):
+        lines += [f"### {label} acceptance, batch size {bs}", "", table1(sub, rule, bs), ""]
+    return "\n".join(lines)

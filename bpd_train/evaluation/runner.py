@@ -1,0 +1,307 @@
+"""Evaluate checkpoints: greedy (the reference) vs blockwise for every block size x acceptance rule x batch size.
+
+For each combination: BLEU/chrF of the blockwise output, k̂, decoder calls, agreement with greedy (% identical
+sentences) and the wall-clock speedup, timed fairly (warm-up first; greedy and blockwise alternate on the same
+batches; CUDA synchronized around every timing). Everything lands in one folder, written atomically:
+report.json, report.md, plots, src.txt/ref.txt and one hypothesis file per combination.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from bpd_train.checkpoint import CheckpointError
+from bpd_train.evaluation.decode import (EvalError, SpmText, check_block_sizes, max_len_arg, parse_rule,
+                                         rule_label)
+from bpd_train.evaluation.metrics import (DecodeStats, agreement, corpus_scores, length_sorted_batches, one_line,
+                                          time_interleaved)
+from bpd_train.io import atomic_dir, atomic_write_text
+
+REPORT_FORMAT = "bpd-train-eval-report"
+
+
+@dataclass
+class EvalSettings:
+    block_sizes: list[int] | None = None          # None: the model's k and every smaller even k
+    rules: list[str] = field(default_factory=lambda: ["exact", "top2"])
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 32])
+    max_len: list | int = field(default_factory=lambda: [1.5, 10])   # a*src_len + b, or a fixed int
+    warmup: int = 1                               # untimed batches per decoder before timing
+    device: str = "auto"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.rules = [str(r) for r in (self.rules or [])]
+        for r in self.rules:
+            rule_label(r)
+            parse_rule(r)  # fail before any decoding
+        self.batch_sizes = [int(b) for b in (self.batch_sizes or [])]
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise EvalError(f"batch_sizes must be a non-empty list of positive ints, got {self.batch_sizes}")
+        if self.block_sizes is not None:
+            self.block_sizes = [int(b) for b in self.block_sizes]
+        max_len_arg(self.max_len)
+
+    def torch_device(self) -> torch.device:
+        if self.device in (None, "auto"):
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+
+# ------------------------------------------------------------------------------------------------------ inputs
+def _is_bundle(p: Path) -> bool:
+    return p.is_dir() and (p / "config.json").is_file() and (p / "model.safetensors").is_file()
+
+
+def _run_checkpoints(run: Path, all_checkpoints: bool) -> list[Path]:
+    from bpd_train.checkpoint import resolve_checkpoint
+    from bpd_train.export import find_zero_dir
+
+    if all_checkpoints and (run / "checkpoints").is_dir():
+        found = sorted(p for p in (run / "checkpoints").iterdir()
+                       if p.suffix == ".ckpt" and (p.is_file() or find_zero_dir(p) is not None))
+        seen, out = set(), []
+        for p in found:  # best.ckpt may be a link to an epoch checkpoint
+            key = p.resolve()
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+        if out:
+            return out
+    if find_zero_dir(run) is not None:
+        return [run]
+    return [resolve_checkpoint(run)]
+
+
+def _display_name(path: Path, run_level: bool) -> str:
+    if path.is_dir():
+        return path.name
+    if path.parent.name == "checkpoints":
+        run = path.parent.parent.name
+        return run if run_level else f"{run}/{path.stem}"
+    return path.stem
+
+
+def expand_inputs(inputs: Sequence[str | os.PathLike], all_checkpoints: bool = False) -> list[tuple[str, Path]]:
+    """Checkpoint files, run folders, bundles, ZeRO folders or glob patterns -> [(unique name, path)]."""
+    out: list[tuple[str, Path]] = []
+    for spec in inputs:
+        spec = str(spec)
+        paths = sorted(Path(p) for p in glob.glob(spec)) if glob.has_magic(spec) else [Path(spec)]
+        if not paths:
+            raise CheckpointError(f"no checkpoint matches {spec}")
+        for p in paths:
+            if not p.exists():
+                raise CheckpointError(f"checkpoint {p} does not exist")
+            if p.is_file() or _is_bundle(p):
+                out.append((_display_name(p, False), p))
+                continue
+            ckpts = _run_checkpoints(p, all_checkpoints)
+            for c in ckpts:
+                name = p.name if len(ckpts) == 1 else f"{p.name}/{c.stem}"
+                out.append((name, c))
+    names: dict[str, int] = {}
+    unique = []
+    for name, p in out:
+        names[name] = names.get(name, 0) + 1
+        unique.append((name if names[name] == 1 else f"{name}#{names[name]}", p))
+    return unique
+
+
+def default_inputs(corpus_dir: Path, train_hint: str) -> list[str]:
+    """The corpus's base run and every heads run under ${paths.artifacts}/<corpus>/."""
+    runs = []
+    if (corpus_dir / "base").is_dir():
+        runs.append(str(corpus_dir / "base"))
+    runs += [str(p) for p in sorted((corpus_dir / "heads").glob("*")) if p.is_dir() and not p.name.startswith(".")]
+    if not runs:
+        raise CheckpointError(f"no trained model under {corpus_dir} (base/ or heads/*): train one first with "
+                              f"`python train.py +regime=base{train_hint}` (and `+regime=frozen{train_hint}` for heads), "
+                              "or pass evaluate.inputs=[PATH]")
+    return runs
+
+
+# ------------------------------------------------------------------------------------------------------ decoding
+def _scatter(groups: list[list[int]], results: list, n: int) -> list[list[int]]:
+    tokens: list = [None] * n
+    for g, r in zip(groups, results):
+        for i, t in zip(g, r.tokens):
+            tokens[i] = [int(x) for x in t]
+    return tokens
+
+
+def _stats(results) -> DecodeStats:
+    s = DecodeStats()
+    for r in results:
+        s.add(r)
+    return s
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.#" else "_" for c in name)
+
+
+def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[str], settings: EvalSettings,
+                    out_dir: Path, extra: dict | None = None) -> tuple[dict, list[dict]]:
+    """Decode `sources` with one loaded model for every combination; write hypothesis files under out_dir/hyp/.
+    Returns (checkpoint entry, result rows)."""
+    from tqdm import tqdm
+
+    from bpd_train.decoding import blockwise, greedy
+
+    device = settings.torch_device()
+    model = loaded.model.to(device).eval()
+    cfg = model.config
+    ks = check_block_sizes(settings.block_sizes, cfg.block_size, f"{name} ({loaded.source})")
+    rules = [(r, parse_rule(r)) for r in settings.rules]
+    text = SpmText(loaded.tokenizer(), cfg.eos_id, cfg.pad_id, cfg.max_positions)
+    src_ids = [text.source_ids(s) for s in sources]
+    max_len = max_len_arg(settings.max_len)
+    hyp_dir = out_dir / "hyp" / _safe(name)
+    hyp_dir.mkdir(parents=True, exist_ok=True)
+    meta = loaded.meta or {}
+    regime = meta.get("regime") or (meta.get("training") or {}).get("regime")
+    combos = [(k, r, rule) for k in ks for r, rule in rules]
+    lengths = [len(x) for x in src_ids]
+    n_batches = sum(len(length_sorted_batches(lengths, b)) for b in settings.batch_sizes) * max(1, len(combos))
+    bar = tqdm(total=n_batches, desc=f"eval {name}", unit="batch", disable=not settings.progress, file=sys.stderr,
+               leave=False)
+
+    def g_fn(src):
+        return greedy(model, src, max_len=max_len)
+
+    entry = {"name": name, "path": str(loaded.source), "regime": regime, "k": cfg.block_size,
+             "identity_p1": cfg.identity_p1, "tokenizer_hash": loaded.tokenizer_hash, "truncated_sources": 0,
+             "greedy": {"by_batch_size": {}}, **(extra or {})}
+    rows: list[dict] = []
+    greedy_ref: list | None = None
+    for bs in settings.batch_sizes:
+        groups = length_sorted_batches(lengths, bs)
+        batches = [text.batch([src_ids[i] for i in g], device) for g in groups]
+        for combo in combos or [None]:
+            fns = {"greedy": g_fn}
+            if combo is not None:
+                k, _, rule = combo
+                fns["blockwise"] = lambda src, k=k, rule=rule: blockwise(model, src, block_size=k, accept=rule,
+                                                                           max_len=max_len)
+            timed = time_interleaved(fns, batches, device, warmup=settings.warmup, on_batch=bar.update)
+            g_tokens = _scatter(groups, timed["greedy"].results, len(src_ids))
+            g_stats = _stats(timed["greedy"].results)
+            if greedy_ref is None:
+                greedy_ref = g_tokens
+                hyps = [one_line(text.detok(t)) for t in g_tokens]
+                atomic_write_text(hyp_dir / "greedy.txt", "".join(h + "\n" for h in hyps))
+                entry["greedy"].update(corpus_scores(hyps, refs), hyp_file=str((hyp_dir / "greedy.txt")
+                                                                              .relative_to(out_dir)),
+                                       tokens=g_stats.tokens)
+            by_bs = entry["greedy"]["by_batch_size"].setdefault(str(bs), {
+                "calls": g_stats.calls, "prefill_calls": g_stats.prefill_calls, "seconds": [],
+                "matches_batch1_output": agreement(g_tokens, greedy_ref) == 100.0})
+            by_bs["seconds"].append(timed["greedy"].seconds)
+            if combo is None:
+                continue
+            k, rname, _ = combo
+            b_tokens = _scatter(groups, timed["blockwise"].results, len(src_ids))
+            b_stats = _stats(timed["blockwise"].results)
+            hyps = [one_line(text.detok(t)) for t in b_tokens]
+            hyp_file = hyp_dir / f"k{k}.{_safe(rname)}.bs{bs}.txt"
+            atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))
+            scores = corpus_scores(hyps, refs)
+            gs, bsec = timed["greedy"].seconds, timed["blockwise"].seconds
+            rows.append({
+                "checkpoint": name, "regime": regime, "model_k": cfg.block_size, "k": k, "rule": rname,
+                "rule_label": rule_label(rname), "batch_size": bs, "bleu": scores["bleu"], "chrf": scores["chrf"],
+                "greedy_bleu": entry["greedy"]["bleu"], "mean_accepted": b_stats.mean_accepted,
+                "calls": b_stats.calls, "prefill_calls": b_stats.prefill_calls, "greedy_calls": g_stats.calls,
+                "accepted_hist": b_stats.to_dict()["accepted_hist"], "tokens": b_stats.tokens,
+                "greedy_tokens": g_stats.tokens, "agreement": agreement(b_tokens, g_tokens),
+                "greedy_seconds": gs, "blockwise_seconds": bsec, "speedup": gs / bsec if bsec > 0 else float("nan"),
+                "hyp_file": str(hyp_file.relative_to(out_dir)),
+            })
+    bar.close()
+    entry["truncated_sources"] = text.truncated
+    for v in entry["greedy"]["by_batch_size"].values():
+        v["seconds"] = sum(v["seconds"]) / len(v["seconds"])
+    return entry, rows
+
+
+# ------------------------------------------------------------------------------------------------------ the run
+def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], refs: Sequence[str],
+                    settings: EvalSettings, out_dir: str | os.PathLike, *, data_info: dict | None = None,
+                    overwrite: bool = True, plots: bool = True, command: str | None = None,
+                    expect_tokenizer_hash: str | None = None) -> dict:
+    """Evaluate every (name, path) and write the report folder atomically. Returns the report dict."""
+    from bpd_train.evaluation.report import write_report
+    from bpd_train.export import load_any, source_id
+
+    if not sources:
+        raise EvalError("no sentences to evaluate (empty split or max_sentences=0)")
+    if len(sources) != len(refs):
+        raise EvalError(f"{len(sources)} sources but {len(refs)} references")
+    out_dir = Path(out_dir)
+    device = settings.torch_device()
+    loaded_all = []
+    for name, path in inputs:  # load (and validate) everything before the long part starts
+        loaded = load_any(path, map_location="cpu", expect_tokenizer_hash=expect_tokenizer_hash)
+        check_block_sizes(settings.block_sizes, loaded.config.block_size, f"{name} ({path})")
+        loaded_all.append((name, path, loaded))
+    t0 = time.time()
+    checkpoints, rows = [], []
+    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+        atomic_write_text(tmp / "src.txt", "".join(one_line(s) + "\n" for s in sources))
+        atomic_write_text(tmp / "ref.txt", "".join(one_line(r) + "\n" for r in refs))
+        for name, path, loaded in loaded_all:
+            entry, r = evaluate_loaded(loaded, name, sources, refs, settings, tmp,
+                                       extra={"source_id": source_id(path), "input": str(path),
+                                              "wandb": _wandb_ids(path, loaded.meta or {})})
+            loaded.model.to("cpu")
+            checkpoints.append(entry)
+            rows += r
+        report = {
+            "format": REPORT_FORMAT, "format_version": 1,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": time.time() - t0,
+            "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "data": {**(data_info or {}), "sentences": len(sources)},
+            "settings": asdict(settings),
+            "environment": {"device": _device_name(device), "torch": torch.__version__,
+                            "threads": torch.get_num_threads(), "python": platform.python_version()},
+            "signatures": {"bleu": checkpoints[0]["greedy"]["bleu_signature"],
+                           "chrf": checkpoints[0]["greedy"]["chrf_signature"]},
+            "files": {"sources": "src.txt", "references": "ref.txt"},
+            "checkpoints": checkpoints, "rows": rows,
+        }
+        write_report(report, tmp, plots=plots)
+    return report
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def _wandb_ids(path: Path, meta: dict) -> dict | None:
+    """The W&B run a checkpoint was trained in: from its metadata, else from a wandb/ folder in its run folder."""
+    rid = meta.get("wandb_run_id") or (meta.get("training") or {}).get("wandb_run_id")
+    project = meta.get("wandb_project") or (meta.get("training") or {}).get("wandb_project")
+    run_dir = None
+    p = Path(path)
+    for cand in (p if p.is_dir() else p.parent, p.parent, p.parent.parent):
+        if (cand / "wandb").is_dir():
+            run_dir = cand
+            break
+    if rid is None and run_dir is not None:
+        found = sorted((run_dir / "wandb").glob("*run-*-*"), key=lambda d: d.stat().st_mtime)
+        if found:
+            rid = found[-1].name.rsplit("-", 1)[-1]
+    if rid is None:
+        return None
+    return {"id": rid, "project": project, "dir": str(run_dir) if run_dir else None}

@@ -1,0 +1,405 @@
+"""Bundles: a trained model as plain files that load without pickle, and the checkpoint -> bundle export.
+
+A bundle folder holds
+  model.safetensors   the weights (fp32 or bf16); tied tensors are stored once (config.json "weights.tied")
+  config.json         format marker, model config (incl. the k heads), tokenizer sha256 + special ids,
+                      sha256 of model.safetensors, training provenance
+  tokenizer.model     the sentencepiece model the weights were trained with
+  README.md           model card (regime, data, and the evaluation table when a report exists)
+`load_bundle` checks every file, hash and tensor shape before it builds the model, and reads nothing with
+pickle. A Lightning checkpoint is read with weights_only=True; a DeepSpeed ZeRO folder is consolidated with
+DeepSpeed's own zero_to_fp32 (which unpickles its own files: only export ZeRO folders you trust).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bpd_train import __version__
+from bpd_train.checkpoint import CKPT_META_KEY, STATE_PREFIX, CheckpointError, load_model, resolve_checkpoint
+from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
+from bpd_train.model.config import BPDConfig
+
+BUNDLE_FORMAT = "bpd-train-bundle"
+BUNDLE_VERSION = 1
+WEIGHTS, CONFIG, TOKENIZER, CARD = "model.safetensors", "config.json", "tokenizer.model", "README.md"
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+# Prefixes wrappers put in front of the model's own parameter names (LightningModule, DeepSpeed, Lightning's
+# old DeepSpeed wrapper); stripped in this order when every key carries them.
+_PREFIXES = ("_forward_module.", "module.", STATE_PREFIX)
+
+
+class BundleError(CheckpointError):
+    """A bundle that is missing a file, was modified, or does not match its own config."""
+
+
+# ----------------------------------------------------------------------------------------------------- writing
+def _dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[str(name).lower()]
+    except KeyError:
+        raise ValueError(f"export dtype must be one of {sorted(DTYPES)}, got {name!r}") from None
+
+
+def _dedup_tied(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """safetensors refuses tensors that share memory (tied embedding/projection): keep each storage once."""
+    kept: dict[tuple, str] = {}
+    out, tied = {}, {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if t.numel() and key in kept:
+            tied[name] = kept[key]
+        else:
+            kept[key] = name
+            out[name] = t
+    return out, tied
+
+
+def export_bundle(model, tokenizer_path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str = "float32",
+                  overwrite: bool = False, provenance: dict | None = None, card_extra: str | None = None) -> Path:
+    """Write `model` (a BPDModel) and its tokenizer as a bundle folder, atomically (temp folder + rename)."""
+    from safetensors.torch import save_file
+
+    out_dir, tokenizer_path = Path(out_dir), Path(tokenizer_path)
+    if not tokenizer_path.is_file():
+        raise BundleError(f"tokenizer {tokenizer_path} does not exist")
+    torch_dtype = _dtype(dtype)
+    cfg: BPDConfig = model.config
+    raw = {k: v.detach() for k, v in model.state_dict().items()}
+    stored, tied = _dedup_tied(raw)
+    tensors = {k: (v.to(torch_dtype) if v.is_floating_point() else v).cpu().contiguous() for k, v in stored.items()}
+    tok_hash = sha256_file(tokenizer_path)
+    special = _tokenizer_ids(tokenizer_path)
+    if special["vocab_size"] != cfg.vocab_size:
+        raise BundleError(f"tokenizer {tokenizer_path} has {special['vocab_size']} pieces but the model's vocab_size "
+                          f"is {cfg.vocab_size}: not the tokenizer this model was trained with")
+    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+        save_file(tensors, tmp / WEIGHTS, metadata={"format": "pt", "bpd_train": __version__})
+        (tmp / TOKENIZER).write_bytes(tokenizer_path.read_bytes())
+        config = {
+            "format": BUNDLE_FORMAT,
+            "format_version": BUNDLE_VERSION,
+            "bpd_train_version": __version__,
+            "model": cfg.to_dict(),
+            "heads": {"block_size": cfg.block_size, "identity_p1": cfg.identity_p1, "head_hidden": cfg.head_hidden},
+            "tokenizer": {"file": TOKENIZER, "sha256": tok_hash, **special},
+            "weights": {"file": WEIGHTS, "sha256": sha256_file(tmp / WEIGHTS), "dtype": str(torch_dtype).split(".")[-1],
+                        "tied": tied, "num_parameters": int(sum(t.numel() for t in tensors.values()))},
+            "training": dict(provenance or {}),
+        }
+        atomic_write_json(tmp / CONFIG, config)
+        atomic_write_text(tmp / CARD, model_card(config, card_extra))
+    return out_dir
+
+
+def _tokenizer_ids(path: Path) -> dict[str, int]:
+    import sentencepiece as spm
+
+    try:
+        sp = spm.SentencePieceProcessor(model_file=str(path))
+    except Exception as e:  # noqa: BLE001 - sentencepiece raises OSError/RuntimeError for a bad file
+        raise BundleError(f"{path} is not a readable sentencepiece model: {e}") from e
+    return {"vocab_size": sp.get_piece_size(), "pad_id": sp.pad_id(), "bos_id": sp.bos_id(), "eos_id": sp.eos_id(),
+            "unk_id": sp.unk_id()}
+
+
+def model_card(config: dict, extra: str | None = None) -> str:
+    m, t, tr = config["model"], config["tokenizer"], config.get("training", {})
+    k = m["block_size"]
+    regime = tr.get("regime", "unknown")
+    lines = [
+        f"# bpd-train model: {tr.get('name', regime)} (k = {k})",
+        "",
+        "An encoder-decoder Transformer with Blockwise Parallel Decoding heads (Stern, Shazeer & Uszkoreit, 2018): "
+        f"{k} head(s) propose {k} tokens per decoder call; head 1 verifies them, so `Exact` acceptance "
+        "reproduces the model's greedy output while using fewer decoder calls.",
+        "",
+        "## Use",
+        "",
+        "```bash",
+        f"python -m bpd_train.translate --bundle {tr.get('bundle_name', '.')} --block-size {k} --accept exact "
+        "< input.txt > output.txt",
+        "```",
+        "",
+        "```python",
+        "from bpd_train.export import load_bundle",
+        "from bpd_train.decoding import blockwise, Exact",
+        "model, tokenizer, meta = load_bundle('path/to/bundle')",
+        "```",
+        "",
+        "## Model",
+        "",
+        "| setting | value |",
+        "|---|---|",
+    ]
+    for key in ("vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "block_size",
+                "identity_p1", "head_d_hidden", "max_positions"):
+        lines.append(f"| {key} | {m.get(key)} |")
+    lines += [f"| weights dtype | {config['weights']['dtype']} |",
+              f"| parameters | {config['weights']['num_parameters']:,} |", "",
+              "## Training", "", "| | |", "|---|---|", f"| regime | {regime} |"]
+    for key in ("data", "src_lang", "tgt_lang", "init_from", "global_step", "epoch", "source", "source_sha256"):
+        if tr.get(key) is not None:
+            lines.append(f"| {key} | {tr[key]} |")
+    lines += ["", "## Tokenizer", "",
+              f"sentencepiece `tokenizer.model`, {t['vocab_size']} pieces, sha256 `{t['sha256']}`; "
+              f"pad={t['pad_id']} bos={t['bos_id']} eos={t['eos_id']} unk={t['unk_id']}.", ""]
+    lines += ["## Evaluation", ""]
+    lines += [extra.rstrip(), ""] if extra else ["No evaluation report was found when this bundle was exported "
+                                                 "(run `python evaluate.py` and export again to include one).", ""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------- loading
+def read_bundle_config(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    if not path.is_dir():
+        raise BundleError(f"bundle {path} does not exist or is not a folder")
+    missing = [f for f in (CONFIG, WEIGHTS, TOKENIZER) if not (path / f).is_file()]
+    if missing:
+        raise BundleError(f"bundle {path} is incomplete: missing {', '.join(missing)}")
+    try:
+        config = json.loads((path / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BundleError(f"{path / CONFIG} is not valid JSON: {e}") from e
+    if not isinstance(config, dict) or config.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"{path / CONFIG} is not a bpd-train bundle config (format != {BUNDLE_FORMAT!r})")
+    if config.get("format_version", 0) > BUNDLE_VERSION:
+        raise BundleError(f"bundle {path} has format_version {config['format_version']}; this bpd-train reads "
+                          f"up to {BUNDLE_VERSION}: upgrade bpd-train")
+    for key in ("model", "tokenizer", "weights"):
+        if not isinstance(config.get(key), dict):
+            raise BundleError(f"{path / CONFIG} has no '{key}' section")
+    return config
+
+
+def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu", dtype: str | None = "float32"):
+    """-> (model, tokenizer, meta). model: BPDModel in eval mode (fp32 unless dtype=None keeps the stored dtype);
+    tokenizer: sentencepiece.SentencePieceProcessor; meta: config.json plus 'tokenizer_hash' and 'path'."""
+    import sentencepiece as spm
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from bpd_train.model import BPDModel
+
+    path = Path(path)
+    config = read_bundle_config(path)
+    tok_hash = sha256_file(path / TOKENIZER)
+    if tok_hash != config["tokenizer"].get("sha256"):
+        raise BundleError(f"{path / TOKENIZER} (sha256 {tok_hash[:12]}) is not the tokenizer this bundle was exported "
+                          f"with (sha256 {str(config['tokenizer'].get('sha256'))[:12]}): the file was replaced or "
+                          "modified")
+    w_hash = sha256_file(path / WEIGHTS)
+    if w_hash != config["weights"].get("sha256"):
+        raise BundleError(f"{path / WEIGHTS} (sha256 {w_hash[:12]}) does not match the sha256 recorded in config.json "
+                          f"({str(config['weights'].get('sha256'))[:12]}): the file is corrupt or was modified")
+    try:
+        cfg = BPDConfig.from_dict(dict(config["model"]))
+    except (TypeError, ValueError) as e:
+        raise BundleError(f"{path / CONFIG} has an invalid model config: {e}") from e
+    tok = spm.SentencePieceProcessor(model_file=str(path / TOKENIZER))
+    ids = {"vocab_size": tok.get_piece_size(), "pad_id": tok.pad_id(), "bos_id": tok.bos_id(), "eos_id": tok.eos_id()}
+    want = {"vocab_size": cfg.vocab_size, "pad_id": cfg.pad_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
+    if ids != want:
+        raise BundleError(f"bundle {path}: tokenizer ids {ids} do not match the model config {want}")
+    try:
+        tensors = load_file(path / WEIGHTS, device="cpu")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise BundleError(f"cannot read {path / WEIGHTS}: {e}") from e
+    for alias, target in config["weights"].get("tied", {}).items():
+        if target not in tensors:
+            raise BundleError(f"{path / CONFIG} ties {alias} to {target}, which is not in {WEIGHTS}")
+        tensors[alias] = tensors[target]
+    model = BPDModel(cfg)
+    check_state_shapes(model, tensors, where=str(path / WEIGHTS))
+    stored_dtype = next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
+    target = _dtype(dtype) if dtype is not None else stored_dtype
+    model.to(target)
+    model.load_state_dict(tensors, strict=True)  # copies (and casts) into the model's own tensors, keeps ties
+    model = model.to(map_location).eval()
+    meta = dict(config)
+    meta.update(tokenizer_hash=tok_hash, path=str(path), regime=config.get("training", {}).get("regime"))
+    return model, tok, meta
+
+
+def check_state_shapes(model, state: dict[str, torch.Tensor], where: str) -> None:
+    """Names and shapes of `state` must be exactly the model's: one message listing what differs."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    wrong = [f"{k}: {got[k]} (model expects {expected[k]})" for k in sorted(set(got) & set(expected))
+             if got[k] != expected[k]]
+    if missing or unexpected or wrong:
+        parts = []
+        if wrong:
+            parts.append("shape mismatch " + "; ".join(wrong[:5]) + (" ..." if len(wrong) > 5 else ""))
+        if missing:
+            parts.append(f"missing {missing[:5]}" + (" ..." if len(missing) > 5 else ""))
+        if unexpected:
+            parts.append(f"unexpected {unexpected[:5]}" + (" ..." if len(unexpected) > 5 else ""))
+        raise BundleError(f"{where} does not fit the model config: " + ", ".join(parts))
+
+
+# ------------------------------------------------------------------------------------------- DeepSpeed ZeRO folders
+def find_zero_dir(path: str | os.PathLike) -> Path | None:
+    """The folder holding DeepSpeed's `latest` file (a Lightning DeepSpeed `*.ckpt/` folder has it under
+    `checkpoint/`), or None when `path` is not a ZeRO checkpoint."""
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    for cand in (p, p / "checkpoint"):
+        if (cand / "latest").is_file() or any(cand.glob("global_step*/*model_states.pt")):
+            return cand
+    return None
+
+
+def _strip_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    for prefix in _PREFIXES:
+        if state and all(k.startswith(prefix) for k in state):
+            state = {k[len(prefix):]: v for k, v in state.items()}
+        elif any(k.startswith(prefix) for k in state) and prefix == STATE_PREFIX:
+            # a LightningModule may hold other modules (teacher, metrics): keep only the model's tensors
+            state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    return state
+
+
+def _zero_tag_dir(zero_dir: Path, tag: str | None) -> Path:
+    if tag is None:
+        latest = zero_dir / "latest"
+        if latest.is_file():
+            tag = latest.read_text().strip()
+        else:
+            steps = sorted(zero_dir.glob("global_step*"), key=lambda d: int("".join(c for c in d.name if c.isdigit()) or 0))
+            if not steps:
+                raise CheckpointError(f"{zero_dir} has no 'latest' file and no global_step* folder")
+            tag = steps[-1].name
+    d = zero_dir / tag
+    if not d.is_dir():
+        raise CheckpointError(f"ZeRO checkpoint tag folder {d} does not exist")
+    return d
+
+
+def _zero_meta(tag_dir: Path) -> dict:
+    """The bpd metadata the training run put into DeepSpeed's client state (in the rank-0 model-states file)."""
+    files = sorted(tag_dir.glob("*model_states.pt"))
+    if not files:
+        raise CheckpointError(f"{tag_dir} has no *model_states.pt file: not a DeepSpeed checkpoint")
+    try:
+        states = torch.load(files[0], map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - DeepSpeed pickles its own objects; consolidation already loaded them unsafely
+        states = torch.load(files[0], map_location="cpu", weights_only=False)
+    meta = states.get(CKPT_META_KEY)
+    if not isinstance(meta, dict):
+        meta = (states.get("client_state") or {}).get(CKPT_META_KEY) if isinstance(states.get("client_state"), dict) else None
+    if not isinstance(meta, dict) or "model_config" not in meta:
+        raise CheckpointError(f"{files[0]} carries no '{CKPT_META_KEY}' metadata (model config, tokenizer hash): "
+                              "it was not saved by bpd-train")
+    return dict(meta)
+
+
+def consolidate_zero(path: str | os.PathLike, tag: str | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """-> (fp32 state dict of the BPDModel, bpd metadata) from a DeepSpeed ZeRO-1/2/3 checkpoint folder."""
+    zero_dir = find_zero_dir(path)
+    if zero_dir is None:
+        raise CheckpointError(f"{path} is not a DeepSpeed ZeRO checkpoint folder (no 'latest' file or global_step*/)")
+    tag_dir = _zero_tag_dir(zero_dir, tag)
+    meta = _zero_meta(tag_dir)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else os.environ.get("DS_ACCELERATOR", "cuda"))
+    try:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    except ImportError as e:
+        raise CheckpointError("consolidating a ZeRO checkpoint needs deepspeed: pip install -e '.[deepspeed]'") from e
+    try:
+        state = get_fp32_state_dict_from_zero_checkpoint(str(zero_dir), tag=tag_dir.name)
+    except Exception as e:  # noqa: BLE001 - surface DeepSpeed's reason in one line
+        raise CheckpointError(f"cannot consolidate ZeRO checkpoint {zero_dir} ({tag_dir.name}): "
+                              f"{type(e).__name__}: {e}") from e
+    return _strip_prefixes(dict(state)), meta
+
+
+def load_zero_model(path: str | os.PathLike, tag: str | None = None, map_location="cpu"):
+    """A LoadedModel (see checkpoint.py) from a ZeRO folder: consolidated weights + the run's tokenizer."""
+    from bpd_train.checkpoint import LoadedModel, find_tokenizer
+    from bpd_train.model import BPDModel
+
+    state, meta = consolidate_zero(path, tag)
+    model = BPDModel(BPDConfig.from_dict(dict(meta["model_config"])))
+    check_state_shapes(model, state, where=f"consolidated ZeRO checkpoint {path}")
+    model.load_state_dict(state, strict=True)
+    zero_dir = find_zero_dir(path)
+    # beside the ZeRO folder or up to three levels above (the run folder), else the path recorded at save time
+    cands = [d / TOKENIZER for d in (zero_dir, *list(zero_dir.parents)[:3])]
+    tok = next((c for c in cands if c.is_file()), None) or find_tokenizer(zero_dir / "latest", meta)
+    tok_hash = sha256_file(tok)
+    if meta.get("tokenizer_hash") and meta["tokenizer_hash"] != tok_hash:
+        raise CheckpointError(f"tokenizer {tok} (sha256 {tok_hash[:12]}) is not the one {path} was trained with "
+                              f"(sha256 {meta['tokenizer_hash'][:12]})")
+    return LoadedModel(model.to(map_location).eval(), tok, tok_hash, Path(path), meta)
+
+
+# ----------------------------------------------------------------------------------------------------- any source
+def load_any(path: str | os.PathLike, map_location="cpu", expect_tokenizer_hash: str | None = None):
+    """checkpoint.load_model plus DeepSpeed ZeRO folders."""
+    p = Path(path)
+    if find_zero_dir(p) is not None and not (p / CONFIG).is_file():
+        loaded = load_zero_model(p, map_location=map_location)
+        if expect_tokenizer_hash is not None and loaded.tokenizer_hash != expect_tokenizer_hash:
+            raise CheckpointError(f"{p} uses tokenizer {loaded.tokenizer_hash[:12]} but this run uses "
+                                  f"{expect_tokenizer_hash[:12]}")
+        return loaded
+    return load_model(p, map_location=map_location, expect_tokenizer_hash=expect_tokenizer_hash)
+
+
+def source_id(path: str | os.PathLike) -> str:
+    """A content id for a model source, so an evaluation report can be matched to the export of the same weights."""
+    p = Path(path)
+    zero = find_zero_dir(p) if p.is_dir() else None
+    if p.is_dir() and (p / CONFIG).is_file():
+        return "sha256:" + sha256_file(p / WEIGHTS)
+    if zero is not None:
+        files = sorted(_zero_tag_dir(zero, None).glob("*model_states.pt"))
+        return "sha256:" + sha256_file(files[0])
+    return "sha256:" + sha256_file(resolve_checkpoint(p))
+
+
+def provenance(loaded, name: str | None = None) -> dict[str, Any]:
+    meta = loaded.meta or {}
+    keep = ("regime", "data", "data_name", "src_lang", "tgt_lang", "init_from", "global_step", "epoch", "seed",
+            "wandb_run_id", "wandb_project")
+    out = {k: meta[k] for k in keep if k in meta and isinstance(meta[k], (str, int, float, bool))}
+    if meta.get("training") and isinstance(meta["training"], dict):  # re-exporting a bundle
+        out = {**meta["training"], **out}
+    out["source"] = str(loaded.source)
+    if name:
+        out["name"] = name
+    return out
+
+
+def export_checkpoint(source: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str = "float32",
+                      overwrite: bool = False, report: str | os.PathLike | None = None, tag: str | None = None,
+                      name: str | None = None) -> Path:
+    """A Lightning checkpoint / run folder / ZeRO folder / bundle -> a bundle at `out_dir`."""
+    from bpd_train.evaluation.report import card_section
+
+    source = Path(source)
+    if not source.exists():
+        raise CheckpointError(f"checkpoint {source} does not exist")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise FileExistsError(f"{out_dir} already exists; pass overwrite=true (export.overwrite=true) to replace it")
+    if find_zero_dir(source) is not None and not (source / CONFIG).is_file():
+        loaded = load_zero_model(source, tag=tag)
+    else:
+        loaded = load_model(source)
+    prov = provenance(loaded, name)
+    sid = source_id(source)
+    prov["source_id"] = sid
+    prov["bundle_name"] = out_dir.name
+    card = card_section(report, sid) if report else None
+    return export_bundle(loaded.model, loaded.tokenizer_path, out_dir, dtype=dtype, overwrite=overwrite,
+                         provenance=prov, card_extra=card)

@@ -1,0 +1,51 @@
+"""BPD heads (Stern et al. 2018, section 6): one feed-forward layer on the final decoder state with hidden
+size k*d_hidden and output size k*d_model; every output slice gets a residual connection to the decoder
+state. The caller then applies the model's final norm and the shared (tied) vocabulary projection.
+
+With identity_p1 head 1 skips this layer (it is the base model's own path), so the layer only produces
+the k-1 future heads. The output projection starts at zero: every head initially equals head 1.
+"""
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class BPDHeads(nn.Module):
+    def __init__(self, d_model: int, k: int, head_hidden: int, identity_p1: bool, dropout: float):
+        super().__init__()
+        self.k = k
+        self.d_model = d_model
+        self.identity_p1 = identity_p1
+        self.n_out = k - 1 if identity_p1 else k
+        self.fc1 = nn.Linear(d_model, k * head_hidden)
+        self.fc2 = nn.Linear(k * head_hidden, self.n_out * d_model)
+        self.dropout = nn.Dropout(dropout)
+        nn.init.xavier_uniform_(self.fc1.weight)
+        nn.init.zeros_(self.fc1.bias)
+        nn.init.zeros_(self.fc2.weight)
+        nn.init.zeros_(self.fc2.bias)
+
+    def slot(self, head: int) -> int:
+        """Output slice of head `head` (0-based; 0 = p1)."""
+        return head - 1 if self.identity_p1 else head
+
+    def hidden(self, h: Tensor) -> Tensor:
+        return self.dropout(F.relu(self.fc1(h)))
+
+    def state(self, h: Tensor, head: int) -> Tensor:
+        """h [...,D] -> pre-norm state of one head [...,D]."""
+        s = self.slot(head)
+        d = self.d_model
+        w, b = self.fc2.weight[s * d:(s + 1) * d], self.fc2.bias[s * d:(s + 1) * d]
+        return h + F.linear(self.hidden(h), w, b)
+
+    def states(self, h: Tensor, lo: int, hi: int) -> Tensor:
+        """h [...,D] -> pre-norm states of heads lo..hi-1 [...,hi-lo,D] (one matmul for all of them)."""
+        s0, s1 = self.slot(lo), self.slot(hi)
+        d = self.d_model
+        if s0 == 0 and s1 == self.n_out:
+            out = self.fc2(self.hidden(h))
+        else:
+            out = F.linear(self.hidden(h), self.fc2.weight[s0 * d:s1 * d], self.fc2.bias[s0 * d:s1 * d])
+        return h.unsqueeze(-2) + out.view(*h.shape[:-1], s1 - s0, d)

@@ -1,0 +1,140 @@
+"""Encoder-decoder Transformer (pre-norm, tied embeddings) with k BPD heads.
+
+Shapes: B batch, S source length, T target length, D d_model, V vocab, k heads, R decoder rows while
+decoding (batch x beam), n new tokens per decoder call.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bpd_train.model.cache import DecoderState, Memory
+from bpd_train.model.config import BPDConfig
+from bpd_train.model.heads import BPDHeads
+from bpd_train.model.layers import DecoderLayer, EncoderLayer, sinusoidal_table
+
+
+class BPDModel(nn.Module):
+    def __init__(self, config: BPDConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)  # also the output projection (tied)
+        self.embed_scale = math.sqrt(c.d_model)
+        self.register_buffer("pe", sinusoidal_table(c.max_positions, c.d_model), persistent=False)
+        self.dropout = nn.Dropout(c.dropout)
+        self.encoder_layers = nn.ModuleList(
+            [EncoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_eps) for _ in range(c.n_encoder_layers)])
+        self.encoder_norm = nn.LayerNorm(c.d_model, eps=c.norm_eps)
+        self.decoder_layers = nn.ModuleList(
+            [DecoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_eps) for _ in range(c.n_decoder_layers)])
+        self.decoder_norm = nn.LayerNorm(c.d_model, eps=c.norm_eps)  # the "final norm" every head goes through
+        self._init_backbone()
+        # k = 1 is a plain Transformer: no head parameters at all.
+        self.heads = (BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout)
+                      if c.block_size > 1 else None)
+
+    def _init_backbone(self) -> None:
+        nn.init.normal_(self.embed.weight, std=self.config.d_model ** -0.5)
+        for layer in [*self.encoder_layers, *self.decoder_layers]:
+            for m in layer.modules():
+                if isinstance(m, nn.Linear):
+                    nn.init.xavier_uniform_(m.weight)
+                    nn.init.zeros_(m.bias)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    # ---- parameter groups (regimes freeze by these) ----
+    def head_parameters(self) -> list[nn.Parameter]:
+        return list(self.heads.parameters()) if self.heads is not None else []
+
+    def backbone_parameters(self) -> list[nn.Parameter]:
+        return [p for n, p in self.named_parameters() if not n.startswith("heads.")]
+
+    # ---- encoder ----
+    def _embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        return self.dropout(self.embed(tokens) * self.embed_scale + self.pe[positions])
+
+    def encode(self, src: Tensor) -> Memory:
+        """src [B,S] ids + eos, right-padded with pad_id -> Memory (encoder output + padding masks)."""
+        if src.dim() != 2:
+            raise ValueError(f"src must be [B,S], got shape {tuple(src.shape)}")
+        s = src.shape[1]
+        if s > self.config.max_positions:
+            raise ValueError(f"source length {s} exceeds max_positions={self.config.max_positions}")
+        pad_mask = src != self.config.pad_id                      # [B,S]
+        attn_mask = pad_mask[:, None, None, :]                    # [B,1,1,S]
+        x = self._embed(src, torch.arange(s, device=src.device))
+        for layer in self.encoder_layers:
+            x = layer(x, attn_mask)
+        return Memory(self.encoder_norm(x), pad_mask, attn_mask)
+
+    # ---- decoder, full sequence (training) ----
+    def features(self, memory: Memory, tgt_in: Tensor) -> Tensor:
+        """tgt_in [B,T] (BOS-prefixed) -> h [B,T,D]: decoder stack output before the final norm."""
+        t = tgt_in.shape[1]
+        if t > self.config.max_positions:
+            raise ValueError(f"target length {t} exceeds max_positions={self.config.max_positions}")
+        x = self._embed(tgt_in, torch.arange(t, device=tgt_in.device))
+        for layer in self.decoder_layers:
+            x = layer(x, layer.cross_attn.memory_kv(memory.out), memory.attn_mask)
+        return x
+
+    def _project(self, s: Tensor) -> Tensor:
+        return F.linear(self.decoder_norm(s), self.embed.weight)
+
+    def head_logits(self, h: Tensor, i: int) -> Tensor:
+        """h [...,D] -> logits [...,V] of head i (0 = p1, predicts the next token; i predicts i+1 ahead)."""
+        if not 0 <= i < self.config.block_size:
+            raise IndexError(f"head {i} out of range for block_size={self.config.block_size}")
+        if i == 0 and (self.heads is None or self.heads.identity_p1):
+            return self._project(h)
+        return self._project(self.heads.state(h, i))
+
+    def heads_logits(self, h: Tensor, lo: int = 0, hi: int | None = None) -> Tensor:
+        """h [...,D] -> logits of heads lo..hi-1 [...,hi-lo,V] (one FFN and one projection for all)."""
+        k = self.config.block_size
+        hi = k if hi is None else hi
+        if not 0 <= lo < hi <= k:
+            raise IndexError(f"heads {lo}..{hi - 1} out of range for block_size={k}")
+        if self.heads is None:
+            return self._project(h).unsqueeze(-2)
+        if lo == 0 and self.heads.identity_p1:
+            s = h.unsqueeze(-2) if hi == 1 else torch.cat([h.unsqueeze(-2), self.heads.states(h, 1, hi)], dim=-2)
+        else:
+            s = self.heads.states(h, lo, hi)
+        return self._project(s)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """src [B,S], tgt_in [B,T] -> [B,T,k,V]; logits[:, t, i] predicts target position t+1+i."""
+        return self.heads_logits(self.features(self.encode(src), tgt_in))
+
+    # ---- decoder, incremental (decoding) ----
+    def start_decoding(self, memory: Memory, capacity: int, expand: int = 1) -> DecoderState:
+        """A KV cache for memory.batch_size*expand rows (row r belongs to source r // expand), holding up to
+        `capacity` decoder tokens per row. Cross-attention K/V are computed here, once."""
+        mem_kv = torch.stack([layer.cross_attn.memory_kv(memory.out) for layer in self.decoder_layers])
+        mask = memory.attn_mask
+        if mask is not None and bool(memory.pad_mask.all()):
+            mask = None  # nothing padded: the cheaper unmasked attention gives the same result
+        if expand > 1:
+            mem_kv = mem_kv.repeat_interleave(expand, dim=2)
+            mask = mask.repeat_interleave(expand, dim=0) if mask is not None else None
+        n_layers, _, r, h, _, dh = mem_kv.shape
+        self_kv = mem_kv.new_zeros(n_layers, 2, r, h, capacity, dh)
+        return DecoderState(self_kv, mem_kv.contiguous(), mask, self.config.max_positions)
+
+    def decode(self, state: DecoderState, tokens: Tensor, kv_len: int | None = None) -> Tensor:
+        """tokens [R,n] -> h [R,n,D]. Writes their K/V at each row's slots lengths..lengths+n-1; the caller
+        advances (or rolls back) `state.lengths` afterwards."""
+        pos, write, kv_len, mask = state.prepare(tokens.shape[1], kv_len)
+        x = self.embed(tokens) * self.embed_scale + self.pe[pos]
+        self_kv, mem_kv, mem_mask = state.self_kv, state.mem_kv, state.mem_mask
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer.step(x, self_kv[i], write, kv_len, mask, mem_kv[i], mem_mask)
+        return x

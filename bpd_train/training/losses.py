@@ -1,0 +1,103 @@
+"""BPD training losses and teacher-forced head metrics.
+
+Head i (0-based; 0 = the original p1) at decoder position t predicts target position t+i, i.e. tgt_out[:, t+i].
+The k×T×V logits are never materialised at once: `mean`/`weighted` run the heads one after another and, with
+`recompute`, wrap each head in torch.utils.checkpoint so that backward recomputes that head's logits instead of
+keeping all k of them alive -- peak memory stays near one head's, as for `random`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+HEAD_LOSSES = ("random", "mean", "weighted")
+
+
+def head_targets(tgt_out: torch.Tensor, i: int, pad_id: int) -> torch.Tensor:
+    """[B,T] targets of head i: tgt_out shifted left by i, the last i positions padded (ignored)."""
+    if i == 0:
+        return tgt_out
+    out = torch.full_like(tgt_out, pad_id)
+    if i < tgt_out.size(1):
+        out[:, :-i] = tgt_out[:, i:]
+    return out
+
+
+def head_weights(head_loss: str, heads: Sequence[int], weights: Sequence[float] | None = None,
+                 decay: float = 0.8) -> list[float]:
+    """Normalised weights for the heads that enter the loss this step (they sum to 1)."""
+    if head_loss == "weighted":
+        if weights is not None:
+            raw = [float(weights[i]) for i in heads]
+        else:
+            raw = [float(decay) ** i for i in heads]
+    else:
+        raw = [1.0] * len(heads)
+    total = sum(raw)
+    if total <= 0:
+        raise ValueError(f"head weights must sum to a positive number, got {raw}")
+    return [w / total for w in raw]
+
+
+def smoothed_ce_sum(logits: torch.Tensor, targets: torch.Tensor, pad_id: int, label_smoothing: float) -> torch.Tensor:
+    """Summed label-smoothed cross-entropy over non-pad targets (fp32 whatever the logits' dtype)."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1),
+                           ignore_index=pad_id, label_smoothing=label_smoothing, reduction="sum")
+
+
+def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.Tensor, tgt_out: torch.Tensor,
+             heads: Sequence[int], weights: Sequence[float], pad_id: int, label_smoothing: float = 0.0,
+             recompute: bool = True) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """Weighted sum over `heads` of each head's token-mean label-smoothed CE.
+
+    head_logits(h, i) -> [B,T,V] (BPDModel.head_logits); h [B,T,D] is the decoder output.
+    Returns (loss, {head: detached per-head loss}).
+    """
+    total = h.new_zeros((), dtype=torch.float32)
+    per_head: dict[int, torch.Tensor] = {}
+    use_ckpt = recompute and len(heads) > 1 and torch.is_grad_enabled()
+    for i, w in zip(heads, weights):
+        tgt = head_targets(tgt_out, i, pad_id)
+        n = tgt.ne(pad_id).sum().clamp_min(1)
+
+        def one_head(h_: torch.Tensor, i=i, tgt=tgt) -> torch.Tensor:
+            return smoothed_ce_sum(head_logits(h_, i), tgt, pad_id, label_smoothing)
+
+        s = checkpoint(one_head, h, use_reentrant=False) if use_ckpt else one_head(h)
+        li = s / n
+        per_head[i] = li.detach()
+        total = total + w * li
+    return total, per_head
+
+
+@torch.no_grad()
+def head_stats(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.Tensor, tgt_out: torch.Tensor,
+               k: int, pad_id: int, label_smoothing: float = 0.0) -> dict[str, torch.Tensor]:
+    """Teacher-forced sums for validation, reducible across ranks by addition.
+
+    loss_sum[i], count[i], correct[i]: head i's summed loss, its non-pad targets, its top-1 hits.
+    accepted_sum / positions: at every non-pad position, the number of consecutive heads from head 1 that are
+    right (0..k), summed -- divided, a teacher-forced estimate of the mean accepted block size k̂.
+    """
+    loss_sum = torch.zeros(k, dtype=torch.float64, device=h.device)
+    count = torch.zeros(k, dtype=torch.float64, device=h.device)
+    correct = torch.zeros(k, dtype=torch.float64, device=h.device)
+    run = torch.ones_like(tgt_out, dtype=torch.bool)  # heads 0..i-1 all right so far
+    accepted = torch.zeros_like(tgt_out, dtype=torch.float64)
+    for i in range(k):
+        tgt = head_targets(tgt_out, i, pad_id)
+        valid = tgt.ne(pad_id)
+        logits = head_logits(h, i)
+        loss_sum[i] = smoothed_ce_sum(logits, tgt, pad_id, label_smoothing).double()
+        hit = (logits.argmax(-1) == tgt) & valid
+        count[i] = valid.sum()
+        correct[i] = hit.sum()
+        run = run & hit
+        accepted += run
+    positions = tgt_out.ne(pad_id)
+    return {"loss_sum": loss_sum, "count": count, "correct": correct,
+            "accepted_sum": accepted[positions].sum().reshape(1),
+            "positions": positions.sum().double().reshape(1)}

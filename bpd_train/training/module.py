@@ -1,0 +1,179 @@
+"""The one LightningModule for every regime: base, frozen, finetune, distill, both.
+
+What differs between regimes is data (bpd_train.training.regimes.Regime): which parameters train, which
+heads enter the loss and how they are weighted. The constructor takes plain Python types only, so
+`BPDLightningModule.load_from_checkpoint(path)` rebuilds it and `torch.load(weights_only=True)` reads the file.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from bpd_train.checkpoint import CKPT_META_KEY
+from bpd_train.model import BPDConfig, BPDModel
+from bpd_train.training.losses import bpd_loss, head_stats, head_weights
+from bpd_train.training.optim import build_optimizer, param_groups
+from bpd_train.training.regimes import Regime
+
+
+def mix_seed(*parts: int) -> int:
+    """A well-spread 63-bit seed from integers (seed, rank, step, ...), identical on every machine."""
+    h = hashlib.blake2b(",".join(str(int(p)) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+class BPDLightningModule(pl.LightningModule):
+    def __init__(self, model_config: dict[str, Any], regime: dict[str, Any], optim: dict[str, Any],
+                 loss: dict[str, Any] | None = None, seed: int = 0, tokenizer_file: str | None = None,
+                 tokenizer_hash: str | None = None, data_name: str | None = None, init_from: str | None = None):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = BPDModel(BPDConfig.from_dict(dict(model_config)))
+        self.regime = Regime.from_cfg(regime)
+        self.loss_cfg = dict(loss or {})
+        self.seed = int(seed)
+        cfg = self.model.config
+        if self.regime.freeze_backbone:
+            for p in self.model.backbone_parameters():
+                p.requires_grad_(False)
+        # Heads whose loss can train something: with a frozen backbone and identity_p1, head 1 has no
+        # trainable parameter on its path, so it never enters the loss.
+        first = 1 if (self.regime.freeze_backbone and cfg.identity_p1) else 0
+        self.train_heads = list(range(first, cfg.block_size))
+        if not self.train_heads:
+            raise ValueError(f"regime {self.regime.name}: no head has trainable parameters (k={cfg.block_size})")
+        self._val: dict[str, torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------------------------------- steps
+    def heads_for_step(self, batch_idx: int) -> tuple[list[int], list[float]]:
+        """Heads entering this step's loss and their weights. `random` draws one head from (seed, step,
+        micro-batch): the same on every rank and after a resume."""
+        mode = self.regime.head_loss
+        heads = self.train_heads
+        if mode == "random" and len(heads) > 1:
+            accum = self.trainer.accumulate_grad_batches if self._trainer is not None else 1
+            r = mix_seed(self.seed, 7919, self.global_step, batch_idx % max(1, accum))
+            heads = [heads[r % len(heads)]]
+        weights = head_weights(mode, heads, self.loss_cfg.get("head_weights"),
+                               self.loss_cfg.get("head_weight_decay", 0.8))
+        return heads, weights
+
+    def _features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.regime.freeze_backbone and self.training:
+            # The frozen backbone needs no graph: only the heads' FFN gets gradients.
+            with torch.no_grad():
+                return self.model.features(self.model.encode(batch["src"]), batch["tgt_in"])
+        return self.model.features(self.model.encode(batch["src"]), batch["tgt_in"])
+
+    def compute_loss(self, batch: dict[str, torch.Tensor], heads: list[int], weights: list[float]):
+        cfg = self.model.config
+        h = self._features(batch)
+        loss, per_head = bpd_loss(self.model.head_logits, h, batch["tgt_out"], heads, weights, cfg.pad_id,
+                                  float(self.loss_cfg.get("label_smoothing", 0.0)),
+                                  bool(self.loss_cfg.get("recompute", True)))
+        if self.model.heads is not None and cfg.identity_p1 and heads == [0]:
+            # Head 1 alone does not reach the BPD layer; a zero-weighted touch keeps DDP's gradient
+            # reduction (and AdamW's step) the same whichever head was drawn.
+            loss = loss + 0.0 * sum(p.sum() for p in self.model.head_parameters() if p.requires_grad)
+        return loss, per_head
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        heads, weights = self.heads_for_step(batch_idx)
+        loss, per_head = self.compute_loss(batch, heads, weights)
+        bs = batch["src"].size(0)
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=bs)
+        for i, li in per_head.items():
+            self.log(f"train/loss_head{i + 1}", li, on_step=True, on_epoch=False, batch_size=bs)
+        return loss
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # Dropout masks as a function of (seed, rank, step): a run resumed from a checkpoint draws exactly
+        # what the uninterrupted run drew, whatever consumed the global RNG in between (dataloader
+        # iterators, validation, callbacks).
+        accum = max(1, self.trainer.accumulate_grad_batches)
+        torch.manual_seed(mix_seed(self.seed, self.global_rank, self.global_step, batch_idx % accum))
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Reaching max_steps between two validations: ask for a stop, which makes Lightning validate (and
+        # ModelCheckpoint save best/last) on the final weights.
+        t = self.trainer
+        if t.max_steps and t.max_steps > 0 and self.global_step >= t.max_steps \
+                and (batch_idx + 1) % max(1, t.accumulate_grad_batches) == 0:
+            t.should_stop = True
+
+    def on_train_epoch_start(self) -> None:
+        # Lightning only calls set_epoch on samplers it knows; the token-bucket batch sampler reshuffles
+        # per epoch through its own set_epoch (a no-op for the epoch it already holds, so resume is safe).
+        loaders = self.trainer.train_dataloader
+        for dl in (loaders if isinstance(loaders, (list, tuple)) else [loaders]):
+            bs = getattr(dl, "batch_sampler", None)
+            if bs is not None and hasattr(bs, "set_epoch"):
+                bs.set_epoch(self.current_epoch)
+
+    # ------------------------------------------------------------------------------------- validation
+    def on_validation_epoch_start(self) -> None:
+        self._val = None
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        cfg = self.model.config
+        h = self.model.features(self.model.encode(batch["src"]), batch["tgt_in"])
+        stats = head_stats(self.model.head_logits, h, batch["tgt_out"], cfg.block_size, cfg.pad_id,
+                           float(self.loss_cfg.get("label_smoothing", 0.0)))
+        if self._val is None:
+            self._val = stats
+        else:
+            for key, v in stats.items():
+                self._val[key] += v
+
+    def on_validation_epoch_end(self) -> None:
+        k = self.model.config.block_size
+        if self._val is None:  # this rank saw no batch: contribute zeros to the reduction
+            z = torch.zeros(k, dtype=torch.float64, device=self.device)
+            one = torch.zeros(1, dtype=torch.float64, device=self.device)
+            self._val = {"loss_sum": z, "count": z.clone(), "correct": z.clone(), "accepted_sum": one,
+                         "positions": one.clone()}
+        s = {key: self.trainer.strategy.reduce(v, reduce_op="sum") for key, v in self._val.items()}
+        count = s["count"].clamp_min(1)
+        loss = s["loss_sum"] / count
+        acc = s["correct"] / count
+        metrics = {"val/loss": loss.mean(),
+                   "val/expected_accepted": s["accepted_sum"][0] / s["positions"][0].clamp_min(1)}
+        for i in range(k):
+            metrics[f"val/loss_head{i + 1}"] = loss[i]
+            metrics[f"val/acc_head{i + 1}"] = acc[i]
+        self.log_dict({n: v.float() for n, v in metrics.items()}, on_step=False, on_epoch=True, sync_dist=False)
+        self._val = None
+
+    # ------------------------------------------------------------------------------------- optimiser
+    def configure_optimizers(self) -> dict[str, Any]:
+        from hydra.utils import instantiate
+
+        optim = dict(self.hparams.optim)
+        factory = instantiate(dict(optim["optimizer"]))  # functools.partial(torch.optim.AdamW, lr=..., ...)
+        kw = getattr(factory, "keywords", {})
+        groups = param_groups(self.model.backbone_parameters(), self.model.head_parameters(),
+                              lr=float(kw.get("lr", 1e-3)), weight_decay=float(kw.get("weight_decay", 0.0)),
+                              head_lr_mult=float(optim.get("head_lr_mult", 1.0)))
+        total = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else None
+        if total is None:
+            try:
+                total = int(self.trainer.estimated_stepping_batches)
+            except Exception:  # noqa: BLE001 - only the cosine schedule needs it
+                total = None
+        return build_optimizer(factory, groups, dict(optim.get("schedule", {})), total)
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def checkpoint_meta(self) -> dict[str, Any]:
+        hp = self.hparams
+        return {"model_config": self.model.config.to_dict(), "tokenizer_hash": hp.get("tokenizer_hash"),
+                "tokenizer_file": hp.get("tokenizer_file"), "regime": self.regime.name,
+                "paper_regime": self.regime.paper_name, "block_size": self.model.config.block_size,
+                "head_loss": self.regime.head_loss, "trainable": self.regime.trainable,
+                "source": self.regime.source, "data": hp.get("data_name"), "init_from": hp.get("init_from"),
+                "seed": self.seed, "global_step": int(self.global_step) if self._trainer is not None else 0}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CKPT_META_KEY] = self.checkpoint_meta()

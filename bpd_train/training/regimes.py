@@ -1,0 +1,66 @@
+"""Regimes are data: what trains, on which data, from which weights, with which head loss.
+
+Paper Table 1 names: frozen = Regular, finetune = Fine Tuning, distill = Distillation, both = Both.
+The yaml files in conf/regime/ are the source of truth; this only validates and types them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from bpd_train import REPO_ROOT
+from bpd_train.training.losses import HEAD_LOSSES
+
+TRAINABLE = ("all", "heads")
+SOURCES = ("gold", "distilled")
+
+
+def available_regimes() -> list[str]:
+    return sorted(p.stem for p in (REPO_ROOT / "conf" / "regime").glob("*.yaml"))
+
+
+@dataclass(frozen=True)
+class Regime:
+    name: str
+    trainable: str = "all"          # all | heads (backbone frozen)
+    source: str = "gold"            # gold | distilled
+    init_from: str | None = None    # checkpoint / run folder / bundle the backbone comes from
+    block_size: int = 1             # k of the model this regime trains
+    head_loss: str = "mean"         # random | mean | weighted
+    stage: str = "base"             # base | heads
+    run_subdir: str = "base"
+    distilled_dir: str | None = None
+    paper_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.trainable not in TRAINABLE:
+            raise ValueError(f"regime {self.name}: trainable must be one of {TRAINABLE}, got {self.trainable!r}")
+        if self.source not in SOURCES:
+            raise ValueError(f"regime {self.name}: source must be one of {SOURCES}, got {self.source!r}")
+        if self.head_loss not in HEAD_LOSSES:
+            raise ValueError(f"regime {self.name}: head_loss must be one of {HEAD_LOSSES}, got {self.head_loss!r}")
+        if int(self.block_size) < 1:
+            raise ValueError(f"regime {self.name}: block_size must be >= 1, got {self.block_size}")
+        if self.trainable == "heads" and not self.init_from:
+            raise ValueError(f"regime {self.name}: a frozen backbone needs init_from (a base checkpoint)")
+        if self.trainable == "heads" and int(self.block_size) < 2:
+            raise ValueError(f"regime {self.name}: a frozen backbone with k=1 has nothing to train; "
+                             f"set model.block_size >= 2")
+
+    @property
+    def freeze_backbone(self) -> bool:
+        return self.trainable == "heads"
+
+    @classmethod
+    def from_cfg(cls, cfg: Mapping[str, Any]) -> "Regime":
+        names = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in dict(cfg).items() if k in names}
+        d["block_size"] = int(d.get("block_size", 1))
+        if d.get("init_from") is not None:
+            d["init_from"] = str(Path(str(d["init_from"])).expanduser())
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

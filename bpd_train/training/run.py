@@ -1,0 +1,348 @@
+"""`python train.py +regime=X`: compose data, model, trainer and fit. One function per step so that tests,
+the CPU ZeRO path and benchmarks reuse them.
+
+Run folder (`cfg.run_dir`): ${paths.artifacts}/<corpus>/base or .../heads/<regime>-k<k>, holding
+checkpoints/{best,last}.ckpt, tokenizer.model and the resolved config.yaml.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from bpd_train.checkpoint import CheckpointError, load_model, read_checkpoint, resolve_checkpoint, CKPT_META_KEY
+from bpd_train.io import atomic_write_bytes, atomic_write_text
+from bpd_train.model import BPDConfig, BPDModel
+from bpd_train.training.module import BPDLightningModule
+from bpd_train.training.regimes import Regime, available_regimes
+
+log = logging.getLogger(__name__)
+
+# BPDConfig fields a head regime takes from the training config; the backbone's come from the base model.
+HEAD_FIELDS = ("block_size", "head_d_hidden", "identity_p1")
+
+
+class TrainError(ValueError):
+    """A problem the user fixes (missing base model, mismatched tokenizer, bad option): one line, no traceback."""
+
+
+def plain(cfg: Any) -> Any:
+    return OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
+
+
+def _is_rank_zero() -> bool:
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
+# ------------------------------------------------------------------------------------------------ data
+def make_datamodule(cfg: DictConfig, regime: Regime):
+    from bpd_train.data import BPDDataModule
+
+    data = cfg.data
+    return BPDDataModule(data, artifacts_dir=str(cfg.paths.artifacts), seed=int(cfg.seed), source=regime.source,
+                         distilled_dir=regime.distilled_dir, max_tokens=int(data.max_tokens),
+                         num_workers=int(data.get("num_workers", 0) or 0))
+
+
+# ----------------------------------------------------------------------------------------------- model
+def _make_base_hint(init_from: str) -> str:
+    """`python train.py +regime=base ...` with this run's corpus/experiment/paths overrides."""
+    keep = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            for o in HydraConfig.get().overrides.task:
+                key = o.split("=", 1)[0].lstrip("+~")
+                if key == "regime" or key.startswith(("regime.", "hydra.", "callbacks.")) or key in (
+                        "ckpt_path", "model.block_size", "model.head_d_hidden", "model.identity_p1"):
+                    continue
+                keep.append(o)
+    except Exception:  # noqa: BLE001 - the hint is a courtesy
+        pass
+    return " ".join(["python train.py +regime=base", *keep])
+
+
+def load_init(init_from: str, tokenizer) -> Any:
+    """The model a head regime starts from, checked against this run's tokenizer."""
+    p = Path(init_from)
+    try:
+        resolve_checkpoint(p)
+    except CheckpointError as e:
+        raise TrainError(f"no base model at {p} ({e}); make it with: {_make_base_hint(init_from)}") from None
+    loaded = load_model(p, map_location="cpu")
+    if loaded.config.vocab_size != tokenizer.vocab_size:
+        raise TrainError(f"{loaded.source} has a vocabulary of {loaded.config.vocab_size} but this run's tokenizer "
+                         f"{tokenizer.path} has {tokenizer.vocab_size}: it was trained on another corpus or with "
+                         f"other sentencepiece settings (init_from={init_from})")
+    if loaded.tokenizer_hash != tokenizer.hash:
+        raise TrainError(f"{loaded.source} was trained with tokenizer sha256 {loaded.tokenizer_hash[:12]} but this run "
+                         f"uses {tokenizer.path} (sha256 {tokenizer.hash[:12]}): same vocabulary size, different "
+                         f"pieces; train the base model on this corpus/settings or point init_from at a matching one")
+    return loaded
+
+
+def base_model_config(cfg: DictConfig, tokenizer, block_size: int) -> BPDConfig:
+    m = {k: v for k, v in plain(cfg.model).items() if k != "vocab_size"}
+    m["block_size"] = int(block_size)
+    return BPDConfig(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
+                     eos_id=tokenizer.eos_id, unk_id=tokenizer.unk_id, **m)
+
+
+def heads_model_config(init_config: BPDConfig, cfg: DictConfig, block_size: int) -> BPDConfig:
+    """The base model's config with the head fields from this run (the heads are new; the backbone is copied)."""
+    m = plain(cfg.model)
+    over = {f: m[f] for f in HEAD_FIELDS if f in m}
+    over["block_size"] = int(block_size)
+    return dataclasses.replace(init_config, **over)
+
+
+def copy_weights(dst: BPDModel, src: BPDModel) -> dict[str, list[str]]:
+    """Copy every tensor of `src` whose name and shape `dst` shares. The backbone must copy completely;
+    head tensors of another k (or none, from a base model) stay freshly initialised."""
+    head_names = {n for n, _ in dst.named_parameters() if n.startswith("heads.")}
+    dst_sd, src_sd = dst.state_dict(), src.state_dict()
+    load, skipped = {}, []
+    for n, v in src_sd.items():
+        if n in dst_sd and dst_sd[n].shape == v.shape:
+            load[n] = v
+        elif n in head_names or n.startswith("heads."):
+            skipped.append(n)
+        else:
+            raise TrainError(f"init_from tensor {n} {tuple(v.shape)} does not fit the new model "
+                             f"{tuple(dst_sd[n].shape) if n in dst_sd else '(absent)'}")
+    missing = sorted(set(dst_sd) - set(load))
+    bad = [n for n in missing if n not in head_names]
+    if bad:
+        raise TrainError(f"init_from lacks backbone tensors {bad[:5]}{'...' if len(bad) > 5 else ''}")
+    dst.load_state_dict(load, strict=False)
+    return {"copied": sorted(load), "new": missing, "skipped": skipped}
+
+
+def resolve_resume(cfg: DictConfig, run_dir: Path) -> str | None:
+    ck = cfg.get("ckpt_path")
+    if ck in (None, "", "null", "none"):
+        return None
+    if ck == "last":
+        p = run_dir / "checkpoints" / "last.ckpt"
+        if not p.exists():
+            raise TrainError(f"ckpt_path=last but {p} does not exist; start without ckpt_path")
+        return str(p)
+    if ck == "hpc":
+        return "hpc"
+    p = Path(str(ck)).expanduser()
+    if not p.exists():
+        raise TrainError(f"ckpt_path {p} does not exist")
+    return str(p)
+
+
+def build_module(cfg: DictConfig, regime: Regime, tokenizer, resume: str | None = None) -> BPDLightningModule:
+    """The LightningModule for this regime, with the backbone copied from init_from (head regimes).
+    When resuming, the model config comes from the checkpoint and the weights are left to Lightning."""
+    init_from = regime.init_from
+    init = None
+    if resume and resume != "hpc" and Path(resume).is_file():
+        meta = read_checkpoint(resume).get(CKPT_META_KEY) or {}
+        if "model_config" not in meta:
+            raise TrainError(f"{resume} is not a bpd-train checkpoint (no '{CKPT_META_KEY}' metadata)")
+        if meta.get("tokenizer_hash") and meta["tokenizer_hash"] != tokenizer.hash:
+            raise TrainError(f"{resume} was trained with another tokenizer (sha256 {meta['tokenizer_hash'][:12]}) "
+                             f"than this run's {tokenizer.path} (sha256 {tokenizer.hash[:12]})")
+        model_cfg = BPDConfig.from_dict(dict(meta["model_config"]))
+    elif init_from:
+        init = load_init(init_from, tokenizer)
+        model_cfg = heads_model_config(init.config, cfg, regime.block_size)
+    else:
+        model_cfg = base_model_config(cfg, tokenizer, regime.block_size)
+    module = BPDLightningModule(
+        model_config=model_cfg.to_dict(), regime=regime.to_dict(), optim=plain(cfg.optim), loss=plain(cfg.loss),
+        seed=int(cfg.seed), tokenizer_file=str(Path(tokenizer.path).resolve()), tokenizer_hash=tokenizer.hash,
+        data_name=str(cfg.data.name), init_from=str(init.source) if init is not None else init_from)
+    if init is not None:
+        report = copy_weights(module.model, init.model)
+        log.info("init_from %s: copied %d tensors, %d new head tensors, %d skipped", init.source,
+                 len(report["copied"]), len(report["new"]), len(report["skipped"]))
+    return module
+
+
+# --------------------------------------------------------------------------------------------- trainer
+def _wandb_offline(setting: Any) -> bool:
+    """W&B runs online only when the user configured it: WANDB_MODE wins, then an API key or a login."""
+    if setting is not None:
+        return bool(setting)
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if mode:
+        return mode != "online" and mode != "run"
+    if os.environ.get("WANDB_API_KEY"):
+        return False
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        return "api.wandb.ai" not in netrc.read_text()
+    except OSError:
+        return True
+
+
+def make_logger(cfg: DictConfig, run_dir: Path, resuming: bool):
+    lc = cfg.get("logger")
+    if lc is None or "_target_" not in lc:
+        return False
+    from hydra.utils import instantiate
+
+    kw: dict[str, Any] = {}
+    if lc._target_.endswith("WandbLogger"):
+        kw["offline"] = _wandb_offline(lc.get("offline"))
+        # One W&B run per training run: the id lives in the run folder and a resume continues it.
+        id_file = run_dir / "wandb_id"
+        if resuming and id_file.is_file():
+            run_id = id_file.read_text().strip()
+        else:
+            import wandb
+
+            run_id = wandb.util.generate_id()
+            if _is_rank_zero():
+                atomic_write_text(id_file, run_id + "\n")
+        kw.update(id=run_id, resume="allow")
+        Path(lc.save_dir).mkdir(parents=True, exist_ok=True)
+    return instantiate(lc, **kw)
+
+
+def make_strategy(sc: Any):
+    if sc is None:
+        return "auto"
+    if "_target_" in sc:
+        from hydra.utils import instantiate
+
+        return instantiate(sc)
+    return str(sc.get("name", "auto"))
+
+
+def make_callbacks(cfg: DictConfig, run_dir: Path, has_logger: bool) -> list[pl.Callback]:
+    from hydra.utils import instantiate
+    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar, TQDMProgressBar
+
+    ck = cfg.get("checkpoint", {})
+    cbs: list[pl.Callback] = [ModelCheckpoint(
+        dirpath=str(run_dir / "checkpoints"), filename="best", monitor=ck.get("monitor", "val/loss"),
+        mode=ck.get("mode", "min"), save_top_k=1, save_last=True, auto_insert_metric_name=False,
+        enable_version_counter=False)]
+    if has_logger:
+        cbs.append(LearningRateMonitor(logging_interval="step"))
+    bar = str(cfg.get("progress_bar", "tqdm"))
+    if bar == "rich":
+        cbs.append(RichProgressBar())
+    elif bar == "tqdm":
+        cbs.append(TQDMProgressBar(refresh_rate=max(1, int(os.environ.get("BPD_PROGRESS_REFRESH", 1)))))
+    for name, c in (cfg.get("callbacks") or {}).items():
+        if c is None or "_target_" not in c:
+            continue
+        cbs.append(instantiate(c))
+    return cbs
+
+
+def default_root_dir(run_dir: Path) -> Path:
+    # Lightning puts SLURM requeue checkpoints (hpc_ckpt_N.ckpt) here and resumes from them automatically:
+    # keyed by job id so that a new job never picks up an old job's state.
+    job = os.environ.get("SLURM_JOB_ID")
+    return run_dir / "hpc" / job if job else run_dir
+
+
+def make_trainer(cfg: DictConfig, run_dir: Path, resuming: bool = False, **overrides) -> pl.Trainer:
+    from hydra.utils import instantiate
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    logger = make_logger(cfg, run_dir, resuming)
+    plugins = []
+    if SLURMEnvironment.detect():
+        plugins.append(SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1))
+    bar = str(cfg.get("progress_bar", "tqdm"))
+    kw = dict(callbacks=make_callbacks(cfg, run_dir, logger is not False), logger=logger,
+              strategy=make_strategy(cfg.get("strategy")), plugins=plugins or None,
+              default_root_dir=str(default_root_dir(run_dir)), use_distributed_sampler=False,
+              enable_progress_bar=bar != "none")
+    kw.update(overrides)
+    trainer = instantiate(cfg.trainer, **kw)
+    if logger is not False:
+        logger.log_hyperparams(plain(cfg))
+    return trainer
+
+
+# ------------------------------------------------------------------------------------------------ main
+def write_run_folder(cfg: DictConfig, run_dir: Path, tokenizer) -> None:
+    """tokenizer.model and the resolved config.yaml beside the checkpoints (rank zero)."""
+    if not _is_rank_zero():
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tok_dst = run_dir / "tokenizer.model"
+    data = Path(tokenizer.path).read_bytes()
+    if not tok_dst.is_file() or tok_dst.read_bytes() != data:
+        atomic_write_bytes(tok_dst, data)
+    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+
+
+def train(cfg: DictConfig, **trainer_overrides) -> Path:
+    """Train one regime; returns its run folder."""
+    if cfg.get("regime") is None:
+        raise TrainError(f"choose a regime: python train.py +regime={{{','.join(available_regimes())}}}")
+    regime = Regime.from_cfg(cfg.regime)
+    run_dir = Path(str(cfg.run_dir)).expanduser().resolve()
+    if cfg.get("num_threads"):
+        torch.set_num_threads(int(cfg.num_threads))
+    pl.seed_everything(int(cfg.seed), workers=True)
+    resume = resolve_resume(cfg, run_dir)
+    if resume is None and _is_rank_zero() and (run_dir / "checkpoints").is_dir() and any(
+            (run_dir / "checkpoints").glob("*.ckpt")):
+        log.warning("%s already holds checkpoints; this fresh run replaces them (ckpt_path=last resumes)", run_dir)
+
+    dm = make_datamodule(cfg, regime)
+    dm.prepare_data()
+    dm.setup("fit")
+    tokenizer = dm.tokenizer
+    module = build_module(cfg, regime, tokenizer, resume)
+    write_run_folder(cfg, run_dir, tokenizer)
+    resuming = resume is not None or any(default_root_dir(run_dir).glob("hpc_ckpt_*.ckpt"))
+    trainer = make_trainer(cfg, run_dir, resuming=resuming, **trainer_overrides)
+    trainer.fit(module, datamodule=dm, ckpt_path=resume)
+    return run_dir
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    errs: list[type[BaseException]] = [TrainError, CheckpointError]
+    try:
+        from bpd_train.data.distilled import DistillError
+
+        errs.append(DistillError)
+    except ImportError:
+        pass
+    return tuple(errs)
+
+
+def main(cfg: DictConfig) -> None:
+    """Hydra entry: user errors become one line on stderr and exit status 2."""
+    try:
+        train(cfg)
+    except user_errors() as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def check_argv(argv: list[str]) -> None:
+    """Before Hydra starts (and makes an output folder): a run must pick a regime with +regime=."""
+    if any(a.split("=", 1)[0] in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c", "--shell-completion",
+                                  "-sc", "--resolve", "-p", "--package") for a in argv):
+        return
+    choices = ",".join(available_regimes())
+    if any(a.startswith(("regime=",)) for a in argv):
+        print(f"error: regime is not in the defaults list; write +regime=NAME (choices: {choices})", file=sys.stderr)
+        sys.exit(2)
+    if not any(a.startswith(("+regime=", "++regime=")) for a in argv):
+        print(f"error: choose a regime: python train.py +regime={{{choices}}} [experiment=smoke]", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,29 @@
+# Run: python distill.py [experiment=smoke] [distill.teacher=PATH] [distill.limit=N]
+#      torchrun --nproc-per-node=N distill.py ...   |   sbatch --array=0-7 slurm/distill.sbatch ...
+"""Re-translate a corpus split with the teacher's beam search into a resumable, sharded distilled corpus."""
+import json
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+import bpd_train  # noqa: F401  (registers the ${repo_root:} resolver)
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="distill")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from bpd_train.data.distilled import DistillError
+    from bpd_train.distillation import run
+
+    try:
+        summary = run(cfg, overrides=list(HydraConfig.get().overrides.task))
+    except DistillError as e:
+        print(f"error: {e}", file=sys.stderr)  # one line, no traceback: bad input, not a bug
+        sys.exit(2)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

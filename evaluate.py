@@ -1,0 +1,25 @@
+# Run: python evaluate.py [experiment=smoke] [evaluate.inputs=[PATH,...]] [evaluate.block_sizes=[8,4]]
+#      [evaluate.rules=[exact,top2]] [evaluate.batch_sizes=[1,32]] [evaluate.split=test] [evaluate.max_sentences=N]
+"""Greedy vs blockwise decoding of checkpoints: BLEU/chrF, k̂, calls, agreement, speedup -> report + plots."""
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+import bpd_train  # noqa: F401  (registers the ${repo_root:} resolver)
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    from bpd_train.checkpoint import CheckpointError
+    from bpd_train.evaluation.cli import run_evaluate
+
+    try:
+        run_evaluate(cfg)
+    except (CheckpointError, ValueError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)  # one line, no traceback: bad input, not a bug
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

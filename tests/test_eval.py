@@ -1,0 +1,150 @@
+"""evaluate: report numbers agree with the sacrebleu CLI on the written files; exact mode agrees 100% with greedy;
+reports, plots and bad-input errors."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _eval_tiny import build, read_pairs
+
+from bpd_train.checkpoint import CheckpointError
+from bpd_train.evaluation.decode import EvalError, default_block_sizes, parse_rule
+from bpd_train.evaluation.runner import EvalSettings, evaluate_inputs, expand_inputs
+
+SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    return build(str(tmp_path_factory.getbasetemp() / "eval_tiny"))
+
+
+@pytest.fixture(scope="session")
+def evaluated(tiny, tmp_path_factory):
+    """One evaluation of a k=4 run and a plain (k=1) model on 12 validation sentences, batch sizes 1 and 5.
+    Half of the references are replaced by the model's own greedy output, so BLEU is a real number in (0, 100)
+    even though the tiny model is untrained."""
+    from bpd_train.checkpoint import load_model
+    from bpd_train.decoding import greedy
+    from bpd_train.evaluation.decode import SpmText
+
+    pairs = read_pairs("validation", 12)
+    sources = [s for s, _ in pairs]
+    loaded = load_model(tiny["run"])
+    text = SpmText(loaded.tokenizer(), 2, 0, loaded.config.max_positions)
+    own = greedy(loaded.model, [text.source_ids(s) for s in sources], max_len=(1.0, 5)).tokens
+    refs = [text.detok(own[i]) if i % 2 else t for i, (_, t) in enumerate(pairs)]
+    out = tmp_path_factory.mktemp("eval") / "report"
+    settings = EvalSettings(rules=["exact", "top2"], batch_sizes=[1, 5], max_len=[1.0, 5], progress=False)
+    inputs = expand_inputs([str(tiny["run"]), str(tiny["base"])])
+    report = evaluate_inputs(inputs, sources, refs, settings, out, data_info={"name": "tiny", "split": "validation"})
+    return out, report
+
+
+def _cli(out: Path, hyp: str) -> dict:
+    res = subprocess.run([SACREBLEU, str(out / "ref.txt"), "-i", str(out / hyp), "-m", "bleu", "chrf", "-w", "6",
+                          "--format", "json"], capture_output=True, text=True, check=True)
+    return {m["name"]: m for m in json.loads(res.stdout)}
+
+
+def test_report_bleu_equals_sacrebleu_cli(evaluated):
+    out, _ = evaluated
+    report = json.loads((out / "report.json").read_text())  # what is on disk, not the in-memory dict
+    checked = 0
+    for row in report["rows"][:3] + [c["greedy"] | {"hyp_file": c["greedy"]["hyp_file"]} for c in report["checkpoints"]]:
+        cli = _cli(out, row["hyp_file"])
+        assert row["bleu"] == pytest.approx(cli["BLEU"]["score"], abs=1e-6)
+        assert row["chrf"] == pytest.approx(cli["chrF2"]["score"], abs=1e-6)
+        checked += 1
+    assert 0 < report["rows"][0]["bleu"] < 100 and 0 < report["rows"][0]["chrf"] < 100
+    assert report["signatures"]["bleu"] == cli["BLEU"]["signature"]
+    assert checked == 5
+
+
+def test_exact_agrees_with_greedy_and_rows_are_complete(evaluated):
+    _, report = evaluated
+    rows = report["rows"]
+    # k=4 model: block sizes 4 and 2, rules exact/top2, batch sizes 1/5; the k=1 model only has its greedy entry
+    assert sorted({(r["k"], r["rule"], r["batch_size"]) for r in rows}) == sorted(
+        (k, r, b) for k in (4, 2) for r in ("exact", "top2") for b in (1, 5))
+    assert {r["checkpoint"] for r in rows} == {"frozen-k4"}
+    for r in rows:
+        assert 1.0 <= r["mean_accepted"] <= r["k"]
+        assert r["calls"] <= r["greedy_calls"] and r["speedup"] > 0
+        if r["rule"] == "exact":
+            assert r["agreement"] == 100.0 and r["bleu"] == r["greedy_bleu"]
+    # results do not depend on the batch size
+    by = {(r["k"], r["rule"], r["batch_size"]): r for r in rows}
+    assert by[(4, "exact", 1)]["bleu"] == by[(4, "exact", 5)]["bleu"]
+    assert by[(4, "exact", 1)]["mean_accepted"] == pytest.approx(by[(4, "exact", 5)]["mean_accepted"])
+    for c in report["checkpoints"]:
+        assert all(v["matches_batch1_output"] for v in c["greedy"]["by_batch_size"].values())
+        assert c["source_id"].startswith("sha256:")
+
+
+def test_report_files(evaluated):
+    out, report = evaluated
+    md = (out / "report.md").read_text()
+    assert "## Exact acceptance, batch size 1" in md and "## TopK(2) acceptance, batch size 5" in md
+    assert "| k | frozen-k4 | base |" in md
+    row4 = next(line for line in md.splitlines() if line.startswith("| 4 |"))
+    assert row4.count("×") == 1 and row4.endswith("| – |")  # the k=1 model has no k=4 cell
+    for png in ("speedup_vs_k.png", "bleu_vs_khat.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert png in report["files"]["plots"]
+    n = len((out / "src.txt").read_text().splitlines())
+    assert n == 12 == len((out / "ref.txt").read_text().splitlines())
+    assert all(len((out / r["hyp_file"]).read_text().splitlines()) == n for r in report["rows"])
+
+
+def test_card_section_and_find_report(evaluated, tiny, tmp_path):
+    from bpd_train.evaluation.report import card_section, find_report
+    from bpd_train.export import export_checkpoint, source_id
+
+    out, _ = evaluated
+    sid = source_id(tiny["run"])
+    assert find_report(out.parent, sid) == out / "report.json"
+    bundle = export_checkpoint(tiny["run"], tmp_path / "b", report=out)
+    card = (bundle / "README.md").read_text()
+    assert "### Exact acceptance, batch size 1" in card and "| k | frozen-k4 |" in card and "base" not in \
+        card.split("## Evaluation")[1]
+    assert card_section(out, "sha256:0000") is None
+
+
+def test_default_block_sizes_and_rules():
+    assert default_block_sizes(8) == [8, 6, 4, 2]
+    assert default_block_sizes(5) == [5, 4, 2]
+    assert default_block_sizes(1) == []
+    assert parse_rule("top2").n == 2 and parse_rule("topk:3").n == 3 and type(parse_rule("Exact")).__name__ == "Exact"
+    with pytest.raises(EvalError, match="unknown acceptance rule"):
+        parse_rule("top")
+
+
+def test_bad_inputs(tiny, tmp_path):
+    pairs = read_pairs("validation", 2)
+    src, ref = [p[0] for p in pairs], [p[1] for p in pairs]
+    ok = EvalSettings(batch_sizes=[2], rules=["exact"], progress=False)
+    with pytest.raises(EvalError, match="block size 8 is above the k = 4 heads"):
+        evaluate_inputs(expand_inputs([str(tiny["run"])]), src, ref, EvalSettings(block_sizes=[8]), tmp_path / "a")
+    with pytest.raises(EvalError, match="unknown acceptance rule 'fuzzy'"):
+        EvalSettings(rules=["fuzzy"])
+    with pytest.raises(EvalError, match="batch_sizes"):
+        EvalSettings(batch_sizes=[0])
+    with pytest.raises(CheckpointError, match="does not exist"):
+        expand_inputs([str(tmp_path / "nope.ckpt")])
+    with pytest.raises(CheckpointError, match="no checkpoint matches"):
+        expand_inputs([str(tmp_path / "runs" / "*")])
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        evaluate_inputs(expand_inputs([str(bad)]), src, ref, ok, tmp_path / "b")
+    with pytest.raises(EvalError, match="no sentences"):
+        evaluate_inputs(expand_inputs([str(tiny["run"])]), [], [], ok, tmp_path / "c")
+    assert not any((tmp_path / d).exists() for d in "abc")
+
+
+def test_expand_inputs_names(tiny):
+    got = expand_inputs([str(Path(tiny["run"]).parent / "*"), str(tiny["base"]), str(tiny["ckpt"])])
+    assert [n for n, _ in got] == ["frozen-k4", "base", "frozen-k4/last"]

@@ -1,0 +1,59 @@
+"""python -m bpd_train.translate: streaming, batched, blockwise by default; output == greedy with exact."""
+import io
+import subprocess
+import sys
+
+import pytest
+
+from _eval_tiny import build, read_pairs
+
+from bpd_train.export import export_checkpoint
+
+
+@pytest.fixture(scope="session")
+def bundle(tmp_path_factory):
+    tiny = build(str(tmp_path_factory.getbasetemp() / "eval_tiny"))
+    return export_checkpoint(tiny["run"], tmp_path_factory.mktemp("translate") / "bundle")
+
+
+def _run(argv, text):
+    from bpd_train.translate import main
+
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(argv, stdin=io.StringIO(text), stdout=out, stderr=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_round_trip_equals_greedy(bundle):
+    lines = [s for s, _ in read_pairs("validation", 7)]
+    lines.insert(3, "")  # an empty line stays an empty line
+    text = "\n".join(lines) + "\n"
+    args = ["--bundle", str(bundle), "--max-len", "1", "5"]
+    rc, blockwise_out, err = _run(args + ["--batch-size", "3"], text)
+    assert rc == 0
+    out_lines = blockwise_out.split("\n")[:-1]
+    assert len(out_lines) == len(lines) and out_lines[3] == "" and all(out_lines[i] for i in (0, 1, 2, 4))
+    assert "k̂=" in err and "blockwise k=4 exact" in err and "sent/s" in err
+    rc, greedy_out, err = _run(args + ["--greedy", "--batch-size", "2"], text)
+    assert rc == 0 and greedy_out == blockwise_out and "greedy" in err
+    rc, top2_out, err = _run(args + ["--accept", "top2", "--block-size", "2", "--batch-size", "8"], text)
+    assert rc == 0 and len(top2_out.split("\n")) == len(lines) + 1 and "blockwise k=2 top2" in err
+
+
+def test_bad_arguments(bundle, tmp_path):
+    rc, out, err = _run(["--bundle", str(bundle), "--block-size", "9"], "hello\n")
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "block size 9 is above the k = 4 heads" in err
+    rc, _, err = _run(["--bundle", str(bundle), "--accept", "sometimes"], "hello\n")
+    assert rc == 2 and "unknown acceptance rule" in err
+    rc, _, err = _run(["--bundle", str(tmp_path / "missing")], "hello\n")
+    assert rc == 2 and "does not exist" in err
+
+
+def test_cli_subprocess(bundle):
+    """The real command line: stdin -> stdout, summary on stderr."""
+    res = subprocess.run([sys.executable, "-m", "bpd_train.translate", "--bundle", str(bundle), "--batch-size", "2",
+                          "--max-len", "1", "3"], input="In the beginning.\nAnd God said.\n\n", capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert len(res.stdout.split("\n")) == 4 and res.stdout.endswith("\n\n")
+    assert "translated 3 lines" in res.stderr
