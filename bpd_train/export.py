@@ -343,10 +343,32 @@ def load_zero_model(path: str | os.PathLike, tag: str | None = None, map_locatio
 
 
 # ----------------------------------------------------------------------------------------------------- any source
-def load_any(path: str | os.PathLike, map_location="cpu", expect_tokenizer_hash: str | None = None):
-    """checkpoint.load_model plus DeepSpeed ZeRO folders."""
+def resolve_source(path: str | os.PathLike) -> tuple[str, Path]:
+    """-> ("bundle" | "zero" | "ckpt", path) for a bundle, a ZeRO folder, a .ckpt file, or a run folder (its best
+    checkpoint, else last; either may be a Lightning DeepSpeed folder)."""
     p = Path(path)
-    if find_zero_dir(p) is not None and not (p / CONFIG).is_file():
+    if not p.exists():
+        raise CheckpointError(f"checkpoint {p} does not exist")
+    if p.is_dir() and (p / CONFIG).is_file():
+        return "bundle", p
+    if find_zero_dir(p) is not None:
+        return "zero", p
+    if p.is_file():
+        return "ckpt", p
+    for cand in ("checkpoints/best.ckpt", "best.ckpt", "checkpoints/last.ckpt", "last.ckpt"):
+        c = p / cand
+        if c.is_file():
+            return "ckpt", c
+        if c.is_dir() and find_zero_dir(c) is not None:
+            return "zero", c
+    c = resolve_checkpoint(p)  # newest checkpoints/*.ckpt, or a clear error
+    return ("zero" if c.is_dir() and find_zero_dir(c) is not None else "ckpt"), c
+
+
+def load_any(path: str | os.PathLike, map_location="cpu", expect_tokenizer_hash: str | None = None):
+    """checkpoint.load_model plus DeepSpeed ZeRO folders (and run folders whose checkpoints are ZeRO folders)."""
+    kind, p = resolve_source(path)
+    if kind == "zero":
         loaded = load_zero_model(p, map_location=map_location)
         if expect_tokenizer_hash is not None and loaded.tokenizer_hash != expect_tokenizer_hash:
             raise CheckpointError(f"{p} uses tokenizer {loaded.tokenizer_hash[:12]} but this run uses "
@@ -357,14 +379,15 @@ def load_any(path: str | os.PathLike, map_location="cpu", expect_tokenizer_hash:
 
 def source_id(path: str | os.PathLike) -> str:
     """A content id for a model source, so an evaluation report can be matched to the export of the same weights."""
-    p = Path(path)
-    zero = find_zero_dir(p) if p.is_dir() else None
-    if p.is_dir() and (p / CONFIG).is_file():
+    kind, p = resolve_source(path)
+    if kind == "bundle":
         return "sha256:" + sha256_file(p / WEIGHTS)
-    if zero is not None:
-        files = sorted(_zero_tag_dir(zero, None).glob("*model_states.pt"))
+    if kind == "zero":
+        files = sorted(_zero_tag_dir(find_zero_dir(p), None).glob("*model_states.pt"))
+        if not files:
+            raise CheckpointError(f"{p} has no *model_states.pt file: not a DeepSpeed checkpoint")
         return "sha256:" + sha256_file(files[0])
-    return "sha256:" + sha256_file(resolve_checkpoint(p))
+    return "sha256:" + sha256_file(p)
 
 
 def provenance(loaded, name: str | None = None) -> dict[str, Any]:
@@ -387,15 +410,11 @@ def export_checkpoint(source: str | os.PathLike, out_dir: str | os.PathLike, *, 
     from bpd_train.evaluation.report import card_section
 
     source = Path(source)
-    if not source.exists():
-        raise CheckpointError(f"checkpoint {source} does not exist")
+    kind, resolved = resolve_source(source)
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir} already exists; pass overwrite=true (export.overwrite=true) to replace it")
-    if find_zero_dir(source) is not None and not (source / CONFIG).is_file():
-        loaded = load_zero_model(source, tag=tag)
-    else:
-        loaded = load_model(source)
+    loaded = load_zero_model(resolved, tag=tag) if kind == "zero" else load_model(resolved)
     prov = provenance(loaded, name)
     sid = source_id(source)
     prov["source_id"] = sid

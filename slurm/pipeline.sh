@@ -49,6 +49,7 @@ PY=${PY:-python}
 account=()
 [[ -n "$PARTITION" ]] && account+=(--partition="$PARTITION")
 [[ -n "$ACCOUNT" ]] && account+=(--account="$ACCOUNT")
+# shellcheck disable=SC2054  # (the comma in --export=ALL,... is meant)
 train_res=(--nodes="$NODES" --cpus-per-task="$CPUS_PER_TASK" --time="$TRAIN_TIME" --export=ALL,STRATEGY="$STRATEGY")
 gpu_task=()
 if [[ "$GPUS_PER_NODE" -gt 0 ]]; then
@@ -76,7 +77,7 @@ submit() {  # submit NAME sbatch-args... -> sets JID, records it
   fi
   JID=${out%%;*}
   names+=("$name") ids+=("$JID")
-  printf '%-10s %s\n' "$name" "$JID"
+  printf '%-15s %s\n' "$name" "$JID"
 }
 
 echo "bpd-train pipeline: stages [$STAGES], regimes [$REGIMES], overrides [${common[*]}]"
@@ -91,11 +92,11 @@ needs_corpus=0
 for r in $REGIMES; do [[ "$r" == distill || "$r" == both ]] && needs_corpus=1; done
 if want distill && [[ $needs_corpus == 1 ]]; then
   mapfile -t dep < <(after "$base")
-  submit distill --job-name=bpd-distill --array="0-$((DISTILL_TASKS - 1))" --cpus-per-task="$CPUS_PER_TASK" \
+  submit distill-array --job-name=bpd-distill --array="0-$((DISTILL_TASKS - 1))" --cpus-per-task="$CPUS_PER_TASK" \
     --time="$DISTILL_TIME" "${gpu_task[@]}" "${dep[@]}" --output="$LOG_DIR/%x-%A_%a.out" \
     slurm/distill.sbatch "${common[@]}" "${distill_args[@]}"
   mapfile -t dep < <(after "$JID")
-  submit verify --job-name=bpd-distill-verify --cpus-per-task="$CPUS_PER_TASK" --time="$DISTILL_TIME" \
+  submit distill-verify --job-name=bpd-distill-verify --cpus-per-task="$CPUS_PER_TASK" --time="$DISTILL_TIME" \
     "${dep[@]}" --export=ALL,DISTILL_ACTION=verify --output="$LOG_DIR/%x-%j.out" \
     slurm/distill.sbatch "${common[@]}" "${distill_args[@]}"
   verify=$JID

@@ -65,8 +65,8 @@ def build(root: str) -> dict:
     from bpd_train.checkpoint import write_checkpoint
 
     root_p = Path(root)
-    tok = train_spm(root_p / "spm")
-    tok2 = train_spm(root_p / "spm2", vocab_size=260, n_lines=300)
+    tok = train_spm(root_p / "_tok")
+    tok2 = train_spm(root_p / "_tok2", vocab_size=260, n_lines=300)
     import sentencepiece as spm
 
     v = spm.SentencePieceProcessor(model_file=str(tok)).get_piece_size()
@@ -81,3 +81,12 @@ def build(root: str) -> dict:
     return {"tok": tok, "tok2": tok2, "run": run, "base": base, "ckpt": run / "checkpoints" / "last.ckpt",
             "vocab": v}
 
+
+
+def tiny_artifacts(tmp_path_factory) -> Path:
+    """A `paths.artifacts` folder whose bible_en_fr/ holds base/ and heads/frozen-k4/ (what train.py would make)."""
+    return tmp_path_factory.getbasetemp() / "eval_tiny"
+
+
+def build_tiny(tmp_path_factory) -> dict:
+    return build(str(tiny_artifacts(tmp_path_factory) / "bible_en_fr"))

@@ -69,7 +69,7 @@ def test_too_few_examples_for_ranks():
         TokenBucketBatchSampler([3, 4], 100, num_replicas=3, rank=0)
 
 
-@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("world", [1, 2, 3])
 def test_mid_epoch_resume_yields_exactly_the_remaining_batches(world):
     lengths = _lengths()
     for rank in range(world):
@@ -102,11 +102,18 @@ def test_resume_after_last_batch_moves_to_next_epoch():
     assert list(fresh) == list(s)
 
 
-def test_resume_refuses_other_world_size():
+def test_resume_with_other_world_size_restarts_the_epoch_with_a_warning():
     lengths = _lengths(300)
-    state = TokenBucketBatchSampler(lengths, 500, num_replicas=2, rank=0).state_dict()
-    with pytest.raises(ValueError, match="num_replicas"):
-        TokenBucketBatchSampler(lengths, 500, num_replicas=3, rank=0).load_state_dict(state)
+    s = TokenBucketBatchSampler(lengths, 500, num_replicas=2, rank=0)
+    s.set_epoch(2)
+    it = iter(s)
+    next(it), next(it)
+    other = TokenBucketBatchSampler(lengths, 500, num_replicas=3, rank=0)
+    with pytest.warns(UserWarning, match="num_replicas 2 -> 3"):
+        other.load_state_dict(s.state_dict())
+    ref = TokenBucketBatchSampler(lengths, 500, num_replicas=3, rank=0)
+    ref.set_epoch(2)
+    assert other.epoch == 2 and list(other) == list(ref)
 
 
 def test_bucketing_pads_little():

@@ -94,3 +94,14 @@ def test_tokenize_filters_train_and_logs_counts(bible_cfg, corpus, tmp_path, cap
     val2, _ = tokenize_split(corpus["validation"], tok, cfg, "validation", num_proc=2)
     assert len(val) == len(corpus["validation"]) and vstats["dropped"]["max_len"] == 0
     assert val["src"] == val2["src"] and val["tgt"] == val2["tgt"]
+
+
+def test_tokenization_is_cached_by_datasets(bible_cfg, corpus, tmp_path, monkeypatch):
+    from bpd_train.data import processing
+
+    tok = get_tokenizer(bible_cfg, tmp_path, corpus["validation"])
+    first, _ = tokenize_split(corpus["validation"], tok, bible_cfg, "validation", num_proc=1)
+    assert first.cache_files
+    monkeypatch.setattr(processing._Encode, "__call__", lambda *a, **k: pytest.fail("re-tokenized a cached split"))
+    again, _ = tokenize_split(corpus["validation"], tok, bible_cfg, "validation", num_proc=1)
+    assert again.cache_files == first.cache_files and again["src"] == first["src"]

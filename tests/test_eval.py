@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from _eval_tiny import build, read_pairs
+from _eval_tiny import build_tiny, read_pairs
 
 from bpd_train.checkpoint import CheckpointError
 from bpd_train.evaluation.decode import EvalError, default_block_sizes, parse_rule
@@ -18,26 +18,26 @@ SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
-    return build(str(tmp_path_factory.getbasetemp() / "eval_tiny"))
+    return build_tiny(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def evaluated(tiny, tmp_path_factory):
-    """One evaluation of a k=4 run and a plain (k=1) model on 12 validation sentences, batch sizes 1 and 5.
+    """One evaluation of a k=4 run and a plain (k=1) model on 8 validation sentences, batch sizes 1 and 5.
     Half of the references are replaced by the model's own greedy output, so BLEU is a real number in (0, 100)
     even though the tiny model is untrained."""
     from bpd_train.checkpoint import load_model
     from bpd_train.decoding import greedy
     from bpd_train.evaluation.decode import SpmText
 
-    pairs = read_pairs("validation", 12)
+    pairs = read_pairs("validation", 8)
     sources = [s for s, _ in pairs]
     loaded = load_model(tiny["run"])
     text = SpmText(loaded.tokenizer(), 2, 0, loaded.config.max_positions)
-    own = greedy(loaded.model, [text.source_ids(s) for s in sources], max_len=(1.0, 5)).tokens
+    own = greedy(loaded.model, [text.source_ids(s) for s in sources], max_len=(0.5, 4)).tokens
     refs = [text.detok(own[i]) if i % 2 else t for i, (_, t) in enumerate(pairs)]
     out = tmp_path_factory.mktemp("eval") / "report"
-    settings = EvalSettings(rules=["exact", "top2"], batch_sizes=[1, 5], max_len=[1.0, 5], progress=False)
+    settings = EvalSettings(rules=["exact", "top2"], batch_sizes=[1, 5], max_len=[0.5, 4], progress=False)
     inputs = expand_inputs([str(tiny["run"]), str(tiny["base"])])
     report = evaluate_inputs(inputs, sources, refs, settings, out, data_info={"name": "tiny", "split": "validation"})
     return out, report
@@ -95,7 +95,7 @@ def test_report_files(evaluated):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert png in report["files"]["plots"]
     n = len((out / "src.txt").read_text().splitlines())
-    assert n == 12 == len((out / "ref.txt").read_text().splitlines())
+    assert n == 8 == len((out / "ref.txt").read_text().splitlines())
     assert all(len((out / r["hyp_file"]).read_text().splitlines()) == n for r in report["rows"])
 
 
@@ -148,3 +148,23 @@ def test_bad_inputs(tiny, tmp_path):
 def test_expand_inputs_names(tiny):
     got = expand_inputs([str(Path(tiny["run"]).parent / "*"), str(tiny["base"]), str(tiny["ckpt"])])
     assert [n for n, _ in got] == ["frozen-k4", "base", "frozen-k4/last"]
+
+
+def test_wandb_logging_to_the_training_run(evaluated, tmp_path, monkeypatch):
+    import copy
+
+    from bpd_train.evaluation.runner import _wandb_ids
+    from bpd_train.evaluation.wandb_log import log_report
+
+    out, report = evaluated
+    run = tmp_path / "run"
+    (run / "wandb" / "offline-run-20260101_000000-abc123").mkdir(parents=True)
+    (run / "checkpoints").mkdir()
+    ids = _wandb_ids(run / "checkpoints" / "last.ckpt", {})
+    assert ids == {"id": "abc123", "project": None, "dir": str(run)}
+    assert _wandb_ids(run / "checkpoints" / "last.ckpt", {"wandb_run_id": "x1", "wandb_project": "p"})["id"] == "x1"
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # exercises the calls without a W&B service
+    rep = copy.deepcopy(report)
+    assert log_report(rep, out) == 0  # no training run known: nothing logged
+    rep["checkpoints"][0]["wandb"] = ids
+    assert log_report(rep, out) == 1

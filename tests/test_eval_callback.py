@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from _eval_tiny import build, read_pairs
+from _eval_tiny import build_tiny, read_pairs
 
 from bpd_train.checkpoint import load_model
 from bpd_train.evaluation.callback import BlockwiseEval
@@ -13,7 +13,7 @@ from bpd_train.evaluation.metrics import pad_batch
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
-    return build(str(tmp_path_factory.getbasetemp() / "eval_tiny"))
+    return build_tiny(tmp_path_factory)
 
 
 def _fake(tiny, run, n_val=10, rank=0):
@@ -54,6 +54,7 @@ def test_skips_where_it_should(tiny):
     BlockwiseEval().on_validation_epoch_end(trainer, module)
     trainer.sanity_checking = True
     BlockwiseEval().on_validation_epoch_end(trainer, module)
+    assert logged == {}
     cb = BlockwiseEval(n_sentences=2, every_n_validations=2, max_len=[1.0, 2])
     trainer, module, logged = _fake(tiny, tiny["run"], rank=0)
     cb.on_validation_epoch_end(trainer, module)

@@ -5,7 +5,7 @@ import shutil
 import pytest
 import torch
 
-from _eval_tiny import build
+from _eval_tiny import build_tiny
 
 from bpd_train.checkpoint import CheckpointError, load_model
 from bpd_train.export import BundleError, export_checkpoint, load_bundle
@@ -13,7 +13,7 @@ from bpd_train.export import BundleError, export_checkpoint, load_bundle
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
-    return build(str(tmp_path_factory.getbasetemp() / "eval_tiny"))
+    return build_tiny(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -5,14 +5,14 @@ import sys
 
 import pytest
 
-from _eval_tiny import build, read_pairs
+from _eval_tiny import build_tiny, read_pairs
 
 from bpd_train.export import export_checkpoint
 
 
 @pytest.fixture(scope="session")
 def bundle(tmp_path_factory):
-    tiny = build(str(tmp_path_factory.getbasetemp() / "eval_tiny"))
+    tiny = build_tiny(tmp_path_factory)
     return export_checkpoint(tiny["run"], tmp_path_factory.mktemp("translate") / "bundle")
 
 

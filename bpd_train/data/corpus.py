@@ -236,16 +236,17 @@ def _check_rows_batch(batch: dict, src: str, tgt: str, split: str) -> dict:
     return {"error": errors}
 
 
-def _load_hf(data_cfg: Any, src: str, tgt: str, cache_dir: str | None, num_proc: int | None) -> DatasetDict:
+def _load_hf(data_cfg: Any, src: str, tgt: str, cache_dir: str | None, num_proc: int | None,
+             wanted: tuple[str, ...] = SPLITS) -> DatasetDict:
     name = _get(data_cfg, "hf_name") or "wmt14"
-    config = _get(data_cfg, "hf_config") or "de-en"
+    config = _get(data_cfg, "hf_config") or ("de-en" if name == "wmt14" else None)
     # hf_kwargs go to load_dataset as they are (e.g. data_files, revision); tests point hf_name=json at a local
     # file with wmt14's schema and run this same code path offline.
     kwargs = {k: _plain(v) for k, v in (_get(data_cfg, "hf_kwargs") or {}).items()}
     raw = datasets.load_dataset(name, config, cache_dir=cache_dir, **kwargs)
     splits = _get(data_cfg, "splits") or {s: s for s in SPLITS}
     out = {}
-    for ours in SPLITS:
+    for ours in wanted:
         theirs = _get(splits, ours)
         if theirs is None:
             continue
@@ -331,7 +332,7 @@ def load_corpus(data_cfg: Any, cache_dir: str | os.PathLike | None = None,
     cache_dir = str(cache_dir) if cache_dir is not None else None
     num_proc = _get(data_cfg, "num_proc")
     if fmt == "hf":
-        raw = _load_hf(data_cfg, src, tgt, cache_dir, num_proc if (num_proc or 0) > 1 else None)
+        raw = _load_hf(data_cfg, src, tgt, cache_dir, num_proc if (num_proc or 0) > 1 else None, tuple(splits))
     else:
         raw = {}
         for split in splits:

@@ -86,10 +86,13 @@ class BPDDataModule(pl.LightningDataModule):
 
     # ------------------------------------------------------------------------------------------- setup
     def prepare_data(self) -> None:
-        # Runs on one process per node before setup(): trains (or finds) the tokenizer so ranks don't race.
-        if self.tokenizer_path is None:
-            corpus = load_corpus(self.data_cfg, cache_dir=self.cache_dir, splits=("train",))
-            get_tokenizer(self.data_cfg, self.artifacts_dir, corpus["train"])
+        # One process per node, before setup() on every rank: read the gold corpus, train (or find) the tokenizer
+        # and tokenize, so the ranks' setup() finds everything in the caches instead of racing to build it.
+        corpus = load_corpus(self.data_cfg, cache_dir=self.cache_dir)
+        tok = (Tokenizer(self.tokenizer_path) if self.tokenizer_path is not None
+               else get_tokenizer(self.data_cfg, self.artifacts_dir, corpus["train"]))
+        for split, ds in corpus.items():
+            tokenize_split(ds, tok, self.data_cfg, split)
 
     def _load_train_source(self) -> Dataset | None:
         if self.source != "distilled":

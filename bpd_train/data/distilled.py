@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -280,6 +281,7 @@ def verify_corpus(out_dir: str | os.PathLike, *, bleu: bool = True) -> dict[str,
                            f"shards done; " + "; ".join(problems[:5]) + more + ". " + finish_hint(m))
     if bleu:
         m["teacher_bleu"] = teacher_bleu(hyps, refs)
+    m["verified_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_manifest(out_dir, m)
     return m
 

@@ -15,12 +15,14 @@ Lightning calls `set_epoch` only on `batch_sampler.sampler`, which here forwards
 
 Resume: `state_dict()` records the epoch and how many batches this rank has consumed in it; after
 `load_state_dict()` the next `__iter__` yields exactly the remaining batches of that epoch, and later
-epochs start from the beginning. `consumed` counts batches handed out by `__iter__`; the data module
-overrides it with the trainer's own count of finished steps (see datamodule.py), which is exact even when
-DataLoader workers prefetch ahead.
+epochs start from the beginning. `consumed` counts batches handed out by `__iter__`; with DataLoader workers
+that runs ahead of training, so the data module saves the count of batches its DataLoader *delivered*
+instead (see datamodule.py), which is what Lightning's progress counts. A state saved with another
+max_tokens, world size or corpus size restarts its epoch from the first batch, with a warning.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -83,10 +85,12 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         batches: list[np.ndarray] = []
         start = 0
         while start < n:
-            end = start + 1
-            # sorted ascending: the batch's max length is its last element's
-            while end < n and (end - start + 1) * sorted_len[end] <= self.max_tokens:
-                end += 1
+            # Sorted ascending, so a batch's max length is its last row's and rows * max grows with each row:
+            # the rows that fit are a prefix of the at most max_tokens // len[start] candidates.
+            cap = min(n, start + max(1, self.max_tokens // max(1, int(sorted_len[start]))))
+            rows = np.arange(1, cap - start + 1)
+            fits = int(np.count_nonzero(rows * sorted_len[start:cap] <= self.max_tokens))
+            end = start + max(1, fits)
             batches.append(order[start:end])
             start = end
         while len(batches) % self.num_replicas:
@@ -129,14 +133,20 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
                 "num_replicas": self.num_replicas, "max_tokens": self.max_tokens, "num_examples": len(self.lengths)}
 
     def load_state_dict(self, state: dict) -> None:
-        for key in ("num_replicas", "max_tokens", "num_examples"):
-            mine = getattr(self, key) if key != "num_examples" else len(self.lengths)
-            if key in state and state[key] != mine:
-                raise ValueError(f"sampler state has {key}={state[key]} but this run has {mine}; "
-                                 f"mid-epoch resume needs the same data, max_tokens and world size")
+        """Resume at the saved position. If the data, max_tokens or world size changed, the saved position
+        means nothing here: warn and restart the saved epoch from its first batch instead."""
         self.seed = int(state.get("seed", self.seed))
         self.set_epoch(int(state["epoch"]))
+        changed = [f"{k} {state[k]} -> {mine}" for k, mine in (("num_replicas", self.num_replicas),
+                                                              ("max_tokens", self.max_tokens),
+                                                              ("num_examples", len(self.lengths)))
+                   if k in state and state[k] != mine]
         consumed = int(state["consumed"])
+        if changed:
+            warnings.warn(f"batch sampler state was saved with other settings ({', '.join(changed)}); "
+                          f"restarting epoch {self.epoch} from its first batch instead of batch {consumed}",
+                          stacklevel=2)
+            consumed = 0
         if consumed >= len(self):  # saved after the epoch's last batch: what remains is the next epoch
             self.set_epoch(self.epoch + 1)
             consumed = 0

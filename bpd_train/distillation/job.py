@@ -9,6 +9,7 @@ shard atomically. The worker that sees every shard on disk verifies the corpus a
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import shutil
 import time
@@ -25,10 +26,12 @@ from bpd_train.distillation.workers import Worker, detect_worker
 
 log = logging.getLogger(__name__)
 
+_TEST_SHARD_DELAY = float(os.environ.get("BPD_DISTILL_TEST_SHARD_DELAY", "0") or 0)
 ACTIONS = ("run", "verify", "plan", "status")
 # Overrides that differ between the workers of one corpus; the command stored in the manifest omits them.
 _WORKER_KEYS = ("distill.worker_index", "distill.num_workers", "distill.action", "distill.verify",
-                "distill.device", "distill.progress", "distill.overwrite", "hydra.")
+                "distill.device", "distill.progress", "distill.overwrite", "distill.launcher", "distill.devices",
+                "distill.num_nodes", "distill.num_threads", "distill.precision", "hydra.")
 
 
 def command_from_overrides(overrides: Sequence[str], program: str = "python distill.py") -> str:
@@ -236,14 +239,15 @@ def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
     corpus_dir = Path(cfg.paths.artifacts) / cfg.data.name
     out_dir = Path(d.output_dir) if d.output_dir else corpus_dir / "distill" / settings.teacher_id
     wanted = new_manifest(settings, ids, int(d.shard_size), corpus=str(cfg.data.name),
-                          teacher_path=str(Path(teacher_path).resolve()),
+                          teacher_path=str(Path(teacher.source).resolve()),
                           limit=None if d.limit is None else int(d.limit), command=command)
     if (out_dir / "manifest.json").exists():
         existing = read_manifest(out_dir)
         if not d.overwrite:
             check_compatible(existing, wanted, out_dir)
             wanted = existing
-    elif out_dir.exists() and any(out_dir.iterdir()):
+    elif out_dir.exists() and any(not p.name.startswith(".manifest.json.") for p in out_dir.iterdir()):
+        # (another worker may be writing the manifest right now: its temp file is not foreign content)
         raise DistillError(f"{out_dir} exists, is not empty and has no manifest.json: not a distilled corpus. "
                            "Nothing was changed; choose another distill.output_dir or remove it.")
     return Job(cfg, out_dir, wanted, ds, teacher, command)
@@ -273,7 +277,7 @@ def _amp_dtype(cfg, device):
     raise DistillError(f"distill.precision={prec!r}; use 32 or bf16")
 
 
-def run_worker(job: Job, worker: Worker) -> dict[str, Any]:
+def run_worker(job: Job, worker: Worker, device=None) -> dict[str, Any]:
     """Decode this worker's unfinished shards; return counts and speed."""
     d = job.cfg.distill
     m = job.manifest
@@ -282,7 +286,7 @@ def run_worker(job: Job, worker: Worker) -> dict[str, Any]:
     if stale:
         log.info("removed %d partial shard file(s) left by an interrupted run", stale)
     todo = [s for s in mine if not shard_is_done(job.out_dir, s)]
-    stats = {"worker": worker.index, "workers": worker.count, "shards": len(mine), "skipped": len(mine) - len(todo),
+    stats = {"worker": worker.index, "workers": worker.count, "my_shards": len(mine), "skipped": len(mine) - len(todo),
              "decoded_shards": 0, "sentences": 0, "seconds": 0.0}
     log.info("%s: %d of %d shards are mine, %d already done, %d to decode", worker, len(mine), m["num_shards"],
              stats["skipped"], len(todo))
@@ -294,7 +298,7 @@ def run_worker(job: Job, worker: Worker) -> dict[str, Any]:
 
     if d.get("num_threads"):  # CPU: oversubscribed cores make OpenMP spin (30x slower on a busy 2-core box)
         torch.set_num_threads(int(d.num_threads))
-    device = _device(job.cfg, worker)
+    device = torch.device(device) if device is not None else _device(job.cfg, worker)
     amp = _amp_dtype(job.cfg, device)
     model = job.teacher.model.to(device).eval()
     sp = job.teacher.tokenizer()
@@ -323,6 +327,8 @@ def run_worker(job: Job, worker: Worker) -> dict[str, Any]:
                    for i, s, g, (toks, score) in zip(ids, srcs, golds, hyps)]
         write_shard(job.out_dir / shard["file"], records)
         dt = time.perf_counter() - ts
+        if _TEST_SHARD_DELAY:  # lets the kill-and-resume test stop a run between shards reliably
+            time.sleep(_TEST_SHARD_DELAY)
         stats["decoded_shards"] += 1
         stats["sentences"] += len(records)
         log.info("%s: wrote %s (%d sentences, %.1f sentences/s)", worker, shard["file"], len(records),
@@ -348,9 +354,16 @@ def run(cfg, overrides: Sequence[str] = ()) -> dict[str, Any]:
         m = verify_corpus(d.output_dir)
         return _done(Path(d.output_dir), m)
     job = prepare(cfg, overrides)
-    worker = detect_worker(index=d.get("worker_index"), count=d.get("num_workers"))
+    launcher = str(d.get("launcher", "env"))
+    if launcher not in ("env", "lightning"):
+        raise DistillError(f"distill.launcher={launcher!r}; choose env (one process, torchrun, srun, job arrays) "
+                           "or lightning (Trainer.predict with DDP over distill.devices)")
+    if launcher == "lightning":
+        count = int(d.get("devices", 1)) * int(d.get("num_nodes", 1))
+    else:
+        count = detect_worker(index=d.get("worker_index"), count=d.get("num_workers")).count
     if d.overwrite and job.out_dir.exists():
-        if worker.count > 1:
+        if count > 1:
             raise DistillError("distill.overwrite=true with several workers would let them delete each other's "
                                "shards; start over with one process (or remove the folder first)")
         log.warning("distill.overwrite=true: removing %s", job.out_dir)
@@ -369,7 +382,12 @@ def run(cfg, overrides: Sequence[str] = ()) -> dict[str, Any]:
     if job.manifest.get("complete") and all(shard_is_done(job.out_dir, s) for s in job.manifest["shards"]):
         log.info("%s is already complete; nothing to do", job.out_dir)
         return _done(job.out_dir, job.manifest, decoded=0)
-    stats = run_worker(job, worker)
+    if launcher == "lightning":
+        stats = _run_lightning(job)
+    else:
+        stats = run_worker(job, detect_worker(index=d.get("worker_index"), count=d.get("num_workers")))
+    # Every worker looks once it is done: the last one to finish sees all shards and verifies (two that
+    # finish together both verify, which is harmless: verification is idempotent and writes atomically).
     st = status(job.out_dir, job.manifest)
     if st["missing"]:
         log.info("%d/%d shards on disk; the rest belong to other workers. The last worker to finish verifies "
@@ -378,6 +396,30 @@ def run(cfg, overrides: Sequence[str] = ()) -> dict[str, Any]:
     if not d.get("verify", True):
         return {**stats, **st}
     return _done(job.out_dir, verify_corpus(job.out_dir), **stats)
+
+
+def _run_lightning(job: Job) -> dict[str, Any]:
+    """Lightning launches and numbers the processes (DDP; Trainer.predict); each one is a worker."""
+    import lightning.pytorch as pl
+
+    d = job.cfg.distill
+    devices, nodes = int(d.get("devices", 1)), int(d.get("num_nodes", 1))
+    dev = str(d.get("device", "auto"))
+    accelerator = "auto" if dev == "auto" else dev.split(":")[0]
+
+    class DistillPredict(pl.LightningModule):  # no parameters: Lightning only launches and ranks the processes
+        def predict_dataloader(self):
+            return [0]
+
+        def predict_step(self, batch, batch_idx):
+            w = Worker(self.global_rank, self.trainer.world_size, self.local_rank, "Lightning DDP")
+            return run_worker(job, w, device=self.device)
+
+    trainer = pl.Trainer(accelerator=accelerator, devices=devices, num_nodes=nodes,
+                         strategy="ddp" if devices * nodes > 1 else "auto", logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         use_distributed_sampler=False)
+    return trainer.predict(DistillPredict(), return_predictions=True)[0]
 
 
 def _done(out_dir: Path, m: dict, **extra) -> dict[str, Any]:

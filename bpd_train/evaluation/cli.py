@@ -60,7 +60,7 @@ def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[
 
 
 def run_evaluate(cfg: DictConfig) -> Path:
-    from bpd_train.evaluation.runner import EvalSettings, default_inputs, evaluate_inputs, expand_inputs
+    from bpd_train.evaluation.runner import EvalSettings, default_inputs, evaluate_inputs, expand_inputs, load_inputs
 
     e = cfg.evaluate
     settings = EvalSettings(block_sizes=_plain(e.block_sizes), rules=_plain(e.rules), batch_sizes=_plain(e.batch_sizes),
@@ -74,9 +74,10 @@ def run_evaluate(cfg: DictConfig) -> Path:
     expanded = expand_inputs(inputs, all_checkpoints=bool(e.all_checkpoints))
     name = e.name or (expanded[0][0].replace("/", "_") if len(expanded) == 1 else "all")
     out_dir = Path(e.output_dir) if e.output_dir else corpus_dir(cfg) / "eval" / name
+    loaded = load_inputs(expanded, settings)  # bad checkpoints and block sizes fail before the data loads
     sources, refs, info = load_split(cfg, str(e.split), e.max_sentences)
     report = evaluate_inputs(expanded, sources, refs, settings, out_dir, data_info=info, overwrite=bool(e.overwrite),
-                             plots=bool(e.plots), command=_command())
+                             plots=bool(e.plots), command=_command(), loaded=loaded)
     if str(e.wandb).lower() != "false":
         from bpd_train.evaluation.wandb_log import log_report
 
@@ -87,13 +88,14 @@ def run_evaluate(cfg: DictConfig) -> Path:
 
 
 def default_export_source(cfg: DictConfig) -> Path:
-    from bpd_train.checkpoint import CheckpointError, resolve_checkpoint
+    from bpd_train.checkpoint import CheckpointError
+    from bpd_train.export import resolve_source
 
     root = corpus_dir(cfg)
     runs = []
     for run in [*sorted((root / "heads").glob("*")), root / "base"]:
         try:
-            runs.append((resolve_checkpoint(run).stat().st_mtime, run))
+            runs.append((resolve_source(run)[1].stat().st_mtime, run))
         except (CheckpointError, OSError):
             continue
     if not runs:

@@ -48,7 +48,9 @@ def default_block_sizes(k: int) -> list[int]:
 
 
 def check_block_sizes(sizes: Sequence[int] | None, k: int, where: str) -> list[int]:
-    if sizes is None:
+    """Block sizes to evaluate for a model with k heads. A plain model (k = 1) only has greedy decoding, whatever
+    is asked (it is the reference column when base and heads runs are evaluated together)."""
+    if sizes is None or k <= 1:
         return default_block_sizes(k)
     out = []
     for s in sizes:

@@ -53,8 +53,8 @@ def _combos(report: dict) -> list[tuple[str, str, int]]:
         key = (r["rule"], r.get("rule_label", r["rule"]), r["batch_size"])
         if key not in seen:
             seen.append(key)
-    if not seen:  # only plain models: still one greedy table per batch size
-        seen = [("exact", "Exact", b) for b in report["settings"]["batch_sizes"]]
+    if not seen:  # only plain models (k = 1): one greedy table per batch size
+        seen = [("greedy", "Greedy", b) for b in report["settings"]["batch_sizes"]]
     return seen
 
 
@@ -80,7 +80,8 @@ def markdown(report: dict, plots: list[str] | None = None) -> str:
              f"BLEU signature: `{report['signatures']['bleu']}`  ", f"chrF signature: `{report['signatures']['chrf']}`",
              "", NOTES, ""]
     for rule, label, bs in _combos(report):
-        lines += [f"## {label} acceptance, batch size {bs}", "", table1(report, rule, bs), ""]
+        what = "decoding" if rule == "greedy" else "acceptance"
+        lines += [f"## {label} {what}, batch size {bs}", "", table1(report, rule, bs), ""]
     if report["rows"]:
         lines += ["## All results", "", detail_table(report["rows"]), ""]
     lines += ["## Checkpoints", "", "| name | regime | k | greedy BLEU | greedy chrF | path |", "|---|---|---:|---:|---:|---|"]
@@ -200,5 +201,6 @@ def card_section(report_path: str | os.PathLike, source_id: str | None = None) -
              f"{report.get('environment', {}).get('device')}.", "", NOTES, "",
              f"BLEU signature: `{report['signatures']['bleu']}`", ""]
     for rule, label, bs in _combos(sub):
-        lines += [f"### {label} acceptance, batch size {bs}", "", table1(sub, rule, bs), ""]
+        what = "decoding" if rule == "greedy" else "acceptance"
+        lines += [f"### {label} {what}, batch size {bs}", "", table1(sub, rule, bs), ""]
     return "\n".join(lines)

@@ -26,6 +26,7 @@ from bpd_train.evaluation.metrics import (DecodeStats, agreement, corpus_scores,
 from bpd_train.io import atomic_dir, atomic_write_text
 
 REPORT_FORMAT = "bpd-train-eval-report"
+KEEP_PARAMS = 300_000_000
 
 
 @dataclass
@@ -62,8 +63,7 @@ def _is_bundle(p: Path) -> bool:
 
 
 def _run_checkpoints(run: Path, all_checkpoints: bool) -> list[Path]:
-    from bpd_train.checkpoint import resolve_checkpoint
-    from bpd_train.export import find_zero_dir
+    from bpd_train.export import find_zero_dir, resolve_source
 
     if all_checkpoints and (run / "checkpoints").is_dir():
         found = sorted(p for p in (run / "checkpoints").iterdir()
@@ -76,9 +76,7 @@ def _run_checkpoints(run: Path, all_checkpoints: bool) -> list[Path]:
                 out.append(p)
         if out:
             return out
-    if find_zero_dir(run) is not None:
-        return [run]
-    return [resolve_checkpoint(run)]
+    return [resolve_source(run)[1]]
 
 
 def _display_name(path: Path, run_level: bool) -> str:
@@ -234,11 +232,29 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
 
 
 # ------------------------------------------------------------------------------------------------------ the run
+def load_inputs(inputs: Sequence[tuple[str, Path]], settings: EvalSettings,
+                expect_tokenizer_hash: str | None = None) -> list[tuple[str, Path, object]]:
+    """Load (on CPU) and check every input before any decoding: bad input fails in seconds, not after an hour.
+    Models are kept for the evaluation while they add up to < KEEP_PARAMS parameters, else reloaded then."""
+    from bpd_train.export import load_any
+
+    loaded_all, kept = [], 0
+    for name, path in inputs:
+        loaded = load_any(path, map_location="cpu", expect_tokenizer_hash=expect_tokenizer_hash)
+        check_block_sizes(settings.block_sizes, loaded.config.block_size, f"{name} ({path})")
+        n = sum(p.numel() for p in loaded.model.parameters())
+        keep = kept + n <= KEEP_PARAMS
+        kept += n if keep else 0
+        loaded_all.append((name, Path(path), loaded if keep else None))
+    return loaded_all
+
+
 def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], refs: Sequence[str],
                     settings: EvalSettings, out_dir: str | os.PathLike, *, data_info: dict | None = None,
                     overwrite: bool = True, plots: bool = True, command: str | None = None,
-                    expect_tokenizer_hash: str | None = None) -> dict:
-    """Evaluate every (name, path) and write the report folder atomically. Returns the report dict."""
+                    expect_tokenizer_hash: str | None = None, loaded: list | None = None) -> dict:
+    """Evaluate every (name, path) and write the report folder atomically. Returns the report dict.
+    `loaded`: what load_inputs(inputs, settings) returned, if the caller already called it."""
     from bpd_train.evaluation.report import write_report
     from bpd_train.export import load_any, source_id
 
@@ -248,21 +264,20 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
         raise EvalError(f"{len(sources)} sources but {len(refs)} references")
     out_dir = Path(out_dir)
     device = settings.torch_device()
-    loaded_all = []
-    for name, path in inputs:  # load (and validate) everything before the long part starts
-        loaded = load_any(path, map_location="cpu", expect_tokenizer_hash=expect_tokenizer_hash)
-        check_block_sizes(settings.block_sizes, loaded.config.block_size, f"{name} ({path})")
-        loaded_all.append((name, path, loaded))
+    loaded_all = list(loaded) if loaded is not None else load_inputs(inputs, settings, expect_tokenizer_hash)
     t0 = time.time()
     checkpoints, rows = [], []
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         atomic_write_text(tmp / "src.txt", "".join(one_line(s) + "\n" for s in sources))
         atomic_write_text(tmp / "ref.txt", "".join(one_line(r) + "\n" for r in refs))
-        for name, path, loaded in loaded_all:
+        for i, (name, path, loaded) in enumerate(loaded_all):
+            if loaded is None:
+                loaded = load_any(path, map_location="cpu", expect_tokenizer_hash=expect_tokenizer_hash)
+            loaded_all[i] = (name, path, None)  # free each model once evaluated
             entry, r = evaluate_loaded(loaded, name, sources, refs, settings, tmp,
                                        extra={"source_id": source_id(path), "input": str(path),
                                               "wandb": _wandb_ids(path, loaded.meta or {})})
-            loaded.model.to("cpu")
+            del loaded
             checkpoints.append(entry)
             rows += r
         report = {

@@ -1,18 +1,20 @@
 """Decoding state: encoder memory K/V for cross-attention (computed once) and a preallocated self-attention
 KV cache.
 
-Two modes, chosen by the type of `lengths`:
-  * uniform (`int`): every row has the same number of cached tokens (greedy, beam search). New K/V are
-    written with one slice copy and a single-token call needs no attention mask.
-  * per-row (`LongTensor[R]`): rows hold different numbers of tokens (blockwise decoding, where rows
-    accept blocks of different sizes). New K/V are scattered at each row's own slots, and a mask lets a
-    query at slot p see slots <= p only. Slots past a row's length are stale (rejected proposals) and
-    hidden by that mask, so rolling back is just setting `lengths` smaller; they are overwritten later.
+Two modes, chosen by the type of `lengths` (the number of cached tokens, BOS included):
+  * uniform (`int`): every row has the same length (greedy, beam search, blockwise at batch 1). New K/V
+    are written with one slice copy; a single-token call needs no attention mask.
+  * per-row (`numpy.ndarray` kept by the host, or a `LongTensor[R]` on the device): rows hold different
+    numbers of tokens (blockwise decoding: rows accept blocks of different sizes). New K/V are scattered
+    at each row's own slots and a mask lets a query at slot p see slots <= p only. Slots past a row's
+    length are stale (rejected proposals) and hidden by that mask, so rolling back is just setting
+    `lengths` smaller; they are overwritten later.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -36,8 +38,11 @@ class DecoderState:
         self.mem_kv = mem_kv
         self.mem_mask = mem_mask
         self.max_positions = max_positions
-        self.lengths: int | Tensor = 0
-        self._slot_cache: dict[int, Tensor] = {}
+        self.lengths: int | np.ndarray | Tensor = 0
+        dev = self_kv.device
+        # decoder position of every cache slot; slots past max_positions only ever hold tokens beyond max_len
+        self._positions = torch.arange(self.capacity, device=dev).clamp_(max=max_positions - 1)
+        self._arange: dict[int, Tensor] = {}
 
     @property
     def rows(self) -> int:
@@ -47,19 +52,18 @@ class DecoderState:
     def capacity(self) -> int:
         return self.self_kv.shape[4]
 
-    def arange(self, n: int) -> Tensor:
-        a = self._slot_cache.get(n)
-        if a is None:
-            a = self._slot_cache[n] = torch.arange(n, device=self.self_kv.device)
-        return a
-
     def per_row(self) -> "DecoderState":
-        """Switch to per-row lengths (idempotent)."""
+        """Switch to per-row lengths held as a device tensor (idempotent)."""
         if isinstance(self.lengths, int):
+            # uniform mode leaves slots past `lengths` undefined after a reorder; per-row attention reads
+            # (masked) slots past short rows, so they must hold finite numbers
+            self.self_kv[:, :, :, :, self.lengths:].zero_()
             self.lengths = torch.full((self.rows,), self.lengths, dtype=torch.long, device=self.self_kv.device)
+        elif isinstance(self.lengths, np.ndarray):
+            self.lengths = torch.from_numpy(self.lengths).to(self.self_kv.device)
         return self
 
-    def reorder(self, index: Tensor, uniform_len: int | None = None) -> None:
+    def reorder(self, index: Tensor) -> None:
         """Keep rows `index` (any order, repeats allowed): beam reordering and dropping finished rows.
         Only the filled prefix of the self cache is copied in uniform mode."""
         if isinstance(self.lengths, int):
@@ -70,19 +74,24 @@ class DecoderState:
             self.self_kv = kv
         else:
             self.self_kv = self.self_kv.index_select(2, index)
-            self.lengths = self.lengths.index_select(0, index)
+            if isinstance(self.lengths, np.ndarray):
+                self.lengths = self.lengths[index.cpu().numpy()]
+            else:
+                self.lengths = self.lengths.index_select(0, index)
         self.mem_kv = self.mem_kv.index_select(2, index)
         if self.mem_mask is not None:
             self.mem_mask = self.mem_mask.index_select(0, index)
 
-    def prepare(self, n: int, kv_len: int | None = None):
-        """Everything one decoder call on n new tokens per row needs, shared by all layers:
-        (positions [R,n] or [n], writer, kv_len, self-attention mask or None).
+    def _float_mask(self, allowed: np.ndarray) -> Tensor:
+        m = np.where(allowed, np.float32(0), np.float32(-np.inf))
+        return torch.from_numpy(m).to(device=self.self_kv.device, dtype=self.self_kv.dtype)
 
-        kv_len (per-row mode): an upper bound on max(lengths) + n known to the caller (saves a device sync)."""
-        ar = self.arange(n)
-        if isinstance(self.lengths, int):
-            t = self.lengths
+    def prepare(self, n: int, kv_len: int | None = None):
+        """What one decoder call on n new tokens per row needs, shared by all layers:
+        (positions [n] or [R,n], writer of the new K/V, number of slots attention reads, additive mask)."""
+        lengths = self.lengths
+        if isinstance(lengths, int):
+            t = lengths
             if t + n > self.capacity:
                 raise RuntimeError(f"KV cache capacity {self.capacity} exceeded ({t}+{n})")
 
@@ -90,18 +99,33 @@ class DecoderState:
                 kv[:, :, :, t:t + n] = new
 
             mask = None
-            if n > 1:  # causal within the new tokens; all cached tokens visible
-                mask = self.arange(t + n)[None, :] <= (t + ar)[:, None]  # [n, t+n]
-            return (t + ar).clamp_(max=self.max_positions - 1), write, t + n, mask
-        slots = self.lengths[:, None] + ar  # [R,n]
-        if kv_len is None:
-            kv_len = int(self.lengths.max()) + n
-        kv_len = min(kv_len, self.capacity)
-        _, r, h, _, dh = self.self_kv.shape[1:]
+            if n > 1:  # causal within the new tokens; everything cached before is visible
+                mask = self._float_mask(np.arange(t + n)[None, :] <= (t + np.arange(n))[:, None])  # [n,t+n]
+            return self._positions[t:t + n], write, t + n, mask
+        r, (_, _, _, h, _, dh) = self.rows, self.self_kv.shape
+        if isinstance(lengths, np.ndarray):  # host-side bookkeeping: build slots and mask with numpy
+            slots_np = lengths[:, None] + np.arange(n)                        # [R,n]
+            kv_len = int(slots_np.max()) + 1
+            mask = self._float_mask(np.arange(kv_len)[None, None, :] <= slots_np[:, :, None])[:, None]
+            slots = torch.from_numpy(slots_np).to(self.self_kv.device)
+        else:
+            slots = lengths[:, None] + self._ar(n)
+            if kv_len is None:
+                kv_len = int(lengths.max()) + n
+            allowed = (self._ar(kv_len)[None, None, :] <= slots[:, :, None]).unsqueeze(1)  # [R,1,n,kv_len]
+            mask = torch.zeros(allowed.shape, dtype=self.self_kv.dtype, device=slots.device)
+            mask.masked_fill_(~allowed, float("-inf"))
+        if kv_len > self.capacity:
+            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded (needs {kv_len})")
         index = slots[None, :, None, :, None].expand(2, r, h, n, dh)
 
         def write(kv: Tensor, new: Tensor) -> None:
             kv.scatter_(3, index, new)
 
-        mask = (self.arange(kv_len)[None, None, :] <= slots[:, :, None]).unsqueeze(1)  # [R,1,n,kv_len]
-        return slots.clamp(max=self.max_positions - 1), write, kv_len, mask
+        return self._positions[slots], write, kv_len, mask
+
+    def _ar(self, n: int) -> Tensor:
+        a = self._arange.get(n)
+        if a is None:
+            a = self._arange[n] = torch.arange(n, device=self.self_kv.device)
+        return a

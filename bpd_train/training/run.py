@@ -205,9 +205,9 @@ def make_logger(cfg: DictConfig, run_dir: Path, resuming: bool):
         if resuming and id_file.is_file():
             run_id = id_file.read_text().strip()
         else:
-            import wandb
+            import secrets
 
-            run_id = wandb.util.generate_id()
+            run_id = secrets.token_hex(6)
             if _is_rank_zero():
                 atomic_write_text(id_file, run_id + "\n")
         kw.update(id=run_id, resume="allow")

@@ -1,0 +1,178 @@
+"""Training losses, head metrics, schedules and the LightningModule's regime logic on synthetic batches."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bpd_train.model import BPDConfig, BPDModel
+from bpd_train.training.losses import bpd_loss, head_stats, head_targets, head_weights
+from bpd_train.training.module import BPDLightningModule, mix_seed
+from bpd_train.training.optim import lr_lambda, param_groups
+
+PAD = 0
+
+
+def tiny(k=4, identity_p1=True, vocab=23, dropout=0.0) -> BPDModel:
+    torch.manual_seed(0)
+    m = BPDModel(BPDConfig(vocab_size=vocab, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
+                           d_ff=32, dropout=dropout, block_size=k, identity_p1=identity_p1))
+    if m.heads is not None:  # the zero-initialised output layer would make every head equal head 1
+        torch.nn.init.normal_(m.heads.fc2.weight, std=0.3)
+    return m
+
+
+def batch(b=3, s=7, t=9, vocab=23, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, vocab, (b, s), generator=g)
+    tgt = torch.randint(4, vocab, (b, t + 1), generator=g)
+    tgt[:, 0] = 1
+    lens = [t, t - 3, t - 5][:b]
+    for r, n in enumerate(lens):  # eos then padding
+        tgt[r, n] = 2
+        tgt[r, n + 1:] = PAD
+    src[1, 5:] = PAD
+    return {"src": src, "tgt_in": tgt[:, :-1].clone(), "tgt_out": tgt[:, 1:].clone()}
+
+
+def test_head_targets_shift_left_and_pad():
+    y = torch.tensor([[5, 6, 7, 2, 0]])
+    assert head_targets(y, 0, PAD).tolist() == [[5, 6, 7, 2, 0]]
+    assert head_targets(y, 2, PAD).tolist() == [[7, 2, 0, 0, 0]]
+    assert head_targets(y, 9, PAD).tolist() == [[0, 0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("identity_p1", [True, False])
+def test_loss_matches_full_logits(identity_p1):
+    """Head i at position t scores tgt_out[t+i] against the full forward's logits[:, t, i]."""
+    m, b = tiny(identity_p1=identity_p1), batch()
+    k = m.config.block_size
+    full = m(b["src"], b["tgt_in"])  # [B,T,k,V]
+    h = m.features(m.encode(b["src"]), b["tgt_in"])
+    w = head_weights("weighted", list(range(k)), decay=0.8)
+    loss, per = bpd_loss(m.head_logits, h, b["tgt_out"], list(range(k)), w, PAD, label_smoothing=0.1)
+    expect = []
+    for i in range(k):
+        T = b["tgt_out"].size(1)
+        lg, tg = full[:, : T - i, i], b["tgt_out"][:, i:]
+        mask = tg.ne(PAD)
+        expect.append(torch.nn.functional.cross_entropy(lg[mask], tg[mask], label_smoothing=0.1))
+        assert torch.allclose(per[i], expect[-1], atol=1e-5)
+    assert torch.allclose(loss, sum(wi * e for wi, e in zip(w, expect)), atol=1e-5)
+    assert math.isclose(sum(w), 1.0) and w[0] > w[1] > w[2]
+
+
+def test_recompute_gives_same_loss_and_gradients():
+    m, b = tiny(), batch()
+    heads = list(range(4))
+    w = head_weights("mean", heads)
+    grads = []
+    for recompute in (False, True):
+        m.zero_grad()
+        h = m.features(m.encode(b["src"]), b["tgt_in"])
+        loss, _ = bpd_loss(m.head_logits, h, b["tgt_out"], heads, w, PAD, 0.1, recompute=recompute)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in m.parameters()]))
+    assert torch.allclose(grads[0][0], grads[1][0])
+    for g0, g1 in zip(grads[0][1], grads[1][1]):
+        assert torch.allclose(g0, g1, atol=1e-6)
+
+
+def test_head_weights_explicit_and_errors():
+    assert head_weights("weighted", [1, 2], weights=[0.0, 3.0, 1.0]) == [0.75, 0.25]
+    assert head_weights("mean", [0, 1, 2]) == [1 / 3] * 3
+    with pytest.raises(ValueError):
+        head_weights("weighted", [0], weights=[0.0])
+
+
+def test_head_stats_expected_accepted_by_hand():
+    """A fake 'model' whose heads are right or wrong where we say: check acc and the consecutive-run estimate."""
+    tgt = torch.tensor([[5, 6, 7, 2, 0]])  # 4 real positions
+    V, k = 9, 3
+    right = {0: [1, 1, 0, 1, 0], 1: [1, 0, 1, 0, 0], 2: [0, 1, 0, 0, 0]}  # per head, per position (valid ones)
+
+    def head_logits(h, i):
+        tg = head_targets(tgt, i, PAD)
+        pred = torch.where(torch.tensor(right[i]).bool(), tg, torch.full_like(tg, 8))
+        return torch.nn.functional.one_hot(pred, V).float() * 10
+
+    s = head_stats(head_logits, torch.zeros(1, 5, 4), tgt, k, PAD)
+    assert s["count"].tolist() == [4, 3, 2]
+    assert s["correct"].tolist() == [3, 2, 1]
+    # runs per position: t0: h1 ok, h2 ok, h3 wrong -> 2; t1: h1 ok, h2 wrong -> 1; t2: h1 wrong -> 0; t3: 1
+    assert s["accepted_sum"].item() == 4 and s["positions"].item() == 4
+
+
+def test_schedules():
+    f = lr_lambda("inverse_sqrt", warmup_steps=4)
+    assert [round(f(s), 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, round(math.sqrt(4 / 5), 4),
+                                                 round(math.sqrt(4 / 6), 4)]
+    c = lr_lambda("cosine", warmup_steps=2, total_steps=10, min_lr_ratio=0.1)
+    assert c(1) == 1.0 and abs(c(9) - 0.1) < 1e-9 and 0.1 < c(5) < 1.0
+    assert lr_lambda("constant", 0)(100) == 1.0
+    with pytest.raises(ValueError):
+        lr_lambda("linear", 0)
+
+
+def _module(regime: dict, k=4, head_loss="random", **kw) -> BPDLightningModule:
+    cfg = tiny(k=k).config.to_dict()
+    reg = {"name": "t", "block_size": k, "head_loss": head_loss, **regime}
+    optim = {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2, "weight_decay": 0.1},
+             "head_lr_mult": 3.0, "schedule": {"name": "constant", "warmup_steps": 0}}
+    return BPDLightningModule(cfg, reg, optim, {"label_smoothing": 0.1}, seed=3, **kw)
+
+
+def test_frozen_module_freezes_backbone_and_skips_head1():
+    m = _module({"trainable": "heads", "init_from": "x"})
+    assert all(not p.requires_grad for p in m.model.backbone_parameters())
+    assert all(p.requires_grad for p in m.model.head_parameters())
+    assert m.train_heads == [1, 2, 3]
+    groups = param_groups(m.model.backbone_parameters(), m.model.head_parameters(), lr=1.0, weight_decay=0.1,
+                          head_lr_mult=3.0)
+    in_opt = {id(p) for g in groups for p in g["params"]}
+    assert not in_opt & {id(p) for p in m.model.backbone_parameters()}
+    assert {g["name"] for g in groups} == {"heads", "heads_no_decay"} and all(g["lr"] == 3.0 for g in groups)
+
+
+def test_frozen_training_steps_leave_backbone_bit_identical():
+    m = _module({"trainable": "heads", "init_from": "x"}, head_loss="mean")
+    before = {n: p.detach().clone() for n, p in m.model.named_parameters() if not n.startswith("heads.")}
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.1)
+    m.train()
+    for s in range(3):
+        loss, _ = m.compute_loss(batch(seed=s), *m.heads_for_step(0))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    for n, p in m.model.named_parameters():
+        if not n.startswith("heads."):
+            assert torch.equal(p, before[n]), n
+
+
+def test_random_head_is_a_function_of_seed_and_step():
+    m = _module({"trainable": "all"})
+    picks = [m.heads_for_step(0)[0] for _ in range(2)]
+    assert picks[0] == picks[1] and len(picks[0]) == 1
+    assert mix_seed(3, 7919, 0, 0) == mix_seed(3, 7919, 0, 0) != mix_seed(3, 7919, 1, 0)
+    draws = {mix_seed(3, 7919, s, 0) % 4 for s in range(64)}
+    assert draws == {0, 1, 2, 3}
+
+
+def test_head1_alone_still_touches_the_bpd_layer():
+    """finetune + random drawing head 1: the BPD layer gets (zero) gradients, as DDP needs."""
+    m = _module({"trainable": "all"})
+    loss, per = m.compute_loss(batch(), [0], [1.0])
+    loss.backward()
+    assert list(per) == [0]
+    assert all(p.grad is not None and not p.grad.any() for p in m.model.head_parameters())
+
+
+def test_checkpoint_meta_layout():
+    m = _module({"trainable": "all"}, tokenizer_hash="abc", tokenizer_file="/x/tok.model", data_name="c")
+    ck: dict = {}
+    m.on_save_checkpoint(ck)
+    meta = ck["bpd"]
+    assert meta["model_config"] == m.model.config.to_dict()
+    assert meta["tokenizer_hash"] == "abc" and meta["regime"] == "t" and meta["block_size"] == 4
+    assert set(m.state_dict()) == {"model." + n for n in m.model.state_dict()}
