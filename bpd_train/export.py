@@ -126,9 +126,12 @@ def model_card(config: dict, extra: str | None = None) -> str:
         "```",
         "",
         "```python",
+        "from bpd_train.decoding import Exact, blockwise",
         "from bpd_train.export import load_bundle",
-        "from bpd_train.decoding import blockwise, Exact",
-        "model, tokenizer, meta = load_bundle('path/to/bundle')",
+        f"model, sp, meta = load_bundle('{tr.get('bundle_name', 'path/to/bundle')}')  # checks files, hashes, shapes",
+        "src = [sp.encode('In the beginning God created the heavens and the earth.') + [sp.eos_id()]]",
+        f"r = blockwise(model, src, block_size={k}, accept=Exact())   # == greedy output, fewer decoder calls",
+        "print(sp.decode(r.tokens[0]), r.mean_accepted)",
         "```",
         "",
         "## Model",
@@ -142,7 +145,8 @@ def model_card(config: dict, extra: str | None = None) -> str:
     lines += [f"| weights dtype | {config['weights']['dtype']} |",
               f"| parameters | {config['weights']['num_parameters']:,} |", "",
               "## Training", "", "| | |", "|---|---|", f"| regime | {regime} |"]
-    for key in ("data", "src_lang", "tgt_lang", "init_from", "global_step", "epoch", "source", "source_sha256"):
+    for key in ("paper_regime", "data", "src_lang", "tgt_lang", "init_from", "global_step", "epoch", "seed", "source",
+                "source_id"):
         if tr.get(key) is not None:
             lines.append(f"| {key} | {tr[key]} |")
     lines += ["", "## Tokenizer", "",
@@ -392,8 +396,8 @@ def source_id(path: str | os.PathLike) -> str:
 
 def provenance(loaded, name: str | None = None) -> dict[str, Any]:
     meta = loaded.meta or {}
-    keep = ("regime", "data", "data_name", "src_lang", "tgt_lang", "init_from", "global_step", "epoch", "seed",
-            "wandb_run_id", "wandb_project")
+    keep = ("regime", "paper_regime", "data", "data_name", "src_lang", "tgt_lang", "init_from", "global_step", "epoch",
+            "seed", "head_loss", "trainable", "wandb_run_id", "wandb_project")
     out = {k: meta[k] for k in keep if k in meta and isinstance(meta[k], (str, int, float, bool))}
     if meta.get("training") and isinstance(meta["training"], dict):  # re-exporting a bundle
         out = {**meta["training"], **out}

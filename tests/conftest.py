@@ -34,7 +34,7 @@ def run_train(*overrides: str, artifacts: Path, timeout: float = 600, check: boo
     """`python train.py <overrides> paths.artifacts=<artifacts>` as a subprocess (csv logger, own hydra dir)."""
     name = "-".join(o.split("=", 1)[-1].replace("/", "_") for o in overrides if "regime=" in o) or "run"
     cmd = [sys.executable, str(REPO_ROOT / "train.py"), *overrides, f"paths.artifacts={artifacts}",
-           f"hydra.run.dir={artifacts}/hydra/{name}"]
+           f"hydra.run.dir={artifacts.parent}/{artifacts.name}-hydra/{name}"]
     if not any(o.startswith("logger=") for o in overrides):
         cmd.append("logger=csv")
     r = subprocess.run(cmd, cwd=REPO_ROOT, env=env or offline_env(), capture_output=True, text=True,
@@ -52,6 +52,6 @@ def smoke_base(tmp_path_factory) -> tuple[Path, Path]:
     config.yaml. Treat it as read-only (copy it before changing anything)."""
     artifacts = tmp_path_factory.mktemp("smoke_artifacts")
     run_train("+regime=base", "experiment=smoke", artifacts=artifacts)
-    runs = sorted(artifacts.glob("*/base"))
+    runs = sorted(p.parent for p in artifacts.glob("*/base/checkpoints"))
     assert len(runs) == 1 and (runs[0] / "checkpoints" / "last.ckpt").is_file(), f"no base run in {artifacts}"
     return artifacts, runs[0]

@@ -368,15 +368,15 @@ def run(cfg, overrides: Sequence[str] = ()) -> dict[str, Any]:
                                "shards; start over with one process (or remove the folder first)")
         log.warning("distill.overwrite=true: removing %s", job.out_dir)
         shutil.rmtree(job.out_dir)
+    if d.action == "status":  # looks, writes nothing
+        return status(job.out_dir, job.manifest)
     if not (job.out_dir / "manifest.json").exists():
         write_manifest(job.out_dir, job.manifest)
     log.info("distilled corpus: %s (%d examples, %d shards)", job.out_dir, job.manifest["num_examples"],
              job.manifest["num_shards"])
-    if d.action == "plan":
+    if d.action == "plan":  # the folder and its manifest, so that a job array can be sized from num_shards
         return {"out_dir": str(job.out_dir), "num_shards": job.manifest["num_shards"],
                 "num_examples": job.manifest["num_examples"], "teacher_id": job.manifest["teacher_id"]}
-    if d.action == "status":
-        return status(job.out_dir, job.manifest)
     if d.action == "verify":
         return _done(job.out_dir, verify_corpus(job.out_dir))
     if job.manifest.get("complete") and all(shard_is_done(job.out_dir, s) for s in job.manifest["shards"]):

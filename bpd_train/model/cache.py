@@ -88,7 +88,7 @@ class DecoderState:
 
     def prepare(self, n: int, kv_len: int | None = None):
         """What one decoder call on n new tokens per row needs, shared by all layers:
-        (positions [n] or [R,n], writer of the new K/V, number of slots attention reads, additive mask)."""
+        (positions: slice, [n] or [R,n] index into the position table, writer of the new K/V, number of slots attention reads, additive mask)."""
         lengths = self.lengths
         if isinstance(lengths, int):
             t = lengths
@@ -101,7 +101,8 @@ class DecoderState:
             mask = None
             if n > 1:  # causal within the new tokens; everything cached before is visible
                 mask = self._float_mask(np.arange(t + n)[None, :] <= (t + np.arange(n))[:, None])  # [n,t+n]
-            return self._positions[t:t + n], write, t + n, mask
+            pos = slice(t, t + n) if t + n <= self.max_positions else self._positions[t:t + n]
+            return pos, write, t + n, mask
         r, (_, _, _, h, _, dh) = self.rows, self.self_kv.shape
         if isinstance(lengths, np.ndarray):  # host-side bookkeeping: build slots and mask with numpy
             slots_np = lengths[:, None] + np.arange(n)                        # [R,n]

@@ -31,7 +31,8 @@ class BPDHeads(nn.Module):
         return head - 1 if self.identity_p1 else head
 
     def hidden(self, h: Tensor) -> Tensor:
-        return self.dropout(F.relu(self.fc1(h)))
+        y = F.relu(F.linear(h, self.fc1.weight, self.fc1.bias))
+        return self.dropout(y) if self.training else y
 
     def state(self, h: Tensor, head: int) -> Tensor:
         """h [...,D] -> pre-norm state of one head [...,D]."""
@@ -45,7 +46,7 @@ class BPDHeads(nn.Module):
         s0, s1 = self.slot(lo), self.slot(hi)
         d = self.d_model
         if s0 == 0 and s1 == self.n_out:
-            out = self.fc2(self.hidden(h))
+            out = F.linear(self.hidden(h), self.fc2.weight, self.fc2.bias)
         else:
             out = F.linear(self.hidden(h), self.fc2.weight[s0 * d:s1 * d], self.fc2.bias[s0 * d:s1 * d])
         return h.unsqueeze(-2) + out.view(*h.shape[:-1], s1 - s0, d)

@@ -54,17 +54,6 @@ class SelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal and mask is None)
         return self.out(merge_heads(y))
 
-    def step(self, x: Tensor, kv: Tensor, write, kv_len: int, mask: Tensor | None) -> Tensor:
-        """x [R,n,D]; kv [2,R,H,L,Dh] is this layer's cache; write(kv, new [2,R,H,n,Dh]) stores the new keys
-        and values at each row's positions; attention then reads slots [0, kv_len) under `mask`."""
-        r, n, d = x.shape
-        h = self.n_heads
-        qkv = self.qkv(x).view(r, n, 3, h, d // h).permute(2, 0, 3, 1, 4)  # [3,R,H,n,Dh]
-        write(kv, qkv[1:])
-        y = F.scaled_dot_product_attention(qkv[0], kv[0, :, :, :kv_len], kv[1, :, :, :kv_len], attn_mask=mask)
-        return self.out(merge_heads(y))
-
-
 class CrossAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, dropout: float):
         super().__init__()
@@ -118,6 +107,23 @@ class DecoderLayer(nn.Module):
 
     def step(self, x: Tensor, self_kv: Tensor, write, kv_len: int, self_mask: Tensor | None,
              mem_kv: Tensor, mem_mask: Tensor | None) -> Tensor:
-        x = x + self.self_attn.step(self.norm1(x), self_kv, write, kv_len, self_mask)
-        x = x + self.cross_attn(self.norm2(x), mem_kv, mem_mask)
-        return x + self.ffn(self.norm3(x))
+        """Cached decoding (eval only): x [R,n,D] new tokens; self_kv [2,R,H,L,Dh] this layer's cache, where
+        write(kv, new [2,R,H,n,Dh]) stores the new keys/values; attention reads slots [0, kv_len) under the
+        additive self_mask. Same math as forward(); written with functional calls because per-call
+        overhead, not arithmetic, dominates small-batch decoding."""
+        r, n, d = x.shape
+        sa, ca, ffn = self.self_attn, self.cross_attn, self.ffn
+        h = sa.n_heads
+        y = F.layer_norm(x, (d,), self.norm1.weight, self.norm1.bias, self.norm1.eps)
+        qkv = F.linear(y, sa.qkv.weight, sa.qkv.bias).view(r, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        write(self_kv, qkv[1:])
+        y = F.scaled_dot_product_attention(qkv[0], self_kv[0, :, :, :kv_len], self_kv[1, :, :, :kv_len],
+                                           attn_mask=self_mask)
+        x = x + F.linear(y.transpose(1, 2).reshape(r, n, d), sa.out.weight, sa.out.bias)
+        y = F.layer_norm(x, (d,), self.norm2.weight, self.norm2.bias, self.norm2.eps)
+        q = F.linear(y, ca.q.weight, ca.q.bias).view(r, n, h, d // h).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, mem_kv[0], mem_kv[1], attn_mask=mem_mask)
+        x = x + F.linear(y.transpose(1, 2).reshape(r, n, d), ca.out.weight, ca.out.bias)
+        y = F.layer_norm(x, (d,), self.norm3.weight, self.norm3.bias, self.norm3.eps)
+        y = F.linear(F.relu(F.linear(y, ffn.fc1.weight, ffn.fc1.bias)), ffn.fc2.weight, ffn.fc2.bias)
+        return x + y

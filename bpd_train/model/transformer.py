@@ -86,7 +86,8 @@ class BPDModel(nn.Module):
         return x
 
     def _project(self, s: Tensor) -> Tensor:
-        return F.linear(self.decoder_norm(s), self.embed.weight)
+        n = self.decoder_norm
+        return F.linear(F.layer_norm(s, n.normalized_shape, n.weight, n.bias, n.eps), self.embed.weight)
 
     def head_logits(self, h: Tensor, i: int) -> Tensor:
         """h [...,D] -> logits [...,V] of head i (0 = p1, predicts the next token; i predicts i+1 ahead)."""
@@ -122,6 +123,8 @@ class BPDModel(nn.Module):
         mask = memory.attn_mask
         if mask is not None and bool(memory.pad_mask.all()):
             mask = None  # nothing padded: the cheaper unmasked attention gives the same result
+        if mask is not None:  # additive float mask: SDPA would convert a bool mask on every call
+            mask = torch.zeros(mask.shape, dtype=mem_kv.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
         if expand > 1:
             mem_kv = mem_kv.repeat_interleave(expand, dim=2)
             mask = mask.repeat_interleave(expand, dim=0) if mask is not None else None
@@ -133,7 +136,7 @@ class BPDModel(nn.Module):
         """tokens [R,n] -> h [R,n,D]. Writes their K/V at each row's slots lengths..lengths+n-1; the caller
         advances (or rolls back) `state.lengths` afterwards."""
         pos, write, kv_len, mask = state.prepare(tokens.shape[1], kv_len)
-        x = self.embed(tokens) * self.embed_scale + self.pe[pos]
+        x = F.embedding(tokens, self.embed.weight) * self.embed_scale + self.pe[pos]
         self_kv, mem_kv, mem_mask = state.self_kv, state.mem_kv, state.mem_mask
         for i, layer in enumerate(self.decoder_layers):
             x = layer.step(x, self_kv[i], write, kv_len, mask, mem_kv[i], mem_mask)

@@ -1,0 +1,35 @@
+"""Kill a run mid-epoch (SIGKILL, no cleanup), resume with ckpt_path=last, and end with exactly the weights
+of the uninterrupted run -- the shared base smoke run (same command, CPU, one thread, deterministic)."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from bpd_train.checkpoint import read_checkpoint
+from conftest import run_train
+
+
+@pytest.mark.slow
+def test_kill_and_resume_matches_uninterrupted(smoke_base, tmp_path):
+    _, base = smoke_base  # experiment=smoke: 40 steps, validation (and last.ckpt) at steps 20 and 40
+    art = tmp_path / "art"
+    shutil.copytree(base.parent / "spm", art / base.parent.name / "spm")  # same tokenizer, no retraining
+    run = art / base.parent.name / "base"
+
+    killed = run_train("+regime=base", "experiment=smoke", "+callbacks.kill._target_=bpd_train.training.callbacks.KillAtStep",
+                       "+callbacks.kill.step=30", artifacts=art, check=False)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    mid = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert mid["global_step"] == 20
+    sampler = mid["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
+    assert sampler["epoch"] == 0 and 0 < sampler["consumed"] < 1000  # mid-epoch
+
+    run_train("+regime=base", "experiment=smoke", "ckpt_path=last", artifacts=art)
+    resumed = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    reference = read_checkpoint(base / "checkpoints" / "last.ckpt")
+    assert resumed["global_step"] == reference["global_step"] == 40
+    assert resumed["state_dict"].keys() == reference["state_dict"].keys()
+    for name, t in reference["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][name], t), f"{name} differs after resume"
