@@ -300,16 +300,32 @@ def teacher_bleu(hyps: list[str], refs: list[str]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------- find / load
 
 
+def suggest_command() -> str:
+    """`python distill.py` plus the corpus-selecting overrides of the running Hydra app (e.g. train.py's
+    experiment=smoke), so that an error message holds a command the user can paste."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        task = list(HydraConfig.get().overrides.task)
+    except Exception:  # noqa: BLE001 - not inside a Hydra app
+        return DEFAULT_COMMAND
+    import shlex
+
+    keep = [o for o in task if o.lstrip("+").startswith(("experiment=", "data=", "data.", "paths."))]
+    return " ".join([DEFAULT_COMMAND, *map(shlex.quote, keep)])
+
+
 def _distill_root(corpus_artifacts_dir: Path) -> Path:
     return corpus_artifacts_dir / DISTILL_DIRNAME
 
 
 def find_distilled_corpus(corpus_artifacts_dir: str | os.PathLike, *, split: str | None = "train",
-                          command: str = DEFAULT_COMMAND) -> Path:
+                          command: str | None = None) -> Path:
     """The single complete distilled corpus of `split` under ``<corpus_artifacts_dir>/distill/``, or a
     clear error. `split=None` accepts any split. `command` is the distillation command to name in the
     message (callers add their data=/experiment= overrides so the user can paste it)."""
     root = _distill_root(Path(corpus_artifacts_dir))
+    command = command or suggest_command()
     found: list[tuple[Path, dict]] = []
     for mpath in sorted(root.glob(f"*/{MANIFEST}")):
         try:
@@ -330,8 +346,8 @@ def find_distilled_corpus(corpus_artifacts_dir: str | os.PathLike, *, split: str
         d, m = found[-1]
         raise DistillError(f"the distilled corpus {d} is not complete; {finish_hint(m)}")
     what = "no distilled corpus" + (f" of split '{split}'" if split else "")
-    raise DistillError(f"{what} under {root}; make one with `{command}` "
-                       "(it needs the base model: `python train.py +regime=base`)")
+    base = command.replace(DEFAULT_COMMAND, "python train.py +regime=base", 1)
+    raise DistillError(f"{what} under {root}; make one with `{command}` (after the base model: `{base}`)")
 
 
 def load_distilled_corpus(out_dir: str | os.PathLike):

@@ -105,8 +105,9 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
             gn = g[rows, n]                                             # head 1 at the last accepted slot
             eos_in_block = x[rows, n] == eos                            # an accepted proposal was EOS
             c = np.minimum(n + 1 - eos_in_block, limit - length)        # tokens gained this step
-            new = np.where(ar < n[:, None], np.roll(x, -1, axis=1), gn[:, None])
-            out[orig[:, None], length[:, None] + ar] = new
+            new = np.concatenate([x[:, 1:], gn[:, None]], axis=1)       # accepted proposals, then ...
+            new[rows, n] = gn                                           # ... head 1's token; junk past c
+            out[orig[:, None], length[:, None] + ar] = new              # is overwritten or cut off later
             length += c
             hist += np.bincount(c, minlength=kb + 1)
             done = eos_in_block | (gn == eos) | (length >= limit)

@@ -43,6 +43,7 @@ class DecoderState:
         # decoder position of every cache slot; slots past max_positions only ever hold tokens beyond max_len
         self._positions = torch.arange(self.capacity, device=dev).clamp_(max=max_positions - 1)
         self._arange: dict[int, Tensor] = {}
+        self._causal_mask: Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -82,6 +83,15 @@ class DecoderState:
         if self.mem_mask is not None:
             self.mem_mask = self.mem_mask.index_select(0, index)
 
+    def _causal(self) -> Tensor:
+        """[L,L] additive causal mask over cache slots, built once per state (uniform calls with n > 1)."""
+        if self._causal_mask is None:
+            slots = torch.arange(self.capacity, device=self.self_kv.device)
+            self._causal_mask = torch.zeros(self.capacity, self.capacity, dtype=self.self_kv.dtype,
+                                            device=self.self_kv.device).masked_fill_(slots[None, :] > slots[:, None],
+                                                                                     float("-inf"))
+        return self._causal_mask
+
     def _float_mask(self, allowed: np.ndarray) -> Tensor:
         m = np.where(allowed, np.float32(0), np.float32(-np.inf))
         return torch.from_numpy(m).to(device=self.self_kv.device, dtype=self.self_kv.dtype)
@@ -100,7 +110,7 @@ class DecoderState:
 
             mask = None
             if n > 1:  # causal within the new tokens; everything cached before is visible
-                mask = self._float_mask(np.arange(t + n)[None, :] <= (t + np.arange(n))[:, None])  # [n,t+n]
+                mask = self._causal()[t:t + n, :t + n]                                        # [n,t+n]
             pos = slice(t, t + n) if t + n <= self.max_positions else self._positions[t:t + n]
             return pos, write, t + n, mask
         r, (_, _, _, h, _, dh) = self.rows, self.self_kv.shape

@@ -33,7 +33,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from lightning.pytorch.strategies import DeepSpeedStrategy  # noqa: E402
 from lightning.pytorch.strategies.ddp import DDPStrategy  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf import DictConfig, open_dict  # noqa: E402
 
 
 class CPUDeepSpeedStrategy(DeepSpeedStrategy):
@@ -84,9 +84,14 @@ def train_zero_cpu(cfg: DictConfig, stage: int = 2, devices: int = 1, max_steps:
     """
     from bpd_train.training.run import train
 
-    cfg = OmegaConf.merge(cfg, zero_cpu_overrides(stage, devices))
-    if max_steps is not None:
-        cfg.trainer.max_steps = int(max_steps)
+    cfg = cfg.copy()
+    over = zero_cpu_overrides(stage, devices)
+    with open_dict(cfg):
+        cfg.strategy = over["strategy"]  # replaced, not merged: any strategy group option may be selected
+        for key, value in over["trainer"].items():
+            cfg.trainer[key] = value
+        if max_steps is not None:
+            cfg.trainer.max_steps = int(max_steps)
     run_dir = train(cfg)
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     if not (ckpt / "latest").is_file():

@@ -1,0 +1,240 @@
+# python bench/decode.py            (about 2-3 minutes on a 2-core CPU; --quick for a smoke run)
+"""Greedy vs blockwise decoding, measured in one run.
+
+Trains two tiny models (k=4 and k=8 BPD heads, all weights jointly) on a task whose future tokens are
+learnable: reversing sequences of real English words (the bundled corpus, else a built-in text). Then
+times greedy and blockwise(Exact) decoding of the same held-out sequences, interleaved (A,B,B,A,...)
+on one thread, at batch 1 and batch 32, and reports agreement with greedy, k̂ (mean accepted block
+size), decoder calls, wall-clock speedup and speedup ÷ k̂. The last line printed is one JSON object.
+
+Targets (issue 2): agreement 100%; speedup ÷ k̂ >= 0.8 at batch 1; speedup > 1.5x at batch 32 wherever
+k̂ >= 3.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import re
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bpd_train.decoding import DecodeResult, blockwise, greedy  # noqa: E402
+from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
+
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
+
+FALLBACK_TEXT = """
+It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of
+foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light,
+it was the season of Darkness, it was the spring of hope, it was the winter of despair, we had
+everything before us, we had nothing before us, we were all going direct to Heaven, we were all going
+direct the other way. In short, the period was so far like the present period, that some of its
+noisiest authorities insisted on its being received, for good or for evil, in the superlative degree
+of comparison only. There were a king with a large jaw and a queen with a plain face, on the throne of
+England; there were a king with a large jaw and a queen with a fair face, on the throne of France. In
+both countries it was clearer than crystal to the lords of the State preserves of loaves and fishes,
+that things in general were settled for ever.
+"""
+
+
+def load_sentences(max_sentences: int = 20000) -> tuple[list[list[str]], str]:
+    path = ROOT / "data" / "bible-en-fr" / "train.jsonl.gz"
+    sents: list[list[str]] = []
+    source = "built-in text"
+    if path.is_file():
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                for line in f:
+                    text = json.loads(line)["translation"]["en"]
+                    sents.append(re.findall(r"[a-z']+", text.lower()))
+                    if len(sents) >= max_sentences:
+                        break
+            source = str(path.relative_to(ROOT))
+        except (OSError, ValueError, KeyError):
+            sents = []
+    if not sents:
+        words = re.findall(r"[a-z']+", FALLBACK_TEXT.lower())
+        sents = [words[i:i + 20] for i in range(0, len(words), 7)]
+        source = "built-in text"
+    return [s for s in sents if s], source
+
+
+class Task:
+    """Sequences of 4..max_len consecutive real words (top `vocab` words, others skipped); target = reverse."""
+
+    def __init__(self, sentences, vocab: int, max_len: int, seed: int):
+        counts = Counter(w for s in sentences for w in s)
+        self.words = [w for w, _ in counts.most_common(vocab)]
+        self.ids = {w: i + 4 for i, w in enumerate(self.words)}
+        self.stream = [self.ids[w] for s in sentences for w in s if w in self.ids]
+        self.vocab_size = len(self.words) + 4
+        self.max_len = max_len
+        self.rng = random.Random(seed)
+        cut = int(len(self.stream) * 0.9)
+        self.train_stream, self.test_stream = self.stream[:cut], self.stream[cut:]
+
+    def sample(self, test: bool = False) -> list[int]:
+        stream = self.test_stream if test else self.train_stream
+        n = self.rng.randint(4, self.max_len)
+        i = self.rng.randrange(0, len(stream) - n)
+        return stream[i:i + n]
+
+    @staticmethod
+    def target(src: list[int]) -> list[int]:
+        return src[::-1]
+
+    def batch(self, size: int, test: bool = False):
+        srcs = [self.sample(test) for _ in range(size)]
+        tgts = [self.target(s) for s in srcs]
+        s_len = max(len(s) for s in srcs) + 1
+        t_len = max(len(t) for t in tgts) + 1
+        src = torch.full((size, s_len), PAD, dtype=torch.long)
+        tgt_in = torch.full((size, t_len), PAD, dtype=torch.long)
+        tgt_out = torch.full((size, t_len), PAD, dtype=torch.long)
+        for i, (s, t) in enumerate(zip(srcs, tgts)):
+            src[i, :len(s) + 1] = torch.tensor(s + [EOS])
+            tgt_in[i, :len(t) + 1] = torch.tensor([BOS] + t)
+            tgt_out[i, :len(t) + 1] = torch.tensor(t + [EOS])
+        return src, tgt_in, tgt_out
+
+
+def bpd_loss(model: BPDModel, src, tgt_in, tgt_out):
+    """Mean over heads of the cross-entropy of head i predicting tgt_out shifted by i (one head at a time)."""
+    h = model.features(model.encode(src), tgt_in)
+    k = model.config.block_size
+    losses = []
+    for i in range(k):
+        target = F.pad(tgt_out[:, i:], (0, i), value=PAD)
+        logits = model.head_logits(h, i)
+        losses.append(F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=PAD))
+    return torch.stack(losses).mean()
+
+
+def train(task: Task, k: int, args, seed: int) -> tuple[BPDModel, float, int]:
+    torch.manual_seed(seed)
+    cfg = BPDConfig(vocab_size=task.vocab_size, d_model=args.d_model, n_heads=4, n_encoder_layers=args.layers,
+                    n_decoder_layers=args.layers, d_ff=4 * args.d_model, dropout=0.0, max_positions=64,
+                    block_size=k, head_d_hidden=args.head_hidden)
+    model = BPDModel(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=args.steps, pct_start=0.1)
+    t0 = time.perf_counter()
+    model.train()
+    steps = 0
+    for steps in range(1, args.steps + 1):
+        loss = bpd_loss(model, *task.batch(args.train_batch))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if time.perf_counter() - t0 > args.train_seconds:
+            break
+    model.eval()
+    return model, float(loss.detach()), steps
+
+
+def time_decoders(model, batches, block_size: int, repeats: int):
+    """Interleaved timing: per batch, greedy then blockwise, the order flipped every repeat."""
+    tg, tb = [], []
+    res_g: list[DecodeResult] = []
+    res_b: list[DecodeResult] = []
+    for rep in range(repeats):
+        sg = sb = 0.0
+        rg, rb = [], []
+        for src in batches:
+            for first in ((0, 1) if rep % 2 == 0 else (1, 0)):
+                t0 = time.perf_counter()
+                if first == 0:
+                    rg.append(greedy(model, src, max_len=(1.0, 4)))
+                    sg += time.perf_counter() - t0
+                else:
+                    rb.append(blockwise(model, src, block_size=block_size, max_len=(1.0, 4)))
+                    sb += time.perf_counter() - t0
+        tg.append(sg)
+        tb.append(sb)
+        res_g, res_b = rg, rb
+    return tg, tb, DecodeResult.merge(res_g), DecodeResult.merge(res_b)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny smoke run (numbers meaningless)")
+    ap.add_argument("--vocab", type=int, default=500)
+    ap.add_argument("--max-words", type=int, default=16)
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--head-hidden", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--train-seconds", type=float, default=35.0, help="per model")
+    ap.add_argument("--train-batch", type=int, default=64)
+    ap.add_argument("--eval-sentences", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.quick:
+        args.steps, args.train_seconds, args.eval_sentences, args.repeats = 30, 5.0, 32, 1
+    torch.set_num_threads(1)  # timing on one core; the machine is shared
+
+    sentences, source = load_sentences()
+    task = Task(sentences, args.vocab, args.max_words, args.seed)
+    test_rng = random.Random(args.seed + 1)
+    task.rng = test_rng
+    test = [task.sample(test=True) for _ in range(args.eval_sentences)]
+    rows = []
+    for k in (4, 8):
+        task.rng = random.Random(args.seed + k)
+        t0 = time.perf_counter()
+        model, loss, steps = train(task, k, args, seed=args.seed + k)
+        train_s = time.perf_counter() - t0
+        srcs = [s + [EOS] for s in test]
+        ref = [task.target(s) for s in test]
+        g_all = greedy(model, srcs, max_len=(1.0, 4))
+        exact = sum(t == r for t, r in zip(g_all.tokens, ref)) / len(ref)
+        print(f"k={k}: trained {steps} steps in {train_s:.0f}s, final loss {loss:.3f}, greedy exact match {exact:.1%}",
+              file=sys.stderr)
+        for bs in (1, 32):
+            batches = [srcs[i:i + bs] for i in range(0, len(srcs), bs)]
+            if bs == 1:
+                batches = batches[: max(1, len(batches) // 2)]  # half the sentences keep batch-1 timing short
+            tg, tb, rg, rb = time_decoders(model, batches, k, args.repeats)
+            agree = sum(a == b for a, b in zip(rg.tokens, rb.tokens)) / len(rg.tokens)
+            t_g, t_b = statistics.median(tg), statistics.median(tb)
+            speedup = t_g / t_b
+            row = {
+                "k": k, "batch": bs, "sentences": len(rg.tokens), "agreement": agree,
+                "k_hat": round(rb.mean_accepted, 3), "calls_greedy": rg.calls, "calls_blockwise": rb.calls,
+                "call_ratio": round(rg.calls / max(rb.calls, 1), 3),
+                "greedy_s": round(t_g, 4), "blockwise_s": round(t_b, 4),
+                "speedup": round(speedup, 3), "speedup_per_k_hat": round(speedup / rb.mean_accepted, 3),
+                "greedy_exact_match": round(exact, 3), "train_steps": steps, "train_s": round(train_s, 1),
+            }
+            rows.append(row)
+            print(f"  batch {bs:2d}: agreement {agree:.0%}  k̂ {rb.mean_accepted:.2f}  calls {rg.calls}->{rb.calls}  "
+                  f"speedup {speedup:.2f}x  speedup/k̂ {speedup / rb.mean_accepted:.2f}", file=sys.stderr)
+    targets = {
+        "agreement_100": all(r["agreement"] == 1.0 for r in rows),
+        "batch1_speedup_per_k_hat_ge_0.8": all(r["speedup_per_k_hat"] >= 0.8 for r in rows if r["batch"] == 1),
+        "batch32_speedup_gt_1.5_where_k_hat_ge_3": all(r["speedup"] > 1.5 for r in rows
+                                                       if r["batch"] == 32 and r["k_hat"] >= 3),
+    }
+    print(json.dumps({"bench": "decode", "task": "reverse", "data": source, "device": "cpu", "threads": 1,
+                      "quick": args.quick, "model": {"d_model": args.d_model, "layers": args.layers,
+                                                     "vocab": task.vocab_size, "head_d_hidden": args.head_hidden},
+                      "results": rows, "targets_met": targets}))
+
+
+if __name__ == "__main__":
+    main()

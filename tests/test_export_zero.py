@@ -1,0 +1,83 @@
+"""Export from a real DeepSpeed ZeRO-2 checkpoint made on CPU (bpd_train.training.zero_cpu): a frozen-regime run
+initialised from the smoke base model, so the folder also holds frozen parameters. The bundle must give exactly
+the logits of Lightning's own ZeRO consolidation, and keep the frozen backbone bit-identical to the base."""
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT, offline_env
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def zero_run(smoke_base, tmp_path_factory):
+    _, base_run = smoke_base
+    art = tmp_path_factory.mktemp("zero") / "artifacts"
+    corpus = art / base_run.parent.name
+    shutil.copytree(base_run, corpus / "base")
+    shutil.copytree(base_run.parent / "spm", corpus / "spm")  # same tokenizer cache: no retraining
+    cmd = [sys.executable, "-m", "bpd_train.training.zero_cpu", "+regime=frozen", "experiment=smoke",
+           "strategy=deepspeed_zero2", "trainer.max_steps=2", "logger=csv", f"paths.artifacts={art}",
+           f"hydra.run.dir={art}/hydra"]
+    r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-5000:]
+    run = corpus / "heads" / "frozen-k4"
+    assert (run / "checkpoints" / "last.ckpt" / "latest").is_file()
+    return corpus, run
+
+
+def _logits(model, vocab):
+    g = torch.Generator().manual_seed(0)
+    src, tgt = torch.randint(4, vocab, (2, 11), generator=g), torch.randint(4, vocab, (2, 6), generator=g)
+    tgt[:, 0] = 1
+    with torch.no_grad():
+        return model(src, tgt)
+
+
+def test_zero_export_matches_lightning_consolidation(zero_run, tmp_path):
+    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+    from bpd_train.checkpoint import load_model
+    from bpd_train.export import export_checkpoint, load_any, load_bundle
+    from bpd_train.model import BPDModel
+
+    corpus, run = zero_run
+    bundle = export_checkpoint(run, tmp_path / "bundle")  # the run folder: its best.ckpt/ ZeRO folder
+    model, _, meta = load_bundle(bundle)
+    assert meta["training"]["regime"] == "frozen" and meta["training"]["source"].endswith("best.ckpt")
+
+    # independent consolidation with Lightning's utility (it unpickles; fine for our own test files)
+    convert_zero_checkpoint_to_fp32_state_dict(str(run / "checkpoints" / "best.ckpt"), str(tmp_path / "fp32.pt"))
+    state = torch.load(tmp_path / "fp32.pt", map_location="cpu", weights_only=False)["state_dict"]
+    ref = BPDModel(model.config)
+    ref.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
+    ref.eval()
+    v = model.config.vocab_size
+    assert torch.equal(_logits(model, v), _logits(ref, v))
+    # the frozen backbone came through ZeRO's frozen-parameter path unchanged
+    base = load_model(corpus / "base").model.state_dict()
+    assert all(torch.equal(t, base[k]) for k, t in model.state_dict().items() if not k.startswith("heads."))
+    # evaluation reads ZeRO folders directly too
+    assert torch.equal(_logits(load_any(run).model, v), _logits(model, v))
+
+
+def test_broken_zero_folder_is_one_clear_error(zero_run, tmp_path):
+    from bpd_train.checkpoint import CheckpointError
+    from bpd_train.export import export_checkpoint
+
+    _, run = zero_run
+    broken = tmp_path / "last.ckpt"
+    shutil.copytree(run / "checkpoints" / "last.ckpt", broken)
+    for f in (broken / "checkpoint").glob("*optim_states.pt"):
+        f.unlink()
+    with pytest.raises(CheckpointError, match="cannot consolidate ZeRO checkpoint"):
+        export_checkpoint(broken, tmp_path / "out")
+    (broken / "latest").write_text("global_step999")
+    with pytest.raises(CheckpointError, match="tag folder .* does not exist"):
+        export_checkpoint(broken, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
