@@ -8,7 +8,7 @@ export HF_DATASETS_OFFLINE := 1
 export WANDB_MODE := offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install test test-fast test-slurm demo smoke bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -23,6 +23,17 @@ test: install
 
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow and not slurm" $(PYTEST_ARGS)
+
+test-slurm: install
+	$(PYTHON) -m pytest -q -m slurm $(PYTEST_ARGS)
+
+# Every stage is skipped when its artifact is complete, so rerunning resumes. K=6 etc. changes the block size.
+K ?= 4
+demo: install
+	$(PYTHON) -m bpd_train.pipeline --experiment demo --k $(K)
+
+smoke: install
+	$(PYTHON) -m bpd_train.pipeline --experiment smoke --k $(K)
 
 bench: install
 	$(PYTHON) bench/decode.py

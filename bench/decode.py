@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import random
 import re
 import statistics
@@ -128,19 +129,23 @@ def train(task: Task, k: int, args, seed: int) -> tuple[BPDModel, float, int]:
                     block_size=k, head_d_hidden=args.head_hidden)
     model = BPDModel(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=args.steps, pct_start=0.1)
     t0 = time.perf_counter()
     model.train()
     steps = 0
-    for steps in range(1, args.steps + 1):
+    while True:
+        # the schedule follows the time budget (warmup, then cosine to 5%): the run anneals on any machine
+        frac = (time.perf_counter() - t0) / args.train_seconds
+        if frac >= 1.0 or steps >= args.steps:
+            break
+        lr = args.lr * (frac / 0.05 if frac < 0.05 else 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (frac - 0.05) / 0.95)))
+        for group in opt.param_groups:
+            group["lr"] = lr
         loss = bpd_loss(model, *task.batch(args.train_batch))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
-        if time.perf_counter() - t0 > args.train_seconds:
-            break
+        steps += 1
     model.eval()
     return model, float(loss.detach()), steps
 
@@ -177,7 +182,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--head-hidden", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--steps", type=int, default=100000, help="cap; the time budget usually ends training")
     ap.add_argument("--train-seconds", type=float, default=35.0, help="per model")
     ap.add_argument("--train-batch", type=int, default=64)
     ap.add_argument("--eval-sentences", type=int, default=64)

@@ -278,7 +278,8 @@ def _zero_tag_dir(zero_dir: Path, tag: str | None) -> Path:
         if latest.is_file():
             tag = latest.read_text().strip()
         else:
-            steps = sorted(zero_dir.glob("global_step*"), key=lambda d: int("".join(c for c in d.name if c.isdigit()) or 0))
+            steps = sorted(zero_dir.glob("global_step*"),
+                           key=lambda d: int("".join(c for c in d.name if c.isdigit()) or 0))
             if not steps:
                 raise CheckpointError(f"{zero_dir} has no 'latest' file and no global_step* folder")
             tag = steps[-1].name
@@ -295,11 +296,17 @@ def _zero_meta(tag_dir: Path) -> dict:
         raise CheckpointError(f"{tag_dir} has no *model_states.pt file: not a DeepSpeed checkpoint")
     try:
         states = torch.load(files[0], map_location="cpu", weights_only=True)
-    except Exception:  # noqa: BLE001 - DeepSpeed pickles its own objects; consolidation already loaded them unsafely
-        states = torch.load(files[0], map_location="cpu", weights_only=False)
+    except Exception:  # noqa: BLE001 - DeepSpeed may pickle its own objects there; its zero_to_fp32 unpickles this
+        try:           # very file anyway, so this adds no exposure beyond the consolidation the export requires
+            states = torch.load(files[0], map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"cannot read {files[0]}: {type(e).__name__}: {e}") from e
+    if not isinstance(states, dict):
+        raise CheckpointError(f"{files[0]} is not a DeepSpeed model-states file")
     meta = states.get(CKPT_META_KEY)
     if not isinstance(meta, dict):
-        meta = (states.get("client_state") or {}).get(CKPT_META_KEY) if isinstance(states.get("client_state"), dict) else None
+        client = states.get("client_state")
+        meta = client.get(CKPT_META_KEY) if isinstance(client, dict) else None
     if not isinstance(meta, dict) or "model_config" not in meta:
         raise CheckpointError(f"{files[0]} carries no '{CKPT_META_KEY}' metadata (model config, tokenizer hash): "
                               "it was not saved by bpd-train")
@@ -313,7 +320,8 @@ def consolidate_zero(path: str | os.PathLike, tag: str | None = None) -> tuple[d
         raise CheckpointError(f"{path} is not a DeepSpeed ZeRO checkpoint folder (no 'latest' file or global_step*/)")
     tag_dir = _zero_tag_dir(zero_dir, tag)
     meta = _zero_meta(tag_dir)
-    os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else os.environ.get("DS_ACCELERATOR", "cuda"))
+    if not torch.cuda.is_available():  # consolidation needs no accelerator; don't let DeepSpeed go looking for one
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     try:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     except ImportError as e:

@@ -1,6 +1,7 @@
 """Translate text with an exported bundle, blockwise by default.
 
-    python -m bpd_train.translate --bundle DIR [--block-size k] [--accept exact|top2] [--batch-size n] < in.txt > out.txt
+    python -m bpd_train.translate --bundle DIR [--block-size k] [--accept exact|top2] [--batch-size n] \
+        < in.txt > out.txt
 
 Streaming: reads stdin in chunks of --batch-size lines, writes (and flushes) each chunk's translations in input
 order, one line per input line (an empty line gives an empty line). k̂ and speed go to stderr at the end.
@@ -52,7 +53,8 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
     try:
         if args.batch_size < 1:
             raise EvalError(f"--batch-size must be >= 1, got {args.batch_size}")
-        device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+        auto = "cuda" if torch.cuda.is_available() else "cpu"
+        device = torch.device(auto if args.device == "auto" else args.device)
         model, sp, meta = load_bundle(args.bundle, map_location=device)
         cfg = model.config
         k = cfg.block_size if args.block_size is None else args.block_size

@@ -53,7 +53,7 @@ def test_report_bleu_equals_sacrebleu_cli(evaluated):
     out, _ = evaluated
     report = json.loads((out / "report.json").read_text())  # what is on disk, not the in-memory dict
     checked = 0
-    for row in report["rows"][:3] + [c["greedy"] | {"hyp_file": c["greedy"]["hyp_file"]} for c in report["checkpoints"]]:
+    for row in report["rows"][:3] + [c["greedy"] for c in report["checkpoints"]]:
         cli = _cli(out, row["hyp_file"])
         assert row["bleu"] == pytest.approx(cli["BLEU"]["score"], abs=1e-6)
         assert row["chrf"] == pytest.approx(cli["chrF2"]["score"], abs=1e-6)
@@ -80,7 +80,7 @@ def test_exact_agrees_with_greedy_and_rows_are_complete(evaluated):
     assert by[(4, "exact", 1)]["bleu"] == by[(4, "exact", 5)]["bleu"]
     assert by[(4, "exact", 1)]["mean_accepted"] == pytest.approx(by[(4, "exact", 5)]["mean_accepted"])
     for c in report["checkpoints"]:
-        assert all(v["matches_batch1_output"] for v in c["greedy"]["by_batch_size"].values())
+        assert all(v["same_output_as_first_batch_size"] for v in c["greedy"]["by_batch_size"].values())
         assert c["source_id"].startswith("sha256:")
 
 
@@ -168,3 +168,35 @@ def test_wandb_logging_to_the_training_run(evaluated, tmp_path, monkeypatch):
     assert log_report(rep, out) == 0  # no training run known: nothing logged
     rep["checkpoints"][0]["wandb"] = ids
     assert log_report(rep, out) == 1
+
+
+@pytest.mark.parametrize("name", ["evaluate", "export"])
+def test_configs_compose_with_every_experiment(name, tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import bpd_train
+
+    conf = bpd_train.REPO_ROOT / "conf"
+    assert (conf / f"{name}.yaml").read_text().startswith(f"# Run: python {name}.py")
+    assert all(p.read_text().startswith("# python evaluate.py") for p in (conf / "decode").glob("*.yaml"))
+    for exp in [None, *sorted(p.stem for p in (conf / "experiment").glob("*.yaml"))]:
+        with initialize_config_dir(str(conf), version_base="1.3", job_name=name):
+            cfg = compose(name, overrides=[f"paths.artifacts={tmp_path}"] + ([f"experiment={exp}"] if exp else []))
+        section = OmegaConf.to_container(cfg[name], resolve=True)
+        if name == "evaluate":
+            s = EvalSettings(**{k: v for k, v in OmegaConf.to_container(cfg.decode, resolve=True).items()},
+                             batch_sizes=section["batch_sizes"])
+            assert s.rules and s.batch_sizes
+        if exp == "smoke" and name == "evaluate":
+            assert section["max_sentences"] and cfg.paths.artifacts == str(tmp_path)
+
+
+def test_greedy_only(tiny, tmp_path):
+    """decode=greedy: no blockwise rows, one greedy table per batch size."""
+    pairs = read_pairs("validation", 4)
+    s = EvalSettings(block_sizes=[], rules=[], batch_sizes=[4], max_len=[0.5, 2], progress=False)
+    report = evaluate_inputs(expand_inputs([str(tiny["run"])]), [p[0] for p in pairs], [p[1] for p in pairs], s,
+                             tmp_path / "g", plots=False)
+    assert report["rows"] == [] and report["checkpoints"][0]["greedy"]["hyp_file"] == "hyp/frozen-k4/greedy.txt"
+    assert "## Greedy decoding, batch size 4" in (tmp_path / "g" / "report.md").read_text()

@@ -51,7 +51,7 @@ def _sacrebleu(out: Path, hyp: str) -> dict:
 
 def test_evaluate_export_translate(artifacts, tmp_path):
     res = _run("evaluate.py", f"paths.artifacts={artifacts}", "evaluate.max_sentences=6", "evaluate.batch_sizes=[3]",
-               "evaluate.rules=[exact]", "evaluate.progress=false", tmp=tmp_path)
+               "decode.rules=[exact]", "evaluate.progress=false", tmp=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     out = artifacts / "bible_en_fr" / "eval" / "all"  # two runs found: base and heads/frozen-k4
     report = json.loads((out / "report.json").read_text())
@@ -82,7 +82,7 @@ def test_evaluate_export_translate(artifacts, tmp_path):
 
 
 def test_bad_input_is_one_line(artifacts, tmp_path):
-    res = _run("evaluate.py", f"paths.artifacts={artifacts}", "evaluate.block_sizes=[8]", tmp=tmp_path)
+    res = _run("evaluate.py", f"paths.artifacts={artifacts}", "decode.block_sizes=[8]", tmp=tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("error: block size 8 is above the k = 4 heads of frozen-k4")
@@ -92,3 +92,19 @@ def test_nothing_trained_says_what_to_run(tmp_path):
     res = _run("export.py", f"paths.artifacts={tmp_path}/empty", tmp=tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "nothing to export" in res.stderr and "python train.py +regime=base experiment=smoke" in res.stderr
+
+
+def test_export_real_lightning_checkpoint(smoke_base, tmp_path):
+    """A checkpoint as Lightning writes it (optimizer states, loops, hparams) -> bundle with identical logits."""
+    from bpd_train.checkpoint import load_model
+    from bpd_train.export import export_checkpoint, load_bundle
+
+    _, base_run = smoke_base
+    src = load_model(base_run)
+    bundle = export_checkpoint(base_run, tmp_path / "base", dtype="float32")
+    model, _, meta = load_bundle(bundle)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(4, 1000, (3, 12), generator=g), torch.randint(4, 1000, (3, 8), generator=g)
+    with torch.no_grad():
+        assert torch.equal(model(x, y), src.model(x, y))
+    assert meta["training"]["regime"] == "base" and meta["training"]["global_step"] > 0

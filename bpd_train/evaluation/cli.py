@@ -62,9 +62,9 @@ def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[
 def run_evaluate(cfg: DictConfig) -> Path:
     from bpd_train.evaluation.runner import EvalSettings, default_inputs, evaluate_inputs, expand_inputs, load_inputs
 
-    e = cfg.evaluate
-    settings = EvalSettings(block_sizes=_plain(e.block_sizes), rules=_plain(e.rules), batch_sizes=_plain(e.batch_sizes),
-                            max_len=_plain(e.max_len), warmup=int(e.warmup), device=str(e.device),
+    e, d = cfg.evaluate, cfg.decode
+    settings = EvalSettings(block_sizes=_plain(d.block_sizes), rules=_plain(d.rules), batch_sizes=_plain(e.batch_sizes),
+                            max_len=_plain(d.max_len), warmup=int(e.warmup), device=str(e.device),
                             progress=bool(e.progress))
     inputs = _plain(e.inputs)
     if isinstance(inputs, str):

@@ -74,9 +74,11 @@ def markdown(report: dict, plots: list[str] | None = None) -> str:
     d, env = report.get("data", {}), report.get("environment", {})
     title = f"{d.get('name', 'corpus')} {d.get('split', '')}".strip()
     lines = [f"# Blockwise parallel decoding: {title}, {d.get('sentences')} sentences", "",
-             f"Command: `{report.get('command', '')}`  ", f"Device: {env.get('device')}, torch {env.get('torch')}, "
-             f"{env.get('threads')} thread(s); {report.get('created', '')}  ",
-             f"Direction: {d.get('src_lang', '?')} → {d.get('tgt_lang', '?')}; max_len {report['settings']['max_len']}  ",
+             f"Command: `{report.get('command', '')}`  ",
+             f"Device: {env.get('device')}, torch {env.get('torch')}, {env.get('threads')} thread(s); "
+             f"{report.get('created', '')}  ",
+             f"Direction: {d.get('src_lang', '?')} → {d.get('tgt_lang', '?')}; "
+             f"max_len {report['settings']['max_len']}  ",
              f"BLEU signature: `{report['signatures']['bleu']}`  ", f"chrF signature: `{report['signatures']['chrf']}`",
              "", NOTES, ""]
     for rule, label, bs in _combos(report):
@@ -84,7 +86,8 @@ def markdown(report: dict, plots: list[str] | None = None) -> str:
         lines += [f"## {label} {what}, batch size {bs}", "", table1(report, rule, bs), ""]
     if report["rows"]:
         lines += ["## All results", "", detail_table(report["rows"]), ""]
-    lines += ["## Checkpoints", "", "| name | regime | k | greedy BLEU | greedy chrF | path |", "|---|---|---:|---:|---:|---|"]
+    lines += ["## Checkpoints", "", "| name | regime | k | greedy BLEU | greedy chrF | path |",
+              "|---|---|---:|---:|---:|---|"]
     for c in report["checkpoints"]:
         lines.append(f"| {c['name']} | {c.get('regime') or '–'} | {c['k']} | {_fmt(c['greedy']['bleu'])} | "
                      f"{_fmt(c['greedy']['chrf'])} | `{c['path']}` |")
@@ -100,6 +103,7 @@ def write_plots(report: dict, out_dir: Path) -> list[str]:
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows, written = report["rows"], []
     if not rows:
@@ -115,6 +119,7 @@ def write_plots(report: dict, out_dir: Path) -> list[str]:
                 ax.plot([1] + [p[0] for p in pts], [1.0] + [p[1] for p in pts], marker="o", label=f"{ck} {rule}")
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set(title=f"batch size {bs}", xlabel="block size k", ylabel="speedup over greedy (×)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()

@@ -122,8 +122,8 @@ def default_inputs(corpus_dir: Path, train_hint: str) -> list[str]:
     runs += [str(p) for p in sorted((corpus_dir / "heads").glob("*")) if p.is_dir() and not p.name.startswith(".")]
     if not runs:
         raise CheckpointError(f"no trained model under {corpus_dir} (base/ or heads/*): train one first with "
-                              f"`python train.py +regime=base{train_hint}` (and `+regime=frozen{train_hint}` for heads), "
-                              "or pass evaluate.inputs=[PATH]")
+                              f"`python train.py +regime=base{train_hint}` (and `+regime=frozen{train_hint}` for "
+                              "heads), or pass evaluate.inputs=[PATH]")
     return runs
 
 
@@ -202,7 +202,7 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
                                        tokens=g_stats.tokens)
             by_bs = entry["greedy"]["by_batch_size"].setdefault(str(bs), {
                 "calls": g_stats.calls, "prefill_calls": g_stats.prefill_calls, "seconds": [],
-                "matches_batch1_output": agreement(g_tokens, greedy_ref) == 100.0})
+                "same_output_as_first_batch_size": agreement(g_tokens, greedy_ref) == 100.0})
             by_bs["seconds"].append(timed["greedy"].seconds)
             if combo is None:
                 continue
@@ -219,6 +219,8 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
                 "rule_label": rule_label(rname), "batch_size": bs, "bleu": scores["bleu"], "chrf": scores["chrf"],
                 "greedy_bleu": entry["greedy"]["bleu"], "mean_accepted": b_stats.mean_accepted,
                 "calls": b_stats.calls, "prefill_calls": b_stats.prefill_calls, "greedy_calls": g_stats.calls,
+                # batch-level view: output tokens per batched decoder call, prefill included
+                "tokens_per_call": b_stats.tokens / max(1, b_stats.calls + b_stats.prefill_calls),
                 "accepted_hist": b_stats.to_dict()["accepted_hist"], "tokens": b_stats.tokens,
                 "greedy_tokens": g_stats.tokens, "agreement": agreement(b_tokens, g_tokens),
                 "greedy_seconds": gs, "blockwise_seconds": bsec, "speedup": gs / bsec if bsec > 0 else float("nan"),

@@ -259,6 +259,10 @@ def make_trainer(cfg: DictConfig, run_dir: Path, resuming: bool = False, **overr
     from hydra.utils import instantiate
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
+    acc = str(cfg.trainer.get("accelerator", "auto"))
+    if acc in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise TrainError(f"trainer.accelerator={acc} but no CUDA device is visible; on a CPU use trainer=cpu "
+                         f"(experiment=smoke and experiment=demo do)")
     logger = make_logger(cfg, run_dir, resuming)
     plugins = []
     if SLURMEnvironment.detect():

@@ -1,0 +1,112 @@
+"""The whole BPD experiment in miniature, one stage after another: `make demo` runs this.
+
+python -m bpd_train.pipeline --experiment demo [--k 4] [--regimes frozen finetune distill both] [-- EXTRA=OVERRIDES]
+
+tokenizer -> base model -> teacher beam-search distillation corpus -> heads in each regime at block size k
+-> evaluation (report.md, plots) -> export of the best heads run. Each stage runs its own entry point as a
+subprocess (exactly what a user would type) and is skipped when its artifact is already complete, so a rerun
+after a crash or Ctrl-C resumes where it stopped; a training run that was cut short resumes from its last.ckpt.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bpd_train import REPO_ROOT
+
+HEAD_REGIMES = ("frozen", "finetune", "distill", "both")
+
+
+def compose(config_name: str, overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=overrides)
+
+
+def run_stage(name: str, argv: list[str]) -> None:
+    cmd = [sys.executable, *argv]
+    print(f"\n=== {name}: {' '.join(argv)}", flush=True)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO_ROOT)
+    if proc.returncode != 0:
+        sys.exit(f"stage '{name}' failed (exit {proc.returncode}); fix the error above and rerun — "
+                 f"finished stages are skipped")
+    print(f"=== {name}: done in {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def train_stage(regime: str, common: list[str], k: int) -> Path:
+    overrides = [f"+regime={regime}", *common] + ([f"model.block_size={k}"] if regime != "base" else [])
+    run_dir = Path(compose("train", overrides).run_dir)
+    if (run_dir / "done.json").exists():
+        print(f"=== {regime}: complete ({run_dir}), skipped")
+        return run_dir
+    resume = ["ckpt_path=last"] if (run_dir / "checkpoints" / "last.ckpt").exists() else []
+    run_stage(regime, ["train.py", *overrides, *resume])
+    return run_dir
+
+
+def best_heads_run(report: dict) -> str | None:
+    """The heads checkpoint with the largest exact (greedy-identical) speedup at batch 1."""
+    rows = [r for r in report["rows"] if r["rule"] == "exact" and r["batch_size"] == 1 and r["model_k"] > 1
+            and r["agreement"] == 100.0]
+    if not rows:
+        return None
+    best = max(rows, key=lambda r: (r["speedup"], r["mean_accepted"]))
+    return next(c["path"] for c in report["checkpoints"] if c["name"] == best["checkpoint"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--experiment", default="demo", help="experiment preset: demo (~25 min on 2 cores) or smoke")
+    ap.add_argument("--k", type=int, default=4, help="block size of the heads runs")
+    ap.add_argument("--regimes", nargs="+", default=list(HEAD_REGIMES), choices=HEAD_REGIMES)
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every stage, e.g. paths.artifacts=/tmp/a")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("WANDB_MODE", "offline")
+    common = [f"experiment={args.experiment}", *args.overrides]
+    t0 = time.monotonic()
+
+    train_stage("base", common, args.k)  # also trains (or reuses) the corpus's sentencepiece model
+    if {"distill", "both"} & set(args.regimes):
+        # distill.py itself skips finished shards and only verifies a complete corpus
+        run_stage("distill", ["distill.py", *common])
+    for regime in args.regimes:
+        train_stage(regime, common, args.k)
+
+    eval_cfg = compose("evaluate", common)
+    corpus = Path(eval_cfg.paths.artifacts) / str(eval_cfg.data.name)
+    runs = [corpus / "base", *(corpus / "heads" / f"{r}-k{args.k}" for r in args.regimes)]
+    eval_dir = corpus / "eval" / f"demo-k{args.k}"
+    report_path = eval_dir / "report.json"
+    newest_run = max((r / "done.json").stat().st_mtime for r in runs)
+    if report_path.exists() and report_path.stat().st_mtime > newest_run:
+        print(f"=== evaluate: report is newer than every run ({report_path}), skipped")
+    else:
+        inputs = "[" + ",".join(str(r) for r in runs) + "]"
+        run_stage("evaluate", ["evaluate.py", *common, f"evaluate.inputs={inputs}",
+                               f"evaluate.output_dir={eval_dir}"])
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+
+    best = best_heads_run(report)
+    if best is None:
+        print("=== export: no heads run decoded exactly at batch 1; nothing to export")
+    else:
+        bundle = corpus / "export" / "best"
+        run_stage("export", ["export.py", *common, f"export.checkpoint={best}", f"export.output_dir={bundle}",
+                             f"export.report={report_path}", "export.overwrite=true"])
+    print(f"\nreport: {eval_dir / 'report.md'}\nplots:  {sorted(str(p) for p in eval_dir.glob('*.png'))}")
+    print((eval_dir / "report.md").read_text(encoding="utf-8"))
+    print(f"pipeline finished in {(time.monotonic() - t0) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
