@@ -1,4 +1,4 @@
-# python bench/train.py              (about 2-4 minutes on a 2-core CPU; --quick for a smoke run)
+# python bench/train.py              (about 1-3 minutes on a 2-core CPU; --quick for a smoke run)
 """Training benchmark, ratios measured in one run. The last line printed is one JSON object.
 
 1. Throughput, `frozen` vs `finetune` (same model, same batches, same head schedule, interleaved
@@ -171,12 +171,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--n-heads", type=int, default=4)
-    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=6)  # Transformer-base depth
     ap.add_argument("--vocab", type=int, default=8000)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--length", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--mem-k", type=int, default=8)
     ap.add_argument("--mem-vocab", type=int, default=32000)

@@ -115,6 +115,18 @@ def test_incremental_decoding_matches_full_forward():
     torch.testing.assert_close(m.heads_logits(h[0]), m(src, tgt)[0, 3:6], atol=1e-5, rtol=0)
 
 
+def test_inference_fast_paths_match_training_paths():
+    m = perturb_heads(tiny(k=3, seed=4))
+    src, tgt = batch(4)
+    with torch.enable_grad():
+        mem = m.encode(src)                      # module path (autograd on)
+        ref = m(src, tgt)
+    with torch.inference_mode():
+        fast = m.encode(src)                     # functional inference path
+        torch.testing.assert_close(fast.out, mem.out.detach(), atol=1e-6, rtol=0)
+        torch.testing.assert_close(m(src, tgt), ref.detach(), atol=1e-6, rtol=0)
+
+
 def test_source_padding_does_not_change_outputs():
     m = perturb_heads(tiny(k=2, seed=2))
     src, tgt = batch(2)

@@ -148,6 +148,8 @@ def test_hydra_run_dir_keyed_by_slurm_job(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     cfg = cfg_for("+regime=base", hydra_cfg=True)
     assert cfg.hydra.run.dir.endswith("/train/4242") and cfg.hydra.job.chdir is False
+    # every SLURM task runs Hydra: one log file per rank in the shared folder
+    assert "SLURM_PROCID" in OmegaConf.to_container(cfg.hydra.job_logging)["handlers"]["file"]["filename"]
     monkeypatch.delenv("SLURM_JOB_ID")
     assert not cfg_for("+regime=base", hydra_cfg=True).hydra.run.dir.endswith("4242")
 

@@ -18,8 +18,9 @@ def tiny(k=4, identity_p1=True, vocab=23, dropout=0.0) -> BPDModel:
     torch.manual_seed(0)
     m = BPDModel(BPDConfig(vocab_size=vocab, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
                            d_ff=32, dropout=dropout, block_size=k, identity_p1=identity_p1))
-    if m.heads is not None:  # the zero-initialised output layer would make every head equal head 1
-        torch.nn.init.normal_(m.heads.fc2.weight, std=0.3)
+    for p in m.head_parameters():  # the zero-initialised output layer would make every head equal head 1
+        if not p.any():
+            torch.nn.init.normal_(p, std=0.3)
     return m
 
 
@@ -176,3 +177,20 @@ def test_checkpoint_meta_layout():
     assert meta["model_config"] == m.model.config.to_dict()
     assert meta["tokenizer_hash"] == "abc" and meta["regime"] == "t" and meta["block_size"] == 4
     assert set(m.state_dict()) == {"model." + n for n in m.model.state_dict()}
+
+
+def test_copy_weights_backbone_exact_heads_of_other_k_skipped():
+    import dataclasses
+
+    from bpd_train.training.run import TrainError, copy_weights
+
+    src = tiny(k=8)
+    dst = BPDModel(dataclasses.replace(src.config, block_size=4))
+    report = copy_weights(dst, src)
+    head_ids = {id(p) for p in dst.head_parameters()}
+    assert report["skipped"] and set(report["new"]) == {n for n, p in dst.named_parameters() if id(p) in head_ids}
+    for n, t in src.state_dict().items():
+        if n in report["copied"]:
+            assert torch.equal(dst.state_dict()[n], t)
+    with pytest.raises(TrainError, match="does not fit"):
+        copy_weights(BPDModel(dataclasses.replace(src.config, d_ff=64, block_size=4)), src)

@@ -81,9 +81,11 @@ def test_frozen_keeps_backbone_bit_identical_and_greedy_unchanged(heads_art):
     fsd = frozen.model.state_dict()
     for name, t in base.model.state_dict().items():
         assert torch.equal(fsd[name], t), f"backbone tensor {name} changed"
-    assert frozen.model.heads.fc2.weight.abs().sum() > 0, "the heads did not train"
-    assert frozen.config.identity_p1 and frozen.tokenizer_hash == base.tokenizer_hash
     src = val_sources(base.tokenizer_path)
+    with torch.no_grad():  # heads start as copies of head 1 (zero-initialised output layer); training moved them
+        h = frozen.model.features(frozen.model.encode(src), src[:, :5].clamp_min(1))
+        assert not torch.equal(frozen.model.head_logits(h, 1), frozen.model.head_logits(h, 0)), "heads did not train"
+    assert frozen.config.identity_p1 and frozen.tokenizer_hash == base.tokenizer_hash
     assert greedy(frozen.model, src, max_len=30).tokens == greedy(base.model, src, max_len=30).tokens
 
 
@@ -186,3 +188,27 @@ def test_tokenizer_hash_mismatch_is_refused(heads_art, tmp_path):
         _train_in_process("+regime=finetune", "experiment=smoke", f"paths.artifacts={art}", "logger=none",
                           f"regime.init_from={bad}")
     assert "\n" not in str(e.value)
+
+
+def test_init_from_an_exported_bundle(heads_art, tmp_path):
+    """Head regimes start from a bundle as well as from a checkpoint: the backbone is copied exactly."""
+    from hydra import compose, initialize_config_dir
+
+    from bpd_train.data import Tokenizer
+    from bpd_train.export import export_bundle
+    from bpd_train.training.regimes import Regime
+    from bpd_train.training.run import build_module
+
+    art, corpus = heads_art
+    base = load_model(corpus / "base")
+    bundle = tmp_path / "bundle"
+    export_bundle(base.model, base.tokenizer_path, bundle)
+    with initialize_config_dir(str(REPO_ROOT / "conf"), version_base="1.3", job_name="train"):
+        cfg = compose("train", overrides=["+regime=frozen", "experiment=smoke", f"paths.artifacts={art}",
+                                          f"regime.init_from={bundle}"])
+    module = build_module(cfg, Regime.from_cfg(cfg.regime), Tokenizer(base.tokenizer_path))
+    sd = module.model.state_dict()
+    for name, t in base.model.state_dict().items():
+        assert torch.equal(sd[name], t), name
+    assert module.model.config.block_size == K
+    assert not any(p.requires_grad for p in module.model.backbone_parameters())

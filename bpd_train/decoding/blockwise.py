@@ -25,6 +25,44 @@ from bpd_train.decoding.common import decoding_mode, prepare_source, row_limits,
 from bpd_train.decoding.result import DecodeResult
 
 
+# Below this many multiply-adds per step (rows x b x b x vocab x d_model), blockwise projects every head
+# at every block position at once instead of running the future heads in a second pass: at these sizes
+# the saved calls and transfer cost more than the arithmetic.
+FUSED_MACS = 1 << 22
+
+
+def _accept_rows(x, g, ok, min_block, eos, room):
+    """Vectorised acceptance for R rows. x [R,b] fed tokens (x0 + proposals), g [R,b] head 1's argmax at
+    each position, ok [R,b-1] the rule's verdicts (None: exact match). Returns accepted proposals n,
+    head 1's token at the last accepted slot gn, tokens gained c (capped by room), ended-by-EOS flags."""
+    r, kb = x.shape
+    if kb == 1:
+        n = np.zeros(r, dtype=np.int64)
+    else:
+        ok = x[:, 1:] == g[:, :-1] if ok is None else ok.astype(bool)
+        if min_block > 1:
+            ok[:, :min_block - 1] = True
+        ok &= x[:, :-1] != eos                                          # nothing is accepted after an EOS
+        n = np.cumprod(ok, axis=1).sum(1)
+    rows = np.arange(r)
+    gn = g[rows, n]
+    eos_in_block = x[rows, n] == eos                                    # an accepted proposal was EOS
+    c = np.minimum(n + 1 - eos_in_block, room)
+    return n, gn, c, eos_in_block | (gn == eos)
+
+
+def _accept_one(x, g, ok, min_block, eos, room):
+    """_accept_rows for a single row on Python lists (cheaper than a dozen numpy calls at batch 1)."""
+    kb = len(x)
+    n = 0
+    while n < kb - 1 and x[n] != eos and (n < min_block - 1 or (x[n + 1] == g[n] if ok is None else ok[0, n])):
+        n += 1
+    gn = g[n]
+    eos_in_block = x[n] == eos
+    c = min(n + 1 - eos_in_block, room)
+    return n, gn, c, eos_in_block or gn == eos or c >= room
+
+
 def blockwise(model, src, block_size: int | None = None, accept=None, min_block: int = 1,
               max_len=(2.0, 10)) -> DecodeResult:
     """Decode with blocks of up to `block_size` tokens per decoder call (default: the model's k).
@@ -70,6 +108,7 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
         length = np.ones(orig.size, dtype=np.int64)                    # cached tokens = tokens out (BOS + x0..)
         done = (x[:, 0] == eos) | (limit <= 1)
         calls = 0
+        vd = cfg.vocab_size * cfg.d_model
         while True:
             if done.any():
                 out_len[orig[done]] = length[done]
@@ -84,34 +123,43 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
             state.lengths = int(length[0]) if r == 1 else length  # one row: uniform mode, no scatter
             h = model.decode(state, x_dev)                              # [R,b,D]
             calls += 1
-            logits = model.head_logits(h, 0)                            # [R,b,V]
-            g_dev = logits.argmax(-1)                                   # head 1 at every block position
-            if kb == 1:
-                g = g_dev.cpu().numpy()
-                n = np.zeros(r, dtype=np.int64)
+            # Small enough: project every head at every block position in one go, so the next proposals
+            # (all heads at the last accepted position) need no second pass. Else head 1 now, heads 2..b
+            # later at the accepted position only.
+            fused = kb > 1 and r * kb * kb * vd <= FUSED_MACS
+            if fused:
+                logits = model.heads_logits(h, 0, kb)                   # [R,b,b,V]
+                top_dev = logits.argmax(-1)                             # [R,b,b]
+                l1, g_dev = logits[:, :, 0], top_dev[:, :, 0]
             else:
-                if exact:
-                    g = g_dev.cpu().numpy()
-                    ok = x[:, 1:] == g[:, :-1]
-                else:
-                    ok_dev = rule(x_dev[:, 1:], logits[:, :-1], g_dev[:, :-1])
-                    both = torch.cat([g_dev, ok_dev.long()], 1).cpu().numpy()
-                    g, ok = both[:, :kb], both[:, kb:].astype(bool)
-                if min_block > 1:
-                    ok[:, :min_block - 1] = True
-                ok &= x[:, :-1] != eos                                  # nothing is accepted after an EOS
-                n = np.cumprod(ok, axis=1).sum(1)                       # accepted proposals per row
-            rows = np.arange(r)
-            gn = g[rows, n]                                             # head 1 at the last accepted slot
-            eos_in_block = x[rows, n] == eos                            # an accepted proposal was EOS
-            c = np.minimum(n + 1 - eos_in_block, limit - length)        # tokens gained this step
-            new = np.concatenate([x[:, 1:], gn[:, None]], axis=1)       # accepted proposals, then ...
-            new[rows, n] = gn                                           # ... head 1's token; junk past c
-            out[orig[:, None], length[:, None] + ar] = new              # is overwritten or cut off later
-            length += c
-            hist += np.bincount(c, minlength=kb + 1)
-            done = eos_in_block | (gn == eos) | (length >= limit)
-            if kb > 1 and not done.all():
+                l1 = model.head_logits(h, 0)                            # [R,b,V]
+                top_dev = g_dev = l1.argmax(-1)                         # [R,b]
+            ok = None
+            if not exact and kb > 1:
+                ok = rule(x_dev[:, 1:], l1[:, :-1], g_dev[:, :-1]).cpu().numpy()
+            top = top_dev.cpu().numpy()
+            g = top[:, :, 0] if fused else top                          # head 1 at every block position
+            if r == 1:
+                n1, gn1, c1, done1 = _accept_one(x[0].tolist(), g[0].tolist(), ok, min_block, eos,
+                                                 int(limit[0] - length[0]))
+                out[orig[0], length[0]:length[0] + c1] = x[0, 1:n1 + 1].tolist()[:c1] + [gn1][:c1 - n1]
+                length += c1
+                hist[c1] += 1
+                done = np.array([done1])
+                n, gn = np.array([n1]), np.array([gn1])
+            else:
+                n, gn, c, done = _accept_rows(x, g, ok, min_block, eos, limit - length)
+                new = np.concatenate([x[:, 1:], gn[:, None]], axis=1)  # accepted proposals, then ...
+                new[np.arange(r), n] = gn                               # ... head 1's token; junk past c
+                out[orig[:, None], length[:, None] + ar] = new          # is overwritten or cut off later
+                length += c
+                hist += np.bincount(c, minlength=kb + 1)
+                done |= length >= limit
+            if done.all():
+                continue
+            if fused:
+                x = top[np.arange(r), n]                                # heads 1..b at the accepted slot
+            elif kb > 1:
                 hn = h[:, int(n[0])] if r == 1 else h[torch.arange(r, device=dev), torch.from_numpy(n).to(dev)]
                 fut = model.heads_logits(hn, 1, kb).argmax(-1).cpu().numpy()   # [R,b-1]
                 x = np.concatenate([gn[:, None], fut], axis=1)

@@ -61,12 +61,14 @@ def row_limits(model: nn.Module, src: Tensor, max_len, reserve: int = 0) -> list
 def decoding_mode(model: nn.Module) -> Iterator[None]:
     """Eval mode (no dropout) and no autograd for the duration; restores the caller's train/eval flag."""
     was_training = model.training
-    model.eval()
+    if was_training:  # eval()/train() walk every submodule: skip them when there is nothing to switch
+        model.eval()
     try:
         with torch.inference_mode():
             yield
     finally:
-        model.train(was_training)
+        if was_training:
+            model.train()
 
 
 def trim(rows: list[list[int]], lengths: list[int], eos_id: int) -> list[list[int]]:

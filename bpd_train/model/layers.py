@@ -3,6 +3,7 @@ single-call path (decoding) that must give the same numbers; the cache itself li
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -29,15 +30,30 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(b, t, h * dh)
 
 
+def _ln(x: Tensor, norm: nn.LayerNorm) -> Tensor:
+    return torch.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def _lin(x: Tensor, linear: nn.Linear) -> Tensor:
+    return F.linear(x, linear.weight, linear.bias)
+
+
+# Blocks call F.* with their submodules' weights instead of calling the submodules: the module call
+# machinery costs more than the arithmetic at decoding sizes. Parameter names stay the usual ones.
+
+
 class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, dropout: float):
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.p = dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+        y = F.relu(_lin(x, self.fc1))
+        if self.training and self.p:
+            y = F.dropout(y, self.p, True)
+        return _lin(y, self.fc2)
 
 
 class SelfAttention(nn.Module):
@@ -49,10 +65,13 @@ class SelfAttention(nn.Module):
         self.attn_dropout = dropout
 
     def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
-        q, k, v = (split_heads(t, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))
+        b, t, d = x.shape
+        qkv = _lin(x, self.qkv).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         p = self.attn_dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal and mask is None)
-        return self.out(merge_heads(y))
+        y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=mask, dropout_p=p,
+                                           is_causal=causal and mask is None)
+        return _lin(merge_heads(y), self.out)
+
 
 class CrossAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, dropout: float):
@@ -66,13 +85,13 @@ class CrossAttention(nn.Module):
     def memory_kv(self, memory: Tensor) -> Tensor:
         """[B,S,D] -> [2,B,H,S,Dh]: computed once per source and reused by every decoder call."""
         b, s, d = memory.shape
-        return self.kv(memory).view(b, s, 2, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        return _lin(memory, self.kv).view(b, s, 2, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
 
     def forward(self, x: Tensor, kv: Tensor, mask: Tensor | None) -> Tensor:
-        q = split_heads(self.q(x), self.n_heads)
+        q = split_heads(_lin(x, self.q), self.n_heads)
         p = self.attn_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, dropout_p=p)
-        return self.out(merge_heads(y))
+        return _lin(merge_heads(y), self.out)
 
 
 class EncoderLayer(nn.Module):
@@ -82,11 +101,31 @@ class EncoderLayer(nn.Module):
         self.attn = SelfAttention(d_model, n_heads, dropout)
         self.norm2 = nn.LayerNorm(d_model, eps=eps)
         self.ffn = FeedForward(d_model, d_ff, dropout)
-        self.dropout = nn.Dropout(dropout)
+        self.p = dropout
+
+    def _drop(self, x: Tensor) -> Tensor:
+        return F.dropout(x, self.p, True) if self.training and self.p else x
 
     def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        x = x + self.dropout(self.attn(self.norm1(x), mask=mask))
-        return x + self.dropout(self.ffn(self.norm2(x)))
+        if not self.training and not torch.is_grad_enabled():  # inference: same math, fewer lookups
+            return self._forward_inference(x, mask)
+        x = x + self._drop(self.attn.forward(_ln(x, self.norm1), mask=mask))
+        return x + self._drop(self.ffn.forward(_ln(x, self.norm2)))
+
+    def _forward_inference(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        m = self._modules
+        n1, n2 = m["norm1"]._parameters, m["norm2"]._parameters
+        at, ffn = m["attn"]._modules, m["ffn"]._modules
+        qkv, out, fc1, fc2 = (mod._parameters for mod in (at["qkv"], at["out"], ffn["fc1"], ffn["fc2"]))
+        b, t, d = x.shape
+        h = m["attn"].n_heads
+        shape, eps = m["norm1"].normalized_shape, m["norm1"].eps
+        y = torch.layer_norm(x, shape, n1["weight"], n1["bias"], eps)
+        y = F.linear(y, qkv["weight"], qkv["bias"]).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(y[0], y[1], y[2], attn_mask=mask)
+        x = x + F.linear(y.transpose(1, 2).reshape(b, t, d), out["weight"], out["bias"])
+        y = torch.layer_norm(x, shape, n2["weight"], n2["bias"], eps)
+        return x + F.linear(torch.relu(F.linear(y, fc1["weight"], fc1["bias"])), fc2["weight"], fc2["bias"])
 
 
 class DecoderLayer(nn.Module):
@@ -98,32 +137,72 @@ class DecoderLayer(nn.Module):
         self.cross_attn = CrossAttention(d_model, n_heads, dropout)
         self.norm3 = nn.LayerNorm(d_model, eps=eps)
         self.ffn = FeedForward(d_model, d_ff, dropout)
-        self.dropout = nn.Dropout(dropout)
+        self.p = dropout
+
+    def _drop(self, x: Tensor) -> Tensor:
+        return F.dropout(x, self.p, True) if self.training and self.p else x
 
     def forward(self, x: Tensor, mem_kv: Tensor, mem_mask: Tensor | None) -> Tensor:
-        x = x + self.dropout(self.self_attn(self.norm1(x), causal=True))
-        x = x + self.dropout(self.cross_attn(self.norm2(x), mem_kv, mem_mask))
-        return x + self.dropout(self.ffn(self.norm3(x)))
+        x = x + self._drop(self.self_attn.forward(_ln(x, self.norm1), causal=True))
+        x = x + self._drop(self.cross_attn.forward(_ln(x, self.norm2), mem_kv, mem_mask))
+        return x + self._drop(self.ffn.forward(_ln(x, self.norm3)))
 
-    def step(self, x: Tensor, self_kv: Tensor, write, kv_len: int, self_mask: Tensor | None,
-             mem_kv: Tensor, mem_mask: Tensor | None) -> Tensor:
-        """Cached decoding (eval only): x [R,n,D] new tokens; self_kv [2,R,H,L,Dh] this layer's cache, where
-        write(kv, new [2,R,H,n,Dh]) stores the new keys/values; attention reads slots [0, kv_len) under the
-        additive self_mask. Same math as forward(); written with functional calls because per-call
-        overhead, not arithmetic, dominates small-batch decoding."""
-        r, n, d = x.shape
-        sa, ca, ffn = self.self_attn, self.cross_attn, self.ffn
-        h = sa.n_heads
-        y = F.layer_norm(x, (d,), self.norm1.weight, self.norm1.bias, self.norm1.eps)
-        qkv = F.linear(y, sa.qkv.weight, sa.qkv.bias).view(r, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
-        write(self_kv, qkv[1:])
-        y = F.scaled_dot_product_attention(qkv[0], self_kv[0, :, :, :kv_len], self_kv[1, :, :, :kv_len],
-                                           attn_mask=self_mask)
-        x = x + F.linear(y.transpose(1, 2).reshape(r, n, d), sa.out.weight, sa.out.bias)
-        y = F.layer_norm(x, (d,), self.norm2.weight, self.norm2.bias, self.norm2.eps)
-        q = F.linear(y, ca.q.weight, ca.q.bias).view(r, n, h, d // h).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, mem_kv[0], mem_kv[1], attn_mask=mem_mask)
-        x = x + F.linear(y.transpose(1, 2).reshape(r, n, d), ca.out.weight, ca.out.bias)
-        y = F.layer_norm(x, (d,), self.norm3.weight, self.norm3.bias, self.norm3.eps)
-        y = F.linear(F.relu(F.linear(y, ffn.fc1.weight, ffn.fc1.bias)), ffn.fc2.weight, ffn.fc2.bias)
-        return x + y
+    def step_weights(self) -> "StepWeights":
+        """This layer's tensors for decode_step, read once per decoding run (plain dict reads: module
+        attribute lookups cost microseconds each, a lot next to a small decoder call)."""
+        m = self._modules
+        sa, ca, ffn = m["self_attn"]._modules, m["cross_attn"]._modules, m["ffn"]._modules
+
+        def wb(mod):
+            return mod._parameters["weight"], mod._parameters["bias"]
+
+        n1, n2, n3 = m["norm1"], m["norm2"], m["norm3"]
+        return StepWeights(self.self_attn.n_heads, n1.normalized_shape, n1.eps, *wb(n1), *wb(sa["qkv"]),
+                           *wb(sa["out"]), *wb(n2), *wb(ca["q"]), *wb(ca["out"]), *wb(n3),
+                           *wb(ffn["fc1"]), *wb(ffn["fc2"]))
+
+
+class StepWeights(NamedTuple):
+    n_heads: int
+    shape: tuple
+    eps: float
+    n1_w: Tensor
+    n1_b: Tensor
+    qkv_w: Tensor
+    qkv_b: Tensor
+    so_w: Tensor
+    so_b: Tensor
+    n2_w: Tensor
+    n2_b: Tensor
+    q_w: Tensor
+    q_b: Tensor
+    co_w: Tensor
+    co_b: Tensor
+    n3_w: Tensor
+    n3_b: Tensor
+    f1_w: Tensor
+    f1_b: Tensor
+    f2_w: Tensor
+    f2_b: Tensor
+
+
+def decode_step(w: StepWeights, x: Tensor, self_kv: Tensor, write, kv_len: int, self_mask: Tensor | None,
+                mem_kv: Tensor, mem_mask: Tensor | None) -> Tensor:
+    """DecoderLayer.forward for cached decoding (eval only). x [R,n,D] new tokens; self_kv [2,R,H,L,Dh]
+    this layer's cache, where write(kv, new [2,R,H,n,Dh]) stores the new keys/values; attention reads
+    slots [0, kv_len) under the additive self_mask. Plain torch calls: per-call overhead, not arithmetic,
+    dominates small-batch decoding."""
+    r, n, d = x.shape
+    h = w.n_heads
+    y = torch.layer_norm(x, w.shape, w.n1_w, w.n1_b, w.eps)
+    qkv = F.linear(y, w.qkv_w, w.qkv_b).view(r, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
+    write(self_kv, qkv[1:])
+    y = F.scaled_dot_product_attention(qkv[0], self_kv[0, :, :, :kv_len], self_kv[1, :, :, :kv_len],
+                                       attn_mask=self_mask)
+    x = x + F.linear(y.transpose(1, 2).reshape(r, n, d), w.so_w, w.so_b)
+    y = torch.layer_norm(x, w.shape, w.n2_w, w.n2_b, w.eps)
+    q = F.linear(y, w.q_w, w.q_b).view(r, n, h, d // h).transpose(1, 2)
+    y = F.scaled_dot_product_attention(q, mem_kv[0], mem_kv[1], attn_mask=mem_mask)
+    x = x + F.linear(y.transpose(1, 2).reshape(r, n, d), w.co_w, w.co_b)
+    y = torch.layer_norm(x, w.shape, w.n3_w, w.n3_b, w.eps)
+    return x + F.linear(torch.relu(F.linear(y, w.f1_w, w.f1_b)), w.f2_w, w.f2_b)

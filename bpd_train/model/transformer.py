@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from bpd_train.model.cache import DecoderState, Memory
 from bpd_train.model.config import BPDConfig
 from bpd_train.model.heads import BPDHeads
-from bpd_train.model.layers import DecoderLayer, EncoderLayer, sinusoidal_table
+from bpd_train.model.layers import DecoderLayer, EncoderLayer, decode_step, sinusoidal_table
 
 
 class BPDModel(nn.Module):
@@ -57,8 +57,9 @@ class BPDModel(nn.Module):
         return [p for n, p in self.named_parameters() if not n.startswith("heads.")]
 
     # ---- encoder ----
-    def _embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        return self.dropout(self.embed(tokens) * self.embed_scale + self.pe[positions])
+    def _embed(self, tokens: Tensor, positions) -> Tensor:
+        x = F.embedding(tokens, self.embed.weight) * self.embed_scale + self.pe[positions]
+        return self.dropout(x) if self.training else x
 
     def encode(self, src: Tensor) -> Memory:
         """src [B,S] ids + eos, right-padded with pad_id -> Memory (encoder output + padding masks)."""
@@ -69,10 +70,11 @@ class BPDModel(nn.Module):
             raise ValueError(f"source length {s} exceeds max_positions={self.config.max_positions}")
         pad_mask = src != self.config.pad_id                      # [B,S]
         attn_mask = pad_mask[:, None, None, :]                    # [B,1,1,S]
-        x = self._embed(src, torch.arange(s, device=src.device))
+        x = self._embed(src, slice(0, s))
         for layer in self.encoder_layers:
-            x = layer(x, attn_mask)
-        return Memory(self.encoder_norm(x), pad_mask, attn_mask)
+            x = layer.forward(x, attn_mask)
+        n = self.encoder_norm
+        return Memory(torch.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps), pad_mask, attn_mask)
 
     # ---- decoder, full sequence (training) ----
     def features(self, memory: Memory, tgt_in: Tensor) -> Tensor:
@@ -80,22 +82,27 @@ class BPDModel(nn.Module):
         t = tgt_in.shape[1]
         if t > self.config.max_positions:
             raise ValueError(f"target length {t} exceeds max_positions={self.config.max_positions}")
-        x = self._embed(tgt_in, torch.arange(t, device=tgt_in.device))
+        x = self._embed(tgt_in, slice(0, t))
         for layer in self.decoder_layers:
-            x = layer(x, layer.cross_attn.memory_kv(memory.out), memory.attn_mask)
+            x = layer.forward(x, layer.cross_attn.memory_kv(memory.out), memory.attn_mask)
         return x
 
     def _project(self, s: Tensor) -> Tensor:
-        n = self.decoder_norm
-        return F.linear(F.layer_norm(s, n.normalized_shape, n.weight, n.bias, n.eps), self.embed.weight)
+        """Final norm + tied vocabulary projection (dict reads instead of module attribute lookups: this
+        runs once or twice per decoding step)."""
+        n = self._modules["decoder_norm"]
+        p = n._parameters
+        return F.linear(torch.layer_norm(s, n.normalized_shape, p["weight"], p["bias"], n.eps),
+                        self._modules["embed"]._parameters["weight"])
 
     def head_logits(self, h: Tensor, i: int) -> Tensor:
         """h [...,D] -> logits [...,V] of head i (0 = p1, predicts the next token; i predicts i+1 ahead)."""
         if not 0 <= i < self.config.block_size:
             raise IndexError(f"head {i} out of range for block_size={self.config.block_size}")
-        if i == 0 and (self.heads is None or self.heads.identity_p1):
+        heads = self._modules.get("heads")
+        if i == 0 and (heads is None or heads.identity_p1):
             return self._project(h)
-        return self._project(self.heads.state(h, i))
+        return self._project(heads.state(h, i))
 
     def heads_logits(self, h: Tensor, lo: int = 0, hi: int | None = None) -> Tensor:
         """h [...,D] -> logits of heads lo..hi-1 [...,hi-lo,V] (one FFN and one projection for all)."""
@@ -103,12 +110,13 @@ class BPDModel(nn.Module):
         hi = k if hi is None else hi
         if not 0 <= lo < hi <= k:
             raise IndexError(f"heads {lo}..{hi - 1} out of range for block_size={k}")
-        if self.heads is None:
+        heads = self._modules.get("heads")
+        if heads is None:
             return self._project(h).unsqueeze(-2)
-        if lo == 0 and self.heads.identity_p1:
-            s = h.unsqueeze(-2) if hi == 1 else torch.cat([h.unsqueeze(-2), self.heads.states(h, 1, hi)], dim=-2)
+        if lo == 0 and heads.identity_p1:
+            s = h.unsqueeze(-2) if hi == 1 else torch.cat([h.unsqueeze(-2), heads.states(h, 1, hi)], dim=-2)
         else:
-            s = self.heads.states(h, lo, hi)
+            s = heads.states(h, lo, hi)
         return self._project(s)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -130,7 +138,9 @@ class BPDModel(nn.Module):
             mask = mask.repeat_interleave(expand, dim=0) if mask is not None else None
         n_layers, _, r, h, _, dh = mem_kv.shape
         self_kv = mem_kv.new_zeros(n_layers, 2, r, h, capacity, dh)
-        return DecoderState(self_kv, mem_kv.contiguous(), mask, self.config.max_positions)
+        state = DecoderState(self_kv, mem_kv.contiguous(), mask, self.config.max_positions)
+        state.weights = [layer.step_weights() for layer in self.decoder_layers]
+        return state
 
     def decode(self, state: DecoderState, tokens: Tensor, kv_len: int | None = None) -> Tensor:
         """tokens [R,n] -> h [R,n,D]. Writes their K/V at each row's slots lengths..lengths+n-1; the caller
@@ -138,6 +148,6 @@ class BPDModel(nn.Module):
         pos, write, kv_len, mask = state.prepare(tokens.shape[1], kv_len)
         x = F.embedding(tokens, self.embed.weight) * self.embed_scale + self.pe[pos]
         self_kv, mem_kv, mem_mask = state.self_kv, state.mem_kv, state.mem_mask
-        for i, layer in enumerate(self.decoder_layers):
-            x = layer.step(x, self_kv[i], write, kv_len, mask, mem_kv[i], mem_mask)
+        for i, w in enumerate(state.weights):
+            x = decode_step(w, x, self_kv[i], write, kv_len, mask, mem_kv[i], mem_mask)
         return x

@@ -74,7 +74,7 @@ class BPDLightningModule(pl.LightningModule):
         loss, per_head = bpd_loss(self.model.head_logits, h, batch["tgt_out"], heads, weights, cfg.pad_id,
                                   float(self.loss_cfg.get("label_smoothing", 0.0)),
                                   bool(self.loss_cfg.get("recompute", True)))
-        if self.model.heads is not None and cfg.identity_p1 and heads == [0]:
+        if cfg.block_size > 1 and cfg.identity_p1 and heads == [0]:
             # Head 1 alone does not reach the BPD layer; a zero-weighted touch keeps DDP's gradient
             # reduction (and AdamW's step) the same whichever head was drawn.
             loss = loss + 0.0 * sum(p.sum() for p in self.model.head_parameters() if p.requires_grad)

@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from bpd_train.checkpoint import CheckpointError, load_model, read_checkpoint, resolve_checkpoint, CKPT_META_KEY
+from bpd_train.checkpoint import CKPT_META_KEY, CheckpointError, load_model, read_checkpoint, resolve_checkpoint
 from bpd_train.io import atomic_write_bytes, atomic_write_text
 from bpd_train.model import BPDConfig, BPDModel
 from bpd_train.training.module import BPDLightningModule
@@ -54,7 +54,7 @@ def make_datamodule(cfg: DictConfig, regime: Regime):
 
 
 # ----------------------------------------------------------------------------------------------- model
-def _make_base_hint(init_from: str) -> str:
+def _make_base_hint() -> str:
     """`python train.py +regime=base ...` with this run's corpus/experiment/paths overrides."""
     keep = []
     try:
@@ -78,7 +78,7 @@ def load_init(init_from: str, tokenizer) -> Any:
     try:
         resolve_checkpoint(p)
     except CheckpointError as e:
-        raise TrainError(f"no base model at {p} ({e}); make it with: {_make_base_hint(init_from)}") from None
+        raise TrainError(f"no base model at {p} ({e}); make it with: {_make_base_hint()}") from None
     loaded = load_model(p, map_location="cpu")
     if loaded.config.vocab_size != tokenizer.vocab_size:
         raise TrainError(f"{loaded.source} has a vocabulary of {loaded.config.vocab_size} but this run's tokenizer "
@@ -109,19 +109,24 @@ def heads_model_config(init_config: BPDConfig, cfg: DictConfig, block_size: int)
 def copy_weights(dst: BPDModel, src: BPDModel) -> dict[str, list[str]]:
     """Copy every tensor of `src` whose name and shape `dst` shares. The backbone must copy completely;
     head tensors of another k (or none, from a base model) stay freshly initialised."""
-    head_names = {n for n, _ in dst.named_parameters() if n.startswith("heads.")}
+
+    def head_names(m: BPDModel) -> set[str]:
+        ids = {id(p) for p in m.head_parameters()}
+        return {n for n, p in m.named_parameters() if id(p) in ids}
+
+    dst_heads, src_heads = head_names(dst), head_names(src)
     dst_sd, src_sd = dst.state_dict(), src.state_dict()
     load, skipped = {}, []
     for n, v in src_sd.items():
         if n in dst_sd and dst_sd[n].shape == v.shape:
             load[n] = v
-        elif n in head_names or n.startswith("heads."):
+        elif n in src_heads or n in dst_heads:
             skipped.append(n)
         else:
             raise TrainError(f"init_from tensor {n} {tuple(v.shape)} does not fit the new model "
                              f"{tuple(dst_sd[n].shape) if n in dst_sd else '(absent)'}")
     missing = sorted(set(dst_sd) - set(load))
-    bad = [n for n in missing if n not in head_names]
+    bad = [n for n in missing if n not in dst_heads]
     if bad:
         raise TrainError(f"init_from lacks backbone tensors {bad[:5]}{'...' if len(bad) > 5 else ''}")
     dst.load_state_dict(load, strict=False)
@@ -255,14 +260,18 @@ def default_root_dir(run_dir: Path) -> Path:
     return run_dir / "hpc" / job if job else run_dir
 
 
-def make_trainer(cfg: DictConfig, run_dir: Path, resuming: bool = False, **overrides) -> pl.Trainer:
-    from hydra.utils import instantiate
-    from lightning.pytorch.plugins.environments import SLURMEnvironment
-
+def check_accelerator(cfg: DictConfig) -> None:
     acc = str(cfg.trainer.get("accelerator", "auto"))
     if acc in ("gpu", "cuda") and not torch.cuda.is_available():
         raise TrainError(f"trainer.accelerator={acc} but no CUDA device is visible; on a CPU use trainer=cpu "
                          f"(experiment=smoke and experiment=demo do)")
+
+
+def make_trainer(cfg: DictConfig, run_dir: Path, resuming: bool = False, **overrides) -> pl.Trainer:
+    from hydra.utils import instantiate
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    check_accelerator(cfg)
     logger = make_logger(cfg, run_dir, resuming)
     plugins = []
     if SLURMEnvironment.detect():
@@ -296,8 +305,12 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
     """Train one regime; returns its run folder."""
     if cfg.get("regime") is None:
         raise TrainError(f"choose a regime: python train.py +regime={{{','.join(available_regimes())}}}")
-    regime = Regime.from_cfg(cfg.regime)
+    try:
+        regime = Regime.from_cfg(cfg.regime)
+    except ValueError as e:
+        raise TrainError(str(e)) from None
     run_dir = Path(str(cfg.run_dir)).expanduser().resolve()
+    check_accelerator(cfg)
     if cfg.get("num_threads"):
         torch.set_num_threads(int(cfg.num_threads))
     pl.seed_everything(int(cfg.seed), workers=True)
