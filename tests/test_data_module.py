@@ -143,3 +143,16 @@ def test_lightning_mid_epoch_resume(cfg, dirs, tmp_path, num_workers):
         assert (state["epoch"], state["consumed"]) == (1, step - per_epoch)
         resumed = _fit(_dm(cfg, dirs, max_tokens=900, num_workers=num_workers), tmp_path / "r", ckpt_path=ckpt)
         assert resumed == full[step:], f"resume from step {step} replayed or skipped batches"
+
+
+def test_filtered_rows_keep_their_lengths(cfg, dirs):
+    # Regression: the sampler once read lengths from the raw Arrow table, which ignores the rows a filter
+    # removed, so lengths and rows drifted apart and a long epoch indexed past the end of the split.
+    c = cfg.copy()
+    c.filter.max_len = 20
+    dm = _dm(c, dirs)
+    train = dm.datasets["train"]
+    assert len(train) < 400  # the filter really dropped rows
+    sampler = dm.train_dataloader().batch_sampler
+    assert list(sampler.lengths) == list(train["length"])
+    assert sorted(i for b in sampler for i in b) == list(range(len(train)))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import lightning.pytorch as pl
+import numpy as np
 from datasets import Dataset
 from torch.utils.data import DataLoader
 
@@ -144,7 +145,9 @@ class BPDDataModule(pl.LightningDataModule):
 
     def _sampler(self, split: str, shuffle: bool, max_tokens: int) -> TokenBucketBatchSampler:
         world, rank = self._ranks()
-        lengths = self.datasets[split].data.column("length").to_numpy()
+        # Column access through the Dataset (not .data): .data is the raw Arrow table and ignores the
+        # indices mapping that filtering leaves behind, which would misalign lengths and rows.
+        lengths = np.asarray(self.datasets[split]["length"])
         return TokenBucketBatchSampler(lengths, max_tokens, num_replicas=world, rank=rank, seed=self.seed,
                                        shuffle=shuffle)
 
