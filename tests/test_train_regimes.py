@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import shutil
 import subprocess
 import sys
@@ -68,6 +69,8 @@ def test_base_smoke_run(smoke_base):
     _, base = smoke_base
     meta = assert_run_folder(base, "base", 1)
     assert meta["tokenizer_hash"] and meta["trainable"] == "all"
+    done = json.loads((base / "done.json").read_text())  # the marker `make demo` uses to skip a finished stage
+    assert done["regime"] == "base" and done["global_step"] == 40 and Path(done["best_checkpoint"]).is_file()
 
 
 def test_frozen_keeps_backbone_bit_identical_and_greedy_unchanged(heads_art):

@@ -7,6 +7,7 @@ checkpoints/{best,last}.ckpt, tokenizer.model and the resolved config.yaml.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -327,7 +328,14 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
     write_run_folder(cfg, run_dir, tokenizer)
     resuming = resume is not None or any(default_root_dir(run_dir).glob("hpc_ckpt_*.ckpt"))
     trainer = make_trainer(cfg, run_dir, resuming=resuming, **trainer_overrides)
+    done = run_dir / "done.json"  # what `make demo` and later stages read as "this run finished"
+    if _is_rank_zero():
+        done.unlink(missing_ok=True)
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
+    if _is_rank_zero() and not trainer.interrupted:
+        best = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
+        atomic_write_text(done, json.dumps({"global_step": int(trainer.global_step), "best_checkpoint": best,
+                                            "regime": regime.name}, indent=2) + "\n")
     return run_dir
 
 
