@@ -202,6 +202,7 @@ def main() -> None:
         args.steps4, args.steps8, args.eval_sentences, args.repeats = 20, 20, 32, 1
     torch.set_num_threads(1)  # timing on one core; the machine is shared
 
+    t_start = time.perf_counter()
     sentences, source = load_sentences()
     task = Task(sentences, args.vocab, args.max_words, args.seed, args.task)
     test_rng = random.Random(args.seed + 1)
@@ -249,7 +250,8 @@ def main() -> None:
     print(json.dumps({"bench": "decode", "task": args.task, "data": source, "device": "cpu", "threads": 1,
                       "quick": args.quick, "model": {"d_model": args.d_model, "layers": args.layers,
                                                      "vocab": task.vocab_size, "head_d_hidden": args.head_hidden},
-                      "results": rows, "targets_met": targets}))
+                      "results": rows, "targets_met": targets,
+                      "total_s": round(time.perf_counter() - t_start, 1)}))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The whole BPD experiment in miniature, one stage after another: `make demo` runs this.
 
-python -m bpd_train.pipeline --experiment demo [--k 4] [--regimes frozen finetune distill both] [-- EXTRA=OVERRIDES]
+python -m bpd_train.pipeline --experiment demo [--k 4] [--regimes frozen,finetune,distill,both] [EXTRA=OVERRIDES ...]
 
 tokenizer -> base model -> teacher beam-search distillation corpus -> heads in each regime at block size k
 -> evaluation (report.md, plots) -> export of the best heads run. Each stage runs its own entry point as a
@@ -66,9 +66,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--experiment", default="demo", help="experiment preset: demo (~25 min on 2 cores) or smoke")
     ap.add_argument("--k", type=int, default=4, help="block size of the heads runs")
-    ap.add_argument("--regimes", nargs="+", default=list(HEAD_REGIMES), choices=HEAD_REGIMES)
+    ap.add_argument("--regimes", default=",".join(HEAD_REGIMES),
+                    help=f"comma-separated head regimes (default: {','.join(HEAD_REGIMES)})")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every stage, e.g. paths.artifacts=/tmp/a")
     args = ap.parse_args(argv)
+    args.regimes = [r for r in args.regimes.split(",") if r]
+    if unknown := set(args.regimes) - set(HEAD_REGIMES):
+        ap.error(f"unknown regime(s) {sorted(unknown)}; choose from {','.join(HEAD_REGIMES)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("WANDB_MODE", "offline")
@@ -101,8 +105,13 @@ def main(argv: list[str] | None = None) -> None:
         print("=== export: no heads run decoded exactly at batch 1; nothing to export")
     else:
         bundle = corpus / "export" / "best"
-        run_stage("export", ["export.py", *common, f"export.checkpoint={best}", f"export.output_dir={bundle}",
-                             f"export.report={report_path}", "export.overwrite=true"])
+        card = bundle / "README.md"
+        if card.exists() and card.stat().st_mtime > report_path.stat().st_mtime and best in card.read_text("utf-8"):
+            print(f"=== export: bundle is newer than the report ({bundle}), skipped")
+        else:
+            run_stage("export", ["export.py", *common, f"export.checkpoint={best}", f"export.output_dir={bundle}",
+                                 f"export.report={report_path}", "export.overwrite=true"])
+        print(f"best bundle: {bundle} ({best})")
     print(f"\nreport: {eval_dir / 'report.md'}\nplots:  {sorted(str(p) for p in eval_dir.glob('*.png'))}")
     print((eval_dir / "report.md").read_text(encoding="utf-8"))
     print(f"pipeline finished in {(time.monotonic() - t0) / 60:.1f} min")

@@ -37,9 +37,10 @@ class BPDHeads(nn.Module):
         return fc1["weight"], fc1["bias"], fc2["weight"], fc2["bias"]
 
     def hidden(self, h: Tensor) -> Tensor:
+        if self.training or torch.is_grad_enabled():
+            return self.dropout(torch.relu(self._modules["fc1"](h)))
         w1, b1, _, _ = self._params()
-        y = torch.relu(F.linear(h, w1, b1))
-        return self.dropout(y) if self.training else y
+        return torch.relu(F.linear(h, w1, b1))
 
     def state(self, h: Tensor, head: int) -> Tensor:
         """h [...,D] -> pre-norm state of one head [...,D]."""

@@ -30,16 +30,9 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(b, t, h * dh)
 
 
-def _ln(x: Tensor, norm: nn.LayerNorm) -> Tensor:
-    return torch.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
-
-
-def _lin(x: Tensor, linear: nn.Linear) -> Tensor:
-    return F.linear(x, linear.weight, linear.bias)
-
-
-# Blocks call F.* with their submodules' weights instead of calling the submodules: the module call
-# machinery costs more than the arithmetic at decoding sizes. Parameter names stay the usual ones.
+# Training paths call submodules as modules (so wrappers that hook module calls, e.g. DeepSpeed ZeRO-3,
+# see every call). Inference paths (no autograd) call F.* with the weights read once: at decoding sizes
+# the module-call machinery costs more than the arithmetic.
 
 
 class FeedForward(nn.Module):
@@ -50,10 +43,10 @@ class FeedForward(nn.Module):
         self.p = dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        y = F.relu(_lin(x, self.fc1))
+        y = F.relu(self.fc1(x))
         if self.training and self.p:
             y = F.dropout(y, self.p, True)
-        return _lin(y, self.fc2)
+        return self.fc2(y)
 
 
 class SelfAttention(nn.Module):
@@ -66,11 +59,11 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         b, t, d = x.shape
-        qkv = _lin(x, self.qkv).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         p = self.attn_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=mask, dropout_p=p,
                                            is_causal=causal and mask is None)
-        return _lin(merge_heads(y), self.out)
+        return self.out(merge_heads(y))
 
 
 class CrossAttention(nn.Module):
@@ -85,13 +78,13 @@ class CrossAttention(nn.Module):
     def memory_kv(self, memory: Tensor) -> Tensor:
         """[B,S,D] -> [2,B,H,S,Dh]: computed once per source and reused by every decoder call."""
         b, s, d = memory.shape
-        return _lin(memory, self.kv).view(b, s, 2, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        return self.kv(memory).view(b, s, 2, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
 
     def forward(self, x: Tensor, kv: Tensor, mask: Tensor | None) -> Tensor:
-        q = split_heads(_lin(x, self.q), self.n_heads)
+        q = split_heads(self.q(x), self.n_heads)
         p = self.attn_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, dropout_p=p)
-        return _lin(merge_heads(y), self.out)
+        return self.out(merge_heads(y))
 
 
 class EncoderLayer(nn.Module):
@@ -109,8 +102,8 @@ class EncoderLayer(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
         if not self.training and not torch.is_grad_enabled():  # inference: same math, fewer lookups
             return self._forward_inference(x, mask)
-        x = x + self._drop(self.attn.forward(_ln(x, self.norm1), mask=mask))
-        return x + self._drop(self.ffn.forward(_ln(x, self.norm2)))
+        x = x + self._drop(self.attn(self.norm1(x), mask=mask))
+        return x + self._drop(self.ffn(self.norm2(x)))
 
     def _forward_inference(self, x: Tensor, mask: Tensor | None) -> Tensor:
         m = self._modules
@@ -143,9 +136,9 @@ class DecoderLayer(nn.Module):
         return F.dropout(x, self.p, True) if self.training and self.p else x
 
     def forward(self, x: Tensor, mem_kv: Tensor, mem_mask: Tensor | None) -> Tensor:
-        x = x + self._drop(self.self_attn.forward(_ln(x, self.norm1), causal=True))
-        x = x + self._drop(self.cross_attn.forward(_ln(x, self.norm2), mem_kv, mem_mask))
-        return x + self._drop(self.ffn.forward(_ln(x, self.norm3)))
+        x = x + self._drop(self.self_attn(self.norm1(x), causal=True))
+        x = x + self._drop(self.cross_attn(self.norm2(x), mem_kv, mem_mask))
+        return x + self._drop(self.ffn(self.norm3(x)))
 
     def step_weights(self) -> "StepWeights":
         """This layer's tensors for decode_step, read once per decoding run (plain dict reads: module

@@ -58,7 +58,7 @@ class BPDModel(nn.Module):
 
     # ---- encoder ----
     def _embed(self, tokens: Tensor, positions) -> Tensor:
-        x = F.embedding(tokens, self.embed.weight) * self.embed_scale + self.pe[positions]
+        x = self.embed(tokens) * self.embed_scale + self.pe[positions]
         return self.dropout(x) if self.training else x
 
     def encode(self, src: Tensor) -> Memory:
@@ -72,9 +72,8 @@ class BPDModel(nn.Module):
         attn_mask = pad_mask[:, None, None, :]                    # [B,1,1,S]
         x = self._embed(src, slice(0, s))
         for layer in self.encoder_layers:
-            x = layer.forward(x, attn_mask)
-        n = self.encoder_norm
-        return Memory(torch.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps), pad_mask, attn_mask)
+            x = layer(x, attn_mask)
+        return Memory(self.encoder_norm(x), pad_mask, attn_mask)
 
     # ---- decoder, full sequence (training) ----
     def features(self, memory: Memory, tgt_in: Tensor) -> Tensor:
@@ -84,16 +83,14 @@ class BPDModel(nn.Module):
             raise ValueError(f"target length {t} exceeds max_positions={self.config.max_positions}")
         x = self._embed(tgt_in, slice(0, t))
         for layer in self.decoder_layers:
-            x = layer.forward(x, layer.cross_attn.memory_kv(memory.out), memory.attn_mask)
+            x = layer(x, layer.cross_attn.memory_kv(memory.out), memory.attn_mask)
         return x
 
     def _project(self, s: Tensor) -> Tensor:
-        """Final norm + tied vocabulary projection (dict reads instead of module attribute lookups: this
-        runs once or twice per decoding step)."""
-        n = self._modules["decoder_norm"]
-        p = n._parameters
-        return F.linear(torch.layer_norm(s, n.normalized_shape, p["weight"], p["bias"], n.eps),
-                        self._modules["embed"]._parameters["weight"])
+        """Final norm + tied vocabulary projection. (Dict reads instead of module attribute lookups: this
+        runs once or twice per decoding step. The tied weight is used outside Embedding.forward, so
+        DeepSpeed ZeRO-3 needs it registered as an external parameter of the model.)"""
+        return F.linear(self._modules["decoder_norm"](s), self._modules["embed"]._parameters["weight"])
 
     def head_logits(self, h: Tensor, i: int) -> Tensor:
         """h [...,D] -> logits [...,V] of head i (0 = p1, predicts the next token; i predicts i+1 ahead)."""

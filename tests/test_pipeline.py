@@ -1,0 +1,49 @@
+"""`make demo`'s driver on the smoke preset: every stage runs, a rerun skips every finished stage.
+
+The full chain with the distillation corpus and all four head regimes runs in tests/test_slurm.py
+(slurm/pipeline.sh); here the local driver runs base (reused) -> frozen -> evaluate -> export.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+from conftest import REPO_ROOT, offline_env
+
+
+def run_pipeline(art, *args):
+    cmd = [sys.executable, "-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "frozen", *args,
+           f"paths.artifacts={art}", f"paths.outputs={art.parent / 'outputs'}"]
+    r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    return r.stdout
+
+
+def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
+    _, base = smoke_base
+    art = tmp_path / "artifacts"
+    corpus = art / base.parent.name
+    shutil.copytree(base.parent / "spm", corpus / "spm")
+    shutil.copytree(base, corpus / "base", ignore=shutil.ignore_patterns("logs"))
+
+    out = run_pipeline(art)
+    assert "=== base: complete" in out  # the finished base run is reused, not retrained
+    assert "=== frozen: done" in out and "=== evaluate: done" in out and "=== export: done" in out
+    assert json.loads((corpus / "heads" / "frozen-k4" / "done.json").read_text())["regime"] == "frozen"
+    report = json.loads((corpus / "eval" / "demo-k4" / "report.json").read_text())
+    assert {c["name"] for c in report["checkpoints"]} == {"base", "frozen-k4"}
+    exact = [r for r in report["rows"] if r["rule"] == "exact"]
+    assert exact and all(r["agreement"] == 100.0 for r in exact)
+    assert sorted(p.name for p in (corpus / "eval" / "demo-k4").glob("*.png")) == ["bleu_vs_khat.png",
+                                                                                 "speedup_vs_k.png"]
+    bundle = corpus / "export" / "best"
+    assert {"model.safetensors", "config.json", "tokenizer.model", "README.md"} <= {p.name for p in bundle.iterdir()}
+    assert "frozen-k4" in (bundle / "README.md").read_text()
+
+    again = run_pipeline(art)
+    for stage in ("base", "frozen", "evaluate", "export"):
+        assert f"=== {stage}: complete" in again or f"=== {stage}: report is newer" in again \
+            or f"=== {stage}: bundle is newer" in again, again
+    assert " done in " not in again  # nothing ran a second time
