@@ -81,3 +81,16 @@ def test_broken_zero_folder_is_one_clear_error(zero_run, tmp_path):
     with pytest.raises(CheckpointError, match="tag folder .* does not exist"):
         export_checkpoint(broken, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+
+def test_head_regime_starts_from_a_zero_run(zero_run):
+    # init_from accepts a DeepSpeed run folder (consolidated on the fly); before, it stopped with "no checkpoint".
+    from bpd_train.checkpoint import load_model
+    from conftest import run_train
+
+    corpus, run = zero_run
+    run_train("+regime=finetune", "experiment=smoke", f"regime.init_from={run}", "trainer.max_steps=1",
+              "trainer.val_check_interval=1", artifacts=corpus.parent)
+    new = load_model(corpus / "heads" / "finetune-k4" / "checkpoints" / "last.ckpt")
+    assert new.config.block_size == 4 and str(run) in str(new.meta.get("init_from"))

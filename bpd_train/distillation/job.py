@@ -140,10 +140,9 @@ def _resolve_teacher(cfg, overrides: Sequence[str]) -> Path:
 
 
 def _teacher_sha256(loaded) -> str:
-    from bpd_train.io import sha256_file
+    from bpd_train.export import source_id  # checkpoint file, bundle weights or ZeRO model states
 
-    src = Path(loaded.source)
-    return sha256_file(src / "model.safetensors" if src.is_dir() else src)
+    return source_id(loaded.source).removeprefix("sha256:")
 
 
 def _check_teacher(loaded, cfg, train_split) -> None:
@@ -215,7 +214,8 @@ def _ids(ds) -> list[str]:
 
 def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
     """Everything that can fail on bad input, checked before anything is written."""
-    from bpd_train.checkpoint import CheckpointError, load_model
+    from bpd_train.checkpoint import CheckpointError
+    from bpd_train.export import load_any
 
     d = cfg.distill
     if d.action not in ACTIONS:
@@ -226,7 +226,7 @@ def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
     command = command_from_overrides(overrides)
     teacher_path = _resolve_teacher(cfg, overrides)
     try:
-        teacher = load_model(teacher_path, map_location="cpu")
+        teacher = load_any(teacher_path, map_location="cpu")  # also a DeepSpeed ZeRO run
     except CheckpointError as e:
         raise DistillError(f"cannot use {teacher_path} as the teacher: {e}") from e
     ds, train_split = _select_split(cfg)

@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from bpd_train.checkpoint import CKPT_META_KEY, CheckpointError, load_model, read_checkpoint, resolve_checkpoint
+from bpd_train.checkpoint import CKPT_META_KEY, CheckpointError, read_checkpoint
 from bpd_train.io import atomic_write_bytes, atomic_write_text
 from bpd_train.model import BPDConfig, BPDModel
 from bpd_train.training.module import BPDLightningModule
@@ -75,12 +75,14 @@ def _make_base_hint() -> str:
 
 def load_init(init_from: str, tokenizer) -> Any:
     """The model a head regime starts from, checked against this run's tokenizer."""
+    from bpd_train.export import load_any, resolve_source
+
     p = Path(init_from)
     try:
-        resolve_checkpoint(p)
+        resolve_source(p)
     except CheckpointError as e:
         raise TrainError(f"no base model at {p} ({e}); make it with: {_make_base_hint()}") from None
-    loaded = load_model(p, map_location="cpu")
+    loaded = load_any(p, map_location="cpu")  # a .ckpt, a run folder, a bundle or a DeepSpeed ZeRO run
     if loaded.config.vocab_size != tokenizer.vocab_size:
         raise TrainError(f"{loaded.source} has a vocabulary of {loaded.config.vocab_size} but this run's tokenizer "
                          f"{tokenizer.path} has {tokenizer.vocab_size}: it was trained on another corpus or with "
