@@ -236,6 +236,10 @@ def main() -> None:
                 "call_ratio": round(rg.calls / max(rb.calls, 1), 3),
                 "greedy_s": round(t_g, 4), "blockwise_s": round(t_b, 4),
                 "speedup": round(speedup, 3), "speedup_per_k_hat": round(speedup / rb.mean_accepted, 3),
+                # what speedup / k̂ would be if a blockwise call cost exactly a greedy call and encoding were
+                # free: (greedy calls incl. prefill) / (blockwise calls incl. prefill) / k̂
+                "ideal_speedup_per_k_hat": round((rg.calls + rg.prefill_calls) / (rb.calls + rb.prefill_calls)
+                                                 / rb.mean_accepted, 3),
                 "greedy_exact_match": round(exact, 3), "train_steps": steps, "train_s": round(train_s, 1),
             }
             rows.append(row)

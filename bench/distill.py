@@ -70,6 +70,9 @@ def main() -> None:
             torch.cuda.synchronize()
         return out
 
+    def same(a, b) -> bool:
+        return all(ta == tb and (sa == sb or abs(sa - sb) <= 1e-3) for (ta, sa), (tb, sb) in zip(a, b, strict=True))
+
     outputs = {name: decode(*cfg) for name, cfg in configs.items()}  # warm-up, and the outputs to compare
     times: dict[str, list[float]] = {name: [] for name in configs}
     for rep in range(args.reps):
@@ -90,8 +93,8 @@ def main() -> None:
         "beam4_vs_greedy_batch64": round(sps["beam4_batch64"] / sps["greedy_batch64"], 3),
         "beam4_vs_greedy_batch1": round(sps["beam4_batch1"] / sps["greedy_batch1"], 3),
         # decoders promise results independent of batch composition (fp32): check it on the way
-        "batch_invariant": outputs["beam4_batch64"] == outputs["beam4_batch1"]
-        and outputs["greedy_batch64"] == outputs["greedy_batch1"],
+        # tokens exactly; scores to 1e-3 (fp32 attention over padded keys moves the 4th decimal by one)
+        "batch_invariant": all(same(outputs[f"{d}_batch64"], outputs[f"{d}_batch1"]) for d in ("beam4", "greedy")),
     }
     print(json.dumps(result))
 

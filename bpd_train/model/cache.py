@@ -31,12 +31,18 @@ class Memory:
 
 
 class DecoderState:
-    """KV cache for R decoder rows. `self_kv` [layers,2,R,H,L,Dh]; `mem_kv` [layers,2,R,H,S,Dh]."""
+    """KV cache for R decoder rows. `self_kv` [layers,2,R,H,L,Dh]; `mem_kv` [layers,2,R/G,H,S,Dh].
 
-    def __init__(self, self_kv: Tensor, mem_kv: Tensor, mem_mask: Tensor | None, max_positions: int):
+    Rows come in groups of `mem_group` (G: beam search's beams) that share one source, so cross-attention
+    K/V and mask are stored once per group (decoder rows r*G..r*G+G-1 read memory row r): reordering beams
+    within their sentences leaves them untouched, and only dropping sentences reindexes them."""
+
+    def __init__(self, self_kv: Tensor, mem_kv: Tensor, mem_mask: Tensor | None, max_positions: int,
+                 mem_group: int = 1):
         self.self_kv = self_kv
         self.mem_kv = mem_kv
         self.mem_mask = mem_mask
+        self.mem_group = mem_group
         self.max_positions = max_positions
         self.lengths: int | np.ndarray | Tensor = 0
         dev = self_kv.device
@@ -67,22 +73,52 @@ class DecoderState:
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows `index` (any order, repeats allowed): beam reordering and dropping finished rows.
-        Only the filled prefix of the self cache is copied in uniform mode."""
+        Only the filled prefix of the self cache (up to the longest kept row) is copied, in place when the
+        number of rows does not grow."""
+        m = index.numel()
         if isinstance(self.lengths, int):
             t = self.lengths
-            kv = self.self_kv.new_empty(self.self_kv.shape[:2] + (index.numel(),) + self.self_kv.shape[3:])
+        elif isinstance(self.lengths, np.ndarray):
+            self.lengths = self.lengths[index.cpu().numpy()]
+            t = int(self.lengths.max()) if m else 0
+        else:
+            self.lengths = self.lengths.index_select(0, index)
+            t = int(self.lengths.max()) if m else 0
+        if m <= self.rows:
+            # shrink in place: gather the filled prefix of the kept rows, write it into the first m rows
+            # (slots past a row's length keep older finite values, hidden by the per-row mask)
+            kv = self.self_kv[:, :, :m]
             if t:
                 kv[:, :, :, :, :t] = self.self_kv[:, :, :, :, :t].index_select(2, index)
-            self.self_kv = kv
         else:
-            self.self_kv = self.self_kv.index_select(2, index)
-            if isinstance(self.lengths, np.ndarray):
-                self.lengths = self.lengths[index.cpu().numpy()]
+            kv = self.self_kv.new_zeros(self.self_kv.shape[:2] + (m,) + self.self_kv.shape[3:])
+            if t:
+                kv[:, :, :, :, :t] = self.self_kv[:, :, :, :, :t].index_select(2, index)
+        self.self_kv = kv
+        self._reorder_memory(index)
+
+    def _reorder_memory(self, index: Tensor) -> None:
+        g = self.mem_group
+        if g == 1:
+            mem_index = index
+        else:
+            groups = index.view(-1, g) if index.numel() % g == 0 else None
+            sent = groups[:, 0] // g if groups is not None else None
+            if sent is None or not bool((groups // g == sent[:, None]).all()):
+                # rows no longer come in whole groups: give every row its own memory copy
+                self.mem_kv = self.mem_kv.repeat_interleave(g, dim=2)
+                if self.mem_mask is not None:
+                    self.mem_mask = self.mem_mask.repeat_interleave(g, dim=0)
+                self.mem_group = 1
+                mem_index = index
+            elif sent.numel() == self.mem_kv.shape[2] and bool(
+                    (sent == torch.arange(sent.numel(), device=sent.device)).all()):
+                return  # beams moved within their sentences only: memory rows unchanged
             else:
-                self.lengths = self.lengths.index_select(0, index)
-        self.mem_kv = self.mem_kv.index_select(2, index)
+                mem_index = sent
+        self.mem_kv = self.mem_kv.index_select(2, mem_index)
         if self.mem_mask is not None:
-            self.mem_mask = self.mem_mask.index_select(0, index)
+            self.mem_mask = self.mem_mask.index_select(0, mem_index)
 
     def _causal(self) -> Tensor:
         """[L,L] additive causal mask over cache slots, built once per state (uniform calls with n > 1)."""

@@ -180,10 +180,12 @@ class StepWeights(NamedTuple):
 
 
 def decode_step(w: StepWeights, x: Tensor, self_kv: Tensor, write, kv_len: int, self_mask: Tensor | None,
-                mem_kv: Tensor, mem_mask: Tensor | None) -> Tensor:
+                mem_kv: Tensor, mem_mask: Tensor | None, mem_group: int = 1) -> Tensor:
     """DecoderLayer.forward for cached decoding (eval only). x [R,n,D] new tokens; self_kv [2,R,H,L,Dh]
     this layer's cache, where write(kv, new [2,R,H,n,Dh]) stores the new keys/values; attention reads
-    slots [0, kv_len) under the additive self_mask. Plain torch calls: per-call overhead, not arithmetic,
+    slots [0, kv_len) under the additive self_mask. mem_kv [2,R/G,H,S,Dh] is shared by groups of G =
+    mem_group consecutive rows (beams): their queries attend to it as one longer query block, so it is
+    never copied per row. Plain torch calls: per-call overhead, not arithmetic,
     dominates small-batch decoding."""
     r, n, d = x.shape
     h = w.n_heads
@@ -194,7 +196,8 @@ def decode_step(w: StepWeights, x: Tensor, self_kv: Tensor, write, kv_len: int, 
                                        attn_mask=self_mask)
     x = x + F.linear(y.transpose(1, 2).reshape(r, n, d), w.so_w, w.so_b)
     y = torch.layer_norm(x, w.shape, w.n2_w, w.n2_b, w.eps)
-    q = F.linear(y, w.q_w, w.q_b).view(r, n, h, d // h).transpose(1, 2)
+    g = mem_group
+    q = F.linear(y, w.q_w, w.q_b).view(r // g, g * n, h, d // h).transpose(1, 2)        # [R/G,H,G*n,Dh]
     y = F.scaled_dot_product_attention(q, mem_kv[0], mem_kv[1], attn_mask=mem_mask)
     x = x + F.linear(y.transpose(1, 2).reshape(r, n, d), w.co_w, w.co_b)
     y = torch.layer_norm(x, w.shape, w.n3_w, w.n3_b, w.eps)

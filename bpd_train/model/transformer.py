@@ -71,8 +71,15 @@ class BPDModel(nn.Module):
         pad_mask = src != self.config.pad_id                      # [B,S]
         attn_mask = pad_mask[:, None, None, :]                    # [B,1,1,S]
         x = self._embed(src, slice(0, s))
+        layer_mask = attn_mask
+        if not torch.is_grad_enabled():  # decoding: same math, cheaper attention
+            if bool(pad_mask.all()):
+                layer_mask = None  # nothing padded (always so at batch 1)
+            else:  # additive float mask once, rather than SDPA converting the bool mask in every layer
+                layer_mask = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill_(
+                    ~attn_mask, float("-inf"))
         for layer in self.encoder_layers:
-            x = layer(x, attn_mask)
+            x = layer(x, layer_mask)
         return Memory(self.encoder_norm(x), pad_mask, attn_mask)
 
     # ---- decoder, full sequence (training) ----
@@ -90,7 +97,13 @@ class BPDModel(nn.Module):
         """Final norm + tied vocabulary projection. (Dict reads instead of module attribute lookups: this
         runs once or twice per decoding step. The tied weight is used outside Embedding.forward, so
         DeepSpeed ZeRO-3 needs it registered as an external parameter of the model.)"""
-        return F.linear(self._modules["decoder_norm"](s), self._modules["embed"]._parameters["weight"])
+        norm = self._modules["decoder_norm"]
+        if not torch.is_grad_enabled():  # decoding: skip the module-call machinery
+            p = norm._parameters
+            s = torch.layer_norm(s, norm.normalized_shape, p["weight"], p["bias"], norm.eps)
+        else:
+            s = norm(s)
+        return F.linear(s, self._modules["embed"]._parameters["weight"])
 
     def head_logits(self, h: Tensor, i: int) -> Tensor:
         """h [...,D] -> logits [...,V] of head i (0 = p1, predicts the next token; i predicts i+1 ahead)."""
@@ -124,18 +137,23 @@ class BPDModel(nn.Module):
     def start_decoding(self, memory: Memory, capacity: int, expand: int = 1) -> DecoderState:
         """A KV cache for memory.batch_size*expand rows (row r belongs to source r // expand), holding up to
         `capacity` decoder tokens per row. Cross-attention K/V are computed here, once."""
-        mem_kv = torch.stack([layer.cross_attn.memory_kv(memory.out) for layer in self.decoder_layers])
+        out = memory.out
+        b, s, d = out.shape
+        kvs = []
+        for layer in self.decoder_layers:
+            ca = layer._modules["cross_attn"]
+            kv = ca._modules["kv"]._parameters
+            kvs.append(F.linear(out, kv["weight"], kv["bias"]).view(b, s, 2, ca.n_heads, d // ca.n_heads))
+        mem_kv = torch.stack(kvs).permute(0, 3, 1, 4, 2, 5)                     # [layers,2,B,H,S,Dh]
         mask = memory.attn_mask
         if mask is not None and bool(memory.pad_mask.all()):
             mask = None  # nothing padded: the cheaper unmasked attention gives the same result
         if mask is not None:  # additive float mask: SDPA would convert a bool mask on every call
             mask = torch.zeros(mask.shape, dtype=mem_kv.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-        if expand > 1:
-            mem_kv = mem_kv.repeat_interleave(expand, dim=2)
-            mask = mask.repeat_interleave(expand, dim=0) if mask is not None else None
-        n_layers, _, r, h, _, dh = mem_kv.shape
-        self_kv = mem_kv.new_zeros(n_layers, 2, r, h, capacity, dh)
-        state = DecoderState(self_kv, mem_kv.contiguous(), mask, self.config.max_positions)
+        # expand > 1 (beams): memory stays one row per source, shared by that source's `expand` rows
+        n_layers, _, b, h, _, dh = mem_kv.shape
+        self_kv = mem_kv.new_zeros(n_layers, 2, b * expand, h, capacity, dh)
+        state = DecoderState(self_kv, mem_kv.contiguous(), mask, self.config.max_positions, mem_group=expand)
         state.weights = [layer.step_weights() for layer in self.decoder_layers]
         return state
 
@@ -145,6 +163,7 @@ class BPDModel(nn.Module):
         pos, write, kv_len, mask = state.prepare(tokens.shape[1], kv_len)
         x = F.embedding(tokens, self.embed.weight) * self.embed_scale + self.pe[pos]
         self_kv, mem_kv, mem_mask = state.self_kv, state.mem_kv, state.mem_mask
+        g = state.mem_group
         for i, w in enumerate(state.weights):
-            x = decode_step(w, x, self_kv[i], write, kv_len, mask, mem_kv[i], mem_mask)
+            x = decode_step(w, x, self_kv[i], write, kv_len, mask, mem_kv[i], mem_mask, g)
         return x
