@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from bpd_train.decoding.acceptance import Exact, make_acceptance
-from bpd_train.decoding.common import decoding_mode, prepare_source, row_limits, trim
+from bpd_train.decoding.common import decoding_mode, start_rows, trim
 from bpd_train.decoding.result import DecodeResult
 
 
@@ -84,18 +84,11 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
     exact = isinstance(rule, Exact)
     eos = cfg.eos_id
     with decoding_mode(model):
-        src = prepare_source(model, src)
-        limits = np.asarray(row_limits(model, src, max_len), dtype=np.int64)
-        b, dev = src.shape[0], src.device
-        cap = max(int(limits.max()), 1)
-        out = np.full((b, cap + kb), cfg.pad_id, dtype=np.int64)
-        out_len = np.zeros(b, dtype=np.int64)
-        orig = np.flatnonzero(limits > 0)                 # original row of each active row
+        # out has kb spare columns: an accepted block may run past a row's limit before it is cut
+        src, orig, limit, out, out_len, cap = start_rows(model, src, max_len, spare=kb)
+        b, dev = out.shape[0], src.device
         if orig.size == 0:
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
-        if orig.size < b:
-            src = src[torch.from_numpy(orig).to(dev)]
-        limit = limits[orig]
         ar = np.arange(kb)
         hist = np.zeros(kb + 1, dtype=np.int64)
 

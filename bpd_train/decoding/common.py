@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
+
+import numpy as np
 
 import torch
 from torch import Tensor, nn
@@ -80,3 +82,25 @@ def trim(rows: list[list[int]], lengths: list[int], eos_id: int) -> list[list[in
             r = r[:-1]
         out.append(r)
     return out
+
+
+class Rows(NamedTuple):
+    """The per-row bookkeeping every decoder starts from (host-side numpy: one sync per step, no per-row loops)."""
+    src: Tensor          # [R, S] the rows that may generate at all (limit > 0)
+    orig: np.ndarray     # [R] original row of each of them
+    limit: np.ndarray    # [R] token cap per row
+    out: np.ndarray      # [B, cap + spare] output buffer, pad-filled, for every original row
+    out_len: np.ndarray  # [B] tokens written so far
+    cap: int             # the largest limit (>= 1)
+
+
+def start_rows(model: nn.Module, src, max_len, spare: int = 0) -> Rows:
+    src = prepare_source(model, src)
+    limits = np.asarray(row_limits(model, src, max_len), dtype=np.int64)
+    b = src.shape[0]
+    cap = max(int(limits.max()), 1)
+    orig = np.flatnonzero(limits > 0)
+    if 0 < orig.size < b:
+        src = src[torch.from_numpy(orig).to(src.device)]
+    return Rows(src, orig, limits[orig], np.full((b, cap + spare), model.config.pad_id, dtype=np.int64),
+                np.zeros(b, dtype=np.int64), cap)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bpd_train.decoding.common import decoding_mode, prepare_source, row_limits, trim
+from bpd_train.decoding.common import decoding_mode, start_rows, trim
 from bpd_train.decoding.result import DecodeResult
 
 
@@ -13,18 +13,10 @@ def greedy(model, src, max_len=(2.0, 10)) -> DecodeResult:
     dropped), so results do not depend on batch mates and a batch costs what its longest row costs."""
     cfg = model.config
     with decoding_mode(model):
-        src = prepare_source(model, src)
-        limits = np.asarray(row_limits(model, src, max_len), dtype=np.int64)
-        b, dev = src.shape[0], src.device
-        cap = max(int(limits.max()), 1)
-        out = np.full((b, cap), cfg.pad_id, dtype=np.int64)
-        out_len = np.zeros(b, dtype=np.int64)
-        orig = np.flatnonzero(limits > 0)            # original row of each active row
+        src, orig, limit, out, out_len, cap = start_rows(model, src, max_len)
+        b, dev = out.shape[0], src.device
         if orig.size == 0:
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
-        if orig.size < b:
-            src = src[torch.from_numpy(orig).to(dev)]
-        limit = limits[orig]
         state = model.start_decoding(model.encode(src), cap)
         tok = torch.full((orig.size, 1), cfg.bos_id, dtype=torch.long, device=dev)
         calls = row_steps = 0
