@@ -1,13 +1,9 @@
 """Batched, KV-cached decoders: greedy (reference), beam search, blockwise parallel decoding."""
 from bpd_train.decoding.acceptance import AcceptanceRule, Distance, Exact, TopK, make_acceptance
+from bpd_train.decoding.beam import BeamSearchPolicy, beam_search
 from bpd_train.decoding.blockwise import blockwise
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
-
-try:
-    from bpd_train.decoding.beam import BeamSearchPolicy, beam_search
-except ImportError:  # pragma: no cover - beam search lands after greedy/blockwise
-    pass
 
 __all__ = ["AcceptanceRule", "BeamSearchPolicy", "DecodeResult", "Distance", "Exact", "TopK", "beam_search",
            "blockwise", "greedy", "make_acceptance"]

@@ -10,13 +10,9 @@ import logging
 from typing import Any
 
 import torch
+from lightning.pytorch.callbacks import Callback
 
 log = logging.getLogger(__name__)
-
-try:
-    from lightning.pytorch.callbacks import Callback
-except ImportError:  # pragma: no cover - lightning is a hard dependency of training
-    Callback = object  # type: ignore[misc,assignment]
 
 
 class BlockwiseEval(Callback):
