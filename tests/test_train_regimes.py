@@ -77,9 +77,10 @@ def test_frozen_keeps_backbone_bit_identical_and_greedy_unchanged(heads_art):
     from bpd_train.decoding import greedy
 
     art, corpus = heads_art
-    run_train("+regime=frozen", "experiment=smoke", artifacts=art)
+    r = run_train("+regime=frozen", "experiment=smoke", artifacts=art)
     run = corpus / "heads" / f"frozen-k{K}"
     assert_run_folder(run, "frozen", K)
+    assert "frozen finished after " in r.stdout and f"{run}\n" in r.stdout and "next: python evaluate.py" in r.stdout
     base, frozen = load_model(corpus / "base"), load_model(run / "checkpoints" / "last.ckpt")
     fsd = frozen.model.state_dict()
     for name, t in base.model.state_dict().items():

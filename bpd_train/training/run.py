@@ -338,18 +338,18 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
         atomic_write_text(done, json.dumps({"global_step": int(trainer.global_step), "best_checkpoint": best,
                                             "regime": regime.name}, indent=2) + "\n")
+        # The progress bar leaves no trace of where the run went; say it, and what usually comes next.
+        nxt = ("python distill.py, then python train.py +regime=frozen|finetune|distill|both"
+               if regime.name == "base" else "python evaluate.py, then python export.py export.checkpoint=" + str(run_dir))
+        print(f"\n{regime.name} finished after {int(trainer.global_step)} steps: {run_dir}\n"
+              f"  best checkpoint: {best or '-'}\n  next: {nxt} (with the same experiment=/overrides)", flush=True)
     return run_dir
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    errs: list[type[BaseException]] = [TrainError, CheckpointError]
-    try:
-        from bpd_train.data.distilled import DistillError
+    from bpd_train.data.distilled import DistillError
 
-        errs.append(DistillError)
-    except ImportError:
-        pass
-    return tuple(errs)
+    return (TrainError, CheckpointError, DistillError)
 
 
 def main(cfg: DictConfig) -> None:
