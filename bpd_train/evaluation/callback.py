@@ -15,6 +15,28 @@ from lightning.pytorch.callbacks import Callback
 log = logging.getLogger(__name__)
 
 
+def _zero3(trainer) -> bool:
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    strategy = getattr(trainer, "strategy", None)
+    return isinstance(strategy, DeepSpeedStrategy) and bool(strategy.zero_stage_3)
+
+
+def _plain_copy(model):
+    """Under ZeRO-3 the parameters are partitioned across ranks and every module call inside decoding would
+    release them again (DeepSpeed's post-forward hooks), so decode a plain copy instead: gathering is a
+    collective, so every rank must call this; only the caller's rank keeps the copy."""
+    import deepspeed
+
+    from bpd_train.model import BPDModel
+
+    params = list(model.parameters())
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        copy = BPDModel(model.config)
+        copy.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
+    return copy.to(params[0].device)
+
+
 class BlockwiseEval(Callback):
     def __init__(self, enabled: Any = "auto", n_sentences: int = 32, batch_size: int = 16,
                  block_size: int | None = None, accept: str = "exact", max_len: Any = (1.5, 10),
@@ -77,22 +99,23 @@ class BlockwiseEval(Callback):
         self._count += 1
         if (self._count - 1) % self.every:
             return
+        decode_model = _plain_copy(model) if _zero3(trainer) else model  # every rank: gathering is collective
         if trainer.global_rank != 0:
             return
-        metrics = self.evaluate(trainer, pl_module)
+        metrics = self.evaluate(trainer, pl_module, decode_model)
         if metrics:
             for name, value in metrics.items():
                 pl_module.log(name, value, rank_zero_only=True, prog_bar=name == "val/mean_accepted",
                               batch_size=self.n_sentences)
 
     @torch.no_grad()
-    def evaluate(self, trainer, pl_module) -> dict[str, float]:
+    def evaluate(self, trainer, pl_module, model=None) -> dict[str, float]:
         from bpd_train.decoding import blockwise, greedy
         from bpd_train.evaluation.decode import max_len_arg, parse_rule
         from bpd_train.evaluation.metrics import (DecodeStats, agreement, corpus_scores, length_sorted_batches,
                                                   pad_batch, time_interleaved)
 
-        model = pl_module.model
+        model = pl_module.model if model is None else model
         cfg = model.config
         tok = self._tokenizer(trainer, pl_module)
         if self._subset is None:

@@ -107,14 +107,18 @@ def main(argv: list[str] | None = None) -> None:
     from bpd_train.training.run import check_argv, user_errors
 
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--stage", type=int, default=2)
+    ap.add_argument("--stage", type=int, default=None,
+                    help="ZeRO stage (default: the stage of strategy=deepspeed_zero2|3 when given, else 2)")
     ap.add_argument("--devices", type=int, default=1)
     args, overrides = ap.parse_known_args(argv)
     check_argv(overrides)
     with initialize_config_dir(str(bpd_train.REPO_ROOT / "conf"), version_base="1.3", job_name="train"):
         cfg = compose("train", overrides=overrides)
+    stage = args.stage
+    if stage is None:  # strategy=deepspeed_zero3 on the command line means stage 3, not the default 2
+        stage = int(cfg.strategy.get("stage", 2)) if "DeepSpeed" in str(cfg.strategy.get("_target_", "")) else 2
     try:
-        ckpt = train_zero_cpu(cfg, stage=args.stage, devices=args.devices)
+        ckpt = train_zero_cpu(cfg, stage=stage, devices=args.devices)
     except user_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
