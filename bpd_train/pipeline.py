@@ -64,7 +64,7 @@ def best_heads_run(report: dict) -> str | None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--experiment", default="demo", help="experiment preset: demo (~25 min on 2 cores) or smoke")
+    ap.add_argument("--experiment", default="demo", help="experiment preset: demo (~16 min on 2 cores) or smoke (~3 min)")
     ap.add_argument("--k", type=int, default=4, help="block size of the heads runs")
     ap.add_argument("--regimes", default=",".join(HEAD_REGIMES),
                     help=f"comma-separated head regimes (default: {','.join(HEAD_REGIMES)})")
