@@ -1,5 +1,6 @@
-"""Multi-process training on CPU, always as subprocesses of pytest: 2-rank DDP (gloo) and DeepSpeed ZeRO-2
-through Lightning with the CPU shim (bpd_train/training/zero_cpu.py), which writes a real ZeRO checkpoint."""
+"""Multi-process training on CPU, always as subprocesses of pytest: 2-rank DDP (gloo), 2-rank FSDP (gloo,
+bpd_train/training/fsdp_cpu.py) and DeepSpeed ZeRO-2 through Lightning with the CPU shim
+(bpd_train/training/zero_cpu.py), which writes a real ZeRO checkpoint."""
 from __future__ import annotations
 
 import shutil
@@ -74,3 +75,32 @@ def test_zero2_on_cpu_writes_a_real_zero_checkpoint(smoke_base, tmp_path):
     sd = torch.load(out, map_location="cpu", weights_only=False)["state_dict"]
     model = BPDModel(BPDConfig.from_dict(states["bpd"]["model_config"]))
     model.load_state_dict({k[len("model."):]: v for k, v in sd.items()}, strict=True)
+
+
+@pytest.mark.slow
+def test_fsdp_two_processes_on_cpu(smoke_base, tmp_path):
+    """strategy=fsdp (FULL_SHARD, 2 ranks): base, then frozen on it with the in-training blockwise evaluation.
+    Catches what a GPU cluster would hit at the first step or first validation: Lightning refuses norm
+    gradient clipping under FSDP (the module clips through FSDP itself), and decoding outside the forward
+    needs the gathered weights. The frozen backbone must come through FSDP bit-identical."""
+    import csv
+
+    from bpd_train.checkpoint import load_model
+
+    _, base = smoke_base
+    art = tmp_path / "art"
+    corpus = art / base.parent.name
+    shutil.copytree(base.parent / "spm", corpus / "spm")
+    common = ("experiment=smoke", "strategy=fsdp", "trainer.devices=2", "trainer.gradient_clip_val=0.5")
+    run_train("+regime=base", *common, "trainer.max_steps=3", artifacts=art, timeout=900)
+    run_train("+regime=frozen", *common, "trainer.max_steps=4", "trainer.val_check_interval=2", artifacts=art,
+              timeout=900)
+    b = load_model(corpus / "base" / "checkpoints" / "last.ckpt")
+    f = load_model(corpus / "heads" / f"frozen-k{K}" / "checkpoints" / "last.ckpt")
+    assert b.meta.get("regime") == "base" and f.meta.get("regime") == "frozen"
+    fsd = f.model.state_dict()
+    assert all(torch.equal(fsd[k], v) for k, v in b.model.state_dict().items())
+    assert any(fsd[k].abs().sum() > 0 for k in fsd if k.startswith("heads.fc2")), "the heads did not train"
+    rows = [r for m in (corpus / "heads" / f"frozen-k{K}").rglob("metrics.csv") for r in csv.DictReader(m.open())]
+    agree = [float(r["val/agreement"]) for r in rows if r.get("val/agreement")]
+    assert len(agree) == 2 and set(agree) == {100.0}

@@ -15,26 +15,37 @@ from lightning.pytorch.callbacks import Callback
 log = logging.getLogger(__name__)
 
 
-def _zero3(trainer) -> bool:
-    from lightning.pytorch.strategies import DeepSpeedStrategy
+def _gather_context(trainer, model):
+    """None when every rank holds the full weights (single process, DDP, ZeRO-1/2); else a context in which
+    they are gathered. Under ZeRO-3 and FSDP the parameters are sharded across ranks and decoding runs outside
+    the strategy's forward hooks (which gather them only for a module's own forward)."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
     strategy = getattr(trainer, "strategy", None)
-    return isinstance(strategy, DeepSpeedStrategy) and bool(strategy.zero_stage_3)
+    if isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3:
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+    if isinstance(strategy, FSDPStrategy):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        return FullyShardedDataParallel.summon_full_params(strategy.model, writeback=False)
+    return None
 
 
-def _plain_copy(model):
-    """Under ZeRO-3 the parameters are partitioned across ranks and every module call inside decoding would
-    release them again (DeepSpeed's post-forward hooks), so decode a plain copy instead: gathering is a
-    collective, so every rank must call this; only the caller's rank keeps the copy."""
-    import deepspeed
-
+def _decoding_model(trainer, model):
+    """The model to decode with: itself, or -- where its weights are sharded -- a plain copy of the gathered
+    weights (inside the model every module call would re-shard them). Gathering is a collective, so every rank
+    must call this."""
     from bpd_train.model import BPDModel
 
-    params = list(model.parameters())
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+    ctx = _gather_context(trainer, model)
+    if ctx is None:
+        return model
+    with ctx:
         copy = BPDModel(model.config)
         copy.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
-    return copy.to(params[0].device)
+    return copy.to(next(model.parameters()).device)
 
 
 class BlockwiseEval(Callback):
@@ -99,7 +110,7 @@ class BlockwiseEval(Callback):
         self._count += 1
         if (self._count - 1) % self.every:
             return
-        decode_model = _plain_copy(model) if _zero3(trainer) else model  # every rank: gathering is collective
+        decode_model = _decoding_model(trainer, model)  # on every rank: gathering sharded weights is collective
         if trainer.global_rank != 0:
             return
         metrics = self.evaluate(trainer, pl_module, decode_model)

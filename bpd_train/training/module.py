@@ -165,6 +165,18 @@ class BPDLightningModule(pl.LightningModule):
                 total = None
         return build_optimizer(factory, groups, dict(optim.get("schedule", {})), total)
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        # Lightning refuses norm clipping under FSDP (clip_grad_norm_ over local shards gives a wrong norm) and
+        # stops at the first step; FSDP's own clip_grad_norm_ on the root module reduces the norm across ranks.
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        root = self.trainer.model
+        if (isinstance(root, FullyShardedDataParallel) and gradient_clip_val
+                and (gradient_clip_algorithm or "norm") == "norm"):
+            root.clip_grad_norm_(float(gradient_clip_val))
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     # ------------------------------------------------------------------------------------ checkpoints
     def checkpoint_meta(self) -> dict[str, Any]:
         hp = self.hparams

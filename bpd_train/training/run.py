@@ -223,12 +223,15 @@ def make_logger(cfg: DictConfig, run_dir: Path, resuming: bool):
     return instantiate(lc, **kw)
 
 
-def make_strategy(sc: Any):
+def make_strategy(sc: Any, accelerator: str = "auto"):
     if sc is None:
         return "auto"
     if "_target_" in sc:
         from hydra.utils import instantiate
 
+        if sc["_target_"] == "lightning.pytorch.strategies.FSDPStrategy" and accelerator == "cpu":
+            # Lightning allows FSDP on GPUs only; PyTorch's FSDP runs on CPU over gloo (trying configs, tests)
+            return instantiate(sc, _target_="bpd_train.training.fsdp_cpu.CPUFSDPStrategy")
         return instantiate(sc)
     return str(sc.get("name", "auto"))
 
@@ -281,7 +284,8 @@ def make_trainer(cfg: DictConfig, run_dir: Path, resuming: bool = False, **overr
         plugins.append(SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1))
     bar = str(cfg.get("progress_bar", "tqdm"))
     kw = dict(callbacks=make_callbacks(cfg, run_dir, logger is not False), logger=logger,
-              strategy=make_strategy(cfg.get("strategy")), plugins=plugins or None,
+              strategy=make_strategy(cfg.get("strategy"), str(cfg.trainer.get("accelerator", "auto"))),
+              plugins=plugins or None,
               default_root_dir=str(default_root_dir(run_dir)), use_distributed_sampler=False,
               enable_progress_bar=bar != "none")
     kw.update(overrides)
