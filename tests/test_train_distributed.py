@@ -79,7 +79,8 @@ def test_zero2_on_cpu_writes_a_real_zero_checkpoint(smoke_base, tmp_path):
 
 @pytest.mark.slow
 def test_fsdp_two_processes_on_cpu(smoke_base, tmp_path):
-    """strategy=fsdp (FULL_SHARD, 2 ranks): base, then frozen on it with the in-training blockwise evaluation.
+    """strategy=fsdp (FULL_SHARD, 2 ranks): base, then frozen on it with the in-training blockwise evaluation,
+    then a resume of that run from last.ckpt.
     Catches what a GPU cluster would hit at the first step or first validation: Lightning refuses norm
     gradient clipping under FSDP (the module clips through FSDP itself), and decoding outside the forward
     needs the gathered weights. The frozen backbone must come through FSDP bit-identical."""
@@ -104,3 +105,9 @@ def test_fsdp_two_processes_on_cpu(smoke_base, tmp_path):
     rows = [r for m in (corpus / "heads" / f"frozen-k{K}").rglob("metrics.csv") for r in csv.DictReader(m.open())]
     agree = [float(r["val/agreement"]) for r in rows if r.get("val/agreement")]
     assert len(agree) == 2 and set(agree) == {100.0}
+    # resuming restores the sharded optimizer state through FSDP's full optimizer state dict
+    r = run_train("+regime=frozen", *common, "trainer.max_steps=6", "trainer.val_check_interval=2", "ckpt_path=last",
+                  artifacts=art, timeout=900)
+    assert "Restored all states" in r.stdout + r.stderr
+    ck = read_checkpoint(corpus / "heads" / f"frozen-k{K}" / "checkpoints" / "last.ckpt")
+    assert ck["global_step"] == 6 and ck["optimizer_states"]
