@@ -64,7 +64,10 @@ def test_sigusr1_requeue_mechanics(slurm_cluster, tmp_path):  # noqa: F811
         srun {sys.executable} -c '
         import os, signal, subprocess, time
         def on_usr1(*_):
-            print("got USR1", flush=True)
+            # Written straight to a file: the requeue kills the step at once, and srun may not have
+            # forwarded a print to job.out by then (CI lost "got USR1" that way once).
+            with open("{tmp_path}/usr1", "w") as f:
+                f.write("got USR1 in job " + os.environ["SLURM_JOB_ID"])
             subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
         signal.signal(signal.SIGUSR1, on_usr1)
         print("ready", flush=True)
@@ -79,7 +82,9 @@ def test_sigusr1_requeue_mechanics(slurm_cluster, tmp_path):  # noqa: F811
     text = out.read_text()
     assert _state(rec) == "COMPLETED", text
     assert rec["Restarts"] == "1", rec
-    assert "got USR1" in text and "start restart=0" in text and "start restart=1" in text and "resumed" in text
+    usr1 = tmp_path / "usr1"
+    assert usr1.exists() and usr1.read_text() == f"got USR1 in job {jid}", text
+    assert "start restart=0" in text and "start restart=1" in text and "resumed" in text
 
 
 def _wait_for(cond, timeout: float, what: str, poll: float = 0.5):
