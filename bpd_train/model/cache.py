@@ -51,6 +51,7 @@ class DecoderState:
         self._arange: dict[int, Tensor] = {}
         self._causal_mask: Tensor | None = None
         self.weights: list = []  # per decoder layer StepWeights, filled by BPDModel.start_decoding
+        self.decode_weights = None  # BPDModel.decode_weights(), for head_logits/heads_logits(..., state)
 
     @property
     def rows(self) -> int:
