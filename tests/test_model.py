@@ -129,13 +129,18 @@ def test_inference_fast_paths_match_training_paths():
 
 def _decoding_logits(m, src, tgt):
     """Every head's logits at every target position through the decoding path (KV cache + the state's
-    [in,out] decode weights), next to the training path's."""
+    decode weights: [in,out] copies for several rows, views for one row), next to the training path's."""
+    k = m.config.block_size
     with torch.inference_mode():
         st = m.start_decoding(m.encode(src), capacity=tgt.shape[1])
-        h = m.decode(st, tgt)
-        fast = torch.stack([m.heads_logits(h, 0, m.config.block_size, st)[..., 0:1, :].squeeze(-2)] + [
-            m.head_logits(h, i, st) for i in range(1, m.config.block_size)], dim=2)
+        h = m.decode(st, tgt)                                              # several rows
+        fast = torch.stack([m.head_logits(h, i, st) for i in range(k)], dim=2)
+        torch.testing.assert_close(m.heads_logits(h, 0, k, st), fast, atol=1e-6, rtol=0)
         torch.testing.assert_close(m.heads_logits(h, 1, 3, st), fast[:, :, 1:3], atol=1e-6, rtol=0)
+        st1 = m.start_decoding(m.encode(src[:1]), capacity=1)
+        h1 = m.decode(st1, tgt[:1, :1])[:, 0]                             # one row, one token
+        torch.testing.assert_close(m.heads_logits(h1, 0, k, st1), fast[:1, 0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(m.head_logits(h1, 2, st1), fast[:1, 0, 2], atol=1e-5, rtol=0)
     return fast, m(src, tgt).detach()
 
 

@@ -27,7 +27,8 @@ class DecodeWeights(NamedTuple):
     norm: tuple                    # final norm: (normalized_shape, weight, bias, eps)
 
 
-# model -> (registration count, parameters, their (version, data_ptr), DecodeWeights). Kept off the module
+# model -> (registration count, parameters, their (version, data_ptr), (DecodeWeights for several rows,
+# DecodeWeights for one row)). Kept off the module
 # so that state_dict, deepcopy and pickling never see the copies; entries go with their model.
 _DECODE_WEIGHTS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
 # Counts parameter (re)registrations anywhere (e.g. load_state_dict(assign=True)), so that a cached entry
@@ -130,7 +131,12 @@ class BPDModel(nn.Module):
             s = norm(s)
         return F.linear(s, self._modules["embed"]._parameters["weight"])
 
-    def _project_decoding(self, s: Tensor, w: DecodeWeights) -> Tensor:
+    @staticmethod
+    def _decoding_weights(state: DecoderState, h: Tensor) -> DecodeWeights:
+        return state.decode_weights if h.numel() > h.shape[-1] else state.decode_weights_1  # several rows?
+
+    @staticmethod
+    def _project_decoding(s: Tensor, w: DecodeWeights) -> Tensor:
         shape, nw, nb, eps = w.norm
         return linear_t(torch.layer_norm(s, shape, nw, nb, eps), w.proj)
 
@@ -141,7 +147,7 @@ class BPDModel(nn.Module):
             raise IndexError(f"head {i} out of range for block_size={self.config.block_size}")
         heads = self._modules.get("heads")
         if state is not None:
-            w = state.decode_weights
+            w = self._decoding_weights(state, h)
             s = h if i == 0 and (heads is None or heads.identity_p1) else heads.states(h, i, i + 1, w.heads)[..., 0, :]
             return self._project_decoding(s, w)
         if i == 0 and (heads is None or heads.identity_p1):
@@ -157,7 +163,7 @@ class BPDModel(nn.Module):
         if not 0 <= lo < hi <= k:
             raise IndexError(f"heads {lo}..{hi - 1} out of range for block_size={k}")
         heads = self._modules.get("heads")
-        w = state.decode_weights if state is not None else None
+        w = self._decoding_weights(state, h) if state is not None else None
         project = self._project if w is None else (lambda x: self._project_decoding(x, w))
         hw = w.heads if w is not None else None
         if heads is None:
@@ -193,33 +199,37 @@ class BPDModel(nn.Module):
         n_layers, _, b, h, _, dh = mem_kv.shape
         self_kv = mem_kv.new_zeros(n_layers, 2, b * expand, h, capacity, dh)
         state = DecoderState(self_kv, mem_kv.contiguous(), mask, self.config.max_positions, mem_group=expand)
-        state.decode_weights = self.decode_weights()
-        state.weights = state.decode_weights.layers
+        state.decode_weights, state.decode_weights_1 = self.decode_weights()
+        state.weights, state.weights_1 = state.decode_weights.layers, state.decode_weights_1.layers
         return state
 
-    def decode_weights(self) -> DecodeWeights:
-        """The decoder's weights in the layout decoding multiplies by: Linear weights as [in,out]. On a CPU
-        these are contiguous copies, because MKL's small-row matmul is much faster on them (the vocabulary
-        projection of a 4-token blockwise call: ~1.7x) and cached until any parameter changes (optimizer
-        steps and load_state_dict bump the version counters), costing one copy of the decoder's and the
-        embedding's weights in memory. Elsewhere they are transposed views: cuBLAS takes either layout."""
+    def decode_weights(self) -> tuple[DecodeWeights, DecodeWeights]:
+        """The weights decoding reads, Linear weights as [in,out] (layers.linear_t): for calls on several
+        rows, and for calls on one row. On a CPU the first are contiguous copies, because MKL's few-row
+        matmul is faster on them (the demo's 128 x 4000 vocabulary projection at 4 rows: 81 vs 120 us, at
+        16 rows 111 vs 158 us, 2 threads), cached until any parameter changes (optimizer steps and
+        load_state_dict bump version counters or replace parameters), at the cost of one copy of the
+        decoder's and the embedding's weights in memory. One-row calls (greedy at batch 1) and every call
+        off the CPU use transposed views, which is what F.linear multiplies by: inside greedy's loop on 2
+        threads the copies made batch-1 greedy ~9% slower, although they win in isolation."""
         hit = _DECODE_WEIGHTS.get(self)
         if hit is not None and hit[0] == _REGISTRATIONS[0] and hit[2] == [(p._version, p.data_ptr()) for p in hit[1]]:
             return hit[3]
         epoch, params = _REGISTRATIONS[0], list(self.parameters())
-        cpu = params[0].device.type == "cpu"
-
-        def t(w: Tensor) -> Tensor:
-            return w.detach().t().contiguous() if cpu else w.detach().t()
-
         norm = self._modules["decoder_norm"]
+        norm = (norm.normalized_shape, norm._parameters["weight"], norm._parameters["bias"], norm.eps)
         heads = self._modules.get("heads")
-        w = DecodeWeights(layers=[layer.step_weights(t) for layer in self.decoder_layers],
-                          proj=t(self._modules["embed"]._parameters["weight"]),
-                          heads=heads.decode_weights(t) if heads is not None else None,
-                          norm=(norm.normalized_shape, norm._parameters["weight"], norm._parameters["bias"], norm.eps))
-        _DECODE_WEIGHTS[self] = (epoch, params, [(p._version, p.data_ptr()) for p in params], w)
-        return w
+        emb = self._modules["embed"]._parameters["weight"]
+
+        def build(t) -> DecodeWeights:
+            return DecodeWeights(layers=[layer.step_weights(t) for layer in self.decoder_layers], proj=t(emb),
+                                 heads=heads.decode_weights(t) if heads is not None else None, norm=norm)
+
+        one = build(lambda w: w.detach().t())
+        many = build(lambda w: w.detach().t().contiguous()) if params[0].device.type == "cpu" else one
+        pair = (many, one)
+        _DECODE_WEIGHTS[self] = (epoch, params, [(p._version, p.data_ptr()) for p in params], pair)
+        return pair
 
     def decode(self, state: DecoderState, tokens: Tensor, kv_len: int | None = None) -> Tensor:
         """tokens [R,n] -> h [R,n,D]. Writes their K/V at each row's slots lengths..lengths+n-1; the caller
@@ -228,6 +238,6 @@ class BPDModel(nn.Module):
         x = F.embedding(tokens, self.embed.weight) * self.embed_scale + self.pe[pos]
         self_kv, mem_kv, mem_mask = state.self_kv, state.mem_kv, state.mem_mask
         g = state.mem_group
-        for i, w in enumerate(state.weights):
+        for i, w in enumerate(state.weights if tokens.numel() > 1 else state.weights_1):
             x = decode_step(w, x, self_kv[i], write, kv_len, mask, mem_kv[i], mem_mask, g)
         return x
