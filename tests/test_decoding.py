@@ -130,10 +130,10 @@ class OracleModel(nn.Module):
                     out[row, j, i, tok] = 10.0
         return out.view(r, n, self.k * self.v)
 
-    def head_logits(self, h, i, state=None):
+    def head_logits(self, h, i):
         return h[..., i * self.v:(i + 1) * self.v]
 
-    def heads_logits(self, h, lo=0, hi=None, state=None):
+    def heads_logits(self, h, lo=0, hi=None):
         hi = self.k if hi is None else hi
         return h[..., lo * self.v:hi * self.v].reshape(*h.shape[:-1], hi - lo, self.v)
 
@@ -212,7 +212,7 @@ class TableModel(nn.Module):
                     out[r, j, tok] = math.log(p)
         return out
 
-    def head_logits(self, h, i, state=None):
+    def head_logits(self, h, i):
         return h
 
 

@@ -95,7 +95,7 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
         # Prefill: BOS -> heads 1..b at position 0; head 1's token is accepted outright.
         state = model.start_decoding(model.encode(src), cap + kb)
         h = model.decode(state, torch.full((orig.size, 1), cfg.bos_id, dtype=torch.long, device=dev))
-        x_dev = model.heads_logits(h[:, 0], 0, kb, state).argmax(-1)          # [R,b] next [x0, proposals]
+        x_dev = model.heads_logits(h[:, 0], 0, kb).argmax(-1)          # [R,b] next [x0, proposals]
         x = x_dev.cpu().numpy()
         out[orig, 0] = x[:, 0]
         length = np.ones(orig.size, dtype=np.int64)                    # cached tokens = tokens out (BOS + x0..)
@@ -121,11 +121,11 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
             # later at the accepted position only.
             fused = kb > 1 and r * kb * kb * vd <= FUSED_MACS
             if fused:
-                logits = model.heads_logits(h, 0, kb, state)                 # [R,b,b,V]
+                logits = model.heads_logits(h, 0, kb)                   # [R,b,b,V]
                 top_dev = logits.argmax(-1)                             # [R,b,b]
                 l1, g_dev = logits[:, :, 0], top_dev[:, :, 0]
             else:
-                l1 = model.head_logits(h, 0, state)                          # [R,b,V]
+                l1 = model.head_logits(h, 0)                            # [R,b,V]
                 top_dev = g_dev = l1.argmax(-1)                         # [R,b]
             ok = None
             if not exact and kb > 1:
@@ -154,7 +154,7 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
                 x = top[np.arange(r), n]                                # heads 1..b at the accepted slot
             elif kb > 1:
                 hn = h[:, int(n[0])] if r == 1 else h[torch.arange(r, device=dev), torch.from_numpy(n).to(dev)]
-                fut = model.heads_logits(hn, 1, kb, state).argmax(-1).cpu().numpy()   # [R,b-1]
+                fut = model.heads_logits(hn, 1, kb).argmax(-1).cpu().numpy()   # [R,b-1]
                 x = np.concatenate([gn[:, None], fut], axis=1)
             else:
                 x = gn[:, None]

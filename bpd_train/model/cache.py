@@ -51,8 +51,6 @@ class DecoderState:
         self._arange: dict[int, Tensor] = {}
         self._causal_mask: Tensor | None = None
         self.weights: list = []  # per decoder layer StepWeights, filled by BPDModel.start_decoding
-        self.weights_1: list = []  # the same for one-row calls
-        self.decode_weights = self.decode_weights_1 = None  # BPDModel.decode_weights(): for head_logits(..., state)
 
     @property
     def rows(self) -> int:

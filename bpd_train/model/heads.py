@@ -7,21 +7,9 @@ the k-1 future heads. The output projection starts at zero: every head initially
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from bpd_train.model.layers import linear_t
-
-
-class HeadWeights(NamedTuple):
-    """The heads' layer for decoding: weights [in,out] (see layers.linear_t)."""
-    w1: Tensor
-    b1: Tensor
-    w2: Tensor
-    b2: Tensor
 
 
 class BPDHeads(nn.Module):
@@ -61,20 +49,10 @@ class BPDHeads(nn.Module):
         _, _, w2, b2 = self._params()
         return h + F.linear(self.hidden(h), w2[s * d:(s + 1) * d], b2[s * d:(s + 1) * d])
 
-    def decode_weights(self, t=torch.t) -> HeadWeights:
-        """The weights in the [in,out] layout t gives (BPDModel.decode_weights)."""
-        w1, b1, w2, b2 = self._params()
-        return HeadWeights(t(w1), b1, t(w2), b2)
-
-    def states(self, h: Tensor, lo: int, hi: int, weights: HeadWeights | None = None) -> Tensor:
-        """h [...,D] -> pre-norm states of heads lo..hi-1 [...,hi-lo,D] (one matmul for all of them).
-        weights: decoding's [in,out] copies (decode_weights), else the module's own."""
+    def states(self, h: Tensor, lo: int, hi: int) -> Tensor:
+        """h [...,D] -> pre-norm states of heads lo..hi-1 [...,hi-lo,D] (one matmul for all of them)."""
         s0, s1 = self.slot(lo), self.slot(hi)
         d = self.d_model
-        if weights is not None:
-            w1, b1, w2, b2 = weights
-            out = linear_t(torch.relu(linear_t(h, w1, b1)), w2[:, s0 * d:s1 * d], b2[s0 * d:s1 * d])
-            return h.unsqueeze(-2) + out.view(*h.shape[:-1], s1 - s0, d)
         _, _, w2, b2 = self._params()
         if s0 == 0 and s1 == self.n_out:
             out = F.linear(self.hidden(h), w2, b2)

@@ -140,27 +140,22 @@ class DecoderLayer(nn.Module):
         x = x + self._drop(self.cross_attn(self.norm2(x), mem_kv, mem_mask))
         return x + self._drop(self.ffn(self.norm3(x)))
 
-    def step_weights(self, t=torch.t) -> "StepWeights":
+    def step_weights(self) -> "StepWeights":
         """This layer's tensors for decode_step, read once per decoding run (plain dict reads: module
-        attribute lookups cost microseconds each, a lot next to a small decoder call). t maps a Linear
-        weight [out,in] to the [in,out] layout decode_step multiplies by (BPDModel.decode_weights)."""
+        attribute lookups cost microseconds each, a lot next to a small decoder call)."""
         m = self._modules
         sa, ca, ffn = m["self_attn"]._modules, m["cross_attn"]._modules, m["ffn"]._modules
 
         def wb(mod):
             return mod._parameters["weight"], mod._parameters["bias"]
 
-        def lin(mod):
-            return t(mod._parameters["weight"]), mod._parameters["bias"]
-
         n1, n2, n3 = m["norm1"], m["norm2"], m["norm3"]
-        return StepWeights(self.self_attn.n_heads, n1.normalized_shape, n1.eps, *wb(n1), *lin(sa["qkv"]),
-                           *lin(sa["out"]), *wb(n2), *lin(ca["q"]), *lin(ca["out"]), *wb(n3),
-                           *lin(ffn["fc1"]), *lin(ffn["fc2"]))
+        return StepWeights(self.self_attn.n_heads, n1.normalized_shape, n1.eps, *wb(n1), *wb(sa["qkv"]),
+                           *wb(sa["out"]), *wb(n2), *wb(ca["q"]), *wb(ca["out"]), *wb(n3),
+                           *wb(ffn["fc1"]), *wb(ffn["fc2"]))
 
 
 class StepWeights(NamedTuple):
-    """One decoder layer for decode_step. Linear weights (*_w but the norms') are [in,out]: see linear_t."""
     n_heads: int
     shape: tuple
     eps: float
@@ -184,36 +179,26 @@ class StepWeights(NamedTuple):
     f2_b: Tensor
 
 
-def linear_t(x: Tensor, w_t: Tensor, b: Tensor | None = None) -> Tensor:
-    """F.linear(x, w_t.T, b) for a weight given as [in,out] (a contiguous copy or a transposed view), as one
-    addmm on a 2-D view, which is what F.linear does with a 2-D input and the view."""
-    x2 = x.reshape(-1, x.shape[-1])
-    y = torch.mm(x2, w_t) if b is None else torch.addmm(b, x2, w_t)
-    return y.view(*x.shape[:-1], w_t.shape[1])
-
-
 def decode_step(w: StepWeights, x: Tensor, self_kv: Tensor, write, kv_len: int, self_mask: Tensor | None,
                 mem_kv: Tensor, mem_mask: Tensor | None, mem_group: int = 1) -> Tensor:
     """DecoderLayer.forward for cached decoding (eval only). x [R,n,D] new tokens; self_kv [2,R,H,L,Dh]
     this layer's cache, where write(kv, new [2,R,H,n,Dh]) stores the new keys/values; attention reads
     slots [0, kv_len) under the additive self_mask. mem_kv [2,R/G,H,S,Dh] is shared by groups of G =
     mem_group consecutive rows (beams): their queries attend to it as one longer query block, so it is
-    never copied per row. Plain torch calls on 2-D [R*n,D] views with [in,out] weights: per-call
-    overhead, not arithmetic, dominates small-batch decoding."""
+    never copied per row. Plain torch calls: per-call overhead, not arithmetic,
+    dominates small-batch decoding."""
     r, n, d = x.shape
     h = w.n_heads
-    x = x.reshape(r * n, d)
     y = torch.layer_norm(x, w.shape, w.n1_w, w.n1_b, w.eps)
-    qkv = torch.addmm(w.qkv_b, y, w.qkv_w).view(r, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
+    qkv = F.linear(y, w.qkv_w, w.qkv_b).view(r, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
     write(self_kv, qkv[1:])
     y = F.scaled_dot_product_attention(qkv[0], self_kv[0, :, :, :kv_len], self_kv[1, :, :, :kv_len],
                                        attn_mask=self_mask)
-    x = x + torch.addmm(w.so_b, y.transpose(1, 2).reshape(r * n, d), w.so_w)
+    x = x + F.linear(y.transpose(1, 2).reshape(r, n, d), w.so_w, w.so_b)
     y = torch.layer_norm(x, w.shape, w.n2_w, w.n2_b, w.eps)
     g = mem_group
-    q = torch.addmm(w.q_b, y, w.q_w).view(r // g, g * n, h, d // h).transpose(1, 2)        # [R/G,H,G*n,Dh]
+    q = F.linear(y, w.q_w, w.q_b).view(r // g, g * n, h, d // h).transpose(1, 2)        # [R/G,H,G*n,Dh]
     y = F.scaled_dot_product_attention(q, mem_kv[0], mem_kv[1], attn_mask=mem_mask)
-    x = x + torch.addmm(w.co_b, y.transpose(1, 2).reshape(r * n, d), w.co_w)
+    x = x + F.linear(y.transpose(1, 2).reshape(r, n, d), w.co_w, w.co_b)
     y = torch.layer_norm(x, w.shape, w.n3_w, w.n3_b, w.eps)
-    x = x + torch.addmm(w.f2_b, torch.relu(torch.addmm(w.f1_b, y, w.f1_w)), w.f2_w)
-    return x.view(r, n, d)
+    return x + F.linear(torch.relu(F.linear(y, w.f1_w, w.f1_b)), w.f2_w, w.f2_b)

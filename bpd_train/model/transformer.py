@@ -6,8 +6,6 @@ decoding (batch x beam), n new tokens per decoder call.
 from __future__ import annotations
 
 import math
-import weakref
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -15,32 +13,8 @@ from torch import Tensor, nn
 
 from bpd_train.model.cache import DecoderState, Memory
 from bpd_train.model.config import BPDConfig
-from bpd_train.model.heads import BPDHeads, HeadWeights
-from bpd_train.model.layers import DecoderLayer, EncoderLayer, StepWeights, decode_step, linear_t, sinusoidal_table
-
-
-class DecodeWeights(NamedTuple):
-    """Every weight a decoder call and the heads read, Linear weights as [in,out] (layers.linear_t)."""
-    layers: list[StepWeights]
-    proj: Tensor                   # tied vocabulary projection [D,V]
-    heads: HeadWeights | None
-    norm: tuple                    # final norm: (normalized_shape, weight, bias, eps)
-
-
-# model -> (registration count, parameters, their (version, data_ptr), (DecodeWeights for several rows,
-# DecodeWeights for one row)). Kept off the module
-# so that state_dict, deepcopy and pickling never see the copies; entries go with their model.
-_DECODE_WEIGHTS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
-# Counts parameter (re)registrations anywhere (e.g. load_state_dict(assign=True)), so that a cached entry
-# never outlives a replaced Parameter object without walking the module tree on every decoding run.
-_REGISTRATIONS = [0]
-
-
-def _count_registration(module, name, param):
-    _REGISTRATIONS[0] += 1
-
-
-nn.modules.module.register_module_parameter_registration_hook(_count_registration)
+from bpd_train.model.heads import BPDHeads
+from bpd_train.model.layers import DecoderLayer, EncoderLayer, decode_step, sinusoidal_table
 
 
 class BPDModel(nn.Module):
@@ -131,48 +105,29 @@ class BPDModel(nn.Module):
             s = norm(s)
         return F.linear(s, self._modules["embed"]._parameters["weight"])
 
-    @staticmethod
-    def _decoding_weights(state: DecoderState, h: Tensor) -> DecodeWeights:
-        return state.decode_weights if h.numel() > h.shape[-1] else state.decode_weights_1  # several rows?
-
-    @staticmethod
-    def _project_decoding(s: Tensor, w: DecodeWeights) -> Tensor:
-        shape, nw, nb, eps = w.norm
-        return linear_t(torch.layer_norm(s, shape, nw, nb, eps), w.proj)
-
-    def head_logits(self, h: Tensor, i: int, state: DecoderState | None = None) -> Tensor:
-        """h [...,D] -> logits [...,V] of head i (0 = p1, predicts the next token; i predicts i+1 ahead).
-        state: while decoding, the DecoderState whose decode weights to use (same numbers, faster)."""
+    def head_logits(self, h: Tensor, i: int) -> Tensor:
+        """h [...,D] -> logits [...,V] of head i (0 = p1, predicts the next token; i predicts i+1 ahead)."""
         if not 0 <= i < self.config.block_size:
             raise IndexError(f"head {i} out of range for block_size={self.config.block_size}")
         heads = self._modules.get("heads")
-        if state is not None:
-            w = self._decoding_weights(state, h)
-            s = h if i == 0 and (heads is None or heads.identity_p1) else heads.states(h, i, i + 1, w.heads)[..., 0, :]
-            return self._project_decoding(s, w)
         if i == 0 and (heads is None or heads.identity_p1):
             return self._project(h)
         return self._project(heads.state(h, i))
 
-    def heads_logits(self, h: Tensor, lo: int = 0, hi: int | None = None,
-                     state: DecoderState | None = None) -> Tensor:
-        """h [...,D] -> logits of heads lo..hi-1 [...,hi-lo,V] (one FFN and one projection for all).
-        state: while decoding, the DecoderState whose decode weights to use (same numbers, faster)."""
+    def heads_logits(self, h: Tensor, lo: int = 0, hi: int | None = None) -> Tensor:
+        """h [...,D] -> logits of heads lo..hi-1 [...,hi-lo,V] (one FFN and one projection for all)."""
         k = self.config.block_size
         hi = k if hi is None else hi
         if not 0 <= lo < hi <= k:
             raise IndexError(f"heads {lo}..{hi - 1} out of range for block_size={k}")
         heads = self._modules.get("heads")
-        w = self._decoding_weights(state, h) if state is not None else None
-        project = self._project if w is None else (lambda x: self._project_decoding(x, w))
-        hw = w.heads if w is not None else None
         if heads is None:
-            return project(h).unsqueeze(-2)
+            return self._project(h).unsqueeze(-2)
         if lo == 0 and heads.identity_p1:
-            s = h.unsqueeze(-2) if hi == 1 else torch.cat([h.unsqueeze(-2), heads.states(h, 1, hi, hw)], dim=-2)
+            s = h.unsqueeze(-2) if hi == 1 else torch.cat([h.unsqueeze(-2), heads.states(h, 1, hi)], dim=-2)
         else:
-            s = heads.states(h, lo, hi, hw)
-        return project(s)
+            s = heads.states(h, lo, hi)
+        return self._project(s)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """src [B,S], tgt_in [B,T] -> [B,T,k,V]; logits[:, t, i] predicts target position t+1+i."""
@@ -199,37 +154,8 @@ class BPDModel(nn.Module):
         n_layers, _, b, h, _, dh = mem_kv.shape
         self_kv = mem_kv.new_zeros(n_layers, 2, b * expand, h, capacity, dh)
         state = DecoderState(self_kv, mem_kv.contiguous(), mask, self.config.max_positions, mem_group=expand)
-        state.decode_weights, state.decode_weights_1 = self.decode_weights()
-        state.weights, state.weights_1 = state.decode_weights.layers, state.decode_weights_1.layers
+        state.weights = [layer.step_weights() for layer in self.decoder_layers]
         return state
-
-    def decode_weights(self) -> tuple[DecodeWeights, DecodeWeights]:
-        """The weights decoding reads, Linear weights as [in,out] (layers.linear_t): for calls on several
-        rows, and for calls on one row. On a CPU the first are contiguous copies, because MKL's few-row
-        matmul is faster on them (the demo's 128 x 4000 vocabulary projection at 4 rows: 81 vs 120 us, at
-        16 rows 111 vs 158 us, 2 threads), cached until any parameter changes (optimizer steps and
-        load_state_dict bump version counters or replace parameters), at the cost of one copy of the
-        decoder's and the embedding's weights in memory. One-row calls (greedy at batch 1) and every call
-        off the CPU use transposed views, which is what F.linear multiplies by: inside greedy's loop on 2
-        threads the copies made batch-1 greedy ~9% slower, although they win in isolation."""
-        hit = _DECODE_WEIGHTS.get(self)
-        if hit is not None and hit[0] == _REGISTRATIONS[0] and hit[2] == [(p._version, p.data_ptr()) for p in hit[1]]:
-            return hit[3]
-        epoch, params = _REGISTRATIONS[0], list(self.parameters())
-        norm = self._modules["decoder_norm"]
-        norm = (norm.normalized_shape, norm._parameters["weight"], norm._parameters["bias"], norm.eps)
-        heads = self._modules.get("heads")
-        emb = self._modules["embed"]._parameters["weight"]
-
-        def build(t) -> DecodeWeights:
-            return DecodeWeights(layers=[layer.step_weights(t) for layer in self.decoder_layers], proj=t(emb),
-                                 heads=heads.decode_weights(t) if heads is not None else None, norm=norm)
-
-        one = build(lambda w: w.detach().t())
-        many = build(lambda w: w.detach().t().contiguous()) if params[0].device.type == "cpu" else one
-        pair = (many, one)
-        _DECODE_WEIGHTS[self] = (epoch, params, [(p._version, p.data_ptr()) for p in params], pair)
-        return pair
 
     def decode(self, state: DecoderState, tokens: Tensor, kv_len: int | None = None) -> Tensor:
         """tokens [R,n] -> h [R,n,D]. Writes their K/V at each row's slots lengths..lengths+n-1; the caller
@@ -238,6 +164,6 @@ class BPDModel(nn.Module):
         x = F.embedding(tokens, self.embed.weight) * self.embed_scale + self.pe[pos]
         self_kv, mem_kv, mem_mask = state.self_kv, state.mem_kv, state.mem_mask
         g = state.mem_group
-        for i, w in enumerate(state.weights if tokens.numel() > 1 else state.weights_1):
+        for i, w in enumerate(state.weights):
             x = decode_step(w, x, self_kv[i], write, kv_len, mask, mem_kv[i], mem_mask, g)
         return x
