@@ -112,7 +112,9 @@ class OracleModel(nn.Module):
         return src[:, 0]  # the script id
 
     def start_decoding(self, memory, capacity, expand=1):
-        return _OracleState(memory.repeat_interleave(expand), capacity)
+        st = _OracleState(memory.repeat_interleave(expand), capacity)
+        st.weights = _FakeWeights(self)
+        return st
 
     def decode(self, state, tokens, kv_len=None):
         r, n = tokens.shape
@@ -136,6 +138,19 @@ class OracleModel(nn.Module):
     def heads_logits(self, h, lo=0, hi=None):
         hi = self.k if hi is None else hi
         return h[..., lo * self.v:hi * self.v].reshape(*h.shape[:-1], hi - lo, self.v)
+
+
+class _FakeWeights:
+    """The decode-step interface decoders use (model/packed.py DecodeWeights) over a fake model's heads."""
+
+    def __init__(self, model):
+        self.m, self.draft_ids, self.vocab_size = model, None, model.config.vocab_size
+
+    def head1(self, h):
+        return self.m.head_logits(h, 0)
+
+    def propose(self, h, lo, hi):
+        return self.m.heads_logits(h, lo, hi).argmax(-1)
 
 
 class _OracleState:
@@ -199,7 +214,9 @@ class TableModel(nn.Module):
         return src
 
     def start_decoding(self, memory, capacity, expand=1):
-        return _TableState(memory.shape[0] * expand, capacity)
+        st = _TableState(memory.shape[0] * expand, capacity)
+        st.weights = _FakeWeights(self)
+        return st
 
     def decode(self, state, tokens, kv_len=None):
         n = tokens.shape[1]

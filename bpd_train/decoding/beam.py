@@ -77,7 +77,7 @@ def beam_search(model, src, beam_size: int = 4, length_penalty: float = 0.6, max
             if step:
                 calls += 1
                 sent_steps += nb
-            lprobs = F.log_softmax(model.head_logits(h[:, 0], 0).float(), dim=-1)  # [nb*K,V]
+            lprobs = F.log_softmax(state.weights.head1(h[:, 0]).float(), dim=-1)  # [nb*K,V]
             v = lprobs.shape[-1]
             lprobs = lprobs.view(nb, beam, v)
             forced = limit <= step                                           # [nb] max_len reached: EOS only

@@ -1,19 +1,25 @@
 """Blockwise parallel decoding (Stern et al. 2018), combined predict + verify.
 
-After a prefill call on BOS, every step is ONE decoder call on [x0, x1..x(b-1)] per row: x0 is the last
-accepted token (not yet in the cache), x1.. are the proposals of heads 2..b. At each of those positions
-head 1 predicts the next token; proposal x(j+1) is accepted if it passes the acceptance rule against
-head 1 at position j. With n proposals accepted the row gains n+1 tokens (the n proposals and head 1's
-token at position n), and heads 1..b at position n give the next [x0, proposals]. The cache keeps the
-slots of x0..xn; the slots of rejected proposals are rolled back by shortening the row's length.
+    prefill   one decoder call on BOS; head 1 gives the first token x0, heads 2..b the first proposals.
+    verify    ONE decoder call per step on [x0, x1..x(b-1)] per row (x0: the last accepted token, not yet
+              cached; x1..: the proposals). At each of those positions head 1 predicts the next token.
+    accept    proposal x(j+1) is accepted if it passes the acceptance rule against head 1 at position j;
+              with n proposals accepted the row gains n+1 tokens (them and head 1's token at position n).
+              The cache keeps x0..xn; rejected proposals' slots are rolled back by shortening the row.
+    propose   heads 2..b at the last accepted position give the next proposals (over the draft vocabulary
+              when the model's decode options set one: head 1 still verifies over the full vocabulary).
 
 Rows accept different numbers of tokens, so with more than one row the cache runs in per-row mode
-(model/cache.py). Rows that finish (EOS or max_len) leave the batch.
+(model/cache.py); one row stays in the cheaper uniform mode. Rows that finish (EOS or max_len) leave the
+batch. Every projection goes through the model's DecodeWeights, the same arithmetic greedy uses, so Exact
+gives greedy's output token for token.
 
-Speed: the per-step bookkeeping (acceptance prefix, EOS, max_len, output) runs vectorised over rows in
-numpy on the host: a handful of microseconds, where the same dozens of tiny tensor ops would cost more
-than the decoder call itself at batch 1. The device only runs the decoder call, head 1's projection at
-the block positions and the future heads at each row's last accepted position (two small transfers).
+Proposals that won't be accepted still cost a decoder row and a head each step. `adaptive=True` feeds only
+the prefix of proposals whose heads have been accepted often enough so far (per head, counted over this
+call's steps), and drops the proposal pass entirely while no head pays for itself; the output is the same.
+
+Per-step bookkeeping (acceptance prefix, EOS, max_len, output) runs vectorised in numpy on the host: a few
+microseconds, where dozens of tiny tensor ops would cost more than the decoder call at batch 1.
 """
 from __future__ import annotations
 
@@ -24,11 +30,10 @@ from bpd_train.decoding.acceptance import Exact, make_acceptance
 from bpd_train.decoding.common import decoding_mode, start_rows, trim
 from bpd_train.decoding.result import DecodeResult
 
-
-# Below this many multiply-adds per step (rows x b x b x vocab x d_model), blockwise projects every head
-# at every block position at once instead of running the future heads in a second pass: at these sizes
-# the saved calls and transfer cost more than the arithmetic.
-FUSED_MACS = 1 << 22
+# Below this many multiply-adds per step (rows x b x (b-1) x proposal vocabulary x d_model), the proposal
+# heads run at every block position inside the verify step (one pass, no second decoder round trip); above
+# it they run in a second pass at the accepted position only. Measured in bench/decode.py.
+FUSED_MACS = 1 << 21
 
 
 def _accept_rows(x, g, ok, min_block, eos, room):
@@ -51,25 +56,52 @@ def _accept_rows(x, g, ok, min_block, eos, room):
     return n, gn, c, eos_in_block | (gn == eos)
 
 
-def _accept_one(x, g, ok, min_block, eos, room):
-    """_accept_rows for a single row on Python lists (cheaper than a dozen numpy calls at batch 1)."""
-    kb = len(x)
-    n = 0
-    while n < kb - 1 and x[n] != eos and (n < min_block - 1 or (x[n + 1] == g[n] if ok is None else ok[0, n])):
-        n += 1
-    gn = g[n]
-    eos_in_block = x[n] == eos
-    c = min(n + 1 - eos_in_block, room)
-    return n, gn, c, eos_in_block or gn == eos or c >= room
+class _Adaptive:
+    """Which proposals to feed: proposal j (1-based) is fed while the heads 2..j+1 chain has been accepted
+    often enough. Counts offered/accepted per proposal index over this call's steps (all rows); a proposal
+    index is kept if its conditional acceptance rate is >= `threshold` (optimistic prior: 1 of 1, so every
+    head is tried). The heads' pass is skipped when not even proposal 1 is fed, except every `probe` steps."""
+
+    def __init__(self, kb: int, threshold: float, probe: int = 8):
+        self.offered = np.ones(kb, dtype=np.int64)
+        self.accepted = np.ones(kb, dtype=np.int64)
+        self.threshold = threshold
+        self.probe = probe
+        self.idle = 0
+
+    def width(self) -> int:
+        """Block width to feed next (1 = x0 only)."""
+        rate = self.accepted[1:] / self.offered[1:]
+        ok = np.cumprod(rate >= self.threshold)
+        return 1 + int(ok.sum())
+
+    def update(self, fed: int, n: np.ndarray) -> None:
+        """fed block width, n [R] proposals accepted per row."""
+        for j in range(1, fed):
+            reached = n >= j - 1                     # proposal j was judged only if j-1 were accepted
+            self.offered[j] += int(reached.sum())
+            self.accepted[j] += int((n >= j).sum())
+
+    def want_proposals(self) -> bool:
+        if self.width() > 1:
+            self.idle = 0
+            return True
+        self.idle += 1
+        if self.idle >= self.probe:
+            self.idle = 0
+            return True
+        return False
 
 
 def blockwise(model, src, block_size: int | None = None, accept=None, min_block: int = 1,
-              max_len=(2.0, 10)) -> DecodeResult:
+              max_len=(2.0, 10), adaptive: bool | float = False) -> DecodeResult:
     """Decode with blocks of up to `block_size` tokens per decoder call (default: the model's k).
 
     accept: Exact() (default; output identical to greedy), TopK(n), Distance(eps), or their config
     names ("exact", "topk:N", "distance:EPS").
     min_block: accept at least min_block tokens per step even where verification fails (approximate).
+    adaptive: False, True (threshold 0.5) or a threshold in (0, 1): feed only proposals whose heads are
+    accepted at least that often (see the module docstring). Output unchanged.
     """
     cfg = model.config
     k = cfg.block_size
@@ -81,86 +113,122 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
     if not 1 <= int(min_block) <= kb:
         raise ValueError(f"min_block must be in 1..block_size={kb}, got {min_block}")
     rule = make_acceptance(accept if accept is not None else Exact())
-    exact = isinstance(rule, Exact)
-    eos = cfg.eos_id
+    threshold = 0.5 if adaptive is True else float(adaptive or 0.0)
+    if not 0.0 <= threshold < 1.0:
+        raise ValueError(f"adaptive must be a bool or a threshold in (0, 1), got {adaptive!r}")
+    if threshold and int(min_block) > 1:
+        raise ValueError("adaptive feeding and min_block > 1 do not combine (min_block forces proposals in)")
     with decoding_mode(model):
+        return _Blockwise(model, kb, rule, int(min_block), threshold).run(src, max_len)
+
+
+class _Blockwise:
+    def __init__(self, model, kb: int, rule, min_block: int, threshold: float):
+        self.model, self.kb, self.rule, self.min_block = model, kb, rule, min_block
+        self.exact = isinstance(rule, Exact)
+        self.eos = model.config.eos_id
+        self.adapt = _Adaptive(kb, threshold) if threshold else None
+
+    def run(self, src, max_len) -> DecodeResult:
+        model, kb, eos = self.model, self.kb, self.eos
         # out has kb spare columns: an accepted block may run past a row's limit before it is cut
         src, orig, limit, out, out_len, cap = start_rows(model, src, max_len, spare=kb)
-        b, dev = out.shape[0], src.device
+        b = out.shape[0]
         if orig.size == 0:
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
-        ar = np.arange(kb)
-        hist = np.zeros(kb + 1, dtype=np.int64)
+        self.dev = src.device
+        self.hist = np.zeros(kb + 1, dtype=np.int64)
+        self.state = state = model.start_decoding(model.encode(src), cap + kb)
+        self.w = state.weights
+        # a proposal vocabulary of N tokens: one-pass (fused) proposing while it is cheap
+        vocab = len(self.w.draft_ids) if self.w.draft_ids is not None else self.w.vocab_size
+        self.fused_unit = kb * max(kb - 1, 0) * vocab * model.config.d_model
 
-        # Prefill: BOS -> heads 1..b at position 0; head 1's token is accepted outright.
-        state = model.start_decoding(model.encode(src), cap + kb)
-        h = model.decode(state, torch.full((orig.size, 1), cfg.bos_id, dtype=torch.long, device=dev))
-        x_dev = model.heads_logits(h[:, 0], 0, kb).argmax(-1)          # [R,b] next [x0, proposals]
-        x = x_dev.cpu().numpy()
+        x = self.prefill(orig.size)                                     # [R,b] x0 + proposals
         out[orig, 0] = x[:, 0]
         length = np.ones(orig.size, dtype=np.int64)                    # cached tokens = tokens out (BOS + x0..)
         done = (x[:, 0] == eos) | (limit <= 1)
-        calls = 0
-        vd = cfg.vocab_size * cfg.d_model
+        self.calls = 0
         while True:
             if done.any():
                 out_len[orig[done]] = length[done]
                 keep = np.flatnonzero(~done)
                 if keep.size == 0:
                     break
-                idx = torch.from_numpy(keep).to(dev)
                 state.lengths = length
-                state.reorder(idx)
-                x_dev, x, orig, limit, length = x_dev[idx], x[keep], orig[keep], limit[keep], length[keep]
+                state.reorder(torch.from_numpy(keep).to(self.dev))
+                x, orig, limit, length = x[keep], orig[keep], limit[keep], length[keep]
             r = orig.size
-            state.lengths = int(length[0]) if r == 1 else length  # one row: uniform mode, no scatter
-            h = model.decode(state, x_dev)                              # [R,b,D]
-            calls += 1
-            # Small enough: project every head at every block position in one go, so the next proposals
-            # (all heads at the last accepted position) need no second pass. Else head 1 now, heads 2..b
-            # later at the accepted position only.
-            fused = kb > 1 and r * kb * kb * vd <= FUSED_MACS
-            if fused:
-                logits = model.heads_logits(h, 0, kb)                   # [R,b,b,V]
-                top_dev = logits.argmax(-1)                             # [R,b,b]
-                l1, g_dev = logits[:, :, 0], top_dev[:, :, 0]
-            else:
-                l1 = model.head_logits(h, 0)                            # [R,b,V]
-                top_dev = g_dev = l1.argmax(-1)                         # [R,b]
-            ok = None
-            if not exact and kb > 1:
-                ok = rule(x_dev[:, 1:], l1[:, :-1], g_dev[:, :-1]).cpu().numpy()
-            top = top_dev.cpu().numpy()
-            g = top[:, :, 0] if fused else top                          # head 1 at every block position
-            if r == 1:
-                n1, gn1, c1, done1 = _accept_one(x[0].tolist(), g[0].tolist(), ok, min_block, eos,
-                                                 int(limit[0] - length[0]))
-                out[orig[0], length[0]:length[0] + c1] = x[0, 1:n1 + 1].tolist()[:c1] + [gn1][:c1 - n1]
-                length += c1
-                hist[c1] += 1
-                done = np.array([done1])
-                n, gn = np.array([n1]), np.array([gn1])
-            else:
-                n, gn, c, done = _accept_rows(x, g, ok, min_block, eos, limit - length)
-                new = np.concatenate([x[:, 1:], gn[:, None]], axis=1)  # accepted proposals, then ...
-                new[np.arange(r), n] = gn                               # ... head 1's token; junk past c
-                out[orig[:, None], length[:, None] + ar] = new          # is overwritten or cut off later
-                length += c
-                hist += np.bincount(c, minlength=kb + 1)
-                done |= length >= limit
-            if done.all():
-                continue
-            if fused:
-                x = top[np.arange(r), n]                                # heads 1..b at the accepted slot
-            elif kb > 1:
-                hn = h[:, int(n[0])] if r == 1 else h[torch.arange(r, device=dev), torch.from_numpy(n).to(dev)]
-                fut = model.heads_logits(hn, 1, kb).argmax(-1).cpu().numpy()   # [R,b-1]
-                x = np.concatenate([gn[:, None], fut], axis=1)
-            else:
-                x = gn[:, None]
-            x_dev = torch.from_numpy(x).to(dev)
+            state.lengths = int(length[0]) if r == 1 else length      # one row: uniform mode, no scatter
+            fused = self.fused_unit and r * self.fused_unit <= FUSED_MACS and x.shape[1] > 1
+            h, g, ok, top = self.verify(x, fused)
+            n, gn, c, ended = _accept_rows(x, g, ok, self.min_block, eos, limit - length)
+            if self.adapt is not None:
+                self.adapt.update(x.shape[1], n)
+            self.write(out, orig, length, x, n, gn)
+            length += c
+            self.hist += np.bincount(c, minlength=kb + 1)
+            done = ended | (length >= limit)
+            if not done.all():
+                x = self.propose(h, n, gn, top)
         tokens = trim(out.tolist(), out_len.tolist(), eos)
-    steps = int(hist.sum())
-    accepted = {int(s): int(c) for s, c in enumerate(hist) if c}
-    mean = float((hist * np.arange(kb + 1)).sum() / steps) if steps else 1.0
-    return DecodeResult(tokens=tokens, calls=calls, prefill_calls=1, mean_accepted=mean, accepted_hist=accepted)
+        steps = int(self.hist.sum())
+        accepted = {int(s): int(c) for s, c in enumerate(self.hist) if c}
+        mean = float((self.hist * np.arange(kb + 1)).sum() / steps) if steps else 1.0
+        return DecodeResult(tokens=tokens, calls=self.calls, prefill_calls=1, mean_accepted=mean,
+                            accepted_hist=accepted)
+
+    def _width(self) -> int:
+        if self.adapt is None or self.min_block > 1:
+            return self.kb
+        return min(self.kb, self.adapt.width()) if self.adapt.want_proposals() else 1
+
+    def prefill(self, rows: int) -> np.ndarray:
+        """BOS -> head 1's first token and the first proposals."""
+        tok = torch.full((rows, 1), self.model.config.bos_id, dtype=torch.long, device=self.dev)
+        h = self.model.decode(self.state, tok)[:, 0]                    # [R,D]
+        g = self.w.head1(h).argmax(-1)
+        b = self._width()
+        if b == 1:
+            return g.cpu().numpy()[:, None]
+        return torch.cat([g[:, None], self.w.propose(h, 1, b)], dim=1).cpu().numpy()
+
+    def verify(self, x: np.ndarray, fused: bool):
+        """One decoder call on the fed tokens x [R,b]. Returns the hidden states, head 1's argmax g [R,b],
+        the rule's verdicts ok [R,b-1] (None for Exact) and, fused, every head's proposal at every
+        position [R,b,b-1] (else None)."""
+        x_dev = torch.from_numpy(x).to(self.dev)
+        h = self.model.decode(self.state, x_dev)                        # [R,b,D]
+        self.calls += 1
+        l1 = self.w.head1(h)                                            # [R,b,V]
+        g_dev = l1.argmax(-1)
+        ok = None
+        if not self.exact and x.shape[1] > 1:
+            ok = self.rule(x_dev[:, 1:], l1[:, :-1], g_dev[:, :-1]).cpu().numpy()
+        top = None
+        if fused:
+            top = self.w.propose(h, 1, self.kb)                         # [R,b,kb-1]
+            g, top = g_dev.cpu().numpy(), top.cpu().numpy()
+        else:
+            g = g_dev.cpu().numpy()
+        return h, g, ok, top
+
+    def write(self, out, orig, length, x, n, gn) -> None:
+        """Accepted proposals, then head 1's token, at each row's next output slots (junk past the tokens
+        gained is overwritten later or cut off)."""
+        r, b = x.shape
+        new = np.concatenate([x[:, 1:], gn[:, None]], axis=1)
+        new[np.arange(r), n] = gn
+        out[orig[:, None], length[:, None] + np.arange(b)] = new
+
+    def propose(self, h, n: np.ndarray, gn: np.ndarray, top) -> np.ndarray:
+        """Next fed tokens [R,b']: head 1's token at the accepted slot, then heads 2..b' there."""
+        b = self._width()
+        if b == 1:
+            return gn[:, None]
+        r = gn.shape[0]
+        if top is not None:                                             # computed in the verify step
+            return np.concatenate([gn[:, None], top[np.arange(r), n, :b - 1]], axis=1)
+        hn = h[:, int(n[0])] if r == 1 else h[torch.arange(r, device=self.dev), torch.from_numpy(n).to(self.dev)]
+        fut = self.w.propose(hn, 1, b).cpu().numpy()                    # [R,b-1]
+        return np.concatenate([gn[:, None], fut], axis=1)

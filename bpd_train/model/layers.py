@@ -3,8 +3,6 @@ single-call path (decoding) that must give the same numbers; the cache itself li
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -140,65 +138,27 @@ class DecoderLayer(nn.Module):
         x = x + self._drop(self.cross_attn(self.norm2(x), mem_kv, mem_mask))
         return x + self._drop(self.ffn(self.norm3(x)))
 
-    def step_weights(self) -> "StepWeights":
-        """This layer's tensors for decode_step, read once per decoding run (plain dict reads: module
-        attribute lookups cost microseconds each, a lot next to a small decoder call)."""
-        m = self._modules
-        sa, ca, ffn = m["self_attn"]._modules, m["cross_attn"]._modules, m["ffn"]._modules
 
-        def wb(mod):
-            return mod._parameters["weight"], mod._parameters["bias"]
-
-        n1, n2, n3 = m["norm1"], m["norm2"], m["norm3"]
-        return StepWeights(self.self_attn.n_heads, n1.normalized_shape, n1.eps, *wb(n1), *wb(sa["qkv"]),
-                           *wb(sa["out"]), *wb(n2), *wb(ca["q"]), *wb(ca["out"]), *wb(n3),
-                           *wb(ffn["fc1"]), *wb(ffn["fc2"]))
-
-
-class StepWeights(NamedTuple):
-    n_heads: int
-    shape: tuple
-    eps: float
-    n1_w: Tensor
-    n1_b: Tensor
-    qkv_w: Tensor
-    qkv_b: Tensor
-    so_w: Tensor
-    so_b: Tensor
-    n2_w: Tensor
-    n2_b: Tensor
-    q_w: Tensor
-    q_b: Tensor
-    co_w: Tensor
-    co_b: Tensor
-    n3_w: Tensor
-    n3_b: Tensor
-    f1_w: Tensor
-    f1_b: Tensor
-    f2_w: Tensor
-    f2_b: Tensor
-
-
-def decode_step(w: StepWeights, x: Tensor, self_kv: Tensor, write, kv_len: int, self_mask: Tensor | None,
+def decode_step(w, x: Tensor, self_kv: Tensor, write, kv_len: int, self_mask: Tensor | None,
                 mem_kv: Tensor, mem_mask: Tensor | None, mem_group: int = 1) -> Tensor:
     """DecoderLayer.forward for cached decoding (eval only). x [R,n,D] new tokens; self_kv [2,R,H,L,Dh]
     this layer's cache, where write(kv, new [2,R,H,n,Dh]) stores the new keys/values; attention reads
     slots [0, kv_len) under the additive self_mask. mem_kv [2,R/G,H,S,Dh] is shared by groups of G =
     mem_group consecutive rows (beams): their queries attend to it as one longer query block, so it is
     never copied per row. Plain torch calls: per-call overhead, not arithmetic,
-    dominates small-batch decoding."""
+    dominates small-batch decoding. w: model/packed.py StepWeights (its linears are PackedLinear)."""
     r, n, d = x.shape
     h = w.n_heads
     y = torch.layer_norm(x, w.shape, w.n1_w, w.n1_b, w.eps)
-    qkv = F.linear(y, w.qkv_w, w.qkv_b).view(r, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
+    qkv = w.qkv(y).view(r, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
     write(self_kv, qkv[1:])
     y = F.scaled_dot_product_attention(qkv[0], self_kv[0, :, :, :kv_len], self_kv[1, :, :, :kv_len],
                                        attn_mask=self_mask)
-    x = x + F.linear(y.transpose(1, 2).reshape(r, n, d), w.so_w, w.so_b)
+    x = x + w.so(y.transpose(1, 2).reshape(r, n, d))
     y = torch.layer_norm(x, w.shape, w.n2_w, w.n2_b, w.eps)
     g = mem_group
-    q = F.linear(y, w.q_w, w.q_b).view(r // g, g * n, h, d // h).transpose(1, 2)        # [R/G,H,G*n,Dh]
+    q = w.q(y).view(r // g, g * n, h, d // h).transpose(1, 2)        # [R/G,H,G*n,Dh]
     y = F.scaled_dot_product_attention(q, mem_kv[0], mem_kv[1], attn_mask=mem_mask)
-    x = x + F.linear(y.transpose(1, 2).reshape(r, n, d), w.co_w, w.co_b)
+    x = x + w.co(y.transpose(1, 2).reshape(r, n, d))
     y = torch.layer_norm(x, w.shape, w.n3_w, w.n3_b, w.eps)
-    return x + F.linear(torch.relu(F.linear(y, w.f1_w, w.f1_b)), w.f2_w, w.f2_b)
+    return x + w.f2(torch.relu(w.f1(y)))

@@ -15,6 +15,7 @@ from bpd_train.model.cache import DecoderState, Memory
 from bpd_train.model.config import BPDConfig
 from bpd_train.model.heads import BPDHeads
 from bpd_train.model.layers import DecoderLayer, EncoderLayer, decode_step, sinusoidal_table
+from bpd_train.model.packed import DecodeOptions, DecodeWeights, weights_key
 
 
 class BPDModel(nn.Module):
@@ -36,6 +37,9 @@ class BPDModel(nn.Module):
         # k = 1 is a plain Transformer: no head parameters at all.
         self.heads = (BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout)
                       if c.block_size > 1 else None)
+        # how decoders run this model (precision, draft vocabulary) and the weights prepared for it
+        self.decode_options = DecodeOptions()
+        self._decode_cache: tuple | None = None
 
     def _init_backbone(self) -> None:
         nn.init.normal_(self.embed.weight, std=self.config.d_model ** -0.5)
@@ -154,8 +158,17 @@ class BPDModel(nn.Module):
         n_layers, _, b, h, _, dh = mem_kv.shape
         self_kv = mem_kv.new_zeros(n_layers, 2, b * expand, h, capacity, dh)
         state = DecoderState(self_kv, mem_kv.contiguous(), mask, self.config.max_positions, mem_group=expand)
-        state.weights = [layer.step_weights() for layer in self.decoder_layers]
+        state.weights = self.decode_weights()
         return state
+
+    def decode_weights(self) -> DecodeWeights:
+        """The decode-step weights for `self.decode_options`, rebuilt only when a parameter changed."""
+        key = weights_key(self, self.decode_options)
+        cached = self._decode_cache
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = self._decode_cache = (key, DecodeWeights(self, self.decode_options))
+        return cached[1]
 
     def decode(self, state: DecoderState, tokens: Tensor, kv_len: int | None = None) -> Tensor:
         """tokens [R,n] -> h [R,n,D]. Writes their K/V at each row's slots lengths..lengths+n-1; the caller
@@ -164,6 +177,6 @@ class BPDModel(nn.Module):
         x = F.embedding(tokens, self.embed.weight) * self.embed_scale + self.pe[pos]
         self_kv, mem_kv, mem_mask = state.self_kv, state.mem_kv, state.mem_mask
         g = state.mem_group
-        for i, w in enumerate(state.weights):
+        for i, w in enumerate(state.weights.layers):
             x = decode_step(w, x, self_kv[i], write, kv_len, mask, mem_kv[i], mem_mask, g)
         return x

@@ -1,0 +1,115 @@
+"""Packed linear layers for decoding: the one place that decides how a decode step multiplies by a weight.
+
+`PackedLinear(weight, bias, dtype)` is built once per weight version and called like F.linear. On a CPU with
+AVX2/AVX-512 it uses our kernel (csrc/linear.cpp, compiled on first use with the system C++ compiler and
+cached in TORCH_EXTENSIONS_DIR): fp32, bf16 or int8 weights, every output row computed the same way
+whatever the number of rows (so greedy and blockwise see bit-identical logits). Elsewhere (CUDA, no
+compiler, other CPUs, BPD_DECODE_ENGINE=torch) it is F.linear on a weight of the requested precision.
+
+Precision (`dtype`): "fp32" (default), "bf16" (weights rounded to bfloat16, activations fp32), "int8"
+(weights quantised per output row, activations fp32). Exact blockwise decoding equals greedy decoding of
+the same precision.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("fp32", "bf16", "int8")
+_MODE = {"fp32": 0, "bf16": 1, "int8": 2}
+_lock = threading.Lock()
+_ext = None
+_ext_tried = False
+
+
+def _cpu_tag() -> str:
+    """The CPU's feature flags in the extension name: a cached build from another CPU is never loaded."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = os.uname().machine
+    return hashlib.sha1(flags.encode()).hexdigest()[:10]
+
+
+def native_kernels():
+    """The compiled kernel module, or None where it cannot be built (then decoding uses torch)."""
+    global _ext, _ext_tried
+    if _ext_tried:
+        return _ext
+    with _lock:
+        if _ext_tried:
+            return _ext
+        _ext_tried = True
+        if os.environ.get("BPD_DECODE_ENGINE", "auto").lower() == "torch":
+            return None
+        if os.uname().machine not in ("x86_64", "AMD64"):
+            return None
+        src = Path(__file__).with_name("csrc") / "linear.cpp"
+        try:
+            from torch.utils.cpp_extension import load
+            _ext = load(name=f"bpd_decode_{_cpu_tag()}", sources=[str(src)],
+                        extra_cflags=["-O3", "-march=native"], verbose=False)
+        except Exception as e:  # no compiler, no AVX2, read-only cache, ...: correct but slower
+            log.warning("native decode kernels unavailable (%s); decoding uses torch's F.linear",
+                        str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
+            _ext = None
+    return _ext
+
+
+def engine_name() -> str:
+    """"native-avx512", "native-avx2" or "torch": what CPU decoding runs on in this process."""
+    ext = native_kernels()
+    return f"native-{ext.isa()}" if ext is not None else "torch"
+
+
+def check_dtype(dtype: str) -> str:
+    d = str(dtype).lower()
+    if d not in DTYPES:
+        raise ValueError(f"decode dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return d
+
+
+class PackedLinear:
+    """y = x . W^T + b for decoding, with W packed once (see the module docstring)."""
+
+    __slots__ = ("out_features", "in_features", "mode", "data", "scale", "bias", "weight", "native")
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None, dtype: str = "fp32"):
+        dtype = check_dtype(dtype)
+        w = weight.detach()
+        self.out_features, self.in_features = w.shape
+        self.mode = _MODE[dtype]
+        self.bias = bias.detach().float().contiguous() if bias is not None else None
+        ext = native_kernels() if w.device.type == "cpu" and w.dtype == torch.float32 else None
+        self.native = ext
+        self.data = self.scale = self.weight = None
+        if ext is not None:
+            packed = ext.pack(w, self.mode)
+            self.data = packed[0]
+            self.scale = packed[1] if len(packed) > 1 else None
+        elif dtype == "fp32":
+            self.weight = w
+        elif dtype == "bf16":
+            self.weight = w.to(torch.bfloat16)
+            if self.bias is not None:
+                self.bias = self.bias.to(torch.bfloat16)
+        else:  # int8 on torch: the same per-row quantisation, dequantised (correct, not faster)
+            scale = (w.abs().amax(1) / 127.0).clamp_min(1e-30)
+            self.weight = (torch.round(w / scale[:, None]).clamp(-127, 127) * scale[:, None]).contiguous()
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.native is not None:
+            return self.native.linear(x, self.data, self.scale, self.bias, self.out_features, self.in_features,
+                                      self.mode)
+        if self.weight.dtype == torch.bfloat16:
+            return F.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)
+        return F.linear(x, self.weight, self.bias)

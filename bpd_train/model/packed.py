@@ -1,0 +1,153 @@
+"""The weights one decode step reads, prepared once per weight version: `DecodeWeights`.
+
+Every decoder (greedy, beam search, blockwise) runs its decoder calls, vocabulary projections and BPD heads
+through the same DecodeWeights, so they share one arithmetic path (model/fastlinear.py) and exact blockwise
+decoding reproduces greedy decoding of the same precision. `BPDModel.decode_weights()` caches it and
+rebuilds it whenever a parameter changed (optimizer step, load_state_dict, .to(), a new dtype or draft
+vocabulary): the key holds every parameter's storage pointer and in-place version counter.
+
+`DecodeOptions`:
+  dtype        "fp32" | "bf16" | "int8": precision of the decode-step weights (encoder stays fp32).
+  draft_vocab  None, or the ids heads 2..k may propose (e.g. the N most frequent target tokens). Head 1
+               always verifies over the full vocabulary, so the output stays exact; a proposal pass over
+               N of V tokens reads N/V of the projection (EAGLE-3's draft vocabulary idea).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from bpd_train.model.fastlinear import PackedLinear, check_dtype
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    dtype: str = "fp32"
+    draft_vocab: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", check_dtype(self.dtype))
+        if self.draft_vocab is not None:
+            ids = tuple(sorted({int(i) for i in self.draft_vocab}))
+            if not ids:
+                raise ValueError("draft_vocab is empty: give at least one token id, or None for the full vocabulary")
+            object.__setattr__(self, "draft_vocab", ids)
+
+
+class StepWeights(NamedTuple):
+    """One decoder layer's tensors and packed linears for decode_step."""
+    n_heads: int
+    shape: tuple
+    eps: float
+    n1_w: Tensor
+    n1_b: Tensor
+    qkv: PackedLinear
+    so: PackedLinear
+    n2_w: Tensor
+    n2_b: Tensor
+    q: PackedLinear
+    co: PackedLinear
+    n3_w: Tensor
+    n3_b: Tensor
+    f1: PackedLinear
+    f2: PackedLinear
+
+
+def _lin(mod: nn.Linear, dtype: str) -> PackedLinear:
+    p = mod._parameters
+    return PackedLinear(p["weight"], p["bias"], dtype)
+
+
+class DecodeWeights:
+    """Decode-step weights of one BPDModel (see the module docstring). h below is the decoder output [...,D]
+    before the final norm."""
+
+    def __init__(self, model: nn.Module, options: DecodeOptions):
+        self.options = options
+        dt = options.dtype
+        self.layers: list[StepWeights] = []
+        for layer in model.decoder_layers:
+            m = layer._modules
+            sa, ca, ffn = m["self_attn"]._modules, m["cross_attn"]._modules, m["ffn"]._modules
+            n1, n2, n3 = (m[k]._parameters for k in ("norm1", "norm2", "norm3"))
+            self.layers.append(StepWeights(
+                layer.self_attn.n_heads, m["norm1"].normalized_shape, m["norm1"].eps,
+                n1["weight"], n1["bias"], _lin(sa["qkv"], dt), _lin(sa["out"], dt),
+                n2["weight"], n2["bias"], _lin(ca["q"], dt), _lin(ca["out"], dt),
+                n3["weight"], n3["bias"], _lin(ffn["fc1"], dt), _lin(ffn["fc2"], dt)))
+        norm = model.decoder_norm
+        self.norm = (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+        emb = model.embed.weight
+        self.vocab_size = emb.shape[0]
+        self.proj = PackedLinear(emb, None, dt)
+        heads = model._modules.get("heads")
+        self.k = model.config.block_size
+        self.d = model.config.d_model
+        self.identity_p1 = heads is None or heads.identity_p1
+        self.heads = heads
+        self._slots: dict[tuple[int, int], tuple[PackedLinear, PackedLinear]] = {}
+        self.draft_ids: Tensor | None = None
+        self.draft_proj: PackedLinear | None = None
+        if options.draft_vocab is not None:
+            ids = torch.tensor(options.draft_vocab, dtype=torch.long, device=emb.device)
+            if int(ids.max()) >= self.vocab_size or int(ids.min()) < 0:
+                raise ValueError(f"draft_vocab holds ids outside the vocabulary (size {self.vocab_size})")
+            self.draft_ids = ids
+            self.draft_proj = PackedLinear(emb.detach().index_select(0, ids), None, dt)
+
+    # ---- the pieces of a step ----
+    def final_norm(self, h: Tensor) -> Tensor:
+        shape, w, b, eps = self.norm
+        return torch.layer_norm(h, shape, w, b, eps)
+
+    def _head_ffn(self, lo: int, hi: int) -> tuple[PackedLinear, PackedLinear]:
+        """fc1 and the rows of fc2 that produce heads lo..hi-1 (packed once per range)."""
+        key = (lo, hi)
+        got = self._slots.get(key)
+        if got is None:
+            hd = self.heads
+            s0, s1, d = hd.slot(lo), hd.slot(hi), self.d
+            fc1, fc2 = hd.fc1._parameters, hd.fc2._parameters
+            dt = self.options.dtype
+            got = self._slots[key] = (PackedLinear(fc1["weight"], fc1["bias"], dt),
+                                      PackedLinear(fc2["weight"][s0 * d:s1 * d], fc2["bias"][s0 * d:s1 * d], dt))
+        return got
+
+    def states(self, h: Tensor, lo: int, hi: int) -> Tensor:
+        """h [...,D] -> pre-norm states of heads lo..hi-1 [...,hi-lo,D]."""
+        parts = []
+        if lo == 0 and self.identity_p1:
+            parts.append(h.unsqueeze(-2))
+            lo = 1
+        if lo < hi:
+            f1, f2 = self._head_ffn(lo, hi)
+            out = f2(torch.relu(f1(h)))
+            parts.append(h.unsqueeze(-2) + out.view(*h.shape[:-1], hi - lo, self.d))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+
+    def logits(self, h: Tensor, lo: int = 0, hi: int = 1) -> Tensor:
+        """Full-vocabulary logits of heads lo..hi-1: h [...,D] -> [...,hi-lo,V]."""
+        return self.proj(self.final_norm(self.states(h, lo, hi)))
+
+    def head1(self, h: Tensor) -> Tensor:
+        """Head 1's (the base model's) logits: h [...,D] -> [...,V]."""
+        if self.identity_p1:
+            return self.proj(self.final_norm(h))
+        return self.logits(h, 0, 1).squeeze(-2)
+
+    def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
+        """Argmax tokens of heads lo..hi-1 (lo >= 1): h [...,D] -> ids [...,hi-lo], over the draft vocabulary
+        when one is set."""
+        s = self.final_norm(self.states(h, lo, hi))
+        if self.draft_proj is None:
+            return self.proj(s).argmax(-1)
+        return self.draft_ids[self.draft_proj(s).argmax(-1)]
+
+
+def weights_key(model: nn.Module, options: DecodeOptions) -> tuple:
+    """Changes whenever any parameter's storage or in-place version does (training steps, load_state_dict,
+    .to()), or the options do."""
+    return (options,) + tuple((p.data_ptr(), p._version, p.device.type) for p in model.parameters())
