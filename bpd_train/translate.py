@@ -35,6 +35,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-len", type=float, nargs=2, default=(1.5, 10), metavar=("A", "B"),
                    help="generate at most A*source_len + B tokens (default 1.5 10)")
     p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (default)")
+    p.add_argument("--dtype", default="fp32", help="decode-step weights: fp32 (default) | bf16 | int8")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="heads 2..k propose among the N most frequent tokens (output unchanged)")
+    p.add_argument("--adaptive", action="store_true", help="feed only proposals whose heads pay (output unchanged)")
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     return p.parse_args(argv)
 
@@ -46,7 +50,8 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
 
     from bpd_train.checkpoint import CheckpointError
     from bpd_train.decoding import blockwise, greedy
-    from bpd_train.evaluation.decode import EvalError, SpmText, check_block_sizes, max_len_arg, parse_rule
+    from bpd_train.evaluation.decode import (EvalError, SpmText, check_block_sizes, decode_options, max_len_arg,
+                                             parse_rule)
     from bpd_train.evaluation.metrics import DecodeStats, length_sorted_batches, one_line
     from bpd_train.export import load_bundle
 
@@ -62,6 +67,7 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
             check_block_sizes([k], cfg.block_size, f"bundle {args.bundle}")
         rule = parse_rule(args.accept)
         max_len = max_len_arg(list(args.max_len))
+        model.decode_options = decode_options(sp, cfg.eos_id, args.dtype, args.draft_vocab)
     except (CheckpointError, EvalError, ValueError) as e:
         print(f"error: {e}", file=stderr)
         return 2
@@ -77,7 +83,7 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
                 src = text.batch([ids[j] for j in group], device)
                 t0 = time.perf_counter()
                 if use_blockwise:
-                    r = blockwise(model, src, block_size=k, accept=rule, max_len=max_len)
+                    r = blockwise(model, src, block_size=k, accept=rule, max_len=max_len, adaptive=args.adaptive)
                 else:
                     r = greedy(model, src, max_len=max_len)
                 if device.type == "cuda":

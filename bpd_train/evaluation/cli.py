@@ -65,7 +65,8 @@ def run_evaluate(cfg: DictConfig) -> Path:
     e, d = cfg.evaluate, cfg.decode
     settings = EvalSettings(block_sizes=_plain(d.block_sizes), rules=_plain(d.rules), batch_sizes=_plain(e.batch_sizes),
                             max_len=_plain(d.max_len), warmup=int(e.warmup), device=str(e.device),
-                            progress=bool(e.progress))
+                            progress=bool(e.progress), dtype=str(d.get("dtype", "fp32")),
+                            draft_vocab=_plain(d.get("draft_vocab")), adaptive=_plain(d.get("adaptive", False)))
     inputs = _plain(e.inputs)
     if isinstance(inputs, str):
         inputs = [inputs]

@@ -64,6 +64,32 @@ def check_block_sizes(sizes: Sequence[int] | None, k: int, where: str) -> list[i
     return out
 
 
+def draft_vocabulary(sp, n, eos_id: int) -> tuple[int, ...] | None:
+    """The ids heads 2..k may propose: the n highest-scoring pieces of a sentencepiece model (for the unigram
+    models this project trains, the score is the piece's log-probability, so these are the most frequent
+    target tokens) plus EOS. None or 0: the full vocabulary."""
+    if not n:
+        return None
+    n = int(n)
+    size = sp.get_piece_size()
+    if n < 1:
+        raise EvalError(f"draft_vocab must be a positive number of tokens (or null for all), got {n}")
+    if n >= size:
+        return None
+    ids = [i for i in range(size) if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i))]
+    ids.sort(key=lambda i: -sp.get_score(i))
+    return tuple(sorted(set(ids[:n]) | {int(eos_id)}))
+
+
+def decode_options(sp, eos_id: int, dtype: str = "fp32", draft_vocab=None):
+    """DecodeOptions from config values (decode.dtype, decode.draft_vocab); bad values are EvalErrors."""
+    from bpd_train.model.packed import DecodeOptions
+    try:
+        return DecodeOptions(dtype=str(dtype), draft_vocab=draft_vocabulary(sp, draft_vocab, eos_id))
+    except ValueError as e:
+        raise EvalError(str(e)) from e
+
+
 def max_len_arg(max_len):
     """Config -> decoder max_len: an int, or [a, b] meaning a*src_len + b per row."""
     if isinstance(max_len, (list, tuple)):

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from bpd_train.checkpoint import CheckpointError
-from bpd_train.evaluation.decode import (EvalError, SpmText, check_block_sizes, max_len_arg, parse_rule,
+from bpd_train.evaluation.decode import (EvalError, SpmText, check_block_sizes, decode_options, max_len_arg, parse_rule,
                                          rule_label)
 from bpd_train.evaluation.metrics import (DecodeStats, agreement, corpus_scores, length_sorted_batches, one_line,
                                           time_interleaved)
@@ -38,6 +38,9 @@ class EvalSettings:
     warmup: int = 1                               # untimed batches per decoder before timing
     device: str = "auto"
     progress: bool = True
+    dtype: str = "fp32"                           # decode-step weights: fp32 | bf16 | int8
+    draft_vocab: int | None = None                # heads 2..k propose among the N most frequent tokens
+    adaptive: bool | float = False                # feed only proposals whose heads pay (threshold)
 
     def __post_init__(self) -> None:
         self.rules = [str(r) for r in (self.rules or [])]
@@ -50,6 +53,15 @@ class EvalSettings:
         if self.block_sizes is not None:
             self.block_sizes = [int(b) for b in self.block_sizes]
         max_len_arg(self.max_len)
+        from bpd_train.model.fastlinear import check_dtype
+        try:
+            self.dtype = check_dtype(self.dtype)
+        except ValueError as e:
+            raise EvalError(str(e)) from e
+        if isinstance(self.adaptive, str):
+            self.adaptive = {"true": True, "false": False}.get(self.adaptive.lower(), self.adaptive)
+        if not isinstance(self.adaptive, bool) and not 0.0 < float(self.adaptive) < 1.0:
+            raise EvalError(f"adaptive must be true, false or a threshold in (0, 1), got {self.adaptive!r}")
 
     def torch_device(self) -> torch.device:
         if self.device in (None, "auto"):
@@ -154,6 +166,7 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     from tqdm import tqdm
 
     from bpd_train.decoding import blockwise, greedy
+    from bpd_train.model.fastlinear import engine_name
 
     device = settings.torch_device()
     model = loaded.model.to(device).eval()
@@ -161,6 +174,7 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     ks = check_block_sizes(settings.block_sizes, cfg.block_size, f"{name} ({loaded.source})")
     rules = [(r, parse_rule(r)) for r in settings.rules]
     text = SpmText(loaded.tokenizer(), cfg.eos_id, cfg.pad_id, cfg.max_positions)
+    model.decode_options = decode_options(text.sp, cfg.eos_id, settings.dtype, settings.draft_vocab)
     src_ids = [text.source_ids(s) for s in sources]
     max_len = max_len_arg(settings.max_len)
     hyp_dir = out_dir / "hyp" / _safe(name)
@@ -178,7 +192,9 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
 
     entry = {"name": name, "path": str(loaded.source), "regime": regime, "k": cfg.block_size,
              "identity_p1": cfg.identity_p1, "tokenizer_hash": loaded.tokenizer_hash, "truncated_sources": 0,
-             "greedy": {"by_batch_size": {}}, **(extra or {})}
+             "greedy": {"by_batch_size": {}}, "decode": {"dtype": settings.dtype, "draft_vocab": settings.draft_vocab,
+                                                          "adaptive": settings.adaptive, "engine": engine_name()},
+             **(extra or {})}
     rows: list[dict] = []
     greedy_ref: list | None = None
     for bs in settings.batch_sizes:
@@ -189,7 +205,7 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
             if combo is not None:
                 k, _, rule = combo
                 fns["blockwise"] = lambda src, k=k, rule=rule: blockwise(model, src, block_size=k, accept=rule,
-                                                                           max_len=max_len)
+                                                                           max_len=max_len, adaptive=settings.adaptive)
             timed = time_interleaved(fns, batches, device, warmup=settings.warmup, on_batch=bar.update)
             g_tokens = _scatter(groups, timed["greedy"].results, len(src_ids))
             g_stats = _stats(timed["greedy"].results)

@@ -161,6 +161,12 @@ class BPDModel(nn.Module):
         state.weights = self.decode_weights()
         return state
 
+    def __getstate__(self):
+        # copies and pickles (deepcopy, DDP spawn, checkpoints of the module) never carry packed weights
+        state = dict(super().__getstate__())
+        state["_decode_cache"] = None
+        return state
+
     def decode_weights(self) -> DecodeWeights:
         """The decode-step weights for `self.decode_options`, rebuilt only when a parameter changed."""
         key = weights_key(self, self.decode_options)

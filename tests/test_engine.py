@@ -1,0 +1,145 @@
+"""The CPU decode engine (model/fastlinear.py, model/packed.py): packed kernels, the weight cache, precision,
+draft vocabulary and adaptive feeding — every variant keeps exact blockwise == greedy."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bpd_train.decoding import Exact, beam_search, blockwise, greedy
+from bpd_train.model.fastlinear import PackedLinear, native_kernels
+from bpd_train.model.packed import DecodeOptions
+from tests.test_decoding import random_model, random_sources
+
+native = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
+
+
+@native
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
+def test_packed_linear_rows_are_bit_identical_whatever_the_batch(dtype):
+    torch.manual_seed(0)
+    for n, k in [(100, 130), (64, 16), (300, 48), (5, 7)]:          # ragged K and N, tiny and odd shapes
+        w, b = torch.randn(n, k), torch.randn(n)
+        lin = PackedLinear(w, b, dtype)
+        x = torch.randn(11, k)
+        full = lin(x)
+        assert full.shape == (11, n)
+        for i in range(11):                                         # alone, and inside 4-row blocks or tails
+            assert torch.equal(lin(x[i:i + 1])[0], full[i])
+        assert torch.equal(lin(x[3:8])[2], full[5])
+        ref = {"fp32": w, "bf16": w.to(torch.bfloat16).float()}.get(dtype)
+        if ref is None:                                             # int8: per-row symmetric quantisation
+            s = w.abs().amax(1, keepdim=True) / 127
+            ref = torch.round(w / s).clamp(-127, 127) * s
+        torch.testing.assert_close(full, F.linear(x, ref, b), atol=1e-4, rtol=1e-4)
+
+
+@native
+def test_packed_linear_thread_count_does_not_change_results():
+    torch.manual_seed(1)
+    lin = PackedLinear(torch.randn(4000, 64), None)
+    x = torch.randn(3, 64)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = lin(x)
+        torch.set_num_threads(2)
+        two = lin(x)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_decode_weights_are_rebuilt_when_weights_change():
+    m = random_model(4, seed=3)
+    src = random_sources(4, seed=3)
+    w0 = m.decode_weights()
+    assert m.decode_weights() is w0                                 # cached while nothing changes
+    other = random_model(4, seed=4)
+    m.load_state_dict(other.state_dict())                           # load_state_dict copies in place
+    assert m.decode_weights() is not w0
+    assert greedy(m, src, max_len=12).tokens == greedy(other, src, max_len=12).tokens
+    # an optimizer step (in-place update of one parameter)
+    w1 = m.decode_weights()
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    m.train()
+    m(src, torch.ones(4, 3, dtype=torch.long)).sum().backward()
+    opt.step()
+    m.eval()
+    assert m.decode_weights() is not w1
+    fresh = copy.deepcopy(m)
+    fresh._decode_cache = None
+    assert greedy(m, src, max_len=12).tokens == greedy(fresh, src, max_len=12).tokens
+    # another precision is another set of packed weights
+    m.decode_options = DecodeOptions(dtype="bf16")
+    assert m.decode_weights().options.dtype == "bf16"
+
+
+@pytest.mark.parametrize("options", [DecodeOptions(dtype="bf16"), DecodeOptions(dtype="int8"),
+                                     DecodeOptions(draft_vocab=(2, 3, 4)), DecodeOptions(dtype="int8", draft_vocab=(2, 3, 4, 5))])
+def test_exact_blockwise_equals_greedy_of_the_same_precision_and_draft_vocabulary(options):
+    accepted = 0.0
+    for k, seed, batch in [(2, 1, 1), (4, 2, 5), (6, 3, 16), (8, 4, 1)]:
+        m = random_model(k, seed, eos_bias=1.5)
+        m.decode_options = options
+        src = random_sources(batch, seed)
+        g = greedy(m, src, max_len=(1.5, 4))
+        r = blockwise(m, src, accept=Exact(), max_len=(1.5, 4))
+        assert r.tokens == g.tokens, f"k={k} seed={seed} {options}"
+        accepted = max(accepted, r.mean_accepted)
+    assert accepted > 1.2                                            # the heads' proposals were really accepted
+
+
+def test_draft_vocabulary_restricts_proposals_but_not_the_output():
+    m = random_model(4, seed=5, eos_bias=1.5)
+    src = random_sources(8, seed=5)
+    full = blockwise(m, src, max_len=(1.5, 4))
+    m.decode_options = DecodeOptions(draft_vocab=(2,))              # heads may only propose EOS
+    w = m.decode_weights()
+    props = w.propose(torch.randn(5, m.config.d_model), 1, 4)
+    assert props.unique().tolist() == [2]
+    only_eos = blockwise(m, src, max_len=(1.5, 4))
+    assert only_eos.tokens == full.tokens == greedy(m, src, max_len=(1.5, 4)).tokens
+    assert only_eos.mean_accepted <= full.mean_accepted
+
+
+def test_adaptive_feeding_keeps_the_output_and_stops_paying_for_useless_heads():
+    m = random_model(6, seed=6, eos_bias=1.5)
+    src = random_sources(16, seed=6)
+    g = greedy(m, src, max_len=18)
+    plain = blockwise(m, src, max_len=18)
+    for threshold in (True, 0.2, 0.9):
+        a = blockwise(m, src, max_len=18, adaptive=threshold)
+        assert a.tokens == g.tokens == plain.tokens
+    # heads that are never right (fc2 pushes every proposal elsewhere): adaptive falls back to one-token
+    # steps with a probe every few steps, so it makes about as many calls as plain blockwise but feeds ~1 token
+    bad = random_model(4, seed=7)
+    with torch.no_grad():
+        bad.heads.fc2.bias.fill_(0.0)
+        bad.heads.fc2.weight.normal_(0, 5.0)
+    src = random_sources(1, seed=8, max_src=9)
+    g = greedy(bad, src, max_len=40)
+    a = blockwise(bad, src, max_len=40, adaptive=0.5)
+    assert a.tokens == g.tokens
+    with pytest.raises(ValueError, match="adaptive"):
+        blockwise(bad, src, adaptive=1.5)
+
+
+def test_beam_search_runs_on_the_engine_in_every_precision():
+    m = random_model(1, seed=9)
+    src = random_sources(3, seed=9)
+    ref = beam_search(m, src, beam_size=1, max_len=10).tokens
+    assert ref == greedy(m, src, max_len=10).tokens
+    m.decode_options = DecodeOptions(dtype="int8")
+    assert beam_search(m, src, beam_size=1, max_len=10).tokens == greedy(m, src, max_len=10).tokens
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="fp32, bf16, int8"):
+        DecodeOptions(dtype="fp16")
+    with pytest.raises(ValueError, match="empty"):
+        DecodeOptions(draft_vocab=())
+    m = random_model(2, seed=1)
+    m.decode_options = DecodeOptions(draft_vocab=(1, 99))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        m.decode_weights()
