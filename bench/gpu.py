@@ -16,6 +16,7 @@ Only the public model/decoding API is used: the decoder internals change under i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import gzip
 import json
@@ -360,14 +361,18 @@ def _metrics(run: Path) -> list[dict]:
     return [r for m in run.rglob("metrics.csv") for r in csv.DictReader(m.open())]
 
 
-def train_chain(strategy: str, art: Path, timeout: float, spm_from: Path | None, logdir: Path | None) -> dict:
-    """python train.py +regime=base, then +regime=frozen, experiment=smoke on one GPU in bf16-mixed."""
+GPU_TRAINER = ("trainer=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed")
+
+
+def train_chain(strategy: str, art: Path, timeout: float, spm_from: Path | None, logdir: Path | None,
+                trainer=GPU_TRAINER) -> dict:
+    """python train.py +regime=base, then +regime=frozen, experiment=smoke, by default on one GPU in bf16-mixed."""
     from bpd_train.export import load_any  # the one resolver: also reads DeepSpeed ZeRO folders
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(tempfile.gettempdir()) / "bpd-torch-ext"))
-    common = ["experiment=smoke", "trainer=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed",
-              f"strategy={strategy}", "logger=csv", "progress_bar=none", f"paths.artifacts={art}"]
+    common = ["experiment=smoke", *trainer, f"strategy={strategy}", "logger=csv", "progress_bar=none",
+              f"paths.artifacts={art}"]
     res: dict = {"strategy": strategy}
     if spm_from is not None:  # the tokenizer the first chain trained: no second sentencepiece run
         shutil.copytree(spm_from, art / spm_from.parent.name / "spm")
@@ -389,7 +394,7 @@ def train_chain(strategy: str, art: Path, timeout: float, spm_from: Path | None,
         if logdir is not None:
             (logdir / f"train-{strategy}-{regime}.log").write_text(text[-200_000:])
         res[regime] = {"rc": rc, "s": round(time.monotonic() - t0, 1),
-                       "bf16": "bf16" in text.lower()}  # Lightning names the precision it set up
+                       "log_mentions_bf16": "bf16" in text.lower()}  # Lightning names the precision it set up
         if rc != 0:
             res[regime].update(ok=False, tail=text[-1500:])
             return res
@@ -537,14 +542,27 @@ def main(argv=None) -> int:
 
 
 def package_versions() -> dict:
+    """Versions of what the training section needs (carried or the image's) and whether each imports: the
+    carried wheels go in with --no-deps, so a clash with the image's versions shows up here, not in pip."""
+    import importlib
     from importlib import metadata
 
     out = {}
-    for name in ("lightning", "hydra-core", "omegaconf", "datasets", "deepspeed", "sentencepiece"):
+    for dist, module in (("lightning", "lightning"), ("hydra-core", "hydra"), ("omegaconf", "omegaconf"),
+                         ("datasets", "datasets"), ("deepspeed", "deepspeed"), ("pydantic", "pydantic"),
+                         ("pyarrow", "pyarrow"), ("fsspec", "fsspec"), ("huggingface-hub", "huggingface_hub"),
+                         ("sentencepiece", "sentencepiece")):
         try:
-            out[name] = metadata.version(name)
+            version = metadata.version(dist)
         except metadata.PackageNotFoundError:
-            out[name] = None
+            out[dist] = None
+            continue
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # deepspeed logs to stdout on import; ours is the JSON
+                importlib.import_module(module)
+            out[dist] = version
+        except Exception as e:  # installed but broken: say why
+            out[dist] = f"{version} (import fails: {type(e).__name__}: {str(e)[:150]})"
     return out
 
 

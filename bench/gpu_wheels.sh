@@ -23,6 +23,10 @@ BINARY=(
 SOURCE=(antlr4-python3-runtime==4.9.3)                     # omegaconf's grammar runtime
 DEEPSPEED=deepspeed==0.19.8                                # DS_BUILD_OPS=0: no compiled ops; JIT on the GPU if asked
 
+# more pins for a second try, if the device's JSON says an image package is too old for these (e.g. "pyarrow==26.0.1")
+read -r -a EXTRA <<< "${GPU_WHEELS_EXTRA:-}"
+BINARY+=("${EXTRA[@]}")
+
 PLATFORM=(--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
           --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 

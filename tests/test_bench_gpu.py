@@ -44,7 +44,9 @@ def test_cpu_quick_run_exercises_every_cpu_section(tmp_path):
                         "--demo-dir", str(tmp_path / "no-demo")], cwd=REPO_ROOT, env=offline_env(),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1, lines[:-1]  # progress goes to stderr; stdout is the one JSON line
+    out = json.loads(lines[0])
     assert out["ok"] is True and out["errors"] == {}
     assert json.loads((tmp_path / "gpu.json").read_text()) == out
     s = out["sections"]
