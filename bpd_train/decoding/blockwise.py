@@ -187,7 +187,7 @@ class _Blockwise:
         """BOS -> head 1's first token and the first proposals."""
         tok = torch.full((rows, 1), self.model.config.bos_id, dtype=torch.long, device=self.dev)
         h = self.model.decode(self.state, tok)[:, 0]                    # [R,D]
-        g = self.w.head1(h).argmax(-1)
+        g = self.w.head1_argmax(h)
         b = self._width()
         if b == 1:
             return g.cpu().numpy()[:, None]
@@ -200,10 +200,12 @@ class _Blockwise:
         x_dev = torch.from_numpy(x).to(self.dev)
         h = self.model.decode(self.state, x_dev)                        # [R,b,D]
         self.calls += 1
-        l1 = self.w.head1(h)                                            # [R,b,V]
-        g_dev = l1.argmax(-1)
         ok = None
-        if not self.exact and x.shape[1] > 1:
+        if self.exact or x.shape[1] == 1:
+            g_dev = self.w.head1_argmax(h)                              # [R,b]
+        else:
+            l1 = self.w.head1(h)                                        # [R,b,V]
+            g_dev = l1.argmax(-1)
             ok = self.rule(x_dev[:, 1:], l1[:, :-1], g_dev[:, :-1]).cpu().numpy()
         top = None
         if fused:
