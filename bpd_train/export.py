@@ -8,12 +8,16 @@ A bundle folder holds
   README.md           model card (regime, data, and the evaluation table when a report exists)
 `load_bundle` checks every file, hash and tensor shape before it builds the model, and reads nothing with
 pickle. A Lightning checkpoint is read with weights_only=True; a DeepSpeed ZeRO folder is consolidated with
-DeepSpeed's own zero_to_fp32 (which unpickles its own files: only export ZeRO folders you trust).
+DeepSpeed's own zero_to_fp32, but with every torch.load it makes forced to weights_only=True and only DeepSpeed's
+few plain state classes allowed (`_zero_weights_only`), so a crafted ZeRO folder is refused, never run.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -289,18 +293,56 @@ def _zero_tag_dir(zero_dir: Path, tag: str | None) -> Path:
     return d
 
 
+def _zero_safe_globals() -> list:
+    """The non-tensor objects real DeepSpeed ZeRO-1/2/3 files hold (found with
+    torch.serialization.get_unsafe_globals_in_checkpoint on CPU ZeRO-2/3 runs): plain state, no code runs when
+    they are rebuilt."""
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+    except ImportError:  # without deepspeed a ZeRO folder cannot be consolidated anyway; the metadata needs none
+        return []
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextlib.contextmanager
+def _zero_weights_only():
+    """Inside: every torch.load is weights_only=True, even DeepSpeed's own `torch.load(..., weights_only=False)`
+    in zero_to_fp32 (TORCH_FORCE_WEIGHTS_ONLY_LOAD is read on each call), with DeepSpeed's state classes allowed."""
+    saved = {k: os.environ.pop(k, None) for k in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        with torch.serialization.safe_globals(_zero_safe_globals()):
+            yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _refused(where: Path, e: BaseException) -> CheckpointError:
+    found = re.search(r"Unsupported global: GLOBAL (\S+)|unsupported (?:GLOBAL|REDUCE)[^\n]*", str(e), re.I)
+    what = found.group(1) or found.group(0) if found else type(e).__name__
+    return CheckpointError(f"refusing {where}: it holds pickled objects that are not tensors or DeepSpeed state "
+                           f"({what}); bpd-train never unpickles checkpoint files, since that can run code")
+
+
 def _zero_meta(tag_dir: Path) -> dict:
     """The bpd metadata the training run put into DeepSpeed's client state (in the rank-0 model-states file)."""
     files = sorted(tag_dir.glob("*model_states.pt"))
     if not files:
         raise CheckpointError(f"{tag_dir} has no *model_states.pt file: not a DeepSpeed checkpoint")
     try:
-        states = torch.load(files[0], map_location="cpu", weights_only=True)
-    except Exception:  # noqa: BLE001 - DeepSpeed may pickle its own objects there; its zero_to_fp32 unpickles this
-        try:           # very file anyway, so this adds no exposure beyond the consolidation the export requires
-            states = torch.load(files[0], map_location="cpu", weights_only=False)
-        except Exception as e:  # noqa: BLE001
-            raise CheckpointError(f"cannot read {files[0]}: {type(e).__name__}: {e}") from e
+        with _zero_weights_only():
+            states = torch.load(files[0], map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise _refused(files[0], e) from None
+    except Exception as e:  # noqa: BLE001 - one clear message for every way a file can be unreadable
+        raise CheckpointError(f"cannot read {files[0]}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                              ) from e
     if not isinstance(states, dict):
         raise CheckpointError(f"{files[0]} is not a DeepSpeed model-states file")
     meta = states.get(CKPT_META_KEY)
@@ -327,7 +369,10 @@ def consolidate_zero(path: str | os.PathLike, tag: str | None = None) -> tuple[d
     except ImportError as e:
         raise CheckpointError("consolidating a ZeRO checkpoint needs deepspeed: pip install -e '.[deepspeed]'") from e
     try:
-        state = get_fp32_state_dict_from_zero_checkpoint(str(zero_dir), tag=tag_dir.name)
+        with _zero_weights_only():
+            state = get_fp32_state_dict_from_zero_checkpoint(str(zero_dir), tag=tag_dir.name)
+    except pickle.UnpicklingError as e:
+        raise _refused(tag_dir, e) from None
     except Exception as e:  # noqa: BLE001 - surface DeepSpeed's reason in one line
         raise CheckpointError(f"cannot consolidate ZeRO checkpoint {zero_dir} ({tag_dir.name}): "
                               f"{type(e).__name__}: {e}") from e
