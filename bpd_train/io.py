@@ -99,7 +99,8 @@ def remove_stale_siblings(path: str | os.PathLike) -> list[Path]:
 
 
 def _sibling(path: Path, kind: str) -> Path:
-    d = tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.{_TMP_TAG}-{kind}-{socket.gethostname()}-{os.getpid()}-")
+    prefix = f".{path.name}.{_TMP_TAG}-{kind}-{socket.gethostname()}-{os.getpid()}-"
+    d = tempfile.mkdtemp(dir=path.parent, prefix=prefix)
     os.chmod(d, 0o777 & ~umask())
     return Path(d)
 
