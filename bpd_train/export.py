@@ -417,9 +417,9 @@ def consolidate_zero(path: str | os.PathLike, tag: str | None = None) -> tuple[d
     if zero_dir is None:
         raise CheckpointError(f"{path} is not a DeepSpeed ZeRO checkpoint folder (no 'latest' file or global_step*/)")
     tag_dir = _zero_tag_dir(zero_dir, tag)
-    meta = _zero_meta(tag_dir)
     if not torch.cuda.is_available():  # consolidation needs no accelerator; don't let DeepSpeed go looking for one
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    meta = _zero_meta(tag_dir)  # (imports DeepSpeed for its allow-list: after DS_ACCELERATOR is decided)
     try:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     except ImportError as e:
