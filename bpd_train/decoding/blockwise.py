@@ -172,11 +172,12 @@ class _Blockwise:
             if done.all():
                 continue
             if self.adapt is not None and self.adapt.width() == 1:
-                # no head pays: plain greedy steps (no heads), then one probe of every head
-                x, h1, length, done = self.greedy_steps(gn[:, None], out, orig, limit, length,
-                                                        self.adapt.greedy_stretch())
-                if not done.any():
-                    x = np.concatenate([x, self.w.propose(h1, 1, self.kb).cpu().numpy()], axis=1)
+                x = gn[:, None]
+                if not done.any():  # finished rows leave first (top of the loop); then the stretch
+                    # no head pays: plain greedy steps (no heads), then one probe of every head
+                    x, h1, length, done = self.greedy_steps(x, out, orig, limit, length, self.adapt.greedy_stretch())
+                    if not done.any():
+                        x = np.concatenate([x, self.w.propose(h1, 1, self.kb).cpu().numpy()], axis=1)
             else:
                 x = self.propose(h, n, gn, top)
         tokens = trim(out.tolist(), out_len.tolist(), eos)
