@@ -243,6 +243,80 @@ def bench_ct2(threads, batch_sizes, n_sent: int = 64, size: str = "base"):
     return rows
 
 
+def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: int = 1000):
+    """A trained bundle on the bundled validation sources at batch 1: CTranslate2 greedy (fp32, int8) on the
+    bundle's backbone vs our greedy and exact blockwise (plain, draft vocabulary, adaptive). Tokens/s."""
+    import gzip
+
+    from bpd_train.decoding import blockwise
+    from bpd_train.evaluation.decode import draft_vocabulary
+    from bpd_train.export import load_bundle
+    torch.set_num_threads(threads)
+    m, sp, _ = load_bundle(bundle)
+    c = m.config
+    with gzip.open(ROOT / "data" / "bible-en-fr" / "validation.jsonl.gz", "rt", encoding="utf-8") as f:
+        lines = [json.loads(x)["translation"]["en"] for x in f]
+    step = max(1, len(lines) // n_sent)
+    srcs = [sp.encode(t, out_type=int)[: c.max_positions - 1] + [c.eos_id] for t in lines[::step][:n_sent]]
+    max_len = (1.5, 10)
+    draft = draft_vocabulary(sp, draft_vocab, c.eos_id)
+    ours = {
+        "greedy fp32": (DecodeOptions(), lambda s: greedy(m, [s], max_len=max_len)),
+        f"blockwise k={c.block_size} exact fp32": (DecodeOptions(), lambda s: blockwise(m, [s], max_len=max_len)),
+        f"blockwise k={c.block_size} exact fp32, draft {draft_vocab}": (
+            DecodeOptions(draft_vocab=draft), lambda s: blockwise(m, [s], max_len=max_len)),
+        f"blockwise k={c.block_size} exact fp32, adaptive": (
+            DecodeOptions(), lambda s: blockwise(m, [s], max_len=max_len, adaptive=True)),
+        "greedy int8": (DecodeOptions(dtype="int8"), lambda s: greedy(m, [s], max_len=max_len)),
+        f"blockwise k={c.block_size} exact int8": (DecodeOptions(dtype="int8"),
+                                                   lambda s: blockwise(m, [s], max_len=max_len)),
+    }
+    rows = []
+    try:
+        import ctranslate2
+    except ImportError:
+        ctranslate2 = None
+    with tempfile.TemporaryDirectory() as d:
+        fns = {}
+        if ctranslate2 is not None:
+            backbone = BPDModel(BPDConfig(**{**c.to_dict(), "block_size": 1})).eval()
+            backbone.load_state_dict({n: t for n, t in m.state_dict().items() if not n.startswith("heads.")})
+            vocab = to_ct2(backbone, d)
+            index = {x: i for i, x in enumerate(vocab)}
+            for ct2_type in ("float32", "int8"):
+                tr = ctranslate2.Translator(d, device="cpu", compute_type=ct2_type, intra_threads=threads)
+
+                def run_ct2(s, tr=tr):
+                    n = len(s)
+                    r = tr.translate_batch([[vocab[i] for i in s]], beam_size=1,
+                                           max_decoding_length=int(max_len[0] * n + max_len[1]))
+                    return [index[x] for x in r[0].hypotheses[0]]
+                fns[f"CTranslate2 greedy {ct2_type}"] = (None, run_ct2)
+        fns.update(ours)
+        totals = {name: [0.0, 0] for name in fns}
+        outs = {name: [] for name in fns}
+        for rep in range(2):
+            for s in srcs:
+                for name, (opts, fn) in fns.items():
+                    if opts is not None:
+                        m.decode_options = opts
+                    t0 = time.perf_counter()
+                    r = fn(s)
+                    el = time.perf_counter() - t0
+                    toks = r if isinstance(r, list) else r.tokens[0]
+                    if rep == 1:  # the first pass warms caches and builds packed weights
+                        totals[name][0] += el
+                        totals[name][1] += len(toks)
+                        outs[name].append(toks)
+        ref = outs["greedy fp32"]
+        for name, (sec, ntok) in totals.items():
+            same = sum(a == b for a, b in zip(outs[name], ref if "int8" not in name else outs["greedy int8"]))
+            rows.append(dict(decoder=name, tok_s=round(ntok / sec, 1), same_as_greedy=round(same / len(ref), 3)))
+            print(f"bundle {Path(bundle).name} threads={threads} batch 1: {name:45s} {ntok / sec:8.1f} tok/s  "
+                  f"same output as our greedy of that precision: {same / len(ref):.0%}", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -250,6 +324,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--skip-ct2", action="store_true")
     ap.add_argument("--quick", action="store_true", help="demo size, 1 thread, few reps, small CT2 run")
+    ap.add_argument("--bundle", default=None, help="also compare on a trained bundle (e.g. make demo's export/best)")
     a = ap.parse_args(argv)
     if a.quick:
         a.threads, a.sizes, a.reps = [1], ["demo"], 5
@@ -260,6 +335,8 @@ def main(argv=None) -> int:
         result["ctranslate2"] = [row for size in a.sizes
                                  for row in (bench_ct2(a.threads, [1, 32] if not a.quick else [4],
                                                        n_sent=64 if not a.quick else 8, size=size) or [])]
+    if a.bundle:
+        result["bundle"] = bench_bundle(a.bundle, threads=a.threads[0])
     print(json.dumps(result))
     return 0
 

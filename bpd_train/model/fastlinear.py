@@ -15,7 +15,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -56,10 +58,19 @@ def native_kernels():
         src = Path(__file__).with_name("csrc") / "linear.cpp"
         try:
             from torch.utils.cpp_extension import load
+            from torch.utils.cpp_extension import _get_build_directory
             # CPU flags and source hash in the name: a build for another CPU or an older source is never loaded
-            tag = hashlib.sha1(src.read_bytes()).hexdigest()[:8]
-            _ext = load(name=f"bpd_decode_{_cpu_tag()}_{tag}", sources=[str(src)],
-                        extra_cflags=["-O3", "-march=native"], verbose=False)
+            name = f"bpd_decode_{_cpu_tag()}_{hashlib.sha1(src.read_bytes()).hexdigest()[:8]}"
+            build = Path(_get_build_directory(name, verbose=False))
+            lock = build / "lock"
+            if lock.exists() and time.time() - lock.stat().st_mtime > 600:
+                # a build killed midway leaves its lock behind, and torch would wait for it forever
+                log.warning("removing a stale build lock %s (older than 10 min)", lock)
+                lock.unlink(missing_ok=True)
+            if not any(build.glob("*.so")):
+                print(f"bpd-train: compiling the CPU decode kernels once (~40 s; cached in {build.parent})",
+                      file=sys.stderr, flush=True)
+            _ext = load(name=name, sources=[str(src)], extra_cflags=["-O3", "-march=native"], verbose=False)
         except Exception as e:  # no compiler, no AVX2, read-only cache, ...: correct but slower
             log.warning("native decode kernels unavailable (%s); decoding uses torch's F.linear",
                         str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
