@@ -59,8 +59,10 @@ def native_kernels():
         try:
             from torch.utils.cpp_extension import load
             from torch.utils.cpp_extension import _get_build_directory
-            # CPU flags and source hash in the name: a build for another CPU or an older source is never loaded
-            name = f"bpd_decode_{_cpu_tag()}_{hashlib.sha1(src.read_bytes()).hexdigest()[:8]}"
+            # CPU flags, source and checkout in the name: a build for another CPU or an older source is never
+            # loaded, and two checkouts never rebuild into (and wait on the lock of) one folder
+            digest = hashlib.sha1(src.read_bytes() + str(src.resolve()).encode()).hexdigest()[:8]
+            name = f"bpd_decode_{_cpu_tag()}_{digest}"
             build = Path(_get_build_directory(name, verbose=False))
             lock = build / "lock"
             if lock.exists() and time.time() - lock.stat().st_mtime > 600:
