@@ -82,7 +82,7 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
     from bpd_train.evaluation.decode import (EvalError, SpmText, check_block_sizes, decode_options, max_len_arg,
                                              parse_rule)
     from bpd_train.evaluation.metrics import DecodeStats, length_sorted_batches, one_line
-    from bpd_train.export import load_bundle
+    from bpd_train.bundle import load_bundle
 
     try:
         if args.batch_size < 1:

@@ -140,9 +140,7 @@ def _resolve_teacher(cfg, overrides: Sequence[str]) -> Path:
 
 
 def _teacher_sha256(loaded) -> str:
-    from bpd_train.export import source_id  # checkpoint file, bundle weights or ZeRO model states
-
-    return source_id(loaded.source).removeprefix("sha256:")
+    return loaded.source.id.removeprefix("sha256:")  # checkpoint file, bundle weights or ZeRO model states
 
 
 def _check_teacher(loaded, cfg, train_split) -> None:
@@ -165,14 +163,13 @@ def _check_teacher(loaded, cfg, train_split) -> None:
         log.warning("corpus '%s' has no tokenizer under %s yet; using the teacher's own (%s)", cfg.data.name,
                     cfg.paths.artifacts, loaded.tokenizer_path)
         return
-    from bpd_train.io import sha256_file
+    from bpd_train.loading import check_tokenizer, tokenizer_hash
 
-    if sha256_file(corpus_tok) != loaded.tokenizer_hash:
-        raise DistillError(f"teacher {loaded.source} uses tokenizer {loaded.tokenizer_hash[:12]} but corpus "
-                           f"'{cfg.data.name}' uses {sha256_file(corpus_tok)[:12]} ({corpus_tok}): the teacher was "
-                           "trained on another corpus or tokenizer setting, and its token ids would not fit the "
-                           "students. Use a teacher trained on this corpus (or distill.check_corpus_tokenizer=false "
-                           "to keep only its text).")
+    check_tokenizer(f"teacher {loaded.source}", loaded.tokenizer_hash, f"corpus '{cfg.data.name}'", corpus_tok,
+                    tokenizer_hash(corpus_tok), error=DistillError,
+                    hint=" (another corpus or tokenizer setting), and its token ids would not fit the students. Use "
+                         "a teacher trained on this corpus (or distill.check_corpus_tokenizer=false to keep only "
+                         "its text).")
 
 
 def _corpus_tokenizer(cfg, train_split) -> Path | None:
@@ -215,7 +212,7 @@ def _ids(ds) -> list[str]:
 def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
     """Everything that can fail on bad input, checked before anything is written."""
     from bpd_train.checkpoint import CheckpointError
-    from bpd_train.export import load_any
+    from bpd_train.loading import load
 
     d = cfg.distill
     if d.action not in ACTIONS:
@@ -226,7 +223,7 @@ def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
     command = command_from_overrides(overrides)
     teacher_path = _resolve_teacher(cfg, overrides)
     try:
-        teacher = load_any(teacher_path, map_location="cpu")  # also a DeepSpeed ZeRO run
+        teacher = load(teacher_path, map_location="cpu")  # a .ckpt, a run folder, a bundle or a ZeRO run
     except CheckpointError as e:
         raise DistillError(f"cannot use {teacher_path} as the teacher: {e}") from e
     ds, train_split = _select_split(cfg)

@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from bpd_train.checkpoint import CheckpointError
+from bpd_train.loading import Source, load, resolve, run_checkpoints
 from bpd_train.evaluation.decode import (EvalError, SpmText, check_block_sizes, decode_options, max_len_arg, parse_rule,
                                          rule_label)
 from bpd_train.evaluation.metrics import (DecodeStats, agreement, corpus_scores, length_sorted_batches, one_line,
@@ -71,27 +72,6 @@ class EvalSettings:
 
 
 # ------------------------------------------------------------------------------------------------------ inputs
-def _is_bundle(p: Path) -> bool:
-    return p.is_dir() and (p / "config.json").is_file() and (p / "model.safetensors").is_file()
-
-
-def _run_checkpoints(run: Path, all_checkpoints: bool) -> list[Path]:
-    from bpd_train.export import find_zero_dir, resolve_source
-
-    if all_checkpoints and (run / "checkpoints").is_dir():
-        found = sorted(p for p in (run / "checkpoints").iterdir()
-                       if p.suffix == ".ckpt" and (p.is_file() or find_zero_dir(p) is not None))
-        seen, out = set(), []
-        for p in found:  # best.ckpt may be a link to an epoch checkpoint
-            key = p.resolve()
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
-        if out:
-            return out
-    return [resolve_source(run)[1]]
-
-
 def _display_name(path: Path, run_level: bool) -> str:
     if path.is_dir():
         return path.name
@@ -101,23 +81,23 @@ def _display_name(path: Path, run_level: bool) -> str:
     return path.stem
 
 
-def expand_inputs(inputs: Sequence[str | os.PathLike], all_checkpoints: bool = False) -> list[tuple[str, Path]]:
-    """Checkpoint files, run folders, bundles, ZeRO folders or glob patterns -> [(unique name, path)]."""
-    out: list[tuple[str, Path]] = []
+def expand_inputs(inputs: Sequence[str | os.PathLike], all_checkpoints: bool = False) -> list[tuple[str, Source]]:
+    """Checkpoint files, run folders, bundles, ZeRO folders or glob patterns -> [(unique name, resolved source)].
+    all_checkpoints: every checkpoint of a run folder, else the one loading.resolve picks."""
+    out: list[tuple[str, Source]] = []
     for spec in inputs:
         spec = str(spec)
         paths = sorted(Path(p) for p in glob.glob(spec)) if glob.has_magic(spec) else [Path(spec)]
         if not paths:
             raise CheckpointError(f"no checkpoint matches {spec}")
         for p in paths:
-            if not p.exists():
-                raise CheckpointError(f"checkpoint {p} does not exist")
-            if p.is_file() or _is_bundle(p):
-                out.append((_display_name(p, False), p))
+            source = resolve(p)
+            if source.path == p:  # not a run folder
+                out.append((_display_name(p, False), source))
                 continue
-            ckpts = _run_checkpoints(p, all_checkpoints)
+            ckpts = (run_checkpoints(p) if all_checkpoints else []) or [source]
             for c in ckpts:
-                name = p.name if len(ckpts) == 1 else f"{p.name}/{c.stem}"
+                name = p.name if len(ckpts) == 1 else f"{p.name}/{c.path.stem}"
                 out.append((name, c))
     names: dict[str, int] = {}
     unique = []
@@ -255,16 +235,15 @@ def load_inputs(inputs: Sequence[tuple[str, Path]], settings: EvalSettings,
                 expect_tokenizer_hash: str | None = None) -> list[tuple[str, Path, object]]:
     """Load (on CPU) and check every input before any decoding: bad input fails in seconds, not after an hour.
     Models are kept for the evaluation while they add up to < KEEP_PARAMS parameters, else reloaded then."""
-    from bpd_train.export import load_any
-
     loaded_all, kept = [], 0
     for name, path in inputs:
-        loaded = load_any(path, map_location="cpu", expect_tokenizer_hash=expect_tokenizer_hash)
+        path = resolve(path)
+        loaded = load(path, map_location="cpu", expect_tokenizer_hash=expect_tokenizer_hash)
         check_block_sizes(settings.block_sizes, loaded.config.block_size, f"{name} ({path})")
         n = sum(p.numel() for p in loaded.model.parameters())
         keep = kept + n <= KEEP_PARAMS
         kept += n if keep else 0
-        loaded_all.append((name, Path(path), loaded if keep else None))
+        loaded_all.append((name, path, loaded if keep else None))
     return loaded_all
 
 
@@ -283,7 +262,6 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
     """Evaluate every (name, path) and write the report folder atomically. Returns the report dict.
     `loaded`: what load_inputs(inputs, settings) returned, if the caller already called it."""
     from bpd_train.evaluation.report import write_report
-    from bpd_train.export import load_any, source_id
 
     if not sources:
         raise EvalError("no sentences to evaluate (empty split or max_sentences=0)")
@@ -299,10 +277,10 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
         atomic_write_text(tmp / "ref.txt", "".join(one_line(r) + "\n" for r in refs))
         for i, (name, path, loaded) in enumerate(loaded_all):
             if loaded is None:
-                loaded = load_any(path, map_location="cpu", expect_tokenizer_hash=expect_tokenizer_hash)
+                loaded = load(path, map_location="cpu", expect_tokenizer_hash=expect_tokenizer_hash)
             loaded_all[i] = (name, path, None)  # free each model once evaluated
             entry, r = evaluate_loaded(loaded, name, sources, refs, settings, tmp,
-                                       extra={"source_id": source_id(path), "input": str(path),
+                                       extra={"source_id": path.id, "input": str(path),
                                               "wandb": _wandb_ids(path, loaded.meta or {})})
             del loaded
             checkpoints.append(entry)
