@@ -81,7 +81,8 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
     from bpd_train.decoding import blockwise, greedy
     from bpd_train.evaluation.decode import (EvalError, SpmText, check_block_sizes, decode_options, max_len_arg,
                                              parse_rule)
-    from bpd_train.evaluation.metrics import DecodeStats, length_sorted_batches, one_line
+    from bpd_train.data.sampler import length_batches
+    from bpd_train.evaluation.metrics import DecodeStats, one_line
     from bpd_train.bundle import load_bundle
 
     try:
@@ -108,7 +109,7 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
             out = [""] * len(lines)
             todo = [i for i, s in enumerate(lines) if s is not None and s.strip()]
             ids = [text.source_ids(lines[i]) for i in todo]
-            for group in length_sorted_batches([len(x) for x in ids], args.batch_size):
+            for group in length_batches([len(x) for x in ids], args.batch_size):
                 src = text.batch([ids[j] for j in group], device)
                 t0 = time.perf_counter()
                 if use_blockwise:

@@ -44,34 +44,7 @@ def train_base_command(overrides: Sequence[str]) -> str:
     return " ".join(["python train.py +regime=base", *map(shlex.quote, keep)])
 
 
-# ------------------------------------------------------------------------------------------ batching
-
-
-def token_batches(lengths: Sequence[int], max_tokens: int, max_sentences: int) -> list[list[int]]:
-    """Indices grouped into batches of similar length, longest first (an OOM shows up at once), each with
-    at most `max_sentences` rows and at most `max_tokens` padded source tokens (a longer single row is
-    a batch of its own). Deterministic: ties keep corpus order."""
-    if max_tokens < 1 or max_sentences < 1:
-        raise DistillError(f"max_tokens and max_sentences must be >= 1, got {max_tokens}, {max_sentences}")
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    cur_max = 0
-    for i in order:
-        new_max = max(cur_max, lengths[i])
-        if cur and (len(cur) >= max_sentences or (len(cur) + 1) * new_max > max_tokens):
-            batches.append(cur)
-            cur, new_max = [], lengths[i]
-        cur.append(i)
-        cur_max = new_max
-    if cur:
-        batches.append(cur)
-    return batches
-
-
-def decoder_max_len(max_len: Any) -> int | tuple[float, float]:
-    m = canonical_max_len(max_len)
-    return m if isinstance(m, int) else (m[0], m[1])
+# ------------------------------------------------------------------------------------------ decoding
 
 
 def translate_ids(model, sources: Sequence[Sequence[int]], *, beam_size: int, length_penalty: float,
@@ -81,13 +54,14 @@ def translate_ids(model, sources: Sequence[Sequence[int]], *, beam_size: int, le
     batched by token budget; returns (tokens, score) in the order of `sources`."""
     import torch
 
-    from bpd_train.decoding import beam_search, greedy
+    from bpd_train.data.sampler import length_batches
+    from bpd_train.decoding import beam_search, greedy, parse_max_len
 
     cfg = model.config
     device = device if device is not None else next(model.parameters()).device
     out: list[tuple[list[int], float | None] | None] = [None] * len(sources)
-    ml = decoder_max_len(max_len)
-    for batch in token_batches([len(s) for s in sources], max_tokens, max_sentences):
+    ml = parse_max_len(max_len, minimum=1)
+    for batch in length_batches([len(s) for s in sources], max_sentences, max_tokens):
         width = max(len(sources[i]) for i in batch)
         src = torch.full((len(batch), width), cfg.pad_id, dtype=torch.long)
         for row, i in enumerate(batch):
@@ -426,4 +400,4 @@ def _done(out_dir: Path, m: dict, **extra) -> dict[str, Any]:
             "teacher_bleu": bleu.get("bleu"), **extra}
 
 
-__all__ = ["run", "prepare", "run_worker", "translate_ids", "token_batches", "Job", "DEFAULT_COMMAND"]
+__all__ = ["run", "prepare", "run_worker", "translate_ids", "Job", "DEFAULT_COMMAND"]

@@ -38,6 +38,7 @@ def corpus_dir(cfg: DictConfig) -> Path:
 def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[list[str], list[str], dict]:
     """Sources and references of a split (evenly spaced subset when max_sentences is set)."""
     from bpd_train.data import load_corpus
+    from bpd_train.data.sampler import evenly_spaced
     from bpd_train.evaluation.decode import EvalError
 
     src, tgt = str(cfg.data.src_lang), str(cfg.data.tgt_lang)
@@ -50,9 +51,7 @@ def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[
     ds = ds[split]
     n = len(ds)
     if max_sentences is not None and int(max_sentences) < n:
-        m = int(max_sentences)
-        idx = sorted({round(i * (n - 1) / max(1, m - 1)) for i in range(m)}) if m > 1 else [0][:m]
-        ds = ds.select(idx)
+        ds = ds.select(evenly_spaced(n, int(max_sentences)))
     pairs = ds["translation"]
     info = {"name": str(cfg.data.name), "split": split, "src_lang": src, "tgt_lang": tgt, "split_size": n,
             "max_sentences": max_sentences}
