@@ -10,7 +10,7 @@ import bpd_train  # noqa: F401  (registers the ${repo_root:} resolver)
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
 def main(cfg: DictConfig) -> None:
     from bpd_train.cli import exits_on_user_error
-    from bpd_train.evaluation.cli import run_export
+    from bpd_train.export import run_export
 
     exits_on_user_error(run_export)(cfg)
 

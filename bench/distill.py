@@ -47,9 +47,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
     if args.teacher:
-        from bpd_train.checkpoint import load_model
+        from bpd_train.loading import load
 
-        loaded = load_model(args.teacher)
+        loaded = load(args.teacher)
         model, sp, what = loaded.model, loaded.tokenizer(), str(loaded.source)
     else:
         torch.manual_seed(0)

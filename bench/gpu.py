@@ -338,14 +338,14 @@ def demo_sources(tokenizer_path: Path, n: int, device) -> torch.Tensor:
 
 def demo_speedups(device, demo_dir: Path, sentences: int = 64, repeats: int = 2) -> dict:
     """The demo's trained head runs (make demo), if this tree has them: wall clock at batch 1 and 32."""
-    from bpd_train.export import load_any
+    from bpd_train.loading import load
 
     runs = sorted(p for p in demo_dir.glob("*/heads/*") if (p / "checkpoints").is_dir())
     if not runs:
         return {"present": False, "looked_in": str(demo_dir)}
     out = {"present": True}
     for run in runs:
-        lm = load_any(run, map_location=device)
+        lm = load(run, map_location=device)
         model = lm.model.eval()
         src = demo_sources(lm.tokenizer_path, sentences, device)
         k = model.config.block_size
@@ -367,7 +367,7 @@ GPU_TRAINER = ("trainer=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed
 def train_chain(strategy: str, art: Path, timeout: float, spm_from: Path | None, logdir: Path | None,
                 trainer=GPU_TRAINER) -> dict:
     """python train.py +regime=base, then +regime=frozen, experiment=smoke, by default on one GPU in bf16-mixed."""
-    from bpd_train.export import load_any  # the one resolver: also reads DeepSpeed ZeRO folders
+    from bpd_train.loading import load  # the one resolver: also reads DeepSpeed ZeRO folders
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(tempfile.gettempdir()) / "bpd-torch-ext"))
@@ -400,9 +400,9 @@ def train_chain(strategy: str, art: Path, timeout: float, spm_from: Path | None,
             return res
         res[regime]["ok"] = True
     corpus = next(art.glob("*/base")).parent
-    base = load_any(corpus / "base")
+    base = load(corpus / "base")
     frozen_run = next((corpus / "heads").glob("frozen-k*"))
-    frozen = load_any(frozen_run)
+    frozen = load(frozen_run)
     fsd, bsd = frozen.model.state_dict(), base.model.state_dict()
     rows = _metrics(frozen_run)
     agree = [float(r["val/agreement"]) for r in rows if r.get("val/agreement")]

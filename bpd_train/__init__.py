@@ -18,3 +18,12 @@ def _register_resolvers() -> None:
 
 
 _register_resolvers()
+
+
+def __getattr__(name: str):
+    # `from bpd_train import load_bundle` without importing torch for every `import bpd_train`
+    if name == "load_bundle":
+        from bpd_train.bundle import load_bundle
+
+        return load_bundle
+    raise AttributeError(f"module 'bpd_train' has no attribute {name!r}")

@@ -53,7 +53,8 @@ def _chunks(lines: Iterable[str | None], n: int) -> Iterator[list[str | None]]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bpd_train.translate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--bundle", required=True, help="bundle folder written by export.py")
+    p.add_argument("--bundle", required=True, help="bundle folder written by export.py (a checkpoint or run folder "
+                                                   "loads too)")
     p.add_argument("--block-size", type=int, default=None, help="k for blockwise decoding (default: the model's k)")
     p.add_argument("--accept", default="exact", help="acceptance rule: exact | top<N> (e.g. top2) | distance:<eps>")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
@@ -81,15 +82,17 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
     from bpd_train.decoding import blockwise, greedy
     from bpd_train.evaluation.decode import (EvalError, SpmText, check_block_sizes, decode_options, max_len_arg,
                                              parse_rule)
-    from bpd_train.evaluation.metrics import DecodeStats, length_sorted_batches, one_line
-    from bpd_train.export import load_bundle
+    from bpd_train.data.sampler import length_batches
+    from bpd_train.evaluation.metrics import DecodeStats, one_line
+    from bpd_train.loading import load
 
     try:
         if args.batch_size < 1:
             raise EvalError(f"--batch-size must be >= 1, got {args.batch_size}")
         auto = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(auto if args.device == "auto" else args.device)
-        model, sp, meta = load_bundle(args.bundle, map_location=device)
+        loaded = load(args.bundle, map_location=device)  # bpd_train/loading.py: a bundle (or any other source)
+        model, sp = loaded.model, loaded.tokenizer()
         cfg = model.config
         k = cfg.block_size if args.block_size is None else args.block_size
         if args.block_size is not None and not args.greedy:
@@ -108,7 +111,7 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
             out = [""] * len(lines)
             todo = [i for i, s in enumerate(lines) if s is not None and s.strip()]
             ids = [text.source_ids(lines[i]) for i in todo]
-            for group in length_sorted_batches([len(x) for x in ids], args.batch_size):
+            for group in length_batches([len(x) for x in ids], args.batch_size):
                 src = text.batch([ids[j] for j in group], device)
                 t0 = time.perf_counter()
                 if use_blockwise:

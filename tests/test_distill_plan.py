@@ -8,7 +8,8 @@ from bpd_train.data.distilled import (
     plan_shards, read_manifest, remove_stale_temps, shard_is_done, shards_for_worker, verify_corpus,
     write_manifest, write_shard,
 )
-from bpd_train.distillation.job import command_from_overrides, token_batches
+from bpd_train.data.sampler import length_batches as token_batches
+from bpd_train.distillation.job import command_from_overrides
 from bpd_train.distillation.workers import detect_worker
 
 SETTINGS = TeacherSettings("a" * 64, "b" * 64, 4, 0.6, [1.5, 10], "train", "en", "fr")

@@ -15,7 +15,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from bpd_train.checkpoint import load_model, write_checkpoint
+from bpd_train.checkpoint import write_checkpoint
+from bpd_train.loading import load as load_model
 from bpd_train.data.distilled import (
     DistillError, find_distilled_corpus, load_distilled_corpus, read_manifest,
 )

@@ -26,7 +26,7 @@ def evaluated(tiny, tmp_path_factory):
     """One evaluation of a k=4 run and a plain (k=1) model on 8 validation sentences, batch sizes 1 and 5.
     Half of the references are replaced by the model's own greedy output, so BLEU is a real number in (0, 100)
     even though the tiny model is untrained."""
-    from bpd_train.checkpoint import load_model
+    from bpd_train.loading import load as load_model
     from bpd_train.decoding import greedy
     from bpd_train.evaluation.decode import SpmText
 
@@ -101,7 +101,8 @@ def test_report_files(evaluated):
 
 def test_card_section_and_find_report(evaluated, tiny, tmp_path):
     from bpd_train.evaluation.report import card_section, find_report
-    from bpd_train.export import export_checkpoint, source_id
+    from bpd_train.export import export_checkpoint
+    from bpd_train.loading import source_id
 
     out, _ = evaluated
     sid = source_id(tiny["run"])

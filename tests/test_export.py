@@ -7,7 +7,8 @@ import torch
 
 from _eval_tiny import build_tiny
 
-from bpd_train.checkpoint import CheckpointError, load_model
+from bpd_train.checkpoint import CheckpointError
+from bpd_train.loading import load as load_model
 from bpd_train.export import BundleError, export_checkpoint, load_bundle
 
 
@@ -46,7 +47,7 @@ def test_bundle_layout_and_identical_logits(tiny, bundle):
     assert tok.get_piece_size() == tiny["vocab"] and not model.training
     card = (bundle / "README.md").read_text()
     assert "frozen" in card and "No evaluation report" in card and "python -m bpd_train.translate" in card
-    # checkpoint.load_model takes bundles too (it calls load_bundle)
+    # loading.load takes bundles too (it calls load_bundle)
     again = load_model(bundle, expect_tokenizer_hash=src.tokenizer_hash)
     assert torch.equal(_logits(again.model, tiny["vocab"]), _logits(src.model, tiny["vocab"]))
     # no stray temp folders from the atomic write

@@ -42,8 +42,9 @@ def _logits(model, vocab):
 def test_zero_export_matches_lightning_consolidation(zero_run, tmp_path):
     from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
-    from bpd_train.checkpoint import load_model
-    from bpd_train.export import export_checkpoint, load_any, load_bundle
+    from bpd_train.loading import load as load_model
+    from bpd_train.export import export_checkpoint, load_bundle
+    from bpd_train.loading import load as load_any
     from bpd_train.model import BPDModel
 
     corpus, run = zero_run
@@ -86,7 +87,7 @@ def test_broken_zero_folder_is_one_clear_error(zero_run, tmp_path):
 
 def test_head_regime_starts_from_a_zero_run(zero_run):
     # init_from accepts a DeepSpeed run folder (consolidated on the fly); before, it stopped with "no checkpoint".
-    from bpd_train.checkpoint import load_model
+    from bpd_train.loading import load as load_model
     from conftest import run_train
 
     corpus, run = zero_run
@@ -114,7 +115,8 @@ def test_zero3_two_ranks_base_frozen_export(smoke_base, tmp_path):
 
     from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
-    from bpd_train.export import export_checkpoint, load_any, load_bundle
+    from bpd_train.export import export_checkpoint, load_bundle
+    from bpd_train.loading import load as load_any
     from bpd_train.model import BPDModel
 
     _, base_run = smoke_base

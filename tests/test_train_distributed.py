@@ -86,7 +86,7 @@ def test_fsdp_two_processes_on_cpu(smoke_base, tmp_path):
     needs the gathered weights. The frozen backbone must come through FSDP bit-identical."""
     import csv
 
-    from bpd_train.checkpoint import load_model
+    from bpd_train.loading import load as load_model
 
     _, base = smoke_base
     art = tmp_path / "art"

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bpd_train.checkpoint import load_model, read_checkpoint, write_checkpoint
+from bpd_train.checkpoint import read_checkpoint, write_checkpoint
+from bpd_train.loading import load as load_model
 from conftest import REPO_ROOT, offline_env, run_train
 
 K = 4  # experiment=smoke's model.block_size

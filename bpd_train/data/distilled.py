@@ -45,21 +45,13 @@ class DistillError(ValueError):
 
 
 def canonical_max_len(max_len: Any) -> int | list[float]:
-    """An int, or [a, b] meaning a*src_len + b per row (JSON-stable: tuples become lists)."""
-    if isinstance(max_len, bool):
-        raise DistillError(f"max_len must be an int or [a, b], got {max_len!r}")
-    if isinstance(max_len, int):
-        if max_len < 1:
-            raise DistillError(f"max_len must be >= 1, got {max_len}")
-        return max_len
+    """decoding's MaxLen of at least one token, as the manifest stores it (JSON-stable: tuples become lists)."""
+    from bpd_train.decoding.common import max_len_json, parse_max_len  # (torch: only when distilling)
+
     try:
-        a, b = list(max_len)
-        a, b = float(a), float(b)
-    except (TypeError, ValueError):
-        raise DistillError(f"max_len must be an int or [a, b] (a*src_len + b), got {max_len!r}") from None
-    if a < 0 or a * 1 + b < 1:
-        raise DistillError(f"max_len [a, b] must give at least one token (a >= 0), got {max_len!r}")
-    return [a, b]
+        return max_len_json(parse_max_len(max_len, minimum=1))
+    except ValueError as e:
+        raise DistillError(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -290,14 +282,12 @@ def verify_corpus(out_dir: str | os.PathLike, *, bleu: bool = True) -> dict[str,
 
 
 def teacher_bleu(hyps: list[str], refs: list[str]) -> dict[str, Any]:
-    import sacrebleu
+    """The teacher's scores as the manifest records them, from the one BLEU/chrF scorer (evaluation.metrics)."""
+    from bpd_train.evaluation.metrics import corpus_scores
 
-    b = sacrebleu.metrics.BLEU()
-    c = sacrebleu.metrics.CHRF()
-    bs = b.corpus_score(hyps, [refs])
-    cs = c.corpus_score(hyps, [refs])
-    return {"bleu": round(bs.score, 4), "bleu_signature": str(b.get_signature()),
-            "chrf": round(cs.score, 4), "chrf_signature": str(c.get_signature()), "num_sentences": len(hyps)}
+    s = corpus_scores(hyps, refs)
+    return {"bleu": round(s["bleu"], 4), "bleu_signature": s["bleu_signature"], "chrf": round(s["chrf"], 4),
+            "chrf_signature": s["chrf_signature"], "num_sentences": len(hyps)}
 
 
 # --------------------------------------------------------------------------------------- find / load

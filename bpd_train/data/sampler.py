@@ -151,3 +151,35 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
             self.set_epoch(self.epoch + 1)
             consumed = 0
         self.consumed = self._resume_from = consumed
+
+
+def length_batches(lengths: Sequence[int], max_sentences: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Row indices for decoding (evaluation, translate, distillation): grouped into batches of similar length,
+    longest first (an OOM shows up at once), each with at most `max_sentences` rows and, if given, at most
+    `max_tokens` padded tokens (a longer single row is a batch of its own). Deterministic: ties keep input order."""
+    if max_sentences < 1 or (max_tokens is not None and max_tokens < 1):
+        raise ValueError(f"max_tokens and max_sentences must be >= 1, got {max_tokens}, {max_sentences}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i in order:
+        new_max = max(cur_max, lengths[i])
+        if cur and (len(cur) >= max_sentences or (max_tokens is not None and (len(cur) + 1) * new_max > max_tokens)):
+            batches.append(cur)
+            cur, new_max = [], lengths[i]
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def evenly_spaced(n: int, m: int | None) -> list[int]:
+    """m indices spread evenly over range(n), first and last included (all of them when m is None or >= n): a
+    subset of a corpus that samples all of it, the same every time."""
+    if m is None or m >= n:
+        return list(range(n))
+    if m < 1:
+        return []
+    return sorted({round(i * (n - 1) / max(1, m - 1)) for i in range(m)}) if m > 1 else [0]

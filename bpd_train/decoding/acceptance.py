@@ -1,16 +1,23 @@
-"""Acceptance rules for blockwise decoding: which proposals head 1 (p1) verifies.
+"""Acceptance rules for blockwise decoding: which proposals head 1 (p1) verifies. The one place a rule is defined,
+named in config and labelled in reports.
 
 Each rule maps proposals [R,m], head-1 logits at the positions that predict them [R,m,V] and head-1's
 argmax there [R,m] to a bool [R,m]. Blockwise accepts the longest all-True prefix.
+
+Names (configs, evaluate.py, translate --accept; case-insensitive): `exact`; `top<N>` = `topk:<N>` (also
+`top-N`, `topk<N>`; bare `topk` is top-1); `distance:<eps>` (also `dist`/`eps` prefixes; bare `distance` is eps 0).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from torch import Tensor
 
 
 class AcceptanceRule:
+    label = "?"  # how reports name the rule
+
     def __call__(self, proposals: Tensor, logits: Tensor, argmax: Tensor) -> Tensor:  # pragma: no cover
         raise NotImplementedError
 
@@ -18,6 +25,8 @@ class AcceptanceRule:
 @dataclass(frozen=True)
 class Exact(AcceptanceRule):
     """Accept a proposal iff it is head 1's argmax: the output is exactly greedy decoding's."""
+
+    label = "Exact"
 
     def __call__(self, proposals: Tensor, logits: Tensor, argmax: Tensor) -> Tensor:
         return proposals == argmax
@@ -32,6 +41,10 @@ class TopK(AcceptanceRule):
     def __post_init__(self) -> None:
         if int(self.n) < 1:
             raise ValueError(f"TopK needs n >= 1, got {self.n}")
+
+    @property
+    def label(self) -> str:
+        return f"TopK({self.n})"
 
     def __call__(self, proposals: Tensor, logits: Tensor, argmax: Tensor) -> Tensor:
         chosen = logits.gather(-1, proposals.unsqueeze(-1))
@@ -48,13 +61,22 @@ class Distance(AcceptanceRule):
         if self.eps < 0:
             raise ValueError(f"Distance needs eps >= 0, got {self.eps}")
 
+    @property
+    def label(self) -> str:
+        return f"Distance({self.eps:g})"
+
     def __call__(self, proposals: Tensor, logits: Tensor, argmax: Tensor) -> Tensor:
         return (proposals - argmax).abs() <= self.eps
 
 
+_TOPK = re.compile(r"^top(?:[-_:]?k)?[-_:]?(\d+)$")
+_DISTANCE = re.compile(r"^(?:distance|dist|eps)[-_:]?([0-9.]+)$")
+NAMES = "exact, top<N> (e.g. top2, topk:2) or distance:<eps>"
+
+
 def make_acceptance(spec) -> AcceptanceRule:
-    """An AcceptanceRule as is, or a name from config: "exact", "topk:N", "distance:EPS" (also a dict
-    {"name": ..., "n"/"eps": ...}). Anything else is a ValueError."""
+    """An AcceptanceRule as is, or a rule named as in the module docstring (also a dict {"name": ..., "n"/"eps":
+    ...}). Anything else is a ValueError that lists the names."""
     if isinstance(spec, AcceptanceRule):
         return spec
     if spec is None:
@@ -70,15 +92,16 @@ def make_acceptance(spec) -> AcceptanceRule:
             return Distance(float(d.get("eps", 0.0)))
         raise ValueError(f"unknown acceptance rule {spec!r}; use exact, topk (n) or distance (eps)")
     if isinstance(spec, str):
-        name, _, arg = spec.strip().lower().partition(":")
+        s = spec.strip().lower()
         try:
-            if name == "exact" and not arg:
+            if s == "exact":
                 return Exact()
-            if name == "topk":
-                return TopK(int(arg) if arg else 1)
-            if name == "distance":
-                return Distance(float(arg) if arg else 0.0)
+            if s in ("topk", "distance"):
+                return TopK(1) if s == "topk" else Distance(0.0)
+            if m := _TOPK.match(s):
+                return TopK(int(m.group(1)))
+            if m := _DISTANCE.match(s):
+                return Distance(float(m.group(1)))
         except ValueError as e:
             raise ValueError(f"bad acceptance rule {spec!r}: {e}") from e
-    raise ValueError(f"unknown acceptance rule {spec!r}; use Exact(), TopK(n), Distance(eps) "
-                     f"or one of 'exact', 'topk:N', 'distance:EPS'")
+    raise ValueError(f"unknown acceptance rule {spec!r}: use {NAMES}, or Exact(), TopK(n), Distance(eps)")

@@ -1,13 +1,46 @@
-"""Input checks and bookkeeping shared by the decoders."""
+"""Input checks and bookkeeping shared by the decoders, and the one max_len type."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, NamedTuple, Sequence
+import numbers
+from typing import Iterator, NamedTuple, Union
 
 import numpy as np
 
 import torch
 from torch import Tensor, nn
+
+# How many tokens a decoder may generate per row (EOS not counted): an int, or (a, b) meaning int(a*src_len + b).
+MaxLen = Union[int, tuple[float, float]]
+
+
+def parse_max_len(value, minimum: int = 0) -> MaxLen:
+    """Any way a max_len is written (int, [a, b] from a config or the command line, a tuple) -> MaxLen.
+    `minimum`: the fewest tokens it must allow (distillation wants >= 1). A bad value is a ValueError."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+        if value < minimum:
+            raise ValueError(f"max_len must be >= {minimum}, got {value}")
+        return int(value)
+    try:
+        a, b = list(value)
+        a, b = float(a), float(b)
+    except (TypeError, ValueError):
+        raise ValueError(f"max_len must be an int or [a, b] (a*src_len + b), got {value!r}") from None
+    if a < 0 or (minimum > 0 and a + b < minimum):
+        raise ValueError(f"max_len [a, b] must give at least {minimum} token(s) for a one-token source (a >= 0), "
+                         f"got {value!r}")
+    return (a, b)
+
+
+def max_len_json(value) -> int | list[float]:
+    """A MaxLen as manifests and reports store it (JSON has no tuples)."""
+    m = parse_max_len(value)
+    return m if isinstance(m, int) else list(m)
 
 
 
@@ -45,18 +78,14 @@ def prepare_source(model: nn.Module, src) -> Tensor:
 
 
 def row_limits(model: nn.Module, src: Tensor, max_len, reserve: int = 0) -> list[int]:
-    """Per-row cap on generated tokens (EOS not counted): an int, or (a, b) meaning int(a*src_len + b).
-    Capped so that every decoder position stays below max_positions (`reserve` extra positions)."""
+    """Per-row cap on generated tokens from a MaxLen, capped so that every decoder position stays below
+    max_positions (`reserve` extra positions)."""
     cap = model.config.max_positions - reserve
-    if isinstance(max_len, (int,)) and not isinstance(max_len, bool):
-        if max_len < 0:
-            raise ValueError(f"max_len must be >= 0, got {max_len}")
-        return [min(max_len, cap)] * src.shape[0]
-    if isinstance(max_len, Sequence) and len(max_len) == 2:
-        a, b = float(max_len[0]), float(max_len[1])
-        lens = (src != model.config.pad_id).sum(1).tolist()
-        return [max(0, min(int(a * n + b), cap)) for n in lens]
-    raise ValueError(f"max_len must be an int or a pair (a, b) meaning a*src_len + b, got {max_len!r}")
+    m = parse_max_len(max_len)
+    if isinstance(m, int):
+        return [min(m, cap)] * src.shape[0]
+    lens = (src != model.config.pad_id).sum(1).tolist()
+    return [max(0, min(int(m[0] * n + m[1]), cap)) for n in lens]
 
 
 @contextlib.contextmanager

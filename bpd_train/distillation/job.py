@@ -44,34 +44,7 @@ def train_base_command(overrides: Sequence[str]) -> str:
     return " ".join(["python train.py +regime=base", *map(shlex.quote, keep)])
 
 
-# ------------------------------------------------------------------------------------------ batching
-
-
-def token_batches(lengths: Sequence[int], max_tokens: int, max_sentences: int) -> list[list[int]]:
-    """Indices grouped into batches of similar length, longest first (an OOM shows up at once), each with
-    at most `max_sentences` rows and at most `max_tokens` padded source tokens (a longer single row is
-    a batch of its own). Deterministic: ties keep corpus order."""
-    if max_tokens < 1 or max_sentences < 1:
-        raise DistillError(f"max_tokens and max_sentences must be >= 1, got {max_tokens}, {max_sentences}")
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    cur_max = 0
-    for i in order:
-        new_max = max(cur_max, lengths[i])
-        if cur and (len(cur) >= max_sentences or (len(cur) + 1) * new_max > max_tokens):
-            batches.append(cur)
-            cur, new_max = [], lengths[i]
-        cur.append(i)
-        cur_max = new_max
-    if cur:
-        batches.append(cur)
-    return batches
-
-
-def decoder_max_len(max_len: Any) -> int | tuple[float, float]:
-    m = canonical_max_len(max_len)
-    return m if isinstance(m, int) else (m[0], m[1])
+# ------------------------------------------------------------------------------------------ decoding
 
 
 def translate_ids(model, sources: Sequence[Sequence[int]], *, beam_size: int, length_penalty: float,
@@ -81,13 +54,14 @@ def translate_ids(model, sources: Sequence[Sequence[int]], *, beam_size: int, le
     batched by token budget; returns (tokens, score) in the order of `sources`."""
     import torch
 
-    from bpd_train.decoding import beam_search, greedy
+    from bpd_train.data.sampler import length_batches
+    from bpd_train.decoding import beam_search, greedy, parse_max_len
 
     cfg = model.config
     device = device if device is not None else next(model.parameters()).device
     out: list[tuple[list[int], float | None] | None] = [None] * len(sources)
-    ml = decoder_max_len(max_len)
-    for batch in token_batches([len(s) for s in sources], max_tokens, max_sentences):
+    ml = parse_max_len(max_len, minimum=1)
+    for batch in length_batches([len(s) for s in sources], max_sentences, max_tokens):
         width = max(len(sources[i]) for i in batch)
         src = torch.full((len(batch), width), cfg.pad_id, dtype=torch.long)
         for row, i in enumerate(batch):
@@ -140,9 +114,7 @@ def _resolve_teacher(cfg, overrides: Sequence[str]) -> Path:
 
 
 def _teacher_sha256(loaded) -> str:
-    from bpd_train.export import source_id  # checkpoint file, bundle weights or ZeRO model states
-
-    return source_id(loaded.source).removeprefix("sha256:")
+    return loaded.source.id.removeprefix("sha256:")  # checkpoint file, bundle weights or ZeRO model states
 
 
 def _check_teacher(loaded, cfg, train_split) -> None:
@@ -165,14 +137,13 @@ def _check_teacher(loaded, cfg, train_split) -> None:
         log.warning("corpus '%s' has no tokenizer under %s yet; using the teacher's own (%s)", cfg.data.name,
                     cfg.paths.artifacts, loaded.tokenizer_path)
         return
-    from bpd_train.io import sha256_file
+    from bpd_train.loading import check_tokenizer, tokenizer_hash
 
-    if sha256_file(corpus_tok) != loaded.tokenizer_hash:
-        raise DistillError(f"teacher {loaded.source} uses tokenizer {loaded.tokenizer_hash[:12]} but corpus "
-                           f"'{cfg.data.name}' uses {sha256_file(corpus_tok)[:12]} ({corpus_tok}): the teacher was "
-                           "trained on another corpus or tokenizer setting, and its token ids would not fit the "
-                           "students. Use a teacher trained on this corpus (or distill.check_corpus_tokenizer=false "
-                           "to keep only its text).")
+    check_tokenizer(f"teacher {loaded.source}", loaded.tokenizer_hash, f"corpus '{cfg.data.name}'", corpus_tok,
+                    tokenizer_hash(corpus_tok), error=DistillError,
+                    hint=" (another corpus or tokenizer setting), and its token ids would not fit the students. Use "
+                         "a teacher trained on this corpus (or distill.check_corpus_tokenizer=false to keep only "
+                         "its text).")
 
 
 def _corpus_tokenizer(cfg, train_split) -> Path | None:
@@ -215,7 +186,7 @@ def _ids(ds) -> list[str]:
 def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
     """Everything that can fail on bad input, checked before anything is written."""
     from bpd_train.checkpoint import CheckpointError
-    from bpd_train.export import load_any
+    from bpd_train.loading import load
 
     d = cfg.distill
     if d.action not in ACTIONS:
@@ -226,7 +197,7 @@ def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
     command = command_from_overrides(overrides)
     teacher_path = _resolve_teacher(cfg, overrides)
     try:
-        teacher = load_any(teacher_path, map_location="cpu")  # also a DeepSpeed ZeRO run
+        teacher = load(teacher_path, map_location="cpu")  # a .ckpt, a run folder, a bundle or a ZeRO run
     except CheckpointError as e:
         raise DistillError(f"cannot use {teacher_path} as the teacher: {e}") from e
     ds, train_split = _select_split(cfg)
@@ -429,4 +400,4 @@ def _done(out_dir: Path, m: dict, **extra) -> dict[str, Any]:
             "teacher_bleu": bleu.get("bleu"), **extra}
 
 
-__all__ = ["run", "prepare", "run_worker", "translate_ids", "token_batches", "Job", "DEFAULT_COMMAND"]
+__all__ = ["run", "prepare", "run_worker", "translate_ids", "Job", "DEFAULT_COMMAND"]

@@ -75,6 +75,8 @@ class BlockwiseEval(Callback):
         return tok
 
     def _collect(self, trainer, tok, cfg) -> tuple[list[list[int]], list[str]]:
+        from bpd_train.data.sampler import evenly_spaced
+
         dm = getattr(trainer, "datamodule", None)
         if dm is not None and hasattr(dm, "val_dataloader"):
             loader = dm.val_dataloader()
@@ -92,10 +94,7 @@ class BlockwiseEval(Callback):
                 key = int(idx[r]) if idx is not None else len(rows)
                 rows.append((key, s, t))
         rows.sort(key=lambda x: x[0])
-        n = min(self.n_sentences, len(rows))
-        if n == 0:
-            return [], []
-        picks = sorted({round(i * (len(rows) - 1) / max(1, n - 1)) for i in range(n)}) if n > 1 else [0]
+        picks = evenly_spaced(len(rows), self.n_sentences)
         decode = tok.decode if hasattr(tok, "decode") else tok.sp.decode
         return [rows[i][1] for i in picks], [decode(rows[i][2]) for i in picks]
 
@@ -121,10 +120,9 @@ class BlockwiseEval(Callback):
 
     @torch.no_grad()
     def evaluate(self, trainer, pl_module, model=None) -> dict[str, float]:
-        from bpd_train.decoding import blockwise, greedy
+        from bpd_train.evaluation.compare import Batches, compare
         from bpd_train.evaluation.decode import max_len_arg, parse_rule
-        from bpd_train.evaluation.metrics import (DecodeStats, agreement, corpus_scores, length_sorted_batches,
-                                                  pad_batch, time_interleaved)
+        from bpd_train.evaluation.metrics import corpus_scores
 
         model = pl_module.model if model is None else model
         cfg = model.config
@@ -137,31 +135,19 @@ class BlockwiseEval(Callback):
         k = min(self.block_size or cfg.block_size, cfg.block_size)
         rule, max_len = parse_rule(self.accept), max_len_arg(self.max_len)
         device = next(model.parameters()).device
-        groups = length_sorted_batches([len(s) for s in srcs], self.batch_size)
-        batches = [pad_batch([srcs[i] for i in g], cfg.pad_id, device) for g in groups]
-        fns = {"greedy": lambda s: greedy(model, s, max_len=max_len)}
-        if k > 1:
-            fns["blockwise"] = lambda s: blockwise(model, s, block_size=k, accept=rule, max_len=max_len)
+        batches = Batches.of(srcs, self.batch_size, cfg.pad_id, device)
         was_training = model.training
         model.eval()
         try:
-            timed = time_interleaved(fns, batches, device, warmup=self.warmup)
+            c = compare(model, batches, k=k, rule=rule, max_len=max_len, device=device, warmup=self.warmup)
         finally:
             model.train(was_training)
-        key = "blockwise" if k > 1 else "greedy"
-        tokens: list = [None] * len(srcs)
-        g_tokens: list = [None] * len(srcs)
-        for g, rb, rg in zip(groups, timed[key].results, timed["greedy"].results):
-            for i, tb, tg in zip(g, rb.tokens, rg.tokens):
-                tokens[i], g_tokens[i] = list(tb), list(tg)
+        out_run = c.blockwise or c.greedy
         decode = tok.decode if hasattr(tok, "decode") else tok.sp.decode
-        scores = corpus_scores([decode(t) for t in tokens], refs)
-        stats = DecodeStats()
-        for r in timed[key].results:
-            stats.add(r)
-        out = {"val/bleu": scores["bleu"], "val/mean_accepted": stats.mean_accepted if k > 1 else 1.0,
-               "val/speedup": (timed["greedy"].seconds / timed[key].seconds) if k > 1 and timed[key].seconds > 0
-               else 1.0, "val/agreement": agreement(tokens, g_tokens)}
+        scores = corpus_scores([decode(t) for t in out_run.tokens], refs)
+        out = {"val/bleu": scores["bleu"], "val/mean_accepted": c.blockwise.stats.mean_accepted if c.blockwise else 1.0,
+               "val/speedup": c.speedup if c.blockwise is None or c.blockwise.seconds > 0 else 1.0,
+               "val/agreement": c.agreement}
         log.info("blockwise eval (%d sentences, k=%d %s): %s", len(srcs), k, self.accept,
                  ", ".join(f"{n}={v:.3f}" for n, v in out.items()))
         return out

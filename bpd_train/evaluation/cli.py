@@ -1,4 +1,4 @@
-"""What evaluate.py and export.py do with their Hydra config (the entry points stay thin)."""
+"""What evaluate.py does with its Hydra config (the entry point stays thin; export.py's is bpd_train/export.py)."""
 from __future__ import annotations
 
 import logging
@@ -38,6 +38,7 @@ def corpus_dir(cfg: DictConfig) -> Path:
 def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[list[str], list[str], dict]:
     """Sources and references of a split (evenly spaced subset when max_sentences is set)."""
     from bpd_train.data import load_corpus
+    from bpd_train.data.sampler import evenly_spaced
     from bpd_train.evaluation.decode import EvalError
 
     src, tgt = str(cfg.data.src_lang), str(cfg.data.tgt_lang)
@@ -50,9 +51,7 @@ def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[
     ds = ds[split]
     n = len(ds)
     if max_sentences is not None and int(max_sentences) < n:
-        m = int(max_sentences)
-        idx = sorted({round(i * (n - 1) / max(1, m - 1)) for i in range(m)}) if m > 1 else [0][:m]
-        ds = ds.select(idx)
+        ds = ds.select(evenly_spaced(n, int(max_sentences)))
     pairs = ds["translation"]
     info = {"name": str(cfg.data.name), "split": split, "src_lang": src, "tgt_lang": tgt, "split_size": n,
             "max_sentences": max_sentences}
@@ -86,42 +85,3 @@ def run_evaluate(cfg: DictConfig) -> Path:
     print((out_dir / "report.md").read_text(encoding="utf-8"))
     log.info("evaluation report: %s", out_dir)
     return out_dir
-
-
-def default_export_source(cfg: DictConfig) -> Path:
-    from bpd_train.checkpoint import CheckpointError
-    from bpd_train.export import resolve_source
-
-    root = corpus_dir(cfg)
-    runs = []
-    for run in [*sorted((root / "heads").glob("*")), root / "base"]:
-        try:
-            runs.append((resolve_source(run)[1].stat().st_mtime, run))
-        except (CheckpointError, OSError):
-            continue
-    if not runs:
-        hint = _hint(cfg)
-        raise CheckpointError(f"nothing to export under {root}: train first with `python train.py +regime=base{hint}` "
-                              f"(then e.g. `python train.py +regime=frozen{hint}`), or pass export.checkpoint=PATH")
-    heads = [r for r in runs if r[1].parent.name == "heads"]
-    return max(heads or runs)[1]
-
-
-def run_export(cfg: DictConfig) -> Path:
-    from bpd_train.evaluation.report import find_report
-    from bpd_train.export import export_checkpoint, source_id
-
-    x = cfg.export
-    src = Path(x.checkpoint) if x.checkpoint else default_export_source(cfg)
-    name = x.name or (src.name if src.is_dir() else (src.parent.parent.name if src.parent.name == "checkpoints"
-                                                     else src.stem))
-    out = Path(x.output_dir) if x.output_dir else corpus_dir(cfg) / "export" / name
-    report = x.report
-    if report is not None and str(report).lower() == "auto":
-        report = find_report(corpus_dir(cfg) / "eval", source_id(src)) if src.exists() else None
-        if report is None:
-            log.info("no evaluation report covers %s: the model card will say so", src)
-    path = export_checkpoint(src, out, dtype=str(x.dtype), overwrite=bool(x.overwrite), report=report,
-                             tag=x.tag, name=name)
-    print(f"exported {src} -> {path}" + (f" (model card table from {report})" if report else ""))
-    return path

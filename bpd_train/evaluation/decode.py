@@ -1,7 +1,6 @@
 """Glue between texts and the decoders: acceptance-rule names, default block sizes, tokenizing sources."""
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
 from bpd_train.evaluation.metrics import pad_batch
@@ -11,33 +10,15 @@ class EvalError(ValueError):
     """Evaluation settings that cannot work (block size above the model's k, unknown rule, no sentences, ...)."""
 
 
-_TOP = re.compile(r"^top[-_:]?k?[-_:]?(\d+)$")
-_DIST = re.compile(r"^(?:distance|dist|eps)[-_:]?([0-9.]+)$")
-
-
 def parse_rule(name):
-    """'exact' -> Exact(); 'top2' / 'topk:2' -> TopK(2); 'distance:1' -> Distance(1)."""
-    from bpd_train.decoding import Distance, Exact, TopK
+    """A rule name from config or the command line (grammar: decoding/acceptance.py) -> AcceptanceRule; a bad
+    name is an EvalError. Its report label is `.label`."""
+    from bpd_train.decoding import make_acceptance
 
-    s = str(name).strip().lower()
-    if s == "exact":
-        return Exact()
-    if m := _TOP.match(s):
-        return TopK(int(m.group(1)))
-    if m := _DIST.match(s):
-        return Distance(float(m.group(1)))
-    raise EvalError(f"unknown acceptance rule {name!r}: use exact, top<N> (e.g. top2) or distance:<eps>")
-
-
-def rule_label(name) -> str:
-    s = str(name).strip().lower()
-    if s == "exact":
-        return "Exact"
-    if m := _TOP.match(s):
-        return f"TopK({m.group(1)})"
-    if m := _DIST.match(s):
-        return f"Distance({m.group(1)})"
-    return str(name)
+    try:
+        return make_acceptance(str(name))
+    except ValueError as e:
+        raise EvalError(str(e)) from None
 
 
 def default_block_sizes(k: int) -> list[int]:
@@ -91,12 +72,13 @@ def decode_options(sp, eos_id: int, dtype: str = "fp32", draft_vocab=None):
 
 
 def max_len_arg(max_len):
-    """Config -> decoder max_len: an int, or [a, b] meaning a*src_len + b per row."""
-    if isinstance(max_len, (list, tuple)):
-        if len(max_len) != 2:
-            raise EvalError(f"max_len must be an int or [a, b] (a*src_len + b), got {max_len!r}")
-        return (float(max_len[0]), int(max_len[1]))
-    return int(max_len)
+    """Config -> decoder MaxLen (decoding.parse_max_len); a bad value is an EvalError."""
+    from bpd_train.decoding import parse_max_len
+
+    try:
+        return parse_max_len(max_len)
+    except ValueError as e:
+        raise EvalError(str(e)) from None
 
 
 class SpmText:

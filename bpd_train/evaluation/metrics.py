@@ -112,12 +112,6 @@ def time_interleaved(fns: dict[str, Callable], batches: Sequence, device=None, w
     return out
 
 
-def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Row indices grouped into batches of similar source length (longest first), deterministic."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-
-
 def pad_batch(seqs: Iterable[Sequence[int]], pad_id: int, device=None) -> torch.Tensor:
     seqs = [list(s) for s in seqs]
     width = max((len(s) for s in seqs), default=0)

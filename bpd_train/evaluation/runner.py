@@ -20,11 +20,12 @@ from typing import Sequence
 import torch
 
 from bpd_train.checkpoint import CheckpointError
-from bpd_train.evaluation.decode import (EvalError, SpmText, check_block_sizes, decode_options, max_len_arg, parse_rule,
-                                         rule_label)
-from bpd_train.evaluation.metrics import (DecodeStats, agreement, corpus_scores, length_sorted_batches, one_line,
-                                          time_interleaved)
+from bpd_train.data.sampler import length_batches
+from bpd_train.evaluation.compare import Batches, compare
+from bpd_train.evaluation.decode import EvalError, SpmText, check_block_sizes, decode_options, max_len_arg, parse_rule
+from bpd_train.evaluation.metrics import agreement, corpus_scores, one_line
 from bpd_train.io import atomic_dir, atomic_write_text
+from bpd_train.loading import Source, load, resolve, run_checkpoints
 
 REPORT_FORMAT = "bpd-train-eval-report"
 KEEP_PARAMS = 300_000_000
@@ -46,7 +47,6 @@ class EvalSettings:
     def __post_init__(self) -> None:
         self.rules = [str(r) for r in (self.rules or [])]
         for r in self.rules:
-            rule_label(r)
             parse_rule(r)  # fail before any decoding
         self.batch_sizes = [int(b) for b in (self.batch_sizes or [])]
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -71,27 +71,6 @@ class EvalSettings:
 
 
 # ------------------------------------------------------------------------------------------------------ inputs
-def _is_bundle(p: Path) -> bool:
-    return p.is_dir() and (p / "config.json").is_file() and (p / "model.safetensors").is_file()
-
-
-def _run_checkpoints(run: Path, all_checkpoints: bool) -> list[Path]:
-    from bpd_train.export import find_zero_dir, resolve_source
-
-    if all_checkpoints and (run / "checkpoints").is_dir():
-        found = sorted(p for p in (run / "checkpoints").iterdir()
-                       if p.suffix == ".ckpt" and (p.is_file() or find_zero_dir(p) is not None))
-        seen, out = set(), []
-        for p in found:  # best.ckpt may be a link to an epoch checkpoint
-            key = p.resolve()
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
-        if out:
-            return out
-    return [resolve_source(run)[1]]
-
-
 def _display_name(path: Path, run_level: bool) -> str:
     if path.is_dir():
         return path.name
@@ -101,23 +80,23 @@ def _display_name(path: Path, run_level: bool) -> str:
     return path.stem
 
 
-def expand_inputs(inputs: Sequence[str | os.PathLike], all_checkpoints: bool = False) -> list[tuple[str, Path]]:
-    """Checkpoint files, run folders, bundles, ZeRO folders or glob patterns -> [(unique name, path)]."""
-    out: list[tuple[str, Path]] = []
+def expand_inputs(inputs: Sequence[str | os.PathLike], all_checkpoints: bool = False) -> list[tuple[str, Source]]:
+    """Checkpoint files, run folders, bundles, ZeRO folders or glob patterns -> [(unique name, resolved source)].
+    all_checkpoints: every checkpoint of a run folder, else the one loading.resolve picks."""
+    out: list[tuple[str, Source]] = []
     for spec in inputs:
         spec = str(spec)
         paths = sorted(Path(p) for p in glob.glob(spec)) if glob.has_magic(spec) else [Path(spec)]
         if not paths:
             raise CheckpointError(f"no checkpoint matches {spec}")
         for p in paths:
-            if not p.exists():
-                raise CheckpointError(f"checkpoint {p} does not exist")
-            if p.is_file() or _is_bundle(p):
-                out.append((_display_name(p, False), p))
+            source = resolve(p)
+            if source.path == p:  # not a run folder
+                out.append((_display_name(p, False), source))
                 continue
-            ckpts = _run_checkpoints(p, all_checkpoints)
+            ckpts = (run_checkpoints(p) if all_checkpoints else []) or [source]
             for c in ckpts:
-                name = p.name if len(ckpts) == 1 else f"{p.name}/{c.stem}"
+                name = p.name if len(ckpts) == 1 else f"{p.name}/{c.path.stem}"
                 out.append((name, c))
     names: dict[str, int] = {}
     unique = []
@@ -141,21 +120,6 @@ def default_inputs(corpus_dir: Path, train_hint: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------------ decoding
-def _scatter(groups: list[list[int]], results: list, n: int) -> list[list[int]]:
-    tokens: list = [None] * n
-    for g, r in zip(groups, results):
-        for i, t in zip(g, r.tokens):
-            tokens[i] = [int(x) for x in t]
-    return tokens
-
-
-def _stats(results) -> DecodeStats:
-    s = DecodeStats()
-    for r in results:
-        s.add(r)
-    return s
-
-
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.#" else "_" for c in name)
 
@@ -166,7 +130,6 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     Returns (checkpoint entry, result rows)."""
     from tqdm import tqdm
 
-    from bpd_train.decoding import blockwise, greedy
     from bpd_train.model.fastlinear import engine_name
 
     device = settings.torch_device()
@@ -184,12 +147,9 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     regime = meta.get("regime") or (meta.get("training") or {}).get("regime")
     combos = [(k, r, rule) for k in ks for r, rule in rules]
     lengths = [len(x) for x in src_ids]
-    n_batches = sum(len(length_sorted_batches(lengths, b)) for b in settings.batch_sizes) * max(1, len(combos))
+    n_batches = sum(len(length_batches(lengths, b)) for b in settings.batch_sizes) * max(1, len(combos))
     bar = tqdm(total=n_batches, desc=f"eval {name}", unit="batch", disable=not settings.progress, file=sys.stderr,
                leave=False)
-
-    def g_fn(src):
-        return greedy(model, src, max_len=max_len)
 
     entry = {"name": name, "path": str(loaded.source), "regime": regime, "k": cfg.block_size,
              "identity_p1": cfg.identity_p1, "tokenizer_hash": loaded.tokenizer_hash, "truncated_sources": 0,
@@ -199,48 +159,40 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     rows: list[dict] = []
     greedy_ref: list | None = None
     for bs in settings.batch_sizes:
-        groups = length_sorted_batches(lengths, bs)
-        batches = [text.batch([src_ids[i] for i in g], device) for g in groups]
+        batches = Batches.of(src_ids, bs, cfg.pad_id, device)
         for combo in combos or [None]:
-            fns = {"greedy": g_fn}
-            if combo is not None:
-                k, _, rule = combo
-                fns["blockwise"] = lambda src, k=k, rule=rule: blockwise(model, src, block_size=k, accept=rule,
-                                                                           max_len=max_len, adaptive=settings.adaptive)
-            timed = time_interleaved(fns, batches, device, warmup=settings.warmup, on_batch=bar.update)
-            g_tokens = _scatter(groups, timed["greedy"].results, len(src_ids))
-            g_stats = _stats(timed["greedy"].results)
+            k, rname, rule = combo or (None, None, None)
+            c = compare(model, batches, k=k, rule=rule, max_len=max_len, device=device, warmup=settings.warmup,
+                        adaptive=settings.adaptive, on_batch=bar.update)
+            g = c.greedy
             if greedy_ref is None:
-                greedy_ref = g_tokens
-                hyps = [one_line(text.detok(t)) for t in g_tokens]
+                greedy_ref = g.tokens
+                hyps = [one_line(text.detok(t)) for t in g.tokens]
                 atomic_write_text(hyp_dir / "greedy.txt", "".join(h + "\n" for h in hyps))
                 entry["greedy"].update(corpus_scores(hyps, refs), hyp_file=str((hyp_dir / "greedy.txt")
                                                                               .relative_to(out_dir)),
-                                       tokens=g_stats.tokens)
+                                       tokens=g.stats.tokens)
             by_bs = entry["greedy"]["by_batch_size"].setdefault(str(bs), {
-                "calls": g_stats.calls, "prefill_calls": g_stats.prefill_calls, "seconds": [],
-                "same_output_as_first_batch_size": agreement(g_tokens, greedy_ref) == 100.0})
-            by_bs["seconds"].append(timed["greedy"].seconds)
-            if combo is None:
+                "calls": g.stats.calls, "prefill_calls": g.stats.prefill_calls, "seconds": [],
+                "same_output_as_first_batch_size": agreement(g.tokens, greedy_ref) == 100.0})
+            by_bs["seconds"].append(g.seconds)
+            if c.blockwise is None:
                 continue
-            k, rname, _ = combo
-            b_tokens = _scatter(groups, timed["blockwise"].results, len(src_ids))
-            b_stats = _stats(timed["blockwise"].results)
-            hyps = [one_line(text.detok(t)) for t in b_tokens]
+            b = c.blockwise
+            hyps = [one_line(text.detok(t)) for t in b.tokens]
             hyp_file = hyp_dir / f"k{k}.{_safe(rname)}.bs{bs}.txt"
             atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))
             scores = corpus_scores(hyps, refs)
-            gs, bsec = timed["greedy"].seconds, timed["blockwise"].seconds
             rows.append({
                 "checkpoint": name, "regime": regime, "model_k": cfg.block_size, "k": k, "rule": rname,
-                "rule_label": rule_label(rname), "batch_size": bs, "bleu": scores["bleu"], "chrf": scores["chrf"],
-                "greedy_bleu": entry["greedy"]["bleu"], "mean_accepted": b_stats.mean_accepted,
-                "calls": b_stats.calls, "prefill_calls": b_stats.prefill_calls, "greedy_calls": g_stats.calls,
+                "rule_label": rule.label, "batch_size": bs, "bleu": scores["bleu"], "chrf": scores["chrf"],
+                "greedy_bleu": entry["greedy"]["bleu"], "mean_accepted": b.stats.mean_accepted,
+                "calls": b.stats.calls, "prefill_calls": b.stats.prefill_calls, "greedy_calls": g.stats.calls,
                 # batch-level view: output tokens per batched decoder call, prefill included
-                "tokens_per_call": b_stats.tokens / max(1, b_stats.calls + b_stats.prefill_calls),
-                "accepted_hist": b_stats.to_dict()["accepted_hist"], "tokens": b_stats.tokens,
-                "greedy_tokens": g_stats.tokens, "agreement": agreement(b_tokens, g_tokens),
-                "greedy_seconds": gs, "blockwise_seconds": bsec, "speedup": gs / bsec if bsec > 0 else float("nan"),
+                "tokens_per_call": b.stats.tokens / max(1, b.stats.calls + b.stats.prefill_calls),
+                "accepted_hist": b.stats.to_dict()["accepted_hist"], "tokens": b.stats.tokens,
+                "greedy_tokens": g.stats.tokens, "agreement": c.agreement,
+                "greedy_seconds": g.seconds, "blockwise_seconds": b.seconds, "speedup": c.speedup,
                 "hyp_file": str(hyp_file.relative_to(out_dir)),
             })
     bar.close()
@@ -255,16 +207,15 @@ def load_inputs(inputs: Sequence[tuple[str, Path]], settings: EvalSettings,
                 expect_tokenizer_hash: str | None = None) -> list[tuple[str, Path, object]]:
     """Load (on CPU) and check every input before any decoding: bad input fails in seconds, not after an hour.
     Models are kept for the evaluation while they add up to < KEEP_PARAMS parameters, else reloaded then."""
-    from bpd_train.export import load_any
-
     loaded_all, kept = [], 0
     for name, path in inputs:
-        loaded = load_any(path, map_location="cpu", expect_tokenizer_hash=expect_tokenizer_hash)
+        path = resolve(path)
+        loaded = load(path, map_location="cpu", expect_tokenizer_hash=expect_tokenizer_hash)
         check_block_sizes(settings.block_sizes, loaded.config.block_size, f"{name} ({path})")
         n = sum(p.numel() for p in loaded.model.parameters())
         keep = kept + n <= KEEP_PARAMS
         kept += n if keep else 0
-        loaded_all.append((name, Path(path), loaded if keep else None))
+        loaded_all.append((name, path, loaded if keep else None))
     return loaded_all
 
 
@@ -283,7 +234,6 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
     """Evaluate every (name, path) and write the report folder atomically. Returns the report dict.
     `loaded`: what load_inputs(inputs, settings) returned, if the caller already called it."""
     from bpd_train.evaluation.report import write_report
-    from bpd_train.export import load_any, source_id
 
     if not sources:
         raise EvalError("no sentences to evaluate (empty split or max_sentences=0)")
@@ -299,10 +249,10 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
         atomic_write_text(tmp / "ref.txt", "".join(one_line(r) + "\n" for r in refs))
         for i, (name, path, loaded) in enumerate(loaded_all):
             if loaded is None:
-                loaded = load_any(path, map_location="cpu", expect_tokenizer_hash=expect_tokenizer_hash)
+                loaded = load(path, map_location="cpu", expect_tokenizer_hash=expect_tokenizer_hash)
             loaded_all[i] = (name, path, None)  # free each model once evaluated
             entry, r = evaluate_loaded(loaded, name, sources, refs, settings, tmp,
-                                       extra={"source_id": source_id(path), "input": str(path),
+                                       extra={"source_id": path.id, "input": str(path),
                                               "wandb": _wandb_ids(path, loaded.meta or {})})
             del loaded
             checkpoints.append(entry)

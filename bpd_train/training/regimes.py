@@ -18,7 +18,8 @@ SOURCES = ("gold", "distilled")
 
 
 def available_regimes() -> list[str]:
-    return sorted(p.stem for p in (REPO_ROOT / "conf" / "regime").glob("*.yaml"))
+    # conf/regime/_*.yaml hold what several regimes share; they are not regimes
+    return sorted(p.stem for p in (REPO_ROOT / "conf" / "regime").glob("*.yaml") if not p.stem.startswith("_"))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from bpd_train.checkpoint import CKPT_META_KEY, CheckpointError, read_checkpoint
+from bpd_train.checkpoint import CheckpointError, checkpoint_meta, read_checkpoint
 from bpd_train.io import atomic_write_bytes, atomic_write_text
 from bpd_train.model import BPDConfig, BPDModel
 from bpd_train.training.module import BPDLightningModule
@@ -74,22 +74,21 @@ def _make_base_hint() -> str:
 
 def load_init(init_from: str, tokenizer) -> Any:
     """The model a head regime starts from, checked against this run's tokenizer."""
-    from bpd_train.export import load_any, resolve_source
+    from bpd_train.loading import check_tokenizer, load, resolve
 
     p = Path(init_from)
     try:
-        resolve_source(p)
+        source = resolve(p)
     except CheckpointError as e:
         raise TrainError(f"no base model at {p} ({e}); make it with: {_make_base_hint()}") from None
-    loaded = load_any(p, map_location="cpu")  # a .ckpt, a run folder, a bundle or a DeepSpeed ZeRO run
+    loaded = load(source, map_location="cpu")  # a .ckpt, a run folder, a bundle or a DeepSpeed ZeRO run
     if loaded.config.vocab_size != tokenizer.vocab_size:
         raise TrainError(f"{loaded.source} has a vocabulary of {loaded.config.vocab_size} but this run's tokenizer "
                          f"{tokenizer.path} has {tokenizer.vocab_size}: it was trained on another corpus or with "
                          f"other sentencepiece settings (init_from={init_from})")
-    if loaded.tokenizer_hash != tokenizer.hash:
-        raise TrainError(f"{loaded.source} was trained with tokenizer sha256 {loaded.tokenizer_hash[:12]} but this run "
-                         f"uses {tokenizer.path} (sha256 {tokenizer.hash[:12]}): same vocabulary size, different "
-                         f"pieces; train the base model on this corpus/settings or point init_from at a matching one")
+    check_tokenizer(loaded.source, loaded.tokenizer_hash, "this run", tokenizer.path, tokenizer.hash, error=TrainError,
+                    hint="; same vocabulary size, different pieces: train the base model on this corpus/settings or "
+                         "point init_from at a matching one")
     return loaded
 
 
@@ -158,12 +157,15 @@ def build_module(cfg: DictConfig, regime: Regime, tokenizer, resume: str | None 
     init_from = regime.init_from
     init = None
     if resume and resume != "hpc" and Path(resume).is_file():
-        meta = read_checkpoint(resume).get(CKPT_META_KEY) or {}
-        if "model_config" not in meta:
-            raise TrainError(f"{resume} is not a bpd-train checkpoint (no '{CKPT_META_KEY}' metadata)")
-        if meta.get("tokenizer_hash") and meta["tokenizer_hash"] != tokenizer.hash:
-            raise TrainError(f"{resume} was trained with another tokenizer (sha256 {meta['tokenizer_hash'][:12]}) "
-                             f"than this run's {tokenizer.path} (sha256 {tokenizer.hash[:12]})")
+        from bpd_train.loading import check_tokenizer
+
+        ckpt = read_checkpoint(resume)
+        try:
+            meta = checkpoint_meta(ckpt, resume)
+        except CheckpointError as e:
+            raise TrainError(str(e)) from None
+        check_tokenizer(resume, meta.get("tokenizer_hash"), "this run", tokenizer.path, tokenizer.hash,
+                        error=TrainError)
         model_cfg = BPDConfig.from_dict(dict(meta["model_config"]))
     elif init_from:
         init = load_init(init_from, tokenizer)

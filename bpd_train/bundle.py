@@ -1,0 +1,307 @@
+"""The bundle format: a trained model as plain files that load without pickle. Write (atomically), read, verify.
+
+A bundle folder holds
+  model.safetensors   the weights (fp32 or bf16); tied tensors are stored once (config.json "weights.tied")
+  config.json         format marker, model config (incl. the k heads), tokenizer sha256 + special ids,
+                      sha256 of model.safetensors, training provenance
+  tokenizer.model     the sentencepiece model the weights were trained with
+  README.md           model card (regime, data, and the evaluation table when a report exists)
+  manifest.json       sha256 of each of the four files above (format_version >= 2), written last
+`load_bundle` checks every file, hash and tensor shape before it builds the model, and reads nothing with
+pickle. Which folder is a bundle is decided here (`is_bundle`); turning a run or checkpoint into one is
+bpd_train/export.py, and loading any model (a bundle among others) is bpd_train/loading.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from bpd_train import __version__
+from bpd_train.checkpoint import CheckpointError
+from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file, umask
+from bpd_train.model.config import BPDConfig
+
+BUNDLE_FORMAT = "bpd-train-bundle"
+BUNDLE_VERSION = 2  # 2: manifest.json covers config.json (an edited config is refused); 1 had no manifest
+WEIGHTS, CONFIG, TOKENIZER, CARD, MANIFEST = ("model.safetensors", "config.json", "tokenizer.model", "README.md",
+                                              "manifest.json")
+MANIFEST_FORMAT = "bpd-train-bundle-manifest"
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+class BundleError(CheckpointError):
+    """A bundle that is missing a file, was modified, or does not match its own config."""
+
+
+# ----------------------------------------------------------------------------------------------------- writing
+def _dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[str(name).lower()]
+    except KeyError:
+        raise ValueError(f"export dtype must be one of {sorted(DTYPES)}, got {name!r}") from None
+
+
+def _dedup_tied(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """safetensors refuses tensors that share memory (tied embedding/projection): keep each storage once."""
+    kept: dict[tuple, str] = {}
+    out, tied = {}, {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if t.numel() and key in kept:
+            tied[name] = kept[key]
+        else:
+            kept[key] = name
+            out[name] = t
+    return out, tied
+
+
+def write_bundle(model, tokenizer_path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str = "float32",
+                  overwrite: bool = False, provenance: dict | None = None, card_extra: str | None = None) -> Path:
+    """Write `model` (a BPDModel) and its tokenizer as a bundle folder, atomically (temp folder + rename)."""
+    from safetensors.torch import save_file
+
+    out_dir, tokenizer_path = Path(out_dir), Path(tokenizer_path)
+    if not tokenizer_path.is_file():
+        raise BundleError(f"tokenizer {tokenizer_path} does not exist")
+    torch_dtype = _dtype(dtype)
+    cfg: BPDConfig = model.config
+    raw = {k: v.detach() for k, v in model.state_dict().items()}
+    stored, tied = _dedup_tied(raw)
+    tensors = {k: (v.to(torch_dtype) if v.is_floating_point() else v).cpu().contiguous() for k, v in stored.items()}
+    tok_hash = sha256_file(tokenizer_path)
+    special = _tokenizer_ids(tokenizer_path)
+    if special["vocab_size"] != cfg.vocab_size:
+        raise BundleError(f"tokenizer {tokenizer_path} has {special['vocab_size']} pieces but the model's vocab_size "
+                          f"is {cfg.vocab_size}: not the tokenizer this model was trained with")
+    check_output_dir(out_dir, overwrite)
+    with atomic_dir(out_dir, overwrite=overwrite, replaceable=only_bundle_files) as tmp:
+        save_file(tensors, tmp / WEIGHTS, metadata={"format": "pt", "bpd_train": __version__})
+        os.chmod(tmp / WEIGHTS, 0o666 & ~umask())  # safetensors creates it 0600 whatever the umask
+        (tmp / TOKENIZER).write_bytes(tokenizer_path.read_bytes())
+        config = {
+            "format": BUNDLE_FORMAT,
+            "format_version": BUNDLE_VERSION,
+            "bpd_train_version": __version__,
+            "model": cfg.to_dict(),
+            "heads": {"block_size": cfg.block_size, "identity_p1": cfg.identity_p1, "head_hidden": cfg.head_hidden},
+            "tokenizer": {"file": TOKENIZER, "sha256": tok_hash, **special},
+            "weights": {"file": WEIGHTS, "sha256": sha256_file(tmp / WEIGHTS), "dtype": str(torch_dtype).split(".")[-1],
+                        "tied": tied, "num_parameters": int(sum(t.numel() for t in tensors.values()))},
+            "training": dict(provenance or {}),
+        }
+        atomic_write_json(tmp / CONFIG, config)
+        atomic_write_text(tmp / CARD, model_card(config, card_extra))
+        atomic_write_json(tmp / MANIFEST, {"format": MANIFEST_FORMAT, "files": {
+            f: sha256_file(tmp / f) for f in (CONFIG, WEIGHTS, TOKENIZER, CARD)}})
+    return out_dir
+
+
+def is_bundle(path: str | os.PathLike) -> bool:
+    """Is `path` meant as a bundle (a folder with config.json)? The one test every stage uses to tell a bundle from
+    a checkpoint or run folder; whether it is a *valid* bundle is load_bundle's job (it names what is missing)."""
+    path = Path(path)
+    return path.is_dir() and (path / CONFIG).is_file()
+
+
+def only_bundle_files(path: str | os.PathLike) -> bool:
+    """A folder export wrote, and nothing else: the only kind `overwrite` may replace (it is deleted whole)."""
+    path = Path(path)
+    try:
+        names = {p.name for p in path.iterdir()}
+        if MANIFEST in names:
+            manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+            ours = set(manifest["files"]) | {MANIFEST} if manifest.get("format") == MANIFEST_FORMAT else set()
+        else:  # format_version 1
+            ours = {CONFIG, WEIGHTS, TOKENIZER, CARD}
+        config = json.loads((path / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return isinstance(config, dict) and config.get("format") == BUNDLE_FORMAT and bool(ours) and names <= ours
+
+
+def check_output_dir(out_dir: str | os.PathLike, overwrite: bool) -> None:
+    """Before any work: an existing output is refused unless overwrite is on and it is a previous bundle."""
+    out_dir = Path(out_dir)
+    if not (out_dir.exists() or out_dir.is_symlink()):
+        return
+    if out_dir.is_symlink() or not out_dir.is_dir():
+        raise BundleError(f"export output {out_dir} exists and is not a folder; choose another export.output_dir")
+    if not overwrite:
+        raise FileExistsError(f"{out_dir} already exists; pass overwrite=true (export.overwrite=true) to replace it")
+    if any(out_dir.iterdir()) and not only_bundle_files(out_dir):
+        raise BundleError(f"export output {out_dir} is a folder that is not a bpd-train bundle (or holds other files "
+                          "too); overwrite only ever replaces a previous bundle: choose another export.output_dir")
+
+
+def _tokenizer_ids(path: Path) -> dict[str, int]:
+    import sentencepiece as spm
+
+    try:
+        sp = spm.SentencePieceProcessor(model_file=str(path))
+    except Exception as e:  # noqa: BLE001 - sentencepiece raises OSError/RuntimeError for a bad file
+        raise BundleError(f"{path} is not a readable sentencepiece model: {e}") from e
+    return {"vocab_size": sp.get_piece_size(), "pad_id": sp.pad_id(), "bos_id": sp.bos_id(), "eos_id": sp.eos_id(),
+            "unk_id": sp.unk_id()}
+
+
+def model_card(config: dict, extra: str | None = None) -> str:
+    m, t, tr = config["model"], config["tokenizer"], config.get("training", {})
+    k = m["block_size"]
+    regime = tr.get("regime", "unknown")
+    lines = [
+        f"# bpd-train model: {tr.get('name', regime)} (k = {k})",
+        "",
+        "An encoder-decoder Transformer with Blockwise Parallel Decoding heads (Stern, Shazeer & Uszkoreit, 2018): "
+        f"{k} head(s) propose {k} tokens per decoder call; head 1 verifies them, so `Exact` acceptance "
+        "reproduces the model's greedy output while using fewer decoder calls.",
+        "",
+        "## Use",
+        "",
+        "```bash",
+        f"python -m bpd_train.translate --bundle {tr.get('bundle_name', '.')} --block-size {k} --accept exact "
+        "< input.txt > output.txt",
+        "```",
+        "",
+        "```python",
+        "from bpd_train.decoding import Exact, blockwise",
+        "from bpd_train.export import load_bundle",
+        f"model, sp, meta = load_bundle('{tr.get('bundle_name', 'path/to/bundle')}')  # checks files, hashes, shapes",
+        "src = [sp.encode('In the beginning God created the heavens and the earth.') + [sp.eos_id()]]",
+        f"r = blockwise(model, src, block_size={k}, accept=Exact())   # == greedy output, fewer decoder calls",
+        "print(sp.decode(r.tokens[0]), r.mean_accepted)",
+        "```",
+        "",
+        "## Model",
+        "",
+        "| setting | value |",
+        "|---|---|",
+    ]
+    for key in ("vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "block_size",
+                "identity_p1", "head_d_hidden", "max_positions"):
+        lines.append(f"| {key} | {m.get(key)} |")
+    lines += [f"| weights dtype | {config['weights']['dtype']} |",
+              f"| parameters | {config['weights']['num_parameters']:,} |", "",
+              "## Training", "", "| | |", "|---|---|", f"| regime | {regime} |"]
+    for key in ("paper_regime", "data", "src_lang", "tgt_lang", "init_from", "global_step", "epoch", "seed", "source",
+                "source_id"):
+        if tr.get(key) is not None:
+            lines.append(f"| {key} | {tr[key]} |")
+    lines += ["", "## Tokenizer", "",
+              f"sentencepiece `tokenizer.model`, {t['vocab_size']} pieces, sha256 `{t['sha256']}`; "
+              f"pad={t['pad_id']} bos={t['bos_id']} eos={t['eos_id']} unk={t['unk_id']}.", ""]
+    lines += ["## Evaluation", ""]
+    lines += [extra.rstrip(), ""] if extra else ["No evaluation report was found when this bundle was exported "
+                                                 "(run `python evaluate.py` and export again to include one).", ""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------- loading
+def read_bundle_config(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    if not path.is_dir():
+        raise BundleError(f"bundle {path} does not exist or is not a folder")
+    missing = [f for f in (CONFIG, WEIGHTS, TOKENIZER) if not (path / f).is_file()]
+    if missing:
+        raise BundleError(f"bundle {path} is incomplete: missing {', '.join(missing)}")
+    try:
+        config = json.loads((path / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BundleError(f"{path / CONFIG} is not valid JSON: {e}") from e
+    if not isinstance(config, dict) or config.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"{path / CONFIG} is not a bpd-train bundle config (format != {BUNDLE_FORMAT!r})")
+    if config.get("format_version", 0) > BUNDLE_VERSION:
+        raise BundleError(f"bundle {path} has format_version {config['format_version']}; this bpd-train reads "
+                          f"up to {BUNDLE_VERSION}: upgrade bpd-train")
+    for key in ("model", "tokenizer", "weights"):
+        if not isinstance(config.get(key), dict):
+            raise BundleError(f"{path / CONFIG} has no '{key}' section")
+    return config
+
+
+def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu", dtype: str | None = "float32"):
+    """-> (model, tokenizer, meta). model: BPDModel in eval mode (fp32 unless dtype=None keeps the stored dtype);
+    tokenizer: sentencepiece.SentencePieceProcessor; meta: config.json plus 'tokenizer_hash' and 'path'."""
+    import sentencepiece as spm
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from bpd_train.model import BPDModel
+
+    path = Path(path)
+    config = read_bundle_config(path)
+    verify_manifest(path, config)
+    tok_hash = sha256_file(path / TOKENIZER)
+    if tok_hash != config["tokenizer"].get("sha256"):
+        raise BundleError(f"{path / TOKENIZER} (sha256 {tok_hash[:12]}) is not the tokenizer this bundle was exported "
+                          f"with (sha256 {str(config['tokenizer'].get('sha256'))[:12]}): the file was replaced or "
+                          "modified")
+    w_hash = sha256_file(path / WEIGHTS)
+    if w_hash != config["weights"].get("sha256"):
+        raise BundleError(f"{path / WEIGHTS} (sha256 {w_hash[:12]}) does not match the sha256 recorded in config.json "
+                          f"({str(config['weights'].get('sha256'))[:12]}): the file is corrupt or was modified")
+    try:
+        cfg = BPDConfig.from_dict(dict(config["model"]))
+    except (TypeError, ValueError) as e:
+        raise BundleError(f"{path / CONFIG} has an invalid model config: {e}") from e
+    tok = spm.SentencePieceProcessor(model_file=str(path / TOKENIZER))
+    ids = {"vocab_size": tok.get_piece_size(), "pad_id": tok.pad_id(), "bos_id": tok.bos_id(), "eos_id": tok.eos_id()}
+    want = {"vocab_size": cfg.vocab_size, "pad_id": cfg.pad_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
+    if ids != want:
+        raise BundleError(f"bundle {path}: tokenizer ids {ids} do not match the model config {want}")
+    try:
+        tensors = load_file(path / WEIGHTS, device="cpu")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise BundleError(f"cannot read {path / WEIGHTS}: {e}") from e
+    for alias, target in config["weights"].get("tied", {}).items():
+        if target not in tensors:
+            raise BundleError(f"{path / CONFIG} ties {alias} to {target}, which is not in {WEIGHTS}")
+        tensors[alias] = tensors[target]
+    model = BPDModel(cfg)
+    check_state_shapes(model, tensors, where=str(path / WEIGHTS))
+    stored_dtype = next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
+    target = _dtype(dtype) if dtype is not None else stored_dtype
+    model.to(target)
+    model.load_state_dict(tensors, strict=True)  # copies (and casts) into the model's own tensors, keeps ties
+    model = model.to(map_location).eval()
+    meta = dict(config)
+    meta.update(tokenizer_hash=tok_hash, path=str(path), regime=config.get("training", {}).get("regime"))
+    return model, tok, meta
+
+
+def verify_manifest(path: Path, config: dict) -> None:
+    """manifest.json covers config.json and the model card (weights and tokenizer are covered by config.json's own
+    hashes, checked next): an edited config that keeps tensor shapes (n_heads, ...) would change the output."""
+    if config.get("format_version", 1) < 2:
+        return  # exported before manifests existed
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if manifest.get("format") != MANIFEST_FORMAT or not isinstance(files, dict) or CONFIG not in files:
+            raise ValueError("not a bundle manifest")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise BundleError(f"bundle {path} has no readable {MANIFEST} ({type(e).__name__}: {e}): re-export it") from None
+    for name in (CONFIG, CARD):
+        if name in files and sha256_file(path / name) != files[name]:
+            raise BundleError(f"{path / name} does not match the sha256 in {path / MANIFEST}: the file was edited "
+                              "after export; re-export the bundle (python export.py) instead of editing it")
+
+
+def check_state_shapes(model, state: dict[str, torch.Tensor], where: str) -> None:
+    """Names and shapes of `state` must be exactly the model's: one message listing what differs."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    wrong = [f"{k}: {got[k]} (model expects {expected[k]})" for k in sorted(set(got) & set(expected))
+             if got[k] != expected[k]]
+    if missing or unexpected or wrong:
+        parts = []
+        if wrong:
+            parts.append("shape mismatch " + "; ".join(wrong[:5]) + (" ..." if len(wrong) > 5 else ""))
+        if missing:
+            parts.append(f"missing {missing[:5]}" + (" ..." if len(missing) > 5 else ""))
+        if unexpected:
+            parts.append(f"unexpected {unexpected[:5]}" + (" ..." if len(unexpected) > 5 else ""))
+        raise BundleError(f"{where} does not fit the model config: " + ", ".join(parts))

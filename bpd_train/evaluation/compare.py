@@ -1,0 +1,73 @@
+"""Greedy vs blockwise on the same batches, timed interleaved: the one comparison that evaluate.py
+(evaluation/runner.py) and the in-training callback (evaluation/callback.py) both report from."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from bpd_train.data.sampler import length_batches
+from bpd_train.evaluation.metrics import DecodeStats, agreement, pad_batch, time_interleaved
+
+
+@dataclass
+class Decoded:
+    tokens: list[list[int]]   # one per source, in the sources' order
+    stats: DecodeStats
+    seconds: float            # timed batches only (after warm-up)
+
+
+@dataclass
+class Comparison:
+    greedy: Decoded
+    blockwise: Decoded | None  # None: greedy only (a model without heads, or k = 1)
+
+    @property
+    def speedup(self) -> float:
+        if self.blockwise is None:
+            return 1.0
+        return self.greedy.seconds / self.blockwise.seconds if self.blockwise.seconds > 0 else float("nan")
+
+    @property
+    def agreement(self) -> float:
+        """% of sentences where blockwise gave greedy's exact tokens (100 by definition without blockwise)."""
+        return agreement((self.blockwise or self.greedy).tokens, self.greedy.tokens)
+
+
+@dataclass
+class Batches:
+    """Sources grouped by length (decoding.length_batches) and padded once, reused by every decoder compared."""
+    groups: list[list[int]]
+    tensors: list
+    n: int
+
+    @classmethod
+    def of(cls, src_ids: Sequence[Sequence[int]], batch_size: int, pad_id: int, device=None) -> "Batches":
+        groups = length_batches([len(s) for s in src_ids], batch_size)
+        return cls(groups, [pad_batch([src_ids[i] for i in g], pad_id, device) for g in groups], len(src_ids))
+
+    def scatter(self, results: list) -> list[list[int]]:
+        tokens: list = [None] * self.n
+        for g, r in zip(self.groups, results):
+            for i, t in zip(g, r.tokens):
+                tokens[i] = [int(x) for x in t]
+        return tokens
+
+
+def compare(model, batches: Batches, *, k: int | None, rule, max_len, device=None, warmup: int = 1,
+            adaptive: bool | float = False, on_batch: Callable[[], None] | None = None) -> Comparison:
+    """Greedy and (when k > 1) blockwise with block size k and acceptance `rule` on every batch, alternating
+    which runs first (metrics.time_interleaved), so the speedup is a ratio measured in one run."""
+    from bpd_train.decoding import blockwise, greedy
+
+    fns = {"greedy": lambda src: greedy(model, src, max_len=max_len)}
+    if k is not None and k > 1:
+        fns["blockwise"] = lambda src: blockwise(model, src, block_size=k, accept=rule, max_len=max_len,
+                                                 adaptive=adaptive)
+    timed = time_interleaved(fns, batches.tensors, device, warmup=warmup, on_batch=on_batch)
+    out = {}
+    for name, t in timed.items():
+        stats = DecodeStats()
+        for r in t.results:
+            stats.add(r)
+        out[name] = Decoded(batches.scatter(t.results), stats, t.seconds)
+    return Comparison(out["greedy"], out.get("blockwise"))

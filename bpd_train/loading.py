@@ -1,0 +1,226 @@
+"""Where a model gets loaded: a user's path or id -> a typed Source (resolved once) -> `load(source)`.
+
+Every stage loads through here: head regimes' init_from (training/run.py), the distillation teacher
+(distillation/job.py), evaluation (evaluation/runner.py), export (export.py); translate reads bundles only
+(bundle.load_bundle). Kinds of source and the file formats they are read with:
+  ckpt     a Lightning checkpoint file (checkpoint.py), torch.load(weights_only=True)
+  zero     a DeepSpeed ZeRO checkpoint folder (zero.py), consolidated with every torch.load weights_only=True
+  bundle   an exported bundle folder (bundle.py), safetensors + hashes, no pickle at all
+A run folder (what train.py writes) resolves to its best checkpoint, else its last (RUN_CANDIDATES), else the
+newest checkpoints/*.ckpt; any of those may be a file or a Lightning DeepSpeed folder.
+
+Adding a kind (e.g. `hf:<folder or hub id>`, bpd_train/convert/hf.py): register a resolver for its prefix in
+PREFIXES (text after the prefix -> Source(kind, ...)) and a reader in READERS (Source, map_location -> Read);
+`load` then gives it the same tokenizer check and LoadedModel as every other kind. A tokenizer that is a folder
+(an imported model's own tokenizer files) is hashed file by file.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from bpd_train.bundle import TOKENIZER, WEIGHTS, check_state_shapes, is_bundle, load_bundle
+from bpd_train.checkpoint import CheckpointError, checkpoint_meta, model_state, read_checkpoint
+from bpd_train.io import sha256_file
+from bpd_train.model.config import BPDConfig
+from bpd_train.zero import consolidate_zero, find_zero_dir, model_states_file, zero_tag_dir
+
+# Which checkpoint of a run folder a stage uses, in order of preference.
+RUN_CANDIDATES = ("checkpoints/best.ckpt", "best.ckpt", "checkpoints/last.ckpt", "last.ckpt")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved model source. `path` is what gets read (a run folder has become its checkpoint)."""
+    kind: str                 # "ckpt" | "zero" | "bundle" | a kind registered in PREFIXES/READERS
+    path: Path
+    given: str = ""           # what the user wrote, for messages
+    tag: str | None = None    # ZeRO: the global_step tag to read (None: the folder's 'latest')
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    @cached_property
+    def id(self) -> str:
+        """A content id, so an evaluation report can be matched to the export of the same weights."""
+        if self.kind == "bundle":
+            return "sha256:" + sha256_file(self.path / WEIGHTS)
+        if self.kind == "zero":
+            return "sha256:" + sha256_file(model_states_file(zero_tag_dir(find_zero_dir(self.path), self.tag)))
+        return "sha256:" + sha256_file(self.path)
+
+
+@dataclass
+class LoadedModel:
+    model: Any                      # BPDModel, eval mode, on the requested device
+    tokenizer_path: Path
+    tokenizer_hash: str
+    source: Source                  # behaves as its path (str, os.fspath)
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def config(self) -> BPDConfig:
+        return self.model.config
+
+    def tokenizer(self):
+        import sentencepiece as spm
+
+        return spm.SentencePieceProcessor(model_file=str(self.tokenizer_path))
+
+
+class Read(NamedTuple):
+    """What a reader hands to `load`: the model, its tokenizer, the tokenizer hash recorded at save time."""
+    model: Any
+    tokenizer_path: Path
+    recorded_tokenizer_hash: str | None
+    meta: dict
+
+
+# ------------------------------------------------------------------------------------------------------ resolve
+def _kind(p: Path) -> str | None:
+    if is_bundle(p):
+        return "bundle"
+    if find_zero_dir(p) is not None:
+        return "zero"
+    if p.is_file():
+        return "ckpt"
+    return None
+
+
+PREFIXES: dict[str, Callable[[str], Source]] = {}  # e.g. "hf:" -> convert.hf's resolver
+
+
+def resolve(spec: str | os.PathLike | Source, tag: str | None = None) -> Source:
+    """A user's path or id -> Source. A Source passes through, so callers may resolve early and load later."""
+    if isinstance(spec, Source):
+        return spec
+    text = str(spec)
+    for prefix, resolver in PREFIXES.items():
+        if text.startswith(prefix):
+            return resolver(text[len(prefix):])
+    p = Path(text)
+    if not p.exists():
+        raise CheckpointError(f"checkpoint {p} does not exist")
+    kind = _kind(p)
+    if kind is None:  # a run folder
+        for cand in RUN_CANDIDATES:
+            if (p / cand).exists() and (kind := _kind(p / cand)) in ("ckpt", "zero"):
+                p = p / cand
+                break
+        else:
+            newest = sorted((p / "checkpoints").glob("*.ckpt"), key=lambda f: f.stat().st_mtime) \
+                if (p / "checkpoints").is_dir() else []
+            newest = [c for c in newest if _kind(c) in ("ckpt", "zero")]
+            if not newest:
+                raise CheckpointError(f"no checkpoint found in {p} (looked for checkpoints/best.ckpt and "
+                                      "checkpoints/last.ckpt)")
+            p = newest[-1]
+            kind = _kind(p)
+    return Source(kind, p, text, tag)
+
+
+def run_checkpoints(run: str | os.PathLike) -> list[Source]:
+    """Every checkpoint of a run folder (checkpoints/*.ckpt, files or ZeRO folders, each weight file once), for
+    evaluating a whole training run; [] when it has none."""
+    d = Path(run) / "checkpoints"
+    if not d.is_dir():
+        return []
+    seen, out = set(), []
+    for p in sorted(d.iterdir()):
+        if p.suffix == ".ckpt" and _kind(p) in ("ckpt", "zero") and p.resolve() not in seen:
+            seen.add(p.resolve())  # best.ckpt may be a link to an epoch checkpoint
+            out.append(Source(_kind(p), p, str(p)))
+    return out
+
+
+def source_id(spec: str | os.PathLike | Source) -> str:
+    return resolve(spec).id
+
+
+# ------------------------------------------------------------------------------------------------------ readers
+def _find_tokenizer(start: Path, levels: int, meta: dict, where: Path) -> Path:
+    """tokenizer.model in `start` or up to `levels` folders above it (the run folder), else the recorded path."""
+    cands = [d / TOKENIZER for d in (start, *list(start.parents)[:levels])]
+    if meta.get("tokenizer_file"):
+        cands.append(Path(meta["tokenizer_file"]))
+    found = next((c for c in cands if c.is_file()), None)
+    if found is None:
+        raise CheckpointError(f"no tokenizer.model beside {where} (nor at {meta.get('tokenizer_file')})")
+    return found
+
+
+def _build(meta: dict, state: dict, where: str):
+    from bpd_train.model import BPDModel
+
+    model = BPDModel(BPDConfig.from_dict(dict(meta["model_config"])))
+    check_state_shapes(model, state, where=where)
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def read_ckpt(src: Source, map_location) -> Read:
+    ckpt = read_checkpoint(src.path)
+    meta = checkpoint_meta(ckpt, src.path)
+    model = _build(meta, model_state(ckpt), where=f"weights in {src.path}")
+    return Read(model, _find_tokenizer(src.path.parent, 1, meta, src.path), meta.get("tokenizer_hash"), meta)
+
+
+def read_zero(src: Source, map_location) -> Read:
+    state, meta = consolidate_zero(src.path, src.tag)
+    model = _build(meta, state, where=f"consolidated ZeRO checkpoint {src.path}")
+    # beside the ZeRO folder or up to three levels above (the run folder), else the path recorded at save time
+    tok = _find_tokenizer(find_zero_dir(src.path), 3, meta, src.path)
+    return Read(model, tok, meta.get("tokenizer_hash"), meta)
+
+
+def read_bundle(src: Source, map_location) -> Read:
+    model, _tok, meta = load_bundle(src.path, map_location=map_location)
+    return Read(model, src.path / TOKENIZER, meta["tokenizer"].get("sha256"), meta)
+
+
+READERS: dict[str, Callable[[Source, Any], Read]] = {"ckpt": read_ckpt, "zero": read_zero, "bundle": read_bundle}
+
+
+# ------------------------------------------------------------------------------------------------------ load
+def tokenizer_hash(path: str | os.PathLike) -> str:
+    """sha256 of a tokenizer file; of a tokenizer folder, over its files' names and hashes."""
+    p = Path(path)
+    if not p.is_dir():
+        return sha256_file(p)
+    h = hashlib.sha256()
+    for f in sorted(q for q in p.rglob("*") if q.is_file()):
+        h.update(f"{f.relative_to(p)}\0{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
+def check_tokenizer(model: object, trained_with: str | None, user: str, tokenizer: object, have: str, *,
+                    error: type[ValueError] = CheckpointError, hint: str = "") -> None:
+    """The one tokenizer check: `model` was trained with tokenizer hash `trained_with`; `user` (a run, a corpus,
+    the model's own folder) uses `tokenizer` whose hash is `have`. Token ids only mean something with the
+    tokenizer they were trained with, so any difference stops here."""
+    if trained_with and have != trained_with:
+        raise error(f"{model} uses tokenizer sha256 {trained_with[:12]} but {user} uses {tokenizer} "
+                    f"(sha256 {have[:12]}): it is not the one {model} was trained with{hint}")
+
+
+def load(spec: str | os.PathLike | Source, map_location: str | torch.device = "cpu",
+         expect_tokenizer_hash: str | None = None) -> LoadedModel:
+    """Load a model for inference from any source: eval mode, on `map_location`, its tokenizer checked against
+    the hash recorded at save time and, if given, against `expect_tokenizer_hash` (this run's tokenizer)."""
+    src = resolve(spec)
+    read = READERS[src.kind](src, map_location)
+    have = tokenizer_hash(read.tokenizer_path)
+    check_tokenizer(src, read.recorded_tokenizer_hash, "its folder", read.tokenizer_path, have)
+    if expect_tokenizer_hash is not None:
+        check_tokenizer(src, have, "this run", "a tokenizer", expect_tokenizer_hash,
+                        hint=": they were built from different corpora or settings")
+    return LoadedModel(read.model.to(map_location).eval(), read.tokenizer_path, have, src, dict(read.meta))
