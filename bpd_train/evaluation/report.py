@@ -109,7 +109,7 @@ def choose_best(report: dict) -> dict:
     lost = sorted({r["checkpoint"] for r in rows} - {r["checkpoint"] for r in ok})
     why = ("no heads run is within the BLEU margin" if not ok else
            f"no heads run within the BLEU margin is faster than greedy decoding (best: {fastest['checkpoint']}, "
-           f"{fastest['speedup']:.2f}×)")
+           f"{fastest['speedup']:.2f}× at k = {fastest['k']})")
     if lost:
         why += f"; lost too much BLEU: {', '.join(lost)}"
     return {"checkpoint": base["name"], "path": base["path"], "k": 1, "rule": rule, "reason": f"the base model: {why}"}
