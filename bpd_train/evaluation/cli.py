@@ -97,7 +97,7 @@ def run_evaluate(cfg: DictConfig) -> Path:
     sources, refs, info = load_split(cfg, str(e.split), e.max_sentences)
     report = evaluate_inputs(expanded, sources, refs, settings, out_dir, data_info=info, overwrite=bool(e.overwrite),
                              plots=bool(e.plots), command=_command(), loaded=loaded,
-                              distilled_dir=distilled)
+                             distilled_dir=distilled)
     if str(e.wandb).lower() != "false":
         from bpd_train.evaluation.wandb_log import log_report
 
