@@ -3,9 +3,11 @@
 python -m bpd_train.pipeline --experiment demo [--k 4] [--regimes frozen,finetune,distill,both] [EXTRA=OVERRIDES ...]
 
 tokenizer -> base model -> teacher beam-search distillation corpus -> heads in each regime at block size k
--> evaluation (report.md, plots) -> export of the best heads run. Each stage runs its own entry point as a
-subprocess (exactly what a user would type) and is skipped when its artifact is already complete, so a rerun
-after a crash or Ctrl-C resumes where it stopped; a training run that was cut short resumes from its last.ckpt.
+-> evaluation (report.md, plots) -> export of the best run: the fastest exact run whose BLEU is within
+evaluate.max_bleu_drop (1.0) of the base model's greedy BLEU, else the base model itself. Each stage runs its
+own entry point as a subprocess (exactly what a user would type) and is skipped when its artifact is already
+complete, so a rerun after a crash or Ctrl-C resumes where it stopped; a training run that was cut short
+resumes from its last.ckpt.
 """
 from __future__ import annotations
 
@@ -52,14 +54,12 @@ def train_stage(regime: str, common: list[str], k: int) -> Path:
     return run_dir
 
 
-def best_heads_run(report: dict) -> str | None:
-    """The heads checkpoint with the largest exact (greedy-identical) speedup at batch 1."""
-    rows = [r for r in report["rows"] if r["rule"] == "exact" and r["batch_size"] == 1 and r["model_k"] > 1
-            and r["agreement"] == 100.0]
-    if not rows:
-        return None
-    best = max(rows, key=lambda r: (r["speedup"], r["mean_accepted"]))
-    return next(c["path"] for c in report["checkpoints"] if c["name"] == best["checkpoint"])
+def best_run(report: dict) -> dict:
+    """The run the demo exports: report["best"], chosen by evaluation.report.BEST_RULE (the fastest exact run that
+    keeps BLEU within evaluate.max_bleu_drop of the base, else the base itself)."""
+    from bpd_train.evaluation.report import choose_best
+
+    return report.get("best") or choose_best(report)  # reports written before the rule existed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -100,18 +100,20 @@ def main(argv: list[str] | None = None) -> None:
                                f"evaluate.output_dir={eval_dir}"])
     report = json.loads(report_path.read_text(encoding="utf-8"))
 
-    best = best_heads_run(report)
-    if best is None:
-        print("=== export: no heads run decoded exactly at batch 1; nothing to export")
+    best = best_run(report)
+    print(f"=== best run: {best['checkpoint']} — {best['reason']}\n    rule: {best['rule']}")
+    if best["path"] is None:
+        print("=== export: no run chosen; nothing to export")
     else:
         bundle = corpus / "export" / "best"
         card = bundle / "README.md"
-        if card.exists() and card.stat().st_mtime > report_path.stat().st_mtime and best in card.read_text("utf-8"):
+        path = best["path"]
+        if card.exists() and card.stat().st_mtime > report_path.stat().st_mtime and path in card.read_text("utf-8"):
             print(f"=== export: bundle is newer than the report ({bundle}), skipped")
         else:
-            run_stage("export", ["export.py", *common, f"export.checkpoint={best}", f"export.output_dir={bundle}",
+            run_stage("export", ["export.py", *common, f"export.checkpoint={path}", f"export.output_dir={bundle}",
                                  f"export.report={report_path}", "export.overwrite=true"])
-        print(f"best bundle: {bundle} ({best})")
+        print(f"best bundle: {bundle} ({path})")
     print(f"\nreport: {eval_dir / 'report.md'}\nplots:  {sorted(str(p) for p in eval_dir.glob('*.png'))}")
     print((eval_dir / "report.md").read_text(encoding="utf-8"))
     print(f"pipeline finished in {(time.monotonic() - t0) / 60:.1f} min")

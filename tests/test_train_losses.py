@@ -194,3 +194,32 @@ def test_copy_weights_backbone_exact_heads_of_other_k_skipped():
             assert torch.equal(dst.state_dict()[n], t)
     with pytest.raises(TrainError, match="does not fit"):
         copy_weights(BPDModel(dataclasses.replace(src.config, d_ff=64, block_size=4)), src)
+
+
+def test_p1_weight_gives_head1_its_share_and_the_rest_keeps_its_proportions():
+    assert head_weights("mean", [0, 1, 2, 3], p1_weight=0.5) == pytest.approx([0.5, 1 / 6, 1 / 6, 1 / 6])
+    w = head_weights("weighted", [0, 1, 2], decay=0.5, p1_weight=0.6)
+    assert w == pytest.approx([0.6, 0.4 * 0.5 / 0.75, 0.4 * 0.25 / 0.75]) and sum(w) == pytest.approx(1.0)
+    # frozen backbone (head 1 not trained) and the base model (k = 1): nothing to share
+    assert head_weights("mean", [1, 2, 3], p1_weight=0.5) == head_weights("mean", [1, 2, 3])
+    assert head_weights("mean", [0], p1_weight=0.5) == [1.0]
+    for bad in (0.0, 1.0, -0.2):
+        with pytest.raises(ValueError, match="p1_weight"):
+            head_weights("mean", [0, 1], p1_weight=bad)
+    with pytest.raises(ValueError, match="p1_weight"):
+        BPDLightningModule(tiny().config.to_dict(), {"name": "t", "block_size": 4}, {}, {"p1_weight": 1.5})
+
+
+def test_p1_weight_in_the_module_and_the_random_draw(monkeypatch):
+    m = _module({"trainable": "all"}, head_loss="mean")
+    m.loss_cfg["p1_weight"] = 0.7
+    assert m.heads_for_step(0) == ([0, 1, 2, 3], pytest.approx([0.7, 0.1, 0.1, 0.1]))
+    r = _module({"trainable": "all"})
+    r.loss_cfg["p1_weight"] = 0.7
+    picks = []
+    for step in range(400):
+        monkeypatch.setattr(type(r), "global_step", property(lambda self, s=step: s))
+        heads, weights = r.heads_for_step(0)
+        assert len(heads) == 1 and weights == [1.0]
+        picks.append(heads[0])
+    assert 0.6 < picks.count(0) / len(picks) < 0.8 and set(picks) == {0, 1, 2, 3}

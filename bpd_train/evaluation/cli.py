@@ -58,6 +58,24 @@ def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[
     return [p[src] for p in pairs], [p[tgt] for p in pairs], info
 
 
+def distilled_corpus(cfg: DictConfig) -> Path | None:
+    """evaluate.distilled: auto = the corpus's one complete distilled training corpus, when there is exactly one
+    (its teacher becomes a comparison point); a folder; or null/false for none."""
+    from bpd_train.data.distilled import DistillError, find_distilled_corpus, read_manifest
+
+    want = cfg.evaluate.get("distilled", "auto")
+    if want is None or str(want).lower() in ("false", "none", "null", ""):
+        return None
+    if str(want).lower() == "auto":
+        try:
+            return find_distilled_corpus(corpus_dir(cfg), split="train", command="python distill.py")
+        except DistillError as e:
+            log.info("no teacher to compare with: %s", e)
+            return None
+    read_manifest(want)  # a folder without a manifest fails here, before any decoding
+    return Path(str(want))
+
+
 def run_evaluate(cfg: DictConfig) -> Path:
     from bpd_train.evaluation.runner import EvalSettings, default_inputs, evaluate_inputs, expand_inputs, load_inputs
 
@@ -65,7 +83,8 @@ def run_evaluate(cfg: DictConfig) -> Path:
     settings = EvalSettings(block_sizes=_plain(d.block_sizes), rules=_plain(d.rules), batch_sizes=_plain(e.batch_sizes),
                             max_len=_plain(d.max_len), warmup=int(e.warmup), device=str(e.device),
                             progress=bool(e.progress), dtype=str(d.get("dtype", "fp32")),
-                            draft_vocab=_plain(d.get("draft_vocab")), adaptive=_plain(d.get("adaptive", False)))
+                            draft_vocab=_plain(d.get("draft_vocab")), adaptive=_plain(d.get("adaptive", False)),
+                            max_bleu_drop=float(e.get("max_bleu_drop", 1.0)))
     inputs = _plain(e.inputs)
     if isinstance(inputs, str):
         inputs = [inputs]
@@ -75,9 +94,11 @@ def run_evaluate(cfg: DictConfig) -> Path:
     name = e.name or (expanded[0][0].replace("/", "_") if len(expanded) == 1 else "all")
     out_dir = Path(e.output_dir) if e.output_dir else corpus_dir(cfg) / "eval" / name
     loaded = load_inputs(expanded, settings)  # bad checkpoints and block sizes fail before the data loads
+    distilled = distilled_corpus(cfg)
     sources, refs, info = load_split(cfg, str(e.split), e.max_sentences)
     report = evaluate_inputs(expanded, sources, refs, settings, out_dir, data_info=info, overwrite=bool(e.overwrite),
-                             plots=bool(e.plots), command=_command(), loaded=loaded)
+                             plots=bool(e.plots), command=_command(), loaded=loaded,
+                             distilled_dir=distilled)
     if str(e.wandb).lower() != "false":
         from bpd_train.evaluation.wandb_log import log_report
 

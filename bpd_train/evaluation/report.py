@@ -15,6 +15,11 @@ NOTES = ("Cells: BLEU / k̂ / wall-clock speedup over greedy decoding of the sam
          "greedy and blockwise alternating, after warm-up.")
 
 
+BEST_RULE = ("the fastest of: the base model (greedy, 1.00×) and every heads run whose exact blockwise decoding "
+             "(output identical to its own greedy decoding) at the smallest batch size keeps BLEU within {drop:g} of "
+             "the base model's greedy BLEU; speed is the measured speedup over greedy decoding")
+
+
 def _fmt(x, nd=2) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
@@ -58,6 +63,98 @@ def _combos(report: dict) -> list[tuple[str, str, int]]:
     return seen
 
 
+# ------------------------------------------------------------------------------------ comparison points
+def base_entry(report: dict) -> dict | None:
+    """The base model among the evaluated checkpoints (the first, if several): every regime starts from it."""
+    return next((c for c in report["checkpoints"] if c.get("regime") == "base"), None)
+
+
+def _diff(a, b):
+    return None if a is None or b is None or any(isinstance(x, float) and math.isnan(x) for x in (a, b)) else a - b
+
+
+def add_comparisons(report: dict) -> None:
+    """What each run cost: its greedy BLEU minus the base model's greedy BLEU and minus the teacher's beam BLEU on
+    the same sentences (exact blockwise output is the greedy output, so this is its BLEU at every k), and the run
+    to recommend (report["best"], see BEST_RULE)."""
+    base, teacher = base_entry(report), report.get("teacher") or {}
+    base_bleu = base["greedy"]["bleu"] if base else None
+    report["comparison"] = {"base": base["name"] if base else None, "base_bleu": base_bleu,
+                            "teacher_bleu": teacher.get("bleu"), "teacher_train_bleu": teacher.get("train_bleu")}
+    for c in report["checkpoints"]:
+        c["bleu_vs_base"] = _diff(c["greedy"]["bleu"], base_bleu)
+        c["bleu_vs_teacher"] = _diff(c["greedy"]["bleu"], teacher.get("bleu"))
+    report["best"] = choose_best(report)
+
+
+def choose_best(report: dict) -> dict:
+    """The run to hand a user (the demo exports it): see BEST_RULE. Ties go to the higher k̂."""
+    drop = float(report["settings"].get("max_bleu_drop", 1.0))
+    rule = BEST_RULE.format(drop=drop)
+    base = base_entry(report)
+    if base is None:
+        return {"checkpoint": None, "path": None, "rule": rule,
+                "reason": "no base model among the evaluated checkpoints: no BLEU to hold the heads runs to"}
+    floor = base["greedy"]["bleu"] - drop
+    bs = min(report["settings"]["batch_sizes"])
+    rows = [r for r in report["rows"] if r["rule"] == "exact" and r["batch_size"] == bs and r["model_k"] > 1
+            and r["agreement"] == 100.0 and r["speedup"] is not None and not math.isnan(r["speedup"])]
+    ok = [r for r in rows if r["bleu"] >= floor - 1e-9]
+    fastest = max(ok, key=lambda r: (r["speedup"], r["mean_accepted"]), default=None)
+    path = {c["name"]: c["path"] for c in report["checkpoints"]}
+    if fastest is not None and fastest["speedup"] > 1.0:
+        return {"checkpoint": fastest["checkpoint"], "path": path[fastest["checkpoint"]], "k": fastest["k"],
+                "rule": rule, "reason": f"{fastest['speedup']:.2f}× at k = {fastest['k']}, BLEU {fastest['bleu']:.2f} "
+                                        f"vs base {base['greedy']['bleu']:.2f}"}
+    lost = sorted({r["checkpoint"] for r in rows} - {r["checkpoint"] for r in ok})
+    why = ("no heads run is within the BLEU margin" if not ok else
+           f"no heads run within the BLEU margin is faster than greedy decoding (best: {fastest['checkpoint']}, "
+           f"{fastest['speedup']:.2f}× at k = {fastest['k']})")
+    if lost:
+        why += f"; lost too much BLEU: {', '.join(lost)}"
+    return {"checkpoint": base["name"], "path": base["path"], "k": 1, "rule": rule, "reason": f"the base model: {why}"}
+
+
+def comparison_table(report: dict) -> str:
+    """One row per checkpoint: greedy BLEU, its difference from the base and the teacher, k̂ and speedup at its k."""
+    bs = min(report["settings"]["batch_sizes"]) if report["rows"] else None
+    lines = [f"| checkpoint | regime | BLEU | Δ base | Δ teacher | k̂ (exact, k, batch {bs}) | speedup |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for c in report["checkpoints"]:
+        row = next((r for r in report["rows"] if r["checkpoint"] == c["name"] and r["rule"] == "exact"
+                    and r["k"] == c["k"] and r["batch_size"] == bs), None)
+        sign = lambda x: "–" if x is None else f"{x:+.2f}"  # noqa: E731
+        lines.append(f"| {c['name']} | {c.get('regime') or '–'} | {_fmt(c['greedy']['bleu'])} | "
+                     f"{sign(c.get('bleu_vs_base'))} | {sign(c.get('bleu_vs_teacher'))} | "
+                     f"{_fmt(row['mean_accepted']) if row else '–'} | {_fmt(row['speedup']) + '×' if row else '–'} |")
+    return "\n".join(lines)
+
+
+def comparison_markdown(report: dict) -> list[str]:
+    cmp, t = report.get("comparison") or {}, report.get("teacher")
+    lines = ["## What each run cost", ""]
+    base = (f"base model `{cmp['base']}`: greedy BLEU {_fmt(cmp['base_bleu'])}" if cmp.get("base")
+            else "base model: not among the evaluated checkpoints")
+    lines.append(base + "  ")
+    if t:
+        how = f"beam {t.get('beam_size')}, α {t.get('length_penalty')}"
+        here = (f"BLEU {_fmt(t.get('bleu'))} on these sentences" if t.get("bleu") is not None
+                else f"not decoded here ({t.get('missing', 'checkpoint missing')})")
+        lines.append(f"teacher `{t.get('teacher_path')}` ({how}; corpus `{t.get('corpus')}`): {here}; BLEU "
+                     f"{_fmt(t.get('train_bleu'))} on the {t.get('train_sentences')} training sources it "
+                     "re-translated  ")
+    else:
+        lines.append("teacher: no distillation corpus given (evaluate.distilled)  ")
+    lines += ["", "Δ = the checkpoint's greedy BLEU minus the base's / the teacher's on the same sentences (exact "
+              "blockwise output equals greedy output, so this is what the regime cost at any k).", "",
+              comparison_table(report), ""]
+    best = report.get("best")
+    if best:
+        lines += ["## Recommended run", "", f"Rule: {best['rule']}.  ",
+                  f"Choice: **{best['checkpoint'] or 'none'}** — {best['reason']}.", ""]
+    return lines
+
+
 def detail_table(rows: list[dict]) -> str:
     head = ("| checkpoint | k | rule | batch | BLEU | chrF | k̂ | calls | greedy calls | agreement % | greedy s | "
             "blockwise s | speedup |")
@@ -84,6 +181,8 @@ def markdown(report: dict, plots: list[str] | None = None) -> str:
     for rule, label, bs in _combos(report):
         what = "decoding" if rule == "greedy" else "acceptance"
         lines += [f"## {label} {what}, batch size {bs}", "", table1(report, rule, bs), ""]
+    if "comparison" in report:
+        lines += comparison_markdown(report)
     if report["rows"]:
         lines += ["## All results", "", detail_table(report["rows"]), ""]
     lines += ["## Checkpoints", "", "| name | regime | k | greedy BLEU | greedy chrF | path |",

@@ -38,6 +38,7 @@ class EvalSettings:
     batch_sizes: list[int] = field(default_factory=lambda: [1, 32])
     max_len: list | int = field(default_factory=lambda: [1.5, 10])   # a*src_len + b, or a fixed int
     warmup: int = 1                               # untimed batches per decoder before timing
+    max_bleu_drop: float = 1.0                    # the recommended run may lose at most this much base BLEU
     device: str = "auto"
     progress: bool = True
     dtype: str = "fp32"                           # decode-step weights: fp32 | bf16 | int8
@@ -63,6 +64,9 @@ class EvalSettings:
             self.adaptive = {"true": True, "false": False}.get(self.adaptive.lower(), self.adaptive)
         if not isinstance(self.adaptive, bool) and not 0.0 < float(self.adaptive) < 1.0:
             raise EvalError(f"adaptive must be true, false or a threshold in (0, 1), got {self.adaptive!r}")
+        self.max_bleu_drop = float(self.max_bleu_drop)
+        if not self.max_bleu_drop >= 0:
+            raise EvalError(f"max_bleu_drop must be a BLEU difference >= 0, got {self.max_bleu_drop}")
 
     def torch_device(self) -> torch.device:
         if self.device in (None, "auto"):
@@ -202,6 +206,40 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     return entry, rows
 
 
+def evaluate_teacher(distilled_dir: str | os.PathLike, sources: Sequence[str], refs: Sequence[str],
+                     settings: EvalSettings, out_dir: Path) -> dict:
+    """The distillation teacher as a comparison point for the runs trained on its output: its BLEU on the training
+    sources it re-translated (the corpus manifest) and, while its checkpoint exists, its beam search (the manifest's
+    beam, alpha and max_len) on these evaluation sources, which is the number a regime's BLEU can be set against."""
+    from bpd_train.data.distilled import read_manifest
+    from bpd_train.distillation.job import translate_ids
+    from bpd_train.loading import load as load_any
+
+    m = read_manifest(distilled_dir)
+    train = m.get("teacher_bleu") or {}
+    entry = {"corpus": str(distilled_dir), "teacher_id": m.get("teacher_id"), "teacher_path": m.get("teacher_path"),
+             "beam_size": m.get("beam_size"), "length_penalty": m.get("length_penalty"), "max_len": m.get("max_len"),
+             "train_bleu": train.get("bleu"), "train_sentences": train.get("num_sentences"), "bleu": None,
+             "chrf": None, "hyp_file": None}
+    try:
+        loaded = load_any(m["teacher_path"], map_location="cpu")
+    except (CheckpointError, OSError, KeyError) as e:  # moved or deleted since: the manifest's number still stands
+        entry["missing"] = str(e)
+        return entry
+    model = loaded.model.to(settings.torch_device()).eval()
+    cfg = model.config
+    text = SpmText(loaded.tokenizer(), cfg.eos_id, cfg.pad_id, cfg.max_positions)
+    out = translate_ids(model, [text.source_ids(s) for s in sources], beam_size=int(m["beam_size"]),
+                        length_penalty=float(m["length_penalty"]), max_len=m["max_len"], max_tokens=8192,
+                        max_sentences=max(settings.batch_sizes))
+    hyps = [one_line(text.detok(t)) for t, _ in out]
+    hyp_file = out_dir / "hyp" / "teacher" / "beam.txt"
+    hyp_file.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))
+    entry.update(corpus_scores(hyps, refs), hyp_file=str(hyp_file.relative_to(out_dir)))
+    return entry
+
+
 # ------------------------------------------------------------------------------------------------------ the run
 def load_inputs(inputs: Sequence[tuple[str, Path]], settings: EvalSettings,
                 expect_tokenizer_hash: str | None = None) -> list[tuple[str, Path, object]]:
@@ -230,10 +268,12 @@ def _is_report_dir(path: Path) -> bool:
 def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], refs: Sequence[str],
                     settings: EvalSettings, out_dir: str | os.PathLike, *, data_info: dict | None = None,
                     overwrite: bool = True, plots: bool = True, command: str | None = None,
-                    expect_tokenizer_hash: str | None = None, loaded: list | None = None) -> dict:
+                    expect_tokenizer_hash: str | None = None, loaded: list | None = None,
+                    distilled_dir: str | os.PathLike | None = None) -> dict:
     """Evaluate every (name, path) and write the report folder atomically. Returns the report dict.
-    `loaded`: what load_inputs(inputs, settings) returned, if the caller already called it."""
-    from bpd_train.evaluation.report import write_report
+    `loaded`: what load_inputs(inputs, settings) returned, if the caller already called it.
+    `distilled_dir`: a distillation corpus whose teacher is reported as a comparison point."""
+    from bpd_train.evaluation.report import add_comparisons, write_report
 
     if not sources:
         raise EvalError("no sentences to evaluate (empty split or max_sentences=0)")
@@ -257,6 +297,7 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
             del loaded
             checkpoints.append(entry)
             rows += r
+        teacher = evaluate_teacher(distilled_dir, sources, refs, settings, tmp) if distilled_dir else None
         report = {
             "format": REPORT_FORMAT, "format_version": 1,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": time.time() - t0,
@@ -268,8 +309,9 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
             "signatures": {"bleu": checkpoints[0]["greedy"]["bleu_signature"],
                            "chrf": checkpoints[0]["greedy"]["chrf_signature"]},
             "files": {"sources": "src.txt", "references": "ref.txt"},
-            "checkpoints": checkpoints, "rows": rows,
+            "checkpoints": checkpoints, "rows": rows, "teacher": teacher,
         }
+        add_comparisons(report)
         write_report(report, tmp, plots=plots)
     return report
 

@@ -27,8 +27,12 @@ def head_targets(tgt_out: torch.Tensor, i: int, pad_id: int) -> torch.Tensor:
 
 
 def head_weights(head_loss: str, heads: Sequence[int], weights: Sequence[float] | None = None,
-                 decay: float = 0.8) -> list[float]:
-    """Normalised weights for the heads that enter the loss this step (they sum to 1)."""
+                 decay: float = 0.8, p1_weight: float | None = None) -> list[float]:
+    """Normalised weights for the heads that enter the loss this step (they sum to 1).
+
+    p1_weight: head 1's share whenever it enters the loss together with other heads; they share the rest in the
+    proportions head_loss gives them. With a trainable backbone, head 1 is the model's own next-token prediction,
+    the output that exact decoding returns: a 1/k share lets the future heads pull the backbone away from it."""
     if head_loss == "weighted":
         if weights is not None:
             raw = [float(weights[i]) for i in heads]
@@ -39,7 +43,21 @@ def head_weights(head_loss: str, heads: Sequence[int], weights: Sequence[float] 
     total = sum(raw)
     if total <= 0:
         raise ValueError(f"head weights must sum to a positive number, got {raw}")
-    return [w / total for w in raw]
+    if p1_weight is None or len(heads) < 2 or 0 not in heads:
+        return [w / total for w in raw]
+    p1 = check_p1_weight(p1_weight)
+    i0 = list(heads).index(0)
+    rest = total - raw[i0]
+    if rest <= 0:
+        raise ValueError(f"head weights of heads 2..k must sum to a positive number, got {raw}")
+    return [p1 if j == i0 else (1.0 - p1) * w / rest for j, w in enumerate(raw)]
+
+
+def check_p1_weight(p1_weight: float) -> float:
+    p1 = float(p1_weight)
+    if not 0.0 < p1 < 1.0:
+        raise ValueError(f"loss.p1_weight must be in (0, 1) (head 1's share of the loss) or null, got {p1_weight}")
+    return p1
 
 
 def smoothed_ce_sum(logits: torch.Tensor, targets: torch.Tensor, pad_id: int, label_smoothing: float) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 
 from bpd_train.checkpoint import CKPT_META_KEY
 from bpd_train.model import BPDConfig, BPDModel
-from bpd_train.training.losses import bpd_loss, head_stats, head_weights
+from bpd_train.training.losses import bpd_loss, check_p1_weight, head_stats, head_weights
 from bpd_train.training.optim import build_optimizer, param_groups
 from bpd_train.training.regimes import Regime
 
@@ -34,6 +34,8 @@ class BPDLightningModule(pl.LightningModule):
         self.model = BPDModel(BPDConfig.from_dict(dict(model_config)))
         self.regime = Regime.from_cfg(regime)
         self.loss_cfg = dict(loss or {})
+        if self.loss_cfg.get("p1_weight") is not None:
+            check_p1_weight(self.loss_cfg["p1_weight"])  # a bad value fails here, not at the first step
         self.seed = int(seed)
         cfg = self.model.config
         if self.regime.freeze_backbone:
@@ -53,12 +55,17 @@ class BPDLightningModule(pl.LightningModule):
         micro-batch): the same on every rank and after a resume."""
         mode = self.regime.head_loss
         heads = self.train_heads
+        p1 = self.loss_cfg.get("p1_weight")
         if mode == "random" and len(heads) > 1:
             accum = self.trainer.accumulate_grad_batches if self._trainer is not None else 1
             r = mix_seed(self.seed, 7919, self.global_step, batch_idx % max(1, accum))
-            heads = [heads[r % len(heads)]]
+            if p1 is not None and heads[0] == 0:  # head 1 drawn with probability p1_weight, the others evenly
+                draw = (r % 1_000_000) / 1_000_000
+                heads = [0] if draw < check_p1_weight(p1) else [heads[1 + (r // 1_000_000) % (len(heads) - 1)]]
+            else:
+                heads = [heads[r % len(heads)]]
         weights = head_weights(mode, heads, self.loss_cfg.get("head_weights"),
-                               self.loss_cfg.get("head_weight_decay", 0.8))
+                               self.loss_cfg.get("head_weight_decay", 0.8), p1)
         return heads, weights
 
     def _features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

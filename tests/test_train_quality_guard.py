@@ -1,0 +1,53 @@
+"""Guards the fix of issue 16: `both` (all weights on the teacher's output) keeps head 1 -- the model's own
+next-token prediction, i.e. the output that exact decoding returns -- at half of the loss, in every experiment
+preset. With a 1/k share the demo's `both` fell from 6.72 to 3.13 BLEU, with 0.5 to 4.07 (README, "Why `both` lost
+BLEU"). The regimes with a frozen backbone are untouched (head 1 does not train there), and so is `finetune`
+(its BLEU rose on the demo; p1_weight is unmeasured there)."""
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import bpd_train
+from bpd_train.model import BPDConfig
+from bpd_train.training.module import BPDLightningModule
+from bpd_train.training.regimes import Regime
+
+CONF = bpd_train.REPO_ROOT / "conf"
+
+
+def head1_share(regime: str, experiment: str | None, tmp_path, monkeypatch, steps: int = 400, *extra: str) -> float:
+    """Head 1's mean share of the training loss over `steps` steps of the composed config (the random draw
+    included), for a small k = 4 model built from that config's regime, loss and optimiser sections."""
+    overrides = [f"+regime={regime}", "model.block_size=4", f"paths.artifacts={tmp_path}", *extra]
+    with initialize_config_dir(str(CONF), version_base="1.3", job_name="train"):
+        cfg = compose("train", overrides=overrides + ([f"experiment={experiment}"] if experiment else []))
+    model = BPDConfig(vocab_size=32, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
+                      block_size=4)
+    plain = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
+    m = BPDLightningModule(model.to_dict(), Regime.from_cfg(plain(cfg.regime)).to_dict(), plain(cfg.optim),
+                           plain(cfg.loss), seed=int(cfg.seed))
+    total = 0.0
+    for step in range(steps):
+        monkeypatch.setattr(type(m), "global_step", property(lambda self, s=step: s))  # the draw depends on it
+        heads, weights = m.heads_for_step(0)
+        total += dict(zip(heads, weights)).get(0, 0.0)
+    return total / steps
+
+
+@pytest.mark.parametrize("experiment", [None, "smoke", "demo"])
+def test_both_keeps_head1_at_half_the_loss(experiment, tmp_path, monkeypatch):
+    assert head1_share("both", experiment, tmp_path, monkeypatch) >= 0.45
+
+
+def test_finetune_unchanged_and_the_command_line_still_decides(tmp_path, monkeypatch):
+    assert head1_share("finetune", "demo", tmp_path, monkeypatch, 4) == 0.25  # the mean over k = 4 heads
+    assert head1_share("both", "demo", tmp_path, monkeypatch, 4, "loss.p1_weight=null") == 0.25
+    assert head1_share("both", "demo", tmp_path, monkeypatch, 4, "loss.p1_weight=0.8") == pytest.approx(0.8)
+
+
+
+@pytest.mark.parametrize("regime", ["frozen", "distill"])
+def test_frozen_backbone_regimes_do_not_train_head1(regime, tmp_path, monkeypatch):
+    assert head1_share(regime, "demo", tmp_path, monkeypatch, steps=4) == 0.0
