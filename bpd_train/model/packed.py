@@ -15,7 +15,7 @@ vocabulary): the key holds every parameter's storage pointer and in-place versio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -54,6 +54,8 @@ class StepWeights(NamedTuple):
     n3_b: Tensor
     f1: PackedLinear
     f2: PackedLinear
+    pre_norm: bool = True    # False: post-norm (imported Marian models); see layers.decode_step
+    act: Callable[[Tensor], Tensor] = torch.relu
 
 
 def _lin(mod: nn.Linear, dtype: str) -> PackedLinear:
@@ -77,12 +79,14 @@ class DecodeWeights:
                 layer.self_attn.n_heads, m["norm1"].normalized_shape, m["norm1"].eps,
                 n1["weight"], n1["bias"], _lin(sa["qkv"], dt), _lin(sa["out"], dt),
                 n2["weight"], n2["bias"], _lin(ca["q"], dt), _lin(ca["out"], dt),
-                n3["weight"], n3["bias"], _lin(ffn["fc1"], dt), _lin(ffn["fc2"], dt)))
+                n3["weight"], n3["bias"], _lin(ffn["fc1"], dt), _lin(ffn["fc2"], dt),
+                layer.pre_norm, layer.ffn.act))
         norm = model.decoder_norm
-        self.norm = (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
-        emb = model.embed.weight
+        self.norm = (norm.normalized_shape, norm.weight, norm.bias, norm.eps) if norm is not None else None
+        emb = model.output_weight()
         self.vocab_size = emb.shape[0]
-        self.proj = PackedLinear(emb, None, dt)
+        bias = model.decode_logits_bias()
+        self.proj = PackedLinear(emb, bias, dt)
         heads = model._modules.get("heads")
         self.k = model.config.block_size
         self.d = model.config.d_model
@@ -96,10 +100,13 @@ class DecodeWeights:
             if int(ids.max()) >= self.vocab_size or int(ids.min()) < 0:
                 raise ValueError(f"draft_vocab holds ids outside the vocabulary (size {self.vocab_size})")
             self.draft_ids = ids
-            self.draft_proj = PackedLinear(emb.detach().index_select(0, ids), None, dt)
+            self.draft_proj = PackedLinear(emb.detach().index_select(0, ids),
+                                           bias.index_select(0, ids) if bias is not None else None, dt)
 
     # ---- the pieces of a step ----
     def final_norm(self, h: Tensor) -> Tensor:
+        if self.norm is None:  # models without a final norm (Marian)
+            return h
         shape, w, b, eps = self.norm
         return torch.layer_norm(h, shape, w, b, eps)
 
