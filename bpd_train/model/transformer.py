@@ -29,10 +29,12 @@ class BPDModel(nn.Module):
         c = config
         self.embed = nn.Embedding(c.vocab_size, c.d_model)  # target tokens; also the output projection (tied)
         # only where the checkpoint has them: a separate encoder embedding, an untied output projection
-        self.src_embed = None if c.share_embeddings else nn.Embedding(c.source_vocab_size, c.d_model)
-        self.lm_head = None if c.tie_output else nn.Linear(c.d_model, c.vocab_size, bias=False)
+        # (registered even when absent, so that state_dict names and _modules lookups are stable)
+        self.register_module("src_embed", None if c.share_embeddings else nn.Embedding(c.source_vocab_size, c.d_model))
+        self.register_module("lm_head", None if c.tie_output else nn.Linear(c.d_model, c.vocab_size, bias=False))
         # Marian's final_logits_bias: a parameter (so the decode-weight cache sees it change) that no regime trains
-        self.logits_bias = nn.Parameter(torch.zeros(c.vocab_size), requires_grad=False) if c.logits_bias else None
+        self.register_parameter("logits_bias", nn.Parameter(torch.zeros(c.vocab_size), requires_grad=False)
+                                if c.logits_bias else None)
         self.embed_scale = math.sqrt(c.d_model) if c.scale_embedding else 1.0
         self.register_buffer("pe", sinusoidal_table(c.max_positions, c.d_model, c.pos_layout, c.pos_offset),
                              persistent=False)
@@ -41,12 +43,12 @@ class BPDModel(nn.Module):
         self.encoder_layers = nn.ModuleList(
             [EncoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_eps, **arch)
              for _ in range(c.n_encoder_layers)])
-        self.encoder_norm = nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.final_norm else None
+        self.register_module("encoder_norm", nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.final_norm else None)
         self.decoder_layers = nn.ModuleList(
             [DecoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_eps, **arch)
              for _ in range(c.n_decoder_layers)])
         # the "final norm" every head goes through (None: heads go straight to the projection)
-        self.decoder_norm = nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.final_norm else None
+        self.register_module("decoder_norm", nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.final_norm else None)
         self._init_backbone()
         # k = 1 is a plain Transformer: no head parameters at all.
         self.heads = (BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout)
@@ -122,7 +124,7 @@ class BPDModel(nn.Module):
 
     def output_weight(self) -> Tensor:
         """[V,D] vocabulary projection: the decoder embedding (tied) or the separate lm_head."""
-        head = self._modules.get("lm_head")
+        head = self._modules["lm_head"]
         return (head if head is not None else self._modules["embed"])._parameters["weight"]
 
     def decode_logits_bias(self) -> Tensor | None:
@@ -148,7 +150,7 @@ class BPDModel(nn.Module):
             s = torch.layer_norm(s, norm.normalized_shape, p["weight"], p["bias"], norm.eps)
         else:
             s = norm(s)
-        return F.linear(s, self.output_weight(), self._parameters.get("logits_bias"))
+        return F.linear(s, self.output_weight(), self._parameters["logits_bias"])
 
     def head_logits(self, h: Tensor, i: int) -> Tensor:
         """h [...,D] -> logits [...,V] of head i (0 = p1, predicts the next token; i predicts i+1 ahead)."""
