@@ -12,6 +12,13 @@ architecture options make the imported model compute what transformers computes:
                                                             code as BOS (generate's forced_bos_token_id)
   generate's bad_words_ids of single tokens (opus-mt: the pad) become suppress_ids.
 
+This project's own models (pre-norm, final norms, interleaved sinusoids) are written as Pegasus, the one
+transformers family with that layer layout: its sinusoids are Marian's [sin | cos] halves of the same
+frequencies, so the model dimension is permuted (interleaved -> halves) on the way out and back on the way in
+(exact both ways). transformers' LayerNorm eps is 1e-5 where ours default to 1e-6, and its sinusoid table is
+computed in float64: the transformers copy of a native model agrees to ~1e-5 in the logits, not bit for bit;
+importing the export back restores the original weights exactly (bpd_heads.safetensors keeps the config).
+
 Export (`to_hf`) writes such a model back as a transformers folder (config.json, generation_config.json,
 model.safetensors) plus its BPD heads in `bpd_heads.safetensors` (format in docs/HF_IMPORT.md), and copies
 the tokenizer files when given. `load_hf(path_or_id)` -> (model, tokenizer, meta) is the `hf:` source.
@@ -30,7 +37,8 @@ from torch import Tensor
 from bpd_train.io import atomic_dir
 from bpd_train.model.config import BPDConfig
 
-SUPPORTED = {"MarianMTModel": "marian", "M2M100ForConditionalGeneration": "m2m_100"}
+SUPPORTED = {"MarianMTModel": "marian", "M2M100ForConditionalGeneration": "m2m_100",
+             "PegasusForConditionalGeneration": "pegasus"}
 HEADS_FILE = "bpd_heads.safetensors"
 HEADS_FORMAT = "bpd-train-heads"
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
@@ -140,6 +148,9 @@ def config_from_hf(hf: dict[str, Any], generation: dict[str, Any] | None = None,
         norm_eps=_HF_EPS, activation=act, scale_embedding=bool(hf.get("scale_embedding", False)),
         tie_output=bool(hf.get("tie_word_embeddings", True)),
         suppress_ids=tuple(sorted({int(w[0]) for w in (gen.get("bad_words_ids") or []) if len(w) == 1})))
+    if fam == "pegasus":
+        return BPDConfig(vocab_size=vocab, bos_id=start, unk_id=2 if unk_id is None else unk_id, pre_norm=True,
+                         final_norm=True, pos_layout="marian", pos_offset=0, logits_bias=True, **common)
     if fam == "marian":
         if tgt_lang_id is not None:
             raise ConvertError("Marian models have no forced target-language token; multi-target opus-mt models "
@@ -237,19 +248,60 @@ def from_hf(folder: str | Path, *, block_size: int = 1, head_d_hidden: int | Non
 
 # ------------------------------------------------------------------------------------------ ours -> HF
 def hf_family_of(config: BPDConfig) -> str:
-    """The transformers architecture that computes exactly what this config does, or a ConvertError."""
+    """The transformers architecture that computes what this config does (see the module docstring for the
+    native models' Pegasus), or a ConvertError."""
     c = config
+    if c.pos_offset == 0 and c.pos_layout == "interleaved" and c.pre_norm and c.final_norm \
+            and c.share_embeddings and not c.decoder_prefix:
+        return "pegasus"  # a native model; eps may differ (documented above)
     if abs(c.norm_eps - _HF_EPS) > 1e-12:
-        raise ConvertError(f"norm_eps {c.norm_eps} has no transformers equivalent (Marian and M2M100 use 1e-5): "
-                           "only models imported from transformers export back exactly")
+        raise ConvertError(f"norm_eps {c.norm_eps} of an imported-architecture model has no transformers "
+                           "equivalent (Marian, M2M100 and Pegasus use 1e-5)")
     if not c.pre_norm and not c.final_norm and c.pos_layout == "marian" and c.pos_offset == 0 \
             and not c.decoder_prefix:
         return "marian"
+    if c.pre_norm and c.final_norm and c.pos_layout == "marian" and c.pos_offset == 0 and c.share_embeddings \
+            and not c.decoder_prefix:
+        return "pegasus"
     if c.pre_norm and c.final_norm and c.pos_layout == "fairseq" and c.pos_offset == c.pad_id + 1 \
             and c.share_embeddings and len(c.decoder_prefix) <= 1:
         return "m2m_100"
     raise ConvertError("this model's architecture (pre_norm/final_norm/pos_layout/pos_offset/decoder_prefix) "
-                       f"matches neither transformers family bpd-train writes ({_supported()})")
+                       f"matches no transformers family bpd-train writes ({_supported()})")
+
+
+def needs_permutation(config: BPDConfig) -> bool:
+    """Native models: interleaved sinusoids, written as Pegasus with the model dimension permuted."""
+    return config.pos_layout == "interleaved"
+
+
+def _halves_perm(d: int) -> Tensor:
+    """Model-dimension index map interleaved -> halves: new[j] = old[perm[j]] (sin dims first, then cos)."""
+    return torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])
+
+
+def permute_model_dim(state: dict[str, Tensor], config: BPDConfig, perm: Tensor) -> dict[str, Tensor]:
+    """Reorder the model (residual-stream) dimension of every tensor by `perm`: the network computes the
+    same function with its hidden states permuted. Attention-head and ffn dimensions are not touched."""
+    d = config.d_model
+    out = {}
+    for name, t in state.items():
+        leaf = name.rsplit(".", 2)
+        kind, wb = (leaf[-2] if len(leaf) > 1 else ""), leaf[-1]
+        if name in ("embed.weight", "src_embed.weight", "lm_head.weight"):
+            t = t[:, perm]
+        elif kind.startswith("norm") or name.startswith(("encoder_norm.", "decoder_norm.")):
+            t = t[perm]
+        elif name == "heads.fc2.weight":  # k-1 (or k) stacked [D, k*hidden] blocks
+            t = t.view(-1, d, t.shape[-1])[:, perm].reshape(t.shape)
+        elif name == "heads.fc2.bias":
+            t = t.view(-1, d)[:, perm].reshape(t.shape)
+        elif kind in ("qkv", "q", "kv", "fc1") and wb == "weight":  # reads the residual stream
+            t = t[:, perm]
+        elif kind in ("out", "fc2"):  # writes the residual stream
+            t = t[perm] if wb == "bias" else t[perm, :]
+        out[name] = t.contiguous()
+    return out
 
 
 def hf_config_of(config: BPDConfig) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -270,7 +322,12 @@ def hf_config_of(config: BPDConfig) -> tuple[dict[str, Any], dict[str, Any]]:
            "max_length": c.max_positions}
     if c.suppress_ids:
         gen["bad_words_ids"] = [[i] for i in c.suppress_ids]
-    if fam == "marian":
+    if fam == "pegasus":
+        cfg = {"architectures": ["PegasusForConditionalGeneration"], "model_type": "pegasus",
+               "vocab_size": c.vocab_size, "decoder_start_token_id": c.bos_id, "forced_eos_token_id": None,
+               "bos_token_id": None, **common}
+        gen["decoder_start_token_id"] = c.bos_id
+    elif fam == "marian":
         cfg = {"architectures": ["MarianMTModel"], "model_type": "marian", "vocab_size": c.source_vocab_size,
                "decoder_vocab_size": c.vocab_size, "share_encoder_decoder_embeddings": c.share_embeddings,
                "decoder_start_token_id": c.bos_id, "forced_eos_token_id": None, "bos_token_id": None, **common}
@@ -289,6 +346,8 @@ def state_to_hf(model) -> dict[str, Tensor]:
     """Our backbone -> HF tensor names (tied tensors written once, as transformers saves them)."""
     c = model.config
     sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    if needs_permutation(c):
+        sd = permute_model_dim(sd, c, _halves_perm(c.d_model))
     out: dict[str, Tensor] = {}
     for ours, theirs in _name_map(c):
         parts = sd[ours].split([sd[ours].shape[0] // len(theirs)] * len(theirs), dim=0)
@@ -301,7 +360,7 @@ def state_to_hf(model) -> dict[str, Tensor]:
         out["model.encoder.embed_tokens.weight"] = sd["src_embed.weight"]
     if not c.tie_output:
         out["lm_head.weight"] = sd["lm_head.weight"]
-    if hf_family_of(c) == "marian":
+    if hf_family_of(c) in ("marian", "pegasus"):
         bias = sd.get("logits_bias", torch.zeros(c.vocab_size))
         out["final_logits_bias"] = bias.reshape(1, -1)
     elif "logits_bias" in sd and bool(sd["logits_bias"].any()):
@@ -310,10 +369,16 @@ def state_to_hf(model) -> dict[str, Tensor]:
 
 
 def heads_tensors(model) -> tuple[dict[str, Tensor], dict[str, str]]:
-    """The BPD heads file: tensors heads.fc1/fc2 and metadata (format, version, the full BPDConfig)."""
+    """The BPD heads file: tensors heads.fc1/fc2 in the transformers model's basis (they apply to its decoder
+    states) and metadata (format, version, the full BPDConfig, the model-dimension permutation if any)."""
+    c = model.config
     tensors = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()
                if k.startswith("heads.")}
-    meta = {"format": HEADS_FORMAT, "version": "1", "bpd_config": json.dumps(model.config.to_dict(), sort_keys=True)}
+    meta = {"format": HEADS_FORMAT, "version": "1", "bpd_config": json.dumps(c.to_dict(), sort_keys=True),
+            "permutation": "none"}
+    if needs_permutation(c):
+        tensors = permute_model_dim(tensors, c, _halves_perm(c.d_model))
+        meta["permutation"] = "interleaved-to-halves"
     return tensors, meta
 
 
@@ -425,11 +490,20 @@ def load_hf(path_or_id: str | Path, *, block_size: int | None = None, head_d_hid
     except TokenizerError as e:
         raise ConvertError(str(e)) from None
     k = block_size
-    if saved is not None and k is None:
+    if saved is not None and k in (None, saved[0].block_size):  # the exported heads, as they were trained
         k = saved[0].block_size
+        head_d_hidden = saved[0].head_d_hidden if head_d_hidden is None else head_d_hidden
     config, state = from_hf(folder, block_size=k or 1, head_d_hidden=head_d_hidden, identity_p1=identity_p1,
                             tgt_lang_id=tgt_id, dropout=dropout,
                             unk_id=tok.unk_id if tok is not None else None)
+    if saved is not None and needs_permutation(saved[0]):
+        # a native model exported as Pegasus: back to its own architecture and basis, bit for bit
+        keep = {"block_size": config.block_size, "identity_p1": identity_p1}
+        keep.update({k: v for k, v in (("head_d_hidden", head_d_hidden), ("dropout", dropout)) if v is not None})
+        config = BPDConfig.from_dict({**saved[0].to_dict(), **keep})
+        state = {k: v for k, v in state.items() if k != "logits_bias"}
+        state = permute_model_dim(state, config, torch.argsort(_halves_perm(config.d_model)))
+        saved = (saved[0], permute_model_dim(saved[1], saved[0], torch.argsort(_halves_perm(config.d_model))))
     if saved is not None and tgt_id is None and fam == "m2m_100" and saved[0].decoder_prefix:
         # an exported model remembers its target language
         config = BPDConfig.from_dict({**config.to_dict(), "bos_id": saved[0].bos_id,

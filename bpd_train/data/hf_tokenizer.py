@@ -4,6 +4,7 @@
              (piece -> id), not from the sentencepiece ids; a leading ">>xx<<" target-language code is one token.
   m2m100     facebook/m2m100_*: sentencepiece.bpe.model + vocab.json; language tokens "__xx__" follow the
              vocabulary (id = len(vocab.json) + index in the language list). Source: [src lang] pieces [eos].
+  spm        this project's own models (exported as Pegasus): tokenizer.model, ids = sentencepiece ids.
   tokenizers NLLB-200 (and anything shipping tokenizer.json): the HF `tokenizers` file; language tokens are
              its tokens (e.g. "eng_Latn"). Source: [src lang] pieces [eos].
 The target language of m2m100/tokenizers models is forced as the decoder's first token (bpd_train/convert/hf.py
@@ -31,7 +32,7 @@ M2M100_LANGUAGE_CODES = {
     ],
     "wmt21": ["en", "ha", "is", "ja", "cs", "ru", "zh", "de"],
 }
-KINDS = ("marian", "m2m100", "tokenizers")
+KINDS = ("marian", "m2m100", "tokenizers", "spm")
 
 
 class TokenizerError(ValueError):
@@ -72,8 +73,11 @@ def detect_kind(folder: str | Path) -> str:
         return "m2m100"
     if (folder / "tokenizer.json").is_file():
         return "tokenizers"
+    if (folder / "tokenizer.model").is_file():
+        return "spm"
     raise TokenizerError(f"{folder} has no tokenizer files this project reads: Marian (source.spm, target.spm, "
-                         "vocab.json), M2M100 (sentencepiece.bpe.model, vocab.json) or NLLB (tokenizer.json)")
+                         "vocab.json), M2M100 (sentencepiece.bpe.model, vocab.json), NLLB (tokenizer.json) or "
+                         "bpd-train's own (tokenizer.model)")
 
 
 class HFTokenizer:
@@ -91,8 +95,9 @@ class HFTokenizer:
         self.src_lang = src_lang or self.tok_config.get("src_lang")
         self.tgt_lang = tgt_lang or self.tok_config.get("tgt_lang")
         getattr(self, f"_init_{self.kind}")()
-        self.src_prefix = [self.lang_id(self.src_lang)] if self.kind != "marian" and self.src_lang else []
-        self.tgt_lang_id = self.lang_id(self.tgt_lang) if self.kind != "marian" and self.tgt_lang else None
+        langs = self.kind in ("m2m100", "tokenizers")
+        self.src_prefix = [self.lang_id(self.src_lang)] if langs and self.src_lang else []
+        self.tgt_lang_id = self.lang_id(self.tgt_lang) if langs and self.tgt_lang else None
         self.truncated = 0
 
     # ---- the three formats ----
@@ -144,6 +149,13 @@ class HFTokenizer:
         self.special_ids = set(ids.values()) | set(self.langs.values())
         self.vocab_size = self.src_vocab_size = n + len(self.langs) + int(self.tok_config.get("num_madeup_words", 8))
 
+    def _init_spm(self) -> None:
+        self.sp = _spm(_need(self.folder, "tokenizer.model")[0])
+        sp = self.sp
+        self.eos_id, self.unk_id, self.pad_id = sp.eos_id(), sp.unk_id(), sp.pad_id()
+        self.special_ids = {i for i in (sp.pad_id(), sp.bos_id(), sp.eos_id()) if i >= 0}
+        self.vocab_size = self.src_vocab_size = sp.get_piece_size()
+
     def _init_tokenizers(self) -> None:
         try:
             from tokenizers import Tokenizer
@@ -194,6 +206,8 @@ class HFTokenizer:
         if self.kind == "m2m100":
             unk = self.unk_id
             return [self.encoder.get(p, unk) for p in self.sp.encode(text, out_type=str)]
+        if self.kind == "spm":
+            return list(self.sp.encode(text, out_type=int))
         return list(self.tk.encode(text, add_special_tokens=False).ids)
 
     def source_ids(self, text: str, max_positions: int | None = None) -> list[int]:
@@ -214,6 +228,8 @@ class HFTokenizer:
             return self.tk.decode(ids, skip_special_tokens=True)
         if self.kind == "marian":
             return self.sp_detok.decode_pieces([self.decoder.get(i, self.sp_detok.id_to_piece(i)) for i in ids])
+        if self.kind == "spm":
+            return self.sp.decode(ids)
         return self.sp.decode([self.decoder[i] for i in ids if i in self.decoder])
 
     decode_target = detok
@@ -240,7 +256,7 @@ class HFTokenizer:
         names = {"marian": ["source.spm", "target.spm", "vocab.json"]
                  + (["target_vocab.json"] if getattr(self, "separate_vocabs", False) else []),
                  "m2m100": ["sentencepiece.bpe.model", "vocab.json"],
-                 "tokenizers": ["tokenizer.json"]}[self.kind]
+                 "tokenizers": ["tokenizer.json"], "spm": ["tokenizer.model"]}[self.kind]
         if (self.folder / "tokenizer_config.json").is_file():
             names.append("tokenizer_config.json")
         return names
@@ -252,7 +268,7 @@ class HFTokenizer:
     def check_model(self, vocab_size: int, src_vocab_size: int | None = None) -> None:
         """One line when the tokenizer's ids cannot belong to a model with this vocabulary."""
         src_vocab_size = vocab_size if src_vocab_size is None else src_vocab_size
-        if self.kind == "marian":
+        if self.kind in ("marian", "spm"):
             if (self.vocab_size, self.src_vocab_size) != (vocab_size, src_vocab_size):
                 raise TokenizerError(
                     f"tokenizer in {self.folder} has {self.src_vocab_size}/{self.vocab_size} source/target tokens "
