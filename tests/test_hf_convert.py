@@ -7,6 +7,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses:UserWarning")
 
 from bpd_train.convert.hf import ConvertError, HEADS_FILE, from_hf, load_hf, to_hf  # noqa: E402
 from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError  # noqa: E402
@@ -135,7 +136,15 @@ def test_tokenizer_ids_match_transformers(folders, fam):
         # language codes are special in the hub's M2M100 tokenizers, but not in one built from files as here
         assert ours.detok(ids) == ttok.decode(ids[1:] if fam == "m2m100" else ids, skip_special_tokens=True)
     if fam == "m2m100":
-        assert ours.tgt_lang_id == ttok.get_lang_id("de")
+        assert ours.tgt_lang_id == ttok.get_lang_id("de") == ours.bos_id()
+    # a stand-in for the sentencepiece processor the evaluation code uses (ids are the model's)
+    from bpd_train.evaluation.decode import SpmText, draft_vocabulary
+    text = SpmText(ours, ours.eos_id(), ours.pad_id())
+    assert text.source_ids(SOURCES[1]) == ttok(SOURCES[1])["input_ids"]
+    assert ours.encode(SOURCES[:2]) == [ttok(t)["input_ids"][:-1] for t in SOURCES[:2]]
+    draft = draft_vocabulary(ours, 10, ours.eos_id())
+    assert len(draft) == 11 and ours.eos_id() in draft and ours.pad_id() not in draft
+    assert all(0 <= i < ours.get_piece_size() for i in draft)
 
 
 @pytest.mark.parametrize("fam", ["marian", "m2m100"])

@@ -495,7 +495,7 @@ def load_hf(path_or_id: str | Path, *, block_size: int | None = None, head_d_hid
         head_d_hidden = saved[0].head_d_hidden if head_d_hidden is None else head_d_hidden
     config, state = from_hf(folder, block_size=k or 1, head_d_hidden=head_d_hidden, identity_p1=identity_p1,
                             tgt_lang_id=tgt_id, dropout=dropout,
-                            unk_id=tok.unk_id if tok is not None else None)
+                            unk_id=tok.unk_id() if tok is not None else None)
     if saved is not None and needs_permutation(saved[0]):
         # a native model exported as Pegasus: back to its own architecture and basis, bit for bit
         keep = {"block_size": config.block_size, "identity_p1": identity_p1}

@@ -11,8 +11,10 @@ The target language of m2m100/tokenizers models is forced as the decoder's first
 makes it the model's bos_id, after the decoder-start prefix).
 
 `HFTokenizer` gives what the evaluation/translate code needs: source_ids(text) (with the model's special
-tokens), detok(ids) (special tokens dropped), and the few sentencepiece-processor methods they call
-(encode(text, out_type=int) without the final EOS, decode, get_piece_size, pad_id/eos_id/unk_id/bos_id).
+tokens), detok(ids) (special tokens dropped), and the sentencepiece-processor methods they call, so it can
+stand in for one: encode(text or texts, out_type=int) = source ids without the final EOS (callers append
+it), decode, get_piece_size, pad_id()/eos_id()/unk_id()/bos_id(), is_control/is_unknown/is_unused/get_score
+(draft vocabularies rank tokens by their sentencepiece score). Model ids, not sentencepiece ids, throughout.
 """
 from __future__ import annotations
 
@@ -99,6 +101,7 @@ class HFTokenizer:
         self.src_prefix = [self.lang_id(self.src_lang)] if langs and self.src_lang else []
         self.tgt_lang_id = self.lang_id(self.tgt_lang) if langs and self.tgt_lang else None
         self.truncated = 0
+        self._scores: dict[int, float] | None = None
 
     # ---- the three formats ----
     def _init_marian(self) -> None:
@@ -119,8 +122,8 @@ class HFTokenizer:
         for name in (eos, unk, pad):
             if name not in self.encoder:
                 raise TokenizerError(f"{f / 'vocab.json'} has no {name!r} token")
-        self.eos_id, self.unk_id, self.pad_id = self.encoder[eos], self.encoder[unk], self.encoder[pad]
-        self.special_ids = {self.eos_id, self.unk_id, self.pad_id}
+        self._eos, self._unk, self._pad = self.encoder[eos], self.encoder[unk], self.encoder[pad]
+        self.special_ids = {self._eos, self._unk, self._pad}
         self.vocab_size = len(self.target_encoder)
         self.src_vocab_size = len(self.encoder)
         # transformers decodes with the source model unless the vocabularies are separate
@@ -144,7 +147,7 @@ class HFTokenizer:
             if tok not in self.encoder:
                 raise TokenizerError(f"{f / 'vocab.json'} has no {tok!r} token")
             ids[name] = self.encoder[tok]
-        self.eos_id, self.unk_id, self.pad_id, self.bos_id_ = (ids["eos_token"], ids["unk_token"], ids["pad_token"],
+        self._eos, self._unk, self._pad, self._bos = (ids["eos_token"], ids["unk_token"], ids["pad_token"],
                                                                ids["bos_token"])
         self.special_ids = set(ids.values()) | set(self.langs.values())
         self.vocab_size = self.src_vocab_size = n + len(self.langs) + int(self.tok_config.get("num_madeup_words", 8))
@@ -152,7 +155,7 @@ class HFTokenizer:
     def _init_spm(self) -> None:
         self.sp = _spm(_need(self.folder, "tokenizer.model")[0])
         sp = self.sp
-        self.eos_id, self.unk_id, self.pad_id = sp.eos_id(), sp.unk_id(), sp.pad_id()
+        self._eos, self._unk, self._pad = sp.eos_id(), sp.unk_id(), sp.pad_id()
         self.special_ids = {i for i in (sp.pad_id(), sp.bos_id(), sp.eos_id()) if i >= 0}
         self.vocab_size = self.src_vocab_size = sp.get_piece_size()
 
@@ -176,7 +179,7 @@ class HFTokenizer:
             if i is None:
                 raise TokenizerError(f"{path} has no {tok!r} token")
             ids[name] = i
-        self.eos_id, self.unk_id, self.pad_id = ids["eos_token"], ids["unk_token"], ids["pad_token"]
+        self._eos, self._unk, self._pad = ids["eos_token"], ids["unk_token"], ids["pad_token"]
         self.special_ids = set(ids.values())
         self.vocab_size = self.src_vocab_size = self.tk.get_vocab_size(with_added_tokens=True)
 
@@ -201,10 +204,10 @@ class HFTokenizer:
             code = []
             if text.startswith(">>") and (end := text.find("<<")) != -1:  # target-language code of multi-target models
                 code, text = [text[:end + 2]], text[end + 2:]
-            unk = self.unk_id
+            unk = self._unk
             return [self.encoder.get(p, unk) for p in code + self.sp_source.encode(text, out_type=str)]
         if self.kind == "m2m100":
-            unk = self.unk_id
+            unk = self._unk
             return [self.encoder.get(p, unk) for p in self.sp.encode(text, out_type=str)]
         if self.kind == "spm":
             return list(self.sp.encode(text, out_type=int))
@@ -217,7 +220,7 @@ class HFTokenizer:
         if room is not None and len(ids) > room:
             ids = ids[:max(room, 0)]
             self.truncated += 1
-        return self.src_prefix + ids + [self.eos_id]
+        return self.src_prefix + ids + [self._eos]
 
     encode_source = source_ids
 
@@ -235,10 +238,13 @@ class HFTokenizer:
     decode_target = detok
 
     # ---- the sentencepiece-processor methods callers use ----
-    def encode(self, text: str, out_type=int) -> list[int]:
-        """source_ids without the final EOS (callers that follow sentencepiece append it themselves)."""
+    def encode(self, text, out_type=int):
+        """source_ids without the final EOS (callers that follow sentencepiece append it themselves); a list
+        of texts gives a list of id lists."""
         if out_type is not int:
             raise TypeError("HFTokenizer.encode only returns ids (out_type=int)")
+        if isinstance(text, (list, tuple)):
+            return [self.source_ids(t)[:-1] for t in text]
         return self.source_ids(text)[:-1]
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -247,8 +253,49 @@ class HFTokenizer:
     def get_piece_size(self) -> int:
         return self.vocab_size
 
+    def pad_id(self) -> int:
+        return self._pad
+
+    def eos_id(self) -> int:
+        return self._eos
+
+    def unk_id(self) -> int:
+        return self._unk
+
     def bos_id(self) -> int:
+        """The forced target-language token (M2M100/NLLB), else -1 like a sentencepiece model without BOS. The
+        decoder's start token is the model's (config.bos_id / decoder_prefix), not the tokenizer's."""
         return self.tgt_lang_id if self.tgt_lang_id is not None else -1
+
+    def is_control(self, i: int) -> bool:
+        return int(i) in self.special_ids and int(i) != self._unk
+
+    def is_unknown(self, i: int) -> bool:
+        return int(i) == self._unk
+
+    def is_unused(self, i: int) -> bool:
+        return False
+
+    def get_score(self, i: int) -> float:
+        """The piece's sentencepiece score (a unigram model's log-probability; 0 where there is none)."""
+        if self._scores is None:
+            self._scores = self._piece_scores()
+        return self._scores.get(int(i), float("-inf"))
+
+    def _piece_scores(self) -> dict[int, float]:
+        if self.kind == "spm":
+            return {i: self.sp.get_score(i) for i in range(self.sp.get_piece_size())}
+        if self.kind in ("marian", "m2m100"):
+            sp = self.sp_target if self.kind == "marian" else self.sp
+            out = {}
+            for i, piece in self.decoder.items():
+                j = sp.piece_to_id(piece)
+                out[i] = sp.get_score(j) if j != sp.unk_id() or piece == sp.id_to_piece(j) else 0.0
+            return out
+        model = _read_json(self.folder / "tokenizer.json").get("model", {})
+        if model.get("type") == "Unigram":
+            return {i: float(score) for i, (_, score) in enumerate(model.get("vocab", []))}
+        return {i: 0.0 for i in range(self.vocab_size)}
 
     # ---- bundles ----
     def files(self) -> list[str]:
