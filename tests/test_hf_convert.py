@@ -345,3 +345,38 @@ def test_native_model_exports_as_pegasus_and_back(tmp_path):
     want = [_strip(r, "pegasus", 2, 0) for r in gen]
     assert greedy(model, src, max_len=MAX_NEW).tokens == want
     assert blockwise(back, src, max_len=MAX_NEW).tokens == want
+
+
+def test_nllb_style_folder(tmp_path):
+    """NLLB-200 is an M2M100 model whose tokenizer ships as tokenizer.json with language tokens like deu_Latn:
+    ids, forced target language and greedy output as transformers' NllbTokenizer and generate give them."""
+    from tokenizers import AddedToken, Tokenizer
+    _spm(tmp_path)
+    spm_dir, folder = tmp_path / "spm", tmp_path / "nllb"
+    spm_dir.mkdir()
+    shutil.copy(tmp_path / "sp.model", spm_dir / "sentencepiece.bpe.model")
+    transformers.NllbTokenizer.from_pretrained(spm_dir).save_pretrained(folder)
+    tk = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tk.add_special_tokens([AddedToken(c, special=True, normalized=False) for c in ("eng_Latn", "deu_Latn")])
+    tk.save(str(folder / "tokenizer.json"))
+    ttok = transformers.NllbTokenizer.from_pretrained(folder, src_lang="eng_Latn", tgt_lang="deu_Latn")
+    cfg = transformers.M2M100Config(vocab_size=len(ttok), d_model=16, encoder_layers=2, decoder_layers=2,
+                                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                    decoder_ffn_dim=32, max_position_embeddings=64, pad_token_id=1, eos_token_id=2,
+                                    bos_token_id=0, decoder_start_token_id=2)
+    torch.manual_seed(0)
+    hf = _randomize(transformers.M2M100ForConditionalGeneration(cfg).eval(), seed=2)
+    hf.save_pretrained(folder)
+    model, tok, meta = load_hf(folder, src_lang="eng_Latn", tgt_lang="deu_Latn", block_size=2)
+    assert tok.kind == "tokenizers" and meta["tokenizer"]["tgt_lang"] == "deu_Latn"
+    lang = ttok.convert_tokens_to_ids("deu_Latn")
+    assert model.config.bos_id == lang and model.config.decoder_prefix == (2,)
+    for text in SOURCES:
+        assert tok.source_ids(text) == ttok(text)["input_ids"]
+    src, mask = _hf_batch(ttok, SOURCES)
+    with torch.no_grad():
+        gen = hf.generate(input_ids=src, attention_mask=mask, num_beams=1, do_sample=False, max_new_tokens=MAX_NEW,
+                          forced_bos_token_id=lang)
+    want = [_strip(r, "m2m100", 2, 1) for r in gen]
+    assert greedy(model, src, max_len=MAX_NEW - 1).tokens == want
+    assert tok.detok(want[0]) == ttok.decode(want[0], skip_special_tokens=True)
