@@ -2,7 +2,6 @@
 #      torchrun --nproc-per-node=N distill.py ...   |   sbatch --array=0-7 slurm/distill.sbatch ...
 """Re-translate a corpus split with the teacher's beam search into a resumable, sharded distilled corpus."""
 import json
-import sys
 
 import hydra
 from omegaconf import DictConfig
@@ -14,14 +13,10 @@ import bpd_train  # noqa: F401  (registers the ${repo_root:} resolver)
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from bpd_train.data.distilled import DistillError
+    from bpd_train.cli import exits_on_user_error
     from bpd_train.distillation import run
 
-    try:
-        summary = run(cfg, overrides=list(HydraConfig.get().overrides.task))
-    except DistillError as e:
-        print(f"error: {e}", file=sys.stderr)  # one line, no traceback: bad input, not a bug
-        sys.exit(2)
+    summary = exits_on_user_error(run)(cfg, overrides=list(HydraConfig.get().overrides.task))
     print(json.dumps(summary))
 
 

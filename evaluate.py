@@ -1,8 +1,6 @@
 # Run: python evaluate.py [experiment=smoke] [evaluate.inputs=[PATH,...]] [decode.block_sizes=[8,4]] [decode=greedy]
 #      [decode.rules=[exact,top2]] [evaluate.batch_sizes=[1,32]] [evaluate.split=test] [evaluate.max_sentences=N]
 """Greedy vs blockwise decoding of checkpoints: BLEU/chrF, k̂, calls, agreement, speedup -> report + plots."""
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
@@ -11,14 +9,10 @@ import bpd_train  # noqa: F401  (registers the ${repo_root:} resolver)
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    from bpd_train.checkpoint import CheckpointError
+    from bpd_train.cli import exits_on_user_error
     from bpd_train.evaluation.cli import run_evaluate
 
-    try:
-        run_evaluate(cfg)
-    except (CheckpointError, ValueError, FileExistsError) as e:
-        print(f"error: {e}", file=sys.stderr)  # one line, no traceback: bad input, not a bug
-        sys.exit(2)
+    exits_on_user_error(run_evaluate)(cfg)
 
 
 if __name__ == "__main__":

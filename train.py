@@ -12,9 +12,10 @@ from bpd_train.training.run import check_argv
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    from bpd_train.training.run import main as run
+    from bpd_train.cli import exits_on_user_error
+    from bpd_train.training.run import train
 
-    run(cfg)
+    exits_on_user_error(train)(cfg)
 
 
 if __name__ == "__main__":

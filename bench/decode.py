@@ -14,6 +14,7 @@ k̂ >= 3.
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import json
 import math
@@ -158,26 +159,27 @@ def model_config(task: Task, args, k: int) -> BPDConfig:
 
 
 def time_decoders(model, batches, block_size: int, repeats: int):
-    """Interleaved timing: per batch, greedy then blockwise, the order flipped every repeat."""
-    tg, tb = [], []
-    res_g: list[DecodeResult] = []
-    res_b: list[DecodeResult] = []
+    """Interleaved timing: per batch greedy, blockwise and blockwise(adaptive=True), the order rotated every
+    repeat. Returns per-variant lists of total seconds and merged results."""
+    fns = {"greedy": lambda src: greedy(model, src, max_len=(1.0, 4)),
+           "blockwise": lambda src: blockwise(model, src, block_size=block_size, max_len=(1.0, 4)),
+           "adaptive": lambda src: blockwise(model, src, block_size=block_size, max_len=(1.0, 4), adaptive=True)}
+    names = list(fns)
+    secs = {n: [] for n in names}
+    res: dict[str, list[DecodeResult]] = {}
     for rep in range(repeats):
-        sg = sb = 0.0
-        rg, rb = [], []
+        order = names[rep % 3:] + names[:rep % 3]
+        tot = dict.fromkeys(names, 0.0)
+        got = {n: [] for n in names}
         for src in batches:
-            for first in ((0, 1) if rep % 2 == 0 else (1, 0)):
+            for n in order:
                 t0 = time.perf_counter()
-                if first == 0:
-                    rg.append(greedy(model, src, max_len=(1.0, 4)))
-                    sg += time.perf_counter() - t0
-                else:
-                    rb.append(blockwise(model, src, block_size=block_size, max_len=(1.0, 4)))
-                    sb += time.perf_counter() - t0
-        tg.append(sg)
-        tb.append(sb)
-        res_g, res_b = rg, rb
-    return tg, tb, DecodeResult.merge(res_g), DecodeResult.merge(res_b)
+                got[n].append(fns[n](src))
+                tot[n] += time.perf_counter() - t0
+        for n in names:
+            secs[n].append(tot[n])
+        res = got
+    return secs, {n: DecodeResult.merge(r) for n, r in res.items()}
 
 
 def main() -> None:
@@ -197,7 +199,15 @@ def main() -> None:
     ap.add_argument("--eval-sentences", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    ap.add_argument("--engine", action="store_true",
+                    help="run bench/engine.py instead (step-cost table, CTranslate2 comparison); its flags follow")
+    args, rest = ap.parse_known_args()
+    if args.engine:
+        sys.path.insert(0, str(ROOT / "bench"))
+        import engine
+        sys.exit(engine.main(rest))
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.quick:
         args.steps4, args.steps8, args.eval_sentences, args.repeats = 20, 20, 32, 1
     torch.set_num_threads(1)  # timing on one core; the machine is shared
@@ -222,34 +232,48 @@ def main() -> None:
         exact = sum(t == r for t, r in zip(g_all.tokens, ref)) / len(ref)
         print(f"k={k}: trained {steps} steps in {train_s:.0f}s, final loss {loss:.3f}, "
               f"greedy exact match {exact:.1%}", file=sys.stderr)
-        for bs in (1, 32):
-            batches = [srcs[i:i + bs] for i in range(0, len(srcs), bs)]
-            if bs == 1:
-                batches = batches[: max(1, len(batches) // 2)]  # half the sentences keep batch-1 timing short
-            tg, tb, rg, rb = time_decoders(model, batches, k, args.repeats)
-            agree = sum(a == b for a, b in zip(rg.tokens, rb.tokens)) / len(rg.tokens)
-            t_g, t_b = statistics.median(tg), statistics.median(tb)
-            speedup = t_g / t_b
-            row = {
-                "k": k, "batch": bs, "sentences": len(rg.tokens), "agreement": agree,
-                "k_hat": round(rb.mean_accepted, 3), "calls_greedy": rg.calls, "calls_blockwise": rb.calls,
-                "call_ratio": round(rg.calls / max(rb.calls, 1), 3),
-                "greedy_s": round(t_g, 4), "blockwise_s": round(t_b, 4),
-                "speedup": round(speedup, 3), "speedup_per_k_hat": round(speedup / rb.mean_accepted, 3),
-                # what speedup / k̂ would be if a blockwise call cost exactly a greedy call and encoding were
-                # free: (greedy calls incl. prefill) / (blockwise calls incl. prefill) / k̂
-                "ideal_speedup_per_k_hat": round((rg.calls + rg.prefill_calls) / (rb.calls + rb.prefill_calls)
-                                                 / rb.mean_accepted, 3),
-                "greedy_exact_match": round(exact, 3), "train_steps": steps, "train_s": round(train_s, 1),
-            }
-            rows.append(row)
-            print(f"  batch {bs:2d}: agreement {agree:.0%}  k̂ {rb.mean_accepted:.2f}  calls {rg.calls}->{rb.calls}  "
-                  f"speedup {speedup:.2f}x  speedup/k̂ {speedup / rb.mean_accepted:.2f}", file=sys.stderr)
+        weak = copy.deepcopy(model)          # the same backbone with untrained future heads (they repeat head 1)
+        with torch.no_grad():
+            weak.heads.fc2.weight.zero_()
+            weak.heads.fc2.bias.zero_()
+        for heads_name, m in (("trained", model), ("untrained", weak)):
+            for bs in (1, 32):
+                batches = [srcs[i:i + bs] for i in range(0, len(srcs), bs)]
+                if bs == 1:
+                    batches = batches[: max(1, len(batches) // 2)]  # half the sentences keep batch-1 timing short
+                secs, res = time_decoders(m, batches, k, args.repeats)
+                rg, rb, ra = res["greedy"], res["blockwise"], res["adaptive"]
+                agree = sum(a == b for a, b in zip(rg.tokens, rb.tokens)) / len(rg.tokens)
+                agree_a = sum(a == b for a, b in zip(rg.tokens, ra.tokens)) / len(rg.tokens)
+                t_g, t_b, t_a = (statistics.median(secs[n]) for n in ("greedy", "blockwise", "adaptive"))
+                speedup = t_g / t_b
+                row = {
+                    "k": k, "heads": heads_name, "batch": bs, "sentences": len(rg.tokens), "agreement": agree,
+                    "k_hat": round(rb.mean_accepted, 3), "calls_greedy": rg.calls, "calls_blockwise": rb.calls,
+                    "call_ratio": round(rg.calls / max(rb.calls, 1), 3),
+                    "greedy_s": round(t_g, 4), "blockwise_s": round(t_b, 4),
+                    "speedup": round(speedup, 3), "speedup_per_k_hat": round(speedup / rb.mean_accepted, 3),
+                    # what speedup / k̂ would be if a blockwise call cost exactly a greedy call and encoding were
+                    # free: (greedy calls incl. prefill) / (blockwise calls incl. prefill) / k̂
+                    "ideal_speedup_per_k_hat": round((rg.calls + rg.prefill_calls) / (rb.calls + rb.prefill_calls)
+                                                     / rb.mean_accepted, 3),
+                    "adaptive": {"agreement": agree_a, "k_hat": round(ra.mean_accepted, 3), "calls": ra.calls,
+                                 "speedup": round(t_g / t_a, 3)},
+                    "greedy_exact_match": round(exact, 3), "train_steps": steps, "train_s": round(train_s, 1),
+                }
+                rows.append(row)
+                print(f"  {heads_name:9s} heads, batch {bs:2d}: agreement {agree:.0%}  k̂ {rb.mean_accepted:.2f}  "
+                      f"calls {rg.calls}->{rb.calls}  speedup {speedup:.2f}x  speedup/k̂ {speedup / rb.mean_accepted:.2f}"
+                      f" | adaptive: agreement {agree_a:.0%} k̂ {ra.mean_accepted:.2f} calls {ra.calls} "
+                      f"speedup {t_g / t_a:.2f}x", file=sys.stderr)
     targets = {
-        "agreement_100": all(r["agreement"] == 1.0 for r in rows),
-        "batch1_speedup_per_k_hat_ge_0.8": all(r["speedup_per_k_hat"] >= 0.8 for r in rows if r["batch"] == 1),
+        "agreement_100": all(r["agreement"] == 1.0 and r["adaptive"]["agreement"] == 1.0 for r in rows),
+        "batch1_speedup_per_k_hat_ge_0.8": all(r["speedup_per_k_hat"] >= 0.8 for r in rows
+                                               if r["batch"] == 1 and r["heads"] == "trained"),
         "batch32_speedup_gt_1.5_where_k_hat_ge_3": all(r["speedup"] > 1.5 for r in rows
                                                        if r["batch"] == 32 and r["k_hat"] >= 3),
+        "adaptive_never_slower_than_greedy_at_batch1": all(r["adaptive"]["speedup"] >= 1.0 for r in rows
+                                                           if r["batch"] == 1),
     }
     print(json.dumps({"bench": "decode", "task": args.task, "data": source, "device": "cpu", "threads": 1,
                       "quick": args.quick, "model": {"d_model": args.d_model, "layers": args.layers,

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import tempfile
@@ -72,7 +73,7 @@ def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len:
         def greedy_step(x=torch.tensor([[5]])):
             st.lengths = cached
             h = m.decode(st, x)
-            w.head1(h[:, 0]).argmax(-1).cpu().numpy()
+            w.head1_argmax(h[:, 0]).cpu().numpy()
 
         def block_step(k):
             x = torch.randint(4, v, (1, k), generator=g)
@@ -80,15 +81,17 @@ def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len:
             def f():
                 st.lengths = cached
                 h = m.decode(st, x)
-                w.head1(h).argmax(-1).cpu().numpy()          # verify at the k positions
+                w.head1_argmax(h).cpu().numpy()              # verify at the k positions
                 w.propose(h[:, 1], 1, k).cpu().numpy()        # heads 2..k at the accepted one
             return f
         fs = {"greedy": greedy_step, **{k: block_step(k) for k in ks}}
         times = {n: [] for n in fs}
         for f in fs.values():
             f(), f()
-        for _ in range(reps):
-            for n, f in fs.items():
+        order = list(fs.items())
+        for rep in range(reps):
+            random.Random(rep).shuffle(order)              # no step always runs right after another
+            for n, f in order:
                 t = time.perf_counter()
                 f()
                 times[n].append(time.perf_counter() - t)
@@ -254,8 +257,9 @@ def main(argv=None) -> int:
           flush=True)
     result = {"cpu": cpu_model(), "engine": engine_name(), "step_cost": bench_steps(a.sizes, a.threads, a.reps)}
     if not a.skip_ct2:
-        result["ctranslate2"] = bench_ct2(a.threads, [1, 32] if not a.quick else [4],
-                                          n_sent=64 if not a.quick else 8, size="base" if not a.quick else "demo")
+        result["ctranslate2"] = [row for size in a.sizes
+                                 for row in (bench_ct2(a.threads, [1, 32] if not a.quick else [4],
+                                                       n_sent=64 if not a.quick else 8, size=size) or [])]
     print(json.dumps(result))
     return 0
 

@@ -6,14 +6,19 @@ A bundle folder holds
                       sha256 of model.safetensors, training provenance
   tokenizer.model     the sentencepiece model the weights were trained with
   README.md           model card (regime, data, and the evaluation table when a report exists)
+  manifest.json       sha256 of each of the four files above (format_version >= 2), written last
 `load_bundle` checks every file, hash and tensor shape before it builds the model, and reads nothing with
 pickle. A Lightning checkpoint is read with weights_only=True; a DeepSpeed ZeRO folder is consolidated with
-DeepSpeed's own zero_to_fp32 (which unpickles its own files: only export ZeRO folders you trust).
+DeepSpeed's own zero_to_fp32, but with every torch.load it makes forced to weights_only=True and only DeepSpeed's
+few plain state classes allowed (`_zero_weights_only`), so a crafted ZeRO folder is refused, never run.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +26,14 @@ import torch
 
 from bpd_train import __version__
 from bpd_train.checkpoint import CKPT_META_KEY, STATE_PREFIX, CheckpointError, load_model, resolve_checkpoint
-from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
+from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file, umask
 from bpd_train.model.config import BPDConfig
 
 BUNDLE_FORMAT = "bpd-train-bundle"
-BUNDLE_VERSION = 1
-WEIGHTS, CONFIG, TOKENIZER, CARD = "model.safetensors", "config.json", "tokenizer.model", "README.md"
+BUNDLE_VERSION = 2  # 2: manifest.json covers config.json (an edited config is refused); 1 had no manifest
+WEIGHTS, CONFIG, TOKENIZER, CARD, MANIFEST = ("model.safetensors", "config.json", "tokenizer.model", "README.md",
+                                              "manifest.json")
+MANIFEST_FORMAT = "bpd-train-bundle-manifest"
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 # Prefixes wrappers put in front of the model's own parameter names (LightningModule, DeepSpeed, Lightning's
 # old DeepSpeed wrapper); stripped in this order when every key carries them.
@@ -77,8 +84,10 @@ def export_bundle(model, tokenizer_path: str | os.PathLike, out_dir: str | os.Pa
     if special["vocab_size"] != cfg.vocab_size:
         raise BundleError(f"tokenizer {tokenizer_path} has {special['vocab_size']} pieces but the model's vocab_size "
                           f"is {cfg.vocab_size}: not the tokenizer this model was trained with")
-    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+    check_output_dir(out_dir, overwrite)
+    with atomic_dir(out_dir, overwrite=overwrite, replaceable=is_bundle_dir) as tmp:
         save_file(tensors, tmp / WEIGHTS, metadata={"format": "pt", "bpd_train": __version__})
+        os.chmod(tmp / WEIGHTS, 0o666 & ~umask())  # safetensors creates it 0600 whatever the umask
         (tmp / TOKENIZER).write_bytes(tokenizer_path.read_bytes())
         config = {
             "format": BUNDLE_FORMAT,
@@ -93,7 +102,39 @@ def export_bundle(model, tokenizer_path: str | os.PathLike, out_dir: str | os.Pa
         }
         atomic_write_json(tmp / CONFIG, config)
         atomic_write_text(tmp / CARD, model_card(config, card_extra))
+        atomic_write_json(tmp / MANIFEST, {"format": MANIFEST_FORMAT, "files": {
+            f: sha256_file(tmp / f) for f in (CONFIG, WEIGHTS, TOKENIZER, CARD)}})
     return out_dir
+
+
+def is_bundle_dir(path: str | os.PathLike) -> bool:
+    """A folder export wrote, and nothing else: the only kind `overwrite` may replace (it is deleted whole)."""
+    path = Path(path)
+    try:
+        names = {p.name for p in path.iterdir()}
+        if MANIFEST in names:
+            manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+            ours = set(manifest["files"]) | {MANIFEST} if manifest.get("format") == MANIFEST_FORMAT else set()
+        else:  # format_version 1
+            ours = {CONFIG, WEIGHTS, TOKENIZER, CARD}
+        config = json.loads((path / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return isinstance(config, dict) and config.get("format") == BUNDLE_FORMAT and bool(ours) and names <= ours
+
+
+def check_output_dir(out_dir: str | os.PathLike, overwrite: bool) -> None:
+    """Before any work: an existing output is refused unless overwrite is on and it is a previous bundle."""
+    out_dir = Path(out_dir)
+    if not (out_dir.exists() or out_dir.is_symlink()):
+        return
+    if out_dir.is_symlink() or not out_dir.is_dir():
+        raise BundleError(f"export output {out_dir} exists and is not a folder; choose another export.output_dir")
+    if not overwrite:
+        raise FileExistsError(f"{out_dir} already exists; pass overwrite=true (export.overwrite=true) to replace it")
+    if any(out_dir.iterdir()) and not is_bundle_dir(out_dir):
+        raise BundleError(f"export output {out_dir} is a folder that is not a bpd-train bundle (or holds other files "
+                          "too); overwrite only ever replaces a previous bundle: choose another export.output_dir")
 
 
 def _tokenizer_ids(path: Path) -> dict[str, int]:
@@ -192,6 +233,7 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
 
     path = Path(path)
     config = read_bundle_config(path)
+    verify_manifest(path, config)
     tok_hash = sha256_file(path / TOKENIZER)
     if tok_hash != config["tokenizer"].get("sha256"):
         raise BundleError(f"{path / TOKENIZER} (sha256 {tok_hash[:12]}) is not the tokenizer this bundle was exported "
@@ -228,6 +270,24 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
     meta = dict(config)
     meta.update(tokenizer_hash=tok_hash, path=str(path), regime=config.get("training", {}).get("regime"))
     return model, tok, meta
+
+
+def verify_manifest(path: Path, config: dict) -> None:
+    """manifest.json covers config.json and the model card (weights and tokenizer are covered by config.json's own
+    hashes, checked next): an edited config that keeps tensor shapes (n_heads, ...) would change the output."""
+    if config.get("format_version", 1) < 2:
+        return  # exported before manifests existed
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if manifest.get("format") != MANIFEST_FORMAT or not isinstance(files, dict) or CONFIG not in files:
+            raise ValueError("not a bundle manifest")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise BundleError(f"bundle {path} has no readable {MANIFEST} ({type(e).__name__}: {e}): re-export it") from None
+    for name in (CONFIG, CARD):
+        if name in files and sha256_file(path / name) != files[name]:
+            raise BundleError(f"{path / name} does not match the sha256 in {path / MANIFEST}: the file was edited "
+                              "after export; re-export the bundle (python export.py) instead of editing it")
 
 
 def check_state_shapes(model, state: dict[str, torch.Tensor], where: str) -> None:
@@ -289,18 +349,56 @@ def _zero_tag_dir(zero_dir: Path, tag: str | None) -> Path:
     return d
 
 
+def _zero_safe_globals() -> list:
+    """The non-tensor objects real DeepSpeed ZeRO-1/2/3 files hold (found with
+    torch.serialization.get_unsafe_globals_in_checkpoint on CPU ZeRO-2/3 runs): plain state, no code runs when
+    they are rebuilt."""
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+    except ImportError:  # without deepspeed a ZeRO folder cannot be consolidated anyway; the metadata needs none
+        return []
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextlib.contextmanager
+def _zero_weights_only():
+    """Inside: every torch.load is weights_only=True, even DeepSpeed's own `torch.load(..., weights_only=False)`
+    in zero_to_fp32 (TORCH_FORCE_WEIGHTS_ONLY_LOAD is read on each call), with DeepSpeed's state classes allowed."""
+    saved = {k: os.environ.pop(k, None) for k in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        with torch.serialization.safe_globals(_zero_safe_globals()):
+            yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _refused(where: Path, e: BaseException) -> CheckpointError:
+    found = re.search(r"Unsupported global: GLOBAL (\S+)|unsupported (?:GLOBAL|REDUCE)[^\n]*", str(e), re.I)
+    what = found.group(1) or found.group(0) if found else type(e).__name__
+    return CheckpointError(f"refusing {where}: it holds pickled objects that are not tensors or DeepSpeed state "
+                           f"({what}); bpd-train never unpickles checkpoint files, since that can run code")
+
+
 def _zero_meta(tag_dir: Path) -> dict:
     """The bpd metadata the training run put into DeepSpeed's client state (in the rank-0 model-states file)."""
     files = sorted(tag_dir.glob("*model_states.pt"))
     if not files:
         raise CheckpointError(f"{tag_dir} has no *model_states.pt file: not a DeepSpeed checkpoint")
     try:
-        states = torch.load(files[0], map_location="cpu", weights_only=True)
-    except Exception:  # noqa: BLE001 - DeepSpeed may pickle its own objects there; its zero_to_fp32 unpickles this
-        try:           # very file anyway, so this adds no exposure beyond the consolidation the export requires
-            states = torch.load(files[0], map_location="cpu", weights_only=False)
-        except Exception as e:  # noqa: BLE001
-            raise CheckpointError(f"cannot read {files[0]}: {type(e).__name__}: {e}") from e
+        with _zero_weights_only():
+            states = torch.load(files[0], map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise _refused(files[0], e) from None
+    except Exception as e:  # noqa: BLE001 - one clear message for every way a file can be unreadable
+        raise CheckpointError(f"cannot read {files[0]}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                              ) from e
     if not isinstance(states, dict):
         raise CheckpointError(f"{files[0]} is not a DeepSpeed model-states file")
     meta = states.get(CKPT_META_KEY)
@@ -319,15 +417,18 @@ def consolidate_zero(path: str | os.PathLike, tag: str | None = None) -> tuple[d
     if zero_dir is None:
         raise CheckpointError(f"{path} is not a DeepSpeed ZeRO checkpoint folder (no 'latest' file or global_step*/)")
     tag_dir = _zero_tag_dir(zero_dir, tag)
-    meta = _zero_meta(tag_dir)
     if not torch.cuda.is_available():  # consolidation needs no accelerator; don't let DeepSpeed go looking for one
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    meta = _zero_meta(tag_dir)  # (imports DeepSpeed for its allow-list: after DS_ACCELERATOR is decided)
     try:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     except ImportError as e:
         raise CheckpointError("consolidating a ZeRO checkpoint needs deepspeed: pip install -e '.[deepspeed]'") from e
     try:
-        state = get_fp32_state_dict_from_zero_checkpoint(str(zero_dir), tag=tag_dir.name)
+        with _zero_weights_only():
+            state = get_fp32_state_dict_from_zero_checkpoint(str(zero_dir), tag=tag_dir.name)
+    except pickle.UnpicklingError as e:
+        raise _refused(tag_dir, e) from None
     except Exception as e:  # noqa: BLE001 - surface DeepSpeed's reason in one line
         raise CheckpointError(f"cannot consolidate ZeRO checkpoint {zero_dir} ({tag_dir.name}): "
                               f"{type(e).__name__}: {e}") from e
@@ -424,8 +525,7 @@ def export_checkpoint(source: str | os.PathLike, out_dir: str | os.PathLike, *, 
     source = Path(source)
     kind, resolved = resolve_source(source)
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise FileExistsError(f"{out_dir} already exists; pass overwrite=true (export.overwrite=true) to replace it")
+    check_output_dir(out_dir, overwrite)  # before the (slow) load
     loaded = load_zero_model(resolved, tag=tag) if kind == "zero" else load_model(resolved)
     prov = provenance(loaded, name)
     sid = source_id(source)

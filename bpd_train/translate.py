@@ -11,13 +11,39 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Iterator, TextIO
+from typing import Iterable, Iterator, TextIO
 
 
-def _chunks(stream: TextIO, n: int) -> Iterator[list[str]]:
-    buf: list[str] = []
-    for line in stream:
-        buf.append(line.rstrip("\r\n"))
+class _Lines:
+    """Input lines as text under an --errors policy; undecodable line numbers are kept for the final report.
+
+    A real stdin is read as bytes (its .buffer): Python's own text layer would raise mid-stream (or, under a C
+    locale, smuggle surrogates into sentencepiece). An in-memory text stream is taken as it is."""
+
+    def __init__(self, stream, errors: str):
+        self.stream, self.errors = getattr(stream, "buffer", stream), errors
+        self.bad: list[tuple[int, int]] = []  # (line number, byte offset) of undecodable lines
+        self.replaced = 0
+
+    def __iter__(self) -> Iterator[str | None]:
+        for lineno, line in enumerate(self.stream, start=1):
+            raw = line.encode("utf-8", "surrogateescape") if isinstance(line, str) else line
+            raw = raw.rstrip(b"\r\n")
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                if self.errors == "replace":
+                    self.replaced += 1
+                    yield raw.decode("utf-8", "replace")
+                else:
+                    self.bad.append((lineno, e.start))
+                    yield None  # no translation, but its output line is kept (empty) so the lines stay aligned
+
+
+def _chunks(lines: Iterable[str | None], n: int) -> Iterator[list[str | None]]:
+    buf: list[str | None] = []
+    for line in lines:
+        buf.append(line)
         if len(buf) == n:
             yield buf
             buf = []
@@ -39,6 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="heads 2..k propose among the N most frequent tokens (output unchanged)")
     p.add_argument("--adaptive", action="store_true", help="feed only proposals whose heads pay (output unchanged)")
+    p.add_argument("--errors", choices=("strict", "replace"), default="strict",
+                   help="input that is not UTF-8: strict (default) leaves that line's output empty, translates the "
+                        "rest and exits 2 naming the lines; replace translates it with U+FFFD for the bad bytes")
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     return p.parse_args(argv)
 
@@ -48,7 +77,7 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     import torch
 
-    from bpd_train.checkpoint import CheckpointError
+    from bpd_train.cli import USER_ERRORS, report
     from bpd_train.decoding import blockwise, greedy
     from bpd_train.evaluation.decode import (EvalError, SpmText, check_block_sizes, decode_options, max_len_arg,
                                              parse_rule)
@@ -68,16 +97,16 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
         rule = parse_rule(args.accept)
         max_len = max_len_arg(list(args.max_len))
         model.decode_options = decode_options(sp, cfg.eos_id, args.dtype, args.draft_vocab)
-    except (CheckpointError, EvalError, ValueError) as e:
-        print(f"error: {e}", file=stderr)
-        return 2
+    except USER_ERRORS as e:
+        return report(e, stderr)
     use_blockwise = not args.greedy and k > 1
     text = SpmText(sp, cfg.eos_id, cfg.pad_id, cfg.max_positions)
     stats, n_sent, seconds = DecodeStats(), 0, 0.0
     with torch.inference_mode():
-        for lines in _chunks(stdin, args.batch_size):
+        source = _Lines(stdin, args.errors)
+        for lines in _chunks(source, args.batch_size):
             out = [""] * len(lines)
-            todo = [i for i, s in enumerate(lines) if s.strip()]
+            todo = [i for i, s in enumerate(lines) if s is not None and s.strip()]
             ids = [text.source_ids(lines[i]) for i in todo]
             for group in length_sorted_batches([len(x) for x in ids], args.batch_size):
                 src = text.batch([ids[j] for j in group], device)
@@ -103,6 +132,13 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
               f"decoder calls={stats.calls}, {rate}, {seconds:.2f}s decoding"
               + (f", {text.truncated} source(s) truncated to {cfg.max_positions} positions" if text.truncated else ""),
               file=stderr)
+    if source.replaced:
+        print(f"warning: {source.replaced} input line(s) were not valid UTF-8; bad bytes were read as U+FFFD",
+              file=stderr)
+    if source.bad:
+        where = ", ".join(f"line {n} (byte {b})" for n, b in source.bad[:5]) + (" ..." if len(source.bad) > 5 else "")
+        return report(f"{len(source.bad)} input line(s) are not valid UTF-8: {where}; their output lines are empty, "
+                      "every other line was translated. Fix the input encoding or pass --errors replace", stderr)
     return 0
 
 

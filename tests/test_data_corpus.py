@@ -168,16 +168,23 @@ def test_bad_line_error_and_skip(tmp_path, case, caplog):
     assert all(tr["en"] and tr["fr"] for tr in ds["translation"])
 
 
-def test_parallel_files_with_different_line_counts(tmp_path, caplog):
-    (tmp_path / "train.en").write_text("a\nb\nc\n", encoding="utf-8")
-    (tmp_path / "train.fr").write_text("x\ny\n", encoding="utf-8")
-    cfg = _cfg(tmp_path, format="parallel_text", splits={"train": "train"})
-    with pytest.raises(ValueError, match=r"train\.en:3: line count differs: .*train\.fr has 2 lines"):
+@pytest.mark.parametrize("policy", ["error", "skip"])
+def test_parallel_files_with_different_line_counts(tmp_path, policy):
+    # One line missing in the middle of the target: 'skip' used to keep every later pair shifted by one.
+    en = [f"line {i}" for i in range(1, 298)]
+    (tmp_path / "train.en").write_text("\n".join(en) + "\n", encoding="utf-8")
+    (tmp_path / "train.fr").write_text("\n".join(en[:100] + en[101:]) + "\n", encoding="utf-8")
+    cfg = _cfg(tmp_path, format="parallel_text", splits={"train": "train"}, on_bad_line=policy)
+    with pytest.raises(ValueError, match=r"train\.en has 297 lines, .*train\.fr has 296; .*never skipped"):
         load_corpus(cfg, cache_dir=tmp_path / "c")
-    cfg.on_bad_line = "skip"
-    with caplog.at_level(logging.WARNING, logger="bpd_train.data.corpus"):
-        ds = load_corpus(cfg, cache_dir=tmp_path / "c")["train"]
-    assert len(ds) == 2 and "skipped 1 bad line(s) of 3" in caplog.text
+
+
+def test_empty_or_missing_split_file_is_named(tmp_path):
+    (tmp_path / "train.jsonl").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"data\.splits\.train: .*train\.jsonl is empty"):
+        load_corpus(_cfg(tmp_path), cache_dir=tmp_path / "c")
+    with pytest.raises(ValueError, match=r"data\.splits\.train: .*nope\.jsonl does not exist"):
+        load_corpus(_cfg(tmp_path, splits={"train": "nope.jsonl"}), cache_dir=tmp_path / "c")
 
 
 def test_tsv_bad_fields_and_unknown_column_language(tmp_path):

@@ -149,6 +149,9 @@ class _FakeWeights:
     def head1(self, h):
         return self.m.head_logits(h, 0)
 
+    def head1_argmax(self, h):
+        return self.head1(h).argmax(-1)
+
     def propose(self, h, lo, hi):
         return self.m.heads_logits(h, lo, hi).argmax(-1)
 

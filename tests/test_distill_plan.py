@@ -82,8 +82,8 @@ def test_token_batches():
 def test_new_manifest_errors():
     with pytest.raises(DistillError, match="no examples"):
         new_manifest(SETTINGS, [], 10, corpus="c", teacher_path="t", limit=None, command="c")
-    with pytest.raises(DistillError, match="duplicate"):
-        new_manifest(SETTINGS, ["a", "a"], 10, corpus="c", teacher_path="t", limit=None, command="c")
+    with pytest.raises(DistillError, match=r"duplicate example ids \(1: 'a'\)"):
+        new_manifest(SETTINGS, ["a", "b", "a"], 10, corpus="c", teacher_path="t", limit=None, command="c")
 
 
 def test_check_compatible(tmp_path):

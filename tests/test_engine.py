@@ -118,9 +118,21 @@ def test_adaptive_feeding_keeps_the_output_and_stops_paying_for_useless_heads():
         bad.heads.fc2.bias.fill_(0.0)
         bad.heads.fc2.weight.normal_(0, 5.0)
     src = random_sources(1, seed=8, max_src=9)
-    g = greedy(bad, src, max_len=40)
-    a = blockwise(bad, src, max_len=40, adaptive=0.5)
-    assert a.tokens == g.tokens
+    g = greedy(bad, src, max_len=60)
+    calls = {"n": 0}
+    w = bad.decode_weights()
+    real = w.propose
+
+    def counting(*args, **kw):
+        calls["n"] += 1
+        return real(*args, **kw)
+    w.propose = counting
+    plain = blockwise(bad, src, max_len=60)
+    plain_proposals, calls["n"] = calls["n"], 0
+    a = blockwise(bad, src, max_len=60, adaptive=0.5)
+    assert a.tokens == plain.tokens == g.tokens
+    assert plain.mean_accepted < 1.2                                 # the heads really are useless
+    assert plain_proposals > 20 and calls["n"] <= plain_proposals // 4   # ... and adaptive mostly stops asking them
     with pytest.raises(ValueError, match="adaptive"):
         blockwise(bad, src, adaptive=1.5)
 

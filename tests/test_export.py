@@ -34,8 +34,8 @@ def _logits(model, vocab, seed=0):
 def test_bundle_layout_and_identical_logits(tiny, bundle):
     src = load_model(tiny["ckpt"])
     model, tok, meta = load_bundle(bundle)
-    assert sorted(p.name for p in bundle.iterdir()) == ["README.md", "config.json", "model.safetensors",
-                                                         "tokenizer.model"]
+    assert sorted(p.name for p in bundle.iterdir()) == ["README.md", "config.json", "manifest.json",
+                                                         "model.safetensors", "tokenizer.model"]
     assert torch.equal(_logits(model, tiny["vocab"]), _logits(src.model, tiny["vocab"]))
     cfg = json.loads((bundle / "config.json").read_text())
     assert cfg["model"] == src.config.to_dict()
@@ -74,6 +74,17 @@ def _copy(bundle, tmp_path):
     return dst
 
 
+def _edit_config(b, cfg, rehash=True):
+    """Write config.json; with rehash, also update manifest.json (to reach the checks behind the manifest)."""
+    from bpd_train.io import sha256_file
+
+    (b / "config.json").write_text(json.dumps(cfg))
+    if rehash:
+        manifest = json.loads((b / "manifest.json").read_text())
+        manifest["files"]["config.json"] = sha256_file(b / "config.json")
+        (b / "manifest.json").write_text(json.dumps(manifest))
+
+
 def test_missing_file(bundle, tmp_path):
     b = _copy(bundle, tmp_path)
     (b / "tokenizer.model").unlink()
@@ -103,13 +114,26 @@ def test_shape_mismatch(bundle, tmp_path):
     b = _copy(bundle, tmp_path)
     cfg = json.loads((b / "config.json").read_text())
     cfg["model"]["d_ff"] = 48
-    (b / "config.json").write_text(json.dumps(cfg))
+    _edit_config(b, cfg)
     with pytest.raises(BundleError, match=r"shape mismatch .*\(model expects"):
         load_bundle(b)
     cfg["model"]["block_size"] = 2  # fewer heads than the weights hold
     cfg["model"]["d_ff"] = 64
-    (b / "config.json").write_text(json.dumps(cfg))
+    _edit_config(b, cfg)
     with pytest.raises(BundleError, match="does not fit the model config"):
+        load_bundle(b)
+
+
+def test_edited_config_same_shapes_is_refused(bundle, tmp_path):
+    # n_heads 2 -> 4 keeps every tensor shape (d_model 32): it used to load and silently change the output.
+    b = _copy(bundle, tmp_path)
+    cfg = json.loads((b / "config.json").read_text())
+    cfg["model"]["n_heads"] = 4
+    _edit_config(b, cfg, rehash=False)
+    with pytest.raises(BundleError, match=r"config\.json does not match the sha256 in .*manifest\.json"):
+        load_bundle(b)
+    (b / "manifest.json").unlink()
+    with pytest.raises(BundleError, match="no readable manifest.json"):
         load_bundle(b)
 
 
@@ -141,3 +165,54 @@ def test_checkpoint_with_foreign_tokenizer(tiny, tmp_path):
     with pytest.raises(CheckpointError, match="is not the one .* was trained with"):
         export_checkpoint(run, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_overwrite_never_replaces_a_non_bundle(tiny, bundle, tmp_path):
+    """overwrite=True replaces a previous bundle only: a user's folder (or a bundle holding a user's file) and a
+    regular file are refused with nothing deleted; an empty folder is fine."""
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "thesis.tex").write_text("years of work")
+    with pytest.raises(BundleError, match="not a bpd-train bundle"):
+        export_checkpoint(tiny["ckpt"], user, overwrite=True)
+    assert (user / "thesis.tex").read_text() == "years of work" and len(list(tmp_path.iterdir())) == 1
+    b = _copy(bundle, tmp_path)
+    (b / "notes.txt").write_text("mine")
+    with pytest.raises(BundleError, match="not a bpd-train bundle"):
+        export_checkpoint(tiny["ckpt"], b, overwrite=True)
+    assert (b / "notes.txt").exists()
+    (b / "notes.txt").unlink()
+    assert export_checkpoint(tiny["ckpt"], b, overwrite=True) == b  # a previous bundle: replaced
+    f = tmp_path / "file"
+    f.write_text("data")
+    with pytest.raises(BundleError, match="not a folder"):
+        export_checkpoint(tiny["ckpt"], f, overwrite=True)
+    assert f.read_text() == "data"
+    (tmp_path / "empty").mkdir()
+    load_bundle(export_checkpoint(tiny["ckpt"], tmp_path / "empty", overwrite=True))
+
+
+def test_killed_export_temp_folders_cleaned_and_umask_respected(tiny, tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()  # a pid that no longer runs, as after kill -9
+    host = socket.gethostname()
+    stale = tmp_path / f".out.bpd-tmp-{host}-{dead}-abc123"
+    live = tmp_path / f".out.bpd-tmp-{host}-{os.getpid()}-abc123"  # a running export's folder: not ours to touch
+    other = tmp_path / ".out.backup"  # the user's, despite the dot
+    for d in (stale, live, other):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"half")
+    old = os.umask(0o027)
+    try:
+        out = export_checkpoint(tiny["ckpt"], tmp_path / "out")
+    finally:
+        os.umask(old)
+    assert not stale.exists() and live.exists() and other.exists()
+    assert (out.stat().st_mode & 0o777) == 0o750
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == dict.fromkeys(
+        ["README.md", "config.json", "manifest.json", "model.safetensors", "tokenizer.model"], 0o640)

@@ -75,3 +75,26 @@ def test_readme_python_api_snippet_runs(bundle, capsys):
     assert src.shape[0] == 2 and len(r.tokens) == 2 and r.calls >= 1 and r.mean_accepted >= 1.0
     assert scope["logits"].shape == (2, scope["tgt_in"].shape[1], model.config.block_size, model.config.vocab_size)
     assert "[" in capsys.readouterr().out  # the print line ran
+
+
+def test_non_utf8_input_keeps_every_other_line(bundle):
+    """A line that is not UTF-8 used to crash the run and lose its batch: now strict leaves that one output line
+    empty, names it and exits 2; replace translates it with U+FFFD."""
+    from bpd_train.translate import main
+
+    good = [s for s, _ in read_pairs("validation", 3)]
+    data = "\n".join(good[:2]).encode() + b"\ncaf\xe9 au lait\n" + good[2].encode() + b"\n"
+    args = ["--bundle", str(bundle), "--max-len", "1", "3", "--batch-size", "4"]
+    ref_rc, ref, _ = _run(args, "\n".join(good[:2] + [""] + good[2:]) + "\n")
+    assert ref_rc == 0
+    for policy in ("strict", "replace"):
+        stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")  # what sys.stdin is: text over a byte buffer
+        out, err = io.StringIO(), io.StringIO()
+        rc = main(args + ["--errors", policy], stdin=stdin, stdout=out, stderr=err)
+        lines, ref_lines = out.getvalue().split("\n"), ref.split("\n")
+        assert len(lines) == 5 and [lines[i] for i in (0, 1, 3)] == [ref_lines[i] for i in (0, 1, 3)]
+        if policy == "strict":
+            assert rc == 2 and lines[2] == "" and "line 3 (byte 3)" in err.getvalue()
+            assert err.getvalue().count("error:") == 1
+        else:
+            assert rc == 0 and lines[2] != "" and "1 input line(s) were not valid UTF-8" in err.getvalue()

@@ -5,10 +5,11 @@ Every format ends as a `datasets.DatasetDict` with splits train/validation/test 
 
 Local files (`jsonl`, `tsv`, `parallel_text`) are read by `Dataset.from_generator` with our own line reader,
 so that every problem is reported with its file and line number: malformed JSON, a missing language key,
-an empty side, invalid UTF-8, parallel files of different lengths. Bad lines are not raised inside the
-generator; they become rows with a non-empty `error` column, so the datasets cache keeps them and a cache
+an empty side, invalid UTF-8. Bad lines are not raised inside the generator; they become rows with a non-empty `error` column, so the datasets cache keeps them and a cache
 hit reports exactly what a fresh read reports. Then `on_bad_line: error` raises one ValueError naming the
 first few, and `on_bad_line: skip` logs how many were skipped (and the first few) and drops them.
+Whole-file problems are always a CorpusError, whatever the policy: a missing or empty split file, and parallel
+files of different lengths (one missing line shifts every later pair, so no line-by-line skip could be right).
 
 `format: hf` calls `load_dataset(hf_name, hf_config)` (default `wmt14`/`de-en`) and runs the same row checks.
 """
@@ -31,6 +32,10 @@ SPLITS = ("train", "validation", "test")
 FORMATS = ("hf", "jsonl", "tsv", "parallel_text")
 _READER_VERSION = "1"  # bump when the reader's output changes, so old cached arrow files are not reused
 _SHOW = 5  # bad lines quoted in an error or skip message
+
+
+class CorpusError(ValueError):
+    """A corpus the user must fix (a file, a line, a setting): one line naming the file, no traceback."""
 
 
 def _get(cfg: Any, key: str, default: Any = None) -> Any:
@@ -140,25 +145,27 @@ def _gen_parallel(pairs: list[list[str]], src: str, tgt: str, fingerprint: str) 
     for src_file, tgt_file in pairs:
         sp, tp = Path(src_file), Path(tgt_file)
         it_s, it_t = _iter_lines(sp), _iter_lines(tp)
-        lineno = 0
-        while True:
-            a, b = next(it_s, None), next(it_t, None)
-            if a is None and b is None:
-                break
-            lineno += 1
+        for lineno, ((_, a), (_, b)) in enumerate(zip(it_s, it_t), start=1):  # equal lengths: checked before
             id_ = f"{sp.stem}:{lineno}"
-            if a is None or b is None:
-                longer, shorter = (tp, sp) if a is None else (sp, tp)
-                n_short = lineno - 1
-                yield _row(id_, src, tgt, error=f"{longer}:{lineno}: line count differs: {shorter} has {n_short} "
-                                                f"lines, {longer} has more")
-                continue
-            s, err_s = _decode(a[1], f"{sp}:{lineno}")
-            t, err_t = _decode(b[1], f"{tp}:{lineno}")
+            s, err_s = _decode(a, f"{sp}:{lineno}")
+            t, err_t = _decode(b, f"{tp}:{lineno}")
             if err_s or err_t:
                 yield _row(id_, src, tgt, error=err_s or err_t)
                 continue
             yield _row(id_, src, tgt, s, t, _check_pair(s, t, src, tgt, f"{sp}:{lineno} / {tp}:{lineno}"))
+
+
+def _count_lines(path: Path) -> int:
+    return sum(1 for _ in _iter_lines(path))
+
+
+def _check_parallel_lengths(pairs: list[list[str]]) -> None:
+    for src_file, tgt_file in pairs:
+        n_src, n_tgt = _count_lines(Path(src_file)), _count_lines(Path(tgt_file))
+        if n_src != n_tgt:
+            raise CorpusError(f"parallel files differ in length: {src_file} has {n_src} lines, {tgt_file} has "
+                              f"{n_tgt}; a missing or extra line shifts every pair after it, so this is never "
+                              "skipped line by line (data.on_bad_line): fix the files")
 
 
 def _fingerprint(files: list[str], *settings: Any) -> str:
@@ -195,7 +202,7 @@ def _split_files(data_cfg: Any, split: str, fmt: str) -> list:
         for item in _as_list(spec) if not _is_mapping(spec) else [spec]:
             if _is_mapping(item):
                 if src not in item or tgt not in item:
-                    raise ValueError(f"data.splits.{split}: parallel_text needs files for {src!r} and {tgt!r}, "
+                    raise CorpusError(f"data.splits.{split}: parallel_text needs files for {src!r} and {tgt!r}, "
                                      f"got keys {sorted(item)}")
                 out.append([_resolve(path, item[src]), _resolve(path, item[tgt])])
             else:
@@ -251,13 +258,13 @@ def _load_hf(data_cfg: Any, src: str, tgt: str, cache_dir: str | None, num_proc:
         if theirs is None:
             continue
         if theirs not in raw:
-            raise ValueError(f"{name}/{config} has no split {theirs!r} (has: {', '.join(raw)}); fix data.splits.{ours}")
+            raise CorpusError(f"{name}/{config} has no split {theirs!r} (has: {', '.join(raw)}); fix data.splits.{ours}")
         ds = raw[theirs]
         feat = ds.features.get("translation")
         langs = list(getattr(feat, "languages", None) or (feat.keys() if isinstance(feat, dict) else []))
         for lang in (src, tgt):
             if lang not in langs:
-                raise ValueError(f"{name}/{config} split {theirs!r}: language key {lang!r} not in translation "
+                raise CorpusError(f"{name}/{config} split {theirs!r}: language key {lang!r} not in translation "
                                  f"(keys: {', '.join(map(str, langs))}); fix data.src_lang/tgt_lang")
         if "id" not in ds.column_names:
             ds = ds.add_column("id", [f"{theirs}-{i}" for i in range(len(ds))])
@@ -277,16 +284,20 @@ def _read_local(fmt: str, files: list, src: str, tgt: str, data_cfg: Any, cache_
     flat = [f for item in files for f in (item if isinstance(item, list) else [item])]
     for f in flat:
         if not Path(f).is_file():
-            raise FileNotFoundError(f"data.splits.{split}: {f} does not exist")
+            raise CorpusError(f"data.splits.{split}: {f} does not exist (or is not a file); fix data.path or "
+                              f"data.splits.{split}")
+        if next(_iter_lines(Path(f)), None) is None:  # datasets would only say 'Instruction "train" corresponds to no data!'
+            raise CorpusError(f"data.splits.{split}: {f} is empty")
     if fmt == "jsonl":
         gen, kw = _gen_jsonl, {"files": files}
     elif fmt == "tsv":
         columns = [str(c) for c in (_get(data_cfg, "columns") or [src, tgt])]
         for lang in (src, tgt):
             if lang not in columns:
-                raise ValueError(f"tsv columns {columns} have no language key {lang!r}; set data.columns")
+                raise CorpusError(f"tsv columns {columns} have no language key {lang!r}; set data.columns")
         gen, kw = _gen_tsv, {"files": files, "columns": tuple(columns)}  # a list would be read as shards
     else:
+        _check_parallel_lengths(files)
         gen, kw = _gen_parallel, {"pairs": files}
     fp = _fingerprint(flat, fmt, src, tgt, kw.get("columns"), split)
     ds = Dataset.from_generator(
@@ -304,7 +315,7 @@ def _apply_bad_line_policy(ds: Dataset, split: str, policy: str) -> Dataset:
     shown = "; ".join(errors[i] for i in bad[:_SHOW])
     more = f" (and {len(bad) - _SHOW} more)" if len(bad) > _SHOW else ""
     if policy == "error":
-        raise ValueError(f"{len(bad)} bad line(s) in split {split!r}: {shown}{more}. "
+        raise CorpusError(f"{len(bad)} bad line(s) in split {split!r}: {shown}{more}. "
                          f"Fix the data or set data.on_bad_line=skip")
     log.warning("split %s: skipped %d bad line(s) of %d: %s%s", split, len(bad), len(ds), shown, more)
     bad_set = set(bad)
@@ -321,14 +332,14 @@ def load_corpus(data_cfg: Any, cache_dir: str | os.PathLike | None = None,
     """
     fmt = _get(data_cfg, "format", "jsonl")
     if fmt not in FORMATS:
-        raise ValueError(f"data.format={fmt!r}; expected one of {FORMATS}")
+        raise CorpusError(f"data.format={fmt!r}; expected one of {FORMATS}")
     src, tgt = _get(data_cfg, "src_lang"), _get(data_cfg, "tgt_lang")
     if not src or not tgt or src == tgt:
-        raise ValueError(f"data.src_lang/tgt_lang must be two different language keys, got {src!r}/{tgt!r}")
+        raise CorpusError(f"data.src_lang/tgt_lang must be two different language keys, got {src!r}/{tgt!r}")
     src, tgt = str(src), str(tgt)
     policy = _get(data_cfg, "on_bad_line", "error")
     if policy not in ("error", "skip"):
-        raise ValueError(f"data.on_bad_line={policy!r}; expected 'error' or 'skip'")
+        raise CorpusError(f"data.on_bad_line={policy!r}; expected 'error' or 'skip'")
     cache_dir = str(cache_dir) if cache_dir is not None else None
     num_proc = _get(data_cfg, "num_proc")
     if fmt == "hf":
@@ -350,6 +361,6 @@ def load_corpus(data_cfg: Any, cache_dir: str | os.PathLike | None = None,
             ds = ds.select(range(int(n)))
         out[split] = ds
     if "train" in splits and "train" not in out:
-        raise ValueError(f"data {_get(data_cfg, 'name')!r}: no train split configured (data.splits.train)")
+        raise CorpusError(f"data {_get(data_cfg, 'name')!r}: no train split configured (data.splits.train)")
     log.info("corpus %s: %s", _get(data_cfg, "name"), {k: len(v) for k, v in out.items()})
     return DatasetDict(out)

@@ -132,7 +132,10 @@ def new_manifest(settings: TeacherSettings, ids: Sequence[Any], shard_size: int,
     if len(ids) == 0:
         raise DistillError(f"split '{settings.split}' has no examples to distill")
     if len(set(map(str, ids))) != len(ids):
-        raise DistillError(f"split '{settings.split}' has duplicate example ids; ids must be unique")
+        seen: set[str] = set()
+        dup = list(dict.fromkeys(i for i in map(str, ids) if i in seen or seen.add(i)))
+        raise DistillError(f"split '{settings.split}' has duplicate example ids ({len(dup)}: "
+                           f"{', '.join(map(repr, dup[:3]))}{' ...' if len(dup) > 3 else ''}); ids must be unique")
     shards = plan_shards(ids, shard_size)
     return {"format": FORMAT_VERSION, "teacher_id": settings.teacher_id, "corpus": corpus,
             **settings.as_dict(), "teacher_path": str(teacher_path),

@@ -60,14 +60,16 @@ class _Adaptive:
     """Which proposals to feed: proposal j (1-based) is fed while the heads 2..j+1 chain has been accepted
     often enough. Counts offered/accepted per proposal index over this call's steps (all rows); a proposal
     index is kept if its conditional acceptance rate is >= `threshold` (optimistic prior: 1 of 1, so every
-    head is tried). The heads' pass is skipped when not even proposal 1 is fed, except every `probe` steps."""
+    head is tried). While not even proposal 1 pays, the decoder runs plain greedy steps (no heads at all)
+    and probes the heads once after every `interval` of them; the interval doubles after each probe that
+    fails (8, 16, ... 64 steps) and starts again at 8 once a head pays."""
 
-    def __init__(self, kb: int, threshold: float, probe: int = 8):
+    def __init__(self, kb: int, threshold: float, probe: int = 8, max_interval: int = 64):
         self.offered = np.ones(kb, dtype=np.int64)
         self.accepted = np.ones(kb, dtype=np.int64)
         self.threshold = threshold
-        self.probe = probe
-        self.idle = 0
+        self.probe, self.max_interval = probe, max_interval
+        self.interval = probe
 
     def width(self) -> int:
         """Block width to feed next (1 = x0 only)."""
@@ -81,16 +83,14 @@ class _Adaptive:
             reached = n >= j - 1                     # proposal j was judged only if j-1 were accepted
             self.offered[j] += int(reached.sum())
             self.accepted[j] += int((n >= j).sum())
+        if fed > 1 and self.width() > 1:
+            self.interval = self.probe
 
-    def want_proposals(self) -> bool:
-        if self.width() > 1:
-            self.idle = 0
-            return True
-        self.idle += 1
-        if self.idle >= self.probe:
-            self.idle = 0
-            return True
-        return False
+    def greedy_stretch(self) -> int:
+        """Greedy steps to run before the next probe (and back off for the one after)."""
+        n = self.interval
+        self.interval = min(2 * self.interval, self.max_interval)
+        return n
 
 
 def blockwise(model, src, block_size: int | None = None, accept=None, min_block: int = 1,
@@ -169,7 +169,15 @@ class _Blockwise:
             length += c
             self.hist += np.bincount(c, minlength=kb + 1)
             done = ended | (length >= limit)
-            if not done.all():
+            if done.all():
+                continue
+            if self.adapt is not None and self.adapt.width() == 1:
+                # no head pays: plain greedy steps (no heads), then one probe of every head
+                x, h1, length, done = self.greedy_steps(gn[:, None], out, orig, limit, length,
+                                                        self.adapt.greedy_stretch())
+                if not done.any():
+                    x = np.concatenate([x, self.w.propose(h1, 1, self.kb).cpu().numpy()], axis=1)
+            else:
                 x = self.propose(h, n, gn, top)
         tokens = trim(out.tolist(), out_len.tolist(), eos)
         steps = int(self.hist.sum())
@@ -181,13 +189,34 @@ class _Blockwise:
     def _width(self) -> int:
         if self.adapt is None or self.min_block > 1:
             return self.kb
-        return min(self.kb, self.adapt.width()) if self.adapt.want_proposals() else 1
+        return min(self.kb, self.adapt.width())
+
+    def greedy_steps(self, x, out, orig, limit, length, steps: int):
+        """Up to `steps` one-token steps without heads (adaptive mode, while no head pays), stopping after
+        the step in which a row ends. x [R,1] the last accepted tokens. Returns (x, head-1 hidden state of
+        the last step [R,D], length, done)."""
+        state, eos = self.state, self.eos
+        r = x.shape[0]
+        done = np.zeros(r, dtype=bool)
+        for _ in range(steps):
+            state.lengths = int(length[0]) if r == 1 else length
+            h = self.model.decode(state, torch.from_numpy(x).to(self.dev))[:, 0]     # [R,D]
+            self.calls += 1
+            g = self.w.head1_argmax(h).cpu().numpy()
+            out[orig, length] = g
+            length += 1
+            self.hist[1] += r
+            x = g[:, None]
+            done = (g == eos) | (length >= limit)
+            if done.any():
+                break
+        return x, h, length, done
 
     def prefill(self, rows: int) -> np.ndarray:
         """BOS -> head 1's first token and the first proposals."""
         tok = torch.full((rows, 1), self.model.config.bos_id, dtype=torch.long, device=self.dev)
         h = self.model.decode(self.state, tok)[:, 0]                    # [R,D]
-        g = self.w.head1(h).argmax(-1)
+        g = self.w.head1_argmax(h)
         b = self._width()
         if b == 1:
             return g.cpu().numpy()[:, None]
@@ -200,10 +229,12 @@ class _Blockwise:
         x_dev = torch.from_numpy(x).to(self.dev)
         h = self.model.decode(self.state, x_dev)                        # [R,b,D]
         self.calls += 1
-        l1 = self.w.head1(h)                                            # [R,b,V]
-        g_dev = l1.argmax(-1)
         ok = None
-        if not self.exact and x.shape[1] > 1:
+        if self.exact or x.shape[1] == 1:
+            g_dev = self.w.head1_argmax(h)                              # [R,b]
+        else:
+            l1 = self.w.head1(h)                                        # [R,b,V]
+            g_dev = l1.argmax(-1)
             ok = self.rule(x_dev[:, 1:], l1[:, :-1], g_dev[:, :-1]).cpu().numpy()
         top = None
         if fused:

@@ -26,7 +26,7 @@ def greedy(model, src, max_len=(2.0, 10)) -> DecodeResult:
             if step:
                 calls += 1
                 row_steps += orig.size
-            nxt = state.weights.head1(h[:, 0]).argmax(-1)       # [R]
+            nxt = state.weights.head1_argmax(h[:, 0])           # [R]
             nxt_np = nxt.cpu().numpy()
             out[orig, step] = nxt_np
             done = (nxt_np == cfg.eos_id) | (limit <= step + 1)

@@ -8,6 +8,7 @@ report.json, report.md, plots, src.txt/ref.txt and one hypothesis file per combi
 from __future__ import annotations
 
 import glob
+import json
 import os
 import platform
 import sys
@@ -267,6 +268,14 @@ def load_inputs(inputs: Sequence[tuple[str, Path]], settings: EvalSettings,
     return loaded_all
 
 
+def _is_report_dir(path: Path) -> bool:
+    """An earlier evaluation's folder (its report.json says so): the only kind overwrite may replace."""
+    try:
+        return json.loads((path / "report.json").read_text(encoding="utf-8")).get("format") == REPORT_FORMAT
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
+
+
 def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], refs: Sequence[str],
                     settings: EvalSettings, out_dir: str | os.PathLike, *, data_info: dict | None = None,
                     overwrite: bool = True, plots: bool = True, command: str | None = None,
@@ -285,7 +294,7 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
     loaded_all = list(loaded) if loaded is not None else load_inputs(inputs, settings, expect_tokenizer_hash)
     t0 = time.time()
     checkpoints, rows = [], []
-    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+    with atomic_dir(out_dir, overwrite=overwrite, replaceable=_is_report_dir) as tmp:
         atomic_write_text(tmp / "src.txt", "".join(one_line(s) + "\n" for s in sources))
         atomic_write_text(tmp / "ref.txt", "".join(one_line(r) + "\n" for r in refs))
         for i, (name, path, loaded) in enumerate(loaded_all):

@@ -139,7 +139,9 @@ class DecoderState:
 
     def prepare(self, n: int, kv_len: int | None = None):
         """What one decoder call on n new tokens per row needs, shared by all layers:
-        (positions: slice, [n] or [R,n] index into the position table, writer of the new K/V, number of slots attention reads, additive mask)."""
+        (positions: slice, [n] or [R,n] index into the position table, writer of the new K/V, number of slots
+        attention reads, additive mask). The writer also says how it writes, for the native step: `write.t`
+        (uniform: slots [t, t+n) of every row) or `write.index` (per-row: scatter index [2,R,H,n,Dh])."""
         lengths, base = self.lengths, self.base
         if isinstance(lengths, int):
             t = base + lengths
@@ -148,6 +150,7 @@ class DecoderState:
 
             def write(kv: Tensor, new: Tensor) -> None:
                 kv[:, :, :, t:t + n] = new
+            write.t, write.index = t, None
 
             mask = None
             if n > 1:  # causal within the new tokens; everything cached before is visible
@@ -174,6 +177,7 @@ class DecoderState:
 
         def write(kv: Tensor, new: Tensor) -> None:
             kv.scatter_(3, index, new)
+        write.t, write.index = 0, index
 
         return self._positions[slots], write, kv_len, mask
 

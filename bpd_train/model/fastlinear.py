@@ -56,7 +56,9 @@ def native_kernels():
         src = Path(__file__).with_name("csrc") / "linear.cpp"
         try:
             from torch.utils.cpp_extension import load
-            _ext = load(name=f"bpd_decode_{_cpu_tag()}", sources=[str(src)],
+            # CPU flags and source hash in the name: a build for another CPU or an older source is never loaded
+            tag = hashlib.sha1(src.read_bytes()).hexdigest()[:8]
+            _ext = load(name=f"bpd_decode_{_cpu_tag()}_{tag}", sources=[str(src)],
                         extra_cflags=["-O3", "-march=native"], verbose=False)
         except Exception as e:  # no compiler, no AVX2, read-only cache, ...: correct but slower
             log.warning("native decode kernels unavailable (%s); decoding uses torch's F.linear",
@@ -81,7 +83,7 @@ def check_dtype(dtype: str) -> str:
 class PackedLinear:
     """y = x . W^T + b for decoding, with W packed once (see the module docstring)."""
 
-    __slots__ = ("out_features", "in_features", "mode", "data", "scale", "bias", "weight", "native")
+    __slots__ = ("out_features", "in_features", "mode", "data", "scale", "bias", "weight", "native", "lin")
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None, dtype: str = "fp32"):
         dtype = check_dtype(dtype)
@@ -91,11 +93,13 @@ class PackedLinear:
         self.bias = bias.detach().float().contiguous() if bias is not None else None
         ext = native_kernels() if w.device.type == "cpu" and w.dtype == torch.float32 else None
         self.native = ext
-        self.data = self.scale = self.weight = None
+        self.data = self.scale = self.weight = self.lin = None
         if ext is not None:
             packed = ext.pack(w, self.mode)
             self.data = packed[0]
             self.scale = packed[1] if len(packed) > 1 else None
+            # the C++ object the fused step functions chain (DecodeWeights.head1_argmax / propose)
+            self.lin = ext.Lin(self.data, self.scale, self.bias, self.out_features, self.in_features, self.mode)
         elif dtype == "fp32":
             self.weight = w
         elif dtype == "bf16":
@@ -107,9 +111,8 @@ class PackedLinear:
             self.weight = (torch.round(w / scale[:, None]).clamp(-127, 127) * scale[:, None]).contiguous()
 
     def __call__(self, x: Tensor) -> Tensor:
-        if self.native is not None:
-            return self.native.linear(x, self.data, self.scale, self.bias, self.out_features, self.in_features,
-                                      self.mode)
+        if self.lin is not None:
+            return self.lin(x)
         if self.weight.dtype == torch.bfloat16:
             return F.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)
         return F.linear(x, self.weight, self.bias)

@@ -81,6 +81,16 @@ class DecodeWeights:
                 n2["weight"], n2["bias"], _lin(ca["q"], dt), _lin(ca["out"], dt),
                 n3["weight"], n3["bias"], _lin(ffn["fc1"], dt), _lin(ffn["fc2"], dt),
                 layer.pre_norm, layer.ffn.act))
+        # the native step runs all layers in one C++ call where every linear is on the native kernels (it
+        # implements the pre-norm ReLU layer only; imported post-norm / gelu / swish layers run in Python)
+        self.ext = self.layers[0].qkv.native if self.layers else None
+        self.native_layers = None
+        if self.ext is not None and all(lin.lin is not None for w in self.layers
+                                         for lin in (w.qkv, w.so, w.q, w.co, w.f1, w.f2)) \
+                and all(w.pre_norm and w.act is torch.relu for w in self.layers):
+            self.native_layers = [self.ext.StepLayer(w.n_heads, w.eps, w.n1_w, w.n1_b, w.qkv.lin, w.so.lin, w.n2_w,
+                                                     w.n2_b, w.q.lin, w.co.lin, w.n3_w, w.n3_b, w.f1.lin, w.f2.lin)
+                                  for w in self.layers]
         norm = model.decoder_norm
         self.norm = (norm.normalized_shape, norm.weight, norm.bias, norm.eps) if norm is not None else None
         emb = model.output_weight()
@@ -145,9 +155,24 @@ class DecodeWeights:
             return self.proj(self.final_norm(h))
         return self.logits(h, 0, 1).squeeze(-2)
 
+    def head1_argmax(self, h: Tensor) -> Tensor:
+        """Head 1's next token: h [...,D] -> ids [...] (the argmax of head1(h), in one native call where the
+        kernels are built)."""
+        ext = self.proj.native
+        if ext is not None and self.identity_p1 and self.norm is not None:  # (the projection bias is in proj)
+            _, w, b, eps = self.norm
+            return ext.norm_project_argmax(h, w, b, eps, self.proj.lin)
+        return self.head1(h).argmax(-1)
+
     def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
         """Argmax tokens of heads lo..hi-1 (lo >= 1): h [...,D] -> ids [...,hi-lo], over the draft vocabulary
-        when one is set."""
+        when one is set. Proposals only decide what is verified, never the output."""
+        proj = self.proj if self.draft_proj is None else self.draft_proj
+        ext = proj.native
+        if ext is not None and lo >= 1 and self.norm is not None:
+            f1, f2 = self._head_ffn(lo, hi)
+            _, w, b, eps = self.norm
+            return ext.propose(h, f1.lin, f2.lin, hi - lo, w, b, eps, proj.lin, self.draft_ids)
         s = self.final_norm(self.states(h, lo, hi))
         if self.draft_proj is None:
             return self.proj(s).argmax(-1)

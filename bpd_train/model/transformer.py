@@ -230,6 +230,10 @@ class BPDModel(nn.Module):
         x = F.embedding(tokens, self._modules["embed"]._parameters["weight"]) * self.embed_scale + self.pe[pos]
         self_kv, mem_kv, mem_mask = state.self_kv, state.mem_kv, state.mem_mask
         g = state.mem_group
+        native = state.weights.native_layers
+        if native is not None:  # the same steps in one C++ call (model/csrc/linear.cpp decode_layers)
+            return state.weights.ext.decode_layers(x, native, self_kv, mem_kv, mask, mem_mask, write.index, write.t,
+                                                   kv_len, g)
         for i, w in enumerate(state.weights.layers):
             x = decode_step(w, x, self_kv[i], write, kv_len, mask, mem_kv[i], mem_mask, g)
         return x

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -350,30 +349,15 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
     return run_dir
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    from bpd_train.data.distilled import DistillError
-
-    return (TrainError, CheckpointError, DistillError)
-
-
-def main(cfg: DictConfig) -> None:
-    """Hydra entry: user errors become one line on stderr and exit status 2."""
-    try:
-        train(cfg)
-    except user_errors() as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-
-
 def check_argv(argv: list[str]) -> None:
     """Before Hydra starts (and makes an output folder): a run must pick a regime with +regime=."""
+    from bpd_train.cli import fail
+
     if any(a.split("=", 1)[0] in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c", "--shell-completion",
                                   "-sc", "--resolve", "-p", "--package") for a in argv):
         return
     choices = ",".join(available_regimes())
     if any(a.startswith(("regime=",)) for a in argv):
-        print(f"error: regime is not in the defaults list; write +regime=NAME (choices: {choices})", file=sys.stderr)
-        sys.exit(2)
+        fail(f"regime is not in the defaults list; write +regime=NAME (choices: {choices})")
     if not any(a.startswith(("+regime=", "++regime=")) for a in argv):
-        print(f"error: choose a regime: python train.py +regime={{{choices}}} [experiment=smoke]", file=sys.stderr)
-        sys.exit(2)
+        fail(f"choose a regime: python train.py +regime={{{choices}}} [experiment=smoke]")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     from hydra import compose, initialize_config_dir
 
     import bpd_train
-    from bpd_train.training.run import check_argv, user_errors
+    from bpd_train.cli import exits_on_user_error
+    from bpd_train.training.run import check_argv
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--stage", type=int, default=None,
@@ -117,12 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     stage = args.stage
     if stage is None:  # strategy=deepspeed_zero3 on the command line means stage 3, not the default 2
         stage = int(cfg.strategy.get("stage", 2)) if "DeepSpeed" in str(cfg.strategy.get("_target_", "")) else 2
-    try:
-        ckpt = train_zero_cpu(cfg, stage=stage, devices=args.devices)
-    except user_errors() as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    print(ckpt)
+    print(exits_on_user_error(train_zero_cpu)(cfg, stage=stage, devices=args.devices))
 
 
 if __name__ == "__main__":

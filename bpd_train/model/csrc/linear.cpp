@@ -167,10 +167,98 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   return y.view(sizes);
 }
 
+// A packed linear layer as one object (what model/fastlinear.py PackedLinear holds), so that the fused
+// step functions below can chain several of them without returning to Python between ops.
+struct Lin {
+  torch::Tensor data;
+  c10::optional<torch::Tensor> scale, bias;
+  int64_t N, K, mode;
+  Lin(torch::Tensor d, c10::optional<torch::Tensor> s, c10::optional<torch::Tensor> b, int64_t n, int64_t k, int64_t md)
+      : data(std::move(d)), scale(std::move(s)), bias(std::move(b)), N(n), K(k), mode(md) {}
+  torch::Tensor operator()(const torch::Tensor& x) const { return linear(x, data, scale, bias, N, K, mode); }
+};
+
+// argmax over the vocabulary of proj(layer_norm(h)): head 1's next token (greedy, exact verification).
+torch::Tensor norm_project_argmax(const torch::Tensor& h, const torch::Tensor& nw, const torch::Tensor& nb, double eps,
+                                  const Lin& proj) {
+  auto y = at::layer_norm(h, {h.size(-1)}, nw, nb, eps);
+  return proj(y).argmax(-1);
+}
+
+// The proposal pass: heads lo..hi-1 at positions h [...,D] -> argmax ids [..., n_heads] (draft ids mapped back):
+// state_i = h + fc2(relu(fc1(h)))[slice i]; logits = proj(layer_norm(state_i)).
+torch::Tensor propose(const torch::Tensor& h, const Lin& fc1, const Lin& fc2, int64_t n_heads,
+                      const torch::Tensor& nw, const torch::Tensor& nb, double eps, const Lin& proj,
+                      c10::optional<torch::Tensor> draft_ids) {
+  const int64_t d = h.size(-1);
+  auto out = fc2(at::relu(fc1(h)));
+  auto shape = h.sizes().vec();
+  shape.push_back(d);
+  shape[shape.size() - 2] = n_heads;                      // [..., n_heads, D]
+  auto s = h.unsqueeze(-2) + out.view(shape);
+  auto ids = proj(at::layer_norm(s, {d}, nw, nb, eps)).argmax(-1);
+  if (draft_ids.has_value()) ids = draft_ids->take(ids);
+  return ids;
+}
+
+// One decoder layer's decode-step weights (pre-norm layer, ReLU FFN: model/layers.py DecoderLayer).
+struct StepLayer {
+  int64_t n_heads;
+  double eps;
+  torch::Tensor n1w, n1b, n2w, n2b, n3w, n3b;
+  Lin qkv, so, q, co, f1, f2;
+  StepLayer(int64_t h, double e, torch::Tensor a, torch::Tensor b, Lin l1, Lin l2, torch::Tensor c, torch::Tensor d,
+            Lin l3, Lin l4, torch::Tensor e3, torch::Tensor f, Lin l5, Lin l6)
+      : n_heads(h), eps(e), n1w(a), n1b(b), n2w(c), n2b(d), n3w(e3), n3b(f), qkv(l1), so(l2), q(l3), co(l4), f1(l5),
+        f2(l6) {}
+};
+
+// model/layers.py decode_step for every layer in one call (the per-op Python overhead of ~20 small ops per
+// layer costs more than their arithmetic at decoding sizes). Same ops, same order, same kernels: the results
+// are those of the Python path. write_index: per-row slots [2,R,H,n,Dh] to scatter the new K/V into
+// (per-row cache mode), else they go to slots [t, t+n) of every row (uniform mode).
+torch::Tensor decode_layers(torch::Tensor x, const std::vector<StepLayer>& layers, const torch::Tensor& self_kv,
+                            const torch::Tensor& mem_kv, c10::optional<torch::Tensor> self_mask,
+                            c10::optional<torch::Tensor> mem_mask, c10::optional<torch::Tensor> write_index, int64_t t,
+                            int64_t kv_len, int64_t g) {
+  const int64_t r = x.size(0), n = x.size(1), d = x.size(2);
+  for (size_t i = 0; i < layers.size(); i++) {
+    const StepLayer& w = layers[i];
+    const int64_t h = w.n_heads, dh = d / h;
+    auto kv = self_kv.select(0, i);                                        // [2,R,H,L,Dh]
+    auto y = at::layer_norm(x, {d}, w.n1w, w.n1b, w.eps);
+    auto qkv = w.qkv(y).view({r, n, 3, h, dh}).permute({2, 0, 3, 1, 4});   // [3,R,H,n,Dh]
+    auto newkv = qkv.narrow(0, 1, 2);
+    if (write_index.has_value()) kv.scatter_(3, *write_index, newkv);
+    else kv.narrow(3, t, n).copy_(newkv);
+    auto keys = kv.select(0, 0).narrow(2, 0, kv_len), vals = kv.select(0, 1).narrow(2, 0, kv_len);
+    auto a = at::scaled_dot_product_attention(qkv.select(0, 0), keys, vals, self_mask);
+    x = x + w.so(a.transpose(1, 2).reshape({r, n, d}));
+    y = at::layer_norm(x, {d}, w.n2w, w.n2b, w.eps);
+    auto qq = w.q(y).view({r / g, g * n, h, dh}).transpose(1, 2);         // [R/G,H,G*n,Dh]
+    auto mk = mem_kv.select(0, i);
+    a = at::scaled_dot_product_attention(qq, mk.select(0, 0), mk.select(0, 1), mem_mask);
+    x = x + w.co(a.transpose(1, 2).reshape({r, n, d}));
+    y = at::layer_norm(x, {d}, w.n3w, w.n3b, w.eps);
+    x = x + w.f2(at::relu(w.f1(y)));
+  }
+  return x;
+}
+
 std::string isa() { return BPD_NATIVE_ISA; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "pack a [N,K] float32 weight for linear()");
   m.def("linear", &linear, "y = x . W^T (+ b) with a packed W");
   m.def("isa", &isa);
+  pybind11::class_<Lin>(m, "Lin")
+      .def(pybind11::init<torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t,
+                          int64_t>())
+      .def("__call__", &Lin::operator());
+  m.def("norm_project_argmax", &norm_project_argmax);
+  pybind11::class_<StepLayer>(m, "StepLayer")
+      .def(pybind11::init<int64_t, double, torch::Tensor, torch::Tensor, Lin, Lin, torch::Tensor, torch::Tensor, Lin, Lin,
+                          torch::Tensor, torch::Tensor, Lin, Lin>());
+  m.def("decode_layers", &decode_layers);
+  m.def("propose", &propose);
 }
