@@ -380,3 +380,29 @@ def test_nllb_style_folder(tmp_path):
     want = [_strip(r, "m2m100", 2, 1) for r in gen]
     assert greedy(model, src, max_len=MAX_NEW - 1).tokens == want
     assert tok.detok(want[0]) == ttok.decode(want[0], skip_special_tokens=True)
+
+
+def test_legacy_marian_files(folders, tmp_path):
+    """Older opus-mt folders: pytorch_model.bin (read with weights_only=True), the fixed position tables saved
+    with the weights, bad_words_ids in config.json instead of generation_config.json."""
+    from safetensors.torch import load_file
+    folder = folders["marian"][0]
+    config, state = from_hf(folder)
+    old = tmp_path / "old"
+    shutil.copytree(folder, old)
+    (old / "model.safetensors").unlink()
+    (old / "generation_config.json").unlink()
+    hf_cfg = json.loads((old / "config.json").read_text())
+    hf_cfg["bad_words_ids"] = [[config.pad_id]]
+    (old / "config.json").write_text(json.dumps(hf_cfg))
+    sd = load_file(str(folder / "model.safetensors"))
+    table = transformers.MarianMTModel.from_pretrained(folder).model.encoder.embed_positions.weight.detach()
+    sd["model.encoder.embed_positions.weight"] = table.clone()
+    torch.save(sd, old / "pytorch_model.bin")
+    config2, state2 = from_hf(old)
+    assert config2.suppress_ids == (config.pad_id,) and config2 == config
+    assert sorted(state2) == sorted(state) and all(torch.equal(state[k], state2[k]) for k in state)
+    sd["model.encoder.embed_positions.weight"] = torch.randn_like(table)  # learned positions: not ours
+    torch.save(sd, old / "pytorch_model.bin")
+    with pytest.raises(ConvertError, match="learned positions"):
+        from_hf(old)

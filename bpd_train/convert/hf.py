@@ -42,7 +42,8 @@ SUPPORTED = {"MarianMTModel": "marian", "M2M100ForConditionalGeneration": "m2m_1
 HEADS_FILE = "bpd_heads.safetensors"
 HEADS_FORMAT = "bpd-train-heads"
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
-_HF_EPS = 1e-5  # nn.LayerNorm's default, which both families use and neither config can change
+_HF_EPS = 1e-5
+_GENERATION_KEYS = ("bad_words_ids", "forced_bos_token_id", "decoder_start_token_id")  # nn.LayerNorm's default, which both families use and neither config can change
 
 
 class ConvertError(ValueError):
@@ -227,6 +228,15 @@ def state_from_hf(sd: dict[str, Tensor], config: BPDConfig) -> dict[str, Tensor]
     if config.logits_bias:
         out["logits_bias"] = sd["final_logits_bias"].reshape(-1) if "final_logits_bias" in sd else \
             torch.zeros(config.vocab_size)
+    for side in ("encoder", "decoder"):  # older Marian files store the (fixed) position table: it must be ours
+        table = sd.get(f"model.{side}.embed_positions.weight")
+        if table is not None:
+            from bpd_train.model.layers import sinusoidal_table
+            n = min(table.shape[0], config.max_positions)
+            ours = sinusoidal_table(n, config.d_model, config.pos_layout, config.pos_offset)
+            if table.shape[1] != config.d_model or not torch.allclose(table[:n].float(), ours, atol=1e-4):
+                raise ConvertError(f"model.{side}.embed_positions.weight is not the sinusoid table transformers "
+                                   "builds for this architecture (learned positions are not supported)")
     v = out["embed.weight"].shape[0]
     if v != config.vocab_size:
         raise ConvertError(f"config.json says vocab_size {config.vocab_size} but the embedding has {v} rows")
@@ -241,6 +251,8 @@ def from_hf(folder: str | Path, *, block_size: int = 1, head_d_hidden: int | Non
     hf = read_json(folder / "config.json")
     family(hf)  # refuse before reading gigabytes
     gen = read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
+    # older checkpoints (most opus-mt) keep generation settings such as bad_words_ids in config.json
+    gen = {**{k: hf[k] for k in _GENERATION_KEYS if hf.get(k) is not None}, **gen}
     config = config_from_hf(hf, gen, block_size=block_size, head_d_hidden=head_d_hidden, identity_p1=identity_p1,
                             tgt_lang_id=tgt_lang_id, unk_id=unk_id, dropout=dropout)
     return config, state_from_hf(read_weights(folder), config)
