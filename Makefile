@@ -37,6 +37,7 @@ smoke: install
 
 bench: install
 	$(PYTHON) bench/decode.py
+	$(PYTHON) bench/engine.py
 	$(PYTHON) bench/data.py
 	$(PYTHON) bench/train.py
 	$(PYTHON) bench/distill.py

@@ -137,6 +137,21 @@ def test_adaptive_feeding_keeps_the_output_and_stops_paying_for_useless_heads():
         blockwise(bad, src, adaptive=1.5)
 
 
+def test_adaptive_with_repeating_heads_in_a_batch_equals_greedy():
+    # zeroed future heads repeat head 1's token: accepted only on repeats, so adaptive switches to greedy
+    # stretches while other rows of the batch end (by EOS or max_len) in between (regression: a row that had
+    # ended in the step before a stretch kept decoding)
+    for seed in range(1, 6):
+        m = random_model(4, seed=seed)
+        with torch.no_grad():
+            m.heads.fc2.weight.zero_()
+            m.heads.fc2.bias.zero_()
+        for batch in (5, 32):
+            src = random_sources(batch, seed=8)
+            g = greedy(m, src, max_len=(1.0, 4))
+            assert blockwise(m, src, max_len=(1.0, 4), adaptive=True).tokens == g.tokens, f"seed={seed} b={batch}"
+
+
 def test_beam_search_runs_on_the_engine_in_every_precision():
     m = random_model(1, seed=9)
     src = random_sources(3, seed=9)

@@ -58,7 +58,9 @@ def _accept_rows(x, g, ok, min_block, eos, room):
 
 class _Adaptive:
     """Which proposals to feed: proposal j (1-based) is fed while the heads 2..j+1 chain has been accepted
-    often enough. Counts offered/accepted per proposal index over this call's steps (all rows); a proposal
+    often enough. Counts offered/accepted per proposal index over all steps and rows decoded with these
+    weights (kept with the model's DecodeWeights, so short sentences decoded one call at a time still
+    learn; halved every 4096 offers, so the counts follow the data); a proposal
     index is kept if its conditional acceptance rate is >= `threshold` (optimistic prior: 1 of 1, so every
     head is tried). While not even proposal 1 pays, the decoder runs plain greedy steps (no heads at all)
     and probes the heads once after every `interval` of them; the interval doubles after each probe that
@@ -83,6 +85,9 @@ class _Adaptive:
             reached = n >= j - 1                     # proposal j was judged only if j-1 were accepted
             self.offered[j] += int(reached.sum())
             self.accepted[j] += int((n >= j).sum())
+        if self.offered[1] > 4096:
+            self.offered = np.maximum(self.offered // 2, 1)
+            self.accepted = np.minimum(self.accepted // 2, self.offered)
         if fed > 1 and self.width() > 1:
             self.interval = self.probe
 
@@ -127,7 +132,8 @@ class _Blockwise:
         self.model, self.kb, self.rule, self.min_block = model, kb, rule, min_block
         self.exact = isinstance(rule, Exact)
         self.eos = model.config.eos_id
-        self.adapt = _Adaptive(kb, threshold) if threshold else None
+        self.threshold = threshold
+        self.adapt = None
 
     def run(self, src, max_len) -> DecodeResult:
         model, kb, eos = self.model, self.kb, self.eos
@@ -140,6 +146,11 @@ class _Blockwise:
         self.hist = np.zeros(kb + 1, dtype=np.int64)
         self.state = state = model.start_decoding(model.encode(src), cap + kb)
         self.w = state.weights
+        if self.threshold:  # acceptance statistics live as long as these weights (see _Adaptive)
+            stats = getattr(self.w, "stats", None)
+            key = ("adaptive", kb, self.threshold)
+            self.adapt = _Adaptive(kb, self.threshold) if stats is None else stats.setdefault(
+                key, _Adaptive(kb, self.threshold))
         # a proposal vocabulary of N tokens: one-pass (fused) proposing while it is cheap
         vocab = len(self.w.draft_ids) if self.w.draft_ids is not None else self.w.vocab_size
         self.fused_unit = kb * max(kb - 1, 0) * vocab * model.config.d_model
@@ -172,11 +183,12 @@ class _Blockwise:
             if done.all():
                 continue
             if self.adapt is not None and self.adapt.width() == 1:
-                # no head pays: plain greedy steps (no heads), then one probe of every head
-                x, h1, length, done = self.greedy_steps(gn[:, None], out, orig, limit, length,
-                                                        self.adapt.greedy_stretch())
-                if not done.any():
-                    x = np.concatenate([x, self.w.propose(h1, 1, self.kb).cpu().numpy()], axis=1)
+                x = gn[:, None]
+                if not done.any():  # finished rows leave first (top of the loop); then the stretch
+                    # no head pays: plain greedy steps (no heads), then one probe of every head
+                    x, h1, length, done = self.greedy_steps(x, out, orig, limit, length, self.adapt.greedy_stretch())
+                    if not done.any():
+                        x = np.concatenate([x, self.w.propose(h1, 1, self.kb).cpu().numpy()], axis=1)
             else:
                 x = self.propose(h, n, gn, top)
         tokens = trim(out.tolist(), out_len.tolist(), eos)

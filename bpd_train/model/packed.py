@@ -103,6 +103,7 @@ class DecodeWeights:
         self.identity_p1 = heads is None or heads.identity_p1
         self.heads = heads
         self._slots: dict[tuple[int, int], tuple[PackedLinear, PackedLinear]] = {}
+        self.stats: dict = {}  # decoders' statistics about these weights (e.g. heads' acceptance rates)
         self.draft_ids: Tensor | None = None
         self.draft_proj: PackedLinear | None = None
         if options.draft_vocab is not None:
