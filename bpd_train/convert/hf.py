@@ -138,7 +138,8 @@ def config_from_hf(hf: dict[str, Any], generation: dict[str, Any] | None = None,
                            f"(supported: {', '.join(_ACTIVATIONS)})")
     pad = _one_id(hf.get("pad_token_id"), "pad_token_id")
     eos = _one_id(hf.get("eos_token_id"), "eos_token_id")
-    start = _one_id(gen.get("decoder_start_token_id", hf.get("decoder_start_token_id")), "decoder_start_token_id")
+    start = gen.get("decoder_start_token_id")
+    start = _one_id(start if start is not None else hf.get("decoder_start_token_id"), "decoder_start_token_id")
     vocab = int(hf["vocab_size"])
     common = dict(
         d_model=int(hf["d_model"]), n_heads=int(hf["encoder_attention_heads"]),
