@@ -9,6 +9,9 @@ Two modes, chosen by the type of `lengths` (the number of cached tokens, BOS inc
     at each row's own slots and a mask lets a query at slot p see slots <= p only. Slots past a row's
     length are stale (rejected proposals) and hidden by that mask, so rolling back is just setting
     `lengths` smaller; they are overwritten later.
+
+`base` slots before all of that hold a fixed decoder prefix (M2M100/NLLB's decoder-start token, cached by
+BPDModel.start_decoding): `lengths` counts the tokens after it, so decoders never see the prefix.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ class DecoderState:
         self.mem_group = mem_group
         self.max_positions = max_positions
         self.lengths: int | np.ndarray | Tensor = 0
+        self.base = 0  # slots holding the decoder prefix, before every row's tokens
         dev = self_kv.device
         # decoder position of every cache slot; slots past max_positions only ever hold tokens beyond max_len
         self._positions = torch.arange(self.capacity, device=dev).clamp_(max=max_positions - 1)
@@ -65,7 +69,7 @@ class DecoderState:
         if isinstance(self.lengths, int):
             # uniform mode leaves slots past `lengths` undefined after a reorder; per-row attention reads
             # (masked) slots past short rows, so they must hold finite numbers
-            self.self_kv[:, :, :, :, self.lengths:].zero_()
+            self.self_kv[:, :, :, :, self.base + self.lengths:].zero_()
             self.lengths = torch.full((self.rows,), self.lengths, dtype=torch.long, device=self.self_kv.device)
         elif isinstance(self.lengths, np.ndarray):
             self.lengths = torch.from_numpy(self.lengths).to(self.self_kv.device)
@@ -77,13 +81,13 @@ class DecoderState:
         number of rows does not grow."""
         m = index.numel()
         if isinstance(self.lengths, int):
-            t = self.lengths
+            t = self.base + self.lengths
         elif isinstance(self.lengths, np.ndarray):
             self.lengths = self.lengths[index.cpu().numpy()]
-            t = int(self.lengths.max()) if m else 0
+            t = self.base + int(self.lengths.max()) if m else 0
         else:
             self.lengths = self.lengths.index_select(0, index)
-            t = int(self.lengths.max()) if m else 0
+            t = self.base + int(self.lengths.max()) if m else 0
         if m <= self.rows:
             # shrink in place: gather the filled prefix of the kept rows, write it into the first m rows
             # (slots past a row's length keep older finite values, hidden by the per-row mask)
@@ -138,9 +142,9 @@ class DecoderState:
         (positions: slice, [n] or [R,n] index into the position table, writer of the new K/V, number of slots
         attention reads, additive mask). The writer also says how it writes, for the native step: `write.t`
         (uniform: slots [t, t+n) of every row) or `write.index` (per-row: scatter index [2,R,H,n,Dh])."""
-        lengths = self.lengths
+        lengths, base = self.lengths, self.base
         if isinstance(lengths, int):
-            t = lengths
+            t = base + lengths
             if t + n > self.capacity:
                 raise RuntimeError(f"KV cache capacity {self.capacity} exceeded ({t}+{n})")
 
@@ -155,14 +159,15 @@ class DecoderState:
             return pos, write, t + n, mask
         r, (_, _, _, h, _, dh) = self.rows, self.self_kv.shape
         if isinstance(lengths, np.ndarray):  # host-side bookkeeping: build slots and mask with numpy
-            slots_np = lengths[:, None] + np.arange(n)                        # [R,n]
+            slots_np = lengths[:, None] + np.arange(base, base + n)           # [R,n]
             kv_len = int(slots_np.max()) + 1
             mask = self._float_mask(np.arange(kv_len)[None, None, :] <= slots_np[:, :, None])[:, None]
             slots = torch.from_numpy(slots_np).to(self.self_kv.device)
         else:
-            slots = lengths[:, None] + self._ar(n)
+            slots = lengths[:, None] + (self._ar(n) if not base else self._ar(n) + base)
             if kv_len is None:
                 kv_len = int(lengths.max()) + n
+            kv_len += base
             allowed = (self._ar(kv_len)[None, None, :] <= slots[:, :, None]).unsqueeze(1)  # [R,1,n,kv_len]
             mask = torch.zeros(allowed.shape, dtype=self.self_kv.dtype, device=slots.device)
             mask.masked_fill_(~allowed, float("-inf"))

@@ -5,6 +5,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+ACTIVATIONS = ("relu", "gelu", "swish")
+POS_LAYOUTS = ("interleaved", "marian", "fairseq")
+
 
 @dataclass
 class BPDConfig:
@@ -24,6 +27,21 @@ class BPDConfig:
     eos_id: int = 2
     unk_id: int = 3
     norm_eps: float = 1e-6
+    # Architecture options for imported checkpoints (bpd_train/convert/hf.py); the defaults are this
+    # project's own models, so older configs and checkpoints load unchanged.
+    pre_norm: bool = True             # False: post-norm layers (Marian: x = norm(x + sublayer(x)))
+    final_norm: bool = True           # encoder and decoder end with a LayerNorm (False: Marian)
+    activation: str = "relu"          # feed-forward activation: relu | gelu | swish
+    scale_embedding: bool = True      # token embeddings times sqrt(d_model)
+    pos_layout: str = "interleaved"   # sinusoid layout: interleaved (sin/cos alternate) | marian | fairseq
+    pos_offset: int = 0               # position p reads row p + pos_offset of the table (M2M100: pad_id + 1)
+    share_embeddings: bool = True     # encoder and decoder read one token embedding
+    src_vocab_size: int | None = None  # encoder vocabulary when not shared (None: vocab_size)
+    tie_output: bool = True           # vocabulary projection = decoder token embedding
+    logits_bias: bool = False         # a bias on the vocabulary projection (Marian's final_logits_bias)
+    decoder_prefix: tuple[int, ...] = ()  # tokens before bos_id in every target (NLLB/M2M100: decoder start
+    #                                       token; bos_id is then the forced target-language code)
+    suppress_ids: tuple[int, ...] = ()   # ids the decoders never generate (Marian's bad_words_ids: the pad)
 
     def __post_init__(self) -> None:
         if self.vocab_size <= 0:
@@ -32,13 +50,29 @@ class BPDConfig:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.block_size < 1:
             raise ValueError(f"block_size (k) must be >= 1, got {self.block_size}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        if self.pos_layout not in POS_LAYOUTS:
+            raise ValueError(f"pos_layout must be one of {', '.join(POS_LAYOUTS)}, got {self.pos_layout!r}")
+        if self.pos_offset < 0:
+            raise ValueError(f"pos_offset must be >= 0, got {self.pos_offset}")
+        # lists from JSON/Hydra become tuples: the config stays hashable and compares equal after a round trip
+        self.decoder_prefix = tuple(int(i) for i in self.decoder_prefix)
+        self.suppress_ids = tuple(int(i) for i in self.suppress_ids)
+        if self.share_embeddings and self.src_vocab_size not in (None, self.vocab_size):
+            raise ValueError("src_vocab_size differs from vocab_size, which needs share_embeddings=False")
+
+    @property
+    def source_vocab_size(self) -> int:
+        return self.src_vocab_size if self.src_vocab_size is not None else self.vocab_size
 
     @property
     def head_hidden(self) -> int:
         return self.head_d_hidden if self.head_d_hidden is not None else self.d_ff
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}  # JSON/YAML-plain
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BPDConfig":

@@ -15,7 +15,7 @@ vocabulary): the key holds every parameter's storage pointer and in-place versio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -54,6 +54,8 @@ class StepWeights(NamedTuple):
     n3_b: Tensor
     f1: PackedLinear
     f2: PackedLinear
+    pre_norm: bool = True    # False: post-norm (imported Marian models); see layers.decode_step
+    act: Callable[[Tensor], Tensor] = torch.relu
 
 
 def _lin(mod: nn.Linear, dtype: str) -> PackedLinear:
@@ -77,20 +79,24 @@ class DecodeWeights:
                 layer.self_attn.n_heads, m["norm1"].normalized_shape, m["norm1"].eps,
                 n1["weight"], n1["bias"], _lin(sa["qkv"], dt), _lin(sa["out"], dt),
                 n2["weight"], n2["bias"], _lin(ca["q"], dt), _lin(ca["out"], dt),
-                n3["weight"], n3["bias"], _lin(ffn["fc1"], dt), _lin(ffn["fc2"], dt)))
-        # the native step runs all layers in one C++ call where every linear is on the native kernels
+                n3["weight"], n3["bias"], _lin(ffn["fc1"], dt), _lin(ffn["fc2"], dt),
+                layer.pre_norm, layer.ffn.act))
+        # the native step runs all layers in one C++ call where every linear is on the native kernels (it
+        # implements the pre-norm ReLU layer only; imported post-norm / gelu / swish layers run in Python)
         self.ext = self.layers[0].qkv.native if self.layers else None
         self.native_layers = None
         if self.ext is not None and all(lin.lin is not None for w in self.layers
-                                         for lin in (w.qkv, w.so, w.q, w.co, w.f1, w.f2)):
+                                         for lin in (w.qkv, w.so, w.q, w.co, w.f1, w.f2)) \
+                and all(w.pre_norm and w.act is torch.relu for w in self.layers):
             self.native_layers = [self.ext.StepLayer(w.n_heads, w.eps, w.n1_w, w.n1_b, w.qkv.lin, w.so.lin, w.n2_w,
                                                      w.n2_b, w.q.lin, w.co.lin, w.n3_w, w.n3_b, w.f1.lin, w.f2.lin)
                                   for w in self.layers]
         norm = model.decoder_norm
-        self.norm = (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
-        emb = model.embed.weight
+        self.norm = (norm.normalized_shape, norm.weight, norm.bias, norm.eps) if norm is not None else None
+        emb = model.output_weight()
         self.vocab_size = emb.shape[0]
-        self.proj = PackedLinear(emb, None, dt)
+        bias = model.decode_logits_bias()
+        self.proj = PackedLinear(emb, bias, dt)
         heads = model._modules.get("heads")
         self.k = model.config.block_size
         self.d = model.config.d_model
@@ -105,10 +111,13 @@ class DecodeWeights:
             if int(ids.max()) >= self.vocab_size or int(ids.min()) < 0:
                 raise ValueError(f"draft_vocab holds ids outside the vocabulary (size {self.vocab_size})")
             self.draft_ids = ids
-            self.draft_proj = PackedLinear(emb.detach().index_select(0, ids), None, dt)
+            self.draft_proj = PackedLinear(emb.detach().index_select(0, ids),
+                                           bias.index_select(0, ids) if bias is not None else None, dt)
 
     # ---- the pieces of a step ----
     def final_norm(self, h: Tensor) -> Tensor:
+        if self.norm is None:  # models without a final norm (Marian)
+            return h
         shape, w, b, eps = self.norm
         return torch.layer_norm(h, shape, w, b, eps)
 
@@ -151,7 +160,7 @@ class DecodeWeights:
         """Head 1's next token: h [...,D] -> ids [...] (the argmax of head1(h), in one native call where the
         kernels are built)."""
         ext = self.proj.native
-        if ext is not None and self.identity_p1:
+        if ext is not None and self.identity_p1 and self.norm is not None:  # (the projection bias is in proj)
             _, w, b, eps = self.norm
             return ext.norm_project_argmax(h, w, b, eps, self.proj.lin)
         return self.head1(h).argmax(-1)
@@ -161,7 +170,7 @@ class DecodeWeights:
         when one is set. Proposals only decide what is verified, never the output."""
         proj = self.proj if self.draft_proj is None else self.draft_proj
         ext = proj.native
-        if ext is not None and lo >= 1:
+        if ext is not None and lo >= 1 and self.norm is not None:
             f1, f2 = self._head_ffn(lo, hi)
             _, w, b, eps = self.norm
             return ext.propose(h, f1.lin, f2.lin, hi - lo, w, b, eps, proj.lin, self.draft_ids)

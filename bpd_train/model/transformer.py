@@ -1,5 +1,9 @@
 """Encoder-decoder Transformer (pre-norm, tied embeddings) with k BPD heads.
 
+The BPDConfig architecture options (post-norm, no final norms, other sinusoid layouts, separate
+embeddings, a logits bias, a decoder prefix) exist so that imported Marian / M2M100 / NLLB checkpoints
+(bpd_train/convert/hf.py) compute what transformers computes; the defaults are this project's own models.
+
 Shapes: B batch, S source length, T target length, D d_model, V vocab, k heads, R decoder rows while
 decoding (batch x beam), n new tokens per decoder call.
 """
@@ -23,16 +27,28 @@ class BPDModel(nn.Module):
         super().__init__()
         self.config = config
         c = config
-        self.embed = nn.Embedding(c.vocab_size, c.d_model)  # also the output projection (tied)
-        self.embed_scale = math.sqrt(c.d_model)
-        self.register_buffer("pe", sinusoidal_table(c.max_positions, c.d_model), persistent=False)
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)  # target tokens; also the output projection (tied)
+        # only where the checkpoint has them: a separate encoder embedding, an untied output projection
+        # (registered even when absent, so that state_dict names and _modules lookups are stable)
+        self.register_module("src_embed", None if c.share_embeddings else nn.Embedding(c.source_vocab_size, c.d_model))
+        self.register_module("lm_head", None if c.tie_output else nn.Linear(c.d_model, c.vocab_size, bias=False))
+        # Marian's final_logits_bias: a parameter (so the decode-weight cache sees it change) that no regime trains
+        self.register_parameter("logits_bias", nn.Parameter(torch.zeros(c.vocab_size), requires_grad=False)
+                                if c.logits_bias else None)
+        self.embed_scale = math.sqrt(c.d_model) if c.scale_embedding else 1.0
+        self.register_buffer("pe", sinusoidal_table(c.max_positions, c.d_model, c.pos_layout, c.pos_offset),
+                             persistent=False)
         self.dropout = nn.Dropout(c.dropout)
+        arch = dict(pre_norm=c.pre_norm, activation=c.activation)
         self.encoder_layers = nn.ModuleList(
-            [EncoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_eps) for _ in range(c.n_encoder_layers)])
-        self.encoder_norm = nn.LayerNorm(c.d_model, eps=c.norm_eps)
+            [EncoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_eps, **arch)
+             for _ in range(c.n_encoder_layers)])
+        self.register_module("encoder_norm", nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.final_norm else None)
         self.decoder_layers = nn.ModuleList(
-            [DecoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_eps) for _ in range(c.n_decoder_layers)])
-        self.decoder_norm = nn.LayerNorm(c.d_model, eps=c.norm_eps)  # the "final norm" every head goes through
+            [DecoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_eps, **arch)
+             for _ in range(c.n_decoder_layers)])
+        # the "final norm" every head goes through (None: heads go straight to the projection)
+        self.register_module("decoder_norm", nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.final_norm else None)
         self._init_backbone()
         # k = 1 is a plain Transformer: no head parameters at all.
         self.heads = (BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout)
@@ -43,6 +59,9 @@ class BPDModel(nn.Module):
 
     def _init_backbone(self) -> None:
         nn.init.normal_(self.embed.weight, std=self.config.d_model ** -0.5)
+        for extra in (self.src_embed, self.lm_head):
+            if extra is not None:
+                nn.init.normal_(extra.weight, std=self.config.d_model ** -0.5)
         for layer in [*self.encoder_layers, *self.decoder_layers]:
             for m in layer.modules():
                 if isinstance(m, nn.Linear):
@@ -61,8 +80,9 @@ class BPDModel(nn.Module):
         return [p for n, p in self.named_parameters() if not n.startswith("heads.")]
 
     # ---- encoder ----
-    def _embed(self, tokens: Tensor, positions) -> Tensor:
-        x = self.embed(tokens) * self.embed_scale + self.pe[positions]
+    def _embed(self, tokens: Tensor, positions, source: bool = False) -> Tensor:
+        table = self.src_embed if source and self.src_embed is not None else self.embed
+        x = table(tokens) * self.embed_scale + self.pe[positions]
         return self.dropout(x) if self.training else x
 
     def encode(self, src: Tensor) -> Memory:
@@ -74,7 +94,7 @@ class BPDModel(nn.Module):
             raise ValueError(f"source length {s} exceeds max_positions={self.config.max_positions}")
         pad_mask = src != self.config.pad_id                      # [B,S]
         attn_mask = pad_mask[:, None, None, :]                    # [B,1,1,S]
-        x = self._embed(src, slice(0, s))
+        x = self._embed(src, slice(0, s), source=True)
         layer_mask = attn_mask
         if not torch.is_grad_enabled():  # decoding: same math, cheaper attention
             if bool(pad_mask.all()):
@@ -84,30 +104,53 @@ class BPDModel(nn.Module):
                     ~attn_mask, float("-inf"))
         for layer in self.encoder_layers:
             x = layer(x, layer_mask)
-        return Memory(self.encoder_norm(x), pad_mask, attn_mask)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return Memory(x, pad_mask, attn_mask)
 
     # ---- decoder, full sequence (training) ----
     def features(self, memory: Memory, tgt_in: Tensor) -> Tensor:
         """tgt_in [B,T] (BOS-prefixed) -> h [B,T,D]: decoder stack output before the final norm."""
+        prefix = self.config.decoder_prefix
+        if prefix:  # the decoder-start tokens before BOS (M2M100/NLLB); their outputs predict nothing
+            tgt_in = torch.cat([tgt_in.new_tensor(prefix).expand(tgt_in.shape[0], -1), tgt_in], dim=1)
         t = tgt_in.shape[1]
         if t > self.config.max_positions:
             raise ValueError(f"target length {t} exceeds max_positions={self.config.max_positions}")
         x = self._embed(tgt_in, slice(0, t))
         for layer in self.decoder_layers:
             x = layer(x, layer.cross_attn.memory_kv(memory.out), memory.attn_mask)
-        return x
+        return x[:, len(prefix):] if prefix else x
+
+    def output_weight(self) -> Tensor:
+        """[V,D] vocabulary projection: the decoder embedding (tied) or the separate lm_head."""
+        head = self._modules["lm_head"]
+        return (head if head is not None else self._modules["embed"])._parameters["weight"]
+
+    def decode_logits_bias(self) -> Tensor | None:
+        """[V] bias the decoders add to the projection: logits_bias, and -inf at config.suppress_ids (what
+        transformers' generate does with bad_words_ids). Training and forward() never suppress."""
+        c = self.config
+        bias = self.logits_bias
+        if not c.suppress_ids:
+            return bias.detach() if bias is not None else None
+        out = bias.detach().clone() if bias is not None else self.output_weight().new_zeros(c.vocab_size)
+        out[list(c.suppress_ids)] = float("-inf")
+        return out
 
     def _project(self, s: Tensor) -> Tensor:
         """Final norm + tied vocabulary projection. (Dict reads instead of module attribute lookups: this
         runs once or twice per decoding step. The tied weight is used outside Embedding.forward, so
         DeepSpeed ZeRO-3 needs it registered as an external parameter of the model.)"""
         norm = self._modules["decoder_norm"]
-        if not torch.is_grad_enabled():  # decoding: skip the module-call machinery
+        if norm is None:
+            pass
+        elif not torch.is_grad_enabled():  # decoding: skip the module-call machinery
             p = norm._parameters
             s = torch.layer_norm(s, norm.normalized_shape, p["weight"], p["bias"], norm.eps)
         else:
             s = norm(s)
-        return F.linear(s, self._modules["embed"]._parameters["weight"])
+        return F.linear(s, self.output_weight(), self._parameters["logits_bias"])
 
     def head_logits(self, h: Tensor, i: int) -> Tensor:
         """h [...,D] -> logits [...,V] of head i (0 = p1, predicts the next token; i predicts i+1 ahead)."""
@@ -156,9 +199,13 @@ class BPDModel(nn.Module):
             mask = torch.zeros(mask.shape, dtype=mem_kv.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
         # expand > 1 (beams): memory stays one row per source, shared by that source's `expand` rows
         n_layers, _, b, h, _, dh = mem_kv.shape
-        self_kv = mem_kv.new_zeros(n_layers, 2, b * expand, h, capacity, dh)
+        prefix = self.config.decoder_prefix
+        self_kv = mem_kv.new_zeros(n_layers, 2, b * expand, h, capacity + len(prefix), dh)
         state = DecoderState(self_kv, mem_kv.contiguous(), mask, self.config.max_positions, mem_group=expand)
         state.weights = self.decode_weights()
+        if prefix:  # cache the decoder-start tokens once; decoders then count from BOS as usual
+            self.decode(state, torch.tensor(prefix, device=out.device).expand(b * expand, -1))
+            state.base = len(prefix)
         return state
 
     def __getstate__(self):
@@ -180,7 +227,7 @@ class BPDModel(nn.Module):
         """tokens [R,n] -> h [R,n,D]. Writes their K/V at each row's slots lengths..lengths+n-1; the caller
         advances (or rolls back) `state.lengths` afterwards."""
         pos, write, kv_len, mask = state.prepare(tokens.shape[1], kv_len)
-        x = F.embedding(tokens, self.embed.weight) * self.embed_scale + self.pe[pos]
+        x = F.embedding(tokens, self._modules["embed"]._parameters["weight"]) * self.embed_scale + self.pe[pos]
         self_kv, mem_kv, mem_mask = state.self_kv, state.mem_kv, state.mem_mask
         g = state.mem_group
         native = state.weights.native_layers
