@@ -11,7 +11,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from bpd_train.data.lm import LMDataError, collate_lm, encode_rows, prompt_ids, read_jsonl, translation_prompts
+from bpd_train.data.lm import IGNORE_INDEX, LMDataError, collate_lm, encode_rows, prompt_ids, read_jsonl, translation_prompts
 from bpd_train.data.tokenizer import Tokenizer
 from tests._eval_tiny import train_spm
 
@@ -50,13 +50,14 @@ def test_collate_masks_response_only(tok, bible_rows):
     rows = [enc[i] for i in range(4)]
     b = collate_lm(rows, PAD)
     longest = max(len(r["ids"]) for r in rows)
-    assert b["inp"].shape == b["tgt"].shape == b["loss_mask"].shape == (4, longest - 1)
+    assert b["inp"].shape == b["tgt_out"].shape == (4, longest - 1)
     for i, r in enumerate(rows):
         ids, n = r["ids"], r["n_prompt"]
-        masked = b["tgt"][i][b["loss_mask"][i]].tolist()
-        assert masked == ids[n:]                      # exactly the response tokens and the final eos
+        counted = b["tgt_out"][i] != IGNORE_INDEX
+        assert b["tgt_out"][i][counted].tolist() == ids[n:]  # exactly the response tokens and the final eos
+        assert counted.nonzero()[0].item() == n - 1             # first counted target: after the last prompt token
         assert b["inp"][i, : len(ids) - 1].tolist() == ids[:-1]
-        assert not b["loss_mask"][i, len(ids) - 1:].any()  # padding never counts
+        assert (b["inp"][i, len(ids) - 1:] == PAD).all() and not counted[len(ids) - 1:].any()
 
 
 def test_overflow_policies(tok, caplog):
@@ -118,8 +119,12 @@ def test_read_jsonl_bad_rows_name_the_line(tmp_path, line, msg):
 
 
 def test_collate_is_what_a_causal_lm_trains_on(tok, bible_rows):
-    """The masked targets are the next token of the inputs: a shift by one, nothing else."""
+    """Targets are the inputs shifted by one, with the eos id counted even when it is also the pad id."""
     enc, _ = encode_rows(translation_prompts(bible_rows, "en", "fr"), tok, eos_id=EOS, bos_id=None, max_len=1024)
-    b = collate_lm([enc[0]], PAD)
-    assert torch.equal(b["inp"][0, 1:], b["tgt"][0, :-1])
     assert enc[0]["ids"][0] != BOS  # bos_id=None: no BOS prepended
+    b = collate_lm([enc[0], enc[1]], pad_id=EOS)
+    ids = enc[0]["ids"]
+    n = len(ids) - 1
+    assert torch.equal(b["inp"][0, 1:n], b["tgt_out"][0, : n - 1].where(b["tgt_out"][0, : n - 1] != IGNORE_INDEX,
+                                                                          b["inp"][0, 1:n]))
+    assert b["tgt_out"][0, n - 1].item() == EOS

@@ -9,7 +9,7 @@ Sources:
   * a translation corpus (`load_corpus` schema) turned into prompts, e.g. "English: <src>\\nFrench:" ->
     " <tgt>" (`translation_prompts`), so everything runs offline on the bundled Bible.
 Tokenized rows: `ids` (prompt ids + response ids + eos), `n_prompt`, `length` = len(ids). The loss covers the
-response tokens and the final eos only (`collate_lm`'s `loss_mask`).
+response tokens and the final eos only (`collate_lm`'s `tgt_out`).
 
 Bad input is never dropped silently: an empty response, a chat without a chat template, a malformed row, or a
 row that does not fit the context under `overflow="refuse"` is a LMDataError (a ValueError: one line, the
@@ -29,6 +29,7 @@ from datasets import Dataset
 log = logging.getLogger(__name__)
 
 OVERFLOW = ("truncate_left", "refuse")
+IGNORE_INDEX = -100  # targets the loss skips (torch.nn.functional.cross_entropy's default ignore_index)
 _SHOW = 3  # rows quoted in an error message
 LANGUAGE_NAMES = {"en": "English", "fr": "French", "de": "German", "es": "Spanish", "it": "Italian",
                   "pt": "Portuguese", "nl": "Dutch", "ro": "Romanian", "cs": "Czech", "ru": "Russian",
@@ -160,19 +161,20 @@ def encode_rows(ds: Dataset, tok: TextTokenizer, *, eos_id: int, bos_id: int | N
 
 # ---- batches ----
 def collate_lm(rows: Iterable[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Rows with `ids`, `n_prompt` -> right-padded `inp` [B,T] (ids[:-1]), `tgt` [B,T] (ids[1:]) and
-    `loss_mask` [B,T] (True where tgt is a response token or the final eos). T = longest row - 1."""
+    """Rows with `ids`, `n_prompt` -> right-padded `inp` [B,T] (ids[:-1], pad_id after the end) and `tgt_out`
+    [B,T] (ids[1:]) with IGNORE_INDEX wherever the loss must not look: prompt tokens and padding. T = longest
+    row - 1. The training losses take IGNORE_INDEX as their ignore id for LMs, because an LLM's pad id is often
+    a real token (Llama pads with eos, whose prediction must count)."""
     rows = list(rows)
     t = max(len(r["ids"]) for r in rows) - 1
     inp = torch.full((len(rows), t), pad_id, dtype=torch.long)
-    tgt = torch.full((len(rows), t), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), t), dtype=torch.bool)
+    tgt = torch.full((len(rows), t), IGNORE_INDEX, dtype=torch.long)
     for b, r in enumerate(rows):
         ids = torch.as_tensor(r["ids"], dtype=torch.long)
-        n = len(ids) - 1
-        inp[b, :n], tgt[b, :n] = ids[:-1], ids[1:]
-        mask[b, int(r["n_prompt"]) - 1:n] = True  # tgt[j] = ids[j+1]: response ids start at ids[n_prompt]
-    return {"inp": inp, "tgt": tgt, "loss_mask": mask}
+        n, p = len(ids) - 1, int(r["n_prompt"])
+        inp[b, :n] = ids[:-1]
+        tgt[b, p - 1:n] = ids[p:]  # tgt[j] = ids[j+1]: the response starts at ids[n_prompt]
+    return {"inp": inp, "tgt_out": tgt}
 
 
 def prompt_ids(rows: Iterable[dict]) -> list[list[int]]:
