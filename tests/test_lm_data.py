@@ -37,7 +37,7 @@ def test_translation_prompts_and_encoding(tok, bible_rows):
     assert ds[0]["prompt"] == f"English: {bible_rows[0]['translation']['en']}\nFrench:"
     assert ds[0]["response"] == " " + bible_rows[0]["translation"]["fr"]
     enc, stats = encode_rows(ds, tok, eos_id=EOS, bos_id=BOS, max_len=1024)
-    assert stats == {"rows": 20, "truncated": 0}
+    assert stats == {"rows": 20, "truncated": 0, "dropped": 0}
     r = enc[3]
     p, resp = ds[3]["prompt"], ds[3]["response"]
     assert r["ids"] == [BOS] + tok.encode(p) + tok.encode(resp) + [EOS]
@@ -69,14 +69,15 @@ def test_overflow_policies(tok, caplog):
     assert "\n" not in str(e.value) and "truncate_left" in str(e.value)
     with caplog.at_level(logging.WARNING):
         enc, stats = encode_rows(ds, tok, eos_id=EOS, bos_id=BOS, max_len=40, overflow="truncate_left")
-    assert stats == {"rows": 2, "truncated": 1} and "1 of 2 prompts truncated" in caplog.text
+    assert stats == {"rows": 2, "truncated": 1, "dropped": 0} and "1 of 2 prompts truncated" in caplog.text
     a = enc[0]
     assert a["length"] == 40 and a["ids"][0] == BOS                 # BOS kept, the left of the prompt dropped
     assert a["ids"][1:a["n_prompt"]] == tok.encode(long_prompt)[-(a["n_prompt"] - 1):]
     assert a["ids"][a["n_prompt"]:] == tok.encode(" Au commencement.") + [EOS]
     assert len(a["ids"]) - a["n_prompt"] == n_resp
-    with pytest.raises(LMDataError, match="responses alone do not fit"):
-        encode_rows(ds, tok, eos_id=EOS, bos_id=BOS, max_len=n_resp + 1, overflow="truncate_left")
+    with caplog.at_level(logging.WARNING):  # a response that alone does not fit: dropped, counted, logged
+        enc, stats = encode_rows(ds, tok, eos_id=EOS, bos_id=BOS, max_len=n_resp + 1, overflow="truncate_left")
+    assert stats["dropped"] == 1 and enc["id"] == ["b"] and "1 of 2 rows dropped" in caplog.text
     with pytest.raises(LMDataError, match="overflow="):
         encode_rows(ds, tok, eos_id=EOS, bos_id=BOS, max_len=40, overflow="drop")
 
@@ -128,3 +129,63 @@ def test_collate_is_what_a_causal_lm_trains_on(tok, bible_rows):
     assert torch.equal(b["inp"][0, 1:n], b["tgt_out"][0, : n - 1].where(b["tgt_out"][0, : n - 1] != IGNORE_INDEX,
                                                                           b["inp"][0, 1:n]))
     assert b["tgt_out"][0, n - 1].item() == EOS
+
+
+# ---- LMDataModule: the bundled corpus as prompt-format translation, resumable batches, self-distilled rows ----
+def _data_cfg(**lm):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(REPO / "conf/data/bible_en_fr.yaml")
+    cfg.limit = {"train": 120, "validation": 16, "test": 8}
+    cfg.spm.vocab_size = 300
+    cfg.num_proc = 1
+    cfg.lm = lm
+    return cfg
+
+
+def test_lm_datamodule_on_the_bundled_corpus(tmp_path):
+    from bpd_train.data import LMDataModule
+
+    dm = LMDataModule(_data_cfg(max_len=96), tmp_path / "art", seed=3, max_tokens=600, cache_dir=tmp_path / "hf")
+    dm.prepare_data()
+    dm.setup()
+    dropped = {k: s["dropped"] for k, s in dm.stats.items()}
+    assert {k: len(v) + dropped[k] for k, v in dm.datasets.items()} == {"train": 120, "validation": 16, "test": 8}
+    assert 0 < dropped["train"] < 20                          # the longest verses do not fit 96 tokens
+    assert dm.corpus["validation"][0]["prompt"].startswith("English: ") and dm.corpus["validation"][0]["prompt"].endswith("\nFrench:")
+    assert all(n <= 96 for n in dm.datasets["train"]["length"])
+    loader = dm.train_dataloader()
+    batches = list(loader)
+    assert sum(b["inp"].shape[0] for b in batches) == len(dm.datasets["train"])  # every row once per epoch
+    for b in batches:
+        assert b["inp"].numel() <= 600                          # the token budget holds
+        assert (b["tgt_out"] != IGNORE_INDEX).sum(1).min() >= 2  # at least one response token + eos per row
+    # mid-epoch resume: the state after 2 batches gives exactly the remaining batches
+    dm2 = LMDataModule(_data_cfg(max_len=96), tmp_path / "art", seed=3, max_tokens=600, cache_dir=tmp_path / "hf")
+    dm2.setup()
+    it = iter(dm2.train_dataloader())
+    next(it), next(it)
+    state = dm2.state_dict()
+    dm3 = LMDataModule(_data_cfg(max_len=96), tmp_path / "art", seed=3, max_tokens=600, cache_dir=tmp_path / "hf")
+    dm3.setup()
+    dm3.load_state_dict(state)
+    rest = list(dm3.train_dataloader())
+    assert len(rest) == len(batches) - 2
+    assert all(torch.equal(a["inp"], b["inp"]) for a, b in zip(rest, batches[2:]))
+
+
+def test_lm_datamodule_self_distilled_train_split(tmp_path):
+    from bpd_train.data import LMDataModule
+
+    cfg = _data_cfg(max_len=96)
+    dm = LMDataModule(cfg, tmp_path / "art", source="distilled", distilled_dir=tmp_path / "none",
+                      cache_dir=tmp_path / "hf")
+    with pytest.raises(LMDataError, match="run distill.py with the model as teacher first"):
+        dm.setup()
+    d = tmp_path / "distilled"
+    d.mkdir()
+    (d / "shard-0.jsonl").write_text(json.dumps({"id": "7", "prompt": "English: Hi\nFrench:", "response": " Salut"}) + "\n")
+    dm = LMDataModule(cfg, tmp_path / "art", source="distilled", distilled_dir=d, cache_dir=tmp_path / "hf")
+    dm.setup()
+    assert len(dm.datasets["train"]) == 1 and dm.datasets["train"][0]["id"] == "7"
+    assert len(dm.datasets["validation"]) + dm.stats["validation"]["dropped"] == 16  # still the references

@@ -14,7 +14,7 @@ response tokens and the final eos only (`collate_lm`'s `tgt_out`).
 Bad input is never dropped silently: an empty response, a chat without a chat template, a malformed row, or a
 row that does not fit the context under `overflow="refuse"` is a LMDataError (a ValueError: one line, the
 CLIs exit 2) naming the row; under `overflow="truncate_left"` the prompt loses tokens from the left (after
-its BOS) and the count of truncated rows is logged and returned.
+its BOS), and a row whose response alone does not fit is dropped; both counts are logged and returned.
 """
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def translation_prompts(ds: Dataset, src_lang: str, tgt_lang: str,
 # ---- tokenization ----
 def encode_rows(ds: Dataset, tok: TextTokenizer, *, eos_id: int, bos_id: int | None, max_len: int,
                 overflow: str = "truncate_left") -> tuple[Dataset, dict]:
-    """Dataset(id, prompt, response) -> Dataset(id, ids, n_prompt, length) and stats {rows, truncated}.
+    """Dataset(id, prompt, response) -> Dataset(id, ids, n_prompt, length) and stats {rows, truncated, dropped}.
 
     ids = [bos] + prompt + response + [eos]; at most `max_len` ids per row. The prompt and the response are
     tokenized separately, so the response ids are exactly what the model is asked to generate after the
@@ -144,19 +144,22 @@ def encode_rows(ds: Dataset, tok: TextTokenizer, *, eos_id: int, bos_id: int | N
         more = f" (and {len(empty) - _SHOW} more)" if len(empty) > _SHOW else ""
         raise LMDataError(f"{len(empty)} row(s) with an empty response: {', '.join(map(str, empty[:_SHOW]))}{more}; "
                           f"remove them (there is nothing to learn from an empty response)")
-    if too_long:
+    if too_long and overflow == "refuse":
         shown = ", ".join(f"{i} ({n} tokens)" for i, n in too_long[:_SHOW])
         more = f" (and {len(too_long) - _SHOW} more)" if len(too_long) > _SHOW else ""
-        hint = ("raise the context (max_len) or set overflow=truncate_left" if overflow == "refuse"
-                else "their responses alone do not fit: raise the context (max_len) or shorten them")
-        raise LMDataError(f"{len(too_long)} row(s) longer than the context of {max_len} tokens: {shown}{more}; {hint}")
+        raise LMDataError(f"{len(too_long)} row(s) longer than the context of {max_len} tokens: {shown}{more}; "
+                          f"raise the context (data.lm.max_len) or set data.lm.overflow=truncate_left")
+    if too_long:  # truncate_left, and the response alone does not fit: nothing to condition on, dropped (counted)
+        log.warning("%d of %d rows dropped: their responses alone exceed the context of %d tokens (first: %s); "
+                    "raise data.lm.max_len to keep them", len(too_long), len(ds), max_len,
+                    ", ".join(str(i) for i, _ in too_long[:_SHOW]))
     if truncated:
         log.warning("%d of %d prompts truncated from the left to fit %d tokens (first: %s)",
                     len(truncated), len(ds), max_len, ", ".join(map(str, truncated[:_SHOW])))
-    kept_ids = list(ds["id"])  # every row is kept (the errors above otherwise)
-    enc = Dataset.from_dict({"id": kept_ids, "ids": out_ids, "n_prompt": n_prompt,
+    dropped = {i for i, _ in too_long}
+    enc = Dataset.from_dict({"id": [i for i in ds["id"] if i not in dropped], "ids": out_ids, "n_prompt": n_prompt,
                              "length": [len(x) for x in out_ids]})
-    return enc, {"rows": len(enc), "truncated": len(truncated)}
+    return enc, {"rows": len(enc), "truncated": len(truncated), "dropped": len(too_long)}
 
 
 # ---- batches ----
@@ -180,3 +183,4 @@ def collate_lm(rows: Iterable[dict], pad_id: int) -> dict[str, torch.Tensor]:
 def prompt_ids(rows: Iterable[dict]) -> list[list[int]]:
     """The prompt part of tokenized rows (what a decoder is given at evaluation / self-distillation)."""
     return [list(r["ids"][: int(r["n_prompt"])]) for r in rows]
+
