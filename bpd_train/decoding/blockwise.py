@@ -226,7 +226,7 @@ class _Blockwise:
 
     def prefill(self, rows: int) -> np.ndarray:
         """BOS -> head 1's first token and the first proposals."""
-        tok = torch.full((rows, 1), self.model.config.bos_id, dtype=torch.long, device=self.dev)
+        tok = self.model.start_tokens(self.state)                      # [R,1] BOS, or an LM's last prompt tokens
         h = self.model.decode(self.state, tok)[:, 0]                    # [R,D]
         g = self.w.head1_argmax(h)
         b = self._width()
