@@ -208,10 +208,6 @@ class BPDModel(nn.Module):
             state.base = len(prefix)
         return state
 
-    def start_tokens(self, state: DecoderState) -> Tensor:
-        """[R,1] every decoder's first input: BOS. (A decoder-only model gives each prompt's last token.)"""
-        return torch.full((state.rows, 1), self.config.bos_id, dtype=torch.long, device=state.self_kv.device)
-
     def __getstate__(self):
         # copies and pickles (deepcopy, DDP spawn, checkpoints of the module) never carry packed weights
         state = dict(super().__getstate__())
