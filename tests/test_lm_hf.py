@@ -79,6 +79,27 @@ def folders(tmp_path_factory):
     torch.manual_seed(1)
     _randomize(transformers.Qwen2ForCausalLM(cfg).eval(), 1, 4).save_pretrained(f)
     out["qwen2"] = f
+    # Llama 3.x rotary scaling, every bias Llama allows, tied embeddings
+    f = tmp_path_factory.mktemp("llama3")
+    v = _tokenizer(f, bos=True)
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    cfg = transformers.LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                   rope_parameters=rope, attention_bias=True, mlp_bias=True,
+                                   tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(2)
+    _randomize(transformers.LlamaForCausalLM(cfg).eval(), 2, 2).save_pretrained(f)
+    out["llama3"] = f
+    # Mistral without a sliding window, explicit head_dim != hidden/heads
+    f = tmp_path_factory.mktemp("mistral")
+    v = _tokenizer(f, bos=True)
+    cfg = transformers.MistralConfig(vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+                                     max_position_embeddings=64, sliding_window=None, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(3)
+    _randomize(transformers.MistralForCausalLM(cfg).eval(), 3, 2).save_pretrained(f)
+    out["mistral"] = f
     return out
 
 
@@ -101,14 +122,18 @@ def _cut(row, eos):
     return out
 
 
-@pytest.mark.parametrize("fam", ["llama", "qwen2"])
-def test_logits_match_transformers(folders, fam):
-    model, tok, meta = load_hf_lm(folders[fam])
-    assert meta["family"] == fam and family_of(folders[fam]) == fam
-    assert (model.lm_head is None) == (fam == "qwen2")          # tied / untied both covered
+@pytest.mark.parametrize("name", ["llama", "qwen2", "llama3", "mistral"])
+def test_logits_match_transformers(folders, name):
+    model, tok, meta = load_hf_lm(folders[name])
+    fam = {"llama3": "llama"}.get(name, name)
+    assert meta["family"] == fam and family_of(folders[name]) == fam
+    assert (model.lm_head is None) == (name in ("qwen2", "llama3"))  # tied / untied both covered
     assert model.config.kv_heads < model.config.n_heads        # GQA
-    hf = _hf(folders[fam])
-    for text in PROMPTS:
+    if name == "llama3":
+        assert model.config.rope_scaling["rope_type"] == "llama3" and model.config.o_bias and model.config.mlp_bias
+    hf = _hf(folders[name])
+    texts = PROMPTS + [" ".join(WORDS * 2)]                    # 50 tokens: past llama3's original 16 positions
+    for text in texts:
         ids = torch.tensor([tok.encode(text)])
         with torch.no_grad():
             want = hf(ids).logits

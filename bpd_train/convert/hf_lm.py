@@ -1,5 +1,5 @@
-"""transformers decoder-only checkpoints -> LMModel: LlamaForCausalLM (Llama, SmolLM, TinyLlama, ...) and
-Qwen2ForCausalLM (Qwen, Qwen2.5).
+"""transformers decoder-only checkpoints -> LMModel: LlamaForCausalLM (Llama, SmolLM, TinyLlama, ...),
+Qwen2ForCausalLM (Qwen, Qwen2.5) and MistralForCausalLM without a sliding window (Mistral v0.2+: Llama's layers).
 
 Reads the folder itself (config.json, generation_config.json, model.safetensors -- sharded or not -- or
 pytorch_model.bin with weights_only=True, via convert/hf.py read_weights); transformers is not needed. What the
@@ -8,7 +8,7 @@ import maps:
   config.json                           LMConfig
   hidden_size, intermediate_size        d_model, d_ff
   num_attention_heads, num_key_value_heads, head_dim    n_heads, n_kv_heads, head_dim
-  rope_theta (or rope_parameters)       rope_theta; any rope scaling type but "default" is refused
+  rope_theta (or rope_parameters)       rope_theta, rope_scaling ("linear", "llama3"; other types refused)
   rms_norm_eps, tie_word_embeddings     norm_eps, tie_output
   attention_bias / mlp_bias (Llama)     qkv_bias + o_bias / mlp_bias; Qwen2: q/k/v biases, none on o
   eos_token_id (generation_config first) eos_id (the first, when several are listed: see the warning)
@@ -29,15 +29,15 @@ import torch
 from torch import Tensor
 
 from bpd_train.convert.hf import ConvertError, read_json, read_weights, resolve
-from bpd_train.model.lm_config import LMConfig
+from bpd_train.model.lm_config import ROPE_SCALING, LMConfig
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_LM = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+SUPPORTED_LM = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
 
 
 def family_of(folder_or_config: str | Path | dict[str, Any]) -> str | None:
-    """'llama' or 'qwen2' for a supported decoder-only checkpoint folder (or its config.json dict); None when it
+    """'llama', 'qwen2' or 'mistral' for a supported decoder-only checkpoint folder (or its config.json dict); None when it
     is no decoder-only model (the encoder-decoder import handles it); a ConvertError for an unsupported
     *ForCausalLM architecture."""
     hf = folder_or_config if isinstance(folder_or_config, dict) else read_json(Path(folder_or_config) / "config.json")
@@ -53,20 +53,28 @@ def family_of(folder_or_config: str | Path | dict[str, Any]) -> str | None:
     return None
 
 
-def _rope(hf: dict[str, Any]) -> float:
-    """The rotary base; refuses what LMModel does not compute."""
+def _rope(hf: dict[str, Any]) -> tuple[float, dict | None]:
+    """(rotary base, scaling for LMConfig.rope_scaling); refuses what LMModel does not compute."""
     params = hf.get("rope_parameters")
     if isinstance(params, dict) and "layer_types" not in params:  # transformers >= 5 writes this
         scaling, theta = params, params.get("rope_theta", hf.get("rope_theta", 10000.0))
     else:
         scaling, theta = hf.get("rope_scaling") or {}, hf.get("rope_theta", 10000.0)
     kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
-    if kind not in (None, "default"):
-        raise ConvertError(f"rope scaling type {kind!r} is not implemented (bpd-train computes plain rotary "
-                           "positions only); this checkpoint cannot be imported yet")
     if float((scaling or {}).get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))) != 1.0:
         raise ConvertError("partial rotary embeddings (partial_rotary_factor < 1) are not implemented")
-    return float(theta)
+    if kind in (None, "default"):
+        return float(theta), None
+    if kind not in ROPE_SCALING:
+        raise ConvertError(f"rope scaling type {kind!r} is not implemented (bpd-train computes "
+                           f"{', '.join(['default', *ROPE_SCALING])}); this checkpoint cannot be imported yet")
+    out = {"rope_type": kind}
+    for key in ROPE_SCALING[kind]:
+        value = scaling.get(key, hf.get("max_position_embeddings") if key.startswith("original_max") else None)
+        if value is None:
+            raise ConvertError(f"rope scaling {kind} lacks {key} in config.json")
+        out[key] = float(value)
+    return float(theta), out
 
 
 def _eos(hf: dict[str, Any], gen: dict[str, Any]) -> int:
@@ -99,9 +107,14 @@ def config_from_hf_lm(hf: dict[str, Any], generation: dict[str, Any] | None = No
         raise ConvertError(f"hidden_act {act!r} is not supported (Llama/Qwen2 SwiGLU uses silu)")
     if fam == "qwen2" and (hf.get("use_sliding_window") or "sliding_attention" in (hf.get("layer_types") or [])):
         raise ConvertError("sliding-window attention (use_sliding_window) is not implemented")
+    window = hf.get("sliding_window") if fam == "mistral" else None
+    if window is not None and int(window) < int(hf.get("max_position_embeddings", 2048)):
+        raise ConvertError(f"sliding-window attention (sliding_window={window} < max_position_embeddings) is "
+                           "not implemented")
     if hf.get("pretraining_tp", 1) not in (1, None):
         log.info("pretraining_tp=%s only changes how transformers splits its matmuls; ignored", hf["pretraining_tp"])
-    bias = bool(hf.get("attention_bias", False))
+    bias = bool(hf.get("attention_bias", False)) if fam == "llama" else False
+    theta, scaling = _rope(hf)
     bos = gen.get("bos_token_id", hf.get("bos_token_id"))
     if isinstance(bos, (list, tuple)):
         bos = bos[0] if bos else None
@@ -111,10 +124,10 @@ def config_from_hf_lm(hf: dict[str, Any], generation: dict[str, Any] | None = No
             n_heads=int(hf["num_attention_heads"]),
             n_kv_heads=int(hf.get("num_key_value_heads") or hf["num_attention_heads"]),
             head_dim=int(hf["head_dim"]) if hf.get("head_dim") else None, d_ff=int(hf["intermediate_size"]),
-            max_positions=int(hf.get("max_position_embeddings", 2048)), rope_theta=_rope(hf),
+            max_positions=int(hf.get("max_position_embeddings", 2048)), rope_theta=theta, rope_scaling=scaling,
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_output=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=True if fam == "qwen2" else bias, o_bias=False if fam == "qwen2" else bias,
-            mlp_bias=bool(hf.get("mlp_bias", False)) if fam == "llama" else False,
+            mlp_bias=bool(hf.get("mlp_bias", False)) if fam == "llama" else False,  # Mistral: no biases at all
             dropout=float(hf.get("attention_dropout", 0.0) if dropout is None else dropout),
             block_size=int(block_size), heads=heads, head_d_hidden=head_d_hidden, medusa_layers=int(medusa_layers),
             identity_p1=identity_p1, bos_id=int(bos) if bos is not None else None, eos_id=_eos(hf, gen))
@@ -166,9 +179,10 @@ def state_from_hf_lm(sd: dict[str, Tensor], c: LMConfig) -> dict[str, Tensor]:
         if not torch.equal(sd["lm_head.weight"], out["embed.weight"]):
             raise ConvertError("tie_word_embeddings is true but lm_head.weight differs from the token embedding")
         used.add("lm_head.weight")
+    from bpd_train.model.lm import rope_frequencies
     for name in [n for n in sd if n.endswith("rotary_emb.inv_freq")]:
         dh = c.dh
-        ours = 1.0 / (c.rope_theta ** (torch.arange(0, dh, 2, dtype=torch.float) / dh))
+        ours = rope_frequencies(dh, c.rope_theta, c.rope_scaling)
         if sd[name].shape != ours.shape or not torch.allclose(sd[name].float(), ours, rtol=1e-5):
             raise ConvertError(f"{name} is not the plain rotary table of rope_theta={c.rope_theta}")
         used.add(name)

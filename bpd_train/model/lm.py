@@ -21,6 +21,7 @@ R decoder rows while decoding, n new tokens per decoder call, P longest prompt, 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -45,9 +46,28 @@ class RMSNorm(nn.Module):
         return self.weight * y.to(x.dtype)
 
 
-def rope_tables(n: int, dh: int, theta: float, device=None) -> tuple[Tensor, Tensor]:
+def rope_frequencies(dh: int, theta: float, scaling: dict | None = None, device=None) -> Tensor:
+    """[Dh/2] inverse frequencies, rescaled as transformers' "linear" / "llama3" rope types do."""
+    inv = 1.0 / (theta ** (torch.arange(0, dh, 2, dtype=torch.float, device=device) / dh))
+    if scaling is None:
+        return inv
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv / factor
+    # llama3: long wavelengths slowed by `factor`, short ones kept, a smooth blend between
+    old = scaling["original_max_position_embeddings"]
+    lo, hi = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_tables(n: int, dh: int, theta: float, device=None, scaling: dict | None = None) -> tuple[Tensor, Tensor]:
     """cos, sin [n, Dh] for positions 0..n-1, frequencies repeated over both halves (rotate-half layout)."""
-    inv = 1.0 / (theta ** (torch.arange(0, dh, 2, dtype=torch.float, device=device) / dh))    # [Dh/2]
+    inv = rope_frequencies(dh, theta, scaling, device)                                       # [Dh/2]
     f = torch.arange(n, dtype=torch.float, device=device)[:, None] * inv[None, :]            # [n,Dh/2]
     emb = torch.cat([f, f], dim=-1)
     return emb.cos(), emb.sin()
@@ -138,10 +158,11 @@ class LMState(DecoderState):
     """DecoderState of a decoder-only model: `base` = P-1 prompt slots, and per row `lpad` pad slots among
     them that no query may see; rotary position of a slot = slot - lpad (the row's own token count)."""
 
-    def __init__(self, self_kv: Tensor, lpad: Tensor, rope_theta: float):
+    def __init__(self, self_kv: Tensor, lpad: Tensor, config: LMConfig):
         super().__init__(self_kv, None, None, max_positions=self_kv.shape[4])
         self.lpad = lpad                                                        # [R]
-        self.cos, self.sin = rope_tables(self.capacity, self_kv.shape[-1], rope_theta, self_kv.device)
+        self.cos, self.sin = rope_tables(self.capacity, config.dh, config.rope_theta, self_kv.device,
+                                         config.rope_scaling)
         self.first: Tensor | None = None                                        # [R,1] each prompt's last token
         self._pad_bias = self._key_pad_bias()
 
@@ -249,7 +270,8 @@ class LMModel(nn.Module):
         """cos, sin [t,Dh] for positions 0..t-1 (built once per length bucket, kept on the model's device)."""
         if self._rope_cache.numel() == 0 or self._rope_cache.shape[1] < t:
             c = self.config
-            self._rope_cache = torch.stack(rope_tables(max(t, 64), c.dh, c.rope_theta, self.embed.weight.device))
+            self._rope_cache = torch.stack(rope_tables(max(t, 64), c.dh, c.rope_theta, self.embed.weight.device,
+                                                       c.rope_scaling))
         return self._rope_cache[0, :t], self._rope_cache[1, :t]
 
     def features(self, tokens: Tensor) -> Tensor:
@@ -332,7 +354,7 @@ class LMModel(nn.Module):
         r, p = ids.shape
         w = self.embed.weight
         kv = w.new_zeros(c.n_layers, 2, r, c.kv_heads, p - 1 + capacity, c.dh)
-        state = LMState(kv, lpad, c.rope_theta)
+        state = LMState(kv, lpad, c)
         state.weights = self.decode_weights()
         state.first = ids[:, -1:].clone()
         if p > 1:

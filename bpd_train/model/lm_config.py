@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 HEAD_TYPES = ("bpd", "medusa")
+ROPE_SCALING = {"linear": ("factor",),
+                "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 
 
 @dataclass
@@ -26,6 +28,9 @@ class LMConfig:
     d_ff: int = 1408                  # SwiGLU hidden size
     max_positions: int = 2048         # context length: the longest prompt the decoders accept
     rope_theta: float = 10000.0
+    # None: plain rotary positions; {"rope_type": "linear", "factor"} or {"rope_type": "llama3", "factor",
+    # "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} as transformers defines them
+    rope_scaling: dict | None = None
     norm_eps: float = 1e-6
     tie_output: bool = True           # vocabulary projection = token embedding
     qkv_bias: bool = False            # Qwen2: biases on q/k/v; Llama attention_bias: on q/k/v and o
@@ -64,6 +69,15 @@ class LMConfig:
             raise ValueError("medusa heads keep head 1 as the base LM head: identity_p1 must be true")
         if self.medusa_layers < 1:
             raise ValueError(f"medusa_layers must be >= 1, got {self.medusa_layers}")
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type")
+            need = ROPE_SCALING.get(kind)
+            if need is None:
+                raise ValueError(f"rope_scaling rope_type must be one of {', '.join(ROPE_SCALING)}, got {kind!r}")
+            lacking = [k for k in need if k not in self.rope_scaling]
+            if lacking:
+                raise ValueError(f"rope_scaling of type {kind} needs {', '.join(lacking)}")
+            self.rope_scaling = {"rope_type": kind, **{k: float(self.rope_scaling[k]) for k in need}}
         if self.pad_id >= 0:
             raise ValueError(f"pad_id of a decoder-only model is a negative sentinel (not a token id), got {self.pad_id}")
 
