@@ -12,33 +12,10 @@ tokenizers = pytest.importorskip("tokenizers")
 from bpd_train.convert.hf import ConvertError  # noqa: E402
 from bpd_train.convert.hf_lm import family_of, load_hf_lm  # noqa: E402
 from bpd_train.decoding import Distance, Exact, TopK, blockwise, greedy  # noqa: E402
+from _lm_tiny import WORDS, make_tokenizer  # noqa: E402
 
-WORDS = ("the quick brown fox jumps over lazy dog a stitch in time saves nine hello world how are you user "
-         "assistant system good morning").split()
-SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 PROMPTS = ["the quick brown fox", "hello", "a stitch in time saves nine and the lazy dog", "how are"]
 MAX_NEW = 16
-CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + ' ' + m['content'] + ' <|im_end|>' }}"
-                 "{% if not loop.last %}{{ ' ' }}{% endif %}{% endfor %}"
-                 "{% if add_generation_prompt %}{{ ' <|im_start|>assistant' }}{% endif %}")
-
-
-def _tokenizer(folder, bos: bool):
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors, decoders
-    vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tk.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tk.add_special_tokens(SPECIALS)
-    if bos:  # Llama-style: the post-processor prepends BOS
-        tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    tk.save(str(folder / "tokenizer.json"))
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>" if not bos else "</s>",
-           "unk_token": "<unk>", "chat_template": CHAT_TEMPLATE}
-    if bos:
-        cfg["bos_token"] = "<s>"
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return len(vocab)
 
 
 def _randomize(model, seed, eos):
@@ -62,7 +39,7 @@ def folders(tmp_path_factory):
     out = {}
     # Llama: GQA (4 query heads on 2 key/value heads), separate output projection, BOS added by the tokenizer
     f = tmp_path_factory.mktemp("llama")
-    v = _tokenizer(f, bos=True)
+    v = make_tokenizer(f, bos=True)
     cfg = transformers.LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                    rope_theta=500.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
@@ -72,7 +49,7 @@ def folders(tmp_path_factory):
     out["llama"] = f
     # Qwen2: q/k/v biases, tied embeddings, one key/value head, no BOS, EOS = <|im_end|>
     f = tmp_path_factory.mktemp("qwen2")
-    v = _tokenizer(f, bos=False)
+    v = make_tokenizer(f, bos=False)
     cfg = transformers.Qwen2Config(vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64,
                                    tie_word_embeddings=True, eos_token_id=4, bos_token_id=None)
@@ -81,7 +58,7 @@ def folders(tmp_path_factory):
     out["qwen2"] = f
     # Llama 3.x rotary scaling, every bias Llama allows, tied embeddings
     f = tmp_path_factory.mktemp("llama3")
-    v = _tokenizer(f, bos=True)
+    v = make_tokenizer(f, bos=True)
     rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
     cfg = transformers.LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
@@ -93,7 +70,7 @@ def folders(tmp_path_factory):
     out["llama3"] = f
     # Mistral without a sliding window, explicit head_dim != hidden/heads
     f = tmp_path_factory.mktemp("mistral")
-    v = _tokenizer(f, bos=True)
+    v = make_tokenizer(f, bos=True)
     cfg = transformers.MistralConfig(vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                                      num_attention_heads=4, num_key_value_heads=2, head_dim=12,
                                      max_position_embeddings=64, sliding_window=None, bos_token_id=1, eos_token_id=2)

@@ -37,6 +37,7 @@ def _compile(template: str):
     """The chat template under the environment transformers gives it (chat_template_utils.py)."""
     try:
         import jinja2
+        import jinja2.ext
         from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:
         raise TokenizerError("chat templates need jinja2 (pip install 'jinja2>=3.1.6')") from None
@@ -123,6 +124,7 @@ class LMTokenizer:
         if self._compiled is None:
             self._compiled = _compile(self.chat_template)
         import jinja2
+        import jinja2.ext
         try:
             return self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                          **{**self.special_tokens, **extra})
