@@ -100,3 +100,18 @@ def test_config_round_trip_and_checks():
         LMConfig(vocab_size=10, pad_id=0)
     with pytest.raises(ValueError, match="exceeds the model's max_positions"):
         greedy(m, [[3] * 65], max_len=2)
+
+
+def test_training_step_after_inference():
+    m = _model("medusa")
+    with torch.inference_mode():
+        m(torch.tensor([[3, 4, 5]]))
+    m.train()
+    tokens = torch.tensor([[3, 4, 5, 6], [7, 8, -1, -1]])                 # right-padded with the sentinel
+    logits = m(tokens)                                                   # [2,4,k,V]
+    loss = logits[:, :, 1].logsumexp(-1).mean()
+    loss.backward()
+    assert all(p.grad is not None for p in m.head_parameters())
+    with torch.no_grad():  # padding after a row never changes its logits (causal)
+        m.eval()
+        assert torch.allclose(m(tokens)[1, :2], m(tokens[1:, :2])[0], atol=1e-5)

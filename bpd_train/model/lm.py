@@ -243,7 +243,6 @@ class LMModel(nn.Module):
         if c.block_size > 1:  # zero-initialised: every future head starts equal to head 1
             self.heads = (MedusaHeads(c.d_model, c.block_size, c.medusa_layers, c.dropout) if c.heads == "medusa"
                           else BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout))
-        self.register_buffer("_rope_cache", torch.empty(0), persistent=False)  # follows .to(device)
         self.decode_options = DecodeOptions()
         self._decode_cache: tuple | None = None
 
@@ -266,21 +265,16 @@ class LMModel(nn.Module):
         return [p for n, p in self.named_parameters() if not n.startswith("heads.")]
 
     # ---- full sequence (training, scoring) ----
-    def _rope(self, t: int) -> tuple[Tensor, Tensor]:
-        """cos, sin [t,Dh] for positions 0..t-1 (built once per length bucket, kept on the model's device)."""
-        if self._rope_cache.numel() == 0 or self._rope_cache.shape[1] < t:
-            c = self.config
-            self._rope_cache = torch.stack(rope_tables(max(t, 64), c.dh, c.rope_theta, self.embed.weight.device,
-                                                       c.rope_scaling))
-        return self._rope_cache[0, :t], self._rope_cache[1, :t]
-
     def features(self, tokens: Tensor) -> Tensor:
         """tokens [B,T] (right padding with pad_id allowed: causal attention never looks ahead) -> h [B,T,D],
         the layer stack's output before the final norm."""
         t = tokens.shape[1]
         if t > self.config.max_positions:
             raise ValueError(f"sequence length {t} exceeds max_positions={self.config.max_positions}")
-        cos, sin = self._rope(t)
+        # computed per call (T x Dh/2, negligible): a cached table built under inference_mode could not be
+        # saved for backward by a later training step
+        c = self.config
+        cos, sin = rope_tables(t, c.dh, c.rope_theta, tokens.device, c.rope_scaling)
         x = self.drop(self.embed(tokens.clamp(min=0)))
         for layer in self.layers:
             x = layer(x, cos, sin)
