@@ -239,10 +239,12 @@ class LMModel(nn.Module):
         self.register_module("lm_head", None if c.tie_output else nn.Linear(c.d_model, c.vocab_size, bias=False))
         self.drop = nn.Dropout(c.dropout)
         self._init_backbone()
-        self.heads = None
-        if c.block_size > 1:  # zero-initialised: every future head starts equal to head 1
-            self.heads = (MedusaHeads(c.d_model, c.block_size, c.medusa_layers, c.dropout) if c.heads == "medusa"
-                          else BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout))
+        # k = 1 is a plain LM: no head parameters. Future heads start at zero: each equals head 1.
+        heads = None
+        if c.block_size > 1:
+            heads = (MedusaHeads(c.d_model, c.block_size, c.medusa_layers, c.dropout) if c.heads == "medusa"
+                     else BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout))
+        self.register_module("heads", heads)
         self.decode_options = DecodeOptions()
         self._decode_cache: tuple | None = None
 
