@@ -146,3 +146,19 @@ def test_heads_trained_on_own_greedy_outputs_raise_acceptance(heads):
     after = blockwise(m, prompts, max_len=24)
     assert after.tokens == want
     assert after.mean_accepted > max(1.8, before.mean_accepted + 0.5), (before.mean_accepted, after.mean_accepted)
+
+
+def test_sampling_rows_follow_their_seeds_and_the_softmax():
+    from bpd_train.decoding.sampling import sample
+    m = _model(k=1, vocab=12)
+    assert sample(m, PROMPTS, max_len=10, temperature=0).tokens == greedy(m, PROMPTS, max_len=10).tokens
+    a = sample(m, PROMPTS, max_len=10, temperature=1.0, row_seeds=[5, 6, 7, 8])
+    assert sample(m, PROMPTS[2:3], max_len=10, row_seeds=[7]).tokens[0] == a.tokens[2]   # batch mates don't matter
+    assert sample(m, PROMPTS, max_len=10, row_seeds=[9, 10, 11, 12]).tokens != a.tokens
+    # the first token's empirical distribution is softmax(logits / T)
+    n, temp = 600, 0.7
+    first = sample(m, [PROMPTS[0]] * n, max_len=1, temperature=temp, seed=100).tokens
+    counts = torch.bincount(torch.tensor([r[0] if r else m.config.eos_id for r in first]), minlength=12).float() / n
+    with torch.no_grad():
+        p = torch.softmax(m(torch.tensor([PROMPTS[0]]))[0, -1, 0] / temp, -1)
+    assert (counts - p).abs().sum().item() / 2 < 0.08                     # total variation
