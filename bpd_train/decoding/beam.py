@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bpd_train.decoding.common import decoding_mode, prepare_source, row_limits
+from bpd_train.decoding.common import decoding_mode, prepare_source, row_limits, start_tokens
 from bpd_train.decoding.result import DecodeResult
 
 
@@ -68,7 +68,7 @@ def beam_search(model, src, beam_size: int = 4, length_penalty: float = 0.6, max
         finalized: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
         n_cand = 2 * beam
         cand_rank = torch.arange(n_cand, device=dev)
-        tok = torch.full((b * beam, 1), cfg.bos_id, dtype=torch.long, device=dev)
+        tok = start_tokens(model, state, b * beam, dev)                  # [b*K,1] BOS (an LM: last prompt tokens)
         calls = sent_steps = 0
         for step in range(cap):
             nb = len(sent)

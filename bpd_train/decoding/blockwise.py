@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from bpd_train.decoding.acceptance import Exact, make_acceptance
-from bpd_train.decoding.common import decoding_mode, start_rows, trim
+from bpd_train.decoding.common import decoding_mode, start_rows, start_tokens, trim
 from bpd_train.decoding.result import DecodeResult
 
 # Below this many multiply-adds per step (rows x b x (b-1) x proposal vocabulary x d_model), the proposal
@@ -226,7 +226,7 @@ class _Blockwise:
 
     def prefill(self, rows: int) -> np.ndarray:
         """BOS -> head 1's first token and the first proposals."""
-        tok = torch.full((rows, 1), self.model.config.bos_id, dtype=torch.long, device=self.dev)
+        tok = start_tokens(self.model, self.state, rows, self.dev)     # [R,1] BOS, or an LM's last prompt tokens
         h = self.model.decode(self.state, tok)[:, 0]                    # [R,D]
         g = self.w.head1_argmax(h)
         b = self._width()

@@ -102,6 +102,15 @@ def decoding_mode(model: nn.Module) -> Iterator[None]:
             model.train()
 
 
+def start_tokens(model: nn.Module, state, rows: int, device) -> Tensor:
+    """[R,1] every decoder's first input: BOS, unless the model says otherwise with `start_tokens(state)` (a
+    decoder-only model starts from each prompt's last token, its prompt prefix already in the cache)."""
+    hook = getattr(model, "start_tokens", None)
+    if hook is not None:
+        return hook(state)
+    return torch.full((rows, 1), model.config.bos_id, dtype=torch.long, device=device)
+
+
 def trim(rows: list[list[int]], lengths: list[int], eos_id: int) -> list[list[int]]:
     """Cut each row to its produced length and drop a final EOS."""
     out = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bpd_train.decoding.common import decoding_mode, start_rows, trim
+from bpd_train.decoding.common import decoding_mode, start_rows, start_tokens, trim
 from bpd_train.decoding.result import DecodeResult
 
 
@@ -18,7 +18,7 @@ def greedy(model, src, max_len=(2.0, 10)) -> DecodeResult:
         if orig.size == 0:
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
         state = model.start_decoding(model.encode(src), cap)
-        tok = torch.full((orig.size, 1), cfg.bos_id, dtype=torch.long, device=dev)
+        tok = start_tokens(model, state, orig.size, dev)        # [R,1] BOS, or an LM's last prompt tokens
         calls = row_steps = 0
         for step in range(cap):
             h = model.decode(state, tok)                        # [R,1,D]

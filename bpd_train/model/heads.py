@@ -59,3 +59,36 @@ class BPDHeads(nn.Module):
         else:
             out = F.linear(self.hidden(h), w2[s0 * d:s1 * d], b2[s0 * d:s1 * d])
         return h.unsqueeze(-2) + out.view(*h.shape[:-1], s1 - s0, d)
+
+
+class MedusaHeads(nn.Module):
+    """Medusa heads (Cai et al. 2024, arXiv 2401.10774) for decoder-only models: head i >= 1 (0-based; it
+    predicts i+1 tokens ahead) is `n_layers` residual blocks x <- x + SiLU(W x + b) on the *normed* final
+    hidden state, followed by the base model's (shared) vocabulary projection -- the layout vLLM's `medusa`
+    speculative model runs (bpd_train/export_vllm.py). Head 0 is the base LM head itself.
+
+    The weights of all k-1 heads are stacked ([k-1, layers, D, D]) so one einsum runs every head. Weights and
+    biases start at zero: SiLU(0) = 0, so every head initially equals head 1, as with BPDHeads."""
+
+    identity_p1 = True
+
+    def __init__(self, d_model: int, k: int, n_layers: int = 1, dropout: float = 0.0):
+        super().__init__()
+        self.k = k
+        self.d_model = d_model
+        self.n_layers = n_layers
+        self.weight = nn.Parameter(torch.zeros(k - 1, n_layers, d_model, d_model))  # [heads, layers, out, in]
+        self.bias = nn.Parameter(torch.zeros(k - 1, n_layers, d_model))
+        self.dropout = nn.Dropout(dropout)
+
+    def states(self, n: Tensor, lo: int, hi: int) -> Tensor:
+        """n [...,D] normed hidden state -> states of heads lo..hi-1 (1 <= lo) [...,hi-lo,D], ready for the
+        vocabulary projection."""
+        if not 1 <= lo < hi <= self.k:
+            raise IndexError(f"medusa heads {lo}..{hi - 1} out of range 1..{self.k - 1}")
+        x = n.unsqueeze(-2).expand(*n.shape[:-1], hi - lo, n.shape[-1])       # [...,heads,D]
+        w, b = self.weight[lo - 1:hi - 1], self.bias[lo - 1:hi - 1]
+        for layer in range(self.n_layers):
+            y = torch.einsum("...hi,hoi->...ho", x, w[:, layer]) + b[:, layer]
+            x = x + self.dropout(F.silu(y))
+        return x
