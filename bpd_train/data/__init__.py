@@ -14,7 +14,7 @@ _EXPORTS = {
     "tokenize_split": "processing", "collate": "processing",
     "TokenBucketBatchSampler": "sampler",
     "BPDDataModule": "datamodule", "ResumableDataLoader": "datamodule",
-    "LMDataModule": "lm_datamodule",
+    "LMDataModule": "lm_datamodule", "SpmLMTokenizer": "lm_datamodule",
 }
 __all__ = sorted(_EXPORTS)
 
