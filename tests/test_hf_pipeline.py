@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,6 +136,12 @@ def test_marian_frozen_train_bundle_translate(marian, tmp_path):
     tok = imported.tokenizer()
     src = _ids(tok, SOURCES)
     want = greedy(imported.model, src, max_len=20).tokens
+    # what the data pipeline trains on: transformers' own ids for sources and targets (text_target)
+    data_tok, ttok = imported.data_tokenizer(), transformers.MarianTokenizer.from_pretrained(folder)
+    assert (data_tok.bos_id, data_tok.pad_id) == (imported.config.bos_id, imported.config.pad_id)
+    for en, de in zip(TEXTS, DE):
+        assert data_tok.encode_batch([en])[0] + [data_tok.eos_id] == ttok(en)["input_ids"]
+        assert data_tok.encode_target_batch([de])[0] + [data_tok.eos_id] == ttok(text_target=de)["input_ids"]
     art = tmp_path / "art"
     run_train("+regime=frozen", "experiment=smoke", f"regime.init_from=hf:{folder}", "model.block_size=3",
               *_data(marian), "trainer.max_steps=4", "progress_bar=none", artifacts=art)
@@ -191,8 +198,18 @@ def test_marian_evaluate_and_distill(marian, tmp_path):
     tok = imported.tokenizer()
     for row in ds:
         assert row["translation"]["de"] == tok.detok(row["teacher_ids"])
-    manifest = json.loads((tmp_path / summary["out_dir"] / "manifest.json").read_text())
+    manifest = json.loads((Path(summary["out_dir"]) / "manifest.json").read_text())
     assert manifest["tokenizer_hash"] == imported.tokenizer_hash and manifest["teacher_path"] == f"hf:{folder}"
+
+    # the students of an imported teacher start from it, with its tokenizer (checked against the corpus manifest)
+    from bpd_train.training.run import train
+
+    run = train(_compose("train", ["+regime=distill", f"regime.init_from=hf:{folder}", *common, "logger=none",
+                                   "trainer.max_steps=2", "progress_bar=none", "callbacks.blockwise_eval.enabled=false"]))
+    assert json.loads((run / "done.json").read_text())["global_step"] == 2
+    student = load(run)
+    src = _ids(tok, SOURCES)
+    assert greedy(student.model, src, max_len=20).tokens == greedy(imported.model, src, max_len=20).tokens
 
 
 def _cli(bundle, tmp_path):
@@ -209,8 +226,8 @@ def test_bad_hf_input_is_one_line(marian, tmp_path):
     t5 = tmp_path / "t5"
     t5.mkdir()
     (t5 / "config.json").write_text(json.dumps({"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"}))
-    assert "unsupported architecture T5ForConditionalGeneration" in _cli(f"hf:{t5}", tmp_path)
-    assert "MarianMTModel" in _cli(f"hf:{t5}", tmp_path)
+    line = _cli(f"hf:{t5}", tmp_path)
+    assert "unsupported architecture T5ForConditionalGeneration" in line and "MarianMTModel" in line
 
     no_tok = tmp_path / "no_tok"
     shutil.copytree(folder, no_tok)
