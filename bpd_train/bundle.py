@@ -4,9 +4,11 @@ A bundle folder holds
   model.safetensors   the weights (fp32 or bf16); tied tensors are stored once (config.json "weights.tied")
   config.json         format marker, model config (incl. the k heads), tokenizer sha256 + special ids,
                       sha256 of model.safetensors, training provenance
-  tokenizer.model     the sentencepiece model the weights were trained with
+  tokenizer.model     the sentencepiece model the weights were trained with; for an imported model (hf:...)
+                      instead tokenizer/, its own tokenizer files (format_version 3; config.json "tokenizer":
+                      file "tokenizer", sha256 over the files, meta with kind and languages)
   README.md           model card (regime, data, and the evaluation table when a report exists)
-  manifest.json       sha256 of each of the four files above (format_version >= 2), written last
+  manifest.json       sha256 of each file above (tokenizer/ file by file; format_version >= 2), written last
 `load_bundle` checks every file, hash and tensor shape before it builds the model, and reads nothing with
 pickle. Which folder is a bundle is decided here (`is_bundle`); turning a run or checkpoint into one is
 bpd_train/export.py, and loading any model (a bundle among others) is bpd_train/loading.py.
@@ -25,7 +27,9 @@ from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, sha25
 from bpd_train.model.config import BPDConfig
 
 BUNDLE_FORMAT = "bpd-train-bundle"
-BUNDLE_VERSION = 2  # 2: manifest.json covers config.json (an edited config is refused); 1 had no manifest
+BUNDLE_VERSION = 3  # 3: tokenizer/ folder of an imported model (written only then); 2: manifest.json covers
+#                     config.json (an edited config is refused); 1 had no manifest
+TOKENIZER_DIR = "tokenizer"
 WEIGHTS, CONFIG, TOKENIZER, CARD, MANIFEST = ("model.safetensors", "config.json", "tokenizer.model", "README.md",
                                               "manifest.json")
 MANIFEST_FORMAT = "bpd-train-bundle-manifest"
@@ -58,35 +62,47 @@ def _dedup_tied(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
 
 
 def write_bundle(model, tokenizer_path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str = "float32",
-                  overwrite: bool = False, provenance: dict | None = None, card_extra: str | None = None) -> Path:
-    """Write `model` (a BPDModel) and its tokenizer as a bundle folder, atomically (temp folder + rename)."""
+                  overwrite: bool = False, provenance: dict | None = None, card_extra: str | None = None,
+                  tokenizer_meta: dict | None = None) -> Path:
+    """Write `model` (a BPDModel) and its tokenizer as a bundle folder, atomically (temp folder + rename).
+    tokenizer_path: a sentencepiece file, or an imported model's folder (its tokenizer files are copied to
+    tokenizer/; tokenizer_meta: its languages)."""
     from safetensors.torch import save_file
 
     out_dir, tokenizer_path = Path(out_dir), Path(tokenizer_path)
-    if not tokenizer_path.is_file():
+    folder = tokenizer_path.is_dir()
+    if not (folder or tokenizer_path.is_file()):
         raise BundleError(f"tokenizer {tokenizer_path} does not exist")
     torch_dtype = _dtype(dtype)
     cfg: BPDConfig = model.config
     raw = {k: v.detach() for k, v in model.state_dict().items()}
     stored, tied = _dedup_tied(raw)
     tensors = {k: (v.to(torch_dtype) if v.is_floating_point() else v).cpu().contiguous() for k, v in stored.items()}
-    tok_hash = sha256_file(tokenizer_path)
-    special = _tokenizer_ids(tokenizer_path)
-    if special["vocab_size"] != cfg.vocab_size:
-        raise BundleError(f"tokenizer {tokenizer_path} has {special['vocab_size']} pieces but the model's vocab_size "
-                          f"is {cfg.vocab_size}: not the tokenizer this model was trained with")
+    if folder:
+        tok_files, tok_hash, special = _folder_tokenizer(tokenizer_path, cfg, tokenizer_meta)
+    else:
+        tok_files, tok_hash, special = [TOKENIZER], sha256_file(tokenizer_path), _tokenizer_ids(tokenizer_path)
+        if special["vocab_size"] != cfg.vocab_size:
+            raise BundleError(f"tokenizer {tokenizer_path} has {special['vocab_size']} pieces but the model's "
+                              f"vocab_size is {cfg.vocab_size}: not the tokenizer this model was trained with")
     check_output_dir(out_dir, overwrite)
     with atomic_dir(out_dir, overwrite=overwrite, replaceable=only_bundle_files) as tmp:
         save_file(tensors, tmp / WEIGHTS, metadata={"format": "pt", "bpd_train": __version__})
         os.chmod(tmp / WEIGHTS, 0o666 & ~umask())  # safetensors creates it 0600 whatever the umask
-        (tmp / TOKENIZER).write_bytes(tokenizer_path.read_bytes())
+        if folder:
+            (tmp / TOKENIZER_DIR).mkdir()
+            for name in tok_files:
+                (tmp / TOKENIZER_DIR / name).write_bytes((tokenizer_path / name).read_bytes())
+            tok_files = [f"{TOKENIZER_DIR}/{name}" for name in tok_files]
+        else:
+            (tmp / TOKENIZER).write_bytes(tokenizer_path.read_bytes())
         config = {
             "format": BUNDLE_FORMAT,
-            "format_version": BUNDLE_VERSION,
+            "format_version": BUNDLE_VERSION if folder else 2,  # what older readers can read stays readable
             "bpd_train_version": __version__,
             "model": cfg.to_dict(),
             "heads": {"block_size": cfg.block_size, "identity_p1": cfg.identity_p1, "head_hidden": cfg.head_hidden},
-            "tokenizer": {"file": TOKENIZER, "sha256": tok_hash, **special},
+            "tokenizer": {"file": TOKENIZER_DIR if folder else TOKENIZER, "sha256": tok_hash, **special},
             "weights": {"file": WEIGHTS, "sha256": sha256_file(tmp / WEIGHTS), "dtype": str(torch_dtype).split(".")[-1],
                         "tied": tied, "num_parameters": int(sum(t.numel() for t in tensors.values()))},
             "training": dict(provenance or {}),
@@ -94,8 +110,23 @@ def write_bundle(model, tokenizer_path: str | os.PathLike, out_dir: str | os.Pat
         atomic_write_json(tmp / CONFIG, config)
         atomic_write_text(tmp / CARD, model_card(config, card_extra))
         atomic_write_json(tmp / MANIFEST, {"format": MANIFEST_FORMAT, "files": {
-            f: sha256_file(tmp / f) for f in (CONFIG, WEIGHTS, TOKENIZER, CARD)}})
+            f: sha256_file(tmp / f) for f in (CONFIG, WEIGHTS, *tok_files, CARD)}})
     return out_dir
+
+
+def _folder_tokenizer(folder: Path, cfg: BPDConfig, meta: dict | None) -> tuple[list[str], str, dict]:
+    """An imported model's tokenizer folder -> (its file names, hash, what config.json records)."""
+    from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError, tokenizer_files, tokenizer_folder_hash
+
+    meta = dict(meta or {})
+    try:
+        tok = HFTokenizer(folder, src_lang=meta.get("src_lang"), tgt_lang=meta.get("tgt_lang"))
+        tok.check_model(cfg.vocab_size, cfg.source_vocab_size)
+        names, tok_hash = tokenizer_files(folder), tokenizer_folder_hash(folder)
+    except TokenizerError as e:
+        raise BundleError(str(e)) from None
+    return names, tok_hash, {"vocab_size": cfg.vocab_size, "pad_id": cfg.pad_id, "bos_id": cfg.bos_id,
+                             "eos_id": cfg.eos_id, "unk_id": cfg.unk_id, "meta": tok.meta()}
 
 
 def is_bundle(path: str | os.PathLike) -> bool:
@@ -112,7 +143,12 @@ def only_bundle_files(path: str | os.PathLike) -> bool:
         names = {p.name for p in path.iterdir()}
         if MANIFEST in names:
             manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-            ours = set(manifest["files"]) | {MANIFEST} if manifest.get("format") == MANIFEST_FORMAT else set()
+            listed = set(manifest["files"]) if manifest.get("format") == MANIFEST_FORMAT else set()
+            ours = {f.split("/")[0] for f in listed} | {MANIFEST} if listed else set()
+            if (path / TOKENIZER_DIR).is_dir() and TOKENIZER_DIR in ours:  # nothing of the user's inside either
+                inside = {f"{TOKENIZER_DIR}/{p.name}" for p in (path / TOKENIZER_DIR).iterdir()}
+                if not inside <= listed:
+                    return False
         else:  # format_version 1
             ours = {CONFIG, WEIGHTS, TOKENIZER, CARD}
         config = json.loads((path / CONFIG).read_text(encoding="utf-8"))
@@ -188,9 +224,15 @@ def model_card(config: dict, extra: str | None = None) -> str:
                 "source_id"):
         if tr.get(key) is not None:
             lines.append(f"| {key} | {tr[key]} |")
+    if t.get("file") == TOKENIZER_DIR:
+        tm = t.get("meta") or {}
+        langs = f", languages {tm.get('src_lang')} -> {tm.get('tgt_lang')}" if tm.get("tgt_lang") else ""
+        what = (f"the imported model's own tokenizer in `{TOKENIZER_DIR}/` ({tm.get('kind')}{langs}: "
+                f"{', '.join(tm.get('files') or [])}), {t['vocab_size']} model ids, sha256 `{t['sha256']}`; ")
+    else:
+        what = f"sentencepiece `tokenizer.model`, {t['vocab_size']} pieces, sha256 `{t['sha256']}`; "
     lines += ["", "## Tokenizer", "",
-              f"sentencepiece `tokenizer.model`, {t['vocab_size']} pieces, sha256 `{t['sha256']}`; "
-              f"pad={t['pad_id']} bos={t['bos_id']} eos={t['eos_id']} unk={t['unk_id']}.", ""]
+              what + f"pad={t['pad_id']} bos={t['bos_id']} eos={t['eos_id']} unk={t['unk_id']}.", ""]
     lines += ["## Evaluation", ""]
     lines += [extra.rstrip(), ""] if extra else ["No evaluation report was found when this bundle was exported "
                                                  "(run `python evaluate.py` and export again to include one).", ""]
@@ -202,15 +244,21 @@ def read_bundle_config(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not path.is_dir():
         raise BundleError(f"bundle {path} does not exist or is not a folder")
-    missing = [f for f in (CONFIG, WEIGHTS, TOKENIZER) if not (path / f).is_file()]
+    missing = [f for f in (CONFIG, WEIGHTS) if not (path / f).is_file()]
     if missing:
         raise BundleError(f"bundle {path} is incomplete: missing {', '.join(missing)}")
     try:
         config = json.loads((path / CONFIG).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BundleError(f"{path / CONFIG} is not valid JSON: {e}") from e
+    if isinstance(config, dict) and "model_type" in config and config.get("format") is None:
+        raise BundleError(f"{path} is a transformers checkpoint, not a bpd-train bundle: pass it as hf:{path}")
     if not isinstance(config, dict) or config.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"{path / CONFIG} is not a bpd-train bundle config (format != {BUNDLE_FORMAT!r})")
+    tok = config.get("tokenizer") if isinstance(config.get("tokenizer"), dict) else {}
+    want = TOKENIZER_DIR if tok.get("file") == TOKENIZER_DIR else TOKENIZER
+    if not ((path / want).is_dir() if want == TOKENIZER_DIR else (path / want).is_file()):
+        raise BundleError(f"bundle {path} is incomplete: missing {want}")
     if config.get("format_version", 0) > BUNDLE_VERSION:
         raise BundleError(f"bundle {path} has format_version {config['format_version']}; this bpd-train reads "
                           f"up to {BUNDLE_VERSION}: upgrade bpd-train")
@@ -222,7 +270,8 @@ def read_bundle_config(path: str | os.PathLike) -> dict:
 
 def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu", dtype: str | None = "float32"):
     """-> (model, tokenizer, meta). model: BPDModel in eval mode (fp32 unless dtype=None keeps the stored dtype);
-    tokenizer: sentencepiece.SentencePieceProcessor; meta: config.json plus 'tokenizer_hash' and 'path'."""
+    tokenizer: sentencepiece.SentencePieceProcessor, or an imported model's HFTokenizer (the same methods);
+    meta: config.json plus 'tokenizer_hash' and 'path'."""
     import sentencepiece as spm
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -232,9 +281,18 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
     path = Path(path)
     config = read_bundle_config(path)
     verify_manifest(path, config)
-    tok_hash = sha256_file(path / TOKENIZER)
+    folder = config["tokenizer"].get("file") == TOKENIZER_DIR
+    tok_path = path / (TOKENIZER_DIR if folder else TOKENIZER)
+    if folder:
+        from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_folder_hash
+        try:
+            tok_hash = tokenizer_folder_hash(tok_path)
+        except TokenizerError as e:
+            raise BundleError(f"bundle {path}: {e}") from None
+    else:
+        tok_hash = sha256_file(tok_path)
     if tok_hash != config["tokenizer"].get("sha256"):
-        raise BundleError(f"{path / TOKENIZER} (sha256 {tok_hash[:12]}) is not the tokenizer this bundle was exported "
+        raise BundleError(f"{tok_path} (sha256 {tok_hash[:12]}) is not the tokenizer this bundle was exported "
                           f"with (sha256 {str(config['tokenizer'].get('sha256'))[:12]}): the file was replaced or "
                           "modified")
     w_hash = sha256_file(path / WEIGHTS)
@@ -245,8 +303,14 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
         cfg = BPDConfig.from_dict(dict(config["model"]))
     except (TypeError, ValueError) as e:
         raise BundleError(f"{path / CONFIG} has an invalid model config: {e}") from e
-    tok = spm.SentencePieceProcessor(model_file=str(path / TOKENIZER))
-    ids = {"vocab_size": tok.get_piece_size(), "pad_id": tok.pad_id(), "bos_id": tok.bos_id(), "eos_id": tok.eos_id()}
+    if folder:
+        tok = _bundle_hf_tokenizer(tok_path, config["tokenizer"].get("meta") or {}, cfg)
+        # its BOS is the model's decoder start (or target language), not a tokenizer piece
+        ids = {"vocab_size": cfg.vocab_size, "pad_id": tok.pad_id(), "bos_id": cfg.bos_id, "eos_id": tok.eos_id()}
+    else:
+        tok = spm.SentencePieceProcessor(model_file=str(tok_path))
+        ids = {"vocab_size": tok.get_piece_size(), "pad_id": tok.pad_id(), "bos_id": tok.bos_id(),
+               "eos_id": tok.eos_id()}
     want = {"vocab_size": cfg.vocab_size, "pad_id": cfg.pad_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
     if ids != want:
         raise BundleError(f"bundle {path}: tokenizer ids {ids} do not match the model config {want}")
@@ -268,6 +332,17 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
     meta = dict(config)
     meta.update(tokenizer_hash=tok_hash, path=str(path), regime=config.get("training", {}).get("regime"))
     return model, tok, meta
+
+
+def _bundle_hf_tokenizer(folder: Path, meta: dict, cfg: BPDConfig):
+    from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError
+
+    try:
+        tok = HFTokenizer(folder, src_lang=meta.get("src_lang"), tgt_lang=meta.get("tgt_lang"))
+        tok.check_model(cfg.vocab_size, cfg.source_vocab_size)
+    except TokenizerError as e:
+        raise BundleError(f"bundle {folder.parent}: {e}") from None
+    return tok
 
 
 def verify_manifest(path: Path, config: dict) -> None:

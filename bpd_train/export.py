@@ -1,4 +1,6 @@
-"""Export: a run, checkpoint, ZeRO folder or bundle -> a bundle folder (the format itself is bpd_train/bundle.py).
+"""Export: a run, checkpoint, ZeRO folder, bundle or hf:... -> a bundle folder (the format itself is
+bpd_train/bundle.py), or with export.format=hf a transformers checkpoint folder (bpd_train/convert/hf.py `to_hf`:
+the backbone for transformers' from_pretrained, the heads in bpd_heads.safetensors, the tokenizer files).
 
 `python export.py` runs `run_export`. The model is loaded through bpd_train/loading.py like every other stage;
 `load_bundle`, `BundleError` and `export_bundle` stay importable from here (the names users and the README use).
@@ -15,7 +17,9 @@ from bpd_train.bundle import write_bundle as export_bundle
 from bpd_train.checkpoint import CheckpointError
 from bpd_train.loading import LoadedModel, Source, load, resolve
 
-__all__ = ["BundleError", "export_bundle", "export_checkpoint", "load_bundle", "provenance", "run_export"]
+__all__ = ["BundleError", "export_bundle", "export_checkpoint", "export_hf", "load_bundle", "provenance",
+           "run_export"]
+FORMATS = ("bundle", "hf")
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,26 @@ def export_checkpoint(source: str | os.PathLike | Source, out_dir: str | os.Path
     prov["bundle_name"] = out_dir.name
     card = card_section(report, src.id) if report else None
     return export_bundle(loaded.model, loaded.tokenizer_path, out_dir, dtype=dtype, overwrite=overwrite,
-                         provenance=prov, card_extra=card)
+                         provenance=prov, card_extra=card, tokenizer_meta=loaded.tokenizer_meta)
+
+
+def export_hf(source: str | os.PathLike | Source, out_dir: str | os.PathLike, *, overwrite: bool = False,
+              tag: str | None = None) -> Path:
+    """Any model source -> a transformers checkpoint folder (fp32) with bpd_heads.safetensors and the tokenizer
+    files: an imported model's own, or this project's tokenizer.model (read back by HFTokenizer kind spm).
+    `overwrite` replaces only a folder that an earlier export.format=hf wrote."""
+    from bpd_train.convert.hf import check_hf_output_dir, to_hf
+    from bpd_train.data.hf_tokenizer import tokenizer_files
+
+    src = resolve(source, tag=tag)
+    out_dir = Path(out_dir)
+    check_hf_output_dir(out_dir, overwrite)  # before the (slow) load
+    loaded = load(src)
+    if loaded.own_tokenizer:
+        files = {name: loaded.tokenizer_path / name for name in tokenizer_files(loaded.tokenizer_path)}
+    else:
+        files = {"tokenizer.model": loaded.tokenizer_path}
+    return to_hf(loaded.model, out_dir, files=files, overwrite=overwrite)
 
 
 # ------------------------------------------------------------------------------------------------- export.py
@@ -76,11 +99,19 @@ def run_export(cfg) -> Path:
     from bpd_train.evaluation.report import find_report
 
     x = cfg.export
-    src = Path(x.checkpoint) if x.checkpoint else default_export_source(cfg)
-    name = x.name or (src.name if src.is_dir() else (src.parent.parent.name if src.parent.name == "checkpoints"
-                                                     else src.stem))
-    out = Path(x.output_dir) if x.output_dir else corpus_dir(cfg) / "export" / name
-    source = resolve(src, tag=x.tag)
+    fmt = str(x.get("format", "bundle"))
+    if fmt not in FORMATS:
+        raise ValueError(f"export.format={fmt!r}; choose one of {', '.join(FORMATS)}")
+    src = Path(str(x.checkpoint)) if x.checkpoint else default_export_source(cfg)
+    source = resolve(str(x.checkpoint) if x.checkpoint else src, tag=x.tag)
+    named = src if src.exists() else source.path  # hf:<id> is no path: name it after the folder it resolved to
+    name = x.name or (named.name if named.is_dir() else (named.parent.parent.name if named.parent.name == "checkpoints"
+                                                         else named.stem))
+    out = Path(x.output_dir) if x.output_dir else corpus_dir(cfg) / "export" / (name + ("-hf" if fmt == "hf" else ""))
+    if fmt == "hf":
+        path = export_hf(source, out, overwrite=bool(x.overwrite), tag=x.tag)
+        print(f"exported {x.checkpoint or src} -> {path} (transformers checkpoint + bpd_heads.safetensors)")
+        return path
     report = x.report
     if report is not None and str(report).lower() == "auto":
         report = find_report(corpus_dir(cfg) / "eval", source.id)

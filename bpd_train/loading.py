@@ -6,18 +6,24 @@ Every stage loads through here: head regimes' init_from (training/run.py), the d
   ckpt     a Lightning checkpoint file (checkpoint.py), torch.load(weights_only=True)
   zero     a DeepSpeed ZeRO checkpoint folder (zero.py), consolidated with every torch.load weights_only=True
   bundle   an exported bundle folder (bundle.py), safetensors + hashes, no pickle at all
+  hf       `hf:<folder or hub id>[@<src_lang>:<tgt_lang>]`, a transformers Marian / M2M100 / NLLB checkpoint
+           (bpd_train/convert/hf.py), safetensors or torch.load(weights_only=True); NLLB / M2M100 need the
+           languages, e.g. hf:facebook/nllb-200-distilled-600M@eng_Latn:deu_Latn
 A run folder (what train.py writes) resolves to its best checkpoint, else its last (RUN_CANDIDATES), else the
 newest checkpoints/*.ckpt; any of those may be a file or a Lightning DeepSpeed folder.
 
 Adding a kind (e.g. `hf:<folder or hub id>`, bpd_train/convert/hf.py): register a resolver for its prefix in
 PREFIXES (text after the prefix -> Source(kind, ...)) and a reader in READERS (Source, map_location -> Read);
 `load` then gives it the same tokenizer check and LoadedModel as every other kind. A tokenizer that is a folder
-(an imported model's own tokenizer files) is hashed file by file.
+(an imported model's own tokenizer files) is hashed file by file, over its tokenizer files only. Such a model
+brings its tokenizer with it (`LoadedModel.own_tokenizer`): training, distillation and evaluation use that one
+instead of the corpus's sentencepiece model, and runs, checkpoints and bundles made from it carry it on
+(a `tokenizer/` folder; the languages in `tokenizer_meta`).
 """
 from __future__ import annotations
 
-import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -31,6 +37,8 @@ from bpd_train.io import sha256_file
 from bpd_train.model.config import BPDConfig
 from bpd_train.zero import consolidate_zero, find_zero_dir, model_states_file, zero_tag_dir
 
+# Where a run folder keeps an imported model's tokenizer files (a native run has tokenizer.model).
+TOKENIZER_DIR = "tokenizer"
 # Which checkpoint of a run folder a stage uses, in order of preference.
 RUN_CANDIDATES = ("checkpoints/best.ckpt", "best.ckpt", "checkpoints/last.ckpt", "last.ckpt")
 
@@ -42,6 +50,8 @@ class Source:
     path: Path
     given: str = ""           # what the user wrote, for messages
     tag: str | None = None    # ZeRO: the global_step tag to read (None: the folder's 'latest')
+    options: tuple = ()       # (name, value) pairs a prefixed kind reads (hf: src_lang, tgt_lang)
+    spec: str | None = None   # what resolves to this source again from anywhere (hf: the prefixed, absolute form)
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -56,6 +66,8 @@ class Source:
             return "sha256:" + sha256_file(self.path / WEIGHTS)
         if self.kind == "zero":
             return "sha256:" + sha256_file(model_states_file(zero_tag_dir(find_zero_dir(self.path), self.tag)))
+        if self.kind in IDS:
+            return IDS[self.kind](self)
         return "sha256:" + sha256_file(self.path)
 
 
@@ -66,15 +78,36 @@ class LoadedModel:
     tokenizer_hash: str
     source: Source                  # behaves as its path (str, os.fspath)
     meta: dict = field(default_factory=dict)
+    tokenizer_meta: dict | None = None  # an imported model's tokenizer: kind, src_lang, tgt_lang, files
 
     @property
     def config(self) -> BPDConfig:
         return self.model.config
 
+    @property
+    def own_tokenizer(self) -> bool:
+        """The model brings its own tokenizer (an imported model's files), not a corpus's sentencepiece model."""
+        return self.tokenizer_path.is_dir()
+
     def tokenizer(self):
+        """A sentencepiece processor, or an imported model's HFTokenizer (the same methods, the model's ids)."""
+        if self.own_tokenizer:
+            from bpd_train.data.hf_tokenizer import HFTokenizer
+
+            m = self.tokenizer_meta or {}
+            return HFTokenizer(self.tokenizer_path, src_lang=m.get("src_lang"), tgt_lang=m.get("tgt_lang"))
         import sentencepiece as spm
 
         return spm.SentencePieceProcessor(model_file=str(self.tokenizer_path))
+
+    def data_tokenizer(self):
+        """The tokenizer a training run on this model must use, with the data pipeline's API
+        (hf_tokenizer.ModelTokenizer), or None: the run uses its corpus's sentencepiece model, checked by hash."""
+        if not self.own_tokenizer:
+            return None
+        from bpd_train.data.hf_tokenizer import ModelTokenizer
+
+        return ModelTokenizer.for_model(self.tokenizer(), self.config, hash=self.tokenizer_hash)
 
 
 class Read(NamedTuple):
@@ -83,6 +116,7 @@ class Read(NamedTuple):
     tokenizer_path: Path
     recorded_tokenizer_hash: str | None
     meta: dict
+    tokenizer_meta: dict | None = None
 
 
 # ------------------------------------------------------------------------------------------------------ resolve
@@ -96,7 +130,8 @@ def _kind(p: Path) -> str | None:
     return None
 
 
-PREFIXES: dict[str, Callable[[str], Source]] = {}  # e.g. "hf:" -> convert.hf's resolver
+PREFIXES: dict[str, Callable[[str], Source]] = {}  # "hf:" -> _resolve_hf (registered below the readers)
+IDS: dict[str, Callable[[Source], str]] = {}       # kind -> content id, for kinds whose path is not one file
 
 
 def resolve(spec: str | os.PathLike | Source, tag: str | None = None) -> Source:
@@ -148,13 +183,16 @@ def source_id(spec: str | os.PathLike | Source) -> str:
 
 # ------------------------------------------------------------------------------------------------------ readers
 def _find_tokenizer(start: Path, levels: int, meta: dict, where: Path) -> Path:
-    """tokenizer.model in `start` or up to `levels` folders above it (the run folder), else the recorded path."""
-    cands = [d / TOKENIZER for d in (start, *list(start.parents)[:levels])]
+    """tokenizer.model in `start` or up to `levels` folders above it (the run folder), else the recorded path;
+    for a model trained from an imported one (meta tokenizer_meta), its tokenizer/ folder instead."""
+    folder = bool(meta.get("tokenizer_meta"))
+    name = TOKENIZER_DIR if folder else TOKENIZER
+    cands = [d / name for d in (start, *list(start.parents)[:levels])]
     if meta.get("tokenizer_file"):
         cands.append(Path(meta["tokenizer_file"]))
-    found = next((c for c in cands if c.is_file()), None)
+    found = next((c for c in cands if (c.is_dir() if folder else c.is_file())), None)
     if found is None:
-        raise CheckpointError(f"no tokenizer.model beside {where} (nor at {meta.get('tokenizer_file')})")
+        raise CheckpointError(f"no {name} beside {where} (nor at {meta.get('tokenizer_file')})")
     return found
 
 
@@ -171,7 +209,8 @@ def read_ckpt(src: Source, map_location) -> Read:
     ckpt = read_checkpoint(src.path)
     meta = checkpoint_meta(ckpt, src.path)
     model = _build(meta, model_state(ckpt), where=f"weights in {src.path}")
-    return Read(model, _find_tokenizer(src.path.parent, 1, meta, src.path), meta.get("tokenizer_hash"), meta)
+    return Read(model, _find_tokenizer(src.path.parent, 1, meta, src.path), meta.get("tokenizer_hash"), meta,
+                meta.get("tokenizer_meta"))
 
 
 def read_zero(src: Source, map_location) -> Read:
@@ -179,27 +218,68 @@ def read_zero(src: Source, map_location) -> Read:
     model = _build(meta, state, where=f"consolidated ZeRO checkpoint {src.path}")
     # beside the ZeRO folder or up to three levels above (the run folder), else the path recorded at save time
     tok = _find_tokenizer(find_zero_dir(src.path), 3, meta, src.path)
-    return Read(model, tok, meta.get("tokenizer_hash"), meta)
+    return Read(model, tok, meta.get("tokenizer_hash"), meta, meta.get("tokenizer_meta"))
 
 
 def read_bundle(src: Source, map_location) -> Read:
     model, _tok, meta = load_bundle(src.path, map_location=map_location)
-    return Read(model, src.path / TOKENIZER, meta["tokenizer"].get("sha256"), meta)
+    t = meta["tokenizer"]
+    return Read(model, src.path / t.get("file", TOKENIZER), t.get("sha256"), meta, t.get("meta"))
 
 
-READERS: dict[str, Callable[[Source, Any], Read]] = {"ckpt": read_ckpt, "zero": read_zero, "bundle": read_bundle}
+# hf:<folder or hub id>[@<src_lang>:<tgt_lang>]: the languages of M2M100 / NLLB models (Hydra overrides take
+# neither '=' nor '#', so they are not a query string)
+_LANGS = re.compile(r"^(?P<where>.+)@(?P<src>[\w-]+):(?P<tgt>[\w-]+)$")
+
+
+def _resolve_hf(text: str) -> Source:
+    from bpd_train.convert.hf import resolve as resolve_hf
+
+    where, options = text, ()
+    m = _LANGS.match(text)
+    if m and not Path(text).expanduser().is_dir():
+        where, options = m["where"], (("src_lang", m["src"]), ("tgt_lang", m["tgt"]))
+    folder, hub_id = resolve_hf(where)
+    spec = "hf:" + (hub_id or str(folder.resolve())) + (f"@{options[0][1]}:{options[1][1]}" if options else "")
+    return Source("hf", folder, "hf:" + text, options=options, spec=spec)
+
+
+def read_hf(src: Source, map_location) -> Read:
+    from bpd_train.convert.hf import load_hf
+
+    model, tok, meta = load_hf(src.path, block_size=None, map_location=map_location, **dict(src.options))
+    return Read(model, src.path, None, meta, tok.meta())
+
+
+def _hf_id(src: Source) -> str:
+    """sha256 over config.json and the weight files: the same weights give the same id wherever the folder is."""
+    import hashlib
+
+    h = hashlib.sha256()
+    names = ["config.json", *sorted(p.name for p in src.path.iterdir()
+                                    if p.suffix == ".safetensors" or p.name.startswith("pytorch_model"))]
+    for name in names:
+        if (src.path / name).is_file():
+            h.update(f"{name}\0{sha256_file(src.path / name)}\n".encode())
+    return "sha256:" + h.hexdigest()
+
+
+READERS: dict[str, Callable[[Source, Any], Read]] = {"ckpt": read_ckpt, "zero": read_zero, "bundle": read_bundle,
+                                                     "hf": read_hf}
+PREFIXES["hf:"] = _resolve_hf
+IDS["hf"] = _hf_id
 
 
 # ------------------------------------------------------------------------------------------------------ load
 def tokenizer_hash(path: str | os.PathLike) -> str:
-    """sha256 of a tokenizer file; of a tokenizer folder, over its files' names and hashes."""
+    """sha256 of a tokenizer file; of a tokenizer folder, over its tokenizer files' names and hashes (an imported
+    model's folder also holds its weights: they are not part of the tokenizer)."""
     p = Path(path)
     if not p.is_dir():
         return sha256_file(p)
-    h = hashlib.sha256()
-    for f in sorted(q for q in p.rglob("*") if q.is_file()):
-        h.update(f"{f.relative_to(p)}\0{sha256_file(f)}\n".encode())
-    return h.hexdigest()
+    from bpd_train.data.hf_tokenizer import tokenizer_folder_hash
+
+    return tokenizer_folder_hash(p)
 
 
 def check_tokenizer(model: object, trained_with: str | None, user: str, tokenizer: object, have: str, *,
@@ -223,4 +303,5 @@ def load(spec: str | os.PathLike | Source, map_location: str | torch.device = "c
     if expect_tokenizer_hash is not None:
         check_tokenizer(src, have, "this run", "a tokenizer", expect_tokenizer_hash,
                         hint=": they were built from different corpora or settings")
-    return LoadedModel(read.model.to(map_location).eval(), read.tokenizer_path, have, src, dict(read.meta))
+    return LoadedModel(read.model.to(map_location).eval(), read.tokenizer_path, have, src, dict(read.meta),
+                       read.tokenizer_meta)

@@ -395,24 +395,59 @@ def heads_tensors(model) -> tuple[dict[str, Tensor], dict[str, str]]:
     return tensors, meta
 
 
+EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", HEADS_FILE)
+
+
+def is_hf_export(path: str | Path) -> bool:
+    """A folder `to_hf` wrote and nothing else (its files, tokenizer files): the only kind overwrite replaces."""
+    from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_files
+
+    path = Path(path)
+    try:
+        names = {p.name for p in path.iterdir()}
+        read_heads(path)  # a bpd-train heads file, or an error
+        tok = set(tokenizer_files(path)) if names - set(EXPORT_FILES) else set()
+    except (OSError, ValueError, TokenizerError):
+        return False
+    return HEADS_FILE in names and names <= set(EXPORT_FILES) | tok
+
+
+def check_hf_output_dir(out_dir: str | Path, overwrite: bool) -> None:
+    """Before any work, as for bundles: an existing output is refused unless overwrite is on and an earlier
+    export.format=hf wrote it."""
+    out_dir = Path(out_dir)
+    if not (out_dir.exists() or out_dir.is_symlink()):
+        return
+    if out_dir.is_symlink() or not out_dir.is_dir():
+        raise FileExistsError(f"export output {out_dir} exists and is not a folder; choose another export.output_dir")
+    if not overwrite:
+        raise FileExistsError(f"{out_dir} already exists; pass export.overwrite=true to replace it")
+    if any(out_dir.iterdir()) and not is_hf_export(out_dir):
+        raise FileExistsError(f"export output {out_dir} is not a folder export.format=hf wrote (or holds other "
+                              "files too); overwrite only replaces an earlier export: choose another export.output_dir")
+
+
 def to_hf(model, out_dir: str | Path, tokenizer_folder: str | Path | None = None,
-          tokenizer_files: list[str] | None = None, overwrite: bool = False) -> Path:
+          tokenizer_files: list[str] | None = None, overwrite: bool = False,
+          files: dict[str, str | Path] | None = None) -> Path:
     """Write `model` as a transformers checkpoint folder (config.json, generation_config.json,
     model.safetensors), its heads in bpd_heads.safetensors, and the tokenizer files (copied from
-    tokenizer_folder). Atomic: the folder appears complete or not at all."""
+    tokenizer_folder, or `files`: name in the folder -> file to copy). Atomic: the folder appears complete or
+    not at all; overwrite replaces only an earlier export (is_hf_export)."""
     from safetensors.torch import save_file
 
     cfg, gen = hf_config_of(model.config)
     weights = state_to_hf(model)
     heads, meta = heads_tensors(model)
-    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+    copies = {name: Path(tokenizer_folder) / name for name in tokenizer_files or []} if tokenizer_folder else {}
+    copies.update({name: Path(f) for name, f in (files or {}).items()})
+    with atomic_dir(out_dir, overwrite=overwrite, replaceable=is_hf_export) as tmp:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         save_file(heads, str(tmp / HEADS_FILE), metadata=meta)
-        if tokenizer_folder is not None:
-            for name in tokenizer_files or []:
-                shutil.copyfile(Path(tokenizer_folder) / name, tmp / name)
+        for name, f in copies.items():
+            shutil.copyfile(f, tmp / name)
     return Path(out_dir)
 
 

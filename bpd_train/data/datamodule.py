@@ -59,7 +59,10 @@ class BPDDataModule(pl.LightningDataModule):
     def __init__(self, data_cfg: Any, artifacts_dir: str | os.PathLike, seed: int = 0, source: str = "gold",
                  distilled_dir: str | os.PathLike | None = None, max_tokens: int | None = None,
                  num_workers: int | None = None, tokenizer_path: str | os.PathLike | None = None,
-                 eval_max_tokens: int | None = None, cache_dir: str | os.PathLike | None = None):
+                 eval_max_tokens: int | None = None, cache_dir: str | os.PathLike | None = None,
+                 tokenizer: Any = None):
+        """tokenizer: an object with `Tokenizer`'s API to use instead of the corpus's sentencepiece model (an
+        imported model's own, bpd_train/data/hf_tokenizer.ModelTokenizer); tokenizer_path: a sentencepiece file."""
         super().__init__()
         if source not in ("gold", "distilled"):
             raise ValueError(f"source={source!r}; expected 'gold' or 'distilled'")
@@ -75,6 +78,7 @@ class BPDDataModule(pl.LightningDataModule):
         self.tokenizer_path = Path(tokenizer_path) if tokenizer_path is not None else None
         self.cache_dir = cache_dir
         self.tokenizer: Tokenizer | None = None
+        self._given_tokenizer = tokenizer
         self.datasets: dict[str, Dataset] = {}  # tokenized splits
         self.corpus = None  # the DatasetDict as loaded (gold; train replaced by distilled when source=distilled)
         self.stats: dict[str, dict] = {}
@@ -90,8 +94,8 @@ class BPDDataModule(pl.LightningDataModule):
         # One process per node, before setup() on every rank: read the gold corpus, train (or find) the tokenizer
         # and tokenize, so the ranks' setup() finds everything in the caches instead of racing to build it.
         corpus = load_corpus(self.data_cfg, cache_dir=self.cache_dir)
-        tok = (Tokenizer(self.tokenizer_path) if self.tokenizer_path is not None
-               else get_tokenizer(self.data_cfg, self.artifacts_dir, corpus["train"]))
+        tok = self._given_tokenizer or (Tokenizer(self.tokenizer_path) if self.tokenizer_path is not None
+                                        else get_tokenizer(self.data_cfg, self.artifacts_dir, corpus["train"]))
         for split, ds in corpus.items():
             tokenize_split(ds, tok, self.data_cfg, split)
 
@@ -119,7 +123,9 @@ class BPDDataModule(pl.LightningDataModule):
             return
         self.corpus = load_corpus(self.data_cfg, cache_dir=self.cache_dir)
         gold_train = self.corpus["train"]
-        if self.tokenizer_path is not None:
+        if self._given_tokenizer is not None:
+            self.tokenizer = self._given_tokenizer
+        elif self.tokenizer_path is not None:
             self.tokenizer = Tokenizer(self.tokenizer_path)
         else:  # the tokenizer always comes from the gold training split, also when training on distilled data
             self.tokenizer = get_tokenizer(self.data_cfg, self.artifacts_dir, gold_train)

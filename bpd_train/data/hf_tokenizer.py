@@ -82,6 +82,37 @@ def detect_kind(folder: str | Path) -> str:
                          "bpd-train's own (tokenizer.model)")
 
 
+def tokenizer_files(folder: str | Path, kind: str | None = None) -> list[str]:
+    """Names of the files a model folder's tokenizer consists of (what bundles and run folders copy, and what
+    its hash covers: never the weights beside them)."""
+    folder = Path(folder)
+    kind = kind or detect_kind(folder)
+    cfg = folder / "tokenizer_config.json"
+    separate = kind == "marian" and cfg.is_file() and bool(_read_json(cfg).get("separate_vocabs", False))
+    names = {"marian": ["source.spm", "target.spm", "vocab.json"] + (["target_vocab.json"] if separate else []),
+             "m2m100": ["sentencepiece.bpe.model", "vocab.json"],
+             "tokenizers": ["tokenizer.json"], "spm": ["tokenizer.model"]}[kind]
+    if cfg.is_file():
+        names.append("tokenizer_config.json")
+    return names
+
+
+def tokenizer_folder_hash(folder: str | Path) -> str:
+    """sha256 over the tokenizer files' names and hashes: the same for the model's folder, a run folder's or a
+    bundle's copy."""
+    import hashlib
+
+    from bpd_train.io import sha256_file
+
+    folder = Path(folder)
+    h = hashlib.sha256()
+    for name in sorted(tokenizer_files(folder)):
+        if not (folder / name).is_file():
+            raise TokenizerError(f"{folder} lacks the tokenizer file {name}")
+        h.update(f"{name}\0{sha256_file(folder / name)}\n".encode())
+    return h.hexdigest()
+
+
 class HFTokenizer:
     """Source ids and detokenized target text of an imported model (see the module docstring)."""
 
@@ -224,6 +255,14 @@ class HFTokenizer:
 
     encode_source = source_ids
 
+    def target_ids(self, text: str) -> list[int]:
+        """A reference translation's ids as the decoder is trained on them, without specials (the model adds
+        BOS / the target language and EOS): Marian encodes targets with target.spm (transformers' text_target)."""
+        if self.kind == "marian":
+            unk = self._unk
+            return [self.target_encoder.get(p, unk) for p in self.sp_target.encode(text, out_type=str)]
+        return self.pieces_ids(text)
+
     def detok(self, ids: Sequence[int]) -> str:
         """Target ids -> text, special tokens (eos, pad, unk, language codes) dropped."""
         ids = [int(i) for i in ids if int(i) not in self.special_ids]
@@ -300,13 +339,7 @@ class HFTokenizer:
     # ---- bundles ----
     def files(self) -> list[str]:
         """The files an exported bundle must carry for this tokenizer to load again."""
-        names = {"marian": ["source.spm", "target.spm", "vocab.json"]
-                 + (["target_vocab.json"] if getattr(self, "separate_vocabs", False) else []),
-                 "m2m100": ["sentencepiece.bpe.model", "vocab.json"],
-                 "tokenizers": ["tokenizer.json"], "spm": ["tokenizer.model"]}[self.kind]
-        if (self.folder / "tokenizer_config.json").is_file():
-            names.append("tokenizer_config.json")
-        return names
+        return tokenizer_files(self.folder, self.kind)
 
     def meta(self) -> dict:
         return {"kind": self.kind, "src_lang": self.src_lang, "tgt_lang": self.tgt_lang,
@@ -328,3 +361,52 @@ class HFTokenizer:
         if top > min(vocab_size, src_vocab_size):
             raise TokenizerError(f"tokenizer in {self.folder} uses ids up to {top - 1} but the checkpoint's vocabulary "
                                  f"has {min(vocab_size, src_vocab_size)} tokens: the files belong to different models")
+
+
+class ModelTokenizer:
+    """An imported model's tokenizer with the API the data pipeline uses for this project's sentencepiece
+    `Tokenizer` (bpd_train/data/tokenizer.py): `path`, `hash`, `vocab_size`, the special ids as ints (the
+    model's: the BOS that starts a training target is the model's decoder start / target language), `encode`,
+    `encode_batch` (source ids without EOS), `encode_target_batch` (target ids without specials), `decode`.
+    Picklable by what it was made from, so datasets' cache keys stay stable."""
+
+    def __init__(self, folder: str | Path, *, vocab_size: int, pad_id: int, bos_id: int, eos_id: int, unk_id: int,
+                 src_lang: str | None = None, tgt_lang: str | None = None, hash: str | None = None):
+        self.path = Path(folder)
+        self.tok = HFTokenizer(self.path, src_lang=src_lang, tgt_lang=tgt_lang)
+        self.hash = hash or tokenizer_folder_hash(self.path)
+        self.vocab_size = int(vocab_size)
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id = int(pad_id), int(bos_id), int(eos_id), int(unk_id)
+        self.meta = self.tok.meta()
+
+    @classmethod
+    def for_model(cls, hf: HFTokenizer, config, hash: str | None = None) -> "ModelTokenizer":
+        return cls(hf.folder, vocab_size=config.vocab_size, pad_id=config.pad_id, bos_id=config.bos_id,
+                   eos_id=config.eos_id, unk_id=config.unk_id, src_lang=hf.src_lang, tgt_lang=hf.tgt_lang, hash=hash)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.tok.encode(t) for t in texts]
+
+    def encode_target_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.tok.target_ids(t) for t in texts]
+
+    def decode(self, ids) -> str:
+        return self.tok.detok(ids)
+
+    def __getstate__(self) -> dict:
+        return {"folder": str(self.path), "hash": self.hash, "vocab_size": self.vocab_size, "pad_id": self.pad_id,
+                "bos_id": self.bos_id, "eos_id": self.eos_id, "unk_id": self.unk_id,
+                "src_lang": self.tok.src_lang, "tgt_lang": self.tok.tgt_lang}
+
+    def __setstate__(self, state: dict) -> None:
+        folder, want = state.pop("folder"), state["hash"]
+        self.__init__(folder, **{**state, "hash": None})
+        if self.hash != want:
+            raise TokenizerError(f"{self.path} changed since it was loaded (sha256 {self.hash} != {want})")
+
+    def __repr__(self) -> str:
+        return f"ModelTokenizer({str(self.path)!r}, {self.tok.kind}, vocab_size={self.vocab_size}, " \
+               f"sha256={self.hash[:12]})"

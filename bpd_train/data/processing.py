@@ -44,15 +44,17 @@ class _Encode:
         self.min_len, self.max_len, self.max_ratio = min_len, max_len, max_ratio
 
     def __call__(self, batch: dict, indices: list[int]) -> dict:
-        srcs = self.tok.encode_batch([tr[self.src] for tr in batch["translation"]])
+        # the tokenizer's special ids, not ours: an imported model's tokenizer (hf_tokenizer.ModelTokenizer) has its own
+        tok = self.tok
+        srcs = tok.encode_batch([tr[self.src] for tr in batch["translation"]])
         if "teacher_ids" in batch:  # a distilled corpus: the teacher's pieces are the target, as decoded
-            specials = (PAD_ID, BOS_ID, EOS_ID)
+            specials = (tok.pad_id, tok.bos_id, tok.eos_id)
             tgts = [[int(i) for i in ids if i not in specials] for ids in batch["teacher_ids"]]
         else:
-            tgts = self.tok.encode_batch([tr[self.tgt] for tr in batch["translation"]])
+            tgts = tok.encode_target_batch([tr[self.tgt] for tr in batch["translation"]])
         out_src, lengths, drop = [], [], []
         for s, t in zip(srcs, tgts):
-            out_src.append(s + [EOS_ID])
+            out_src.append(s + [tok.eos_id])
             lengths.append(max(len(s), len(t)) + 1)
             ls, lt = len(s), len(t)
             if min(ls, lt) < self.min_len:

@@ -40,6 +40,7 @@ class Tokenizer:
             raise ValueError(f"{self.path}: special ids pad/bos/eos/unk are {got}, expected (0, 1, 2, 3)")
 
     pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+    meta = None  # the corpus's own tokenizer; an imported model's (data/hf_tokenizer.ModelTokenizer) describes itself
 
     @property
     def vocab_size(self) -> int:
@@ -50,6 +51,9 @@ class Tokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self.sp.encode(texts, out_type=int)
+
+    def encode_target_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.sp.encode(texts, out_type=int)  # one joint model: targets are encoded like sources
 
     def decode(self, ids) -> str:
         ids = [int(i) for i in ids]

@@ -97,15 +97,23 @@ class Job:
     command: str
 
 
-def _resolve_teacher(cfg, overrides: Sequence[str]) -> Path:
+def _resolve_teacher(cfg, overrides: Sequence[str]):
+    from bpd_train.checkpoint import CheckpointError
+    from bpd_train.loading import PREFIXES, resolve
+
     d = cfg.distill
     corpus_dir = Path(cfg.paths.artifacts) / cfg.data.name
     if d.teacher:
+        if str(d.teacher).startswith(tuple(PREFIXES)):  # hf:<folder or hub id>
+            return resolve(str(d.teacher))
         p = Path(str(d.teacher)).expanduser()
         if not p.exists():
             raise DistillError(f"teacher {p} does not exist (distill.teacher); pass a checkpoint file, a run "
-                               "folder or an exported bundle")
-        return p
+                               "folder, an exported bundle or hf:<folder or hub id>")
+        try:
+            return resolve(p)
+        except CheckpointError as e:
+            raise DistillError(f"cannot use {p} as the teacher: {e}") from e
     p = corpus_dir / "base"
     if not p.exists():
         raise DistillError(f"no base model at {p} to use as the teacher; make it with "
@@ -118,7 +126,12 @@ def _teacher_sha256(loaded) -> str:
 
 
 def _check_teacher(loaded, cfg, train_split) -> None:
-    """Teacher and tokenizer must agree (vocabulary size, special ids), and with the corpus tokenizer."""
+    """Teacher and tokenizer must agree (vocabulary size, special ids), and with the corpus tokenizer. A teacher
+    that brings its own tokenizer (hf:..., or a model trained from one) was checked against it when it loaded
+    (its ids are not ours: Marian starts with the pad, NLLB with the language); the students then use that
+    tokenizer too, which the datamodule checks against this corpus's manifest."""
+    if loaded.own_tokenizer:
+        return
     mc = loaded.config
     sp = loaded.tokenizer()
     n = sp.get_piece_size()
@@ -210,7 +223,7 @@ def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
     corpus_dir = Path(cfg.paths.artifacts) / cfg.data.name
     out_dir = Path(d.output_dir) if d.output_dir else corpus_dir / "distill" / settings.teacher_id
     wanted = new_manifest(settings, ids, int(d.shard_size), corpus=str(cfg.data.name),
-                          teacher_path=str(Path(teacher.source).resolve()),
+                          teacher_path=teacher.source.spec or str(Path(teacher.source).resolve()),
                           limit=None if d.limit is None else int(d.limit), command=command)
     if (out_dir / "manifest.json").exists():
         existing = read_manifest(out_dir)

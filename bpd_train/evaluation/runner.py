@@ -94,9 +94,9 @@ def expand_inputs(inputs: Sequence[str | os.PathLike], all_checkpoints: bool = F
         if not paths:
             raise CheckpointError(f"no checkpoint matches {spec}")
         for p in paths:
-            source = resolve(p)
-            if source.path == p:  # not a run folder
-                out.append((_display_name(p, False), source))
+            source = resolve(spec if not glob.has_magic(spec) else p)
+            if source.path == p or source.kind not in ("ckpt", "zero"):  # not a run folder (a bundle, hf:...)
+                out.append((_display_name(p, False) if p.exists() else p.name, source))
                 continue
             ckpts = (run_checkpoints(p) if all_checkpoints else []) or [source]
             for c in ckpts:

@@ -28,7 +28,8 @@ def mix_seed(*parts: int) -> int:
 class BPDLightningModule(pl.LightningModule):
     def __init__(self, model_config: dict[str, Any], regime: dict[str, Any], optim: dict[str, Any],
                  loss: dict[str, Any] | None = None, seed: int = 0, tokenizer_file: str | None = None,
-                 tokenizer_hash: str | None = None, data_name: str | None = None, init_from: str | None = None):
+                 tokenizer_hash: str | None = None, data_name: str | None = None, init_from: str | None = None,
+                 tokenizer_meta: dict[str, Any] | None = None):
         super().__init__()
         self.save_hyperparameters()
         self.model = BPDModel(BPDConfig.from_dict(dict(model_config)))
@@ -188,7 +189,8 @@ class BPDLightningModule(pl.LightningModule):
     def checkpoint_meta(self) -> dict[str, Any]:
         hp = self.hparams
         return {"model_config": self.model.config.to_dict(), "tokenizer_hash": hp.get("tokenizer_hash"),
-                "tokenizer_file": hp.get("tokenizer_file"), "regime": self.regime.name,
+                "tokenizer_file": hp.get("tokenizer_file"), "tokenizer_meta": hp.get("tokenizer_meta"),
+                "regime": self.regime.name,
                 "paper_regime": self.regime.paper_name, "block_size": self.model.config.block_size,
                 "head_loss": self.regime.head_loss, "trainable": self.regime.trainable,
                 "source": self.regime.source, "data": hp.get("data_name"), "init_from": hp.get("init_from"),

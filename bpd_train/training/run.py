@@ -44,13 +44,14 @@ def _is_rank_zero() -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ data
-def make_datamodule(cfg: DictConfig, regime: Regime):
+def make_datamodule(cfg: DictConfig, regime: Regime, tokenizer: Any = None):
+    """tokenizer: an imported model's own (LoadedModel.data_tokenizer()); None = the corpus's sentencepiece model."""
     from bpd_train.data import BPDDataModule
 
     data = cfg.data
     return BPDDataModule(data, artifacts_dir=str(cfg.paths.artifacts), seed=int(cfg.seed), source=regime.source,
                          distilled_dir=regime.distilled_dir, max_tokens=int(data.max_tokens),
-                         num_workers=int(data.get("num_workers", 0) or 0))
+                         num_workers=int(data.get("num_workers", 0) or 0), tokenizer=tokenizer)
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -72,16 +73,22 @@ def _make_base_hint() -> str:
     return " ".join(["python train.py +regime=base", *keep])
 
 
-def load_init(init_from: str, tokenizer) -> Any:
-    """The model a head regime starts from, checked against this run's tokenizer."""
-    from bpd_train.loading import check_tokenizer, load, resolve
+def open_init(init_from: str) -> Any:
+    """The model a head regime starts from (a .ckpt, a run folder, a bundle, a DeepSpeed ZeRO run or hf:...)."""
+    from bpd_train.loading import load, resolve
 
-    p = Path(init_from)
     try:
-        source = resolve(p)
+        source = resolve(init_from)
     except CheckpointError as e:
-        raise TrainError(f"no base model at {p} ({e}); make it with: {_make_base_hint()}") from None
-    loaded = load(source, map_location="cpu")  # a .ckpt, a run folder, a bundle or a DeepSpeed ZeRO run
+        raise TrainError(f"no base model at {init_from} ({e}); make it with: {_make_base_hint()}") from None
+    return load(source, map_location="cpu")
+
+
+def load_init(init_from: str, tokenizer, loaded: Any = None) -> Any:
+    """The model a head regime starts from, checked against this run's tokenizer."""
+    from bpd_train.loading import check_tokenizer
+
+    loaded = loaded if loaded is not None else open_init(init_from)
     if loaded.config.vocab_size != tokenizer.vocab_size:
         raise TrainError(f"{loaded.source} has a vocabulary of {loaded.config.vocab_size} but this run's tokenizer "
                          f"{tokenizer.path} has {tokenizer.vocab_size}: it was trained on another corpus or with "
@@ -151,9 +158,12 @@ def resolve_resume(cfg: DictConfig, run_dir: Path) -> str | None:
     return str(p)
 
 
-def build_module(cfg: DictConfig, regime: Regime, tokenizer, resume: str | None = None) -> BPDLightningModule:
-    """The LightningModule for this regime, with the backbone copied from init_from (head regimes).
-    When resuming, the model config comes from the checkpoint and the weights are left to Lightning."""
+def build_module(cfg: DictConfig, regime: Regime, tokenizer, resume: str | None = None,
+                 init: Any = None) -> BPDLightningModule:
+    """The LightningModule for this regime, with the backbone copied from init_from (head regimes; `init`: that
+    model if the caller loaded it already). When resuming, the model config comes from the checkpoint and the
+    weights are left to Lightning."""
+    opened = init
     init_from = regime.init_from
     init = None
     if resume and resume != "hpc" and Path(resume).is_file():
@@ -168,14 +178,15 @@ def build_module(cfg: DictConfig, regime: Regime, tokenizer, resume: str | None 
                         error=TrainError)
         model_cfg = BPDConfig.from_dict(dict(meta["model_config"]))
     elif init_from:
-        init = load_init(init_from, tokenizer)
+        init = load_init(init_from, tokenizer, opened)
         model_cfg = heads_model_config(init.config, cfg, regime.block_size)
     else:
         model_cfg = base_model_config(cfg, tokenizer, regime.block_size)
     module = BPDLightningModule(
         model_config=model_cfg.to_dict(), regime=regime.to_dict(), optim=plain(cfg.optim), loss=plain(cfg.loss),
         seed=int(cfg.seed), tokenizer_file=str(Path(tokenizer.path).resolve()), tokenizer_hash=tokenizer.hash,
-        data_name=str(cfg.data.name), init_from=str(init.source) if init is not None else init_from)
+        data_name=str(cfg.data.name), init_from=str(init.source) if init is not None else init_from,
+        tokenizer_meta=tokenizer.meta)
     if init is not None:
         report = copy_weights(module.model, init.model)
         log.info("init_from %s: copied %d tensors, %d new head tensors, %d skipped", init.source,
@@ -297,15 +308,40 @@ def make_trainer(cfg: DictConfig, run_dir: Path, resuming: bool = False, **overr
 
 
 # ------------------------------------------------------------------------------------------------ main
+def own_tokenizer(regime: Regime, resume: str | None) -> tuple[Any, Any]:
+    """(the init_from model when it is loaded here, the tokenizer the data must use when a model brings its own
+    (hf:...), else None). Loaded before the data: that model decides how the corpus is tokenized."""
+    from bpd_train.loading import load
+
+    if resume and resume != "hpc" and Path(resume).is_file():
+        meta = checkpoint_meta(read_checkpoint(resume), resume)
+        return None, load(resume).data_tokenizer() if meta.get("tokenizer_meta") else None
+    if not regime.init_from:
+        return None, None
+    init = open_init(regime.init_from)
+    return init, init.data_tokenizer()
+
+
 def write_run_folder(cfg: DictConfig, run_dir: Path, tokenizer) -> None:
-    """tokenizer.model and the resolved config.yaml beside the checkpoints (rank zero)."""
+    """tokenizer.model (an imported model's tokenizer: its files in tokenizer/) and the resolved config.yaml
+    beside the checkpoints (rank zero)."""
     if not _is_rank_zero():
         return
+    from bpd_train.loading import TOKENIZER_DIR
+
     run_dir.mkdir(parents=True, exist_ok=True)
-    tok_dst = run_dir / "tokenizer.model"
-    data = Path(tokenizer.path).read_bytes()
-    if not tok_dst.is_file() or tok_dst.read_bytes() != data:
-        atomic_write_bytes(tok_dst, data)
+    src = Path(tokenizer.path)
+    if src.is_dir():
+        from bpd_train.data.hf_tokenizer import tokenizer_files
+
+        copies = [(src / name, run_dir / TOKENIZER_DIR / name) for name in tokenizer_files(src)]
+        (run_dir / TOKENIZER_DIR).mkdir(exist_ok=True)
+    else:
+        copies = [(src, run_dir / "tokenizer.model")]
+    for a, b in copies:
+        data = a.read_bytes()
+        if not b.is_file() or b.read_bytes() != data:
+            atomic_write_bytes(b, data)
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
 
 
@@ -327,11 +363,12 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
             (run_dir / "checkpoints").glob("*.ckpt")):
         log.warning("%s already holds checkpoints; this fresh run replaces them (ckpt_path=last resumes)", run_dir)
 
-    dm = make_datamodule(cfg, regime)
+    init, own_tok = own_tokenizer(regime, resume)
+    dm = make_datamodule(cfg, regime, tokenizer=own_tok)
     dm.prepare_data()
     dm.setup("fit")
     tokenizer = dm.tokenizer
-    module = build_module(cfg, regime, tokenizer, resume)
+    module = build_module(cfg, regime, tokenizer, resume, init=init)
     write_run_folder(cfg, run_dir, tokenizer)
     resuming = resume is not None or any(default_root_dir(run_dir).glob("hpc_ckpt_*.ckpt"))
     trainer = make_trainer(cfg, run_dir, resuming=resuming, **trainer_overrides)

@@ -1,0 +1,180 @@
+# python bench/hf.py [--threads 1 2] [--batches 1 32] [--new-tokens 32]        (~3-5 min on a 2-core CPU)
+"""Greedy tokens/s of one imported Marian checkpoint in three engines (issue 12): transformers `generate`,
+CTranslate2 (its TransformersConverter on the same folder) and ours (`hf:` -> load_hf -> greedy).
+
+The checkpoint: random weights at opus-mt size (d 512, 6+6 layers, 8 heads, ffn 2048, V 58101, swish, post-norm,
+final_logits_bias), written with transformers MarianConfig + save_pretrained into a temp folder, with a
+synthetic 58101-entry vocab.json (CTranslate2's converter reads the vocabulary through the tokenizer).
+Sources: random token ids, 12-40 tokens + EOS.
+
+Fair lengths: random weights stop at arbitrary points, so every engine generates exactly --new-tokens tokens per
+sentence with EOS forbidden (transformers: min_new_tokens = max_new_tokens; CTranslate2: min_decoding_length =
+max_decoding_length; ours: EOS added to the model's suppress_ids, the same -inf transformers' min-length
+processor puts on EOS). The pad is never generated in any of the three (opus-mt's bad_words_ids in transformers,
+the model's suppress_ids in ours; CTranslate2's Marian converter drops the pad row from the vocabulary). Tokens are compared sentence by sentence (fp32 everywhere). Timing: one warm-up
+batch per engine, then the engines alternate over the same batches; tokens/s = generated tokens / seconds.
+The last line printed is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bpd_train.decoding import greedy  # noqa: E402
+
+OPUS_MT = dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+               decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, vocab_size=58101)
+
+
+def make_folder(out: Path) -> dict:
+    """A Marian checkpoint folder as opus-mt ships it, random weights (seeded)."""
+    import sentencepiece as spm
+    import transformers
+
+    text = out / "spm.txt"
+    text.write_text("\n".join(f"word{i} token{i % 7} piece{i % 13}" for i in range(200)) + "\n")
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(out / "sp"), vocab_size=30, minloglevel=2,
+                                   bos_id=-1, eos_id=1, unk_id=2, pad_id=-1)
+    v = OPUS_MT["vocab_size"]
+    pad = v - 1
+    vocab = {"</s>": 0, "<unk>": 1}
+    vocab.update({f"t{i}": i for i in range(2, pad)})
+    vocab["<pad>"] = pad
+    (out / "vocab.json").write_text(json.dumps(vocab))
+    for name in ("source.spm", "target.spm"):
+        (out / name).write_bytes((out / "sp.model").read_bytes())
+    transformers.MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"), str(out / "vocab.json")) \
+        .save_pretrained(out)
+    cfg = transformers.MarianConfig(**OPUS_MT, max_position_embeddings=512, activation_function="swish",
+                                    scale_embedding=True, pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad,
+                                    forced_eos_token_id=None, dropout=0.0)
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(cfg).eval()
+    with torch.no_grad():  # opus-mt's bias is zero at the pad and small elsewhere; a non-zero one tests the import
+        model.final_logits_bias.normal_(0, 0.1)
+    model.generation_config.bad_words_ids = [[pad]]
+    model.save_pretrained(out)
+    return {i: p for p, i in vocab.items()}
+
+
+def run(a) -> dict:
+    import ctranslate2
+    import transformers
+    from ctranslate2.converters import TransformersConverter
+
+    from bpd_train.convert.hf import load_hf
+    from bpd_train.model import BPDModel
+    from bpd_train.model.fastlinear import engine_name
+
+    torch.set_num_threads(a.threads[0])
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        folder = Path(d) / "marian"
+        folder.mkdir()
+        t0 = time.perf_counter()
+        id2piece = make_folder(folder)
+        piece2id = {p: i for i, p in id2piece.items()}
+        ct2_dir = Path(d) / "ct2"
+        TransformersConverter(str(folder)).convert(str(ct2_dir), quantization=None)
+        hf = transformers.MarianMTModel.from_pretrained(folder).eval()
+        imported, _tok, _meta = load_hf(folder, tokenizer=False)
+        c = imported.config
+        # no EOS: every engine generates exactly --new-tokens tokens (see the module docstring)
+        ours = BPDModel(dataclasses.replace(c, suppress_ids=tuple(sorted({*c.suppress_ids, c.eos_id}))))
+        ours.load_state_dict(imported.state_dict())
+        ours.eval()
+        del imported
+        print(f"setup {time.perf_counter() - t0:.1f}s (random opus-mt-size Marian, CTranslate2 conversion)", flush=True)
+        g = torch.Generator().manual_seed(1)
+        n_sent = max(a.batches) * a.batches_per_size
+        lens = torch.randint(12, 41, (n_sent,), generator=g).tolist()
+        srcs = [torch.randint(2, c.pad_id, (n,), generator=g).tolist() + [c.eos_id] for n in lens]
+        n_new = a.new_tokens
+
+        def pad_batch(batch):
+            width = max(map(len, batch))
+            ids = torch.full((len(batch), width), c.pad_id, dtype=torch.long)
+            for i, s in enumerate(batch):
+                ids[i, :len(s)] = torch.tensor(s)
+            return ids
+
+        def run_hf(batch):
+            ids = pad_batch(batch)
+            with torch.inference_mode():
+                out = hf.generate(input_ids=ids, attention_mask=ids.ne(c.pad_id), num_beams=1, do_sample=False,
+                                  max_new_tokens=n_new, min_new_tokens=n_new)
+            return [r[1:].tolist() for r in out]  # drop the decoder start
+
+        def run_ours(batch):
+            with torch.inference_mode():
+                return greedy(ours, pad_batch(batch), max_len=n_new).tokens
+
+        for threads in a.threads:
+            torch.set_num_threads(threads)
+            tr = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="float32", inter_threads=1,
+                                        intra_threads=threads)
+
+            def run_ct2(batch):
+                r = tr.translate_batch([[id2piece[i] for i in s[:-1]] for s in batch], beam_size=1,
+                                       max_decoding_length=n_new, min_decoding_length=n_new,
+                                       max_batch_size=len(batch))
+                return [[piece2id[p] for p in h.hypotheses[0]] for h in r]
+
+            engines = {"transformers": run_hf, "ctranslate2": run_ct2, "ours": run_ours}
+            for bs in a.batches:
+                batches = [srcs[i:i + bs] for i in range(0, bs * a.batches_per_size, bs)]
+                for fn in engines.values():
+                    fn(batches[0])  # warm-up
+                secs = {k: 0.0 for k in engines}
+                toks = {k: 0 for k in engines}
+                outs = {k: [] for k in engines}
+                names = list(engines)
+                for j, b in enumerate(batches):
+                    for k in names[j % 3:] + names[:j % 3]:  # rotate the order: no engine always runs first
+                        t0 = time.perf_counter()
+                        out = engines[k](b)
+                        secs[k] += time.perf_counter() - t0
+                        toks[k] += sum(len(o) for o in out)
+                        outs[k] += out
+                ref = outs["transformers"]
+                row = {"threads": threads, "batch": bs, "sentences": len(ref), "new_tokens": n_new,
+                       **{f"{k}_tok_s": round(toks[k] / secs[k], 1) for k in engines},
+                       "lengths_equal": all(len(o) == n_new for k in engines for o in outs[k]),
+                       "identical_ours_vs_transformers": sum(x == y for x, y in zip(outs["ours"], ref)) / len(ref),
+                       "identical_ct2_vs_transformers": sum(x == y for x, y in zip(outs["ctranslate2"], ref)) / len(ref)}
+                rows.append(row)
+                print(f"threads={threads} batch={bs:2d}: transformers {row['transformers_tok_s']:7.1f}  CTranslate2 "
+                      f"{row['ctranslate2_tok_s']:7.1f}  ours {row['ours_tok_s']:7.1f} tok/s; identical to "
+                      f"transformers: ours {row['identical_ours_vs_transformers']:.0%}, CTranslate2 "
+                      f"{row['identical_ct2_vs_transformers']:.0%}", flush=True)
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model_name = next((ln.split(":", 1)[1].strip() for ln in cpu.splitlines() if ln.startswith("Model name")),
+                      platform.processor())
+    return {"bench": "hf", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": model_name,
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "ctranslate2": ctranslate2.__version__, "engine": engine_name(), "rows": rows}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, nargs="+", default=[1])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--batches-per-size", type=int, default=3, help="batches timed per batch size (default 3)")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per sentence (default 32)")
+    print(json.dumps(run(p.parse_args(argv))))
+
+
+if __name__ == "__main__":
+    main()
