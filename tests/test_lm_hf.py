@@ -174,9 +174,10 @@ def test_refusals(folders, tmp_path):
     with pytest.raises(ConvertError, match="rope scaling type 'yarn'"):
         load_hf_lm(f)
     # an architecture we do not import
-    (f / "config.json").write_text(json.dumps({**cfg, "architectures": ["GPT2LMHeadModel", "FooForCausalLM"]}))
-    with pytest.raises(ConvertError, match="unsupported decoder-only architecture"):
-        family_of(f)
+    for arch in ("GPT2LMHeadModel", "GemmaForCausalLM"):
+        (f / "config.json").write_text(json.dumps({**cfg, "architectures": [arch]}))
+        with pytest.raises(ConvertError, match=f"unsupported decoder-only architecture {arch}"):
+            family_of(f)
     (f / "config.json").write_text(json.dumps({**cfg, "architectures": ["MarianMTModel"]}))
     assert family_of(f) is None
     # a tensor the map does not know is never skipped

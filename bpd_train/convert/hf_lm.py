@@ -37,8 +37,8 @@ SUPPORTED_LM = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Mistr
 
 
 def family_of(folder_or_config: str | Path | dict[str, Any]) -> str | None:
-    """'llama', 'qwen2' or 'mistral' for a supported decoder-only checkpoint folder (or its config.json dict); None when it
-    is no decoder-only model (the encoder-decoder import handles it); a ConvertError for an unsupported
+    """'llama', 'qwen2' or 'mistral' for a supported decoder-only checkpoint folder (or its config.json dict);
+    None when it is no decoder-only model (the encoder-decoder import handles it); a ConvertError for an unsupported
     *ForCausalLM architecture."""
     hf = folder_or_config if isinstance(folder_or_config, dict) else read_json(Path(folder_or_config) / "config.json")
     archs = hf.get("architectures") or []
@@ -47,7 +47,7 @@ def family_of(folder_or_config: str | Path | dict[str, Any]) -> str | None:
             return SUPPORTED_LM[a]
     if not archs and hf.get("model_type") in SUPPORTED_LM.values():
         return hf["model_type"]
-    if any(str(a).endswith("ForCausalLM") for a in archs):
+    if any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs):  # GPT2LMHeadModel & co
         raise ConvertError(f"unsupported decoder-only architecture {', '.join(archs)} (model_type "
                            f"{hf.get('model_type')}); bpd-train imports {', '.join(SUPPORTED_LM)}")
     return None
@@ -350,6 +350,7 @@ def load_hf_lm(folder_or_id: str | Path, *, block_size: int | None = None, heads
                            f"{unexpected[:3]})")
     model.to(map_location).eval()
     meta = {"source": "hf", "family": fam, "folder": str(folder), "hub_id": hub_id,
-            "architecture": (hf.get("architectures") or [None])[0], "heads_loaded": bool(same and config.block_size > 1),
+            "architecture": (hf.get("architectures") or [None])[0],
+            "heads_loaded": bool(same and config.block_size > 1),
             "tokenizer": tok.meta() if tok is not None else None}
     return model, tok, meta
