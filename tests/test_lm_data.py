@@ -97,3 +97,40 @@ def test_jsonl_through_datasets(tmp_path):
     with pytest.raises(LMDataError, match="not found"):
         load_lm_jsonl({"validation": str(tmp_path / "nope.jsonl")})
     assert torch.is_tensor(collate_lm([{"ids": [1, 2, 3], "prompt_len": 1}])["tokens"])
+
+
+def test_self_distillation_responses(toks):
+    from bpd_train.data.lm_distill import distilled_record, prompt_ids, respond_ids
+    from bpd_train.decoding import greedy
+    from bpd_train.model import LMConfig, LMModel
+    tok = toks["qwen"]
+    torch.manual_seed(0)
+    m = LMModel(LMConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=48,
+                         eos_id=tok.eos_id)).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.4)
+    records = [{"prompt": "the quick brown fox"}, {"prompt": "hello"},
+               {"messages": [{"role": "user", "content": "how are you"}]},
+               {"translation": {"en": "the fox", "fr": "le renard"}}, {"prompt": "a stitch in time saves nine"}]
+    prompts = [prompt_ids(r, tok, src_lang="en", tgt_lang="fr") for r in records]
+    assert prompts[2] == tok.chat_ids(records[2]["messages"])
+    got = respond_ids(m, prompts, max_len=12, max_sentences=2)
+    assert got == [greedy(m, [p], max_len=12).tokens[0] for p in prompts]
+    ids = [f"r{i}" for i in range(len(records))]
+    hot = respond_ids(m, prompts, max_len=12, temperature=1.0, seed=3, record_ids=ids, max_sentences=1)
+    back = respond_ids(m, prompts[::-1], max_len=12, temperature=1.0, seed=3, record_ids=ids[::-1], max_sentences=4)
+    assert hot == back[::-1] and hot != got                           # seeds follow records, not batches
+    enc = LMEncoder(tok, max_positions=64, src_lang="en", tgt_lang="fr")
+    assert sum(bool(tok.decode(r).strip()) for r in got) >= 3
+    for r, p, resp in zip(records, prompts, got):
+        d = distilled_record(r, resp, tok, src_lang="en", tgt_lang="fr")
+        if d is None:
+            assert not tok.decode(resp).strip()
+            continue
+        e = enc.encode(d)
+        assert e["ids"][:e["prompt_len"]] == p                         # trained on the prompt it answered
+        assert tok.decode(e["ids"][e["prompt_len"]:]) == tok.decode(resp)
+    assert distilled_record(records[1], [], tok) is None
+    assert distilled_record(records[2], prompts[0][:2], tok)["messages"][-1]["role"] == "assistant"

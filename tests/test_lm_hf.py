@@ -174,9 +174,10 @@ def test_refusals(folders, tmp_path):
     with pytest.raises(ConvertError, match="rope scaling type 'yarn'"):
         load_hf_lm(f)
     # an architecture we do not import
-    (f / "config.json").write_text(json.dumps({**cfg, "architectures": ["GPT2LMHeadModel", "FooForCausalLM"]}))
-    with pytest.raises(ConvertError, match="unsupported decoder-only architecture"):
-        family_of(f)
+    for arch in ("GPT2LMHeadModel", "GemmaForCausalLM"):
+        (f / "config.json").write_text(json.dumps({**cfg, "architectures": [arch]}))
+        with pytest.raises(ConvertError, match=f"unsupported decoder-only architecture {arch}"):
+            family_of(f)
     (f / "config.json").write_text(json.dumps({**cfg, "architectures": ["MarianMTModel"]}))
     assert family_of(f) is None
     # a tensor the map does not know is never skipped
@@ -192,3 +193,33 @@ def test_refusals(folders, tmp_path):
     from bpd_train.data.lm_tokenizer import LMTokenizer
     with pytest.raises(TokenizerError, match="no chat template"):
         LMTokenizer(f).chat_ids([{"role": "user", "content": "hello"}])
+
+
+@pytest.mark.parametrize("name,heads", [("llama", "medusa"), ("qwen2", "bpd")])
+def test_export_round_trip(folders, tmp_path, name, heads):
+    """to_hf_lm writes a folder transformers loads (same logits) and load_hf_lm reads back with its heads."""
+    from bpd_train.convert.hf_lm import to_hf_lm
+    model, tok, _ = load_hf_lm(folders[name], block_size=3, heads=heads)
+    torch.manual_seed(4)
+    with torch.no_grad():
+        for p in model.head_parameters():
+            p.normal_(0, 0.2)
+    out = to_hf_lm(model, tmp_path / "out", tokenizer_folder=folders[name])
+    ids = torch.tensor([tok.encode(PROMPTS[2])])
+    with torch.no_grad():
+        assert (_hf(out)(ids).logits - model(ids)[:, :, 0]).abs().max().item() < 1e-4
+    back, _, meta = load_hf_lm(out)
+    assert meta["heads_loaded"] and back.config == model.config
+    with torch.no_grad():
+        assert torch.equal(back(ids), model(ids))
+    fresh, _, meta = load_hf_lm(out, block_size=2)                # another k: fresh heads, same backbone
+    assert not meta["heads_loaded"] and fresh.config.block_size == 2
+
+
+def test_docs_python_block_runs(folders, tmp_path):
+    """docs/LM.md's Python API block runs as written (on the tiny Llama folder)."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "docs" / "LM.md").read_text(encoding="utf-8")
+    code = text.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/LM.md#python-api", "exec"), {"folder": folders["llama"], "out": tmp_path})
+    assert (tmp_path / "medusa" / "model.safetensors").is_file() and (tmp_path / "hf" / "config.json").is_file()

@@ -61,6 +61,7 @@ def test_blockwise_exact_equals_greedy_with_random_heads(heads):
     assert r.mean_accepted > 1.0                                         # blocks were accepted (and rolled back)
     assert blockwise(m, PROMPTS, accept=TopK(1), max_len=24).tokens == want
     assert blockwise(m, PROMPTS, accept=Distance(0.0), max_len=24).tokens == want
+    assert blockwise(m, PROMPTS, adaptive=True, max_len=24).tokens == want
     for p, w in zip(PROMPTS, want):                                     # batch of one: the uniform cache mode
         assert blockwise(m, [p], max_len=24).tokens[0] == w
     # approximate rules run and respect max_len

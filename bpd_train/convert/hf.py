@@ -473,7 +473,7 @@ def read_heads(folder: Path) -> tuple[BPDConfig, dict[str, Tensor]] | None:
 # ---------------------------------------------------------------------------------------- the hf: source
 _WEIGHT_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
                     "tokenizer_config.json", "special_tokens_map.json", "source.spm", "target.spm", "vocab.json",
-                    "target_vocab.json", "sentencepiece.bpe.model", "tokenizer.json"]
+                    "target_vocab.json", "sentencepiece.bpe.model", "tokenizer.json", "chat_template.jinja"]
 
 
 def _offline() -> bool:

@@ -37,8 +37,8 @@ SUPPORTED_LM = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Mistr
 
 
 def family_of(folder_or_config: str | Path | dict[str, Any]) -> str | None:
-    """'llama', 'qwen2' or 'mistral' for a supported decoder-only checkpoint folder (or its config.json dict); None when it
-    is no decoder-only model (the encoder-decoder import handles it); a ConvertError for an unsupported
+    """'llama', 'qwen2' or 'mistral' for a supported decoder-only checkpoint folder (or its config.json dict);
+    None when it is no decoder-only model (the encoder-decoder import handles it); a ConvertError for an unsupported
     *ForCausalLM architecture."""
     hf = folder_or_config if isinstance(folder_or_config, dict) else read_json(Path(folder_or_config) / "config.json")
     archs = hf.get("architectures") or []
@@ -47,7 +47,7 @@ def family_of(folder_or_config: str | Path | dict[str, Any]) -> str | None:
             return SUPPORTED_LM[a]
     if not archs and hf.get("model_type") in SUPPORTED_LM.values():
         return hf["model_type"]
-    if any(str(a).endswith("ForCausalLM") for a in archs):
+    if any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs):  # GPT2LMHeadModel & co
         raise ConvertError(f"unsupported decoder-only architecture {', '.join(archs)} (model_type "
                            f"{hf.get('model_type')}); bpd-train imports {', '.join(SUPPORTED_LM)}")
     return None
@@ -93,6 +93,14 @@ def _eos(hf: dict[str, Any], gen: dict[str, Any]) -> int:
     return int(v)
 
 
+def _head_dim(hf: dict[str, Any]) -> int | None:
+    """head_dim when it is not hidden_size / heads (None: the default, so configs compare equal either way)."""
+    d = hf.get("head_dim")
+    if not d or int(d) * int(hf["num_attention_heads"]) == int(hf["hidden_size"]):
+        return None
+    return int(d)
+
+
 def config_from_hf_lm(hf: dict[str, Any], generation: dict[str, Any] | None = None, *, block_size: int = 1,
                       heads: str = "bpd", head_d_hidden: int | None = None, medusa_layers: int = 1,
                       identity_p1: bool = True, dropout: float | None = None) -> LMConfig:
@@ -123,7 +131,7 @@ def config_from_hf_lm(hf: dict[str, Any], generation: dict[str, Any] | None = No
             vocab_size=int(hf["vocab_size"]), d_model=int(hf["hidden_size"]), n_layers=int(hf["num_hidden_layers"]),
             n_heads=int(hf["num_attention_heads"]),
             n_kv_heads=int(hf.get("num_key_value_heads") or hf["num_attention_heads"]),
-            head_dim=int(hf["head_dim"]) if hf.get("head_dim") else None, d_ff=int(hf["intermediate_size"]),
+            head_dim=_head_dim(hf), d_ff=int(hf["intermediate_size"]),
             max_positions=int(hf.get("max_position_embeddings", 2048)), rope_theta=theta, rope_scaling=scaling,
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_output=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=True if fam == "qwen2" else bias, o_bias=False if fam == "qwen2" else bias,
@@ -205,11 +213,107 @@ def from_hf_lm(folder: str | Path, **config_kw) -> tuple[LMConfig, dict[str, Ten
     return config, state_from_hf_lm(read_weights(folder), config)
 
 
-def load_hf_lm(folder_or_id: str | Path, *, block_size: int = 1, heads: str = "bpd",
-               head_d_hidden: int | None = None, medusa_layers: int = 1, identity_p1: bool = True,
+# ------------------------------------------------------------------------------------------ ours -> HF
+def hf_config_of_lm(c: LMConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config.json, generation_config.json) of the transformers model that computes what ours does: Qwen2
+    when only q/k/v carry biases, else Llama."""
+    qwen = c.qkv_bias and not c.o_bias and not c.mlp_bias
+    if not qwen and c.qkv_bias != c.o_bias:
+        raise ConvertError("q/k/v biases without an output bias are Qwen2's layout, which has no MLP biases; "
+                           "this combination has no transformers equivalent")
+    rope = {"rope_type": "default", "rope_theta": c.rope_theta}
+    if c.rope_scaling is not None:
+        rope.update(c.rope_scaling)
+    cfg = {"architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+           "model_type": "qwen2" if qwen else "llama", "vocab_size": c.vocab_size, "hidden_size": c.d_model,
+           "intermediate_size": c.d_ff, "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads,
+           "num_key_value_heads": c.kv_heads, "head_dim": c.dh, "hidden_act": "silu",
+           "max_position_embeddings": c.max_positions, "rms_norm_eps": c.norm_eps, "rope_parameters": rope,
+           "rope_theta": c.rope_theta, "tie_word_embeddings": c.tie_output, "attention_dropout": 0.0,
+           "bos_token_id": c.bos_id, "eos_token_id": c.eos_id, "pad_token_id": None, "use_cache": True}
+    if qwen:
+        cfg.update(use_sliding_window=False, sliding_window=None)
+    else:
+        cfg.update(attention_bias=c.qkv_bias, mlp_bias=c.mlp_bias)
+    gen = {"bos_token_id": c.bos_id, "eos_token_id": c.eos_id, "do_sample": False}
+    return cfg, gen
+
+
+def state_to_hf_lm(model) -> dict[str, Tensor]:
+    """Our backbone -> transformers tensor names (the fused q/k/v and gate/up split back)."""
+    c = model.config
+    sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items() if not k.startswith("heads.")}
+    out: dict[str, Tensor] = {}
+    split = {"qkv": [c.n_heads * c.dh, c.kv_heads * c.dh, c.kv_heads * c.dh], "gate_up": [c.d_ff, c.d_ff]}
+    for ours, theirs in _name_map(c):
+        sizes = split[ours.split(".")[-2]] if len(theirs) > 1 else [sd[ours].shape[0]]
+        for name, part in zip(theirs, sd[ours].split(sizes, dim=0)):
+            out[name] = part
+    out["model.embed_tokens.weight"] = sd["embed.weight"]
+    if not c.tie_output:
+        out["lm_head.weight"] = sd["lm_head.weight"]
+    return {k: v.clone().contiguous() for k, v in out.items()}
+
+
+def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = None,
+             overwrite: bool = False) -> Path:
+    """Write an LMModel as a transformers checkpoint folder (config.json, generation_config.json,
+    model.safetensors), its heads in bpd_heads.safetensors (LMConfig in the metadata; load_hf_lm reads them
+    back), and the tokenizer files of tokenizer_folder. Atomic: complete or absent."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from bpd_train.convert.hf import HEADS_FILE, HEADS_FORMAT
+    from bpd_train.io import atomic_dir
+
+    cfg, gen = hf_config_of_lm(model.config)
+    weights = state_to_hf_lm(model)
+    heads = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items() if k.startswith("heads.")}
+    meta = {"format": HEADS_FORMAT, "version": "1", "lm_config": json.dumps(model.config.to_dict(), sort_keys=True)}
+    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if heads:
+            save_file(heads, str(tmp / HEADS_FILE), metadata=meta)
+        if tokenizer_folder is not None:
+            from bpd_train.data.lm_tokenizer import LMTokenizer
+            for name in LMTokenizer(tokenizer_folder).files():
+                shutil.copyfile(Path(tokenizer_folder) / name, tmp / name)
+    return Path(out_dir)
+
+
+def read_lm_heads(folder: Path) -> tuple[LMConfig, dict[str, Tensor]] | None:
+    """bpd_heads.safetensors written by to_hf_lm -> (the LMConfig it was trained with, heads tensors)."""
+    import json
+
+    from safetensors import safe_open
+
+    from bpd_train.convert.hf import HEADS_FILE, HEADS_FORMAT
+
+    path = Path(folder) / HEADS_FILE
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    if meta.get("format") != HEADS_FORMAT or "lm_config" not in meta:
+        raise ConvertError(f"{path} is not a bpd-train decoder-only heads file")
+    try:
+        return LMConfig.from_dict(json.loads(meta["lm_config"])), tensors
+    except ValueError as e:
+        raise ConvertError(f"{path} has an unreadable lm_config ({e})") from None
+
+
+def load_hf_lm(folder_or_id: str | Path, *, block_size: int | None = None, heads: str | None = None,
+               head_d_hidden: int | None = None, medusa_layers: int | None = None, identity_p1: bool = True,
                tokenizer: bool = True, dropout: float | None = None, map_location="cpu"):
-    """`hf:<folder or hub id>` of a Llama/Qwen2 model -> (LMModel in eval mode, LMTokenizer or None, meta).
-    block_size k > 1 adds fresh (zero-initialised) heads of type `heads` (bpd | medusa)."""
+    """`hf:<folder or hub id>` of a Llama/Qwen2/Mistral model -> (LMModel in eval mode, LMTokenizer or None, meta).
+    block_size None: the heads saved beside the checkpoint (bpd_heads.safetensors, as to_hf_lm writes them) are
+    loaded with their k and type, else k = 1. Any other k (or head type) adds fresh, zero-initialised heads
+    (heads: bpd | medusa, default bpd)."""
     from bpd_train.data.hf_tokenizer import TokenizerError
     from bpd_train.data.lm_tokenizer import LMTokenizer
     from bpd_train.model.lm import LMModel
@@ -220,8 +324,17 @@ def load_hf_lm(folder_or_id: str | Path, *, block_size: int = 1, heads: str = "b
     if fam is None:
         raise ConvertError(f"{folder} is not a decoder-only model bpd-train imports ({', '.join(SUPPORTED_LM)})")
     tok = None
-    config, state = from_hf_lm(folder, block_size=block_size, heads=heads, head_d_hidden=head_d_hidden,
-                               medusa_layers=medusa_layers, identity_p1=identity_p1, dropout=dropout)
+    saved = read_lm_heads(folder)
+    sc = saved[0] if saved is not None else None
+    same = sc is not None and block_size in (None, sc.block_size) and heads in (None, sc.heads) \
+        and head_d_hidden in (None, sc.head_d_hidden) and medusa_layers in (None, sc.medusa_layers) \
+        and identity_p1 == sc.identity_p1
+    if same:  # the exported heads, as they were trained
+        block_size, heads, head_d_hidden, medusa_layers = sc.block_size, sc.heads, sc.head_d_hidden, sc.medusa_layers
+    config, state = from_hf_lm(folder, block_size=block_size or 1, heads=heads or "bpd", head_d_hidden=head_d_hidden,
+                               medusa_layers=medusa_layers or 1, identity_p1=identity_p1, dropout=dropout)
+    if same and config.block_size > 1:
+        state.update(saved[1])
     if tokenizer:
         try:
             tok = LMTokenizer(folder)
@@ -230,12 +343,14 @@ def load_hf_lm(folder_or_id: str | Path, *, block_size: int = 1, heads: str = "b
             raise ConvertError(str(e)) from None
     model = LMModel(config)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not m.startswith("heads.")]
+    if not (same and config.block_size > 1):  # fresh heads keep their zero initialisation
+        missing = [m for m in missing if not m.startswith("heads.")]
     if missing or unexpected:
         raise ConvertError(f"converted weights do not fit the model (missing {missing[:3]}, unexpected "
                            f"{unexpected[:3]})")
     model.to(map_location).eval()
     meta = {"source": "hf", "family": fam, "folder": str(folder), "hub_id": hub_id,
-            "architecture": (hf.get("architectures") or [None])[0], "heads_loaded": False,
+            "architecture": (hf.get("architectures") or [None])[0],
+            "heads_loaded": bool(same and config.block_size > 1),
             "tokenizer": tok.meta() if tok is not None else None}
     return model, tok, meta

@@ -84,6 +84,33 @@ def split_record(record: Mapping[str, Any], tok, src_lang: str | None = None,
                       f"{sorted(record)})")
 
 
+def prompt_of(record: Mapping[str, Any], tok, src_lang: str | None = None, tgt_lang: str | None = None,
+              where: str = "record") -> tuple[str, bool]:
+    """The prompt text of a record that may lack its response (self-distillation prompts), and whether a chat
+    template rendered it. A chat ending with an assistant message is prompted with the messages before it."""
+    if record.get("messages") is not None:
+        msgs = list(record["messages"])
+        if msgs and isinstance(msgs[-1], Mapping) and msgs[-1].get("role") == "assistant":
+            msgs = msgs[:-1]
+        if not msgs:
+            raise LMDataError(f"{where}: the chat has no messages before the response")
+        from bpd_train.data.hf_tokenizer import TokenizerError
+        try:
+            return tok.render_chat(msgs, add_generation_prompt=True), True
+        except TokenizerError as e:
+            raise LMDataError(f"{where}: {e}") from None
+    if record.get("prompt") is not None:
+        if not isinstance(record["prompt"], str) or not record["prompt"].strip():
+            raise LMDataError(f"{where}: the prompt is empty")
+        return record["prompt"], False
+    if record.get("translation") is not None:
+        src = record["translation"].get(src_lang) if src_lang else None
+        if not src or not str(src).strip():
+            raise LMDataError(f"{where}: the translation pair lacks {src_lang} text (set src_lang and tgt_lang)")
+        return translation_prompt(str(src), src_lang, tgt_lang), False
+    raise LMDataError(f"{where}: a record needs a prompt, messages, or translation (got keys {sorted(record)})")
+
+
 @dataclass
 class LMEncoder:
     """Encodes records for a model's context; counts what truncation removed."""

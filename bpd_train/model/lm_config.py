@@ -79,7 +79,8 @@ class LMConfig:
                 raise ValueError(f"rope_scaling of type {kind} needs {', '.join(lacking)}")
             self.rope_scaling = {"rope_type": kind, **{k: float(self.rope_scaling[k]) for k in need}}
         if self.pad_id >= 0:
-            raise ValueError(f"pad_id of a decoder-only model is a negative sentinel (not a token id), got {self.pad_id}")
+            raise ValueError(f"pad_id of a decoder-only model is a negative sentinel (not a token id), "
+                             f"got {self.pad_id}")
 
     @property
     def kv_heads(self) -> int:
