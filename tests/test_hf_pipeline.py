@@ -243,3 +243,37 @@ def test_bad_hf_input_is_one_line(marian, tmp_path):
     vocab["extra"] = len(vocab)
     (bigger / "vocab.json").write_text(json.dumps(vocab))
     assert "belong to different models" in _cli(f"hf:{bigger}", tmp_path)
+
+
+def test_marian_finetune_then_export_hf_loads_in_transformers(marian, tmp_path):
+    """finetune trains the imported backbone; export.format=hf of that run is a checkpoint transformers loads,
+    whose generate() gives our greedy output, with the heads in bpd_heads.safetensors (issue 12 items 4, 5)."""
+    from safetensors import safe_open
+
+    from bpd_train.export import run_export
+    from bpd_train.training.run import train
+
+    folder = marian["folder"]
+    art = tmp_path / "art"
+    run = train(_compose("train", ["+regime=finetune", f"regime.init_from=hf:{folder}", "experiment=smoke",
+                                   f"paths.artifacts={art}", *_data(marian), "logger=none", "trainer.max_steps=2",
+                                   "progress_bar=none", "callbacks.blockwise_eval.enabled=false",
+                                   "optim.optimizer.lr=0.05"]))
+    tuned, imported = load(run), load(f"hf:{folder}")
+    changed = [n for n, t in imported.model.state_dict().items()
+               if n != "logits_bias" and not torch.equal(t, tuned.model.state_dict()[n])]
+    assert "encoder_layers.0.attn.qkv.weight" in changed and "embed.weight" in changed
+    out = tmp_path / "tuned-hf"
+    run_export(_compose("export", ["experiment=smoke", f"export.checkpoint={run}", "export.format=hf",
+                                   f"export.output_dir={out}", f"paths.artifacts={art}"]))
+    with safe_open(str(out / "bpd_heads.safetensors"), framework="pt") as f:
+        assert f.metadata()["format"] == "bpd-train-heads" and "heads.fc2.weight" in set(f.keys())
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    ttok = transformers.MarianTokenizer.from_pretrained(out)
+    enc = ttok(SOURCES, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        gen = hf.generate(**enc, num_beams=1, do_sample=False, max_new_tokens=20)
+    eos, pad = tuned.config.eos_id, tuned.config.pad_id
+    want = [[t for t in row.tolist()[1:]] for row in gen]
+    want = [row[:row.index(eos)] if eos in row else [t for t in row if t != pad] for row in want]
+    assert greedy(tuned.model, enc["input_ids"], max_len=20).tokens == want
