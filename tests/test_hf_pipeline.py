@@ -18,7 +18,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremo
 
 from _eval_tiny import build_tiny  # noqa: E402
 from conftest import REPO_ROOT, offline_env, run_train  # noqa: E402
-from test_hf_convert import TEXTS, _pieces, _randomize, _spm  # noqa: E402
+from test_hf_convert import TEXTS, _pieces, _randomize, _spm, folders  # noqa: E402,F401 (folders: a fixture)
 
 from bpd_train.decoding import greedy  # noqa: E402
 from bpd_train.loading import load  # noqa: E402
@@ -277,3 +277,33 @@ def test_marian_finetune_then_export_hf_loads_in_transformers(marian, tmp_path):
     want = [[t for t in row.tolist()[1:]] for row in gen]
     want = [row[:row.index(eos)] if eos in row else [t for t in row if t != pad] for row in want]
     assert greedy(tuned.model, enc["input_ids"], max_len=20).tokens == want
+
+
+def test_m2m100_languages_through_the_pipeline(folders, marian, tmp_path):
+    """hf:<folder>@src:tgt (M2M100 / NLLB): the target language is the model's BOS after the decoder-start
+    prefix, the source language the first source token; a frozen run keeps greedy bit for bit and its bundle
+    remembers both languages."""
+    from bpd_train.bundle import load_bundle
+    from bpd_train.export import export_checkpoint
+    from bpd_train.training.run import train
+
+    mm, ttok, de = folders["m2m100"]
+    to_fr = load(f"hf:{mm}@en:fr")
+    assert to_fr.config.bos_id == ttok.get_lang_id("fr") and to_fr.config.decoder_prefix == (2,)
+    imported = load(f"hf:{mm}@en:de")
+    tok = imported.tokenizer()
+    assert imported.config.bos_id == de and tok.source_ids(SOURCES[0]) == ttok(SOURCES[0])["input_ids"]
+    data_tok = imported.data_tokenizer()
+    assert data_tok.bos_id == de and data_tok.encode_batch([SOURCES[0]])[0][0] == ttok.get_lang_id("en")
+    src = _ids(tok, SOURCES)
+    want = greedy(imported.model, src, max_len=16).tokens
+    assert want != greedy(to_fr.model, src, max_len=16).tokens
+
+    run = train(_compose("train", ["+regime=frozen", f"regime.init_from=hf:{mm}@en:de", "experiment=smoke",
+                                   f"paths.artifacts={tmp_path}/art", *_data(marian), "logger=none",
+                                   "trainer.max_steps=2", "progress_bar=none", "callbacks.blockwise_eval.enabled=false"]))
+    trained = load(run)
+    assert trained.tokenizer_meta["src_lang"] == "en" and greedy(trained.model, src, max_len=16).tokens == want
+    export_checkpoint(run, tmp_path / "bundle")
+    model, btok, meta = load_bundle(tmp_path / "bundle")
+    assert (btok.src_lang, btok.tgt_lang) == ("en", "de") and greedy(model, src, max_len=16).tokens == want
