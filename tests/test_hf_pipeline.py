@@ -165,8 +165,8 @@ def test_marian_frozen_train_bundle_translate(marian, tmp_path):
     model, btok, meta = load_bundle(bundle)
     assert meta["format_version"] == 3 and greedy(model, src, max_len=20).tokens == want
     out, err = io.StringIO(), io.StringIO()
-    rc = main(["--bundle", str(bundle), "--max-len", "0", "20", "--quiet"], stdin=io.StringIO("\n".join(SOURCES) + "\n"),
-              stdout=out, stderr=err)
+    rc = main(["--bundle", str(bundle), "--max-len", "0", "20", "--quiet"],
+              stdin=io.StringIO("\n".join(SOURCES) + "\n"), stdout=out, stderr=err)
     assert rc == 0, err.getvalue()
     assert out.getvalue().splitlines() == [tok.detok(t) for t in want]
     # an edited tokenizer file is refused (the manifest and config.json hash the tokenizer folder)
@@ -186,7 +186,8 @@ def test_marian_evaluate_and_distill(marian, tmp_path):
     art = tmp_path / "art"
     common = ["experiment=smoke", f"paths.artifacts={art}", *_data(marian)]
     out = run_evaluate(_compose("evaluate", [*common, f"evaluate.inputs=[hf:{folder}]", "evaluate.batch_sizes=[2]",
-                                             "evaluate.plots=false", "evaluate.wandb=false", "evaluate.progress=false"]))
+                                             "evaluate.plots=false", "evaluate.wandb=false",
+                                             "evaluate.progress=false"]))
     report = json.loads((out / "report.json").read_text())
     assert report["checkpoints"][0]["name"] == "marian" and report["checkpoints"][0]["k"] == 1
 
@@ -205,7 +206,8 @@ def test_marian_evaluate_and_distill(marian, tmp_path):
     from bpd_train.training.run import train
 
     run = train(_compose("train", ["+regime=distill", f"regime.init_from=hf:{folder}", *common, "logger=none",
-                                   "trainer.max_steps=2", "progress_bar=none", "callbacks.blockwise_eval.enabled=false"]))
+                                   "trainer.max_steps=2", "progress_bar=none",
+                                   "callbacks.blockwise_eval.enabled=false"]))
     assert json.loads((run / "done.json").read_text())["global_step"] == 2
     student = load(run)
     src = _ids(tok, SOURCES)
@@ -301,7 +303,8 @@ def test_m2m100_languages_through_the_pipeline(folders, marian, tmp_path):
 
     run = train(_compose("train", ["+regime=frozen", f"regime.init_from=hf:{mm}@en:de", "experiment=smoke",
                                    f"paths.artifacts={tmp_path}/art", *_data(marian), "logger=none",
-                                   "trainer.max_steps=2", "progress_bar=none", "callbacks.blockwise_eval.enabled=false"]))
+                                   "trainer.max_steps=2", "progress_bar=none",
+                                   "callbacks.blockwise_eval.enabled=false"]))
     trained = load(run)
     assert trained.tokenizer_meta["src_lang"] == "en" and greedy(trained.model, src, max_len=16).tokens == want
     export_checkpoint(run, tmp_path / "bundle")
