@@ -239,6 +239,12 @@ def test_bad_hf_input_is_one_line(marian, tmp_path):
     line = _cli("hf:nobody-here/opus-mt-xx-yy", tmp_path)
     assert "HF_HUB_OFFLINE=1" in line and "nobody-here/opus-mt-xx-yy" in line
 
+    from bpd_train.translate import main
+
+    err = io.StringIO()  # a transformers folder given as a bundle, without hf:
+    assert main(["--bundle", str(folder)], stdin=io.StringIO("x\n"), stdout=io.StringIO(), stderr=err) == 2
+    assert f"pass it as hf:{folder}" in err.getvalue() and len(err.getvalue().splitlines()) == 1
+
     bigger = tmp_path / "bigger_vocab"
     shutil.copytree(folder, bigger)
     vocab = json.loads((bigger / "vocab.json").read_text())
@@ -307,6 +313,11 @@ def test_m2m100_languages_through_the_pipeline(folders, marian, tmp_path):
                                    "callbacks.blockwise_eval.enabled=false"]))
     trained = load(run)
     assert trained.tokenizer_meta["src_lang"] == "en" and greedy(trained.model, src, max_len=16).tokens == want
+    # resuming finds the run's tokenizer (tokenizer/, languages from the checkpoint) and continues
+    train(_compose("train", ["+regime=frozen", f"regime.init_from=hf:{mm}@en:de", "experiment=smoke",
+                             f"paths.artifacts={tmp_path}/art", *_data(marian), "logger=none", "trainer.max_steps=4",
+                             "progress_bar=none", "callbacks.blockwise_eval.enabled=false", "ckpt_path=last"]))
+    assert json.loads((run / "done.json").read_text())["global_step"] == 4
     export_checkpoint(run, tmp_path / "bundle")
     model, btok, meta = load_bundle(tmp_path / "bundle")
     assert (btok.src_lang, btok.tgt_lang) == ("en", "de") and greedy(model, src, max_len=16).tokens == want
