@@ -23,6 +23,8 @@ microseconds, where dozens of tiny tensor ops would cost more than the decoder c
 """
 from __future__ import annotations
 
+from time import perf_counter
+
 import numpy as np
 import torch
 
@@ -57,39 +59,114 @@ def _accept_rows(x, g, ok, min_block, eos, room):
 
 
 class _Adaptive:
-    """Which proposals to feed: proposal j (1-based) is fed while the heads 2..j+1 chain has been accepted
-    often enough. Counts offered/accepted per proposal index over all steps and rows decoded with these
-    weights (kept with the model's DecodeWeights, so short sentences decoded one call at a time still
-    learn; halved every 4096 offers, so the counts follow the data); a proposal
-    index is kept if its conditional acceptance rate is >= `threshold` (optimistic prior: 1 of 1, so every
-    head is tried). While not even proposal 1 pays, the decoder runs plain greedy steps (no heads at all)
-    and probes the heads once after every `interval` of them; the interval doubles after each probe that
-    fails (8, 16, ... 64 steps) and starts again at 8 once a head pays."""
+    """How many proposals to feed (the block width; 1 = x0 only, a plain greedy step).
 
-    def __init__(self, kb: int, threshold: float, probe: int = 8, max_interval: int = 64):
-        self.offered = np.ones(kb, dtype=np.int64)
-        self.accepted = np.ones(kb, dtype=np.int64)
+    Acceptance: offered/accepted counts per proposal index j over all steps and rows decoded with these weights
+    (kept with the model's DecodeWeights, so short sentences decoded one call at a time still learn; halved
+    every 4096 offers, so the counts follow the data); a_j = accepted/offered is the rate at which proposal j
+    is accepted once proposals 1..j-1 were (optimistic prior: 1 of 1, so every head is tried first).
+
+    Width, cost-aware (threshold None): the width w maximising expected tokens per second, E[w] / cost(w), where
+    E[w] = 1 + a_1 + a_1 a_2 + ... (w terms) and cost(w) is the measured time of a w-wide step (verify + the
+    next proposals) relative to a greedy step, per bucket of row counts (a k-row step costs little more than a
+    1-row one where weight reads dominate, several times more where arithmetic does: small cached models,
+    large batches). Widths not yet measured use COST_PRIOR's shape, scaled to what was measured. A width > 1
+    must beat greedy by MARGIN (timing noise). Threshold mode (a float): feed proposal j while a_1..a_j all
+    reach the threshold (the rule before costs were measured).
+
+    While the width is 1 the decoder runs plain greedy steps (no heads at all, the greedy decoder's own
+    native loop) and probes every head once after `interval` of them; the interval doubles after each probe
+    that fails (8, 16, ... 64 steps) and starts again at 8 once a head pays."""
+
+    COST_PRIOR = (0.3, 0.25)   # cost(w) ~ 1 + 0.3 (w - 1) + 0.25 (proposal pass): demo-size step costs, k = 4
+    MARGIN = 1.03
+    EMA = 0.2
+
+    def __init__(self, kb: int, threshold: float | None = None, probe: int = 8, max_interval: int = 64):
+        self.kb = kb
+        self.offered = [1] * kb                       # index j: proposal j (index 0 unused)
+        self.accepted = [1] * kb
         self.threshold = threshold
         self.probe, self.max_interval = probe, max_interval
         self.interval = probe
+        self.seconds: dict[tuple[int, int], float] = {}   # (width, rows bucket) -> EMA of seconds per step
+        self._best: dict[int, int] = {}
 
-    def width(self) -> int:
-        """Block width to feed next (1 = x0 only)."""
-        rate = self.accepted[1:] / self.offered[1:]
-        ok = np.cumprod(rate >= self.threshold)
-        return 1 + int(ok.sum())
+    @staticmethod
+    def bucket(rows: int) -> int:
+        return rows.bit_length()                       # 1, 2-3, 4-7, ... rows
+
+    def width(self, rows: int = 1) -> int:
+        """Block width to feed next for `rows` rows (1 = x0 only)."""
+        b = self.bucket(rows)
+        w = self._best.get(b)
+        if w is None:
+            w = self._best[b] = self._choose(b)
+        return w
+
+    def _choose(self, b: int) -> int:
+        rate, chain, gain = 1.0, 1.0, [1.0]
+        for j in range(1, self.kb):
+            rate = self.accepted[j] / self.offered[j]
+            if self.threshold is not None and rate < self.threshold:
+                break
+            chain *= rate
+            gain.append(gain[-1] + chain)              # gain[w-1] = E[w]
+        if self.threshold is not None:
+            return len(gain)
+        best, best_rate = 1, self.MARGIN
+        for w in range(2, len(gain) + 1):
+            r = gain[w - 1] / self.cost(w, b)
+            if r > best_rate:
+                best, best_rate = w, r
+        return best
+
+    def _prior(self, w: int) -> float:
+        return 1.0 + self.COST_PRIOR[0] * (w - 1) + self.COST_PRIOR[1] if w > 1 else 1.0
+
+    def cost(self, w: int, b: int) -> float:
+        """A w-wide step in greedy steps (measured, or the prior scaled to the nearest measured width)."""
+        one = self.seconds.get((1, b))
+        if one is None:
+            return self._prior(w)
+        got = self.seconds.get((w, b))
+        if got is not None:
+            return got / one
+        near = [v for v in range(2, self.kb + 1) if (v, b) in self.seconds]
+        if not near:
+            return self._prior(w)
+        v = min(near, key=lambda v: abs(v - w))
+        return 1.0 + (self.seconds[(v, b)] / one - 1.0) * (self._prior(w) - 1.0) / (self._prior(v) - 1.0)
+
+    def timed(self, width: int, rows: int, seconds: float, steps: int = 1) -> None:
+        """Record `steps` steps of `width` over `rows` rows that took `seconds` in all."""
+        key = (width, self.bucket(rows))
+        per = seconds / steps
+        old = self.seconds.get(key)
+        # an outlier (the process was descheduled) moves the average by at most a factor of 2
+        self.seconds[key] = per if old is None else old + self.EMA * (min(per, 2 * old) - old)
+        self._best.clear()
 
     def update(self, fed: int, n: np.ndarray) -> None:
         """fed block width, n [R] proposals accepted per row."""
-        for j in range(1, fed):
-            reached = n >= j - 1                     # proposal j was judged only if j-1 were accepted
-            self.offered[j] += int(reached.sum())
-            self.accepted[j] += int((n >= j).sum())
-        if self.offered[1] > 4096:
-            self.offered = np.maximum(self.offered // 2, 1)
-            self.accepted = np.minimum(self.accepted // 2, self.offered)
-        if fed > 1 and self.width() > 1:
-            self.interval = self.probe
+        if fed > 1:
+            if n.shape[0] == 1:                        # proposal j was judged only if j-1 were accepted
+                a = int(n[0])
+                for j in range(1, min(a + 2, fed)):
+                    self.offered[j] += 1
+                for j in range(1, a + 1):
+                    self.accepted[j] += 1
+            else:
+                at_least = np.bincount(n, minlength=fed)[::-1].cumsum()[::-1]   # [j]: rows with n >= j
+                for j in range(1, fed):
+                    self.offered[j] += int(at_least[j - 1])
+                    self.accepted[j] += int(at_least[j])
+            if self.offered[1] > 4096:
+                self.offered = [max(o // 2, 1) for o in self.offered]
+                self.accepted = [min(a // 2, o) for a, o in zip(self.accepted, self.offered)]
+            self._best.clear()
+            if self.width(n.shape[0]) > 1:
+                self.interval = self.probe
 
     def greedy_stretch(self) -> int:
         """Greedy steps to run before the next probe (and back off for the one after)."""
@@ -105,8 +182,9 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
     accept: Exact() (default; output identical to greedy), TopK(n), Distance(eps), or their config
     names ("exact", "topk:N", "distance:EPS").
     min_block: accept at least min_block tokens per step even where verification fails (approximate).
-    adaptive: False, True (threshold 0.5) or a threshold in (0, 1): feed only proposals whose heads are
-    accepted at least that often (see the module docstring). Output unchanged.
+    adaptive: False; True: feed the number of proposals that maximises expected tokens per second (measured
+    acceptance per head, measured step costs; see _Adaptive); or a threshold in (0, 1): feed only proposals
+    whose heads are accepted at least that often. Output unchanged.
     """
     cfg = model.config
     k = cfg.block_size
@@ -118,21 +196,25 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
     if not 1 <= int(min_block) <= kb:
         raise ValueError(f"min_block must be in 1..block_size={kb}, got {min_block}")
     rule = make_acceptance(accept if accept is not None else Exact())
-    threshold = 0.5 if adaptive is True else float(adaptive or 0.0)
-    if not 0.0 <= threshold < 1.0:
-        raise ValueError(f"adaptive must be a bool or a threshold in (0, 1), got {adaptive!r}")
-    if threshold and int(min_block) > 1:
+    if adaptive is True or adaptive is False or adaptive is None:
+        threshold = None
+    else:
+        threshold = float(adaptive)
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"adaptive must be a bool or a threshold in (0, 1), got {adaptive!r}")
+    adaptive = adaptive is not None and adaptive is not False
+    if adaptive and int(min_block) > 1:
         raise ValueError("adaptive feeding and min_block > 1 do not combine (min_block forces proposals in)")
     with decoding_mode(model):
-        return _Blockwise(model, kb, rule, int(min_block), threshold).run(src, max_len)
+        return _Blockwise(model, kb, rule, int(min_block), adaptive, threshold).run(src, max_len)
 
 
 class _Blockwise:
-    def __init__(self, model, kb: int, rule, min_block: int, threshold: float):
+    def __init__(self, model, kb: int, rule, min_block: int, adaptive: bool, threshold: float | None):
         self.model, self.kb, self.rule, self.min_block = model, kb, rule, min_block
         self.exact = isinstance(rule, Exact)
         self.eos = model.config.eos_id
-        self.threshold = threshold
+        self.adaptive, self.threshold = adaptive, threshold
         self.adapt = None
 
     def run(self, src, max_len) -> DecodeResult:
@@ -146,7 +228,7 @@ class _Blockwise:
         self.hist = np.zeros(kb + 1, dtype=np.int64)
         self.state = state = model.start_decoding(model.encode(src), cap + kb)
         self.w = state.weights
-        if self.threshold:  # acceptance statistics live as long as these weights (see _Adaptive)
+        if self.adaptive:  # acceptance statistics and step costs live as long as these weights (see _Adaptive)
             stats = getattr(self.w, "stats", None)
             key = ("adaptive", kb, self.threshold)
             self.adapt = _Adaptive(kb, self.threshold) if stats is None else stats.setdefault(
@@ -171,6 +253,7 @@ class _Blockwise:
                 x, orig, limit, length = x[keep], orig[keep], limit[keep], length[keep]
             r = orig.size
             state.lengths = int(length[0]) if r == 1 else length      # one row: uniform mode, no scatter
+            t0 = perf_counter()
             fused = self.fused_unit and r * self.fused_unit <= FUSED_MACS and x.shape[1] > 1
             h, g, ok, top = self.verify(x, fused)
             n, gn, c, ended = _accept_rows(x, g, ok, self.min_block, eos, limit - length)
@@ -182,7 +265,7 @@ class _Blockwise:
             done = ended | (length >= limit)
             if done.all():
                 continue
-            if self.adapt is not None and self.adapt.width() == 1:
+            if self.adapt is not None and self.adapt.width(r) == 1:
                 x = gn[:, None]
                 if not done.any():  # finished rows leave first (top of the loop); then the stretch
                     # no head pays: plain greedy steps (no heads), then one probe of every head
@@ -190,7 +273,10 @@ class _Blockwise:
                     if not done.any():
                         x = np.concatenate([x, self.w.propose(h1, 1, self.kb).cpu().numpy()], axis=1)
             else:
+                fed = x.shape[1]
                 x = self.propose(h, n, gn, top)
+                if self.adapt is not None and fed > 1:   # what a step of this width cost, verify to proposals
+                    self.adapt.timed(fed, r, perf_counter() - t0)
         tokens = trim(out.tolist(), out_len.tolist(), eos)
         steps = int(self.hist.sum())
         accepted = {int(s): int(c) for s, c in enumerate(self.hist) if c}
@@ -198,38 +284,36 @@ class _Blockwise:
         return DecodeResult(tokens=tokens, calls=self.calls, prefill_calls=1, mean_accepted=mean,
                             accepted_hist=accepted)
 
-    def _width(self) -> int:
+    def _width(self, rows: int) -> int:
         if self.adapt is None or self.min_block > 1:
             return self.kb
-        return min(self.kb, self.adapt.width())
+        return min(self.kb, self.adapt.width(rows))
 
     def greedy_steps(self, x, out, orig, limit, length, steps: int):
         """Up to `steps` one-token steps without heads (adaptive mode, while no head pays), stopping after
-        the step in which a row ends. x [R,1] the last accepted tokens. Returns (x, head-1 hidden state of
-        the last step [R,D], length, done)."""
-        state, eos = self.state, self.eos
+        the step in which a row ends: the greedy decoder's own loop (DecodeWeights.greedy_steps, one native
+        call), so a stretch costs what greedy decoding costs. x [R,1] the last accepted tokens. Returns (x,
+        the decoder output of the last step [R,D], length, done)."""
         r = x.shape[0]
-        done = np.zeros(r, dtype=bool)
-        for _ in range(steps):
-            state.lengths = int(length[0]) if r == 1 else length
-            h = self.model.decode(state, torch.from_numpy(x).to(self.dev))[:, 0]     # [R,D]
-            self.calls += 1
-            g = self.w.head1_argmax(h).cpu().numpy()
-            out[orig, length] = g
-            length += 1
-            self.hist[1] += r
-            x = g[:, None]
-            done = (g == eos) | (length >= limit)
-            if done.any():
-                break
-        return x, h, length, done
+        self.state.lengths = int(length[0]) if r == 1 else length
+        t0 = perf_counter()
+        got, h = self.w.greedy_steps(self.model, self.state, torch.from_numpy(x[:, 0]).to(self.dev),
+                                     limit - length, steps)                               # [R,s]
+        s = got.shape[1]
+        self.adapt.timed(1, r, perf_counter() - t0, s)
+        out[orig[:, None], length[:, None] + np.arange(s)] = got
+        length += s
+        self.calls += s
+        self.hist[1] += r * s
+        x = got[:, -1:]
+        return x, h, length, (x[:, 0] == self.eos) | (length >= limit)
 
     def prefill(self, rows: int) -> np.ndarray:
         """BOS -> head 1's first token and the first proposals."""
         tok = torch.full((rows, 1), self.model.config.bos_id, dtype=torch.long, device=self.dev)
         h = self.model.decode(self.state, tok)[:, 0]                    # [R,D]
         g = self.w.head1_argmax(h)
-        b = self._width()
+        b = self._width(rows)
         if b == 1:
             return g.cpu().numpy()[:, None]
         return torch.cat([g[:, None], self.w.propose(h, 1, b)], dim=1).cpu().numpy()
@@ -266,7 +350,7 @@ class _Blockwise:
 
     def propose(self, h, n: np.ndarray, gn: np.ndarray, top) -> np.ndarray:
         """Next fed tokens [R,b']: head 1's token at the accepted slot, then heads 2..b' there."""
-        b = self._width()
+        b = self._width(gn.shape[0])
         if b == 1:
             return gn[:, None]
         r = gn.shape[0]

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -114,6 +115,18 @@ class DecodeWeights:
             self.draft_proj = PackedLinear(emb.detach().index_select(0, ids),
                                            bias.index_select(0, ids) if bias is not None else None, dt)
 
+        # greedy steps as one native call (greedy_steps): needs the native layers and head-1 argmax
+        self.native_loop = None
+        if self.native_layers is not None and self.identity_p1 and self.norm is not None and self.proj.lin is not None:
+            emb_w = model._modules["embed"]._parameters["weight"]
+            _, nw, nb, eps = self.norm
+            ext, scale, proj, eos = self.ext, float(model.embed_scale), self.proj.lin, model.config.eos_id
+
+            def native_loop(tok, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t, lengths, room, n):
+                return ext.greedy_steps(tok, emb_w, scale, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t,
+                                        lengths, nw, nb, eps, proj, eos, room, n)
+            self.native_loop = native_loop
+
     # ---- the pieces of a step ----
     def final_norm(self, h: Tensor) -> Tensor:
         if self.norm is None:  # models without a final norm (Marian)
@@ -164,6 +177,40 @@ class DecodeWeights:
             _, w, b, eps = self.norm
             return ext.norm_project_argmax(h, w, b, eps, self.proj.lin)
         return self.head1(h).argmax(-1)
+
+    def greedy_steps(self, model: nn.Module, state, tok: Tensor, room: np.ndarray, max_steps: int):
+        """Up to `max_steps` greedy steps (one token per row per step, head 1's argmax fed back), stopping after
+        the step in which a row ends (EOS, or its `room` tokens used up), so callers drop finished rows where
+        a one-step loop would. tok [R] the next tokens to feed; the cache is written from `state.lengths` on
+        and the caller advances `state.lengths` by the steps taken. Returns (tokens [R,s] numpy, decoder output
+        of the last step [R,D]). The whole loop is one native call where the kernels are built (at demo size
+        the per-step Python cost is as large as the step's arithmetic); same ops, so the same tokens."""
+        loop = self.native_loop
+        if loop is not None and max_steps > 0:
+            lengths = state.lengths
+            if isinstance(lengths, int):
+                t, per_row = state.base + lengths, None
+            else:
+                t = state.base
+                per_row = lengths if isinstance(lengths, Tensor) else torch.from_numpy(np.asarray(lengths))
+            toks, h = loop(tok, model.pe, state.max_positions, self.native_layers, state.self_kv, state.mem_kv,
+                           state.mem_mask, state.mem_group, t, per_row, torch.from_numpy(room), max_steps)
+            return toks.numpy(), h
+        eos = model.config.eos_id
+        lengths = state.lengths
+        steps, h = [], None
+        x = tok[:, None]
+        for s in range(max_steps):
+            state.lengths = lengths + s
+            h = model.decode(state, x)[:, 0]
+            nxt = self.head1_argmax(h)
+            g = nxt.cpu().numpy()
+            steps.append(g)
+            x = nxt[:, None]
+            if ((g == eos) | (room <= s + 1)).any():
+                break
+        state.lengths = lengths
+        return (np.stack(steps, axis=1) if steps else np.zeros((tok.shape[0], 0), dtype=np.int64)), h
 
     def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
         """Argmax tokens of heads lo..hi-1 (lo >= 1): h [...,D] -> ids [...,hi-lo], over the draft vocabulary

@@ -19,6 +19,8 @@
 #include <immintrin.h>
 #include <cstdint>
 #include <cstring>
+#include <cmath>
+#include <tuple>
 
 namespace {
 
@@ -245,6 +247,74 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<StepLayer>& layer
   return x;
 }
 
+// Greedy steps for R rows in one call (small models spend more in per-step Python than in arithmetic):
+// embed the fed tokens, run decode_layers, take head 1's argmax (norm_project_argmax), feed it back; stop
+// after `max_steps` steps or after the step in which a row ends (EOS, or its `room` tokens are used up), so
+// the caller drops finished rows exactly where its Python loop would. Every op is the one BPDModel.decode and
+// DecodeWeights.head1_argmax run, in the same order, so the tokens are those of the one-step path.
+// Cache modes as model/cache.py: `lengths` None -> uniform, the new token at slot t of every row; else
+// per-row lengths [R] (int64, slots counted after the `t` prefix slots) -> scatter writes and a mask.
+// Returns (tokens [R, steps] int64, decoder output of the last step [R, D] before the final norm).
+std::tuple<torch::Tensor, torch::Tensor> greedy_steps(
+    torch::Tensor tok, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
+    const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
+    c10::optional<torch::Tensor> mem_mask, int64_t g, int64_t t, c10::optional<torch::Tensor> lengths,
+    const torch::Tensor& nw, const torch::Tensor& nb, double eps, const Lin& proj, int64_t eos, torch::Tensor room,
+    int64_t max_steps) {
+  const int64_t r = tok.size(0), d = embed.size(1);
+  const int64_t cap = self_kv.size(4);
+  TORCH_CHECK(room.numel() == r && room.scalar_type() == torch::kLong, "greedy_steps: room must be int64 [R]");
+  auto rm = room.contiguous();
+  const int64_t* roomp = rm.data_ptr<int64_t>();
+  std::vector<int64_t> len;                                                // per-row mode: slots after the prefix
+  if (lengths.has_value()) {
+    auto l = lengths->to(torch::kLong).contiguous();
+    len.assign(l.data_ptr<int64_t>(), l.data_ptr<int64_t>() + r);
+  }
+  const int64_t h = layers.empty() ? 1 : layers[0].n_heads, dh = d / h;
+  auto x_tok = tok.to(torch::kLong).reshape({r, 1}).contiguous();
+  auto out = torch::empty({r, std::max<int64_t>(max_steps, 0)}, x_tok.options());
+  int64_t* outp = out.data_ptr<int64_t>();
+  torch::Tensor last;
+  int64_t s = 0;
+  while (s < max_steps) {
+    auto e = at::embedding(embed, x_tok).mul(embed_scale);                 // [R,1,D]
+    torch::Tensor x, hs;
+    if (len.empty()) {
+      TORCH_CHECK(t + 1 <= cap, "KV cache capacity ", cap, " exceeded");
+      x = e.add(pe.narrow(0, std::min(t, max_positions - 1), 1));
+      hs = decode_layers(x, layers, self_kv, mem_kv, c10::nullopt, mem_mask, c10::nullopt, t, t + 1, g);
+      t += 1;
+    } else {
+      auto slots = torch::empty({r, 1}, x_tok.options());
+      int64_t* sp = slots.data_ptr<int64_t>();
+      int64_t kv_len = 0;
+      for (int64_t i = 0; i < r; i++) { sp[i] = t + len[i]; kv_len = std::max(kv_len, sp[i] + 1); }
+      TORCH_CHECK(kv_len <= cap, "KV cache capacity ", cap, " exceeded (needs ", kv_len, ")");
+      auto mask = torch::empty({r, 1, 1, kv_len}, self_kv.options());
+      float* mp = mask.data_ptr<float>();
+      for (int64_t i = 0; i < r; i++)
+        for (int64_t j = 0; j < kv_len; j++) mp[i * kv_len + j] = j <= sp[i] ? 0.0f : -INFINITY;
+      x = e.add(pe.index_select(0, slots.clamp_max(max_positions - 1).view({r})).view({r, 1, d}));
+      auto index = slots.view({1, r, 1, 1, 1}).expand({2, r, h, 1, dh});
+      hs = decode_layers(x, layers, self_kv, mem_kv, mask, mem_mask, index, 0, kv_len, g);
+      for (auto& v : len) v += 1;
+    }
+    last = hs.select(1, 0);                                                 // [R,D]
+    auto nxt = norm_project_argmax(last, nw, nb, eps, proj).contiguous();  // [R]
+    const int64_t* np_ = nxt.data_ptr<int64_t>();
+    bool ended = false;
+    for (int64_t i = 0; i < r; i++) {
+      outp[i * max_steps + s] = np_[i];
+      ended |= np_[i] == eos || roomp[i] <= s + 1;
+    }
+    s += 1;
+    x_tok = nxt.view({r, 1});
+    if (ended) break;
+  }
+  return {out.narrow(1, 0, s), last};
+}
+
 std::string isa() { return BPD_NATIVE_ISA; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -261,4 +331,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           torch::Tensor, torch::Tensor, Lin, Lin>());
   m.def("decode_layers", &decode_layers);
   m.def("propose", &propose);
+  m.def("greedy_steps", &greedy_steps);
 }
