@@ -80,6 +80,7 @@ class _Adaptive:
 
     COST_PRIOR = (0.3, 0.25)   # cost(w) ~ 1 + 0.3 (w - 1) + 0.25 (proposal pass): demo-size step costs, k = 4
     MARGIN = 1.03
+    FLOOR = 0.05               # a w-wide step costs at least 1 + 0.05 w greedy steps (base size, k = 4: 1.2 measured)
     EMA = 0.2
 
     def __init__(self, kb: int, threshold: float | None = None, probe: int = 8, max_interval: int = 64):
@@ -91,6 +92,8 @@ class _Adaptive:
         self.interval = probe
         self.seconds: dict[tuple[int, int], float] = {}   # (width, rows bucket) -> EMA of seconds per step
         self._best: dict[int, int] = {}
+        self._one_row = False
+        self.chunk, self.last_fed = 1, 0              # native block loop (one row): steps per call, last width
 
     @staticmethod
     def bucket(rows: int) -> int:
@@ -107,7 +110,10 @@ class _Adaptive:
     def _choose(self, b: int) -> int:
         rate, chain, gain = 1.0, 1.0, [1.0]
         for j in range(1, self.kb):
-            rate = self.accepted[j] / self.offered[j]
+            # a head judged fewer than 8 times (its predecessors are rarely accepted) is assumed no better
+            # than the one before it, rather than its optimistic prior
+            rate = self.accepted[j] / self.offered[j] if self.offered[j] >= 8 or j == 1 else \
+                min(rate, self.accepted[j] / self.offered[j])
             if self.threshold is not None and rate < self.threshold:
                 break
             chain *= rate
@@ -125,7 +131,12 @@ class _Adaptive:
         return 1.0 + self.COST_PRIOR[0] * (w - 1) + self.COST_PRIOR[1] if w > 1 else 1.0
 
     def cost(self, w: int, b: int) -> float:
-        """A w-wide step in greedy steps (measured, or the prior scaled to the nearest measured width)."""
+        """A w-wide step in greedy steps (measured, or the prior scaled to the nearest measured width), never
+        under FLOOR: where a step is all overhead (tiny models) a timing would call extra rows free, and
+        proposals almost never accepted would be fed for ever."""
+        return max(self._cost(w, b), 1.0 + self.FLOOR * w)
+
+    def _cost(self, w: int, b: int) -> float:
         one = self.seconds.get((1, b))
         if one is None:
             return self._prior(w)
@@ -148,14 +159,14 @@ class _Adaptive:
         self._best.clear()
 
     def update(self, fed: int, n: np.ndarray) -> None:
-        """fed block width, n [R] proposals accepted per row."""
+        """fed block width, n [R] proposals accepted per row (or, for one row, per step)."""
         if fed > 1:
-            if n.shape[0] == 1:                        # proposal j was judged only if j-1 were accepted
-                a = int(n[0])
-                for j in range(1, min(a + 2, fed)):
-                    self.offered[j] += 1
-                for j in range(1, a + 1):
-                    self.accepted[j] += 1
+            if n.shape[0] == 1 or n.ndim == 0 or self._one_row:
+                for a in np.atleast_1d(n).tolist():    # proposal j was judged only if j-1 were accepted
+                    for j in range(1, min(a + 2, fed)):
+                        self.offered[j] += 1
+                    for j in range(1, a + 1):
+                        self.accepted[j] += 1
             else:
                 at_least = np.bincount(n, minlength=fed)[::-1].cumsum()[::-1]   # [j]: rows with n >= j
                 for j in range(1, fed):
@@ -165,8 +176,16 @@ class _Adaptive:
                 self.offered = [max(o // 2, 1) for o in self.offered]
                 self.accepted = [min(a // 2, o) for a, o in zip(self.accepted, self.offered)]
             self._best.clear()
-            if self.width(n.shape[0]) > 1:
+            if self.width(1 if self._one_row else n.shape[0]) > 1:
                 self.interval = self.probe
+
+    def update_steps(self, fed: int, n: np.ndarray) -> None:
+        """One row's accepted counts n [s] over s steps of width fed."""
+        self._one_row = True
+        try:
+            self.update(fed, n)
+        finally:
+            self._one_row = False
 
     def greedy_stretch(self) -> int:
         """Greedy steps to run before the next probe (and back off for the one after)."""
@@ -216,6 +235,8 @@ class _Blockwise:
         self.eos = model.config.eos_id
         self.adaptive, self.threshold = adaptive, threshold
         self.adapt = None
+        # one row, Exact: whole runs of steps in one native call (DecodeWeights.block_steps) where it can
+        self.native_block = self.exact and min_block == 1
 
     def run(self, src, max_len) -> DecodeResult:
         model, kb, eos = self.model, self.kb, self.eos
@@ -237,11 +258,19 @@ class _Blockwise:
         vocab = len(self.w.draft_ids) if self.w.draft_ids is not None else self.w.vocab_size
         self.fused_unit = kb * max(kb - 1, 0) * vocab * model.config.d_model
 
-        x = self.prefill(orig.size)                                     # [R,b] x0 + proposals
-        out[orig, 0] = x[:, 0]
-        length = np.ones(orig.size, dtype=np.int64)                    # cached tokens = tokens out (BOS + x0..)
-        done = (x[:, 0] == eos) | (limit <= 1)
+        length = np.zeros(orig.size, dtype=np.int64)                   # cached tokens = tokens out (BOS + x0..)
         self.calls = 0
+        if self.adapt is not None and self.adapt.width(orig.size) == 1:
+            # no head pays: start with a greedy stretch from BOS (its first step is the prefill)
+            bos = np.full((orig.size, 1), model.config.bos_id, dtype=np.int64)
+            x, done = self.stretch(bos, out, orig, limit, length)
+            self.calls -= 1
+            self.hist[1] -= orig.size
+        else:
+            x = self.prefill(orig.size)                                 # [R,b] x0 + proposals
+            out[orig, 0] = x[:, 0]
+            length += 1
+            done = (x[:, 0] == eos) | (limit <= 1)
         while True:
             if done.any():
                 out_len[orig[done]] = length[done]
@@ -252,6 +281,11 @@ class _Blockwise:
                 state.reorder(torch.from_numpy(keep).to(self.dev))
                 x, orig, limit, length = x[keep], orig[keep], limit[keep], length[keep]
             r = orig.size
+            if r == 1 and self.native_block and x.shape[1] > 1:
+                got = self.block_native(x, out, orig, limit, length)
+                if got is not None:
+                    x, done = got
+                    continue
             state.lengths = int(length[0]) if r == 1 else length      # one row: uniform mode, no scatter
             t0 = perf_counter()
             fused = self.fused_unit and r * self.fused_unit <= FUSED_MACS and x.shape[1] > 1
@@ -268,10 +302,7 @@ class _Blockwise:
             if self.adapt is not None and self.adapt.width(r) == 1:
                 x = gn[:, None]
                 if not done.any():  # finished rows leave first (top of the loop); then the stretch
-                    # no head pays: plain greedy steps (no heads), then one probe of every head
-                    x, h1, length, done = self.greedy_steps(x, out, orig, limit, length, self.adapt.greedy_stretch())
-                    if not done.any():
-                        x = np.concatenate([x, self.w.propose(h1, 1, self.kb).cpu().numpy()], axis=1)
+                    x, done = self.stretch(x, out, orig, limit, length)
             else:
                 fed = x.shape[1]
                 x = self.propose(h, n, gn, top)
@@ -288,6 +319,51 @@ class _Blockwise:
         if self.adapt is None or self.min_block > 1:
             return self.kb
         return min(self.kb, self.adapt.width(rows))
+
+    def block_native(self, x, out, orig, limit, length):
+        """One row, Exact: blockwise steps as one native call, the same steps as the Python loop (verify,
+        accept, propose) without its per-step overhead; adaptive mode re-decides the width every 8 steps (after
+        every step while probing).
+        Returns (next fed tokens [1,b], done [1]), or None where the native kernels do not run this model."""
+        fed = x.shape[1]
+        self.state.lengths = int(length[0])
+        steps = int(limit[0])
+        ad = self.adapt
+        if ad is not None:  # a probe or a new width runs 1 step per call; a width that stays, 2, 4, then 8
+            settled = ad.width(1) == fed and ad.last_fed == fed
+            ad.chunk = min(2 * ad.chunk, 8) if settled else 1
+            ad.last_fed, steps = fed, ad.chunk
+        t0 = perf_counter()
+        got = self.w.block_steps(self.model, self.state, x[0], int(limit[0] - length[0]), steps)
+        if got is None:
+            self.native_block = False
+            return None
+        toks, nc, nxt, hn, ended = got
+        seconds = perf_counter() - t0
+        out[orig[0], length[0]:length[0] + toks.shape[0]] = toks
+        length += toks.shape[0]
+        self.calls += nc.shape[0]
+        self.hist += np.bincount(nc[:, 1], minlength=self.kb + 1)
+        done = np.array([ended])
+        if self.adapt is not None:
+            self.adapt.update_steps(fed, nc[:, 0])
+            self.adapt.timed(fed, 1, seconds, nc.shape[0])
+        if ended:
+            return x, done
+        b = self._width(1)
+        if b == 1:
+            return self.stretch(nxt[None, :1], out, orig, limit, length)
+        if b <= fed:
+            return nxt[None, :b], done
+        return np.concatenate([nxt[None, :1], self.w.propose(hn[None], 1, b).cpu().numpy()], axis=1), done
+
+    def stretch(self, x, out, orig, limit, length):
+        """No head pays: plain greedy steps (no heads), then one probe of every head where no row ended.
+        x [R,1] the next tokens to feed. Returns (the next fed tokens [R,1 or b], done); length advances."""
+        x, h1, length, done = self.greedy_steps(x, out, orig, limit, length, self.adapt.greedy_stretch())
+        if not done.any():
+            x = np.concatenate([x, self.w.propose(h1, 1, self.kb).cpu().numpy()], axis=1)
+        return x, done
 
     def greedy_steps(self, x, out, orig, limit, length, steps: int):
         """Up to `steps` one-token steps without heads (adaptive mode, while no head pays), stopping after

@@ -118,9 +118,10 @@ class DecodeWeights:
         # greedy steps as one native call (greedy_steps): needs the native layers and head-1 argmax
         self.native_loop = None
         if self.native_layers is not None and self.identity_p1 and self.norm is not None and self.proj.lin is not None:
-            emb_w = model._modules["embed"]._parameters["weight"]
+            emb_w = self._emb_w = model._modules["embed"]._parameters["weight"]
             _, nw, nb, eps = self.norm
             ext, scale, proj, eos = self.ext, float(model.embed_scale), self.proj.lin, model.config.eos_id
+            self._emb_scale = scale
 
             def native_loop(tok, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t, lengths, room, n):
                 return ext.greedy_steps(tok, emb_w, scale, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t,
@@ -212,6 +213,25 @@ class DecodeWeights:
         state.lengths = lengths
         return (np.stack(steps, axis=1) if steps else np.zeros((tok.shape[0], 0), dtype=np.int64)), h
 
+    def block_steps(self, model: nn.Module, state, x: np.ndarray, room: int, max_steps: int):
+        """Exact blockwise steps for one row in uniform cache mode, as one native call (decoding/blockwise.py
+        at batch 1; see csrc/linear.cpp block_steps): x [w] the fed tokens (x0 + w-1 proposals). Returns
+        (tokens gained [T], per step (accepted n, gained c) [s,2], next fed tokens [w], decoder output at the
+        last accepted position [D], ended), or None where the native kernels do not run this model."""
+        w = x.shape[0]
+        if self.native_loop is None or self.heads is None or w < 2 or max_steps < 1:
+            return None
+        f1, f2 = self._head_ffn(1, w)
+        draft = self.draft_proj if self.draft_proj is not None else self.proj
+        if draft.lin is None:
+            return None
+        _, nw, nb, eps = self.norm
+        toks, nc, nxt, hn, ended = self.ext.block_steps(
+            torch.from_numpy(x), self._emb_w, self._emb_scale, model.pe, state.max_positions, self.native_layers,
+            state.self_kv, state.mem_kv, state.mem_mask, state.base + state.lengths, nw, nb, eps, self.proj.lin,
+            f1.lin, f2.lin, draft.lin, self.draft_ids, model.config.eos_id, int(room), int(max_steps))
+        return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
+
     def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
         """Argmax tokens of heads lo..hi-1 (lo >= 1): h [...,D] -> ids [...,hi-lo], over the draft vocabulary
         when one is set. Proposals only decide what is verified, never the output."""
@@ -230,4 +250,17 @@ class DecodeWeights:
 def weights_key(model: nn.Module, options: DecodeOptions) -> tuple:
     """Changes whenever any parameter's storage or in-place version does (training steps, load_state_dict,
     .to()), or the options do."""
-    return (options,) + tuple((p.data_ptr(), p._version, p.device.type) for p in model.parameters())
+    out: list = [options]
+    _param_states(model, out)
+    return tuple(out)
+
+
+def _param_states(module: nn.Module, out: list) -> None:
+    # a plain walk over the module dicts: model.parameters() (generators, memo sets) cost ~0.5 ms per decode
+    # call at demo size, a few % of a whole sentence at batch 1; shared parameters just appear twice here
+    for p in module._parameters.values():
+        if p is not None:
+            out.append((p.data_ptr(), p._version, p.device.type))
+    for child in module._modules.values():
+        if child is not None:
+            _param_states(child, out)
