@@ -1,4 +1,5 @@
 # python bench/engine.py [--threads 1 2] [--sizes demo base] [--skip-ct2]      (~3-6 min on a 2-core CPU)
+# python bench/engine.py --threads 1 --regimes RUN... [--batch 1 32]          (trained runs: speedups by decoder)
 """The CPU decode engine, measured in one run (issue 11).
 
 1. Step cost: one blockwise step at batch 1 (decode k tokens + head 1 at the k positions + heads 2..k at the
@@ -13,6 +14,7 @@ The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
@@ -317,6 +319,69 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
     return rows
 
 
+def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: int = 2, n_sent: int = 80,
+                  draft_vocab: int = 1000):
+    """Trained runs (e.g. make demo's heads/*-k4) on the bundled validation sources: greedy vs exact blockwise
+    (plain, adaptive, and both with the draft vocabulary), every decoder on the same batches, interleaved
+    (order reversed every pass), the first pass a warm-up; speedup = greedy seconds / decoder seconds."""
+    import copy
+    import gzip
+
+    import sentencepiece as spm
+
+    from bpd_train.decoding import blockwise
+    from bpd_train.evaluation.decode import draft_vocabulary
+    from bpd_train.loading import load
+    torch.set_num_threads(threads)
+    with gzip.open(ROOT / "data" / "bible-en-fr" / "validation.jsonl.gz", "rt", encoding="utf-8") as f:
+        lines = [json.loads(x)["translation"]["en"] for x in f]
+    rows = []
+    for run in runs:
+        loaded = load(run, map_location="cpu")
+        m = loaded.model.eval()
+        sp = spm.SentencePieceProcessor(model_file=str(loaded.tokenizer_path))
+        c = m.config
+        md = copy.deepcopy(m)  # its own packed weights: switching options on one model would repack every call
+        md.decode_options = DecodeOptions(draft_vocab=draft_vocabulary(sp, draft_vocab, c.eos_id))
+        step = max(1, len(lines) // n_sent)
+        srcs = sorted((sp.encode(t, out_type=int)[: c.max_positions - 1] + [c.eos_id] for t in lines[::step][:n_sent]),
+                      key=len)
+        ml = (1.5, 10)
+        fns = {"greedy": lambda s: greedy(m, s, max_len=ml),
+               "plain": lambda s: blockwise(m, s, max_len=ml),
+               "adaptive": lambda s: blockwise(m, s, max_len=ml, adaptive=True),
+               f"draft {draft_vocab}": lambda s: blockwise(md, s, max_len=ml),
+               f"draft {draft_vocab} adaptive": lambda s: blockwise(md, s, max_len=ml, adaptive=True)}
+        for bs in batch_sizes:
+            batches = [srcs[i:i + bs] for i in range(0, len(srcs), bs)]
+            sec = {k: 0.0 for k in fns}
+            out = {k: [] for k in fns}
+            hist = {k: collections.Counter() for k in fns}
+            for rep in range(reps + 1):
+                order = list(fns) if rep % 2 == 0 else list(fns)[::-1]
+                for b in batches:
+                    for name in order:
+                        t0 = time.perf_counter()
+                        r = fns[name](b)
+                        el = time.perf_counter() - t0
+                        if rep:
+                            sec[name] += el
+                        if rep == reps:
+                            out[name] += r.tokens
+                            hist[name].update(r.accepted_hist)
+            for name in fns:
+                h = hist[name]
+                khat = sum(k * v for k, v in h.items()) / max(1, sum(h.values()))
+                same = sum(a == b for a, b in zip(out[name], out["greedy"])) / len(srcs)
+                row = dict(run=Path(run).name, batch=bs, threads=threads, decoder=name,
+                           speedup=round(sec["greedy"] / sec[name], 3), khat=round(khat, 2), same=round(same, 3),
+                           seconds=round(sec[name] / reps, 3))
+                rows.append(row)
+                print(f"regime {row['run']:12s} batch {bs:2d} {name:22s} {row['speedup']:.3f}x  k^ {khat:.2f}  "
+                      f"same as greedy {same:.0%}  ({sec[name] / reps:.3f} s per pass)", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -325,9 +390,20 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-ct2", action="store_true")
     ap.add_argument("--quick", action="store_true", help="demo size, 1 thread, few reps, small CT2 run")
     ap.add_argument("--bundle", default=None, help="also compare on a trained bundle (e.g. make demo's export/best)")
+    ap.add_argument("--regimes", nargs="+", default=None, metavar="RUN",
+                    help="only: greedy vs blockwise (plain / adaptive / draft vocabulary) on trained runs, e.g. "
+                         "artifacts/demo/bible_en_fr/heads/*-k4, at --batch sizes")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 32], help="batch sizes for --regimes")
+    ap.add_argument("--passes", type=int, default=2, help="timed passes for --regimes (after one warm-up)")
     a = ap.parse_args(argv)
     if a.quick:
         a.threads, a.sizes, a.reps = [1], ["demo"], 5
+    if a.regimes:
+        print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}, "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        rows = bench_regimes(a.regimes, threads=a.threads[0], batch_sizes=a.batch, reps=a.passes)
+        print(json.dumps({"cpu": cpu_model(), "engine": engine_name(), "regimes": rows}))
+        return 0
     print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}",
           flush=True)
     result = {"cpu": cpu_model(), "engine": engine_name(), "step_cost": bench_steps(a.sizes, a.threads, a.reps)}

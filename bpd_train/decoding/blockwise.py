@@ -23,6 +23,7 @@ microseconds, where dozens of tiny tensor ops would cost more than the decoder c
 """
 from __future__ import annotations
 
+from collections import deque
 from time import perf_counter
 
 import numpy as np
@@ -81,7 +82,6 @@ class _Adaptive:
     COST_PRIOR = (0.3, 0.25)   # cost(w) ~ 1 + 0.3 (w - 1) + 0.25 (proposal pass): demo-size step costs, k = 4
     MARGIN = 1.03
     FLOOR = 0.05               # a w-wide step costs at least 1 + 0.05 w greedy steps (base size, k = 4: 1.2 measured)
-    EMA = 0.2
 
     def __init__(self, kb: int, threshold: float | None = None, probe: int = 8, max_interval: int = 64):
         self.kb = kb
@@ -90,7 +90,8 @@ class _Adaptive:
         self.threshold = threshold
         self.probe, self.max_interval = probe, max_interval
         self.interval = probe
-        self.seconds: dict[tuple[int, int], float] = {}   # (width, rows bucket) -> EMA of seconds per step
+        self.seconds: dict[tuple[int, int], float] = {}   # (width, rows bucket) -> seconds per step
+        self._times: dict[tuple[int, int], deque] = {}
         self._best: dict[int, int] = {}
         self._one_row = False
         self.chunk, self.last_fed = 1, 0              # native block loop (one row): steps per call, last width
@@ -150,12 +151,16 @@ class _Adaptive:
         return 1.0 + (self.seconds[(v, b)] / one - 1.0) * (self._prior(w) - 1.0) / (self._prior(v) - 1.0)
 
     def timed(self, width: int, rows: int, seconds: float, steps: int = 1) -> None:
-        """Record `steps` steps of `width` over `rows` rows that took `seconds` in all."""
+        """Record `steps` steps of `width` over `rows` rows that took `seconds` in all. A width's cost is the
+        least time per step over its last 16 records: other work on the machine only ever adds time, and a
+        width that is no longer run keeps a cost that noise did not inflate (an average would keep a spike
+        and, for greedy steps, lock the decoder into wider steps that only looked cheaper)."""
         key = (width, self.bucket(rows))
-        per = seconds / steps
-        old = self.seconds.get(key)
-        # an outlier (the process was descheduled) moves the average by at most a factor of 2
-        self.seconds[key] = per if old is None else old + self.EMA * (min(per, 2 * old) - old)
+        got = self._times.get(key)
+        if got is None:
+            got = self._times[key] = deque(maxlen=16)
+        got.append(seconds / steps)
+        self.seconds[key] = min(got)
         self._best.clear()
 
     def update(self, fed: int, n: np.ndarray) -> None:
@@ -376,7 +381,9 @@ class _Blockwise:
         got, h = self.w.greedy_steps(self.model, self.state, torch.from_numpy(x[:, 0]).to(self.dev),
                                      limit - length, steps)                               # [R,s]
         s = got.shape[1]
-        self.adapt.timed(1, r, perf_counter() - t0, s)
+        if s >= 8:  # shorter stretches (a row ended) would charge the call's fixed cost to a few steps, make
+            # greedy look dear and lock the decoder into wider steps (no stretch, no new greedy timing)
+            self.adapt.timed(1, r, perf_counter() - t0, s)
         out[orig[:, None], length[:, None] + np.arange(s)] = got
         length += s
         self.calls += s
