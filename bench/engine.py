@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,15 +61,19 @@ def make_model(size: str, k: int = 8, head_hidden: int = 128, seed: int = 0) -> 
     return m
 
 
-def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len: int = 25, cached: int = 20):
-    """(greedy step ms, {k: blockwise step / greedy step}) at batch 1, steps interleaved."""
+def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len: int = 25, cached: int = 20,
+               loop_steps: int = 16):
+    """(greedy step ms, {k: blockwise step / greedy step}, the same for the native loops: {"greedy_ms", k: ...})
+    at batch 1, steps interleaved. One step through Python (model.decode + head-1 argmax + proposals), and per
+    step of the native loops the decoders run (DecodeWeights.greedy_steps / block_steps, `loop_steps` steps
+    per call)."""
     v = m.config.vocab_size
     m.decode_options = options
     g = torch.Generator().manual_seed(1)
     src = torch.randint(4, v, (1, src_len), generator=g)
     src[0, -1] = m.config.eos_id
     with torch.inference_mode():
-        st = m.start_decoding(m.encode(src), cached + 16)
+        st = m.start_decoding(m.encode(src), cached + 16 + loop_steps * max(ks))
         m.decode(st, torch.randint(4, v, (1, cached), generator=g))
         w = st.weights
 
@@ -87,6 +92,23 @@ def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len:
                 w.propose(h[:, 1], 1, k).cpu().numpy()        # heads 2..k at the accepted one
             return f
         fs = {"greedy": greedy_step, **{k: block_step(k) for k in ks}}
+        if w.native_loop is not None and loop_steps:
+            # the native loops decoders use (DecodeWeights.greedy_steps / block_steps), per step over
+            # loop_steps steps that never end early (eos -1)
+            room = np.array([10 ** 6])
+
+            def greedy_loop():
+                st.lengths = cached
+                w.greedy_steps(m, st, torch.tensor([5]), room, loop_steps, eos=-1)
+
+            def block_loop(k):
+                x = torch.randint(4, v, (k,), generator=g).numpy()
+
+                def f():
+                    st.lengths = cached
+                    w.block_steps(m, st, x, 10 ** 6, loop_steps, eos=-1)
+                return f
+            fs.update({"loop greedy": greedy_loop, **{("loop", k): block_loop(k) for k in ks}})
         times = {n: [] for n in fs}
         for f in fs.values():
             f(), f()
@@ -98,7 +120,11 @@ def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len:
                 f()
                 times[n].append(time.perf_counter() - t)
     gms = statistics.median(times["greedy"])
-    return gms * 1e3, {k: statistics.median(times[k]) / gms for k in ks}
+    loop = {}
+    if "loop greedy" in times:
+        lms = statistics.median(times["loop greedy"])
+        loop = {"greedy_ms": lms / loop_steps * 1e3, **{k: statistics.median(times[("loop", k)]) / lms for k in ks}}
+    return gms * 1e3, {k: statistics.median(times[k]) / gms for k in ks}, loop
 
 
 def bench_steps(sizes, threads, reps):
@@ -116,12 +142,20 @@ def bench_steps(sizes, threads, reps):
                         continue
                     with _engine(engine):
                         m._decode_cache = None
-                        gms, ratio = step_costs(m, (2, 4, 8), opts, reps=reps)
+                        gms, ratio, loop = step_costs(m, (2, 4, 8), opts, reps=reps)
                     row = dict(size=size, threads=t, engine=engine, proposals=label, greedy_ms=round(gms, 3),
                                **{f"k{k}": round(r, 2) for k, r in ratio.items()})
                     rows.append(row)
                     print(f"step cost  {size:4s} threads={t} {engine:6s} proposals={label:9s} greedy {gms:7.3f} ms  "
                           + "  ".join(f"k={k}: {r:.2f}" for k, r in ratio.items()), flush=True)
+                    if loop:
+                        row = dict(size=size, threads=t, engine="native loop", proposals=label,
+                                   greedy_ms=round(loop["greedy_ms"], 3),
+                                   **{f"k{k}": round(r, 2) for k, r in loop.items() if k != "greedy_ms"})
+                        rows.append(row)
+                        print(f"step cost  {size:4s} threads={t} loop   proposals={label:9s} greedy "
+                              f"{loop['greedy_ms']:7.3f} ms  " + "  ".join(
+                                  f"k={k}: {r:.2f}" for k, r in loop.items() if k != "greedy_ms"), flush=True)
     return rows
 
 

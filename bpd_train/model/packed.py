@@ -120,10 +120,10 @@ class DecodeWeights:
         if self.native_layers is not None and self.identity_p1 and self.norm is not None and self.proj.lin is not None:
             emb_w = self._emb_w = model._modules["embed"]._parameters["weight"]
             _, nw, nb, eps = self.norm
-            ext, scale, proj, eos = self.ext, float(model.embed_scale), self.proj.lin, model.config.eos_id
+            ext, scale, proj = self.ext, float(model.embed_scale), self.proj.lin
             self._emb_scale = scale
 
-            def native_loop(tok, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t, lengths, room, n):
+            def native_loop(tok, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t, lengths, room, n, eos):
                 return ext.greedy_steps(tok, emb_w, scale, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t,
                                         lengths, nw, nb, eps, proj, eos, room, n)
             self.native_loop = native_loop
@@ -179,13 +179,16 @@ class DecodeWeights:
             return ext.norm_project_argmax(h, w, b, eps, self.proj.lin)
         return self.head1(h).argmax(-1)
 
-    def greedy_steps(self, model: nn.Module, state, tok: Tensor, room: np.ndarray, max_steps: int):
+    def greedy_steps(self, model: nn.Module, state, tok: Tensor, room: np.ndarray, max_steps: int,
+                     eos: int | None = None):
         """Up to `max_steps` greedy steps (one token per row per step, head 1's argmax fed back), stopping after
         the step in which a row ends (EOS, or its `room` tokens used up), so callers drop finished rows where
         a one-step loop would. tok [R] the next tokens to feed; the cache is written from `state.lengths` on
         and the caller advances `state.lengths` by the steps taken. Returns (tokens [R,s] numpy, decoder output
         of the last step [R,D]). The whole loop is one native call where the kernels are built (at demo size
-        the per-step Python cost is as large as the step's arithmetic); same ops, so the same tokens."""
+        the per-step Python cost is as large as the step's arithmetic); same ops, so the same tokens.
+        eos: the id that ends a row (default the model's; benchmarks pass -1 to run max_steps steps)."""
+        eos = model.config.eos_id if eos is None else eos
         loop = self.native_loop
         if loop is not None and max_steps > 0:
             lengths = state.lengths
@@ -195,9 +198,8 @@ class DecodeWeights:
                 t = state.base
                 per_row = lengths if isinstance(lengths, Tensor) else torch.from_numpy(np.asarray(lengths))
             toks, h = loop(tok, model.pe, state.max_positions, self.native_layers, state.self_kv, state.mem_kv,
-                           state.mem_mask, state.mem_group, t, per_row, torch.from_numpy(room), max_steps)
+                           state.mem_mask, state.mem_group, t, per_row, torch.from_numpy(room), max_steps, eos)
             return toks.numpy(), h
-        eos = model.config.eos_id
         lengths = state.lengths
         steps, h = [], None
         x = tok[:, None]
@@ -213,7 +215,7 @@ class DecodeWeights:
         state.lengths = lengths
         return (np.stack(steps, axis=1) if steps else np.zeros((tok.shape[0], 0), dtype=np.int64)), h
 
-    def block_steps(self, model: nn.Module, state, x: np.ndarray, room: int, max_steps: int):
+    def block_steps(self, model: nn.Module, state, x: np.ndarray, room: int, max_steps: int, eos: int | None = None):
         """Exact blockwise steps for one row in uniform cache mode, as one native call (decoding/blockwise.py
         at batch 1; see csrc/linear.cpp block_steps): x [w] the fed tokens (x0 + w-1 proposals). Returns
         (tokens gained [T], per step (accepted n, gained c) [s,2], next fed tokens [w], decoder output at the
@@ -229,7 +231,8 @@ class DecodeWeights:
         toks, nc, nxt, hn, ended = self.ext.block_steps(
             torch.from_numpy(x), self._emb_w, self._emb_scale, model.pe, state.max_positions, self.native_layers,
             state.self_kv, state.mem_kv, state.mem_mask, state.base + state.lengths, nw, nb, eps, self.proj.lin,
-            f1.lin, f2.lin, draft.lin, self.draft_ids, model.config.eos_id, int(room), int(max_steps))
+            f1.lin, f2.lin, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos, int(room),
+            int(max_steps))
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
     def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
