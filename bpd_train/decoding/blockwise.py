@@ -286,6 +286,11 @@ class _Blockwise:
                 state.reorder(torch.from_numpy(keep).to(self.dev))
                 x, orig, limit, length = x[keep], orig[keep], limit[keep], length[keep]
             r = orig.size
+            if x.shape[1] == 1 and self.adapt is not None:
+                # no proposal fed (rows just left during a greedy stretch): go on with the stretch, not with
+                # a one-token verify step through Python
+                x, done = self.stretch(x, out, orig, limit, length)
+                continue
             if r == 1 and self.native_block and x.shape[1] > 1:
                 got = self.block_native(x, out, orig, limit, length)
                 if got is not None:
