@@ -220,8 +220,9 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
     if not 1 <= int(min_block) <= kb:
         raise ValueError(f"min_block must be in 1..block_size={kb}, got {min_block}")
     rule = make_acceptance(accept if accept is not None else Exact())
-    if adaptive is True or adaptive is False or adaptive is None:
+    if adaptive is None or isinstance(adaptive, bool) or float(adaptive) == 0.0:  # 0: off, as before
         threshold = None
+        adaptive = bool(adaptive)
     else:
         threshold = float(adaptive)
         if not 0.0 < threshold < 1.0:
