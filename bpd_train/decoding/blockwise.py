@@ -14,9 +14,16 @@ Rows accept different numbers of tokens, so with more than one row the cache run
 batch. Every projection goes through the model's DecodeWeights, the same arithmetic greedy uses, so Exact
 gives greedy's output token for token.
 
-Proposals that won't be accepted still cost a decoder row and a head each step. `adaptive=True` feeds only
-the prefix of proposals whose heads have been accepted often enough so far (per head, counted over this
-call's steps), and drops the proposal pass entirely while no head pays for itself; the output is the same.
+Proposals that won't be accepted still cost a decoder row and a head each step. `adaptive=True` feeds the
+number of proposals that maximises expected tokens per second (each head's measured acceptance against the
+measured cost of a step of that width, relative to a greedy step; see _Adaptive), and runs plain greedy
+stretches, the greedy decoder's own native loop, while no width pays; a threshold in (0, 1) instead feeds
+proposals whose heads are accepted at least that often. The output is the same either way.
+
+Where the native kernels run the model (model/packed.py DecodeWeights), one row with the Exact rule runs
+whole runs of steps in one C++ call (DecodeWeights.block_steps: verify, accept, propose, no Python in
+between), and greedy stretches likewise (DecodeWeights.greedy_steps); other cases take the Python steps
+below. Both take the same steps (tested).
 
 Per-step bookkeeping (acceptance prefix, EOS, max_len, output) runs vectorised in numpy on the host: a few
 microseconds, where dozens of tiny tensor ops would cost more than the decoder call at batch 1.

@@ -28,6 +28,7 @@ constexpr int L = 16;        // lanes per vector
 constexpr int NV = 4;        // output vectors per block: NB = 64 outputs (weight rows) per block
 constexpr int NB = NV * L;
 constexpr int MB = 4;        // activation rows per register block (4 x 4 accumulators)
+static_assert(MB == 4, "run() dispatches blocks of 1..4 rows");
 
 enum Mode { F32 = 0, BF16 = 1, I8 = 2 };
 
@@ -104,8 +105,13 @@ static void run(const float* x, const W* w, const float* scale, const float* bia
       const int nn = (int)std::min<int64_t>(NB, N - n0);
       for (int64_t m = 0; m < M;) {
         int r;
-        if (M - m >= MB) { block<MB>(x + m * K, K, wb, out); r = MB; }
-        else { block<1>(x + m * K, K, wb, out); r = 1; }
+        // 1-3 leftover rows in one pass too (a 3-row proposal pass read the weights three times)
+        switch (std::min<int64_t>(M - m, MB)) {
+          case 4: block<4>(x + m * K, K, wb, out); r = 4; break;
+          case 3: block<3>(x + m * K, K, wb, out); r = 3; break;
+          case 2: block<2>(x + m * K, K, wb, out); r = 2; break;
+          default: block<1>(x + m * K, K, wb, out); r = 1;
+        }
         for (int i = 0; i < r; i++) {
           float* yr = y + (m + i) * N + n0;
           const float* o = out + i * NB;
