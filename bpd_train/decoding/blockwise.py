@@ -86,7 +86,9 @@ class _Adaptive:
     native loop) and probes every head once after `interval` of them; the interval doubles after each probe
     that fails (8, 16, ... 64 steps) and starts again at 8 once a head pays."""
 
-    COST_PRIOR = (0.3, 0.25)   # cost(w) ~ 1 + 0.3 (w - 1) + 0.25 (proposal pass): demo-size step costs, k = 4
+    COST_PRIOR = (0.5, 0.5)    # cost(w) ~ 1 + 0.5 (w - 1) + 0.5 (proposal pass) until measured: cautious (a k = 4
+    #                            step measured 1.1 greedy steps at base size, 2-5 at demo size with native loops)
+    REFRESH = 512              # steps at width > 1 after which greedy steps are timed again
     MARGIN = 1.05             # a width > 1 must promise 5% more tokens per second than greedy steps
     FLOOR = 0.05               # a w-wide step costs at least 1 + 0.05 w greedy steps (base size, k = 4: 1.2 measured)
 
@@ -102,6 +104,7 @@ class _Adaptive:
         self._best: dict[int, int] = {}
         self._one_row = False
         self.chunk, self.last_fed = 1, 0              # native block loop (one row): steps per call, last width
+        self.wide_steps = 0                           # steps at width > 1 since greedy steps were last timed
 
     @staticmethod
     def bucket(rows: int) -> int:
@@ -128,6 +131,8 @@ class _Adaptive:
             gain.append(gain[-1] + chain)              # gain[w-1] = E[w]
         if self.threshold is not None:
             return len(gain)
+        if self.wide_steps > self.REFRESH or (1, b) not in self.seconds and self.wide_steps > self.REFRESH // 8:
+            return 1  # time greedy steps again (a stale or missing greedy cost could lock wider steps in)
         best, best_rate = 1, self.MARGIN
         for w in range(2, len(gain) + 1):
             r = gain[w - 1] / self.cost(w, b)
@@ -163,6 +168,14 @@ class _Adaptive:
         width that is no longer run keeps a cost that noise did not inflate (an average would keep a spike
         and, for greedy steps, lock the decoder into wider steps that only looked cheaper)."""
         key = (width, self.bucket(rows))
+        if width == 1:
+            self.wide_steps = 0
+            if steps < 8 and key in self._times:
+                # a short stretch (a row ended) charges the call's fixed cost to a few steps: greedy would
+                # look dear and wider steps would be chosen on that (and stay: no stretch, no new timing)
+                return
+        else:
+            self.wide_steps += steps
         got = self._times.get(key)
         if got is None:
             got = self._times[key] = deque(maxlen=16)
@@ -397,9 +410,7 @@ class _Blockwise:
         length += s
         self.calls += s
         self.hist[1] += r * s
-        if s >= 8:  # shorter stretches (a row ended) would charge the call's fixed cost to a few steps, make
-            # greedy look dear and lock the decoder into wider steps (no stretch, no new greedy timing)
-            self.adapt.timed(1, r, perf_counter() - t0, s)
+        self.adapt.timed(1, r, perf_counter() - t0, s)
         x = got[:, -1:]
         return x, h, length, (x[:, 0] == self.eos) | (length >= limit)
 
