@@ -180,8 +180,10 @@ class _Adaptive:
         if got is None:
             got = self._times[key] = deque(maxlen=16)
         got.append(seconds / steps)
-        self.seconds[key] = min(got)
-        self._best.clear()
+        least = min(got)
+        if self.seconds.get(key) != least:  # widths are re-chosen only when a cost changed
+            self.seconds[key] = least
+            self._best.clear()
 
     def update(self, fed: int, n: np.ndarray) -> None:
         """fed block width, n [R] proposals accepted per row (or, for one row, per step)."""
