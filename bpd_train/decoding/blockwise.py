@@ -102,7 +102,6 @@ class _Adaptive:
         self.seconds: dict[tuple[int, int], float] = {}   # (width, rows bucket) -> seconds per step
         self._times: dict[tuple[int, int], deque] = {}
         self._best: dict[int, int] = {}
-        self._one_row = False
         self.chunk, self.last_fed = 1, 0              # native block loop (one row): steps per call, last width
         self.wide_steps = 0                           # steps at width > 1 since greedy steps were last timed
 
@@ -185,10 +184,10 @@ class _Adaptive:
             self.seconds[key] = least
             self._best.clear()
 
-    def update(self, fed: int, n: np.ndarray) -> None:
-        """fed block width, n [R] proposals accepted per row (or, for one row, per step)."""
+    def update(self, fed: int, n: np.ndarray, one_row: bool = False) -> None:
+        """fed block width, n [R] proposals accepted per row (one_row: one row's, per step)."""
         if fed > 1:
-            if n.shape[0] == 1 or n.ndim == 0 or self._one_row:
+            if one_row or n.shape[0] == 1:
                 for a in np.atleast_1d(n).tolist():    # proposal j was judged only if j-1 were accepted
                     for j in range(1, min(a + 2, fed)):
                         self.offered[j] += 1
@@ -203,16 +202,8 @@ class _Adaptive:
                 self.offered = [max(o // 2, 1) for o in self.offered]
                 self.accepted = [min(a // 2, o) for a, o in zip(self.accepted, self.offered)]
             self._best.clear()
-            if self.width(1 if self._one_row else n.shape[0]) > 1:
+            if self.width(1 if one_row else n.shape[0]) > 1:
                 self.interval = self.probe
-
-    def update_steps(self, fed: int, n: np.ndarray) -> None:
-        """One row's accepted counts n [s] over s steps of width fed."""
-        self._one_row = True
-        try:
-            self.update(fed, n)
-        finally:
-            self._one_row = False
 
     def greedy_stretch(self) -> int:
         """Greedy steps to run before the next probe (and back off for the one after)."""
@@ -378,7 +369,7 @@ class _Blockwise:
         self.hist += np.bincount(nc[:, 1], minlength=self.kb + 1)
         done = np.array([ended])
         if self.adapt is not None:
-            self.adapt.update_steps(fed, nc[:, 0])
+            self.adapt.update(fed, nc[:, 0], one_row=True)
             self.adapt.timed(fed, 1, perf_counter() - t0, nc.shape[0])
         if ended:
             return x, done
