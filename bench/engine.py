@@ -1,4 +1,5 @@
 # python bench/engine.py [--threads 1 2] [--sizes demo base] [--skip-ct2]      (~3-6 min on a 2-core CPU)
+# python bench/engine.py --threads 1 --regimes RUN... [--batch 1 32]          (trained runs: speedups by decoder)
 """The CPU decode engine, measured in one run (issue 11).
 
 1. Step cost: one blockwise step at batch 1 (decode k tokens + head 1 at the k positions + heads 2..k at the
@@ -13,6 +14,7 @@ The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
@@ -23,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,15 +61,19 @@ def make_model(size: str, k: int = 8, head_hidden: int = 128, seed: int = 0) -> 
     return m
 
 
-def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len: int = 25, cached: int = 20):
-    """(greedy step ms, {k: blockwise step / greedy step}) at batch 1, steps interleaved."""
+def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len: int = 25, cached: int = 20,
+               loop_steps: int = 16):
+    """(greedy step ms, {k: blockwise step / greedy step}, the same for the native loops: {"greedy_ms", k: ...})
+    at batch 1, steps interleaved. One step through Python (model.decode + head-1 argmax + proposals), and per
+    step of the native loops the decoders run (DecodeWeights.greedy_steps / block_steps, `loop_steps` steps
+    per call)."""
     v = m.config.vocab_size
     m.decode_options = options
     g = torch.Generator().manual_seed(1)
     src = torch.randint(4, v, (1, src_len), generator=g)
     src[0, -1] = m.config.eos_id
     with torch.inference_mode():
-        st = m.start_decoding(m.encode(src), cached + 16)
+        st = m.start_decoding(m.encode(src), cached + 16 + loop_steps * max(ks))
         m.decode(st, torch.randint(4, v, (1, cached), generator=g))
         w = st.weights
 
@@ -85,6 +92,23 @@ def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len:
                 w.propose(h[:, 1], 1, k).cpu().numpy()        # heads 2..k at the accepted one
             return f
         fs = {"greedy": greedy_step, **{k: block_step(k) for k in ks}}
+        if w.native_loop is not None and loop_steps:
+            # the native loops decoders use (DecodeWeights.greedy_steps / block_steps), per step over
+            # loop_steps steps that never end early (eos -1)
+            room = np.array([10 ** 6])
+
+            def greedy_loop():
+                st.lengths = cached
+                w.greedy_steps(m, st, torch.tensor([5]), room, loop_steps, eos=-1)
+
+            def block_loop(k):
+                x = torch.randint(4, v, (k,), generator=g).numpy()
+
+                def f():
+                    st.lengths = cached
+                    w.block_steps(m, st, x, 10 ** 6, loop_steps, eos=-1)
+                return f
+            fs.update({"loop greedy": greedy_loop, **{("loop", k): block_loop(k) for k in ks}})
         times = {n: [] for n in fs}
         for f in fs.values():
             f(), f()
@@ -96,7 +120,11 @@ def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len:
                 f()
                 times[n].append(time.perf_counter() - t)
     gms = statistics.median(times["greedy"])
-    return gms * 1e3, {k: statistics.median(times[k]) / gms for k in ks}
+    loop = {}
+    if "loop greedy" in times:
+        lms = statistics.median(times["loop greedy"])
+        loop = {"greedy_ms": lms / loop_steps * 1e3, **{k: statistics.median(times[("loop", k)]) / lms for k in ks}}
+    return gms * 1e3, {k: statistics.median(times[k]) / gms for k in ks}, loop
 
 
 def bench_steps(sizes, threads, reps):
@@ -114,12 +142,20 @@ def bench_steps(sizes, threads, reps):
                         continue
                     with _engine(engine):
                         m._decode_cache = None
-                        gms, ratio = step_costs(m, (2, 4, 8), opts, reps=reps)
+                        gms, ratio, loop = step_costs(m, (2, 4, 8), opts, reps=reps)
                     row = dict(size=size, threads=t, engine=engine, proposals=label, greedy_ms=round(gms, 3),
                                **{f"k{k}": round(r, 2) for k, r in ratio.items()})
                     rows.append(row)
                     print(f"step cost  {size:4s} threads={t} {engine:6s} proposals={label:9s} greedy {gms:7.3f} ms  "
                           + "  ".join(f"k={k}: {r:.2f}" for k, r in ratio.items()), flush=True)
+                    if loop:
+                        row = dict(size=size, threads=t, engine="native loop", proposals=label,
+                                   greedy_ms=round(loop["greedy_ms"], 3),
+                                   **{f"k{k}": round(r, 2) for k, r in loop.items() if k != "greedy_ms"})
+                        rows.append(row)
+                        print(f"step cost  {size:4s} threads={t} loop   proposals={label:9s} greedy "
+                              f"{loop['greedy_ms']:7.3f} ms  " + "  ".join(
+                                  f"k={k}: {r:.2f}" for k, r in loop.items() if k != "greedy_ms"), flush=True)
     return rows
 
 
@@ -317,6 +353,69 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
     return rows
 
 
+def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: int = 2, n_sent: int = 80,
+                  draft_vocab: int = 1000):
+    """Trained runs (e.g. make demo's heads/*-k4) on the bundled validation sources: greedy vs exact blockwise
+    (plain, adaptive, and both with the draft vocabulary), every decoder on the same batches, interleaved
+    (order reversed every pass), the first pass a warm-up; speedup = greedy seconds / decoder seconds."""
+    import copy
+    import gzip
+
+    import sentencepiece as spm
+
+    from bpd_train.decoding import blockwise
+    from bpd_train.evaluation.decode import draft_vocabulary
+    from bpd_train.loading import load
+    torch.set_num_threads(threads)
+    with gzip.open(ROOT / "data" / "bible-en-fr" / "validation.jsonl.gz", "rt", encoding="utf-8") as f:
+        lines = [json.loads(x)["translation"]["en"] for x in f]
+    rows = []
+    for run in runs:
+        loaded = load(run, map_location="cpu")
+        m = loaded.model.eval()
+        sp = spm.SentencePieceProcessor(model_file=str(loaded.tokenizer_path))
+        c = m.config
+        md = copy.deepcopy(m)  # its own packed weights: switching options on one model would repack every call
+        md.decode_options = DecodeOptions(draft_vocab=draft_vocabulary(sp, draft_vocab, c.eos_id))
+        step = max(1, len(lines) // n_sent)
+        srcs = sorted((sp.encode(t, out_type=int)[: c.max_positions - 1] + [c.eos_id] for t in lines[::step][:n_sent]),
+                      key=len)
+        ml = (1.5, 10)
+        fns = {"greedy": lambda s: greedy(m, s, max_len=ml),
+               "plain": lambda s: blockwise(m, s, max_len=ml),
+               "adaptive": lambda s: blockwise(m, s, max_len=ml, adaptive=True),
+               f"draft {draft_vocab}": lambda s: blockwise(md, s, max_len=ml),
+               f"draft {draft_vocab} adaptive": lambda s: blockwise(md, s, max_len=ml, adaptive=True)}
+        for bs in batch_sizes:
+            batches = [srcs[i:i + bs] for i in range(0, len(srcs), bs)]
+            sec = {k: 0.0 for k in fns}
+            out = {k: [] for k in fns}
+            hist = {k: collections.Counter() for k in fns}
+            for rep in range(reps + 1):
+                order = list(fns) if rep % 2 == 0 else list(fns)[::-1]
+                for b in batches:
+                    for name in order:
+                        t0 = time.perf_counter()
+                        r = fns[name](b)
+                        el = time.perf_counter() - t0
+                        if rep:
+                            sec[name] += el
+                        if rep == reps:
+                            out[name] += r.tokens
+                            hist[name].update(r.accepted_hist)
+            for name in fns:
+                h = hist[name]
+                khat = sum(k * v for k, v in h.items()) / max(1, sum(h.values()))
+                same = sum(a == b for a, b in zip(out[name], out["greedy"])) / len(srcs)
+                row = dict(run=Path(run).name, batch=bs, threads=threads, decoder=name,
+                           speedup=round(sec["greedy"] / sec[name], 3), khat=round(khat, 2), same=round(same, 3),
+                           seconds=round(sec[name] / reps, 3))
+                rows.append(row)
+                print(f"regime {row['run']:12s} batch {bs:2d} {name:22s} {row['speedup']:.3f}x  k^ {khat:.2f}  "
+                      f"same as greedy {same:.0%}  ({sec[name] / reps:.3f} s per pass)", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -325,9 +424,20 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-ct2", action="store_true")
     ap.add_argument("--quick", action="store_true", help="demo size, 1 thread, few reps, small CT2 run")
     ap.add_argument("--bundle", default=None, help="also compare on a trained bundle (e.g. make demo's export/best)")
+    ap.add_argument("--regimes", nargs="+", default=None, metavar="RUN",
+                    help="only: greedy vs blockwise (plain / adaptive / draft vocabulary) on trained runs, e.g. "
+                         "artifacts/demo/bible_en_fr/heads/*-k4, at --batch sizes")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 32], help="batch sizes for --regimes")
+    ap.add_argument("--passes", type=int, default=2, help="timed passes for --regimes (after one warm-up)")
     a = ap.parse_args(argv)
     if a.quick:
         a.threads, a.sizes, a.reps = [1], ["demo"], 5
+    if a.regimes:
+        print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}, "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        rows = bench_regimes(a.regimes, threads=a.threads[0], batch_sizes=a.batch, reps=a.passes)
+        print(json.dumps({"cpu": cpu_model(), "engine": engine_name(), "regimes": rows}))
+        return 0
     print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}",
           flush=True)
     result = {"cpu": cpu_model(), "engine": engine_name(), "step_cost": bench_steps(a.sizes, a.threads, a.reps)}

@@ -9,6 +9,7 @@ from torch import nn
 
 from bpd_train.decoding import Distance, Exact, TopK, beam_search, blockwise, greedy
 from bpd_train.model import BPDConfig, BPDModel
+from bpd_train.model.packed import DecodeWeights
 
 EOS = 2
 
@@ -154,6 +155,14 @@ class _FakeWeights:
 
     def propose(self, h, lo, hi):
         return self.m.heads_logits(h, lo, hi).argmax(-1)
+
+    native_loop = None  # greedy stretches: DecodeWeights' one-step-at-a-time loop over this interface
+
+    def greedy_steps(self, model, state, tok, room, max_steps):
+        return DecodeWeights.greedy_steps(self, model, state, tok, room, max_steps)
+
+    def block_steps(self, model, state, x, room, max_steps):
+        return None  # no native blockwise loop: the decoder runs its Python steps
 
 
 class _OracleState:

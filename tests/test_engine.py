@@ -119,20 +119,13 @@ def test_adaptive_feeding_keeps_the_output_and_stops_paying_for_useless_heads():
         bad.heads.fc2.weight.normal_(0, 5.0)
     src = random_sources(1, seed=8, max_src=9)
     g = greedy(bad, src, max_len=60)
-    calls = {"n": 0}
-    w = bad.decode_weights()
-    real = w.propose
-
-    def counting(*args, **kw):
-        calls["n"] += 1
-        return real(*args, **kw)
-    w.propose = counting
     plain = blockwise(bad, src, max_len=60)
-    plain_proposals, calls["n"] = calls["n"], 0
-    a = blockwise(bad, src, max_len=60, adaptive=0.5)
-    assert a.tokens == plain.tokens == g.tokens
-    assert plain.mean_accepted < 1.2                                 # the heads really are useless
-    assert plain_proposals > 20 and calls["n"] <= plain_proposals // 4   # ... and adaptive mostly stops asking them
+    for adaptive, key in ((0.5, ("adaptive", 4, 0.5)), (True, ("adaptive", 4, None))):
+        a = blockwise(bad, src, max_len=60, adaptive=adaptive)
+        assert a.tokens == plain.tokens == g.tokens
+        offered = bad.decode_weights().stats[key].offered[1] - 1   # steps that fed proposal 1 (less the prior)
+        assert plain.mean_accepted < 1.2                            # the heads really are useless
+        assert plain.calls > 20 and offered <= plain.calls // 4     # ... and adaptive mostly stops feeding them
     with pytest.raises(ValueError, match="adaptive"):
         blockwise(bad, src, adaptive=1.5)
 
@@ -170,3 +163,40 @@ def test_bad_options_are_refused():
     m.decode_options = DecodeOptions(draft_vocab=(1, 99))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         m.decode_weights()
+
+
+@pytest.mark.parametrize("adaptive", [True, 0.5])
+def test_adaptive_blockwise_equals_greedy_on_random_models(adaptive):
+    # the randomised blockwise == greedy cases in adaptive mode, batch 1 (native block loop, greedy stretches,
+    # probes) and batches; statistics carry over between calls, so repeated calls feed other widths
+    widths = set()
+    for k, seed, batch in [(2, 1, 1), (4, 2, 5), (6, 3, 16), (8, 4, 1), (4, 5, 1), (4, 6, 3)]:
+        m = random_model(k, seed, eos_bias=1.5)
+        src = random_sources(batch, seed)
+        g = greedy(m, src, max_len=(1.5, 4))
+        for rep in range(3):
+            r = blockwise(m, src, max_len=(1.5, 4), adaptive=adaptive)
+            assert r.tokens == g.tokens, f"k={k} seed={seed} batch={batch} rep={rep}"
+            widths |= set(r.accepted_hist)
+        alone = [blockwise(m, src[i:i + 1], max_len=(1.5, 4), adaptive=adaptive).tokens[0] for i in range(batch)]
+        assert alone == g.tokens
+    assert len(widths) >= 3                                          # blocks of several sizes were accepted
+
+
+def test_native_loops_take_the_same_steps_as_the_one_step_loops():
+    # greedy's and blockwise's native loops (DecodeWeights.greedy_steps / block_steps) against the same decoders
+    # with the loops switched off: same tokens, same decoder calls, same accepted blocks
+    for k, seed, batch in [(1, 1, 1), (4, 2, 4), (4, 3, 1), (8, 4, 1), (2, 5, 9)]:
+        m = random_model(k, seed, eos_bias=1.5)
+        src = random_sources(batch, seed)
+        w = m.decode_weights()
+        g, b = greedy(m, src, max_len=(1.5, 4)), blockwise(m, src, max_len=(1.5, 4))
+        assert (w.native_loop is not None) == (native_kernels() is not None)
+        loop, w.native_loop = w.native_loop, None                  # one step per call, through model.decode
+        try:
+            g1, b1 = greedy(m, src, max_len=(1.5, 4)), blockwise(m, src, max_len=(1.5, 4))
+        finally:
+            w.native_loop = loop
+        assert g.tokens == g1.tokens == b.tokens == b1.tokens, f"k={k} seed={seed}"
+        assert (g.calls, g.accepted_hist) == (g1.calls, g1.accepted_hist)
+        assert (b.calls, b.accepted_hist) == (b1.calls, b1.accepted_hist)

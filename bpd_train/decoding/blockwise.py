@@ -14,14 +14,24 @@ Rows accept different numbers of tokens, so with more than one row the cache run
 batch. Every projection goes through the model's DecodeWeights, the same arithmetic greedy uses, so Exact
 gives greedy's output token for token.
 
-Proposals that won't be accepted still cost a decoder row and a head each step. `adaptive=True` feeds only
-the prefix of proposals whose heads have been accepted often enough so far (per head, counted over this
-call's steps), and drops the proposal pass entirely while no head pays for itself; the output is the same.
+Proposals that won't be accepted still cost a decoder row and a head each step. `adaptive=True` feeds the
+number of proposals that maximises expected tokens per second (each head's measured acceptance against the
+measured cost of a step of that width, relative to a greedy step; see _Adaptive), and runs plain greedy
+stretches, the greedy decoder's own native loop, while no width pays; a threshold in (0, 1) instead feeds
+proposals whose heads are accepted at least that often. The output is the same either way.
+
+Where the native kernels run the model (model/packed.py DecodeWeights), one row with the Exact rule runs
+whole runs of steps in one C++ call (DecodeWeights.block_steps: verify, accept, propose, no Python in
+between), and greedy stretches likewise (DecodeWeights.greedy_steps); other cases take the Python steps
+below. Both take the same steps (tested).
 
 Per-step bookkeeping (acceptance prefix, EOS, max_len, output) runs vectorised in numpy on the host: a few
 microseconds, where dozens of tiny tensor ops would cost more than the decoder call at batch 1.
 """
 from __future__ import annotations
+
+from collections import deque
+from time import perf_counter
 
 import numpy as np
 import torch
@@ -57,39 +67,143 @@ def _accept_rows(x, g, ok, min_block, eos, room):
 
 
 class _Adaptive:
-    """Which proposals to feed: proposal j (1-based) is fed while the heads 2..j+1 chain has been accepted
-    often enough. Counts offered/accepted per proposal index over all steps and rows decoded with these
-    weights (kept with the model's DecodeWeights, so short sentences decoded one call at a time still
-    learn; halved every 4096 offers, so the counts follow the data); a proposal
-    index is kept if its conditional acceptance rate is >= `threshold` (optimistic prior: 1 of 1, so every
-    head is tried). While not even proposal 1 pays, the decoder runs plain greedy steps (no heads at all)
-    and probes the heads once after every `interval` of them; the interval doubles after each probe that
-    fails (8, 16, ... 64 steps) and starts again at 8 once a head pays."""
+    """How many proposals to feed (the block width; 1 = x0 only, a plain greedy step).
 
-    def __init__(self, kb: int, threshold: float, probe: int = 8, max_interval: int = 64):
-        self.offered = np.ones(kb, dtype=np.int64)
-        self.accepted = np.ones(kb, dtype=np.int64)
+    Acceptance: offered/accepted counts per proposal index j over all steps and rows decoded with these weights
+    (kept with the model's DecodeWeights, so short sentences decoded one call at a time still learn; halved
+    every 4096 offers, so the counts follow the data); a_j = accepted/offered is the rate at which proposal j
+    is accepted once proposals 1..j-1 were (optimistic prior: 1 of 1, so every head is tried first).
+
+    Width, cost-aware (threshold None): the width w maximising expected tokens per second, E[w] / cost(w), where
+    E[w] = 1 + a_1 + a_1 a_2 + ... (w terms) and cost(w) is the measured time of a w-wide step (verify + the
+    next proposals) relative to a greedy step, per bucket of row counts (a k-row step costs little more than a
+    1-row one where weight reads dominate, several times more where arithmetic does: small cached models,
+    large batches). Widths not yet measured use COST_PRIOR's shape, scaled to what was measured. A width > 1
+    must beat greedy by MARGIN (timing noise). Threshold mode (a float): feed proposal j while a_1..a_j all
+    reach the threshold (the rule before costs were measured).
+
+    While the width is 1 the decoder runs plain greedy steps (no heads at all, the greedy decoder's own
+    native loop) and probes every head once after `interval` of them; the interval doubles after each probe
+    that fails (8, 16, ... 64 steps) and starts again at 8 once a head pays."""
+
+    COST_PRIOR = (0.5, 0.5)    # cost(w) ~ 1 + 0.5 (w - 1) + 0.5 (proposal pass) until measured: cautious (a k = 4
+    #                            step measured 1.1 greedy steps at base size, 2-5 at demo size with native loops)
+    REFRESH = 512              # steps at width > 1 after which greedy steps are timed again
+    MARGIN = 1.05             # a width > 1 must promise 5% more tokens per second than greedy steps
+    FLOOR = 0.05               # a w-wide step costs at least 1 + 0.05 w greedy steps (base size, k = 4: 1.2 measured)
+
+    def __init__(self, kb: int, threshold: float | None = None, probe: int = 8, max_interval: int = 64):
+        self.kb = kb
+        self.offered = [1] * kb                       # index j: proposal j (index 0 unused)
+        self.accepted = [1] * kb
         self.threshold = threshold
         self.probe, self.max_interval = probe, max_interval
         self.interval = probe
+        self.seconds: dict[tuple[int, int], float] = {}   # (width, rows bucket) -> seconds per step
+        self._times: dict[tuple[int, int], deque] = {}
+        self._best: dict[int, int] = {}
+        self.chunk, self.last_fed = 1, 0              # native block loop (one row): steps per call, last width
+        self.wide_steps = 0                           # steps at width > 1 since greedy steps were last timed
 
-    def width(self) -> int:
-        """Block width to feed next (1 = x0 only)."""
-        rate = self.accepted[1:] / self.offered[1:]
-        ok = np.cumprod(rate >= self.threshold)
-        return 1 + int(ok.sum())
+    @staticmethod
+    def bucket(rows: int) -> int:
+        return rows.bit_length()                       # 1, 2-3, 4-7, ... rows
 
-    def update(self, fed: int, n: np.ndarray) -> None:
-        """fed block width, n [R] proposals accepted per row."""
-        for j in range(1, fed):
-            reached = n >= j - 1                     # proposal j was judged only if j-1 were accepted
-            self.offered[j] += int(reached.sum())
-            self.accepted[j] += int((n >= j).sum())
-        if self.offered[1] > 4096:
-            self.offered = np.maximum(self.offered // 2, 1)
-            self.accepted = np.minimum(self.accepted // 2, self.offered)
-        if fed > 1 and self.width() > 1:
-            self.interval = self.probe
+    def width(self, rows: int = 1) -> int:
+        """Block width to feed next for `rows` rows (1 = x0 only)."""
+        b = self.bucket(rows)
+        w = self._best.get(b)
+        if w is None:
+            w = self._best[b] = self._choose(b)
+        return w
+
+    def _choose(self, b: int) -> int:
+        rate, chain, gain = 1.0, 1.0, [1.0]
+        for j in range(1, self.kb):
+            # a head judged fewer than 8 times (its predecessors are rarely accepted) is assumed no better
+            # than the one before it, rather than its optimistic prior
+            rate = self.accepted[j] / self.offered[j] if self.offered[j] >= 8 or j == 1 else \
+                min(rate, self.accepted[j] / self.offered[j])
+            if self.threshold is not None and rate < self.threshold:
+                break
+            chain *= rate
+            gain.append(gain[-1] + chain)              # gain[w-1] = E[w]
+        if self.threshold is not None:
+            return len(gain)
+        if self.wide_steps > self.REFRESH or (1, b) not in self.seconds and self.wide_steps > self.REFRESH // 8:
+            return 1  # time greedy steps again (a stale or missing greedy cost could lock wider steps in)
+        best, best_rate = 1, self.MARGIN
+        for w in range(2, len(gain) + 1):
+            r = gain[w - 1] / self.cost(w, b)
+            if r > best_rate:
+                best, best_rate = w, r
+        return best
+
+    def _prior(self, w: int) -> float:
+        return 1.0 + self.COST_PRIOR[0] * (w - 1) + self.COST_PRIOR[1] if w > 1 else 1.0
+
+    def cost(self, w: int, b: int) -> float:
+        """A w-wide step in greedy steps (measured, or the prior scaled to the nearest measured width), never
+        under FLOOR: where a step is all overhead (tiny models) a timing would call extra rows free, and
+        proposals almost never accepted would be fed for ever."""
+        return max(self._cost(w, b), 1.0 + self.FLOOR * w)
+
+    def _cost(self, w: int, b: int) -> float:
+        one = self.seconds.get((1, b))
+        if one is None:
+            return self._prior(w)
+        got = self.seconds.get((w, b))
+        if got is not None:
+            return got / one
+        near = [v for v in range(2, self.kb + 1) if (v, b) in self.seconds]
+        if not near:
+            return self._prior(w)
+        v = min(near, key=lambda v: abs(v - w))
+        return 1.0 + (self.seconds[(v, b)] / one - 1.0) * (self._prior(w) - 1.0) / (self._prior(v) - 1.0)
+
+    def timed(self, width: int, rows: int, seconds: float, steps: int = 1) -> None:
+        """Record `steps` steps of `width` over `rows` rows that took `seconds` in all. A width's cost is the
+        least time per step over its last 16 records: other work on the machine only ever adds time, and a
+        width that is no longer run keeps a cost that noise did not inflate (an average would keep a spike
+        and, for greedy steps, lock the decoder into wider steps that only looked cheaper)."""
+        key = (width, self.bucket(rows))
+        if width == 1:
+            self.wide_steps = 0
+            if steps < 8 and key in self._times:
+                # a short stretch (a row ended) charges the call's fixed cost to a few steps: greedy would
+                # look dear and wider steps would be chosen on that (and stay: no stretch, no new timing)
+                return
+        else:
+            self.wide_steps += steps
+        got = self._times.get(key)
+        if got is None:
+            got = self._times[key] = deque(maxlen=16)
+        got.append(seconds / steps)
+        least = min(got)
+        if self.seconds.get(key) != least:  # widths are re-chosen only when a cost changed
+            self.seconds[key] = least
+            self._best.clear()
+
+    def update(self, fed: int, n: np.ndarray, one_row: bool = False) -> None:
+        """fed block width, n [R] proposals accepted per row (one_row: one row's, per step)."""
+        if fed > 1:
+            if one_row or n.shape[0] == 1:
+                for a in np.atleast_1d(n).tolist():    # proposal j was judged only if j-1 were accepted
+                    for j in range(1, min(a + 2, fed)):
+                        self.offered[j] += 1
+                    for j in range(1, a + 1):
+                        self.accepted[j] += 1
+            else:
+                at_least = np.bincount(n, minlength=fed)[::-1].cumsum()[::-1]   # [j]: rows with n >= j
+                for j in range(1, fed):
+                    self.offered[j] += int(at_least[j - 1])
+                    self.accepted[j] += int(at_least[j])
+            if self.offered[1] > 4096:
+                self.offered = [max(o // 2, 1) for o in self.offered]
+                self.accepted = [min(a // 2, o) for a, o in zip(self.accepted, self.offered)]
+            self._best.clear()
+            if self.width(1 if one_row else n.shape[0]) > 1:
+                self.interval = self.probe
 
     def greedy_stretch(self) -> int:
         """Greedy steps to run before the next probe (and back off for the one after)."""
@@ -105,8 +219,9 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
     accept: Exact() (default; output identical to greedy), TopK(n), Distance(eps), or their config
     names ("exact", "topk:N", "distance:EPS").
     min_block: accept at least min_block tokens per step even where verification fails (approximate).
-    adaptive: False, True (threshold 0.5) or a threshold in (0, 1): feed only proposals whose heads are
-    accepted at least that often (see the module docstring). Output unchanged.
+    adaptive: False; True: feed the number of proposals that maximises expected tokens per second (measured
+    acceptance per head, measured step costs; see _Adaptive); or a threshold in (0, 1): feed only proposals
+    whose heads are accepted at least that often. Output unchanged.
     """
     cfg = model.config
     k = cfg.block_size
@@ -118,22 +233,29 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
     if not 1 <= int(min_block) <= kb:
         raise ValueError(f"min_block must be in 1..block_size={kb}, got {min_block}")
     rule = make_acceptance(accept if accept is not None else Exact())
-    threshold = 0.5 if adaptive is True else float(adaptive or 0.0)
-    if not 0.0 <= threshold < 1.0:
-        raise ValueError(f"adaptive must be a bool or a threshold in (0, 1), got {adaptive!r}")
-    if threshold and int(min_block) > 1:
+    if adaptive is None or isinstance(adaptive, bool) or float(adaptive) == 0.0:  # 0: off, as before
+        threshold = None
+        adaptive = bool(adaptive)
+    else:
+        threshold = float(adaptive)
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"adaptive must be a bool or a threshold in (0, 1), got {adaptive!r}")
+    adaptive = adaptive is not None and adaptive is not False
+    if adaptive and int(min_block) > 1:
         raise ValueError("adaptive feeding and min_block > 1 do not combine (min_block forces proposals in)")
     with decoding_mode(model):
-        return _Blockwise(model, kb, rule, int(min_block), threshold).run(src, max_len)
+        return _Blockwise(model, kb, rule, int(min_block), adaptive, threshold).run(src, max_len)
 
 
 class _Blockwise:
-    def __init__(self, model, kb: int, rule, min_block: int, threshold: float):
+    def __init__(self, model, kb: int, rule, min_block: int, adaptive: bool, threshold: float | None):
         self.model, self.kb, self.rule, self.min_block = model, kb, rule, min_block
         self.exact = isinstance(rule, Exact)
         self.eos = model.config.eos_id
-        self.threshold = threshold
+        self.adaptive, self.threshold = adaptive, threshold
         self.adapt = None
+        # one row, Exact: whole runs of steps in one native call (DecodeWeights.block_steps) where it can
+        self.native_block = self.exact and min_block == 1
 
     def run(self, src, max_len) -> DecodeResult:
         model, kb, eos = self.model, self.kb, self.eos
@@ -146,7 +268,7 @@ class _Blockwise:
         self.hist = np.zeros(kb + 1, dtype=np.int64)
         self.state = state = model.start_decoding(model.encode(src), cap + kb)
         self.w = state.weights
-        if self.threshold:  # acceptance statistics live as long as these weights (see _Adaptive)
+        if self.adaptive:  # acceptance statistics and step costs live as long as these weights (see _Adaptive)
             stats = getattr(self.w, "stats", None)
             key = ("adaptive", kb, self.threshold)
             self.adapt = _Adaptive(kb, self.threshold) if stats is None else stats.setdefault(
@@ -155,11 +277,19 @@ class _Blockwise:
         vocab = len(self.w.draft_ids) if self.w.draft_ids is not None else self.w.vocab_size
         self.fused_unit = kb * max(kb - 1, 0) * vocab * model.config.d_model
 
-        x = self.prefill(orig.size)                                     # [R,b] x0 + proposals
-        out[orig, 0] = x[:, 0]
-        length = np.ones(orig.size, dtype=np.int64)                    # cached tokens = tokens out (BOS + x0..)
-        done = (x[:, 0] == eos) | (limit <= 1)
+        length = np.zeros(orig.size, dtype=np.int64)                   # cached tokens = tokens out (BOS + x0..)
         self.calls = 0
+        if self.adapt is not None and self.adapt.width(orig.size) == 1:
+            # no head pays: start with a greedy stretch from BOS (its first step is the prefill)
+            first = start_tokens(model, state, orig.size, self.dev).cpu().numpy()   # [R,1] BOS / prompts' last
+            x, done = self.stretch(first, out, orig, limit, length)
+            self.calls -= 1
+            self.hist[1] -= orig.size
+        else:
+            x = self.prefill(orig.size)                                 # [R,b] x0 + proposals
+            out[orig, 0] = x[:, 0]
+            length += 1
+            done = (x[:, 0] == eos) | (limit <= 1)
         while True:
             if done.any():
                 out_len[orig[done]] = length[done]
@@ -170,7 +300,18 @@ class _Blockwise:
                 state.reorder(torch.from_numpy(keep).to(self.dev))
                 x, orig, limit, length = x[keep], orig[keep], limit[keep], length[keep]
             r = orig.size
+            if x.shape[1] == 1 and self.adapt is not None:
+                # no proposal fed (rows just left during a greedy stretch): go on with the stretch, not with
+                # a one-token verify step through Python
+                x, done = self.stretch(x, out, orig, limit, length)
+                continue
+            if r == 1 and self.native_block and x.shape[1] > 1:
+                got = self.block_native(x, out, orig, limit, length)
+                if got is not None:
+                    x, done = got
+                    continue
             state.lengths = int(length[0]) if r == 1 else length      # one row: uniform mode, no scatter
+            t0 = perf_counter()
             fused = self.fused_unit and r * self.fused_unit <= FUSED_MACS and x.shape[1] > 1
             h, g, ok, top = self.verify(x, fused)
             n, gn, c, ended = _accept_rows(x, g, ok, self.min_block, eos, limit - length)
@@ -182,15 +323,15 @@ class _Blockwise:
             done = ended | (length >= limit)
             if done.all():
                 continue
-            if self.adapt is not None and self.adapt.width() == 1:
+            if self.adapt is not None and self.adapt.width(r) == 1:
                 x = gn[:, None]
                 if not done.any():  # finished rows leave first (top of the loop); then the stretch
-                    # no head pays: plain greedy steps (no heads), then one probe of every head
-                    x, h1, length, done = self.greedy_steps(x, out, orig, limit, length, self.adapt.greedy_stretch())
-                    if not done.any():
-                        x = np.concatenate([x, self.w.propose(h1, 1, self.kb).cpu().numpy()], axis=1)
+                    x, done = self.stretch(x, out, orig, limit, length)
             else:
+                fed = x.shape[1]
                 x = self.propose(h, n, gn, top)
+                if self.adapt is not None and fed > 1:   # what a step of this width cost, verify to proposals
+                    self.adapt.timed(fed, r, perf_counter() - t0)
         tokens = trim(out.tolist(), out_len.tolist(), eos)
         steps = int(self.hist.sum())
         accepted = {int(s): int(c) for s, c in enumerate(self.hist) if c}
@@ -198,38 +339,80 @@ class _Blockwise:
         return DecodeResult(tokens=tokens, calls=self.calls, prefill_calls=1, mean_accepted=mean,
                             accepted_hist=accepted)
 
-    def _width(self) -> int:
+    def _width(self, rows: int) -> int:
         if self.adapt is None or self.min_block > 1:
             return self.kb
-        return min(self.kb, self.adapt.width())
+        return min(self.kb, self.adapt.width(rows))
+
+    def block_native(self, x, out, orig, limit, length):
+        """One row, Exact: blockwise steps as one native call, the same steps as the Python loop (verify,
+        accept, propose) without its per-step overhead; adaptive mode re-decides the width every 8 steps (after
+        every step while probing).
+        Returns (next fed tokens [1,b], done [1]), or None where the native kernels do not run this model."""
+        t0 = perf_counter()  # the timing covers this method's bookkeeping too: it is part of a step's cost
+        fed = x.shape[1]
+        self.state.lengths = int(length[0])
+        steps = int(limit[0])
+        ad = self.adapt
+        if ad is not None:  # a probe or a new width runs 1 step per call; a width that stays, 2, 4, then 8
+            settled = ad.width(1) == fed and ad.last_fed == fed
+            ad.chunk = min(2 * ad.chunk, 8) if settled else 1
+            ad.last_fed, steps = fed, ad.chunk
+        got = self.w.block_steps(self.model, self.state, x[0], int(limit[0] - length[0]), steps)
+        if got is None:
+            self.native_block = False
+            return None
+        toks, nc, nxt, hn, ended = got
+        out[orig[0], length[0]:length[0] + toks.shape[0]] = toks
+        length += toks.shape[0]
+        self.calls += nc.shape[0]
+        self.hist += np.bincount(nc[:, 1], minlength=self.kb + 1)
+        done = np.array([ended])
+        if self.adapt is not None:
+            self.adapt.update(fed, nc[:, 0], one_row=True)
+            self.adapt.timed(fed, 1, perf_counter() - t0, nc.shape[0])
+        if ended:
+            return x, done
+        b = self._width(1)
+        if b == 1:
+            return self.stretch(nxt[None, :1], out, orig, limit, length)
+        if b <= fed:
+            return nxt[None, :b], done
+        return np.concatenate([nxt[None, :1], self.w.propose(hn[None], 1, b).cpu().numpy()], axis=1), done
+
+    def stretch(self, x, out, orig, limit, length):
+        """No head pays: plain greedy steps (no heads), then one probe of every head where no row ended.
+        x [R,1] the next tokens to feed. Returns (the next fed tokens [R,1 or b], done); length advances."""
+        x, h1, length, done = self.greedy_steps(x, out, orig, limit, length, self.adapt.greedy_stretch())
+        if not done.any():
+            x = np.concatenate([x, self.w.propose(h1, 1, self.kb).cpu().numpy()], axis=1)
+        return x, done
 
     def greedy_steps(self, x, out, orig, limit, length, steps: int):
         """Up to `steps` one-token steps without heads (adaptive mode, while no head pays), stopping after
-        the step in which a row ends. x [R,1] the last accepted tokens. Returns (x, head-1 hidden state of
-        the last step [R,D], length, done)."""
-        state, eos = self.state, self.eos
+        the step in which a row ends: the greedy decoder's own loop (DecodeWeights.greedy_steps, one native
+        call), so a stretch costs what greedy decoding costs. x [R,1] the last accepted tokens. Returns (x,
+        the decoder output of the last step [R,D], length, done)."""
         r = x.shape[0]
-        done = np.zeros(r, dtype=bool)
-        for _ in range(steps):
-            state.lengths = int(length[0]) if r == 1 else length
-            h = self.model.decode(state, torch.from_numpy(x).to(self.dev))[:, 0]     # [R,D]
-            self.calls += 1
-            g = self.w.head1_argmax(h).cpu().numpy()
-            out[orig, length] = g
-            length += 1
-            self.hist[1] += r
-            x = g[:, None]
-            done = (g == eos) | (length >= limit)
-            if done.any():
-                break
-        return x, h, length, done
+        self.state.lengths = int(length[0]) if r == 1 else length
+        t0 = perf_counter()
+        got, h = self.w.greedy_steps(self.model, self.state, torch.from_numpy(x[:, 0]).to(self.dev),
+                                     limit - length, steps)                               # [R,s]
+        s = got.shape[1]
+        out[orig[:, None], length[:, None] + np.arange(s)] = got
+        length += s
+        self.calls += s
+        self.hist[1] += r * s
+        self.adapt.timed(1, r, perf_counter() - t0, s)
+        x = got[:, -1:]
+        return x, h, length, (x[:, 0] == self.eos) | (length >= limit)
 
     def prefill(self, rows: int) -> np.ndarray:
         """BOS -> head 1's first token and the first proposals."""
         tok = start_tokens(self.model, self.state, rows, self.dev)     # [R,1] BOS, or an LM's last prompt tokens
         h = self.model.decode(self.state, tok)[:, 0]                    # [R,D]
         g = self.w.head1_argmax(h)
-        b = self._width()
+        b = self._width(rows)
         if b == 1:
             return g.cpu().numpy()[:, None]
         return torch.cat([g[:, None], self.w.propose(h, 1, b)], dim=1).cpu().numpy()
@@ -266,7 +449,7 @@ class _Blockwise:
 
     def propose(self, h, n: np.ndarray, gn: np.ndarray, top) -> np.ndarray:
         """Next fed tokens [R,b']: head 1's token at the accepted slot, then heads 2..b' there."""
-        b = self._width()
+        b = self._width(gn.shape[0])
         if b == 1:
             return gn[:, None]
         r = gn.shape[0]

@@ -18,27 +18,29 @@ def greedy(model, src, max_len=(2.0, 10)) -> DecodeResult:
         if orig.size == 0:
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
         state = model.start_decoding(model.encode(src), cap)
-        tok = start_tokens(model, state, orig.size, dev)        # [R,1] BOS, or an LM's last prompt tokens
-        calls = row_steps = 0
-        for step in range(cap):
-            h = model.decode(state, tok)                        # [R,1,D]
-            state.lengths += 1
-            if step:
-                calls += 1
-                row_steps += orig.size
-            nxt = state.weights.head1_argmax(h[:, 0])           # [R]
-            nxt_np = nxt.cpu().numpy()
-            out[orig, step] = nxt_np
-            done = (nxt_np == cfg.eos_id) | (limit <= step + 1)
+        w = state.weights
+        tok = start_tokens(model, state, orig.size, dev)[:, 0]   # [R] BOS, or an LM's last prompt tokens
+        calls = row_steps = step = 0
+        while True:
+            # steps until one row ends (one native call where the kernels are built: DecodeWeights.greedy_steps)
+            got, _ = w.greedy_steps(model, state, tok, limit - step, cap - step)     # [R,s]
+            s = got.shape[1]
+            state.lengths += s
+            out[orig, step:step + s] = got
+            calls += s - (step == 0)                   # the first step (BOS) is the prefill call
+            row_steps += orig.size * (s - (step == 0))
+            step += s
+            nxt_np = got[:, -1]
+            done = (nxt_np == cfg.eos_id) | (limit <= step)
             if done.any():
-                out_len[orig[done]] = step + 1
+                out_len[orig[done]] = step
                 keep = np.flatnonzero(~done)
                 if keep.size == 0:
                     break
                 idx = torch.from_numpy(keep).to(dev)
                 state.reorder(idx)
-                nxt, orig, limit = nxt[idx], orig[keep], limit[keep]
-            tok = nxt[:, None]
+                nxt_np, orig, limit = nxt_np[keep], orig[keep], limit[keep]
+            tok = torch.from_numpy(nxt_np).to(dev)
         tokens = trim(out.tolist(), out_len.tolist(), cfg.eos_id)
     return DecodeResult(tokens=tokens, calls=calls, prefill_calls=1, mean_accepted=1.0,
                         accepted_hist={1: row_steps} if row_steps else {})

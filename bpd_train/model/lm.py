@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from bpd_train.model.cache import DecoderState
 from bpd_train.model.heads import BPDHeads, MedusaHeads
 from bpd_train.model.lm_config import LMConfig
-from bpd_train.model.packed import DecodeOptions, weights_key
+from bpd_train.model.packed import DecodeOptions, DecodeWeights, weights_key
 
 
 class RMSNorm(nn.Module):
@@ -196,7 +196,13 @@ class LMDecodeWeights:
     """What decoders call per step (the DecodeWeights interface of model/packed.py), on the plain torch path:
     head1, head1_argmax, propose, logits, vocab_size, draft_ids, stats."""
 
-    layers = native_layers = None
+    layers = native_layers = native_loop = None
+    # the decoders' loops: greedy_steps takes DecodeWeights' one-step path (model.decode + head1_argmax) when
+    # no native loop is built; block_steps None means "no native blockwise loop", so blockwise steps in Python
+    greedy_steps = DecodeWeights.greedy_steps
+
+    def block_steps(self, *args, **kwargs):
+        return None
 
     def __init__(self, model: "LMModel", options: DecodeOptions):
         if options.dtype != "fp32":

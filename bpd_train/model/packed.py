@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -114,6 +115,19 @@ class DecodeWeights:
             self.draft_proj = PackedLinear(emb.detach().index_select(0, ids),
                                            bias.index_select(0, ids) if bias is not None else None, dt)
 
+        # greedy steps as one native call (greedy_steps): needs the native layers and head-1 argmax
+        self.native_loop = None
+        if self.native_layers is not None and self.identity_p1 and self.norm is not None and self.proj.lin is not None:
+            emb_w = self._emb_w = model._modules["embed"]._parameters["weight"]
+            _, nw, nb, eps = self.norm
+            ext, scale, proj = self.ext, float(model.embed_scale), self.proj.lin
+            self._emb_scale = scale
+
+            def native_loop(tok, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t, lengths, room, n, eos):
+                return ext.greedy_steps(tok, emb_w, scale, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t,
+                                        lengths, nw, nb, eps, proj, eos, room, n)
+            self.native_loop = native_loop
+
     # ---- the pieces of a step ----
     def final_norm(self, h: Tensor) -> Tensor:
         if self.norm is None:  # models without a final norm (Marian)
@@ -165,6 +179,62 @@ class DecodeWeights:
             return ext.norm_project_argmax(h, w, b, eps, self.proj.lin)
         return self.head1(h).argmax(-1)
 
+    def greedy_steps(self, model: nn.Module, state, tok: Tensor, room: np.ndarray, max_steps: int,
+                     eos: int | None = None):
+        """Up to `max_steps` greedy steps (one token per row per step, head 1's argmax fed back), stopping after
+        the step in which a row ends (EOS, or its `room` tokens used up), so callers drop finished rows where
+        a one-step loop would. tok [R] the next tokens to feed; the cache is written from `state.lengths` on
+        and the caller advances `state.lengths` by the steps taken. Returns (tokens [R,s] numpy, decoder output
+        of the last step [R,D]). The whole loop is one native call where the kernels are built (at demo size
+        the per-step Python cost is as large as the step's arithmetic); same ops, so the same tokens.
+        eos: the id that ends a row (default the model's; benchmarks pass -1 to run max_steps steps)."""
+        eos = model.config.eos_id if eos is None else eos
+        loop = self.native_loop
+        if loop is not None and max_steps > 0:
+            lengths = state.lengths
+            if isinstance(lengths, int):
+                t, per_row = state.base + lengths, None
+            else:
+                t = state.base
+                per_row = lengths if isinstance(lengths, Tensor) else torch.from_numpy(np.asarray(lengths))
+            toks, h = loop(tok, model.pe, state.max_positions, self.native_layers, state.self_kv, state.mem_kv,
+                           state.mem_mask, state.mem_group, t, per_row, torch.from_numpy(room), max_steps, eos)
+            return toks.numpy(), h
+        lengths = state.lengths
+        steps, h = [], None
+        x = tok[:, None]
+        for s in range(max_steps):
+            state.lengths = lengths + s
+            h = model.decode(state, x)[:, 0]
+            nxt = self.head1_argmax(h)
+            g = nxt.cpu().numpy()
+            steps.append(g)
+            x = nxt[:, None]
+            if ((g == eos) | (room <= s + 1)).any():
+                break
+        state.lengths = lengths
+        return (np.stack(steps, axis=1) if steps else np.zeros((tok.shape[0], 0), dtype=np.int64)), h
+
+    def block_steps(self, model: nn.Module, state, x: np.ndarray, room: int, max_steps: int, eos: int | None = None):
+        """Exact blockwise steps for one row in uniform cache mode, as one native call (decoding/blockwise.py
+        at batch 1; see csrc/linear.cpp block_steps): x [w] the fed tokens (x0 + w-1 proposals). Returns
+        (tokens gained [T], per step (accepted n, gained c) [s,2], next fed tokens [w], decoder output at the
+        last accepted position [D], ended), or None where the native kernels do not run this model."""
+        w = x.shape[0]
+        if self.native_loop is None or self.heads is None or w < 2 or max_steps < 1:
+            return None
+        f1, f2 = self._head_ffn(1, w)
+        draft = self.draft_proj if self.draft_proj is not None else self.proj
+        if draft.lin is None:
+            return None
+        _, nw, nb, eps = self.norm
+        toks, nc, nxt, hn, ended = self.ext.block_steps(
+            torch.from_numpy(x), self._emb_w, self._emb_scale, model.pe, state.max_positions, self.native_layers,
+            state.self_kv, state.mem_kv, state.mem_mask, state.base + state.lengths, nw, nb, eps, self.proj.lin,
+            f1.lin, f2.lin, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos, int(room),
+            int(max_steps))
+        return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
+
     def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
         """Argmax tokens of heads lo..hi-1 (lo >= 1): h [...,D] -> ids [...,hi-lo], over the draft vocabulary
         when one is set. Proposals only decide what is verified, never the output."""
@@ -183,4 +253,17 @@ class DecodeWeights:
 def weights_key(model: nn.Module, options: DecodeOptions) -> tuple:
     """Changes whenever any parameter's storage or in-place version does (training steps, load_state_dict,
     .to()), or the options do."""
-    return (options,) + tuple((p.data_ptr(), p._version, p.device.type) for p in model.parameters())
+    out: list = [options]
+    _param_states(model, out)
+    return tuple(out)
+
+
+def _param_states(module: nn.Module, out: list) -> None:
+    # a plain walk over the module dicts: model.parameters() (generators, memo sets) cost ~0.5 ms per decode
+    # call at demo size, a few % of a whole sentence at batch 1; shared parameters just appear twice here
+    for p in module._parameters.values():
+        if p is not None:
+            out.append((p.data_ptr(), p._version, p.device.type))
+    for child in module._modules.values():
+        if child is not None:
+            _param_states(child, out)
