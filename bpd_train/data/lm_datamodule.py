@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 
 from .corpus import _get, load_corpus
 from .datamodule import BPDDataModule
-from .lm_data import CONTEXT_POLICIES, LMDataError, LMEncoder, collate_lm, load_lm_jsonl
+from .lm_data import CONTEXT_POLICIES, LMDataError, LMEncoder, ResponseTooLong, collate_lm, load_lm_jsonl
 from .tokenizer import BOS_ID, EOS_ID, Tokenizer, get_tokenizer
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ class SpmLMTokenizer:
     """This project's sentencepiece model with the LMTokenizer interface that lm_data and the decoders use."""
 
     kind = "spm"
+    meta = None  # checkpoints record no tokenizer_meta: the run's tokenizer.model is the corpus's (loading.py)
 
     def __init__(self, tok: Tokenizer):
         self.sp = tok
@@ -120,16 +121,28 @@ class LMDataModule(BPDDataModule):
         for split, ds in self.records.items():
             enc = LMEncoder(self.tokenizer, self.context, self.lm["context_policy"], src_lang=src, tgt_lang=tgt)
             ids, plen, row_ids = [], [], []
+            too_long = 0
             names = ds["id"] if "id" in ds.column_names else range(len(ds))
             for i, (name, rec) in enumerate(zip(names, ds)):
-                e = enc.encode(rec, where=f"{split} record {name}")
+                try:
+                    e = enc.encode(rec, where=f"{split} record {name}")
+                except ResponseTooLong:
+                    # a translation corpus's over-long pairs are filtered (as data.filter does for the
+                    # encoder-decoder family) and counted; the user's own prompt/response files must fit
+                    if self.lm["files"] is not None and not (split == "train" and self.source == "distilled"):
+                        raise
+                    too_long += 1
+                    continue
                 ids.append(e["ids"])
                 plen.append(e["prompt_len"])
                 row_ids.append(i)
             enc.report()
+            if too_long:
+                log.warning("%s: %d record(s) whose response alone exceeds the context of %d were left out",
+                            split, too_long, self.context)
             self.datasets[split] = Dataset.from_dict({"row": row_ids, "ids": ids, "prompt_len": plen,
                                                       "length": [len(x) for x in ids]})
-            self.stats[split] = {"rows": len(ids), "truncated": enc.truncated}
+            self.stats[split] = {"rows": len(ids), "truncated": enc.truncated, "too_long": too_long}
             if not ids:
                 raise LMDataError(f"split {split!r} has no records")
 
