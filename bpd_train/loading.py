@@ -272,6 +272,10 @@ def read_hf(src: Source, map_location) -> Read:
     if family_of(src.path) is not None:  # Llama / Qwen2 / Mistral: the decoder-only family
         if src.options:
             raise ConvertError(f"{src.given}: a decoder-only model takes no @<src_lang>:<tgt_lang>")
+        if not (src.path / "tokenizer.json").is_file() and (src.path / TOKENIZER).is_file():
+            # exported by export.format=hf from a model trained here from scratch: the corpus's sentencepiece model
+            model, _, meta = load_hf_lm(src.path, block_size=None, map_location=map_location, tokenizer=False)
+            return Read(model, src.path / TOKENIZER, None, meta, None)
         model, tok, meta = load_hf_lm(src.path, block_size=None, map_location=map_location)
         return Read(model, src.path, None, meta, tok.meta())
     model, tok, meta = load_hf(src.path, block_size=None, map_location=map_location, **dict(src.options))
