@@ -140,7 +140,7 @@ def test_smoke_lm_pipeline_end_to_end(tmp_path):
 
     art = tmp_path / "art"
     r = subprocess.run([sys.executable, "-m", "bpd_train.pipeline", "--experiment", "smoke-lm", "--regimes",
-                        "frozen,both", f"paths.artifacts={art}", "progress_bar=none"], cwd=REPO_ROOT,
+                        "frozen,both", f"paths.artifacts={art}"], cwd=REPO_ROOT,
                        env=offline_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     corpus = art / "bible_en_fr"
@@ -158,3 +158,21 @@ def test_smoke_lm_pipeline_end_to_end(tmp_path):
     from bpd_train.decoding import greedy
     prompts = [tok.encode(f"English: {s}\nFrench:") for s in ("In the beginning", "God said", "Let there be light")]
     assert greedy(frozen.model, prompts, max_len=12).tokens == greedy(base.model, prompts, max_len=12).tokens
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_train_lm_heads(llama, tmp_path):
+    """finetune (backbone and heads) of an hf: Llama on 2 DDP ranks over gloo: both ranks join, the run ends
+    at its step count with 2 replicas in its sampler state."""
+    from bpd_train.checkpoint import read_checkpoint
+
+    rec = _records(tmp_path)
+    art = tmp_path / "art"
+    r = run_train("+regime=finetune", "experiment=smoke_lm", f"regime.init_from=hf:{llama}",
+                  f"data.lm.files={{train:{rec},validation:{rec}}}", "model.block_size=3", "data.max_tokens=128",
+                  "strategy=ddp", "trainer.devices=2", "trainer.max_steps=4", "trainer.val_check_interval=2",
+                  artifacts=art, timeout=600)
+    assert "MEMBER: 2/2" in r.stdout + r.stderr
+    ck = read_checkpoint(next(art.glob("*/heads/finetune-k3")) / "checkpoints" / "last.ckpt")
+    assert ck["global_step"] == 4 and ck["bpd"]["model_config"]["arch"] == "lm"
+    assert ck["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["num_replicas"] == 2
