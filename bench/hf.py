@@ -11,8 +11,9 @@ Fair lengths: random weights stop at arbitrary points, so every engine generates
 sentence with EOS forbidden (transformers: min_new_tokens = max_new_tokens; CTranslate2: min_decoding_length =
 max_decoding_length; ours: EOS added to the model's suppress_ids, the same -inf transformers' min-length
 processor puts on EOS). The pad is never generated in any of the three (opus-mt's bad_words_ids in transformers,
-the model's suppress_ids in ours; CTranslate2's Marian converter drops the pad row from the vocabulary). Tokens are compared sentence by sentence (fp32 everywhere). Timing: one warm-up
-batch per engine, then the engines alternate over the same batches; tokens/s = generated tokens / seconds.
+the model's suppress_ids in ours; CTranslate2's Marian converter drops the pad row from the vocabulary). Tokens
+are compared sentence by sentence (fp32 everywhere). Timing: one warm-up batch per engine, then the engines
+alternate over the same batches; tokens/s = generated tokens / seconds.
 The last line printed is one JSON object.
 """
 from __future__ import annotations
@@ -153,7 +154,8 @@ def run(a) -> dict:
                        **{f"{k}_tok_s": round(toks[k] / secs[k], 1) for k in engines},
                        "lengths_equal": all(len(o) == n_new for k in engines for o in outs[k]),
                        "identical_ours_vs_transformers": sum(x == y for x, y in zip(outs["ours"], ref)) / len(ref),
-                       "identical_ct2_vs_transformers": sum(x == y for x, y in zip(outs["ctranslate2"], ref)) / len(ref)}
+                       "identical_ct2_vs_transformers":
+                           sum(x == y for x, y in zip(outs["ctranslate2"], ref)) / len(ref)}
                 rows.append(row)
                 print(f"threads={threads} batch={bs:2d}: transformers {row['transformers_tok_s']:7.1f}  CTranslate2 "
                       f"{row['ctranslate2_tok_s']:7.1f}  ours {row['ours_tok_s']:7.1f} tok/s; identical to "

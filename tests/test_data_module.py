@@ -149,10 +149,26 @@ def test_filtered_rows_keep_their_lengths(cfg, dirs):
     # Regression: the sampler once read lengths from the raw Arrow table, which ignores the rows a filter
     # removed, so lengths and rows drifted apart and a long epoch indexed past the end of the split.
     c = cfg.copy()
-    c.filter.max_len = 20
+    c.filter.max_len = 60
     dm = _dm(c, dirs)
     train = dm.datasets["train"]
     assert len(train) < 400  # the filter really dropped rows
     sampler = dm.train_dataloader().batch_sampler
     assert list(sampler.lengths) == list(train["length"])
     assert sorted(i for b in sampler for i in b) == list(range(len(train)))
+
+
+def test_evaluation_rows_the_model_cannot_read_are_left_out_and_counted(cfg, dirs, caplog):
+    # A validation row longer than data.filter.max_len once reached the model at the first validation and
+    # stopped training after all its steps; now it is left out when the data are set up, with a count.
+    import logging
+
+    c = cfg.copy()
+    c.filter.max_len = 80
+    with caplog.at_level(logging.WARNING):
+        dm = _dm(c, dirs)
+    val = dm.datasets["validation"]
+    assert 0 < len(val) < 60 and max(val["length"]) <= 80
+    n = dm.stats["validation"]["dropped"]["max_len"]
+    assert n == 60 - len(val) and f"validation: left out {n} of 60 rows longer than data.filter.max_len=80" in caplog.text
+    assert len(_dm(cfg, dirs).datasets["validation"]) == 60   # the default max_len keeps every bundled row

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremo
 
 from _eval_tiny import build_tiny  # noqa: E402
 from conftest import REPO_ROOT, offline_env, run_train  # noqa: E402
-from test_hf_convert import TEXTS, _pieces, _randomize, _spm  # noqa: E402
+from test_hf_convert import TEXTS, _pieces, _randomize, _spm, folders  # noqa: E402,F401 (folders: a fixture)
 
 from bpd_train.decoding import greedy  # noqa: E402
 from bpd_train.loading import load  # noqa: E402
@@ -165,8 +165,8 @@ def test_marian_frozen_train_bundle_translate(marian, tmp_path):
     model, btok, meta = load_bundle(bundle)
     assert meta["format_version"] == 3 and greedy(model, src, max_len=20).tokens == want
     out, err = io.StringIO(), io.StringIO()
-    rc = main(["--bundle", str(bundle), "--max-len", "0", "20", "--quiet"], stdin=io.StringIO("\n".join(SOURCES) + "\n"),
-              stdout=out, stderr=err)
+    rc = main(["--bundle", str(bundle), "--max-len", "0", "20", "--quiet"],
+              stdin=io.StringIO("\n".join(SOURCES) + "\n"), stdout=out, stderr=err)
     assert rc == 0, err.getvalue()
     assert out.getvalue().splitlines() == [tok.detok(t) for t in want]
     # an edited tokenizer file is refused (the manifest and config.json hash the tokenizer folder)
@@ -186,7 +186,8 @@ def test_marian_evaluate_and_distill(marian, tmp_path):
     art = tmp_path / "art"
     common = ["experiment=smoke", f"paths.artifacts={art}", *_data(marian)]
     out = run_evaluate(_compose("evaluate", [*common, f"evaluate.inputs=[hf:{folder}]", "evaluate.batch_sizes=[2]",
-                                             "evaluate.plots=false", "evaluate.wandb=false", "evaluate.progress=false"]))
+                                             "evaluate.plots=false", "evaluate.wandb=false",
+                                             "evaluate.progress=false"]))
     report = json.loads((out / "report.json").read_text())
     assert report["checkpoints"][0]["name"] == "marian" and report["checkpoints"][0]["k"] == 1
 
@@ -205,7 +206,8 @@ def test_marian_evaluate_and_distill(marian, tmp_path):
     from bpd_train.training.run import train
 
     run = train(_compose("train", ["+regime=distill", f"regime.init_from=hf:{folder}", *common, "logger=none",
-                                   "trainer.max_steps=2", "progress_bar=none", "callbacks.blockwise_eval.enabled=false"]))
+                                   "trainer.max_steps=2", "progress_bar=none",
+                                   "callbacks.blockwise_eval.enabled=false"]))
     assert json.loads((run / "done.json").read_text())["global_step"] == 2
     student = load(run)
     src = _ids(tok, SOURCES)
@@ -237,9 +239,85 @@ def test_bad_hf_input_is_one_line(marian, tmp_path):
     line = _cli("hf:nobody-here/opus-mt-xx-yy", tmp_path)
     assert "HF_HUB_OFFLINE=1" in line and "nobody-here/opus-mt-xx-yy" in line
 
+    from bpd_train.translate import main
+
+    err = io.StringIO()  # a transformers folder given as a bundle, without hf:
+    assert main(["--bundle", str(folder)], stdin=io.StringIO("x\n"), stdout=io.StringIO(), stderr=err) == 2
+    assert f"pass it as hf:{folder}" in err.getvalue() and len(err.getvalue().splitlines()) == 1
+
     bigger = tmp_path / "bigger_vocab"
     shutil.copytree(folder, bigger)
     vocab = json.loads((bigger / "vocab.json").read_text())
     vocab["extra"] = len(vocab)
     (bigger / "vocab.json").write_text(json.dumps(vocab))
     assert "belong to different models" in _cli(f"hf:{bigger}", tmp_path)
+
+
+def test_marian_finetune_then_export_hf_loads_in_transformers(marian, tmp_path):
+    """finetune trains the imported backbone; export.format=hf of that run is a checkpoint transformers loads,
+    whose generate() gives our greedy output, with the heads in bpd_heads.safetensors (issue 12 items 4, 5)."""
+    from safetensors import safe_open
+
+    from bpd_train.export import run_export
+    from bpd_train.training.run import train
+
+    folder = marian["folder"]
+    art = tmp_path / "art"
+    run = train(_compose("train", ["+regime=finetune", f"regime.init_from=hf:{folder}", "experiment=smoke",
+                                   f"paths.artifacts={art}", *_data(marian), "logger=none", "trainer.max_steps=2",
+                                   "progress_bar=none", "callbacks.blockwise_eval.enabled=false",
+                                   "optim.optimizer.lr=0.05"]))
+    tuned, imported = load(run), load(f"hf:{folder}")
+    changed = [n for n, t in imported.model.state_dict().items()
+               if n != "logits_bias" and not torch.equal(t, tuned.model.state_dict()[n])]
+    assert "encoder_layers.0.attn.qkv.weight" in changed and "embed.weight" in changed
+    out = tmp_path / "tuned-hf"
+    run_export(_compose("export", ["experiment=smoke", f"export.checkpoint={run}", "export.format=hf",
+                                   f"export.output_dir={out}", f"paths.artifacts={art}"]))
+    with safe_open(str(out / "bpd_heads.safetensors"), framework="pt") as f:
+        assert f.metadata()["format"] == "bpd-train-heads" and "heads.fc2.weight" in set(f.keys())
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    ttok = transformers.MarianTokenizer.from_pretrained(out)
+    enc = ttok(SOURCES, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        gen = hf.generate(**enc, num_beams=1, do_sample=False, max_new_tokens=20)
+    eos, pad = tuned.config.eos_id, tuned.config.pad_id
+    want = [[t for t in row.tolist()[1:]] for row in gen]
+    want = [row[:row.index(eos)] if eos in row else [t for t in row if t != pad] for row in want]
+    assert greedy(tuned.model, enc["input_ids"], max_len=20).tokens == want
+
+
+def test_m2m100_languages_through_the_pipeline(folders, marian, tmp_path):
+    """hf:<folder>@src:tgt (M2M100 / NLLB): the target language is the model's BOS after the decoder-start
+    prefix, the source language the first source token; a frozen run keeps greedy bit for bit and its bundle
+    remembers both languages."""
+    from bpd_train.bundle import load_bundle
+    from bpd_train.export import export_checkpoint
+    from bpd_train.training.run import train
+
+    mm, ttok, de = folders["m2m100"]
+    to_fr = load(f"hf:{mm}@en:fr")
+    assert to_fr.config.bos_id == ttok.get_lang_id("fr") and to_fr.config.decoder_prefix == (2,)
+    imported = load(f"hf:{mm}@en:de")
+    tok = imported.tokenizer()
+    assert imported.config.bos_id == de and tok.source_ids(SOURCES[0]) == ttok(SOURCES[0])["input_ids"]
+    data_tok = imported.data_tokenizer()
+    assert data_tok.bos_id == de and data_tok.encode_batch([SOURCES[0]])[0][0] == ttok.get_lang_id("en")
+    src = _ids(tok, SOURCES)
+    want = greedy(imported.model, src, max_len=16).tokens
+    assert want != greedy(to_fr.model, src, max_len=16).tokens
+
+    run = train(_compose("train", ["+regime=frozen", f"regime.init_from=hf:{mm}@en:de", "experiment=smoke",
+                                   f"paths.artifacts={tmp_path}/art", *_data(marian), "logger=none",
+                                   "trainer.max_steps=2", "progress_bar=none",
+                                   "callbacks.blockwise_eval.enabled=false"]))
+    trained = load(run)
+    assert trained.tokenizer_meta["src_lang"] == "en" and greedy(trained.model, src, max_len=16).tokens == want
+    # resuming finds the run's tokenizer (tokenizer/, languages from the checkpoint) and continues
+    train(_compose("train", ["+regime=frozen", f"regime.init_from=hf:{mm}@en:de", "experiment=smoke",
+                             f"paths.artifacts={tmp_path}/art", *_data(marian), "logger=none", "trainer.max_steps=4",
+                             "progress_bar=none", "callbacks.blockwise_eval.enabled=false", "ckpt_path=last"]))
+    assert json.loads((run / "done.json").read_text())["global_step"] == 4
+    export_checkpoint(run, tmp_path / "bundle")
+    model, btok, meta = load_bundle(tmp_path / "bundle")
+    assert (btok.src_lang, btok.tgt_lang) == ("en", "de") and greedy(model, src, max_len=16).tokens == want

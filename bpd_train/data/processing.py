@@ -4,7 +4,8 @@ Tokenized rows: `row` (index in the split as loaded), `id`, `src` (pieces + eos,
 `tgt` (pieces only; collate adds bos / eos), `length` = max(len(src), len(tgt) + 1) — the longer of the
 two padded tensors a row occupies, which is what the batch sampler's token budget counts.
 
-Filters (`data.filter`, applied to the training split only, so validation/test stay comparable):
+Filters (`data.filter`, applied to the training split only, so validation/test stay comparable; validation/test
+rows longer than max_len are left out too, counted and logged, because the model cannot read them):
   min_len   drop if either side has fewer pieces (without specials)
   max_len   drop if either side has more pieces + 1 special (len(src) or len(tgt_in)) than this
   max_ratio drop if max(pieces) / max(1, min(pieces)) exceeds this
@@ -94,6 +95,18 @@ def tokenize_split(ds: Dataset, tok: Tokenizer, data_cfg: Any, split: str, apply
         stats["dropped"] = {r: 0 for r in DROP_REASONS[1:]}
         if apply_filter:
             log.info("filter %s: kept all %d rows", split, stats["rows"])
+        elif max_len is not None:
+            # Evaluation splits keep every row the model can read: a row longer than max_len (which must not exceed
+            # the model's positions) would stop training at its first validation, after all its steps.
+            lengths = np.asarray(enc["length"])
+            keep = np.flatnonzero(lengths <= max_len)
+            if len(keep) < len(enc):
+                shown = ", ".join(str(i) for i in np.asarray(enc["id"])[lengths > max_len][:3])
+                log.warning("%s: left out %d of %d rows longer than data.filter.max_len=%d pieces (first: %s)",
+                            split, len(enc) - len(keep), len(enc), max_len, shown)
+                enc = enc.select(keep)
+                stats["kept"] = len(keep)
+                stats["dropped"]["max_len"] = stats["rows"] - len(keep)
     enc = enc.remove_columns("drop")
     return enc, stats
 

@@ -220,7 +220,8 @@ def build_module(cfg: DictConfig, regime: Regime, tokenizer, resume: str | None 
     module = BPDLightningModule(
         model_config=model_cfg.to_dict(), regime=regime.to_dict(), optim=plain(cfg.optim), loss=plain(cfg.loss),
         seed=int(cfg.seed), tokenizer_file=str(Path(tokenizer.path).resolve()), tokenizer_hash=tokenizer.hash,
-        data_name=str(cfg.data.name), init_from=str(init.source) if init is not None else init_from,
+        data_name=str(cfg.data.name),
+        init_from=(init.source.spec or str(init.source)) if init is not None else init_from,
         tokenizer_meta=tokenizer.meta)
     if init is not None:
         report = copy_weights(module.model, init.model)
