@@ -1,5 +1,6 @@
 # make test   — create .venv if missing, install with dev extras, run the test suite (offline)
 # make demo   — the whole BPD experiment in miniature on the bundled corpus
+# make demo-lm — the same for a decoder-only (Llama-architecture) model trained from scratch (docs/LM.md)
 PY ?= python3
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
@@ -8,7 +9,7 @@ export HF_DATASETS_OFFLINE := 1
 export WANDB_MODE := offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
-.PHONY: install test test-fast test-slurm demo smoke bench clean
+.PHONY: install test test-fast test-slurm demo smoke demo-lm smoke-lm bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -34,6 +35,12 @@ demo: install
 
 smoke: install
 	$(PYTHON) -m bpd_train.pipeline --experiment smoke --k $(K)
+
+demo-lm: install
+	$(PYTHON) -m bpd_train.pipeline --experiment demo-lm --k $(K)
+
+smoke-lm: install
+	$(PYTHON) -m bpd_train.pipeline --experiment smoke-lm --k $(K)
 
 bench: install
 	$(PYTHON) bench/decode.py

@@ -101,7 +101,8 @@ def write_bundle(model, tokenizer_path: str | os.PathLike, out_dir: str | os.Pat
             "format_version": BUNDLE_VERSION if folder else 2,  # what older readers can read stays readable
             "bpd_train_version": __version__,
             "model": cfg.to_dict(),
-            "heads": {"block_size": cfg.block_size, "identity_p1": cfg.identity_p1, "head_hidden": cfg.head_hidden},
+            "heads": {"block_size": cfg.block_size, "identity_p1": cfg.identity_p1, "head_hidden": cfg.head_hidden,
+                      **({"type": cfg.heads} if getattr(cfg, "arch", None) == "lm" else {})},
             "tokenizer": {"file": TOKENIZER_DIR if folder else TOKENIZER, "sha256": tok_hash, **special},
             "weights": {"file": WEIGHTS, "sha256": sha256_file(tmp / WEIGHTS), "dtype": str(torch_dtype).split(".")[-1],
                         "tied": tied, "num_parameters": int(sum(t.numel() for t in tensors.values()))},
@@ -120,6 +121,14 @@ def _folder_tokenizer(folder: Path, cfg: BPDConfig, meta: dict | None) -> tuple[
 
     meta = dict(meta or {})
     try:
+        if getattr(cfg, "arch", None) == "lm":  # a decoder-only model's tokenizer.json folder
+            from bpd_train.data.lm_tokenizer import RunLMTokenizer
+
+            tok = RunLMTokenizer(folder)
+            tok.check_model(cfg.vocab_size)
+            return tokenizer_files(folder), tokenizer_folder_hash(folder), {
+                "vocab_size": cfg.vocab_size, "pad_id": cfg.pad_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id,
+                "meta": tok.meta}
         tok = HFTokenizer(folder, src_lang=meta.get("src_lang"), tgt_lang=meta.get("tgt_lang"))
         tok.check_model(cfg.vocab_size, cfg.source_vocab_size)
         names, tok_hash = tokenizer_files(folder), tokenizer_folder_hash(folder)
@@ -276,7 +285,7 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from bpd_train.model import BPDModel
+    from bpd_train.model import build_model, config_from_dict
 
     path = Path(path)
     config = read_bundle_config(path)
@@ -300,18 +309,24 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
         raise BundleError(f"{path / WEIGHTS} (sha256 {w_hash[:12]}) does not match the sha256 recorded in config.json "
                           f"({str(config['weights'].get('sha256'))[:12]}): the file is corrupt or was modified")
     try:
-        cfg = BPDConfig.from_dict(dict(config["model"]))
+        cfg = config_from_dict(dict(config["model"]))  # arch: lm -> a decoder-only model
     except (TypeError, ValueError) as e:
         raise BundleError(f"{path / CONFIG} has an invalid model config: {e}") from e
     if folder:
         tok = _bundle_hf_tokenizer(tok_path, config["tokenizer"].get("meta") or {}, cfg)
         # its BOS is the model's decoder start (or target language), not a tokenizer piece
-        ids = {"vocab_size": cfg.vocab_size, "pad_id": tok.pad_id(), "bos_id": cfg.bos_id, "eos_id": tok.eos_id()}
+        if getattr(cfg, "arch", None) == "lm":  # an import's EOS may be its generation_config's: the model's
+            ids = {"vocab_size": cfg.vocab_size, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
+        else:
+            ids = {"vocab_size": cfg.vocab_size, "pad_id": tok.pad_id(), "bos_id": cfg.bos_id, "eos_id": tok.eos_id()}
     else:
         tok = spm.SentencePieceProcessor(model_file=str(tok_path))
         ids = {"vocab_size": tok.get_piece_size(), "pad_id": tok.pad_id(), "bos_id": tok.bos_id(),
                "eos_id": tok.eos_id()}
     want = {"vocab_size": cfg.vocab_size, "pad_id": cfg.pad_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
+    if getattr(cfg, "arch", None) == "lm":  # its pad is a sentinel (-1), never a token: not the tokenizer's
+        ids.pop("pad_id", None)
+        want.pop("pad_id")
     if ids != want:
         raise BundleError(f"bundle {path}: tokenizer ids {ids} do not match the model config {want}")
     try:
@@ -322,7 +337,7 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
         if target not in tensors:
             raise BundleError(f"{path / CONFIG} ties {alias} to {target}, which is not in {WEIGHTS}")
         tensors[alias] = tensors[target]
-    model = BPDModel(cfg)
+    model = build_model(cfg)
     check_state_shapes(model, tensors, where=str(path / WEIGHTS))
     stored_dtype = next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
     target = _dtype(dtype) if dtype is not None else stored_dtype
@@ -337,6 +352,15 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
 def _bundle_hf_tokenizer(folder: Path, meta: dict, cfg: BPDConfig):
     from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError
 
+    if getattr(cfg, "arch", None) == "lm":
+        from bpd_train.data.lm_tokenizer import RunLMTokenizer
+
+        try:
+            tok = RunLMTokenizer(folder)
+            tok.check_model(cfg.vocab_size)
+        except TokenizerError as e:
+            raise BundleError(f"bundle {folder.parent}: {e}") from None
+        return tok
     try:
         tok = HFTokenizer(folder, src_lang=meta.get("src_lang"), tgt_lang=meta.get("tgt_lang"))
         tok.check_model(cfg.vocab_size, cfg.source_vocab_size)

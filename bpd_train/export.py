@@ -17,9 +17,9 @@ from bpd_train.bundle import write_bundle as export_bundle
 from bpd_train.checkpoint import CheckpointError
 from bpd_train.loading import LoadedModel, Source, load, resolve
 
-__all__ = ["BundleError", "export_bundle", "export_checkpoint", "export_hf", "load_bundle", "provenance",
-           "run_export"]
-FORMATS = ("bundle", "hf")
+__all__ = ["BundleError", "export_bundle", "export_checkpoint", "export_hf", "export_vllm", "load_bundle",
+           "provenance", "run_export"]
+FORMATS = ("bundle", "hf", "vllm")
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,27 @@ def export_hf(source: str | os.PathLike | Source, out_dir: str | os.PathLike, *,
         files = {name: loaded.tokenizer_path / name for name in tokenizer_files(loaded.tokenizer_path)}
     else:
         files = {"tokenizer.model": loaded.tokenizer_path}
+    if loaded.is_lm:  # Llama / Qwen2 layout (convert/hf_lm.py); load_hf_lm reads the heads back
+        from bpd_train.convert.hf_lm import to_hf_lm
+
+        return to_hf_lm(loaded.model, out_dir, files=files, overwrite=overwrite)
     return to_hf(loaded.model, out_dir, files=files, overwrite=overwrite)
+
+
+def export_vllm(source: str | os.PathLike | Source, out_dir: str | os.PathLike, *, dtype: str = "float32",
+                overwrite: bool = False, tag: str | None = None) -> Path:
+    """A decoder-only model with Medusa heads -> the folder vLLM's `medusa` speculative model loads
+    (convert/vllm_medusa.py; serve it as the draft beside the base model)."""
+    from bpd_train.convert.vllm_medusa import export_medusa
+
+    src = resolve(source, tag=tag)
+    loaded = load(src)
+    cfg = loaded.config
+    if not loaded.is_lm or getattr(cfg, "heads", None) != "medusa" or cfg.block_size < 2:
+        what = "an encoder-decoder model" if not loaded.is_lm else f"heads={cfg.heads}, k={cfg.block_size}"
+        raise ValueError(f"export.format=vllm writes Medusa heads of a decoder-only model; {src} is {what} (train "
+                         "the heads with model.heads=medusa, or use export.format=bundle|hf)")
+    return export_medusa(loaded.model, out_dir, dtype=dtype, overwrite=overwrite)
 
 
 # ------------------------------------------------------------------------------------------------- export.py
@@ -108,6 +128,11 @@ def run_export(cfg) -> Path:
     name = x.name or (named.name if named.is_dir() else (named.parent.parent.name if named.parent.name == "checkpoints"
                                                          else named.stem))
     out = Path(x.output_dir) if x.output_dir else corpus_dir(cfg) / "export" / (name + ("-hf" if fmt == "hf" else ""))
+    if fmt == "vllm":
+        out = Path(x.output_dir) if x.output_dir else corpus_dir(cfg) / "export" / (name + "-vllm-medusa")
+        path = export_vllm(source, out, dtype=str(x.dtype), overwrite=bool(x.overwrite), tag=x.tag)
+        print(f"exported {x.checkpoint or src} -> {path} (vLLM medusa draft model)")
+        return path
     if fmt == "hf":
         path = export_hf(source, out, overwrite=bool(x.overwrite), tag=x.tag)
         print(f"exported {x.checkpoint or src} -> {path} (transformers checkpoint + bpd_heads.safetensors)")

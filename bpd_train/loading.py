@@ -85,12 +85,31 @@ class LoadedModel:
         return self.model.config
 
     @property
+    def is_lm(self) -> bool:
+        """A decoder-only language model (LMModel): prompts in, responses out."""
+        return getattr(self.model.config, "arch", None) == "lm"
+
+    def lm_tokenizer(self):
+        """A decoder-only model's tokenizer with the LMTokenizer interface (lm_data, lm_distill, the decoders):
+        its own tokenizer.json folder, or the corpus's sentencepiece model it was trained from scratch with."""
+        if self.own_tokenizer:
+            from bpd_train.data.lm_tokenizer import RunLMTokenizer
+
+            return RunLMTokenizer(self.tokenizer_path, hash=self.tokenizer_hash)
+        from bpd_train.data.lm_datamodule import SpmLMTokenizer
+        from bpd_train.data.tokenizer import Tokenizer
+
+        return SpmLMTokenizer(Tokenizer(self.tokenizer_path))
+
+    @property
     def own_tokenizer(self) -> bool:
         """The model brings its own tokenizer (an imported model's files), not a corpus's sentencepiece model."""
         return self.tokenizer_path.is_dir()
 
     def tokenizer(self):
         """A sentencepiece processor, or an imported model's HFTokenizer (the same methods, the model's ids)."""
+        if self.is_lm:
+            return self.lm_tokenizer()
         if self.own_tokenizer:
             from bpd_train.data.hf_tokenizer import HFTokenizer
 
@@ -105,6 +124,8 @@ class LoadedModel:
         (hf_tokenizer.ModelTokenizer), or None: the run uses its corpus's sentencepiece model, checked by hash."""
         if not self.own_tokenizer:
             return None
+        if self.is_lm:
+            return self.lm_tokenizer()
         from bpd_train.data.hf_tokenizer import ModelTokenizer
 
         return ModelTokenizer.for_model(self.tokenizer(), self.config, hash=self.tokenizer_hash)
@@ -197,9 +218,9 @@ def _find_tokenizer(start: Path, levels: int, meta: dict, where: Path) -> Path:
 
 
 def _build(meta: dict, state: dict, where: str):
-    from bpd_train.model import BPDModel
+    from bpd_train.model import build_model
 
-    model = BPDModel(BPDConfig.from_dict(dict(meta["model_config"])))
+    model = build_model(dict(meta["model_config"]))  # arch: lm -> LMModel, else BPDModel
     check_state_shapes(model, state, where=where)
     model.load_state_dict(state, strict=True)
     return model
@@ -245,8 +266,18 @@ def _resolve_hf(text: str) -> Source:
 
 
 def read_hf(src: Source, map_location) -> Read:
-    from bpd_train.convert.hf import load_hf
+    from bpd_train.convert.hf import ConvertError, load_hf
+    from bpd_train.convert.hf_lm import family_of, load_hf_lm
 
+    if family_of(src.path) is not None:  # Llama / Qwen2 / Mistral: the decoder-only family
+        if src.options:
+            raise ConvertError(f"{src.given}: a decoder-only model takes no @<src_lang>:<tgt_lang>")
+        if not (src.path / "tokenizer.json").is_file() and (src.path / TOKENIZER).is_file():
+            # exported by export.format=hf from a model trained here from scratch: the corpus's sentencepiece model
+            model, _, meta = load_hf_lm(src.path, block_size=None, map_location=map_location, tokenizer=False)
+            return Read(model, src.path / TOKENIZER, None, meta, None)
+        model, tok, meta = load_hf_lm(src.path, block_size=None, map_location=map_location)
+        return Read(model, src.path, None, meta, tok.meta())
     model, tok, meta = load_hf(src.path, block_size=None, map_location=map_location, **dict(src.options))
     return Read(model, src.path, None, meta, tok.meta())
 

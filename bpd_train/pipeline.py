@@ -64,7 +64,10 @@ def best_run(report: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--experiment", default="demo", help="experiment preset: demo (~16 min on 2 cores) or smoke (~3 min)")
+    ap.add_argument("--experiment", default="demo",
+                    help="experiment preset (conf/experiment/, '-' read as '_'): demo (~16 min on 2 cores), smoke "
+                         "(~3 min); demo-lm / smoke-lm: the same chain for a decoder-only (Llama-architecture) model "
+                         "trained from scratch on the corpus as prompt-format translation, distilled from itself")
     ap.add_argument("--k", type=int, default=4, help="block size of the heads runs")
     ap.add_argument("--regimes", default=",".join(HEAD_REGIMES),
                     help=f"comma-separated head regimes (default: {','.join(HEAD_REGIMES)})")
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("WANDB_MODE", "offline")
-    common = [f"experiment={args.experiment}", *args.overrides]
+    common = [f"experiment={args.experiment.replace('-', '_')}", *args.overrides]
     t0 = time.monotonic()
 
     train_stage("base", common, args.k)  # also trains (or reuses) the corpus's sentencepiece model

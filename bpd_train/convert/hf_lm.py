@@ -256,10 +256,11 @@ def state_to_hf_lm(model) -> dict[str, Tensor]:
 
 
 def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = None,
-             overwrite: bool = False) -> Path:
+             overwrite: bool = False, files: dict[str, str | Path] | None = None) -> Path:
     """Write an LMModel as a transformers checkpoint folder (config.json, generation_config.json,
     model.safetensors), its heads in bpd_heads.safetensors (LMConfig in the metadata; load_hf_lm reads them
-    back), and the tokenizer files of tokenizer_folder. Atomic: complete or absent."""
+    back), and the tokenizer files of tokenizer_folder (or `files`: name in the folder -> file to copy, e.g. the
+    sentencepiece tokenizer.model of a model trained here from scratch). Atomic: complete or absent."""
     import json
     import shutil
 
@@ -282,6 +283,8 @@ def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = N
             from bpd_train.data.lm_tokenizer import LMTokenizer
             for name in LMTokenizer(tokenizer_folder).files():
                 shutil.copyfile(Path(tokenizer_folder) / name, tmp / name)
+        for name, src in (files or {}).items():
+            shutil.copyfile(src, tmp / name)
     return Path(out_dir)
 
 

@@ -33,7 +33,7 @@ DEFAULT_COMMAND = "python distill.py"
 
 # Manifest keys that must agree between every run and rank that writes into one folder.
 SETTINGS_KEYS = ("teacher_sha256", "tokenizer_hash", "beam_size", "length_penalty", "max_len", "split",
-                 "src_lang", "tgt_lang")
+                 "src_lang", "tgt_lang", "kind", "temperature", "seed")
 PLAN_KEYS = ("num_examples", "shard_size", "num_shards", "ids_sha256", "limit")
 
 
@@ -66,18 +66,29 @@ class TeacherSettings:
     split: str
     src_lang: str
     tgt_lang: str
+    # a decoder-only teacher (kind "lm") answers prompts greedily (temperature 0) or samples from seed
+    kind: str = "translation"
+    temperature: float = 0.0
+    seed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"teacher_sha256": self.teacher_sha256, "tokenizer_hash": self.tokenizer_hash,
-                "beam_size": int(self.beam_size), "length_penalty": float(self.length_penalty),
-                "max_len": canonical_max_len(self.max_len), "split": str(self.split),
-                "src_lang": str(self.src_lang), "tgt_lang": str(self.tgt_lang)}
+        d = {"teacher_sha256": self.teacher_sha256, "tokenizer_hash": self.tokenizer_hash,
+             "beam_size": int(self.beam_size), "length_penalty": float(self.length_penalty),
+             "max_len": canonical_max_len(self.max_len), "split": str(self.split),
+             "src_lang": str(self.src_lang), "tgt_lang": str(self.tgt_lang)}
+        if self.kind != "translation":  # (translation teachers keep the ids they always had)
+            d.update(kind=self.kind, temperature=float(self.temperature),
+                     seed=int(self.seed) if self.temperature > 0 else None)
+        return d
 
     @property
     def teacher_id(self) -> str:
         """Readable and unique: ``train-b4-a0.6-<12 hex of the settings hash>``."""
         d = self.as_dict()
         digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+        if self.kind == "lm":
+            how = "greedy" if self.temperature <= 0 else f"t{self.temperature:g}-s{self.seed}"
+            return f"{d['split']}-lm-{how}-{digest}"
         return f"{d['split']}-b{d['beam_size']}-a{d['length_penalty']:g}-{digest}"
 
 
@@ -261,7 +272,10 @@ def verify_corpus(out_dir: str | os.PathLike, *, bleu: bool = True) -> dict[str,
             continue
         seen.update(map(str, ids))
         all_ids.extend(ids)
-        hyps.extend(r["translation"][tgt] for r in recs)
+        if m.get("kind") == "lm":  # {id, prompt|messages, response, teacher_ids, gold}
+            hyps.extend(r.get("response") or "" for r in recs)
+        else:
+            hyps.extend(r["translation"][tgt] for r in recs)
         refs.extend(r["gold"] for r in recs)
         shard.update(state="done", sha256=sha256_file(path), bytes=path.stat().st_size)
     if not problems and (len(all_ids) != m["num_examples"] or ids_digest(all_ids) != m["ids_sha256"]):
@@ -274,7 +288,7 @@ def verify_corpus(out_dir: str | os.PathLike, *, bleu: bool = True) -> dict[str,
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise DistillError(f"distilled corpus {out_dir} is incomplete: {m['num_done_shards']}/{m['num_shards']} "
                            f"shards done; " + "; ".join(problems[:5]) + more + ". " + finish_hint(m))
-    if bleu:
+    if bleu and all(isinstance(r, str) for r in refs):  # prompts without a reference response: no score
         m["teacher_bleu"] = teacher_bleu(hyps, refs)
     m["verified_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_manifest(out_dir, m)
@@ -360,6 +374,11 @@ def load_distilled_corpus(out_dir: str | os.PathLike):
         files.append(str(p))
     import datasets
 
+    if m.get("kind") == "lm":  # prompt/response (or chat) records as distill.py writes them for a decoder-only model
+        ds = datasets.load_dataset("json", data_files=files, split="train")
+        if len(ds) != m["num_examples"]:
+            raise DistillError(f"{out_dir}: read {len(ds)} examples, the manifest says {m['num_examples']}")
+        return ds
     features = datasets.Features({
         "id": datasets.Value("string"),
         "translation": {m["src_lang"]: datasets.Value("string"), m["tgt_lang"]: datasets.Value("string")},

@@ -94,6 +94,8 @@ def tokenizer_files(folder: str | Path, kind: str | None = None) -> list[str]:
              "tokenizers": ["tokenizer.json"], "spm": ["tokenizer.model"]}[kind]
     if cfg.is_file():
         names.append("tokenizer_config.json")
+    if kind == "tokenizers" and (folder / "chat_template.jinja").is_file():  # a decoder-only model's chat template
+        names.append("chat_template.jinja")
     return names
 
 

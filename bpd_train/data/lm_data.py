@@ -41,6 +41,10 @@ class LMDataError(ValueError):
     """A record or setting the user must fix (one line, naming the row)."""
 
 
+class ResponseTooLong(LMDataError):
+    """A record whose response alone does not fit the context (a translation corpus filters these, counted)."""
+
+
 def translation_prompt(src_text: str, src_lang: str, tgt_lang: str) -> str:
     """The prompt of the prompt-format translation task ("English: ...\nFrench:"); the response is " <tgt>"."""
     s, t = (LANGUAGE_NAMES.get(x, x) for x in (src_lang, tgt_lang))
@@ -139,7 +143,7 @@ class LMEncoder:
             r = r + [self.tok.eos_id]
         room = self.max_positions - len(r)
         if room < 1:
-            raise LMDataError(f"{where}: the response alone ({len(r)} tokens with EOS) does not fit the context "
+            raise ResponseTooLong(f"{where}: the response alone ({len(r)} tokens with EOS) does not fit the context "
                               f"of {self.max_positions} with at least one prompt token")
         if len(p) > room:
             if self.context_policy == "refuse":

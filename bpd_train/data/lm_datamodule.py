@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 
 from .corpus import _get, load_corpus
 from .datamodule import BPDDataModule
-from .lm_data import CONTEXT_POLICIES, LMDataError, LMEncoder, collate_lm, load_lm_jsonl
+from .lm_data import CONTEXT_POLICIES, LMDataError, LMEncoder, ResponseTooLong, collate_lm, load_lm_jsonl
 from .tokenizer import BOS_ID, EOS_ID, Tokenizer, get_tokenizer
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ class SpmLMTokenizer:
     """This project's sentencepiece model with the LMTokenizer interface that lm_data and the decoders use."""
 
     kind = "spm"
+    meta = None  # checkpoints record no tokenizer_meta: the run's tokenizer.model is the corpus's (loading.py)
 
     def __init__(self, tok: Tokenizer):
         self.sp = tok
@@ -100,17 +101,49 @@ class LMDataModule(BPDDataModule):
                       else get_tokenizer(self.data_cfg, self.artifacts_dir, rows["train"]))
                 self.tokenizer = SpmLMTokenizer(sp)
         if self.source == "distilled":
-            found = sorted(Path(self.distilled_dir).glob("*.jsonl")) if self.distilled_dir is not None else []
-            if not found:
-                raise LMDataError(f"regime.source=distilled needs the model's own responses (*.jsonl) in "
-                                  f"{self.distilled_dir}; run distill.py with the model as its teacher first")
-            rows["train"] = load_lm_jsonl({"train": [str(f) for f in found]})["train"]
+            rows["train"] = self._distilled()
         if "train" not in rows:
             raise LMDataError("data.lm.files has no train split")
         if self.tokenizer is None:
             raise LMDataError("prompt/response files need the model's tokenizer (regime.init_from=hf:<folder> "
                               "brings it)")
         return rows
+
+    def _distilled(self) -> Dataset:
+        """The model's own responses: distill.py's corpus (regime.distilled_dir, else the corpus's one complete
+        distilled corpus; its manifest's tokenizer must be this run's), or a folder of *.jsonl records without a
+        manifest (responses made elsewhere). Prompts the model answered with nothing are left out, counted."""
+        from . import distilled
+
+        folder = self.distilled_dir
+        if folder is None:
+            try:
+                folder = distilled.find_distilled_corpus(self.corpus_artifacts_dir)
+            except distilled.DistillError as e:
+                raise LMDataError(f"regime.source=distilled: {e}") from None
+        if (Path(folder) / distilled.MANIFEST).is_file():
+            m = distilled.read_manifest(folder)
+            if m.get("kind") != "lm":
+                raise LMDataError(f"{folder} holds a translation teacher's corpus; a decoder-only model trains on "
+                                  "its own answers (python distill.py with the model as its teacher)")
+            if self.tokenizer is not None and m.get("tokenizer_hash") not in (None, self.tokenizer.hash):
+                raise LMDataError(f"the distilled corpus {folder} was made with tokenizer sha256 "
+                                  f"{str(m['tokenizer_hash'])[:12]}, but this run uses {self.tokenizer.hash[:12]}")
+            ds = distilled.load_distilled_corpus(folder)
+        else:
+            found = sorted(Path(folder).glob("*.jsonl"))
+            if not found:
+                raise LMDataError(f"regime.source=distilled needs the model's own responses (*.jsonl) in "
+                                  f"{folder}; run distill.py with the model as its teacher first")
+            ds = load_lm_jsonl({"train": [str(f) for f in found]})["train"]
+        if "response" in ds.column_names:
+            n = len(ds)
+            ds = ds.filter(lambda r: r.get("messages") is not None or bool((r["response"] or "").strip()))
+            if len(ds) < n:
+                log.warning("distilled corpus %s: %d prompt(s) the model answered with nothing are left out",
+                            folder, n - len(ds))
+        log.info("train source: the model's own responses in %s (%d records)", folder, len(ds))
+        return ds
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
@@ -120,16 +153,28 @@ class LMDataModule(BPDDataModule):
         for split, ds in self.records.items():
             enc = LMEncoder(self.tokenizer, self.context, self.lm["context_policy"], src_lang=src, tgt_lang=tgt)
             ids, plen, row_ids = [], [], []
+            too_long = 0
             names = ds["id"] if "id" in ds.column_names else range(len(ds))
             for i, (name, rec) in enumerate(zip(names, ds)):
-                e = enc.encode(rec, where=f"{split} record {name}")
+                try:
+                    e = enc.encode(rec, where=f"{split} record {name}")
+                except ResponseTooLong:
+                    # a translation corpus's over-long pairs are filtered (as data.filter does for the
+                    # encoder-decoder family) and counted; the user's own prompt/response files must fit
+                    if self.lm["files"] is not None and not (split == "train" and self.source == "distilled"):
+                        raise
+                    too_long += 1
+                    continue
                 ids.append(e["ids"])
                 plen.append(e["prompt_len"])
                 row_ids.append(i)
             enc.report()
+            if too_long:
+                log.warning("%s: %d record(s) whose response alone exceeds the context of %d were left out",
+                            split, too_long, self.context)
             self.datasets[split] = Dataset.from_dict({"row": row_ids, "ids": ids, "prompt_len": plen,
                                                       "length": [len(x) for x in ids]})
-            self.stats[split] = {"rows": len(ids), "truncated": enc.truncated}
+            self.stats[split] = {"rows": len(ids), "truncated": enc.truncated, "too_long": too_long}
             if not ids:
                 raise LMDataError(f"split {split!r} has no records")
 

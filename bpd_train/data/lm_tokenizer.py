@@ -150,3 +150,27 @@ class LMTokenizer:
         if self.vocab_size > vocab_size:
             raise TokenizerError(f"tokenizer in {self.folder} has {self.vocab_size} tokens but the checkpoint's "
                                  f"vocabulary has {vocab_size}: the files belong to different models")
+
+
+class RunLMTokenizer(LMTokenizer):
+    """An LMTokenizer as training runs, checkpoints and bundles record it, like hf_tokenizer.ModelTokenizer for
+    imported encoder-decoder models: `path` is the folder (its tokenizer files are copied into run folders and
+    bundles), `hash` the one over those files (loading.tokenizer_hash), `meta` what checkpoints store."""
+
+    def __init__(self, folder: str | Path, hash: str | None = None):
+        super().__init__(folder)
+        from bpd_train.data.hf_tokenizer import tokenizer_folder_hash
+
+        self.json_path, self.path = self.path, self.folder
+        self.hash = hash or tokenizer_folder_hash(self.folder)
+        self.meta = LMTokenizer.meta(self)
+
+    def __reduce__(self):  # datasets' cache keys and DataLoader workers: rebuilt from the folder, hash checked
+        return (_rebuild_run_tokenizer, (str(self.folder), self.hash))
+
+
+def _rebuild_run_tokenizer(folder: str, want: str) -> RunLMTokenizer:
+    tok = RunLMTokenizer(folder)
+    if tok.hash != want:
+        raise TokenizerError(f"{folder} changed since it was loaded (sha256 {tok.hash[:12]} != {want[:12]})")
+    return tok

@@ -132,17 +132,8 @@ def _check_teacher(loaded, cfg, train_split) -> None:
     tokenizer too, which the datamodule checks against this corpus's manifest."""
     if loaded.own_tokenizer:
         return
-    mc = loaded.config
-    sp = loaded.tokenizer()
-    n = sp.get_piece_size()
-    if n != mc.vocab_size:
-        raise DistillError(f"teacher {loaded.source} has a {mc.vocab_size}-symbol vocabulary but its tokenizer "
-                           f"{loaded.tokenizer_path} has {n} pieces: they do not belong together")
-    specials = {"pad": (sp.pad_id(), mc.pad_id), "bos": (sp.bos_id(), mc.bos_id), "eos": (sp.eos_id(), mc.eos_id)}
-    bad = {k: v for k, v in specials.items() if v[0] != v[1]}
-    if bad:
-        raise DistillError(f"teacher {loaded.source} and its tokenizer disagree on special ids: "
-                           + ", ".join(f"{k} is {a} in the tokenizer, {b} in the model" for k, (a, b) in bad.items()))
+    if not loaded.is_lm:
+        _check_teacher_specials(loaded)
     if not cfg.distill.get("check_corpus_tokenizer", True):
         return
     corpus_tok = _corpus_tokenizer(cfg, train_split)
@@ -159,6 +150,20 @@ def _check_teacher(loaded, cfg, train_split) -> None:
                          "its text).")
 
 
+def _check_teacher_specials(loaded) -> None:
+    mc = loaded.config
+    sp = loaded.tokenizer()
+    n = sp.get_piece_size()
+    if n != mc.vocab_size:
+        raise DistillError(f"teacher {loaded.source} has a {mc.vocab_size}-symbol vocabulary but its tokenizer "
+                           f"{loaded.tokenizer_path} has {n} pieces: they do not belong together")
+    specials = {"pad": (sp.pad_id(), mc.pad_id), "bos": (sp.bos_id(), mc.bos_id), "eos": (sp.eos_id(), mc.eos_id)}
+    bad = {k: v for k, v in specials.items() if v[0] != v[1]}
+    if bad:
+        raise DistillError(f"teacher {loaded.source} and its tokenizer disagree on special ids: "
+                           + ", ".join(f"{k} is {a} in the tokenizer, {b} in the model" for k, (a, b) in bad.items()))
+
+
 def _corpus_tokenizer(cfg, train_split) -> Path | None:
     """The corpus's own tokenizer file for these data settings, if it has been built (never trains one)."""
     from bpd_train.data.tokenizer import spm_settings, tokenizer_key
@@ -168,13 +173,20 @@ def _corpus_tokenizer(cfg, train_split) -> Path | None:
     return p if p.is_file() else None
 
 
-def _select_split(cfg):
-    """(the split to distill, the corpus's train split)."""
-    from bpd_train.data.corpus import load_corpus
+def _select_split(cfg, lm: bool = False):
+    """(the split to distill, the corpus's train split). lm: a decoder-only teacher, which may answer the prompts
+    of data.lm.files (prompt/response or chat records) instead of the translation corpus's."""
+    from bpd_train.data.corpus import _get, load_corpus
 
     d = cfg.distill
+    files = _get(_get(cfg.data, "lm") or {}, "files") if lm else None
     try:
-        dsd = load_corpus(cfg.data)
+        if files is not None:
+            from bpd_train.data.lm_data import load_lm_jsonl
+
+            dsd = load_lm_jsonl({k: v for k, v in dict(files).items() if v})
+        else:
+            dsd = load_corpus(cfg.data)
     except (ValueError, FileNotFoundError) as e:
         raise DistillError(f"cannot load corpus '{cfg.data.name}': {e}") from e
     if d.split not in dsd:
@@ -213,13 +225,22 @@ def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
         teacher = load(teacher_path, map_location="cpu")  # a .ckpt, a run folder, a bundle or a ZeRO run
     except CheckpointError as e:
         raise DistillError(f"cannot use {teacher_path} as the teacher: {e}") from e
-    ds, train_split = _select_split(cfg)
+    lm = teacher.is_lm
+    temperature = float(d.get("temperature", 0.0) or 0.0)
+    if lm and int(d.beam_size) != 1:
+        raise DistillError(f"a decoder-only teacher answers greedily (or samples with distill.temperature > 0): set "
+                           f"distill.beam_size=1 (got {d.beam_size})")
+    if temperature < 0 or (temperature > 0 and not lm):
+        raise DistillError(f"distill.temperature={temperature}: sampling (> 0) is for decoder-only teachers; "
+                           "0 = greedy")
+    ds, train_split = _select_split(cfg, lm)
     _check_teacher(teacher, cfg, train_split)
     ids = _ids(ds)
     settings = TeacherSettings(teacher_sha256=_teacher_sha256(teacher), tokenizer_hash=teacher.tokenizer_hash,
-                               beam_size=int(d.beam_size), length_penalty=float(d.length_penalty),
+                               beam_size=int(d.beam_size), length_penalty=0.0 if lm else float(d.length_penalty),
                                max_len=d.max_len, split=str(d.split), src_lang=str(cfg.data.src_lang),
-                               tgt_lang=str(cfg.data.tgt_lang))
+                               tgt_lang=str(cfg.data.tgt_lang), kind="lm" if lm else "translation",
+                               temperature=temperature, seed=int(d.get("seed", 0) or 0))
     corpus_dir = Path(cfg.paths.artifacts) / cfg.data.name
     out_dir = Path(d.output_dir) if d.output_dir else corpus_dir / "distill" / settings.teacher_id
     wanted = new_manifest(settings, ids, int(d.shard_size), corpus=str(cfg.data.name),
@@ -285,6 +306,12 @@ def run_worker(job: Job, worker: Worker, device=None) -> dict[str, Any]:
     device = torch.device(device) if device is not None else _device(job.cfg, worker)
     amp = _amp_dtype(job.cfg, device)
     model = job.teacher.model.to(device).eval()
+    if job.teacher.is_lm:
+        t0 = time.perf_counter()
+        _lm_shards(job, worker, todo, model, stats)
+        stats["seconds"] = round(time.perf_counter() - t0, 3)
+        stats["sentences_per_s"] = round(stats["sentences"] / max(stats["seconds"], 1e-9), 2)
+        return stats
     sp = job.teacher.tokenizer()
     eos = model.config.eos_id
     specials = {model.config.pad_id, model.config.bos_id, eos}
@@ -323,6 +350,72 @@ def run_worker(job: Job, worker: Worker, device=None) -> dict[str, Any]:
     if cut:
         log.warning("%d source(s) were longer than the teacher's %d positions and were cut", cut, max_src + 1)
     return stats
+
+
+def _lm_shards(job: Job, worker: Worker, todo: list[dict], model, stats: dict) -> None:
+    """A decoder-only teacher answers each shard's prompts itself (data/lm_distill.py: greedy, or sampled from
+    a per-record seed, so a shard redone after a crash is the same) and writes {id, prompt|messages, response,
+    teacher_ids, gold} records, which LMDataModule trains on (regime.source=distilled). A prompt the model
+    answers with nothing keeps its row (the plan's ids) with response null: counted here, left out by training."""
+    from tqdm.auto import tqdm
+
+    from bpd_train.data.lm_distill import distilled_record, prompt_ids, respond_ids
+
+    d, m = job.cfg.distill, job.manifest
+    tok = job.teacher.lm_tokenizer()
+    src_lang, tgt_lang = m["src_lang"], m["tgt_lang"]
+    bar = tqdm(total=sum(s["num_examples"] for s in todo), unit="prompt", desc=f"distill w{worker.index}",
+               disable=not d.get("progress", True), dynamic_ncols=True, mininterval=1.0)
+    empty = cut = 0
+    room = model.config.max_positions - 1
+    for shard in todo:
+        rows = [job.dataset[i] for i in range(shard["start"], shard["stop"])]
+        ids = [str(r["id"]) if r.get("id") is not None else str(shard["start"] + n) for n, r in enumerate(rows)]
+        prompts = [prompt_ids(r, tok, src_lang=src_lang, tgt_lang=tgt_lang, where=f"record {i}")
+                   for r, i in zip(rows, ids)]
+        for n, q in enumerate(prompts):  # longer than the context: its oldest tokens go (after BOS), as in training
+            if len(q) > room:
+                keep = 1 if tok.bos_id is not None and q[0] == tok.bos_id else 0
+                prompts[n] = q[:keep] + q[len(q) - room + keep:]
+                cut += 1
+        ts = time.perf_counter()
+        answers = respond_ids(model, prompts, max_len=m["max_len"], max_sentences=int(d.max_sentences),
+                              max_tokens=int(d.max_tokens), temperature=float(m.get("temperature") or 0.0),
+                              seed=int(m.get("seed") or 0), record_ids=ids, progress=bar)
+        records = []
+        for r, i, a in zip(rows, ids, answers):
+            rec = distilled_record(r, a, tok, src_lang=src_lang, tgt_lang=tgt_lang, where=f"record {i}")
+            if rec is None:
+                empty += 1
+                from bpd_train.data.lm_data import prompt_of
+
+                rec = {"prompt": prompt_of(r, tok, src_lang, tgt_lang, f"record {i}")[0], "response": None}
+            records.append({"id": i, **rec, "teacher_ids": a, "gold": _gold(r, tgt_lang)})
+        write_shard(job.out_dir / shard["file"], records)
+        if _TEST_SHARD_DELAY:
+            time.sleep(_TEST_SHARD_DELAY)
+        stats["decoded_shards"] += 1
+        stats["sentences"] += len(records)
+        log.info("%s: wrote %s (%d prompts, %.1f prompts/s)", worker, shard["file"], len(records),
+                 len(records) / max(time.perf_counter() - ts, 1e-9))
+    bar.close()
+    if empty:
+        log.warning("%d prompt(s) were answered with nothing (EOS at once): kept with response null, which "
+                    "training leaves out", empty)
+    if cut:
+        log.warning("%d prompt(s) were longer than the teacher's %d positions: their oldest tokens were cut",
+                    cut, room + 1)
+    stats["empty_responses"] = empty
+
+
+def _gold(record: dict, tgt_lang: str) -> str | None:
+    """The reference response of a record, if it has one (teacher BLEU in the manifest)."""
+    if record.get("translation"):
+        return record["translation"].get(tgt_lang)
+    if record.get("messages"):
+        last = record["messages"][-1]
+        return last.get("content") if last.get("role") == "assistant" else None
+    return record.get("response")
 
 
 def status(out_dir: Path, manifest: dict) -> dict[str, Any]:

@@ -86,6 +86,10 @@ class BlockwiseEval(Callback):
         rows = []
         specials = {cfg.pad_id, cfg.eos_id, cfg.bos_id}
         for batch in loader:
+            if "prompts" in batch:  # a decoder-only model's batch (data/lm_data.collate_lm): prompt -> response
+                for p, t in zip(batch["prompts"], batch["targets"].tolist()):
+                    rows.append((len(rows), list(p), [int(x) for x in t if int(x) not in specials and x >= 0]))
+                continue
             src, tgt = batch["src"], batch["tgt_out"]
             idx = batch.get("idx")
             for r in range(src.shape[0]):

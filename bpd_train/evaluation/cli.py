@@ -42,6 +42,9 @@ def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[
     from bpd_train.evaluation.decode import EvalError
 
     src, tgt = str(cfg.data.src_lang), str(cfg.data.tgt_lang)
+    files = (cfg.data.get("lm") or {}).get("files")
+    if files:  # a decoder-only model's prompt/response records (data.lm.files): prompts in, references out
+        return _load_prompts(cfg, dict(files), split, max_sentences)
     try:
         ds = load_corpus(cfg.data, splits=(split,))
     except KeyError as e:
@@ -56,6 +59,24 @@ def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[
     info = {"name": str(cfg.data.name), "split": split, "src_lang": src, "tgt_lang": tgt, "split_size": n,
             "max_sentences": max_sentences}
     return [p[src] for p in pairs], [p[tgt] for p in pairs], info
+
+
+def _load_prompts(cfg: DictConfig, files: dict, split: str, max_sentences: int | None):
+    from bpd_train.data.lm_data import load_lm_jsonl
+    from bpd_train.data.sampler import evenly_spaced
+    from bpd_train.evaluation.decode import EvalError
+
+    if not files.get(split):
+        raise EvalError(f"data.lm.files has no {split!r} split (has: {', '.join(k for k, v in files.items() if v)})")
+    ds = load_lm_jsonl({split: files[split]})[split]
+    n = len(ds)
+    if max_sentences is not None and int(max_sentences) < n:
+        ds = ds.select(evenly_spaced(n, int(max_sentences)))
+    if "prompt" not in ds.column_names or "response" not in ds.column_names:
+        raise EvalError(f"evaluation reads prompt/response records; {files[split]} holds {ds.column_names}")
+    info = {"name": str(cfg.data.name), "split": split, "prompts": True, "split_size": n,
+            "max_sentences": max_sentences}
+    return list(ds["prompt"]), list(ds["response"]), info
 
 
 def distilled_corpus(cfg: DictConfig) -> Path | None:

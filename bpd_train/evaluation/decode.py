@@ -101,3 +101,32 @@ class SpmText:
 
     def batch(self, ids: Sequence[Sequence[int]], device=None):
         return pad_batch(ids, self.pad_id, device)
+
+
+class LMText:
+    """SpmText's interface for a decoder-only model: a source sentence becomes its prompt-format translation
+    prompt ("English: ...\nFrench:", data/lm_data.py), or, with no languages, the text is the prompt itself
+    (prompt/response records). A prompt longer than the context keeps its newest tokens (after BOS), counted."""
+
+    def __init__(self, tok, src_lang: str | None, tgt_lang: str | None, max_positions: int):
+        self.sp, self.src_lang, self.tgt_lang, self.max_positions = tok, src_lang, tgt_lang, max_positions
+        self.pad_id = -1
+        self.truncated = 0
+
+    def source_ids(self, text: str) -> list[int]:
+        from bpd_train.data.lm_data import translation_prompt
+
+        prompt = translation_prompt(text, self.src_lang, self.tgt_lang) if self.src_lang and self.tgt_lang else text
+        ids = list(self.sp.encode(prompt))
+        room = self.max_positions - 1
+        if len(ids) > room:
+            keep = 1 if self.sp.bos_id is not None and ids[0] == self.sp.bos_id else 0
+            ids = ids[:keep] + ids[len(ids) - room + keep:]
+            self.truncated += 1
+        return ids
+
+    def detok(self, ids: Sequence[int]) -> str:
+        return self.sp.decode([int(i) for i in ids]).strip()
+
+    def batch(self, ids: Sequence[Sequence[int]], device=None):
+        return pad_batch(ids, self.pad_id, device)

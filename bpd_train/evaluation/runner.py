@@ -22,7 +22,9 @@ import torch
 from bpd_train.checkpoint import CheckpointError
 from bpd_train.data.sampler import length_batches
 from bpd_train.evaluation.compare import Batches, compare
-from bpd_train.evaluation.decode import EvalError, SpmText, check_block_sizes, decode_options, max_len_arg, parse_rule
+from bpd_train.evaluation.decode import (
+    EvalError, LMText, SpmText, check_block_sizes, decode_options, max_len_arg, parse_rule,
+)
 from bpd_train.evaluation.metrics import agreement, corpus_scores, one_line
 from bpd_train.io import atomic_dir, atomic_write_text
 from bpd_train.loading import Source, load, resolve, run_checkpoints
@@ -129,9 +131,11 @@ def _safe(name: str) -> str:
 
 
 def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[str], settings: EvalSettings,
-                    out_dir: Path, extra: dict | None = None) -> tuple[dict, list[dict]]:
+                    out_dir: Path, extra: dict | None = None,
+                    langs: tuple[str | None, str | None] = (None, None)) -> tuple[dict, list[dict]]:
     """Decode `sources` with one loaded model for every combination; write hypothesis files under out_dir/hyp/.
-    Returns (checkpoint entry, result rows)."""
+    A decoder-only model is prompted with each source as a prompt-format translation in `langs` (source,
+    target), or with the source text itself when langs are None. Returns (checkpoint entry, result rows)."""
     from tqdm import tqdm
 
     from bpd_train.model.fastlinear import engine_name
@@ -141,7 +145,12 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     cfg = model.config
     ks = check_block_sizes(settings.block_sizes, cfg.block_size, f"{name} ({loaded.source})")
     rules = [(r, parse_rule(r)) for r in settings.rules]
-    text = SpmText(loaded.tokenizer(), cfg.eos_id, cfg.pad_id, cfg.max_positions)
+    if getattr(loaded, "is_lm", False):
+        if settings.draft_vocab:
+            raise EvalError(f"{name}: draft_vocab is not available for decoder-only models (decode.draft_vocab=null)")
+        text = LMText(loaded.lm_tokenizer(), langs[0], langs[1], cfg.max_positions)
+    else:
+        text = SpmText(loaded.tokenizer(), cfg.eos_id, cfg.pad_id, cfg.max_positions)
     model.decode_options = decode_options(text.sp, cfg.eos_id, settings.dtype, settings.draft_vocab)
     src_ids = [text.source_ids(s) for s in sources]
     max_len = max_len_arg(settings.max_len)
@@ -221,6 +230,9 @@ def evaluate_teacher(distilled_dir: str | os.PathLike, sources: Sequence[str], r
              "beam_size": m.get("beam_size"), "length_penalty": m.get("length_penalty"), "max_len": m.get("max_len"),
              "train_bleu": train.get("bleu"), "train_sentences": train.get("num_sentences"), "bleu": None,
              "chrf": None, "hyp_file": None}
+    if m.get("kind") == "lm":  # the model answered its own prompts: its greedy column is the base run's
+        entry["self_distilled"] = True
+        return entry
     try:
         loaded = load_any(m["teacher_path"], map_location="cpu")
     except (CheckpointError, OSError, KeyError) as e:  # moved or deleted since: the manifest's number still stands
@@ -280,6 +292,9 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
     if len(sources) != len(refs):
         raise EvalError(f"{len(sources)} sources but {len(refs)} references")
     out_dir = Path(out_dir)
+    info = data_info or {}
+    if info.get("prompts"):  # prompt/response records: the sources are prompts already
+        info = {k: v for k, v in info.items() if k not in ("src_lang", "tgt_lang")}
     device = settings.torch_device()
     loaded_all = list(loaded) if loaded is not None else load_inputs(inputs, settings, expect_tokenizer_hash)
     t0 = time.time()
@@ -293,7 +308,8 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
             loaded_all[i] = (name, path, None)  # free each model once evaluated
             entry, r = evaluate_loaded(loaded, name, sources, refs, settings, tmp,
                                        extra={"source_id": path.id, "input": str(path),
-                                              "wandb": _wandb_ids(path, loaded.meta or {})})
+                                              "wandb": _wandb_ids(path, loaded.meta or {})},
+                                       langs=(info.get("src_lang"), info.get("tgt_lang")))
             del loaded
             checkpoints.append(entry)
             rows += r

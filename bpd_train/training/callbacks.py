@@ -33,7 +33,8 @@ class Throughput(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         pad = self.pad_id if self.pad_id is not None else pl_module.model.config.pad_id
-        self._tokens += int(batch["tgt_out"].ne(pad).sum())
+        # target tokens with a loss: a decoder-only model's batch holds "targets" (-1 where no loss applies)
+        self._tokens += int(batch["targets" if "targets" in batch else "tgt_out"].ne(pad).sum())
         accum = trainer.accumulate_grad_batches
         at_step_end = (batch_idx + 1) % accum == 0
         every = max(1, trainer.log_every_n_steps)

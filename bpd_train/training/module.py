@@ -13,7 +13,7 @@ import lightning.pytorch as pl
 import torch
 
 from bpd_train.checkpoint import CKPT_META_KEY
-from bpd_train.model import BPDConfig, BPDModel
+from bpd_train.model import build_model
 from bpd_train.training.losses import bpd_loss, check_p1_weight, head_stats, head_weights
 from bpd_train.training.optim import build_optimizer, param_groups
 from bpd_train.training.regimes import Regime
@@ -32,7 +32,10 @@ class BPDLightningModule(pl.LightningModule):
                  tokenizer_meta: dict[str, Any] | None = None):
         super().__init__()
         self.save_hyperparameters()
-        self.model = BPDModel(BPDConfig.from_dict(dict(model_config)))
+        self.model = build_model(dict(model_config))  # arch: lm -> the decoder-only LMModel
+        # A decoder-only model's batches (data/lm_data.collate_lm) hold tokens/targets; its targets' ignore id is
+        # its pad sentinel (-1), so the losses below take cfg.pad_id for either family.
+        self.is_lm = getattr(self.model.config, "arch", None) == "lm"
         self.regime = Regime.from_cfg(regime)
         self.loss_cfg = dict(loss or {})
         if self.loss_cfg.get("p1_weight") is not None:
@@ -69,17 +72,29 @@ class BPDLightningModule(pl.LightningModule):
                                self.loss_cfg.get("head_weight_decay", 0.8), p1)
         return heads, weights
 
+    def _hidden(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.is_lm:
+            return self.model.features(batch["tokens"])
+        return self.model.features(self.model.encode(batch["src"]), batch["tgt_in"])
+
     def _features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.regime.freeze_backbone and self.training:
-            # The frozen backbone needs no graph: only the heads' FFN gets gradients.
+            # The frozen backbone needs no graph: only the heads' FFN gets gradients. Its hidden states are
+            # recomputed per batch, never stored.
             with torch.no_grad():
-                return self.model.features(self.model.encode(batch["src"]), batch["tgt_in"])
-        return self.model.features(self.model.encode(batch["src"]), batch["tgt_in"])
+                return self._hidden(batch)
+        return self._hidden(batch)
+
+    def _targets(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return batch["targets"] if self.is_lm else batch["tgt_out"]
+
+    def _batch_size(self, batch: dict[str, torch.Tensor]) -> int:
+        return batch["tokens" if self.is_lm else "src"].size(0)
 
     def compute_loss(self, batch: dict[str, torch.Tensor], heads: list[int], weights: list[float]):
         cfg = self.model.config
         h = self._features(batch)
-        loss, per_head = bpd_loss(self.model.head_logits, h, batch["tgt_out"], heads, weights, cfg.pad_id,
+        loss, per_head = bpd_loss(self.model.head_logits, h, self._targets(batch), heads, weights, cfg.pad_id,
                                   float(self.loss_cfg.get("label_smoothing", 0.0)),
                                   bool(self.loss_cfg.get("recompute", True)))
         if cfg.block_size > 1 and cfg.identity_p1 and heads == [0]:
@@ -91,7 +106,7 @@ class BPDLightningModule(pl.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         heads, weights = self.heads_for_step(batch_idx)
         loss, per_head = self.compute_loss(batch, heads, weights)
-        bs = batch["src"].size(0)
+        bs = self._batch_size(batch)
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=bs)
         for i, li in per_head.items():
             self.log(f"train/loss_head{i + 1}", li, on_step=True, on_epoch=False, batch_size=bs)
@@ -127,8 +142,8 @@ class BPDLightningModule(pl.LightningModule):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         cfg = self.model.config
-        h = self.model.features(self.model.encode(batch["src"]), batch["tgt_in"])
-        stats = head_stats(self.model.head_logits, h, batch["tgt_out"], cfg.block_size, cfg.pad_id,
+        h = self._hidden(batch)
+        stats = head_stats(self.model.head_logits, h, self._targets(batch), cfg.block_size, cfg.pad_id,
                            float(self.loss_cfg.get("label_smoothing", 0.0)))
         if self._val is None:
             self._val = stats

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 # BPDConfig fields a head regime takes from the training config; the backbone's come from the base model.
 HEAD_FIELDS = ("block_size", "head_d_hidden", "identity_p1")
+LM_HEAD_FIELDS = ("heads", "medusa_layers")  # a decoder-only model's head type: bpd | medusa
 
 
 class TrainError(ValueError):
@@ -44,11 +45,20 @@ def _is_rank_zero() -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ data
-def make_datamodule(cfg: DictConfig, regime: Regime, tokenizer: Any = None):
-    """tokenizer: an imported model's own (LoadedModel.data_tokenizer()); None = the corpus's sentencepiece model."""
+def make_datamodule(cfg: DictConfig, regime: Regime, tokenizer: Any = None, lm_context: int | None = None):
+    """tokenizer: an imported model's own (LoadedModel.data_tokenizer()); None = the corpus's sentencepiece model.
+    lm_context: the run trains a decoder-only model with this context (max_positions): prompt/response batches
+    (data/lm_datamodule.py) instead of source/target pairs."""
     from bpd_train.data import BPDDataModule
 
     data = cfg.data
+    if lm_context is not None:
+        from bpd_train.data.lm_datamodule import LMDataModule
+
+        return LMDataModule(data, artifacts_dir=str(cfg.paths.artifacts), seed=int(cfg.seed), source=regime.source,
+                            distilled_dir=regime.distilled_dir, max_tokens=int(data.max_tokens),
+                            num_workers=int(data.get("num_workers", 0) or 0), tokenizer=tokenizer,
+                            max_positions=int(lm_context))
     return BPDDataModule(data, artifacts_dir=str(cfg.paths.artifacts), seed=int(cfg.seed), source=regime.source,
                          distilled_dir=regime.distilled_dir, max_tokens=int(data.max_tokens),
                          num_workers=int(data.get("num_workers", 0) or 0), tokenizer=tokenizer)
@@ -89,7 +99,8 @@ def load_init(init_from: str, tokenizer, loaded: Any = None) -> Any:
     from bpd_train.loading import check_tokenizer
 
     loaded = loaded if loaded is not None else open_init(init_from)
-    if loaded.config.vocab_size != tokenizer.vocab_size:
+    # an imported model's embedding may be padded beyond its tokenizer (checked when it loaded); its hash decides
+    if loaded.config.vocab_size != tokenizer.vocab_size and not loaded.own_tokenizer:
         raise TrainError(f"{loaded.source} has a vocabulary of {loaded.config.vocab_size} but this run's tokenizer "
                          f"{tokenizer.path} has {tokenizer.vocab_size}: it was trained on another corpus or with "
                          f"other sentencepiece settings (init_from={init_from})")
@@ -99,17 +110,39 @@ def load_init(init_from: str, tokenizer, loaded: Any = None) -> Any:
     return loaded
 
 
-def base_model_config(cfg: DictConfig, tokenizer, block_size: int) -> BPDConfig:
+def is_lm_config(model_cfg: Any) -> bool:
+    """A model config (Hydra node or dict) of the decoder-only family (conf/model/lm_*.yaml: arch: lm)."""
+    return model_cfg is not None and str((plain(model_cfg) or {}).get("arch", "")) == "lm"
+
+
+def lm_context(cfg: DictConfig, init: Any = None, resume: str | None = None) -> int | None:
+    """The context of the decoder-only model this run trains, or None when it trains an encoder-decoder one:
+    the checkpoint's config when resuming, the init_from model's (head regimes), else conf/model (base)."""
+    if resume and resume != "hpc" and Path(resume).is_file():
+        mc = checkpoint_meta(read_checkpoint(resume), resume)["model_config"]
+        return int(mc["max_positions"]) if mc.get("arch") == "lm" else None
+    if init is not None:
+        return int(init.config.max_positions) if init.is_lm else None
+    return int(cfg.model.get("max_positions", 2048)) if is_lm_config(cfg.model) else None
+
+
+def base_model_config(cfg: DictConfig, tokenizer, block_size: int):
     m = {k: v for k, v in plain(cfg.model).items() if k != "vocab_size"}
     m["block_size"] = int(block_size)
+    if is_lm_config(m):
+        from bpd_train.model import LMConfig
+
+        # pad_id stays LMConfig's sentinel (-1): padding is never a vocabulary id in this family
+        return LMConfig(vocab_size=tokenizer.vocab_size, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, **m)
     return BPDConfig(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
                      eos_id=tokenizer.eos_id, unk_id=tokenizer.unk_id, **m)
 
 
-def heads_model_config(init_config: BPDConfig, cfg: DictConfig, block_size: int) -> BPDConfig:
+def heads_model_config(init_config, cfg: DictConfig, block_size: int):
     """The base model's config with the head fields from this run (the heads are new; the backbone is copied)."""
     m = plain(cfg.model)
-    over = {f: m[f] for f in HEAD_FIELDS if f in m}
+    fields = HEAD_FIELDS + (LM_HEAD_FIELDS if getattr(init_config, "arch", None) == "lm" else ())
+    over = {f: m[f] for f in fields if f in m}
     over["block_size"] = int(block_size)
     return dataclasses.replace(init_config, **over)
 
@@ -176,7 +209,9 @@ def build_module(cfg: DictConfig, regime: Regime, tokenizer, resume: str | None 
             raise TrainError(str(e)) from None
         check_tokenizer(resume, meta.get("tokenizer_hash"), "this run", tokenizer.path, tokenizer.hash,
                         error=TrainError)
-        model_cfg = BPDConfig.from_dict(dict(meta["model_config"]))
+        from bpd_train.model import config_from_dict
+
+        model_cfg = config_from_dict(dict(meta["model_config"]))
     elif init_from:
         init = load_init(init_from, tokenizer, opened)
         model_cfg = heads_model_config(init.config, cfg, regime.block_size)
@@ -365,7 +400,7 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
         log.warning("%s already holds checkpoints; this fresh run replaces them (ckpt_path=last resumes)", run_dir)
 
     init, own_tok = own_tokenizer(regime, resume)
-    dm = make_datamodule(cfg, regime, tokenizer=own_tok)
+    dm = make_datamodule(cfg, regime, tokenizer=own_tok, lm_context=lm_context(cfg, init, resume))
     dm.prepare_data()
     dm.setup("fit")
     tokenizer = dm.tokenizer
