@@ -49,8 +49,8 @@ def make_datamodule(cfg: DictConfig, regime: Regime):
 
     data = cfg.data
     return BPDDataModule(data, artifacts_dir=str(cfg.paths.artifacts), seed=int(cfg.seed), source=regime.source,
-                         distilled_dir=regime.distilled_dir, max_tokens=int(data.max_tokens),
-                         num_workers=int(data.get("num_workers", 0) or 0))
+                         gold_share=float(regime.gold_share), distilled_dir=regime.distilled_dir,
+                         max_tokens=int(data.max_tokens), num_workers=int(data.get("num_workers", 0) or 0))
 
 
 # ----------------------------------------------------------------------------------------------- model
