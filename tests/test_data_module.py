@@ -182,3 +182,13 @@ def test_filtered_rows_keep_their_lengths(cfg, dirs):
     sampler = dm.train_dataloader().batch_sampler
     assert list(sampler.lengths) == list(train["length"])
     assert sorted(i for b in sampler for i in b) == list(range(len(train)))
+
+
+def test_regime_refuses_a_gold_share_that_leaves_no_teacher_pairs():
+    from bpd_train.training.regimes import Regime
+
+    assert Regime(name="both", source="mixed", gold_share=0.25).gold_share == 0.25
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match=r"gold_share .* must be in \[0, 1\)"):
+            Regime(name="both", source="mixed", gold_share=bad)
+    Regime(name="both", source="distilled", gold_share=1.0)  # ignored unless source=mixed
