@@ -99,6 +99,32 @@ def test_distilled_source_uses_teacher_ids(cfg, dirs, monkeypatch):
         _dm(cfg, dirs, source="distilled")
 
 
+def test_mixed_source_adds_gold_pairs_at_the_share(cfg, dirs, monkeypatch):
+    gold = _dm(cfg, dirs)
+    tok = gold.tokenizer
+    rows = [{"id": str(i), "translation": {"en": f"word {i}", "fr": f"teacher {i}"},
+             "teacher_ids": tok.encode(f"mot {i}") + [tok.eos_id], "teacher_score": -1.0, "gold": "x"}
+            for i in range(30)]
+    monkeypatch.setattr(distilled_mod, "find_distilled_corpus", lambda d: Path(d) / "distill" / "t1")
+    monkeypatch.setattr(distilled_mod, "read_manifest", lambda d: {"tokenizer_hash": tok.hash})
+    monkeypatch.setattr(distilled_mod, "load_distilled_corpus", lambda d: Dataset.from_list(rows))
+    gold_pairs = {tuple(r["src"]): r["tgt"] for r in gold.datasets["train"]}
+    for share, n_gold in ((0.25, 10), (0.5, 30), (0.0, 0)):
+        dm = _dm(cfg, dirs, source="mixed", gold_share=share)
+        train = dm.datasets["train"]
+        assert len(train) == 30 + n_gold and dm.stats["train"]["mixed_gold"] == n_gold
+        assert [r["tgt"] for r in train.select(range(30))] == [tok.encode(f"mot {i}") for i in range(30)]
+        extra = [train[i] for i in range(30, len(train))]
+        assert all(gold_pairs[tuple(r["src"])] == r["tgt"] for r in extra)  # gold pairs with gold targets
+        assert len({tuple(r["src"]) for r in extra}) == n_gold              # drawn without replacement
+    again = _dm(cfg, dirs, source="mixed", gold_share=0.5).datasets["train"]["src"]
+    assert again == _dm(cfg, dirs, source="mixed", gold_share=0.5).datasets["train"]["src"]  # seeded
+    seen = [i for b in _dm(cfg, dirs, source="mixed", gold_share=0.5).train_dataloader() for i in b["idx"].tolist()]
+    assert len(seen) == 60
+    with pytest.raises(ValueError, match="gold_share"):
+        _dm(cfg, dirs, source="mixed", gold_share=1.0)
+
+
 # ------------------------------------------------------------------------------------ Lightning resume
 class _Recorder(pl.LightningModule):
     def __init__(self):
@@ -172,3 +198,13 @@ def test_evaluation_rows_the_model_cannot_read_are_left_out_and_counted(cfg, dir
     n = dm.stats["validation"]["dropped"]["max_len"]
     assert n == 60 - len(val) and f"validation: left out {n} of 60 rows longer than data.filter.max_len=80" in caplog.text
     assert len(_dm(cfg, dirs).datasets["validation"]) == 60   # the default max_len keeps every bundled row
+
+
+def test_regime_refuses_a_gold_share_that_leaves_no_teacher_pairs():
+    from bpd_train.training.regimes import Regime
+
+    assert Regime(name="both", source="mixed", gold_share=0.25).gold_share == 0.25
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match=r"gold_share .* must be in \[0, 1\)"):
+            Regime(name="both", source="mixed", gold_share=bad)
+    Regime(name="both", source="distilled", gold_share=1.0)  # ignored unless source=mixed

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import bpd_train
-from bpd_train.model import BPDConfig, BPDModel
+from bpd_train.model import BPDModel
 from bpd_train.training.regimes import Regime, available_regimes
 
 CONF = bpd_train.REPO_ROOT / "conf"
@@ -69,11 +69,17 @@ def test_smoke_experiment_paths_and_sizes():
 
 @pytest.mark.parametrize("name", options("model"))
 def test_model_options_build(name):
+    from bpd_train.model import LMConfig, build_model, config_from_dict
+
     m = OmegaConf.to_container(cfg_for("+regime=base", f"model={name}").model, resolve=True)
-    cfg = BPDConfig(vocab_size=1000, **m)
+    cfg = config_from_dict({"vocab_size": 1000, **m})   # arch: lm -> the decoder-only family
+    assert isinstance(cfg, LMConfig) == (m.get("arch") == "lm")
     if name == "tiny":
         out = BPDModel(cfg)(torch.tensor([[5, 6, 2]]), torch.tensor([[1, 7]]))
         assert out.shape == (1, 2, cfg.block_size, 1000)
+    if name == "lm_tiny":
+        out = build_model(cfg)(torch.tensor([[5, 6, 2]]))
+        assert out.shape == (1, 3, cfg.block_size, 1000)
 
 
 @pytest.mark.parametrize("name", options("trainer"))

@@ -1,4 +1,4 @@
-"""`BPDDataModule`: gold or distilled corpora -> tokenized, filtered, token-bucketed, sharded batches.
+"""`BPDDataModule`: gold, distilled or mixed (distilled plus a share of gold pairs) corpora -> tokenized, filtered, token-bucketed, sharded batches.
 
 Lightning integration (2.6):
 - Ranks: the samplers shard by `trainer.world_size` / `trainer.global_rank` themselves, so the Trainer must be
@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import lightning.pytorch as pl
 import numpy as np
-from datasets import Dataset
+from datasets import Dataset, concatenate_datasets
 from torch.utils.data import DataLoader
 
 from .corpus import _get, load_corpus
@@ -55,17 +55,38 @@ class ResumableDataLoader(DataLoader):
         self.batch_sampler.load_state_dict(state)
 
 
+SOURCES = ("gold", "distilled", "mixed")
+
+
+def mix_gold(distilled: Dataset, gold: Dataset, gold_share: float, seed: int) -> Dataset:
+    """All tokenized distilled pairs plus gold pairs drawn at random (without replacement, from the whole gold
+    training split) so that gold makes up `gold_share` of the result; capped at the whole gold split.
+    The student still learns mostly the teacher's (simpler) targets, while the gold pairs keep it writing at
+    the gold length, which beam search at a low length penalty shortens."""
+    if not 0.0 <= gold_share < 1.0:
+        raise ValueError(f"gold_share must be in [0, 1), got {gold_share}")
+    n = min(len(gold), round(len(distilled) * gold_share / (1.0 - gold_share)))
+    if n == 0:
+        return distilled
+    pick = np.sort(np.random.default_rng(seed).choice(len(gold), size=n, replace=False))
+    # the columns both share with the same type (ids may be strings in one and ints in the other)
+    cols = [c for c in distilled.column_names if c in gold.column_names and distilled.features[c] == gold.features[c]]
+    return concatenate_datasets([distilled.select_columns(cols), gold.select(pick).select_columns(cols)])
+
+
 class BPDDataModule(pl.LightningDataModule):
     def __init__(self, data_cfg: Any, artifacts_dir: str | os.PathLike, seed: int = 0, source: str = "gold",
                  distilled_dir: str | os.PathLike | None = None, max_tokens: int | None = None,
                  num_workers: int | None = None, tokenizer_path: str | os.PathLike | None = None,
                  eval_max_tokens: int | None = None, cache_dir: str | os.PathLike | None = None,
-                 tokenizer: Any = None):
+                 tokenizer: Any = None, gold_share: float = 0.5):
         """tokenizer: an object with `Tokenizer`'s API to use instead of the corpus's sentencepiece model (an
-        imported model's own, bpd_train/data/hf_tokenizer.ModelTokenizer); tokenizer_path: a sentencepiece file."""
+        imported model's own, bpd_train/data/hf_tokenizer.ModelTokenizer); tokenizer_path: a sentencepiece file;
+        gold_share: source=mixed only (see SOURCES)."""
         super().__init__()
-        if source not in ("gold", "distilled"):
-            raise ValueError(f"source={source!r}; expected 'gold' or 'distilled'")
+        if source not in SOURCES:
+            raise ValueError(f"source={source!r}; expected one of {SOURCES}")
+        self.gold_share = float(gold_share)  # source=mixed only
         self.data_cfg = data_cfg
         self.artifacts_dir = Path(artifacts_dir)
         self.seed = int(seed)
@@ -100,7 +121,7 @@ class BPDDataModule(pl.LightningDataModule):
             tokenize_split(ds, tok, self.data_cfg, split)
 
     def _load_train_source(self) -> Dataset | None:
-        if self.source != "distilled":
+        if self.source == "gold":
             return None
         from . import distilled  # owned by the distillation part; imported lazily
 
@@ -136,6 +157,12 @@ class BPDDataModule(pl.LightningDataModule):
             self.datasets[split], self.stats[split] = tokenize_split(ds, self.tokenizer, self.data_cfg, split)
             if len(self.datasets[split]) == 0:
                 raise ValueError(f"split {split!r} is empty after filtering; relax data.filter")
+        if self.source == "mixed":
+            gold, _ = tokenize_split(gold_train, self.tokenizer, self.data_cfg, "train")
+            self.datasets["train"] = mix_gold(self.datasets["train"], gold, self.gold_share, self.seed)
+            self.stats["train"]["mixed_gold"] = len(self.datasets["train"]) - self.stats["train"]["kept"]
+            log.info("train source: mixed, %d distilled + %d gold pairs (gold_share=%s)", self.stats["train"]["kept"],
+                     self.stats["train"]["mixed_gold"], self.gold_share)
 
     # ---------------------------------------------------------------------------------------- loaders
     def _ranks(self) -> tuple[int, int]:

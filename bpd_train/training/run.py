@@ -60,8 +60,9 @@ def make_datamodule(cfg: DictConfig, regime: Regime, tokenizer: Any = None, lm_c
                             num_workers=int(data.get("num_workers", 0) or 0), tokenizer=tokenizer,
                             max_positions=int(lm_context))
     return BPDDataModule(data, artifacts_dir=str(cfg.paths.artifacts), seed=int(cfg.seed), source=regime.source,
-                         distilled_dir=regime.distilled_dir, max_tokens=int(data.max_tokens),
-                         num_workers=int(data.get("num_workers", 0) or 0), tokenizer=tokenizer)
+                         gold_share=float(regime.gold_share), distilled_dir=regime.distilled_dir,
+                         max_tokens=int(data.max_tokens), num_workers=int(data.get("num_workers", 0) or 0),
+                         tokenizer=tokenizer)
 
 
 # ----------------------------------------------------------------------------------------------- model
