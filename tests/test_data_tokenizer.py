@@ -89,11 +89,15 @@ def test_tokenize_filters_train_and_logs_counts(bible_cfg, corpus, tmp_path, cap
         assert row["length"] == max(len(row["src"]), len(row["tgt"]) + 1) <= 40
         text = corpus["train"][row["row"]]["translation"]
         assert row["tgt"] == tok.encode(text["fr"]) and row["src"][:-1] == tok.encode(text["en"])
-    # validation is never filtered; num_proc 1 and 2 give the same rows
+    # validation is not filtered by min_len / max_ratio, only rows the model cannot read (longer than max_len)
+    # are left out and counted; num_proc 1 and 2 give the same rows
     val, vstats = tokenize_split(corpus["validation"], tok, cfg, "validation", num_proc=1)
     val2, _ = tokenize_split(corpus["validation"], tok, cfg, "validation", num_proc=2)
-    assert len(val) == len(corpus["validation"]) and vstats["dropped"]["max_len"] == 0
+    assert vstats["dropped"]["min_len"] == vstats["dropped"]["max_ratio"] == 0
+    assert len(val) == len(corpus["validation"]) - vstats["dropped"]["max_len"] and max(val["length"]) <= 40
     assert val["src"] == val2["src"] and val["tgt"] == val2["tgt"]
+    whole, wstats = tokenize_split(corpus["validation"], tok, bible_cfg, "validation", num_proc=1)
+    assert len(whole) == len(corpus["validation"]) and wstats["dropped"]["max_len"] == 0   # the default max_len
 
 
 def test_tokenization_is_cached_by_datasets(bible_cfg, corpus, tmp_path, monkeypatch):
