@@ -147,6 +147,8 @@ def test_smoke_lm_pipeline_end_to_end(tmp_path):
     m = json.loads(next((corpus / "distill").glob("*/manifest.json")).read_text())
     assert m["complete"] and m["kind"] == "lm" and m["teacher_bleu"] is not None
     report = json.loads((corpus / "eval" / "demo-k4" / "report.json").read_text())
+    assert report["teacher"]["self_distilled"]  # the report names the base model as its own teacher
+    assert "the base model itself (self-distillation" in (corpus / "eval" / "demo-k4" / "report.md").read_text()
     assert {c["name"] for c in report["checkpoints"]} == {"base", "frozen-k4", "both-k4"}
     exact = [row for row in report["rows"] if row["rule"] == "exact"]
     assert exact and all(row["agreement"] == 100.0 for row in exact)  # exact blockwise = the model's greedy

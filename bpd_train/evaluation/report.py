@@ -138,8 +138,12 @@ def comparison_markdown(report: dict) -> list[str]:
     lines.append(base + "  ")
     if t:
         how = f"beam {t.get('beam_size')}, α {t.get('length_penalty')}"
-        here = (f"BLEU {_fmt(t.get('bleu'))} on these sentences" if t.get("bleu") is not None
-                else f"not decoded here ({t.get('missing', 'checkpoint missing')})")
+        if t.get("bleu") is not None:
+            here = f"BLEU {_fmt(t.get('bleu'))} on these sentences"
+        elif t.get("self_distilled"):  # the model answered its own prompts: its greedy BLEU is the base's column
+            here = "the base model itself (self-distillation, greedy): see its row"
+        else:
+            here = f"not decoded here ({t.get('missing', 'checkpoint missing')})"
         lines.append(f"teacher `{t.get('teacher_path')}` ({how}; corpus `{t.get('corpus')}`): {here}; BLEU "
                      f"{_fmt(t.get('train_bleu'))} on the {t.get('train_sentences')} training sources it "
                      "re-translated  ")
