@@ -163,3 +163,20 @@ def test_sampling_rows_follow_their_seeds_and_the_softmax():
     with torch.no_grad():
         p = torch.softmax(m(torch.tensor([PROMPTS[0]]))[0, -1, 0] / temp, -1)
     assert (counts - p).abs().sum().item() / 2 < 0.08                     # total variation
+
+
+def test_sharded_training_decodes_a_gathered_copy_of_the_same_family(monkeypatch):
+    """Under FSDP / ZeRO-3 the in-training blockwise evaluation decodes a plain copy of the gathered weights; that
+    copy once was always an encoder-decoder BPDModel, so an LM head regime with strategy=fsdp stopped at its first
+    validation (AttributeError on LMConfig)."""
+    import contextlib
+
+    from bpd_train.evaluation import callback
+
+    m = _model()
+    monkeypatch.setattr(callback, "_gather_context", lambda trainer, model: contextlib.nullcontext())
+    copy = callback._decoding_model(None, m)
+    assert isinstance(copy, LMModel) and copy is not m
+    assert all(torch.equal(a, b) for a, b in zip(copy.state_dict().values(), m.state_dict().values()))
+    prompts = [[3, 4, 5], [6, 7]]
+    assert greedy(copy, prompts, max_len=6).tokens == greedy(m, prompts, max_len=6).tokens

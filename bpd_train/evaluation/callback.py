@@ -37,13 +37,13 @@ def _decoding_model(trainer, model):
     """The model to decode with: itself, or -- where its weights are sharded -- a plain copy of the gathered
     weights (inside the model every module call would re-shard them). Gathering is a collective, so every rank
     must call this."""
-    from bpd_train.model import BPDModel
+    from bpd_train.model import build_model
 
     ctx = _gather_context(trainer, model)
     if ctx is None:
         return model
     with ctx:
-        copy = BPDModel(model.config)
+        copy = build_model(model.config)  # either family (encoder-decoder or decoder-only)
         copy.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
     return copy.to(next(model.parameters()).device)
 
