@@ -52,10 +52,11 @@ def _sacrebleu(out: Path, hyp: str) -> dict:
 
 def test_evaluate_export_translate(artifacts, tmp_path):
     res = _run("evaluate.py", f"paths.artifacts={artifacts}", "evaluate.max_sentences=6", "evaluate.batch_sizes=[3]",
-               "decode.rules=[exact]", "evaluate.progress=false", tmp=tmp_path)
+               "decode.rules=[exact]", "evaluate.progress=false", "num_threads=2", tmp=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     out = artifacts / "bible_en_fr" / "eval" / "all"  # two runs found: base and heads/frozen-k4
     report = json.loads((out / "report.json").read_text())
+    assert report["environment"]["threads"] == 2  # num_threads is applied (tests run with OMP_NUM_THREADS=1)
     assert [c["name"] for c in report["checkpoints"]] == ["base", "frozen-k4"]
     assert report["data"]["sentences"] == 6 and report["data"]["src_lang"] == "en"
     assert {(r["k"], r["rule"]) for r in report["rows"]} == {(4, "exact"), (2, "exact")}

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,8 @@ def run_evaluate(cfg: DictConfig) -> Path:
     from bpd_train.evaluation.runner import EvalSettings, default_inputs, evaluate_inputs, expand_inputs, load_inputs
 
     e, d = cfg.evaluate, cfg.decode
+    if cfg.get("num_threads"):  # before any timing: the report records torch.get_num_threads()
+        torch.set_num_threads(int(cfg.num_threads))
     settings = EvalSettings(block_sizes=_plain(d.block_sizes), rules=_plain(d.rules), batch_sizes=_plain(e.batch_sizes),
                             max_len=_plain(d.max_len), warmup=int(e.warmup), device=str(e.device),
                             progress=bool(e.progress), dtype=str(d.get("dtype", "fp32")),
