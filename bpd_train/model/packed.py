@@ -115,6 +115,11 @@ class DecodeWeights:
             self.draft_proj = PackedLinear(emb.detach().index_select(0, ids),
                                            bias.index_select(0, ids) if bias is not None else None, dt)
 
+        # Head 1's logits in block_steps' lazy verification, this many positions per pass: where the projection
+        # is read from cache (demo size), 2 rows cost about one row's pass and more rows cost arithmetic, so
+        # positions after a rejected proposal are not computed; from memory (Transformer-base: 64 MB at V 32k)
+        # up to ~4 rows cost one pass. Measured in bench/engine.py (step cost).
+        self.verify_group = 4 if emb.numel() * 4 > (16 << 20) else 2
         # greedy steps as one native call (greedy_steps): needs the native layers and head-1 argmax
         self.native_loop = None
         if self.native_layers is not None and self.identity_p1 and self.norm is not None and self.proj.lin is not None:
@@ -133,6 +138,10 @@ class DecodeWeights:
         if self.norm is None:  # models without a final norm (Marian)
             return h
         shape, w, b, eps = self.norm
+        if self.proj.lin is not None and h.dtype == torch.float32:
+            # the native loops' own layer norm: full logits (other acceptance rules, beam search) then round
+            # exactly as head1_argmax's, so TopK(1) stays Exact
+            return self.ext.layer_norm(h, w, b, eps)
         return torch.layer_norm(h, shape, w, b, eps)
 
     def _head_ffn(self, lo: int, hi: int) -> tuple[PackedLinear, PackedLinear]:
@@ -232,7 +241,7 @@ class DecodeWeights:
             torch.from_numpy(x), self._emb_w, self._emb_scale, model.pe, state.max_positions, self.native_layers,
             state.self_kv, state.mem_kv, state.mem_mask, state.base + state.lengths, nw, nb, eps, self.proj.lin,
             f1.lin, f2.lin, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos, int(room),
-            int(max_steps))
+            int(max_steps), self.verify_group)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
     def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
