@@ -105,6 +105,7 @@ class DecodeWeights:
         self.heads = heads
         self._slots: dict[tuple[int, int], tuple[PackedLinear, PackedLinear]] = {}
         self.stats: dict = {}  # decoders' statistics about these weights (e.g. heads' acceptance rates)
+        self.last_seconds: float | None = None  # time of the last native loop call (greedy_steps / block_steps)
         self.draft_ids: Tensor | None = None
         self.draft_proj: PackedLinear | None = None
         if options.draft_vocab is not None:
@@ -196,6 +197,7 @@ class DecodeWeights:
         and the caller advances `state.lengths` by the steps taken. Returns (tokens [R,s] numpy, decoder output
         of the last step [R,D]). The whole loop is one native call where the kernels are built (at demo size
         the per-step Python cost is as large as the step's arithmetic); same ops, so the same tokens.
+        Sets `last_seconds`: the native loop's own time for these steps (None on the one-step path).
         eos: the id that ends a row (default the model's; benchmarks pass -1 to run max_steps steps)."""
         eos = model.config.eos_id if eos is None else eos
         loop = self.native_loop
@@ -206,9 +208,11 @@ class DecodeWeights:
             else:
                 t = state.base
                 per_row = lengths if isinstance(lengths, Tensor) else torch.from_numpy(np.asarray(lengths))
-            toks, h = loop(tok, model.pe, state.max_positions, self.native_layers, state.self_kv, state.mem_kv,
-                           state.mem_mask, state.mem_group, t, per_row, torch.from_numpy(room), max_steps, eos)
+            toks, h, self.last_seconds = loop(tok, model.pe, state.max_positions, self.native_layers, state.self_kv,
+                                              state.mem_kv, state.mem_mask, state.mem_group, t, per_row,
+                                              torch.from_numpy(room), max_steps, eos)
             return toks.numpy(), h
+        self.last_seconds = None
         lengths = state.lengths
         steps, h = [], None
         x = tok[:, None]
@@ -228,7 +232,8 @@ class DecodeWeights:
         """Exact blockwise steps for one row in uniform cache mode, as one native call (decoding/blockwise.py
         at batch 1; see csrc/linear.cpp block_steps): x [w] the fed tokens (x0 + w-1 proposals). Returns
         (tokens gained [T], per step (accepted n, gained c) [s,2], next fed tokens [w], decoder output at the
-        last accepted position [D], ended), or None where the native kernels do not run this model."""
+        last accepted position [D], ended), or None where the native kernels do not run this model. Sets
+        `last_seconds` (the native loop's own time, as greedy_steps)."""
         w = x.shape[0]
         if self.native_loop is None or self.heads is None or w < 2 or max_steps < 1:
             return None
@@ -237,7 +242,7 @@ class DecodeWeights:
         if draft.lin is None:
             return None
         _, nw, nb, eps = self.norm
-        toks, nc, nxt, hn, ended = self.ext.block_steps(
+        toks, nc, nxt, hn, ended, self.last_seconds = self.ext.block_steps(
             torch.from_numpy(x), self._emb_w, self._emb_scale, model.pe, state.max_positions, self.native_layers,
             state.self_kv, state.mem_kv, state.mem_mask, state.base + state.lengths, nw, nb, eps, self.proj.lin,
             f1.lin, f2.lin, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos, int(room),

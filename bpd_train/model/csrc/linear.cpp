@@ -675,13 +675,15 @@ torch::Tensor propose(const torch::Tensor& h_in, const Lin& fc1, const Lin& fc2,
 // DecodeWeights.head1_argmax run, in the same order, so the tokens are those of the one-step path.
 // Cache modes as model/cache.py: `lengths` None -> uniform, the new token at slot t of every row; else
 // per-row lengths [R] (int64, slots counted after the `t` prefix slots) -> slot t + lengths[r].
-// Returns (tokens [R, steps] int64, decoder output of the last step [R, D] before the final norm).
-std::tuple<torch::Tensor, torch::Tensor> greedy_steps(
+// Returns (tokens [R, steps] int64, decoder output of the last step [R, D] before the final norm, seconds the
+// steps took: what adaptive blockwise compares step widths by, without the Python call around them).
+std::tuple<torch::Tensor, torch::Tensor, double> greedy_steps(
     torch::Tensor tok, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
     const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
     c10::optional<torch::Tensor> mem_mask, int64_t g, int64_t t, c10::optional<torch::Tensor> lengths,
     const torch::Tensor& nw, const torch::Tensor& nb, double eps, const Lin& proj, int64_t eos, torch::Tensor room,
     int64_t max_steps) {
+  const auto t_start = std::chrono::steady_clock::now();
   const int64_t r = tok.size(0), d = embed.size(1);
   TORCH_CHECK(room.numel() == r && room.scalar_type() == torch::kLong, "greedy_steps: room must be int64 [R]");
   auto rm = room.contiguous();
@@ -722,7 +724,7 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_steps(
     if (ended) break;
   }
   if (s > 0) std::memcpy(last.data_ptr<float>(), h.data(), r * d * sizeof(float));
-  return {out.narrow(1, 0, s), last};
+  return {out.narrow(1, 0, s), last, std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()};
 }
 
 // Exact blockwise steps for ONE row in uniform cache mode (decoding/blockwise.py at batch 1, Exact rule), in
@@ -734,13 +736,14 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_steps(
 // instructions whatever the group, so the tokens are those of the one-step loop and of greedy decoding.
 // Stops after `max_steps` steps or the step in which the row ends (EOS, or `room` tokens used up).
 // Returns (tokens gained, in order; per step: proposals accepted n and tokens gained c; next fed tokens [w];
-// decoder output at the last accepted position [D]; 1 if the row ended).
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t> block_steps(
+// decoder output at the last accepted position [D]; 1 if the row ended; seconds, as greedy_steps).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, double> block_steps(
     torch::Tensor x_in, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
     const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
     c10::optional<torch::Tensor> mem_mask, int64_t t, const torch::Tensor& nw, const torch::Tensor& nb, double eps,
     const Lin& proj, const Lin& fc1, const Lin& fc2, const Lin& draft_proj, c10::optional<torch::Tensor> draft_ids,
     int64_t eos, int64_t room, int64_t max_steps, int64_t group) {
+  const auto t_start = std::chrono::steady_clock::now();
   auto xt = x_in.to(torch::kLong).contiguous();
   const int64_t w = xt.numel(), d = embed.size(1);
   group = std::max<int64_t>(1, group);
@@ -796,7 +799,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t> 
     return torch::from_blob(const_cast<int64_t*>(v.data()), {(int64_t)v.size()}, lopt).clone();
   };
   auto hn_t = torch::from_blob(hn.data(), {d}, embed.options()).clone();
-  return {cp(toks), cp(nc).view({-1, 2}), cp(x), hn_t, ended};
+  return {cp(toks), cp(nc).view({-1, 2}), cp(x), hn_t, ended,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()};
 }
 
 // per-phase seconds and steps since the last reset (phases: embed, decoder linears, decoder attention, decoder
