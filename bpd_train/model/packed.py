@@ -117,10 +117,11 @@ class DecodeWeights:
                                            bias.index_select(0, ids) if bias is not None else None, dt)
 
         # Head 1's logits in block_steps' lazy verification, this many positions per pass: where the projection
-        # is read from cache (demo size), 2 rows cost about one row's pass and more rows cost arithmetic, so
-        # positions after a rejected proposal are not computed; from memory (Transformer-base: 64 MB at V 32k)
-        # up to ~4 rows cost one pass. Measured in bench/engine.py (step cost).
-        self.verify_group = 4 if emb.numel() * 4 > (16 << 20) else 2
+        # is read from cache (demo size: 4000 x 128), 2 rows cost one row's pass (27 us) and more rows cost
+        # arithmetic (4 rows 40 us), so positions after a rejected proposal are not computed; read from memory
+        # (Transformer-base: 64 MB at V 32k) 8 rows cost ~1.2 one-row passes, and a second pass would cost a
+        # whole one (k = 8, groups of 4: 6.8 ms where one pass is 3.3). Measured with bench/engine.py --profile.
+        self.verify_group = 8 if emb.numel() * 4 > (16 << 20) else 2
         # greedy steps as one native call (greedy_steps): needs the native layers and head-1 argmax
         self.native_loop = None
         if self.native_layers is not None and self.identity_p1 and self.norm is not None and self.proj.lin is not None:
