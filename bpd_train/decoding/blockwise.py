@@ -104,6 +104,7 @@ class _Adaptive:
         self._best: dict[int, int] = {}
         self.chunk, self.last_fed = 1, 0              # native block loop (one row): steps per call, last width
         self.wide_steps = 0                           # steps at width > 1 since greedy steps were last timed
+        self.calibrated = False                       # every width timed once (_Blockwise.calibrate)
 
     @staticmethod
     def bucket(rows: int) -> int:
@@ -279,13 +280,16 @@ class _Blockwise:
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
         self.dev = src.device
         self.hist = np.zeros(kb + 1, dtype=np.int64)
-        self.state = state = model.start_decoding(model.encode(src), cap + kb)
+        memory = model.encode(src)
+        self.state = state = model.start_decoding(memory, cap + kb)
         self.w = state.weights
         if self.adaptive:  # acceptance statistics and step costs live as long as these weights (see _Adaptive)
             stats = getattr(self.w, "stats", None)
             key = ("adaptive", kb, self.threshold)
             self.adapt = _Adaptive(kb, self.threshold) if stats is None else stats.setdefault(
                 key, _Adaptive(kb, self.threshold))
+            if orig.size == 1 and self.native_block and self.threshold is None and not self.adapt.calibrated:
+                self.calibrate(memory)
         # a proposal vocabulary of N tokens: one-pass (fused) proposing while it is cheap
         vocab = len(self.w.draft_ids) if self.w.draft_ids is not None else self.w.vocab_size
         self.fused_unit = kb * max(kb - 1, 0) * vocab * model.config.d_model
@@ -392,6 +396,33 @@ class _Blockwise:
         if b <= fed:
             return nxt[None, :b], done
         return np.concatenate([nxt[None, :1], self.w.propose(hn[None], 1, b).cpu().numpy()], axis=1), done
+
+    def calibrate(self, memory, steps: int = 8) -> None:
+        """Time every step width once per set of weights (one row): `steps` steps of each in the native loops
+        on a scratch cache for this sentence, best of 3, interleaved. Probes alone priced widths badly: a probe
+        is one step after a greedy stretch (cold caches, the call around it), timed ~1.2-2x a step in a run of
+        steps, and one such timing kept a width out for good (the demo's `both` never left greedy steps)."""
+        ad, w, model, kb = self.adapt, self.w, self.model, self.kb
+        ad.calibrated = True
+        if getattr(w, "native_loop", None) is None or getattr(w, "heads", None) is None:
+            return
+        st = model.start_decoding(memory, steps * kb + kb + 1)
+        tok = start_tokens(model, st, 1, self.dev)                       # [1,1]
+        room = np.array([10 ** 6])
+        best: dict[int, float] = {}
+        for _ in range(3):
+            for width in range(1, kb + 1):
+                st.lengths = 0
+                if width == 1:
+                    w.greedy_steps(model, st, tok[:, 0], room, steps, eos=-1)
+                elif w.block_steps(model, st, np.repeat(tok[0].cpu().numpy(), width), 10 ** 6, steps, eos=-1) is None:
+                    return
+                t = w.last_seconds
+                if t is None:
+                    return
+                best[width] = min(best.get(width, t), t)
+        for width, t in best.items():
+            ad.timed(width, 1, t, steps)
 
     def _seconds(self, t0: float) -> float:
         """What the steps just run cost: the native loop's own time where it ran (a probe runs one step per call,
