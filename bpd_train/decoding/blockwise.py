@@ -303,10 +303,18 @@ class _Blockwise:
             self.calls -= 1
             self.hist[1] -= orig.size
         else:
-            x = self.prefill(orig.size)                                 # [R,b] x0 + proposals
-            out[orig, 0] = x[:, 0]
-            length += 1
-            done = (x[:, 0] == eos) | (limit <= 1)
+            got = None
+            if orig.size == 1 and self.native_block and getattr(self.w, "native_loop", None) is not None:
+                # the prefill as the first step of the native block loop (BOS alone, then blocks of the width)
+                first = start_tokens(model, state, 1, self.dev).cpu().numpy()           # [1,1]
+                got = self.block_native(first, out, orig, limit, length, width=self._width(1))
+            if got is not None:
+                x, done = got
+            else:
+                x = self.prefill(orig.size)                             # [R,b] x0 + proposals
+                out[orig, 0] = x[:, 0]
+                length += 1
+                done = (x[:, 0] == eos) | (limit <= 1)
         while True:
             if done.any():
                 out_len[orig[done]] = length[done]
@@ -361,31 +369,34 @@ class _Blockwise:
             return self.kb
         return min(self.kb, self.adapt.width(rows))
 
-    def block_native(self, x, out, orig, limit, length):
+    def block_native(self, x, out, orig, limit, length, width: int | None = None):
         """One row, Exact: blockwise steps as one native call, the same steps as the Python loop (verify,
         accept, propose) without its per-step overhead; adaptive mode re-decides the width every 8 steps (after
         every step while probing).
+        width: the prefill (x = [[BOS]]): its step comes first in the same call, then blocks of this width.
         Returns (next fed tokens [1,b], done [1]), or None where the native kernels do not run this model."""
         t0 = perf_counter()  # (where no native time comes back, the timing covers this method's bookkeeping too)
-        fed = x.shape[1]
+        prefill = width is not None
+        fed = x.shape[1] if width is None else width
         self.state.lengths = int(length[0])
         steps = int(limit[0])
         ad = self.adapt
         if ad is not None:  # a probe runs 1 step per call, the width the costs chose 8 (each call costs ~50 us)
             ad.chunk = 8 if ad.width(1) == fed else 1
-            ad.last_fed, steps = fed, ad.chunk
-        got = self.w.block_steps(self.model, self.state, x[0], int(limit[0] - length[0]), steps)
+            ad.last_fed, steps = fed, ad.chunk + prefill
+        got = self.w.block_steps(self.model, self.state, x[0], int(limit[0] - length[0]), steps,
+                                 **({"width": width} if prefill else {}))
         if got is None:
             self.native_block = False
             return None
         toks, nc, nxt, hn, ended = got
         out[orig[0], length[0]:length[0] + toks.shape[0]] = toks
         length += toks.shape[0]
-        self.calls += nc.shape[0]
-        self.hist += np.bincount(nc[:, 1], minlength=self.kb + 1)
+        self.calls += nc.shape[0] - prefill                              # the prefill is not a verify call
+        self.hist += np.bincount(nc[prefill:, 1], minlength=self.kb + 1)
         done = np.array([ended])
-        if self.adapt is not None:
-            self.adapt.update(fed, nc[:, 0], one_row=True)
+        if self.adapt is not None and nc.shape[0] > prefill:
+            self.adapt.update(fed, nc[prefill:, 0], one_row=True)
             self.adapt.timed(fed, 1, self._seconds(t0), nc.shape[0])
         if ended:
             return x, done

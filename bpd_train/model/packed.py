@@ -229,13 +229,15 @@ class DecodeWeights:
         state.lengths = lengths
         return (np.stack(steps, axis=1) if steps else np.zeros((tok.shape[0], 0), dtype=np.int64)), h
 
-    def block_steps(self, model: nn.Module, state, x: np.ndarray, room: int, max_steps: int, eos: int | None = None):
+    def block_steps(self, model: nn.Module, state, x: np.ndarray, room: int, max_steps: int, eos: int | None = None,
+                    width: int | None = None):
         """Exact blockwise steps for one row in uniform cache mode, as one native call (decoding/blockwise.py
         at batch 1; see csrc/linear.cpp block_steps): x [w] the fed tokens (x0 + w-1 proposals). Returns
         (tokens gained [T], per step (accepted n, gained c) [s,2], next fed tokens [w], decoder output at the
         last accepted position [D], ended), or None where the native kernels do not run this model. Sets
-        `last_seconds` (the native loop's own time, as greedy_steps)."""
-        w = x.shape[0]
+        `last_seconds` (the native loop's own time, as greedy_steps). width: the block fed from the second step
+        on (default len(x); x = [BOS] with width k is the prefill and the steps after it in one call)."""
+        w = x.shape[0] if width is None else int(width)
         if self.native_loop is None or self.heads is None or w < 2 or max_steps < 1:
             return None
         f1, f2 = self._head_ffn(1, w)
@@ -247,7 +249,7 @@ class DecodeWeights:
             torch.from_numpy(x), self._emb_w, self._emb_scale, model.pe, state.max_positions, self.native_layers,
             state.self_kv, state.mem_kv, state.mem_mask, state.base + state.lengths, nw, nb, eps, self.proj.lin,
             f1.lin, f2.lin, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos, int(room),
-            int(max_steps), self.verify_group)
+            int(max_steps), self.verify_group, w)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
     def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:

@@ -747,19 +747,23 @@ std::tuple<torch::Tensor, torch::Tensor, double> greedy_steps(
 // whose first proposal fails projects `group` rows, not w. Each row's logits are computed by the same
 // instructions whatever the group, so the tokens are those of the one-step loop and of greedy decoding.
 // Stops after `max_steps` steps or the step in which the row ends (EOS, or `room` tokens used up).
-// Returns (tokens gained, in order; per step: proposals accepted n and tokens gained c; next fed tokens [w];
+// x may be narrower than `width`, the block fed from the second step on (the prefill feeds BOS alone: its
+// head-1 token and proposals come out of the same loop, not out of a Python step).
+// Returns (tokens gained, in order; per step: proposals accepted n and tokens gained c; next fed tokens [width];
 // decoder output at the last accepted position [D]; 1 if the row ended; seconds, as greedy_steps).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, double> block_steps(
     torch::Tensor x_in, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
     const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
     c10::optional<torch::Tensor> mem_mask, int64_t t, const torch::Tensor& nw, const torch::Tensor& nb, double eps,
     const Lin& proj, const Lin& fc1, const Lin& fc2, const Lin& draft_proj, c10::optional<torch::Tensor> draft_ids,
-    int64_t eos, int64_t room, int64_t max_steps, int64_t group) {
+    int64_t eos, int64_t room, int64_t max_steps, int64_t group, int64_t width) {
   const auto t_start = std::chrono::steady_clock::now();
   auto xt = x_in.to(torch::kLong).contiguous();
   const int64_t w = xt.numel(), d = embed.size(1);
   group = std::max<int64_t>(1, group);
-  std::vector<int64_t> x(xt.data_ptr<int64_t>(), xt.data_ptr<int64_t>() + w), toks, nc, slot(w), gh(w), prop(w);
+  width = std::max<int64_t>(1, width);
+  const int64_t wm = std::max(w, width);
+  std::vector<int64_t> x(xt.data_ptr<int64_t>(), xt.data_ptr<int64_t>() + w), toks, nc, slot(wm), gh(wm), prop(wm);
   auto lopt = torch::TensorOptions().dtype(torch::kLong);
   torch::Tensor dids;
   if (draft_ids.has_value()) dids = draft_ids->to(torch::kLong).contiguous();
@@ -768,9 +772,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, 
   const Cache c(self_kv, mem_kv, mem_mask, 1);
   const float* nwp = nw.data_ptr<float>();
   const float* nbp = nb.data_ptr<float>();
-  std::vector<float> h(w * d), hn(d, 0.0f);
+  std::vector<float> h(wm * d), hn(d, 0.0f);
   int64_t ended = 0;
   for (int64_t s = 0; s < max_steps && !ended; s++) {
+    const int64_t w = (int64_t)x.size();   // the first step may feed another width (the prefill: BOS alone)
     Tick tk;
     for (int64_t j = 0; j < w; j++) slot[j] = t + j;
     emb.rows(x.data(), slot.data(), w, h.data());
@@ -798,12 +803,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, 
     t += cnt;
     ended = (eos_in || gn == eos || room <= 0) ? 1 : 0;
     std::memcpy(hn.data(), h.data() + n * d, d * sizeof(float));
+    x.assign(width, eos);
     x[0] = gn;
-    if (!ended && w > 1) {
-      propose_raw(hn.data(), 1, d, fc1, fc2, w - 1, nwp, nbp, (float)eps, draft_proj, dp, prop.data());
-      for (int64_t j = 0; j < w - 1; j++) x[j + 1] = prop[j];
-    } else {
-      for (int64_t j = 1; j < w; j++) x[j] = eos;
+    if (!ended && width > 1) {
+      propose_raw(hn.data(), 1, d, fc1, fc2, width - 1, nwp, nbp, (float)eps, draft_proj, dp, prop.data());
+      for (int64_t j = 0; j < width - 1; j++) x[j + 1] = prop[j];
     }
     if (g_prof) g_prof_steps += 1;
   }
