@@ -241,7 +241,7 @@ def model_card(config: dict, extra: str | None = None) -> str:
     else:
         what = f"sentencepiece `tokenizer.model`, {t['vocab_size']} pieces, sha256 `{t['sha256']}`; "
     lines += ["", "## Tokenizer", "",
-              what + f"pad={t['pad_id']} bos={t['bos_id']} eos={t['eos_id']} unk={t['unk_id']}.", ""]
+              what + f"pad={t['pad_id']} bos={t['bos_id']} eos={t['eos_id']} unk={t.get('unk_id')}.", ""]  # an LM: none
     lines += ["## Evaluation", ""]
     lines += [extra.rstrip(), ""] if extra else ["No evaluation report was found when this bundle was exported "
                                                  "(run `python evaluate.py` and export again to include one).", ""]

@@ -1,10 +1,15 @@
-"""Translate text with an exported bundle, blockwise by default.
+"""Translate text with an exported bundle, or generate with a decoder-only (LM) bundle; blockwise by default.
 
     python -m bpd_train.translate --bundle DIR [--block-size k] [--accept exact|top2] [--batch-size n] \
         < in.txt > out.txt
+    python -m bpd_train.translate --bundle LM_DIR [--chat] [--langs en:fr] [--input prompts.txt] \
+        [--context-policy truncate_left|refuse] [--max-new-tokens N] > responses.txt
 
-Streaming: reads stdin in chunks of --batch-size lines, writes (and flushes) each chunk's translations in input
-order, one line per input line (an empty line gives an empty line). k̂ and speed go to stderr at the end.
+Streaming: reads stdin (or --input) in chunks of --batch-size lines, writes (and flushes) each chunk's outputs in
+input order, one line per input line (an empty line gives an empty line). k̂ and speed go to stderr at the end.
+An LM bundle answers each line as a prompt: as it is, as the user's message of a chat (--chat: the tokenizer's
+chat template), or as a prompt-format translation prompt (--langs en:fr: "English: <line>\nFrench:", the format
+the LM demo trains on). Exact blockwise and greedy give the same output.
 """
 from __future__ import annotations
 
@@ -69,6 +74,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--errors", choices=("strict", "replace"), default="strict",
                    help="input that is not UTF-8: strict (default) leaves that line's output empty, translates the "
                         "rest and exits 2 naming the lines; replace translates it with U+FFFD for the bad bytes")
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                   help="generate at most N tokens per line (instead of --max-len)")
+    p.add_argument("--input", default=None, metavar="FILE", help="read the lines from FILE instead of stdin")
+    lm = p.add_argument_group("decoder-only (LM) bundles")
+    lm.add_argument("--chat", action="store_true", help="each line is the user's message of a chat, rendered with "
+                                                       "the tokenizer's chat template")
+    lm.add_argument("--langs", default=None, metavar="SRC:TGT",
+                    help="each line is a source sentence, prompted as 'English: <line>\\nFrench:' (e.g. en:fr)")
+    lm.add_argument("--context-policy", choices=("truncate_left", "refuse"), default="truncate_left",
+                    help="a prompt longer than the context: keep its newest tokens (default, counted) or stop "
+                         "with an error")
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     return p.parse_args(argv)
 
@@ -80,8 +96,7 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
 
     from bpd_train.cli import USER_ERRORS, report
     from bpd_train.decoding import blockwise, greedy
-    from bpd_train.evaluation.decode import (EvalError, SpmText, check_block_sizes, decode_options, max_len_arg,
-                                             parse_rule)
+    from bpd_train.evaluation.decode import EvalError, check_block_sizes, decode_options, max_len_arg, parse_rule
     from bpd_train.data.sampler import length_batches
     from bpd_train.evaluation.metrics import DecodeStats, one_line
     from bpd_train.loading import load
@@ -91,6 +106,10 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
             raise EvalError(f"--batch-size must be >= 1, got {args.batch_size}")
         auto = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(auto if args.device == "auto" else args.device)
+        if args.max_new_tokens is not None and args.max_new_tokens < 1:
+            raise EvalError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+        if args.input is not None:
+            stdin = _input_file(args.input)
         loaded = load(args.bundle, map_location=device)  # bpd_train/loading.py: a bundle (or any other source)
         model, sp = loaded.model, loaded.tokenizer()
         cfg = model.config
@@ -98,19 +117,25 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
         if args.block_size is not None and not args.greedy:
             check_block_sizes([k], cfg.block_size, f"bundle {args.bundle}")
         rule = parse_rule(args.accept)
-        max_len = max_len_arg(list(args.max_len))
+        max_len = max_len_arg(args.max_new_tokens if args.max_new_tokens is not None else list(args.max_len))
+        text = _lm_text(args, loaded) if loaded.is_lm else _mt_text(args, sp, cfg)
         model.decode_options = decode_options(sp, cfg.eos_id, args.dtype, args.draft_vocab)
     except USER_ERRORS as e:
         return report(e, stderr)
     use_blockwise = not args.greedy and k > 1
-    text = SpmText(sp, cfg.eos_id, cfg.pad_id, cfg.max_positions)
+    chat = loaded.is_lm and args.chat
     stats, n_sent, seconds = DecodeStats(), 0, 0.0
     with torch.inference_mode():
         source = _Lines(stdin, args.errors)
         for lines in _chunks(source, args.batch_size):
             out = [""] * len(lines)
             todo = [i for i, s in enumerate(lines) if s is not None and s.strip()]
-            ids = [text.source_ids(lines[i]) for i in todo]
+            ids = []
+            for i in todo:
+                try:
+                    ids.append(text.source_ids([{"role": "user", "content": lines[i]}] if chat else lines[i]))
+                except USER_ERRORS as e:  # an LM prompt too long under --context-policy refuse
+                    return report(f"line {n_sent + i + 1}: {e}", stderr)
             for group in length_batches([len(x) for x in ids], args.batch_size):
                 src = text.batch([ids[j] for j in group], device)
                 t0 = time.perf_counter()
@@ -131,7 +156,8 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
         mode = f"blockwise k={k} {args.accept}" if use_blockwise else "greedy"
         khat = f"k̂={stats.mean_accepted:.2f}, " if use_blockwise else ""
         rate = f"{n_sent / seconds:.1f} sent/s, {stats.tokens / seconds:.1f} tok/s" if seconds > 0 else "no decoding"
-        print(f"translated {n_sent} lines ({mode}, batch {args.batch_size}, {device.type}): {khat}"
+        verb = "answered" if loaded.is_lm else "translated"
+        print(f"{verb} {n_sent} lines ({mode}, batch {args.batch_size}, {device.type}): {khat}"
               f"decoder calls={stats.calls}, {rate}, {seconds:.2f}s decoding"
               + (f", {text.truncated} source(s) truncated to {cfg.max_positions} positions" if text.truncated else ""),
               file=stderr)
@@ -143,6 +169,50 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
         return report(f"{len(source.bad)} input line(s) are not valid UTF-8: {where}; their output lines are empty, "
                       "every other line was translated. Fix the input encoding or pass --errors replace", stderr)
     return 0
+
+
+def _input_file(path: str):
+    """--input: the prompts (or sentences) file as a byte stream; missing or empty is a user error."""
+    import io
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"--input {path} does not exist (or is not a file)")
+    data = p.read_bytes()
+    if not data.strip():
+        raise ValueError(f"--input {path} is empty: give one prompt per line")
+    return io.BytesIO(data)
+
+
+def _mt_text(args, sp, cfg):
+    from bpd_train.evaluation.decode import EvalError, SpmText
+
+    given = [f for f, on in (("--chat", args.chat), ("--langs", args.langs),
+                             ("--context-policy", args.context_policy != "truncate_left")) if on]
+    if given:
+        raise EvalError(f"{', '.join(given)}: only for decoder-only (LM) bundles; {args.bundle} is a translation model")
+    return SpmText(sp, cfg.eos_id, cfg.pad_id, cfg.max_positions)
+
+
+def _lm_text(args, loaded):
+    from bpd_train.evaluation.decode import EvalError, LMText
+
+    tok = loaded.lm_tokenizer()
+    if args.draft_vocab or args.dtype != "fp32":
+        raise EvalError("decoder-only models decode in fp32 over the full vocabulary for now (no --dtype "
+                        f"{args.dtype} / --draft-vocab)")
+    if args.chat and args.langs:
+        raise EvalError("--chat and --langs exclude each other: a line is either a chat message or a source sentence")
+    if args.chat and not tok.has_chat_template:
+        raise EvalError(f"--chat: the tokenizer of {args.bundle} has no chat template; give plain prompts (without "
+                        "--chat)")
+    src = tgt = None
+    if args.langs:
+        src, _, tgt = args.langs.partition(":")
+        if not src or not tgt:
+            raise EvalError(f"--langs takes SRC:TGT language codes (e.g. en:fr), got {args.langs!r}")
+    return LMText(tok, src, tgt, loaded.config.max_positions, context_policy=args.context_policy)
 
 
 if __name__ == "__main__":

@@ -145,6 +145,66 @@ def test_greedy_matches_generate_on_a_padded_batch(folders, fam):
         assert blockwise(model, prompts, accept=rule, max_len=MAX_NEW).tokens == want, rule
 
 
+def test_several_eos_ids_stop_like_generate(folders, tmp_path):
+    """A generation_config.json listing two EOS ids (Llama 3 instruct's [<|end_of_text|>, <|eot_id|>]): they are
+    imported, and greedy, blockwise, sampling at temperature 0 and beam size 1 stop where transformers' generate
+    (reading the same generation_config) stops, on a batch of different-length prompts; the export writes the list
+    back."""
+    import shutil
+
+    from bpd_train.convert.hf_lm import to_hf_lm
+    from bpd_train.decoding import beam_search
+    from bpd_train.decoding.sampling import sample
+
+    f = tmp_path / "m"
+    shutil.copytree(folders["llama"], f)
+    hf = _hf(f)
+    htok = _htok(f)
+    htok.pad_token, htok.padding_side = "<unk>", "left"
+    enc = htok(PROMPTS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        one = hf.generate(**enc, do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=2, pad_token_id=0)
+    outs = [_cut(r, 2) for r in one[:, enc["input_ids"].shape[1]:].tolist()]
+    # the second EOS: a token some rows produce before their end and others never (so both ids end some row)
+    counts = {}
+    for r in outs:
+        for t in set(r[1:]):
+            counts[t] = counts.get(t, 0) + 1
+    second = min((t for t, n in counts.items() if n < len(outs) and t != 2), key=lambda t: (-counts[t], t))
+    gen = json.loads((f / "generation_config.json").read_text())
+    (f / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [2, second]}))
+    hf = _hf(f)
+    assert hf.generation_config.eos_token_id == [2, second]
+    with torch.no_grad():
+        ref = hf.generate(**enc, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)
+    new = ref[:, enc["input_ids"].shape[1]:].tolist()
+    want = []
+    for r in new:
+        cut = next((i for i, t in enumerate(r) if t in (2, second)), len(r))
+        want.append(r[:cut])
+    ends = {r[len(w)] for r, w in zip(new, want) if len(w) < len(r)}
+    assert ends == {2, second}, "both EOS ids should end some row"
+    assert want != outs
+
+    model, tok, _ = load_hf_lm(f, block_size=3)
+    assert (model.config.eos_id, model.config.eos_ids) == (2, [2, second])
+    prompts = tok.encode(PROMPTS)
+    assert greedy(model, prompts, max_len=MAX_NEW).tokens == want
+    assert sample(model, prompts, max_len=MAX_NEW, temperature=0.0).tokens == want
+    assert beam_search(model, prompts, beam_size=1, max_len=MAX_NEW).tokens == want
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in model.head_parameters():
+            p.normal_(0, 0.3)
+    for rule in (Exact(), TopK(1)):   # TopK(1): the rule path (verdicts computed), same output
+        assert blockwise(model, prompts, accept=rule, max_len=MAX_NEW).tokens == want, rule
+        assert [blockwise(model, [p], accept=rule, max_len=MAX_NEW).tokens[0] for p in prompts] == want, rule
+    assert blockwise(model, prompts, max_len=MAX_NEW, adaptive=True).tokens == want
+    out = to_hf_lm(model, tmp_path / "out", tokenizer_folder=f)
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [2, second]
+    assert load_hf_lm(out)[0].config == model.config
+
+
 def test_tokenizer_matches_transformers(folders):
     for fam in ("llama", "qwen2"):
         _, tok, _ = load_hf_lm(folders[fam])

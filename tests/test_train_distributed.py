@@ -111,3 +111,72 @@ def test_fsdp_two_processes_on_cpu(smoke_base, tmp_path):
     assert "Restored all states" in r.stdout + r.stderr
     ck = read_checkpoint(corpus / "heads" / f"frozen-k{K}" / "checkpoints" / "last.ckpt")
     assert ck["global_step"] == 6 and ck["optimizer_states"]
+
+
+# ---- the decoder-only family (model=lm_tiny via experiment=smoke_lm) under the same strategies: the smallest LM,
+# the fewest steps; each run trains its own 1000-piece sentencepiece model (~1 s) instead of needing smoke_base
+
+
+def _lm_checks(corpus, run_name: str) -> None:
+    """A frozen LM head run: backbone bit-identical to its base, heads trained, and the in-training blockwise
+    evaluation ran on a gathered copy (agreement with greedy 100%)."""
+    import csv
+
+    from bpd_train.decoding import greedy
+    from bpd_train.loading import load as load_model
+    from bpd_train.model import LMModel
+
+    b, f = load_model(corpus / "base"), load_model(corpus / "heads" / run_name)
+    assert isinstance(f.model, LMModel) and f.meta.get("regime") == "frozen" and f.config.block_size == K
+    fsd = f.model.state_dict()
+    assert all(torch.equal(fsd[k], v) for k, v in b.model.state_dict().items()), "the frozen backbone moved"
+    assert any(fsd[k].abs().sum() > 0 for k in fsd if k.startswith("heads.fc2")), "the heads did not train"
+    rows = [r for m in (corpus / "heads" / run_name).rglob("metrics.csv") for r in csv.DictReader(m.open())]
+    agree = [float(r["val/agreement"]) for r in rows if r.get("val/agreement")]
+    assert agree and set(agree) == {100.0}
+    tok = b.lm_tokenizer()
+    prompts = [tok.encode(f"English: {s}\nFrench:") for s in ("In the beginning", "God said")]
+    assert greedy(f.model, prompts, max_len=6).tokens == greedy(b.model, prompts, max_len=6).tokens
+
+
+@pytest.mark.slow
+def test_fsdp_two_processes_lm_base_then_frozen(tmp_path):
+    """strategy=fsdp, 2 CPU ranks, on the decoder-only family: base from scratch, then frozen heads on it with the
+    in-training blockwise evaluation (decoding outside the forward needs FSDP's gathered weights; ~35 s)."""
+    art = tmp_path / "art"
+    common = ("experiment=smoke_lm", "strategy=fsdp", "trainer.devices=2", "trainer.gradient_clip_val=0.5")
+    run_train("+regime=base", *common, "trainer.max_steps=2", "trainer.val_check_interval=2", artifacts=art,
+              timeout=600)
+    run_train("+regime=frozen", *common, "trainer.max_steps=4", "trainer.val_check_interval=2", artifacts=art,
+              timeout=600)
+    _lm_checks(art / "bible_en_fr", f"frozen-k{K}")
+
+
+@pytest.mark.slow
+def test_zero2_base_then_zero3_frozen_lm(tmp_path):
+    """DeepSpeed on 2 CPU ranks (DS_ACCELERATOR=cpu) on the decoder-only family: a ZeRO-2 base run (optimizer
+    state sharded), then frozen heads under ZeRO-3 (parameters partitioned) initialised from that ZeRO-2 folder,
+    with the in-training evaluation on a gathered copy; the result exports to a bundle (~55 s)."""
+    from bpd_train.export import export_checkpoint, load_bundle
+    from bpd_train.model import LMModel
+
+    art = tmp_path / "art"
+    corpus = art / "bible_en_fr"
+
+    def zero(stage, *overrides):
+        cmd = [sys.executable, "-m", "bpd_train.training.zero_cpu", f"--stage={stage}", "--devices=2", *overrides,
+               "experiment=smoke_lm", "logger=csv", f"paths.artifacts={art}", f"hydra.run.dir={art}/hydra-{stage}"]
+        r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-5000:]
+
+    zero(2, "+regime=base", "trainer.max_steps=2", "trainer.val_check_interval=2")
+    base = {p.name for p in (corpus / "base" / "checkpoints" / "last.ckpt" / "checkpoint").iterdir()}
+    assert base == {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                    "zero_pp_rank_1_mp_rank_00_optim_states.pt"}   # stage 2: one model file, sharded optimizer
+    zero(3, "+regime=frozen", "trainer.max_steps=2", "trainer.val_check_interval=2")
+    frozen = {p.name for p in (corpus / "heads" / f"frozen-k{K}" / "checkpoints" / "last.ckpt" / "checkpoint").iterdir()}
+    assert {f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in (0, 1)} <= frozen   # stage 3: partitioned
+    _lm_checks(corpus, f"frozen-k{K}")
+    model, _, _ = load_bundle(export_checkpoint(corpus / "heads" / f"frozen-k{K}", tmp_path / "bundle"))
+    assert isinstance(model, LMModel) and model.config.block_size == K

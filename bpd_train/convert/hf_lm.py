@@ -11,7 +11,7 @@ import maps:
   rope_theta (or rope_parameters)       rope_theta, rope_scaling ("linear", "llama3"; other types refused)
   rms_norm_eps, tie_word_embeddings     norm_eps, tie_output
   attention_bias / mlp_bias (Llama)     qkv_bias + o_bias / mlp_bias; Qwen2: q/k/v biases, none on o
-  eos_token_id (generation_config first) eos_id (the first, when several are listed: see the warning)
+  eos_token_id (generation_config first) eos_id; eos_ids when several are listed (the decoders stop on any)
 
 Every tensor of the checkpoint must land somewhere: a name the map does not know is an error, never skipped
 (rotary inv_freq buffers that older files store are recomputed and checked instead).
@@ -77,20 +77,17 @@ def _rope(hf: dict[str, Any]) -> tuple[float, dict | None]:
     return float(theta), out
 
 
-def _eos(hf: dict[str, Any], gen: dict[str, Any]) -> int:
+def _eos(hf: dict[str, Any], gen: dict[str, Any]) -> tuple[int, list[int] | None]:
+    """(eos_id, eos_ids): what ends generation, as transformers' generate reads it (generation_config.json's
+    eos_token_id, else config.json's; either may be a list). eos_id, the id data and exports write, is config.json's
+    own when it is one of the list (Llama 3 instruct: <|eot_id|>, the end of a turn), else the list's first."""
     v = gen.get("eos_token_id", hf.get("eos_token_id"))
-    if isinstance(v, (list, tuple)):
-        if not v:
-            v = None
-        elif len(v) > 1:
-            log.warning("the checkpoint lists several EOS ids %s; bpd-train's decoders stop at the first, %s, only",
-                        list(v), v[0])
-            v = v[0]
-        else:
-            v = v[0]
-    if v is None:
+    ids = [int(i) for i in v] if isinstance(v, (list, tuple)) else [int(v)] if v is not None else []
+    if not ids:
         raise ConvertError("neither generation_config.json nor config.json gives an eos_token_id")
-    return int(v)
+    own = hf.get("eos_token_id")
+    first = int(own) if isinstance(own, int) and int(own) in ids else ids[0]
+    return first, (ids if len(set(ids)) > 1 else None)
 
 
 def _head_dim(hf: dict[str, Any]) -> int | None:
@@ -123,6 +120,7 @@ def config_from_hf_lm(hf: dict[str, Any], generation: dict[str, Any] | None = No
         log.info("pretraining_tp=%s only changes how transformers splits its matmuls; ignored", hf["pretraining_tp"])
     bias = bool(hf.get("attention_bias", False)) if fam == "llama" else False
     theta, scaling = _rope(hf)
+    eos = _eos(hf, gen)
     bos = gen.get("bos_token_id", hf.get("bos_token_id"))
     if isinstance(bos, (list, tuple)):
         bos = bos[0] if bos else None
@@ -138,7 +136,7 @@ def config_from_hf_lm(hf: dict[str, Any], generation: dict[str, Any] | None = No
             mlp_bias=bool(hf.get("mlp_bias", False)) if fam == "llama" else False,  # Mistral: no biases at all
             dropout=float(hf.get("attention_dropout", 0.0) if dropout is None else dropout),
             block_size=int(block_size), heads=heads, head_d_hidden=head_d_hidden, medusa_layers=int(medusa_layers),
-            identity_p1=identity_p1, bos_id=int(bos) if bos is not None else None, eos_id=_eos(hf, gen))
+            identity_p1=identity_p1, bos_id=int(bos) if bos is not None else None, eos_id=eos[0], eos_ids=eos[1])
     except KeyError as e:
         raise ConvertError(f"config.json lacks {e.args[0]!r}: not a complete {fam} config") from None
     except ValueError as e:
@@ -235,7 +233,7 @@ def hf_config_of_lm(c: LMConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         cfg.update(use_sliding_window=False, sliding_window=None)
     else:
         cfg.update(attention_bias=c.qkv_bias, mlp_bias=c.mlp_bias)
-    gen = {"bos_token_id": c.bos_id, "eos_token_id": c.eos_id, "do_sample": False}
+    gen = {"bos_token_id": c.bos_id, "eos_token_id": list(c.eos_ids) if c.eos_ids else c.eos_id, "do_sample": False}
     return cfg, gen
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bpd_train.decoding.common import decoding_mode, prepare_source, row_limits, start_tokens
+from bpd_train.decoding.common import decoding_mode, is_stop, prepare_source, row_limits, start_tokens, stop_ids
 from bpd_train.decoding.result import DecodeResult
 
 
@@ -54,7 +54,7 @@ def beam_search(model, src, beam_size: int = 4, length_penalty: float = 0.6, max
     beam = int(beam_size)
     alpha = float(length_penalty)
     policy = policy or BeamSearchPolicy()
-    eos = cfg.eos_id
+    eos, stop = cfg.eos_id, stop_ids(model)   # a forced end writes eos_id; any stop id ends a hypothesis
     with decoding_mode(model):
         src = prepare_source(model, src)
         limits = row_limits(model, src, max_len, reserve=1)  # the forced EOS needs one more position
@@ -86,7 +86,7 @@ def beam_search(model, src, beam_size: int = 4, length_penalty: float = 0.6, max
                 only_eos[eos] = 0.0
                 lprobs = torch.where(forced[:, None, None], lprobs + only_eos, lprobs)
             cand_scores, cand_beams, cand_tokens = policy.step(step, lprobs, scores, n_cand)  # [nb,2K]
-            is_eos = (cand_tokens == eos) & torch.isfinite(cand_scores)
+            is_eos = is_stop(cand_tokens, stop) & torch.isfinite(cand_scores)
             fin = is_eos[:, :beam]                                           # only the top K may end
             finished_sent = [False] * nb
             if bool(fin.any()):

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from bpd_train.decoding.acceptance import Exact, make_acceptance
-from bpd_train.decoding.common import decoding_mode, start_rows, start_tokens, trim
+from bpd_train.decoding.common import decoding_mode, is_stop, start_rows, start_tokens, stop_ids, trim
 from bpd_train.decoding.result import DecodeResult
 
 # Below this many multiply-adds per step (rows x b x (b-1) x proposal vocabulary x d_model), the proposal
@@ -48,8 +48,8 @@ FUSED_MACS = 1 << 21
 
 def _accept_rows(x, g, ok, min_block, eos, room):
     """Vectorised acceptance for R rows. x [R,b] fed tokens (x0 + proposals), g [R,b] head 1's argmax at
-    each position, ok [R,b-1] the rule's verdicts (None: exact match). Returns accepted proposals n,
-    head 1's token at the last accepted slot gn, tokens gained c (capped by room), ended-by-EOS flags."""
+    each position, ok [R,b-1] the rule's verdicts (None: exact match), eos the stop id(s). Returns accepted
+    proposals n, head 1's token at the last accepted slot gn, tokens gained c (capped by room), ended-by-EOS flags."""
     r, kb = x.shape
     if kb == 1:
         n = np.zeros(r, dtype=np.int64)
@@ -57,13 +57,13 @@ def _accept_rows(x, g, ok, min_block, eos, room):
         ok = x[:, 1:] == g[:, :-1] if ok is None else ok.astype(bool)
         if min_block > 1:
             ok[:, :min_block - 1] = True
-        ok &= x[:, :-1] != eos                                          # nothing is accepted after an EOS
+        ok &= ~is_stop(x[:, :-1], eos)                                  # nothing is accepted after an EOS
         n = np.cumprod(ok, axis=1).sum(1)
     rows = np.arange(r)
     gn = g[rows, n]
-    eos_in_block = x[rows, n] == eos                                    # an accepted proposal was EOS
+    eos_in_block = is_stop(x[rows, n], eos)                             # an accepted proposal was EOS
     c = np.minimum(n + 1 - eos_in_block, room)
-    return n, gn, c, eos_in_block | (gn == eos)
+    return n, gn, c, eos_in_block | is_stop(gn, eos)
 
 
 class _Adaptive:
@@ -265,11 +265,12 @@ class _Blockwise:
     def __init__(self, model, kb: int, rule, min_block: int, adaptive: bool, threshold: float | None):
         self.model, self.kb, self.rule, self.min_block = model, kb, rule, min_block
         self.exact = isinstance(rule, Exact)
-        self.eos = model.config.eos_id
+        self.eos = stop_ids(model)
         self.adaptive, self.threshold = adaptive, threshold
         self.adapt = None
-        # one row, Exact: whole runs of steps in one native call (DecodeWeights.block_steps) where it can
-        self.native_block = self.exact and min_block == 1
+        # one row, Exact: whole runs of steps in one native call (DecodeWeights.block_steps) where it can; the
+        # native loop ends rows on one EOS id only
+        self.native_block = self.exact and min_block == 1 and isinstance(self.eos, int)
 
     def run(self, src, max_len) -> DecodeResult:
         model, kb, eos = self.model, self.kb, self.eos
@@ -314,7 +315,7 @@ class _Blockwise:
                 x = self.prefill(orig.size)                             # [R,b] x0 + proposals
                 out[orig, 0] = x[:, 0]
                 length += 1
-                done = (x[:, 0] == eos) | (limit <= 1)
+                done = is_stop(x[:, 0], eos) | (limit <= 1)
         while True:
             if done.any():
                 out_len[orig[done]] = length[done]
@@ -467,7 +468,7 @@ class _Blockwise:
         self.hist[1] += r * s
         self.adapt.timed(1, r, self._seconds(t0), s)
         x = got[:, -1:]
-        return x, h, length, (x[:, 0] == self.eos) | (length >= limit)
+        return x, h, length, is_stop(x[:, 0], self.eos) | (length >= limit)
 
     def prefill(self, rows: int) -> np.ndarray:
         """BOS -> head 1's first token and the first proposals."""

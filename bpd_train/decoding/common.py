@@ -111,12 +111,34 @@ def start_tokens(model: nn.Module, state, rows: int, device) -> Tensor:
     return torch.full((rows, 1), model.config.bos_id, dtype=torch.long, device=device)
 
 
-def trim(rows: list[list[int]], lengths: list[int], eos_id: int) -> list[list[int]]:
-    """Cut each row to its produced length and drop a final EOS."""
+# The ids that end a row, as every decoder tests them: the model's eos_id (an int), or an int64 array where a
+# decoder-only checkpoint ends turns with several (LMConfig.eos_ids: Llama 3 / Qwen2 instruct list
+# <|end_of_text|> and <|eot_id|>). One EOS stays a plain int compared with ==, so the encoder-decoder path (and its
+# native loops, which take one id) costs and computes what it always did.
+Stop = Union[int, np.ndarray]
+
+
+def stop_ids(model: nn.Module) -> Stop:
+    """The ids that end a row for this model (see Stop)."""
+    ids = getattr(model.config, "eos_ids", None)
+    return np.asarray(ids, dtype=np.int64) if ids else int(model.config.eos_id)
+
+
+def is_stop(x, stop: Stop):
+    """Elementwise: which of x (numpy array, tensor or int) are stop ids."""
+    if isinstance(stop, int):
+        return x == stop
+    if isinstance(x, Tensor):
+        return torch.isin(x, torch.from_numpy(stop).to(x.device))
+    return np.isin(x, stop)
+
+
+def trim(rows: list[list[int]], lengths: list[int], stop: Stop) -> list[list[int]]:
+    """Cut each row to its produced length and drop a final EOS (any stop id)."""
     out = []
     for r, n in zip(rows, lengths):
         r = r[:n]
-        if r and r[-1] == eos_id:
+        if r and (r[-1] == stop if isinstance(stop, int) else r[-1] in stop):
             r = r[:-1]
         out.append(r)
     return out

@@ -4,14 +4,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bpd_train.decoding.common import decoding_mode, start_rows, start_tokens, trim
+from bpd_train.decoding.common import decoding_mode, is_stop, start_rows, start_tokens, stop_ids, trim
 from bpd_train.decoding.result import DecodeResult
 
 
 def greedy(model, src, max_len=(2.0, 10)) -> DecodeResult:
     """Head-1 argmax, one token per decoder call. Finished rows leave the batch (their cache rows are
     dropped), so results do not depend on batch mates and a batch costs what its longest row costs."""
-    cfg = model.config
+    stop = stop_ids(model)
     with decoding_mode(model):
         src, orig, limit, out, out_len, cap = start_rows(model, src, max_len)
         b, dev = out.shape[0], src.device
@@ -31,7 +31,7 @@ def greedy(model, src, max_len=(2.0, 10)) -> DecodeResult:
             row_steps += orig.size * (s - (step == 0))
             step += s
             nxt_np = got[:, -1]
-            done = (nxt_np == cfg.eos_id) | (limit <= step)
+            done = is_stop(nxt_np, stop) | (limit <= step)
             if done.any():
                 out_len[orig[done]] = step
                 keep = np.flatnonzero(~done)
@@ -41,6 +41,6 @@ def greedy(model, src, max_len=(2.0, 10)) -> DecodeResult:
                 state.reorder(idx)
                 nxt_np, orig, limit = nxt_np[keep], orig[keep], limit[keep]
             tok = torch.from_numpy(nxt_np).to(dev)
-        tokens = trim(out.tolist(), out_len.tolist(), cfg.eos_id)
+        tokens = trim(out.tolist(), out_len.tolist(), stop)
     return DecodeResult(tokens=tokens, calls=calls, prefill_calls=1, mean_accepted=1.0,
                         accepted_hist={1: row_steps} if row_steps else {})

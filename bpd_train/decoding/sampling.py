@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from bpd_train.decoding.common import decoding_mode, start_rows, start_tokens, trim
+from bpd_train.decoding.common import decoding_mode, is_stop, start_rows, start_tokens, stop_ids, trim
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
 
@@ -25,7 +25,7 @@ def sample(model, src, max_len=(2.0, 10), temperature: float = 1.0, seed: int = 
         raise ValueError(f"temperature must be >= 0, got {temperature!r}")
     if t == 0.0:
         return greedy(model, src, max_len=max_len)
-    cfg = model.config
+    stop = stop_ids(model)
     with decoding_mode(model):
         src, orig, limit, out, out_len, cap = start_rows(model, src, max_len)
         b, dev = out.shape[0], src.device
@@ -49,7 +49,7 @@ def sample(model, src, max_len=(2.0, 10), temperature: float = 1.0, seed: int = 
             nxt = (logits - torch.log(-torch.log(u.clamp_(min=1e-20)))).argmax(-1)    # Gumbel-max
             nxt_np = nxt.cpu().numpy()
             out[orig, step] = nxt_np
-            done = (nxt_np == cfg.eos_id) | (limit <= step + 1)
+            done = is_stop(nxt_np, stop) | (limit <= step + 1)
             if done.any():
                 out_len[orig[done]] = step + 1
                 keep = np.flatnonzero(~done)
@@ -59,6 +59,6 @@ def sample(model, src, max_len=(2.0, 10), temperature: float = 1.0, seed: int = 
                 state.reorder(idx)
                 nxt, orig, limit = nxt[idx], orig[keep], limit[keep]
             tok = nxt[:, None]
-        tokens = trim(out.tolist(), out_len.tolist(), cfg.eos_id)
+        tokens = trim(out.tolist(), out_len.tolist(), stop)
     return DecodeResult(tokens=tokens, calls=calls, prefill_calls=1, mean_accepted=1.0,
                         accepted_hist={1: row_steps} if row_steps else {})

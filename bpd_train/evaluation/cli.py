@@ -72,11 +72,29 @@ def _load_prompts(cfg: DictConfig, files: dict, split: str, max_sentences: int |
     n = len(ds)
     if max_sentences is not None and int(max_sentences) < n:
         ds = ds.select(evenly_spaced(n, int(max_sentences)))
-    if "prompt" not in ds.column_names or "response" not in ds.column_names:
-        raise EvalError(f"evaluation reads prompt/response records; {files[split]} holds {ds.column_names}")
+    cols = set(ds.column_names)
+    if not ({"prompt", "response"} <= cols or "messages" in cols):
+        raise EvalError(f"evaluation reads prompt/response or chat `messages` records; {files[split]} holds "
+                        f"{ds.column_names}")
+    sources, refs = [], []
+    for i, rec in enumerate(ds):
+        msgs = rec.get("messages")
+        if msgs:  # a chat: the messages before the last assistant turn are the prompt (rendered by the
+            #       model's chat template, evaluation/decode.py LMText), that turn the reference
+            last = msgs[-1] if isinstance(msgs[-1], dict) else {}
+            if last.get("role") != "assistant" or not str(last.get("content") or "").strip():
+                raise EvalError(f"{files[split]} record {i}: a chat to evaluate must end with a non-empty assistant "
+                                "message (the reference)")
+            sources.append([{k: v for k, v in m.items() if v is not None} for m in msgs[:-1]])
+            refs.append(str(last["content"]))
+        elif rec.get("prompt") is not None and rec.get("response") is not None:
+            sources.append(rec["prompt"])
+            refs.append(rec["response"])
+        else:
+            raise EvalError(f"{files[split]} record {i}: needs prompt and response, or messages")
     info = {"name": str(cfg.data.name), "split": split, "prompts": True, "split_size": n,
-            "max_sentences": max_sentences}
-    return list(ds["prompt"]), list(ds["response"]), info
+            "max_sentences": max_sentences, "chats": sum(not isinstance(s, str) for s in sources)}
+    return sources, refs, info
 
 
 def distilled_corpus(cfg: DictConfig) -> Path | None:

@@ -104,22 +104,45 @@ class SpmText:
 
 
 class LMText:
-    """SpmText's interface for a decoder-only model: a source sentence becomes its prompt-format translation
-    prompt ("English: ...\nFrench:", data/lm_data.py), or, with no languages, the text is the prompt itself
-    (prompt/response records). A prompt longer than the context keeps its newest tokens (after BOS), counted."""
+    """SpmText's interface for a decoder-only model. A source is a text or a chat:
+      a text      its prompt-format translation prompt ("English: ...\nFrench:", data/lm_data.py) when languages
+                  are given, else the prompt itself (prompt/response records, the generate CLI)
+      a chat      a list of {"role", "content"} messages (evaluation on `messages` records; the CLI's --chat),
+                  rendered with the tokenizer's chat template (a trailing assistant message is the reference, not
+                  prompted); no template: an EvalError
+    A prompt longer than the context (room for one generated token) keeps its newest tokens (after BOS), counted
+    in `truncated`, or with context_policy="refuse" is an EvalError."""
 
-    def __init__(self, tok, src_lang: str | None, tgt_lang: str | None, max_positions: int):
+    def __init__(self, tok, src_lang: str | None, tgt_lang: str | None, max_positions: int,
+                 context_policy: str = "truncate_left"):
+        from bpd_train.data.lm_data import CONTEXT_POLICIES
+
+        if context_policy not in CONTEXT_POLICIES:
+            raise EvalError(f"context policy must be one of {', '.join(CONTEXT_POLICIES)}, got {context_policy!r}")
         self.sp, self.src_lang, self.tgt_lang, self.max_positions = tok, src_lang, tgt_lang, max_positions
+        self.context_policy = context_policy
         self.pad_id = -1
         self.truncated = 0
 
-    def source_ids(self, text: str) -> list[int]:
-        from bpd_train.data.lm_data import translation_prompt
+    def source_ids(self, source: str | Sequence[dict]) -> list[int]:
+        from bpd_train.data.lm_data import LMDataError, prompt_of, translation_prompt
 
-        prompt = translation_prompt(text, self.src_lang, self.tgt_lang) if self.src_lang and self.tgt_lang else text
-        ids = list(self.sp.encode(prompt))
+        if isinstance(source, str):
+            prompt = translation_prompt(source, self.src_lang, self.tgt_lang) if self.src_lang and self.tgt_lang \
+                else source
+            ids = list(self.sp.encode(prompt))
+        else:
+            try:
+                prompt, _ = prompt_of({"messages": list(source)}, self.sp, where="chat")
+            except LMDataError as e:
+                raise EvalError(str(e)) from None
+            ids = list(self.sp.encode(prompt, add_special_tokens=False))  # the template wrote the specials
         room = self.max_positions - 1
         if len(ids) > room:
+            if self.context_policy == "refuse":
+                raise EvalError(f"a prompt of {len(ids)} tokens does not fit the context of {self.max_positions} "
+                                "(with room for one generated token); shorten it or truncate it from the left "
+                                "(context policy truncate_left)")
             keep = 1 if self.sp.bos_id is not None and ids[0] == self.sp.bos_id else 0
             ids = ids[:keep] + ids[len(ids) - room + keep:]
             self.truncated += 1

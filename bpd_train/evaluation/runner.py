@@ -300,7 +300,8 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
     t0 = time.time()
     checkpoints, rows = [], []
     with atomic_dir(out_dir, overwrite=overwrite, replaceable=_is_report_dir) as tmp:
-        atomic_write_text(tmp / "src.txt", "".join(one_line(s) + "\n" for s in sources))
+        shown = (s if isinstance(s, str) else json.dumps(s, ensure_ascii=False) for s in sources)  # a chat: JSON
+        atomic_write_text(tmp / "src.txt", "".join(one_line(s) + "\n" for s in shown))
         atomic_write_text(tmp / "ref.txt", "".join(one_line(r) + "\n" for r in refs))
         for i, (name, path, loaded) in enumerate(loaded_all):
             if loaded is None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -31,7 +32,7 @@ from torch import Tensor, nn
 from bpd_train.model.cache import DecoderState
 from bpd_train.model.heads import BPDHeads, MedusaHeads
 from bpd_train.model.lm_config import LMConfig
-from bpd_train.model.packed import DecodeOptions, DecodeWeights, weights_key
+from bpd_train.model.packed import DecodeOptions, weights_key
 
 
 class RMSNorm(nn.Module):
@@ -197,12 +198,30 @@ class LMDecodeWeights:
     head1, head1_argmax, propose, logits, vocab_size, draft_ids, stats."""
 
     layers = native_layers = native_loop = None
-    # the decoders' loops: greedy_steps takes DecodeWeights' one-step path (model.decode + head1_argmax) when
-    # no native loop is built; block_steps None means "no native blockwise loop", so blockwise steps in Python
-    greedy_steps = DecodeWeights.greedy_steps
+
+    def greedy_steps(self, model, state, tok: Tensor, room, max_steps: int, eos=None):
+        """DecodeWeights.greedy_steps (same contract) one step at a time; a row ends on any of the model's stop
+        ids (decoding/common.py stop_ids: LMConfig.eos_ids where a checkpoint lists several)."""
+        from bpd_train.decoding.common import is_stop, stop_ids
+
+        eos = stop_ids(model) if eos is None else eos
+        lengths = state.lengths
+        steps, h = [], None
+        x = tok[:, None]
+        for s in range(max_steps):
+            state.lengths = lengths + s
+            h = model.decode(state, x)[:, 0]
+            nxt = self.head1_argmax(h)
+            g = nxt.cpu().numpy()
+            steps.append(g)
+            x = nxt[:, None]
+            if (is_stop(g, eos) | (room <= s + 1)).any():
+                break
+        state.lengths = lengths
+        return (np.stack(steps, axis=1) if steps else np.zeros((tok.shape[0], 0), dtype=np.int64)), h
 
     def block_steps(self, *args, **kwargs):
-        return None
+        return None  # no native blockwise loop: blockwise steps in Python
 
     def __init__(self, model: "LMModel", options: DecodeOptions):
         if options.dtype != "fp32":

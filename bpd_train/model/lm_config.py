@@ -48,6 +48,10 @@ class LMConfig:
     bos_id: int | None = None         # the tokenizer's BOS, prepended to prompts by the data side; decoders
     #                                   start from each prompt's last token, never from BOS
     eos_id: int = 2
+    # every id that ends generation where a checkpoint lists several (generation_config.json's eos_token_id list:
+    # Llama 3 / Qwen2 instruct end a turn with <|eot_id|> / <|im_end|>, text with another); eos_id is one of
+    # them. None: eos_id alone. The decoders stop on any (decoding/common.py stop_ids).
+    eos_ids: list[int] | None = None
     arch: str = "lm"
 
     def __post_init__(self) -> None:
@@ -78,6 +82,13 @@ class LMConfig:
             if lacking:
                 raise ValueError(f"rope_scaling of type {kind} needs {', '.join(lacking)}")
             self.rope_scaling = {"rope_type": kind, **{k: float(self.rope_scaling[k]) for k in need}}
+        if self.eos_ids is not None:
+            ids = list(dict.fromkeys(int(i) for i in self.eos_ids))
+            if self.eos_id not in ids:
+                raise ValueError(f"eos_ids {ids} must include eos_id {self.eos_id}")
+            if any(not 0 <= i < self.vocab_size for i in ids):
+                raise ValueError(f"eos_ids {ids} hold ids outside the vocabulary (size {self.vocab_size})")
+            self.eos_ids = ids if len(ids) > 1 else None
         if self.pad_id >= 0:
             raise ValueError(f"pad_id of a decoder-only model is a negative sentinel (not a token id), "
                              f"got {self.pad_id}")
