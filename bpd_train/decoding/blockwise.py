@@ -105,6 +105,7 @@ class _Adaptive:
         self.chunk, self.last_fed = 1, 0              # native block loop (one row): steps per call, last width
         self.wide_steps = 0                           # steps at width > 1 since greedy steps were last timed
         self.calibrated = False                       # every width timed once (_Blockwise.calibrate)
+        self._probes = -1                             # probes made after every width was timed
 
     @staticmethod
     def bucket(rows: int) -> int:
@@ -222,7 +223,7 @@ class _Adaptive:
         for w in range(2, self.kb + 1):
             if (w, b) not in self.seconds:
                 return w
-        self._probes = getattr(self, "_probes", -1) + 1
+        self._probes += 1
         return 2 + self._probes % (self.kb - 1)
 
 
