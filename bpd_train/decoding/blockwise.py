@@ -105,6 +105,12 @@ class _Adaptive:
         self.chunk, self.last_fed = 1, 0              # native block loop (one row): steps per call, last width
         self.wide_steps = 0                           # steps at width > 1 since greedy steps were last timed
         self.calibrated = False                       # every width timed once (_Blockwise.calibrate)
+        # (width, rows bucket) -> cost in greedy steps from that calibration: widths and greedy timed alike,
+        # interleaved. Preferred to the decoders' own timings, which compare unlike steps: greedy stretches
+        # right after the encoder (cold caches, ~1.5x a warm step at demo size) against rare wide steps, so
+        # every width once looked cheaper than it was and regimes whose heads never pay fed 2-wide blocks
+        self.calib: dict[tuple[int, int], float] = {}
+        self.calibrated_rows: set[int] = set()
         self._probes = -1                             # probes made after every width was timed
 
     @staticmethod
@@ -132,7 +138,8 @@ class _Adaptive:
             gain.append(gain[-1] + chain)              # gain[w-1] = E[w]
         if self.threshold is not None:
             return len(gain)
-        if self.wide_steps > self.REFRESH or (1, b) not in self.seconds and self.wide_steps > self.REFRESH // 8:
+        if b not in self.calibrated_rows and (
+                self.wide_steps > self.REFRESH or (1, b) not in self.seconds and self.wide_steps > self.REFRESH // 8):
             return 1  # time greedy steps again (a stale or missing greedy cost could lock wider steps in)
         best, best_rate = 1, self.MARGIN
         for w in range(2, len(gain) + 1):
@@ -151,6 +158,9 @@ class _Adaptive:
         return max(self._cost(w, b), 1.0 + self.FLOOR * w)
 
     def _cost(self, w: int, b: int) -> float:
+        got = self.calib.get((w, b))
+        if got is not None:
+            return got
         one = self.seconds.get((1, b))
         if one is None:
             return self._prior(w)
@@ -435,6 +445,9 @@ class _Blockwise:
                 best[width] = min(best.get(width, t), t)
         for width, t in best.items():
             ad.timed(width, 1, t, steps)
+            ad.calib[(width, ad.bucket(1))] = t / best[1]
+        ad.calibrated_rows.add(ad.bucket(1))
+        ad._best.clear()
 
     def _seconds(self, t0: float) -> float:
         """What the steps just run cost: the native loop's own time where it ran (a probe runs one step per call,
