@@ -111,6 +111,7 @@ class _Adaptive:
         # every width once looked cheaper than it was and regimes whose heads never pay fed 2-wide blocks
         self.calib: dict[tuple[int, int], float] = {}
         self.calibrated_rows: set[int] = set()
+        self.calib_one: dict[int, float] = {}         # rows bucket -> calibrated seconds of a greedy step
         self._probes = -1                             # probes made after every width was timed
 
     @staticmethod
@@ -160,7 +161,10 @@ class _Adaptive:
     def _cost(self, w: int, b: int) -> float:
         got = self.calib.get((w, b))
         if got is not None:
-            return got
+            # what this width really cost since (its runs against the calibrated greedy step) where that is
+            # more: a calibration that other work on the machine disturbed corrects itself once the width runs
+            real = self.seconds.get((w, b))
+            return max(got, real / self.calib_one[b]) if real is not None and w > 1 else got
         one = self.seconds.get((1, b))
         if one is None:
             return self._prior(w)
@@ -445,10 +449,11 @@ class _Blockwise:
                 if t is None:
                     return
                 best[width] = min(best.get(width, t), t)
-        for width, t in best.items():
-            ad.timed(width, 1, t, steps)
-            ad.calib[(width, ad.bucket(1))] = t / best[1]
-        ad.calibrated_rows.add(ad.bucket(1))
+        b = ad.bucket(1)
+        for width, t in best.items():   # (the decoders' own timings of each width are kept apart: see _cost)
+            ad.calib[(width, b)] = t / best[1]
+        ad.calib_one[b] = best[1]
+        ad.calibrated_rows.add(b)
         ad._best.clear()
 
     def _seconds(self, t0: float) -> float:
