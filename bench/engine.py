@@ -1,4 +1,4 @@
-# python bench/engine.py [--threads 1 2] [--sizes demo base] [--skip-ct2]      (~3-6 min on a 2-core CPU)
+# python bench/engine.py [--threads 1 2] [--sizes demo base] [--skip-ct2] [--profile]   (~3-6 min on 2 cores)
 # python bench/engine.py --threads 1 --regimes RUN... [--batch 1 32]          (trained runs: speedups by decoder)
 """The CPU decode engine, measured in one run (issue 11).
 
@@ -61,12 +61,17 @@ def make_model(size: str, k: int = 8, head_hidden: int = 128, seed: int = 0) -> 
     return m
 
 
+PHASES = ("embed", "decoder linears", "attention", "norms/residuals", "head 1", "heads FFN", "proposal proj")
+
+
 def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len: int = 25, cached: int = 20,
-               loop_steps: int = 16):
+               loop_steps: int = 16, profile: bool = False):
     """(greedy step ms, {k: blockwise step / greedy step}, the same for the native loops: {"greedy_ms", k: ...})
     at batch 1, steps interleaved. One step through Python (model.decode + head-1 argmax + proposals), and per
     step of the native loops the decoders run (DecodeWeights.greedy_steps / block_steps, `loop_steps` steps
-    per call)."""
+    per call). profile: also print where a native-loop step's time goes (csrc/linear.cpp profile()).
+    A loop's blockwise step verifies lazily (head 1 only as far as proposals are accepted): random heads
+    rarely agree, so these steps mostly pay one verification pass; each accepted pair of proposals adds one."""
     v = m.config.vocab_size
     m.decode_options = options
     g = torch.Generator().manual_seed(1)
@@ -110,15 +115,32 @@ def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len:
                 return f
             fs.update({"loop greedy": greedy_loop, **{("loop", k): block_loop(k) for k in ks}})
         times = {n: [] for n in fs}
+        phases = {n: [] for n in fs}
         for f in fs.values():
             f(), f()
         order = list(fs.items())
+        ext = w.ext if profile else None
         for rep in range(reps):
             random.Random(rep).shuffle(order)              # no step always runs right after another
             for n, f in order:
+                if ext is not None:
+                    ext.profile(True, True)
                 t = time.perf_counter()
                 f()
                 times[n].append(time.perf_counter() - t)
+                if ext is not None:
+                    p, steps = ext.profile(False, True)
+                    phases[n].append([x / max(steps, 1) for x in p])
+    if ext is not None:
+        # where a native-loop step's time goes: mean per phase over the faster half of the calls (the slower
+        # half is where other work on the machine took the core)
+        for n in [n for n in fs if n == "loop greedy" or isinstance(n, tuple)]:
+            idx = np.argsort(times[n])[: max(1, reps // 2)]
+            per = np.mean(np.array(phases[n])[idx], axis=0) * 1e6
+            wall = float(np.mean(np.array(times[n])[idx])) / loop_steps * 1e6
+            label = "greedy" if n == "loop greedy" else f"k={n[1]}"
+            print(f"  profile {label:6s} {wall:8.1f} us/step: " + "  ".join(
+                f"{name} {v:.1f}" for name, v in zip(PHASES, per)) + f"  rest {wall - per.sum():.1f}", flush=True)
     gms = statistics.median(times["greedy"])
     loop = {}
     if "loop greedy" in times:
@@ -127,7 +149,7 @@ def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len:
     return gms * 1e3, {k: statistics.median(times[k]) / gms for k in ks}, loop
 
 
-def bench_steps(sizes, threads, reps):
+def bench_steps(sizes, threads, reps, profile=False):
     rows = []
     for size in sizes:
         m = make_model(size)
@@ -142,7 +164,8 @@ def bench_steps(sizes, threads, reps):
                         continue
                     with _engine(engine):
                         m._decode_cache = None
-                        gms, ratio, loop = step_costs(m, (2, 4, 8), opts, reps=reps)
+                        gms, ratio, loop = step_costs(m, (2, 4, 8), opts, reps=reps,
+                                                      profile=profile and engine == "native")
                     row = dict(size=size, threads=t, engine=engine, proposals=label, greedy_ms=round(gms, 3),
                                **{f"k{k}": round(r, 2) for k, r in ratio.items()})
                     rows.append(row)
@@ -422,6 +445,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", nargs="+", default=["demo", "base"], choices=sorted(SIZES))
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--skip-ct2", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="per-phase time of the native loops' steps")
     ap.add_argument("--quick", action="store_true", help="demo size, 1 thread, few reps, small CT2 run")
     ap.add_argument("--bundle", default=None, help="also compare on a trained bundle (e.g. make demo's export/best)")
     ap.add_argument("--regimes", nargs="+", default=None, metavar="RUN",
@@ -440,7 +464,7 @@ def main(argv=None) -> int:
         return 0
     print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}",
           flush=True)
-    result = {"cpu": cpu_model(), "engine": engine_name(), "step_cost": bench_steps(a.sizes, a.threads, a.reps)}
+    result = {"cpu": cpu_model(), "engine": engine_name(), "step_cost": bench_steps(a.sizes, a.threads, a.reps, a.profile)}
     if not a.skip_ct2:
         result["ctranslate2"] = [row for size in a.sizes
                                  for row in (bench_ct2(a.threads, [1, 32] if not a.quick else [4],

@@ -200,3 +200,27 @@ def test_native_loops_take_the_same_steps_as_the_one_step_loops():
         assert g.tokens == g1.tokens == b.tokens == b1.tokens, f"k={k} seed={seed}"
         assert (g.calls, g.accepted_hist) == (g1.calls, g1.accepted_hist)
         assert (b.calls, b.accepted_hist) == (b1.calls, b1.accepted_hist)
+
+
+@native
+def test_lazy_verification_takes_the_same_steps_whatever_the_group():
+    # block_steps computes head 1 a few positions at a time and stops at the first rejected proposal: how many
+    # per pass must change the cost only, never the tokens or the accepted blocks
+    for k, seed in [(4, 3), (8, 4)]:
+        m = random_model(k, seed)
+        src = random_sources(6, seed)
+        w = m.decode_weights()
+        got = []
+        for group in (1, 2, 3, 8):
+            w.verify_group = group
+            rs = [blockwise(m, src[i:i + 1], max_len=(2.0, 12)) for i in range(6)]    # one row: the native loop
+            got.append([(r.tokens, r.calls, r.accepted_hist) for r in rs])
+        assert all(g == got[0] for g in got), f"k={k} seed={seed}"
+        assert [t for r in got[0] for t in r[0]] == greedy(m, src, max_len=(2.0, 12)).tokens
+        assert max(b for r in got[0] for b in r[2]) > 1                 # some proposals were accepted
+        ext = w.ext
+        ext.profile(True, True)
+        for i in range(6):
+            blockwise(m, src[i:i + 1], max_len=(2.0, 12))
+        phases, steps = ext.profile(False, True)
+        assert steps > 0 and phases[1] > 0 and phases[4] > 0           # decoder linears, head 1 were timed

@@ -104,6 +104,15 @@ class _Adaptive:
         self._best: dict[int, int] = {}
         self.chunk, self.last_fed = 1, 0              # native block loop (one row): steps per call, last width
         self.wide_steps = 0                           # steps at width > 1 since greedy steps were last timed
+        self.calibrated = False                       # every width timed once (_Blockwise.calibrate)
+        # (width, rows bucket) -> cost in greedy steps from that calibration: widths and greedy timed alike,
+        # interleaved. Preferred to the decoders' own timings, which compare unlike steps: greedy stretches
+        # right after the encoder (cold caches, ~1.5x a warm step at demo size) against rare wide steps, so
+        # every width once looked cheaper than it was and regimes whose heads never pay fed 2-wide blocks
+        self.calib: dict[tuple[int, int], float] = {}
+        self.calibrated_rows: set[int] = set()
+        self.calib_one: dict[int, float] = {}         # rows bucket -> calibrated seconds of a greedy step
+        self._probes = -1                             # probes made after every width was timed
 
     @staticmethod
     def bucket(rows: int) -> int:
@@ -130,7 +139,8 @@ class _Adaptive:
             gain.append(gain[-1] + chain)              # gain[w-1] = E[w]
         if self.threshold is not None:
             return len(gain)
-        if self.wide_steps > self.REFRESH or (1, b) not in self.seconds and self.wide_steps > self.REFRESH // 8:
+        if b not in self.calibrated_rows and (
+                self.wide_steps > self.REFRESH or (1, b) not in self.seconds and self.wide_steps > self.REFRESH // 8):
             return 1  # time greedy steps again (a stale or missing greedy cost could lock wider steps in)
         best, best_rate = 1, self.MARGIN
         for w in range(2, len(gain) + 1):
@@ -149,6 +159,12 @@ class _Adaptive:
         return max(self._cost(w, b), 1.0 + self.FLOOR * w)
 
     def _cost(self, w: int, b: int) -> float:
+        got = self.calib.get((w, b))
+        if got is not None:
+            # what this width really cost since (its runs against the calibrated greedy step) where that is
+            # more: a calibration that other work on the machine disturbed corrects itself once the width runs
+            real = self.seconds.get((w, b))
+            return max(got, real / self.calib_one[b]) if real is not None and w > 1 else got
         one = self.seconds.get((1, b))
         if one is None:
             return self._prior(w)
@@ -211,6 +227,19 @@ class _Adaptive:
         self.interval = min(2 * self.interval, self.max_interval)
         return n
 
+    def probe_width(self, rows: int) -> int:
+        """Width of the next probe: widths not yet timed first, then every width in turn. Probing only the full
+        width left narrower ones priced by extrapolation from one noisy timing: on the demo's `both` a 2-wide
+        step (~1.4 greedy steps, E[2] ~1.7 tokens) was never tried, and adaptive mode ran greedy throughout."""
+        if self.threshold is not None:
+            return self.kb
+        b = self.bucket(rows)
+        for w in range(2, self.kb + 1):
+            if (w, b) not in self.seconds:
+                return w
+        self._probes += 1
+        return 2 + self._probes % (self.kb - 1)
+
 
 def blockwise(model, src, block_size: int | None = None, accept=None, min_block: int = 1,
               max_len=(2.0, 10), adaptive: bool | float = False) -> DecodeResult:
@@ -267,13 +296,16 @@ class _Blockwise:
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
         self.dev = src.device
         self.hist = np.zeros(kb + 1, dtype=np.int64)
-        self.state = state = model.start_decoding(model.encode(src), cap + kb)
+        memory = model.encode(src)
+        self.state = state = model.start_decoding(memory, cap + kb)
         self.w = state.weights
         if self.adaptive:  # acceptance statistics and step costs live as long as these weights (see _Adaptive)
             stats = getattr(self.w, "stats", None)
             key = ("adaptive", kb, self.threshold)
             self.adapt = _Adaptive(kb, self.threshold) if stats is None else stats.setdefault(
                 key, _Adaptive(kb, self.threshold))
+            if orig.size == 1 and self.native_block and self.threshold is None and not self.adapt.calibrated:
+                self.calibrate(memory)
         # a proposal vocabulary of N tokens: one-pass (fused) proposing while it is cheap
         vocab = len(self.w.draft_ids) if self.w.draft_ids is not None else self.w.vocab_size
         self.fused_unit = kb * max(kb - 1, 0) * vocab * model.config.d_model
@@ -287,10 +319,18 @@ class _Blockwise:
             self.calls -= 1
             self.hist[1] -= orig.size
         else:
-            x = self.prefill(orig.size)                                 # [R,b] x0 + proposals
-            out[orig, 0] = x[:, 0]
-            length += 1
-            done = is_stop(x[:, 0], eos) | (limit <= 1)
+            got = None
+            if orig.size == 1 and self.native_block and getattr(self.w, "native_loop", None) is not None:
+                # the prefill as the first step of the native block loop (BOS alone, then blocks of the width)
+                first = start_tokens(model, state, 1, self.dev).cpu().numpy()           # [1,1]
+                got = self.block_native(first, out, orig, limit, length, width=self._width(1))
+            if got is not None:
+                x, done = got
+            else:
+                x = self.prefill(orig.size)                             # [R,b] x0 + proposals
+                out[orig, 0] = x[:, 0]
+                length += 1
+                done = is_stop(x[:, 0], eos) | (limit <= 1)
         while True:
             if done.any():
                 out_len[orig[done]] = length[done]
@@ -345,33 +385,35 @@ class _Blockwise:
             return self.kb
         return min(self.kb, self.adapt.width(rows))
 
-    def block_native(self, x, out, orig, limit, length):
+    def block_native(self, x, out, orig, limit, length, width: int | None = None):
         """One row, Exact: blockwise steps as one native call, the same steps as the Python loop (verify,
         accept, propose) without its per-step overhead; adaptive mode re-decides the width every 8 steps (after
         every step while probing).
+        width: the prefill (x = [[BOS]]): its step comes first in the same call, then blocks of this width.
         Returns (next fed tokens [1,b], done [1]), or None where the native kernels do not run this model."""
-        t0 = perf_counter()  # the timing covers this method's bookkeeping too: it is part of a step's cost
-        fed = x.shape[1]
+        t0 = perf_counter()  # (where no native time comes back, the timing covers this method's bookkeeping too)
+        prefill = width is not None
+        fed = x.shape[1] if width is None else width
         self.state.lengths = int(length[0])
         steps = int(limit[0])
         ad = self.adapt
-        if ad is not None:  # a probe or a new width runs 1 step per call; a width that stays, 2, 4, then 8
-            settled = ad.width(1) == fed and ad.last_fed == fed
-            ad.chunk = min(2 * ad.chunk, 8) if settled else 1
-            ad.last_fed, steps = fed, ad.chunk
-        got = self.w.block_steps(self.model, self.state, x[0], int(limit[0] - length[0]), steps)
+        if ad is not None:  # a probe runs 1 step per call, the width the costs chose 8 (each call costs ~50 us)
+            ad.chunk = 8 if ad.width(1) == fed else 1
+            ad.last_fed, steps = fed, ad.chunk + prefill
+        got = self.w.block_steps(self.model, self.state, x[0], int(limit[0] - length[0]), steps,
+                                 **({"width": width} if prefill else {}))
         if got is None:
             self.native_block = False
             return None
         toks, nc, nxt, hn, ended = got
         out[orig[0], length[0]:length[0] + toks.shape[0]] = toks
         length += toks.shape[0]
-        self.calls += nc.shape[0]
-        self.hist += np.bincount(nc[:, 1], minlength=self.kb + 1)
+        self.calls += nc.shape[0] - prefill                              # the prefill is not a verify call
+        self.hist += np.bincount(nc[prefill:, 1], minlength=self.kb + 1)
         done = np.array([ended])
-        if self.adapt is not None:
-            self.adapt.update(fed, nc[:, 0], one_row=True)
-            self.adapt.timed(fed, 1, perf_counter() - t0, nc.shape[0])
+        if self.adapt is not None and nc.shape[0] > prefill:
+            self.adapt.update(fed, nc[prefill:, 0], one_row=True)
+            self.adapt.timed(fed, 1, self._seconds(t0), nc.shape[0])
         if ended:
             return x, done
         b = self._width(1)
@@ -381,12 +423,53 @@ class _Blockwise:
             return nxt[None, :b], done
         return np.concatenate([nxt[None, :1], self.w.propose(hn[None], 1, b).cpu().numpy()], axis=1), done
 
+    def calibrate(self, memory, steps: int = 8) -> None:
+        """Time every step width once per set of weights (one row): `steps` steps of each in the native loops
+        on a scratch cache for this sentence, best of 5 rounds (2 where a round takes over 5 ms), interleaved. Probes alone priced widths badly: a probe
+        is one step after a greedy stretch (cold caches, the call around it), timed ~1.2-2x a step in a run of
+        steps, and one such timing kept a width out for good (the demo's `both` never left greedy steps)."""
+        ad, w, model, kb = self.adapt, self.w, self.model, self.kb
+        ad.calibrated = True
+        if getattr(w, "native_loop", None) is None or getattr(w, "heads", None) is None:
+            return
+        st = model.start_decoding(memory, steps * kb + kb + 1)
+        tok = start_tokens(model, st, 1, self.dev)                       # [1,1]
+        room = np.array([10 ** 6])
+        best: dict[int, float] = {}
+        for rep in range(5):
+            if rep >= 2 and sum(best.values()) * steps > 0.005:
+                break  # 5 rounds where a round takes < 5 ms (small models, noisy timings), else 2
+            for width in range(1, kb + 1):
+                st.lengths = 0
+                if width == 1:
+                    w.greedy_steps(model, st, tok[:, 0], room, steps, eos=-1)
+                elif w.block_steps(model, st, np.repeat(tok[0].cpu().numpy(), width), 10 ** 6, steps, eos=-1) is None:
+                    return
+                t = w.last_seconds
+                if t is None:
+                    return
+                best[width] = min(best.get(width, t), t)
+        b = ad.bucket(1)
+        for width, t in best.items():   # (the decoders' own timings of each width are kept apart: see _cost)
+            ad.calib[(width, b)] = t / best[1]
+        ad.calib_one[b] = best[1]
+        ad.calibrated_rows.add(b)
+        ad._best.clear()
+
+    def _seconds(self, t0: float) -> float:
+        """What the steps just run cost: the native loop's own time where it ran (a probe runs one step per call,
+        and the Python call around it, charged to that one step, made every wider step look ~50 us dearer than
+        it is at demo size: adaptive mode then never left greedy), else the time since t0."""
+        got = getattr(self.w, "last_seconds", None)
+        return got if got is not None else perf_counter() - t0
+
     def stretch(self, x, out, orig, limit, length):
-        """No head pays: plain greedy steps (no heads), then one probe of every head where no row ended.
+        """No head pays: plain greedy steps (no heads), then one probe (_Adaptive.probe_width) where no row ended.
         x [R,1] the next tokens to feed. Returns (the next fed tokens [R,1 or b], done); length advances."""
         x, h1, length, done = self.greedy_steps(x, out, orig, limit, length, self.adapt.greedy_stretch())
         if not done.any():
-            x = np.concatenate([x, self.w.propose(h1, 1, self.kb).cpu().numpy()], axis=1)
+            w = self.adapt.probe_width(x.shape[0])
+            x = np.concatenate([x, self.w.propose(h1, 1, w).cpu().numpy()], axis=1)
         return x, done
 
     def greedy_steps(self, x, out, orig, limit, length, steps: int):
@@ -404,7 +487,7 @@ class _Blockwise:
         length += s
         self.calls += s
         self.hist[1] += r * s
-        self.adapt.timed(1, r, perf_counter() - t0, s)
+        self.adapt.timed(1, r, self._seconds(t0), s)
         x = got[:, -1:]
         return x, h, length, is_stop(x[:, 0], self.eos) | (length >= limit)
 

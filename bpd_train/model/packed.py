@@ -105,6 +105,7 @@ class DecodeWeights:
         self.heads = heads
         self._slots: dict[tuple[int, int], tuple[PackedLinear, PackedLinear]] = {}
         self.stats: dict = {}  # decoders' statistics about these weights (e.g. heads' acceptance rates)
+        self.last_seconds: float | None = None  # time of the last native loop call (greedy_steps / block_steps)
         self.draft_ids: Tensor | None = None
         self.draft_proj: PackedLinear | None = None
         if options.draft_vocab is not None:
@@ -115,6 +116,12 @@ class DecodeWeights:
             self.draft_proj = PackedLinear(emb.detach().index_select(0, ids),
                                            bias.index_select(0, ids) if bias is not None else None, dt)
 
+        # Head 1's logits in block_steps' lazy verification, this many positions per pass: where the projection
+        # is read from cache (demo size: 4000 x 128), 2 rows cost one row's pass (27 us) and more rows cost
+        # arithmetic (4 rows 40 us), so positions after a rejected proposal are not computed; read from memory
+        # (Transformer-base: 64 MB at V 32k) 8 rows cost ~1.2 one-row passes, and a second pass would cost a
+        # whole one (k = 8, groups of 4: 6.8 ms where one pass is 3.3). Measured with bench/engine.py --profile.
+        self.verify_group = 8 if emb.numel() * 4 > (16 << 20) else 2
         # greedy steps as one native call (greedy_steps): needs the native layers and head-1 argmax
         self.native_loop = None
         if self.native_layers is not None and self.identity_p1 and self.norm is not None and self.proj.lin is not None:
@@ -133,6 +140,10 @@ class DecodeWeights:
         if self.norm is None:  # models without a final norm (Marian)
             return h
         shape, w, b, eps = self.norm
+        if self.proj.lin is not None and h.dtype == torch.float32:
+            # the native loops' own layer norm: full logits (other acceptance rules, beam search) then round
+            # exactly as head1_argmax's, so TopK(1) stays Exact
+            return self.ext.layer_norm(h, w, b, eps)
         return torch.layer_norm(h, shape, w, b, eps)
 
     def _head_ffn(self, lo: int, hi: int) -> tuple[PackedLinear, PackedLinear]:
@@ -187,6 +198,7 @@ class DecodeWeights:
         and the caller advances `state.lengths` by the steps taken. Returns (tokens [R,s] numpy, decoder output
         of the last step [R,D]). The whole loop is one native call where the kernels are built (at demo size
         the per-step Python cost is as large as the step's arithmetic); same ops, so the same tokens.
+        Sets `last_seconds`: the native loop's own time for these steps (None on the one-step path).
         eos: the id that ends a row (default the model's; benchmarks pass -1 to run max_steps steps)."""
         eos = model.config.eos_id if eos is None else eos
         loop = self.native_loop
@@ -197,9 +209,11 @@ class DecodeWeights:
             else:
                 t = state.base
                 per_row = lengths if isinstance(lengths, Tensor) else torch.from_numpy(np.asarray(lengths))
-            toks, h = loop(tok, model.pe, state.max_positions, self.native_layers, state.self_kv, state.mem_kv,
-                           state.mem_mask, state.mem_group, t, per_row, torch.from_numpy(room), max_steps, eos)
+            toks, h, self.last_seconds = loop(tok, model.pe, state.max_positions, self.native_layers, state.self_kv,
+                                              state.mem_kv, state.mem_mask, state.mem_group, t, per_row,
+                                              torch.from_numpy(room), max_steps, eos)
             return toks.numpy(), h
+        self.last_seconds = None
         lengths = state.lengths
         steps, h = [], None
         x = tok[:, None]
@@ -215,12 +229,15 @@ class DecodeWeights:
         state.lengths = lengths
         return (np.stack(steps, axis=1) if steps else np.zeros((tok.shape[0], 0), dtype=np.int64)), h
 
-    def block_steps(self, model: nn.Module, state, x: np.ndarray, room: int, max_steps: int, eos: int | None = None):
+    def block_steps(self, model: nn.Module, state, x: np.ndarray, room: int, max_steps: int, eos: int | None = None,
+                    width: int | None = None):
         """Exact blockwise steps for one row in uniform cache mode, as one native call (decoding/blockwise.py
         at batch 1; see csrc/linear.cpp block_steps): x [w] the fed tokens (x0 + w-1 proposals). Returns
         (tokens gained [T], per step (accepted n, gained c) [s,2], next fed tokens [w], decoder output at the
-        last accepted position [D], ended), or None where the native kernels do not run this model."""
-        w = x.shape[0]
+        last accepted position [D], ended), or None where the native kernels do not run this model. Sets
+        `last_seconds` (the native loop's own time, as greedy_steps). width: the block fed from the second step
+        on (default len(x); x = [BOS] with width k is the prefill and the steps after it in one call)."""
+        w = x.shape[0] if width is None else int(width)
         if self.native_loop is None or self.heads is None or w < 2 or max_steps < 1:
             return None
         f1, f2 = self._head_ffn(1, w)
@@ -228,11 +245,11 @@ class DecodeWeights:
         if draft.lin is None:
             return None
         _, nw, nb, eps = self.norm
-        toks, nc, nxt, hn, ended = self.ext.block_steps(
+        toks, nc, nxt, hn, ended, self.last_seconds = self.ext.block_steps(
             torch.from_numpy(x), self._emb_w, self._emb_scale, model.pe, state.max_positions, self.native_layers,
             state.self_kv, state.mem_kv, state.mem_mask, state.base + state.lengths, nw, nb, eps, self.proj.lin,
             f1.lin, f2.lin, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos, int(room),
-            int(max_steps))
+            int(max_steps), self.verify_group, w)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
     def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:

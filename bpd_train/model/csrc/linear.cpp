@@ -21,6 +21,8 @@
 #include <cstring>
 #include <cmath>
 #include <tuple>
+#include <chrono>
+#include <vector>
 
 namespace {
 
@@ -28,7 +30,7 @@ constexpr int L = 16;        // lanes per vector
 constexpr int NV = 4;        // output vectors per block: NB = 64 outputs (weight rows) per block
 constexpr int NB = NV * L;
 constexpr int MB = 4;        // activation rows per register block (4 x 4 accumulators)
-static_assert(MB == 4, "run() dispatches blocks of 1..4 rows");
+static_assert(MB == 4 && NV % 2 == 0, "run() dispatches blocks of 1..4 rows and half blocks of 5..8");
 
 enum Mode { F32 = 0, BF16 = 1, I8 = 2 };
 
@@ -46,6 +48,10 @@ static inline vf wload(const uint16_t* p) {
 static inline vf wload(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
 }
+// Pins a loaded weight vector in a register. Without it GCC folds the load into every FMA that uses it (a
+// memory operand per FMA): a 4-row block then issued 16 vector loads per k instead of 4 and ran at ~60% of the
+// FMA units' rate (demo-size projection, 4 rows: 49 -> ~39 us).
+static inline void keep(vf& v) { asm("" : "+v"(v)); }  // (on a local: on an array element GCC stores it)
 #define BPD_NATIVE_ISA "avx512"
 #elif defined(__AVX2__) && defined(__FMA__)
 // 16 lanes as two 8-lane halves: same per-lane arithmetic order as the AVX-512 build.
@@ -64,6 +70,7 @@ static inline __m256 i8x8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
 static inline vf wload(const int8_t* p) { return {i8x8(p), i8x8(p + 8)}; }
+static inline void keep(vf& v) { asm("" : "+x"(v.lo), "+x"(v.hi)); }
 #define BPD_NATIVE_ISA "avx2"
 #else
 #error "bpd_train native decode kernels need AVX2+FMA or AVX-512 (the Python side falls back to torch)"
@@ -80,7 +87,7 @@ static inline void block(const float* x, int64_t K, const W* w, float* out /* [R
   for (int64_t k = 0; k < K; k++) {
     const W* wk = w + k * NB;
     vf wv[NV];
-    for (int j = 0; j < NV; j++) wv[j] = wload(wk + j * L);
+    for (int j = 0; j < NV; j++) { vf t = wload(wk + j * L); keep(t); wv[j] = t; }
     for (int i = 0; i < R; i++) {
       const vf xv = vbcast(x + i * K + k);
       for (int j = 0; j < NV; j++) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
@@ -88,6 +95,40 @@ static inline void block(const float* x, int64_t K, const W* w, float* out /* [R
   }
   for (int i = 0; i < R; i++)
     for (int j = 0; j < NV; j++) vstore(out + i * NB + j * L, acc[i][j]);
+}
+
+// 5-8 rows: the same per-lane FMA chain, on one half of the block at a time (R x 2 accumulators), so every
+// weight is read from memory once for up to 8 rows. With 4-row passes an 8-row block read each weight block
+// twice, and the first pass waited on memory while the second waited on the FMA units (Transformer-base at
+// k = 8: the decoder and projection cost ~1.5x a 1-row pass instead of ~1.1x).
+template <int R, typename W>
+static inline void half_block(const float* x, int64_t K, const W* w, float* out /* [R][NB] */, const W* next) {
+  constexpr int NH = NV / 2;
+  // the two half passes touch half of each weight row at a time, which the hardware prefetchers follow
+  // poorly from memory: fetch the next block into L2 meanwhile (its bytes spread over the 2K iterations)
+  const char* pf = (const char*)next;
+  constexpr int64_t CH = NB * (int64_t)sizeof(W) / 2;   // prefetched bytes per iteration
+  for (int hb = 0; hb < 2; hb++) {
+    vf acc[R][NH];
+    for (int i = 0; i < R; i++)
+      for (int j = 0; j < NH; j++) acc[i][j] = vzero();
+    const W* wh = w + hb * NH * L;
+    for (int64_t k = 0; k < K; k++) {
+      const W* wk = wh + k * NB;
+      if (pf) {
+        const char* p = pf + (hb * K + k) * CH;
+        for (int64_t b = 0; b < CH; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
+      }
+      vf wv[NH];
+      for (int j = 0; j < NH; j++) { vf t = wload(wk + j * L); keep(t); wv[j] = t; }
+      for (int i = 0; i < R; i++) {
+        const vf xv = vbcast(x + i * K + k);
+        for (int j = 0; j < NH; j++) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
+      }
+    }
+    for (int i = 0; i < R; i++)
+      for (int j = 0; j < NH; j++) vstore(out + i * NB + hb * NH * L + j * L, acc[i][j]);
+  }
 }
 
 template <typename W>
@@ -98,15 +139,20 @@ static void run(const float* x, const W* w, const float* scale, const float* bia
   const int64_t work = std::max<int64_t>(1, K * NB * std::max<int64_t>(M, 1));
   const int64_t grain = std::max<int64_t>(1, (int64_t)(1 << 17) / work);
   at::parallel_for(0, nblocks, grain, [&](int64_t lo, int64_t hi) {
-    alignas(64) float out[MB * NB];
+    alignas(64) float out[2 * MB * NB];
     for (int64_t nb = lo; nb < hi; nb++) {
       const W* wb = w + nb * NB * K;
+      const W* next = nb + 1 < nblocks ? wb + NB * K : nullptr;
       const int64_t n0 = nb * NB;
       const int nn = (int)std::min<int64_t>(NB, N - n0);
       for (int64_t m = 0; m < M;) {
         int r;
         // 1-3 leftover rows in one pass too (a 3-row proposal pass read the weights three times)
-        switch (std::min<int64_t>(M - m, MB)) {
+        switch (std::min<int64_t>(M - m, 2 * MB)) {
+          case 8: half_block<8>(x + m * K, K, wb, out, next); r = 8; break;
+          case 7: half_block<7>(x + m * K, K, wb, out, next); r = 7; break;
+          case 6: half_block<6>(x + m * K, K, wb, out, next); r = 6; break;
+          case 5: half_block<5>(x + m * K, K, wb, out, next); r = 5; break;
           case 4: block<4>(x + m * K, K, wb, out); r = 4; break;
           case 3: block<3>(x + m * K, K, wb, out); r = 3; break;
           case 2: block<2>(x + m * K, K, wb, out); r = 2; break;
@@ -177,6 +223,8 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
 
 // A packed linear layer as one object (what model/fastlinear.py PackedLinear holds), so that the fused
 // step functions below can chain several of them without returning to Python between ops.
+// A packed linear layer as one object (what model/fastlinear.py PackedLinear holds), so that the fused
+// step functions below can chain several of them without returning to Python between ops.
 struct Lin {
   torch::Tensor data;
   c10::optional<torch::Tensor> scale, bias;
@@ -186,11 +234,109 @@ struct Lin {
   torch::Tensor operator()(const torch::Tensor& x) const { return linear(x, data, scale, bias, N, K, mode); }
 };
 
-// argmax over the vocabulary of proj(layer_norm(h)): head 1's next token (greedy, exact verification).
+static void lin_rows(const Lin& L, const float* x, float* y, int64_t M) {
+  const float* bp = L.bias.has_value() ? L.bias->data_ptr<float>() : nullptr;
+  const float* sp = L.scale.has_value() ? L.scale->data_ptr<float>() : nullptr;
+  if (M <= 0) return;
+  if (L.mode == F32) run(x, L.data.data_ptr<float>(), nullptr, bp, y, M, L.N, L.K);
+  else if (L.mode == BF16) run(x, (const uint16_t*)L.data.data_ptr<int16_t>(), nullptr, bp, y, M, L.N, L.K);
+  else run(x, L.data.data_ptr<int8_t>(), sp, bp, y, M, L.N, L.K);
+}
+
+// ---- where a step's time goes (bench/engine.py --profile): per-phase seconds, off unless switched on ----
+enum Phase { P_EMBED = 0, P_DEC_LIN, P_DEC_ATT, P_DEC_OTHER, P_VERIFY, P_HEADS_FFN, P_PROPOSE_PROJ, P_OTHER, P_N };
+static bool g_prof = false;
+static double g_prof_s[P_N] = {0};
+static int64_t g_prof_steps = 0;
+struct Tick {
+  std::chrono::steady_clock::time_point t;
+  Tick() { if (g_prof) t = std::chrono::steady_clock::now(); }
+  void to(Phase p) {  // charge the time since the last tick to phase p
+    if (!g_prof) return;
+    auto now = std::chrono::steady_clock::now();
+    g_prof_s[p] += std::chrono::duration<double>(now - t).count();
+    t = now;
+  }
+};
+
+// Scratch buffers reused by every step (per thread): a decode step at demo size is ~100 us, and a dozen
+// allocations per step were a measurable part of it.
+struct Work {
+  std::vector<float> y, big, a, o;           // decoder stack
+  std::vector<float> x, logits, n1;          // loops: decoder input/output, head-1 logits, normed rows
+  std::vector<float> hid, st, sy, plog;      // proposal pass
+  std::vector<int64_t> slot, pos, tok;
+};
+static Work& work() { thread_local Work w; return w; }
+template <typename T> static T* grow(std::vector<T>& v, size_t n) { if (v.size() < n) v.resize(n); return v.data(); }
+
+// sum of v[0..n) in double, 8 interleaved partial sums added in a fixed tree (one chain of n dependent adds was
+// most of a layer norm's time; the order is the same for every row, whatever the batch)
+static inline double sum8(const double* v, int64_t n) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) acc[j] += v[i + j];
+  for (; i < n; i++) acc[i % 8] += v[i];
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+// y = layer_norm(x) per row (two-pass mean / variance in double, as ATen's reference does it in exact math)
+static void norm_rows(const float* x, float* y, int64_t M, int64_t D, const float* w, const float* b, float eps) {
+  thread_local std::vector<double> tmp;
+  if ((int64_t)tmp.size() < D) tmp.resize(D);
+  double* t = tmp.data();
+  for (int64_t m = 0; m < M; m++) {
+    const float* xr = x + m * D;
+    float* yr = y + m * D;
+    for (int64_t i = 0; i < D; i++) t[i] = xr[i];
+    const double mean = sum8(t, D) / (double)D;
+    for (int64_t i = 0; i < D; i++) { const double c = t[i] - mean; t[i] = c * c; }
+    const double var = sum8(t, D) / (double)D;
+    const float inv = (float)(1.0 / std::sqrt(var + (double)eps)), mu = (float)mean;
+    for (int64_t i = 0; i < D; i++) yr[i] = (xr[i] - mu) * inv * w[i] + b[i];
+  }
+}
+
+// index of the first largest value (torch.argmax's choice on ties)
+static inline int64_t argmax_row(const float* l, int64_t V) {
+  int64_t best = 0;
+  float bv = l[0];
+  for (int64_t v = 1; v < V; v++) if (l[v] > bv) { bv = l[v]; best = v; }
+  return best;
+}
+
+// head 1's next token at M decoder outputs h [M][D]: argmax of proj(layer_norm(h)) (greedy, exact verification)
+static void head1_ids(const float* h, int64_t M, int64_t D, const float* nw, const float* nb, float eps, const Lin& proj,
+                      int64_t* out) {
+  Work& ws = work();
+  float* y = grow(ws.n1, M * D);
+  float* l = grow(ws.logits, M * proj.N);
+  norm_rows(h, y, M, D, nw, nb, eps);
+  lin_rows(proj, y, l, M);
+  for (int64_t m = 0; m < M; m++) out[m] = argmax_row(l + m * proj.N, proj.N);
+}
+
+torch::Tensor layer_norm(const torch::Tensor& h, const torch::Tensor& nw, const torch::Tensor& nb, double eps) {
+  auto x = h.to(torch::kFloat32).contiguous();
+  auto y = torch::empty_like(x);
+  const int64_t d = x.size(-1);
+  norm_rows(x.data_ptr<float>(), y.data_ptr<float>(), x.numel() / d, d, nw.data_ptr<float>(), nb.data_ptr<float>(),
+            (float)eps);
+  return y;
+}
+
+// argmax over the vocabulary of proj(layer_norm(h)) for h [...,D] -> ids [...]
 torch::Tensor norm_project_argmax(const torch::Tensor& h, const torch::Tensor& nw, const torch::Tensor& nb, double eps,
                                   const Lin& proj) {
-  auto y = at::layer_norm(h, {h.size(-1)}, nw, nb, eps);
-  return proj(y).argmax(-1);
+  auto x = h.to(torch::kFloat32).contiguous();
+  const int64_t d = x.size(-1);
+  auto shape = x.sizes().vec();
+  shape.pop_back();
+  auto ids = torch::empty(shape, x.options().dtype(torch::kLong));
+  head1_ids(x.data_ptr<float>(), x.numel() / d, d, nw.data_ptr<float>(), nb.data_ptr<float>(), (float)eps, proj,
+            ids.data_ptr<int64_t>());
+  return ids;
 }
 
 // One decoder layer's decode-step weights (pre-norm layer, ReLU FFN: model/layers.py DecoderLayer).
@@ -214,55 +360,105 @@ struct StepLayer {
 // (blockwise verification) — which torch's SDPA did not guarantee (~1e-7 apart). Results differ from the
 // torch path (model/layers.py) by rounding only.
 
-static void lin_rows(const Lin& L, const float* x, float* y, int64_t M) {
-  const float* bp = L.bias.has_value() ? L.bias->data_ptr<float>() : nullptr;
-  const float* sp = L.scale.has_value() ? L.scale->data_ptr<float>() : nullptr;
-  if (M <= 0) return;
-  if (L.mode == F32) run(x, L.data.data_ptr<float>(), nullptr, bp, y, M, L.N, L.K);
-  else if (L.mode == BF16) run(x, (const uint16_t*)L.data.data_ptr<int16_t>(), nullptr, bp, y, M, L.N, L.K);
-  else run(x, L.data.data_ptr<int8_t>(), sp, bp, y, M, L.N, L.K);
-}
-
-// y = layer_norm(x) per row (two-pass mean / variance in order, as ATen's reference does it in exact math)
-static void norm_rows(const float* x, float* y, int64_t M, int64_t D, const float* w, const float* b, float eps) {
-  for (int64_t m = 0; m < M; m++) {
-    const float* xr = x + m * D;
-    float* yr = y + m * D;
-    double mean = 0.0;
-    for (int64_t i = 0; i < D; i++) mean += xr[i];
-    mean /= (double)D;
-    double var = 0.0;
-    for (int64_t i = 0; i < D; i++) { const double c = xr[i] - mean; var += c * c; }
-    var /= (double)D;
-    const float inv = (float)(1.0 / std::sqrt(var + (double)eps)), mu = (float)mean;
-    for (int64_t i = 0; i < D; i++) yr[i] = (xr[i] - mu) * inv * w[i] + b[i];
-  }
+static inline float hsum(vf v) {
+  // a fixed tree (the same for every query): 16 lanes in 4 dependent adds, not 16
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps(v);
+#else
+  __m256 s = _mm256_add_ps(v.lo, v.hi);
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+#endif
 }
 
 static inline float dot(const float* a, const float* b, int64_t n) {
   vf acc = vzero();
   int64_t i = 0;
   for (; i + L <= n; i += L) acc = vfma(vload(a + i), vload(b + i), acc);
-  alignas(64) float lanes[L];
-  vstore(lanes, acc);
-  float s = 0.0f;
-  for (int j = 0; j < L; j++) s += lanes[j];
+  float s = hsum(acc);
   for (; i < n; i++) s = std::fma(a[i], b[i], s);
   return s;
 }
 
-// out[0..dh) = softmax_j(q.k_j * scale + mask_j) v_j over slots j < len (keys/values `stride` floats apart)
+// exp of 16 lanes: 2^n e^r with n = round(x log2 e), r = x - n ln 2 (two-part ln 2), e^r by its degree-6 Taylor
+// polynomial (|r| <= 0.35: ~1 ulp); lanes under -87.3 (e^x below FLT_MIN, masked slots at -inf) give 0.
+// Vectorised, where std::exp per slot was ~1/3 of attention's time at demo size.
+#if defined(__AVX512F__)
+static inline vf vexp(vf x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.7f)), _mm512_set1_ps(-87.3f));
+  const vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+  vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  vf p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
+}
+static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline float hmax(vf v) { return _mm512_reduce_max_ps(v); }
+static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+#else
+static inline __m256 vexp8(__m256 x) {
+  const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ);
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.7f)), _mm256_set1_ps(-87.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  // 2^n for n in [-126, 128]: exponent bits; e^x with x near -87.3 can need n = -126 (still normal)
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(live, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+static inline vf vexp(vf x) { return {vexp8(x.lo), vexp8(x.hi)}; }
+static inline vf vmax(vf a, vf b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+static inline float hmax(vf v) {
+  __m256 m = _mm256_max_ps(v.lo, v.hi);
+  __m128 q = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_max_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+static inline vf vadd(vf a, vf b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+static inline vf vsub(vf a, vf b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+#endif
+
+// out[0..dh) = softmax_j(q.k_j * scale + mask_j) v_j over slots j < len (keys/values `stride` floats apart).
+// sc: scratch for len rounded up to a multiple of 16 (the padding holds -inf: weight 0).
 static void attend(const float* q, const float* k, const float* v, int64_t stride, int64_t len, const float* mask,
                    float scale, float* out, int64_t dh, float* sc) {
-  float mx = -INFINITY;
   for (int64_t j = 0; j < len; j++) {
     float s = dot(q, k + j * stride, dh) * scale;
     if (mask) s += mask[j];
     sc[j] = s;
-    mx = std::max(mx, s);
   }
-  float sum = 0.0f;
-  for (int64_t j = 0; j < len; j++) { sc[j] = std::exp(sc[j] - mx); sum += sc[j]; }
+  const int64_t lp = (len + L - 1) / L * L;
+  for (int64_t j = len; j < lp; j++) sc[j] = -INFINITY;
+  vf mv = vload(sc);
+  for (int64_t j = L; j < lp; j += L) mv = vmax(mv, vload(sc + j));
+  const float mxs = hmax(mv);
+  const vf mx = vbcast(&mxs);
+  vf sv = vzero();
+  for (int64_t j = 0; j < lp; j += L) {
+    const vf e = vexp(vsub(vload(sc + j), mx));
+    vstore(sc + j, e);
+    sv = vadd(sv, e);
+  }
+  const float sum = hsum(sv);
   const float inv = 1.0f / sum;
   int64_t i = 0;
   for (; i + L <= dh; i += L) {
@@ -280,19 +476,129 @@ static void attend(const float* q, const float* k, const float* v, int64_t strid
   }
 }
 
+// The cache a decode step reads and writes (model/cache.py layout): self [L,2,R,H,cap,Dh], memory
+// [L,2,R/G,H,S,Dh], additive memory mask [R/G,S] or none.
+struct Cache {
+  float* kv;
+  const float* mk;
+  const float* mm;
+  int64_t ks[6], ms[6], cap, S, g;
+  torch::Tensor mask_keep;
+  Cache(const torch::Tensor& self_kv, const torch::Tensor& mem_kv, const c10::optional<torch::Tensor>& mem_mask,
+        int64_t g_) : g(g_) {
+    TORCH_CHECK(self_kv.scalar_type() == torch::kFloat32 && mem_kv.scalar_type() == torch::kFloat32,
+                "decode: float32 caches only");
+    for (int i = 0; i < 6; i++) { ks[i] = self_kv.stride(i); ms[i] = mem_kv.stride(i); }
+    TORCH_CHECK(ks[5] == 1 && ms[5] == 1, "decode: caches must be contiguous in the head dimension");
+    kv = self_kv.data_ptr<float>();
+    mk = mem_kv.data_ptr<float>();
+    cap = self_kv.size(4);
+    S = mem_kv.size(4);
+    mm = nullptr;
+    if (mem_mask.has_value()) {
+      mask_keep = mem_mask->to(torch::kFloat32).contiguous();
+      TORCH_CHECK(mask_keep.numel() == mem_kv.size(2) * S, "decode: memory mask must be [R/G,1,1,S]");
+      mm = mask_keep.data_ptr<float>();
+    }
+  }
+};
+
+// x [M][d] (embedded tokens, in place -> decoder output before the final norm); row m is cache row m / n and
+// writes its K/V at slot[m]; a query at slot p sees slots 0..p (the causal and per-row masks of model/cache.py).
+static void decode_raw(float* x, int64_t M, int64_t n, int64_t d, const int64_t* slot,
+                       const std::vector<StepLayer>& layers, const Cache& c) {
+  Work& ws = work();
+  int64_t ff = 0, max_slot = 0;
+  for (const auto& w : layers) ff = std::max(ff, w.f1.N);
+  for (int64_t m = 0; m < M; m++) max_slot = std::max(max_slot, slot[m]);
+  TORCH_CHECK(max_slot < c.cap, "KV cache capacity ", c.cap, " exceeded (needs ", max_slot + 1, ")");
+  float* y = grow(ws.y, M * d);
+  float* big = grow(ws.big, M * std::max<int64_t>(3 * d, ff));
+  float* a = grow(ws.a, M * d);
+  float* o = grow(ws.o, M * d);
+  const int64_t* ks = c.ks;
+  const int64_t* ms = c.ms;
+  const int64_t S = c.S, g = c.g;
+  Tick tk;
+  for (size_t li = 0; li < layers.size(); li++) {
+    const StepLayer& w = layers[li];
+    const int64_t h = w.n_heads, dh = d / h;
+    const float scale = (float)(1.0 / std::sqrt((double)dh));
+    const float eps = (float)w.eps;
+    // self-attention
+    norm_rows(x, y, M, d, w.n1w.data_ptr<float>(), w.n1b.data_ptr<float>(), eps);
+    tk.to(P_DEC_OTHER);
+    lin_rows(w.qkv, y, big, M);                                               // [M][3][H][Dh]
+    tk.to(P_DEC_LIN);
+    float* kl = c.kv + li * ks[0];
+    for (int64_t m = 0; m < M; m++) {
+      const int64_t row = m / n;
+      for (int64_t hh = 0; hh < h; hh++) {
+        const float* src = big + m * 3 * d + hh * dh;
+        std::memcpy(kl + row * ks[2] + hh * ks[3] + slot[m] * ks[4], src + d, dh * sizeof(float));
+        std::memcpy(kl + ks[1] + row * ks[2] + hh * ks[3] + slot[m] * ks[4], src + 2 * d, dh * sizeof(float));
+      }
+    }
+    const int64_t kmax = max_slot + 1;
+    at::parallel_for(0, M * h, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, kmax * dh)),
+                     [&](int64_t lo, int64_t hi) {
+      thread_local std::vector<float> sc;
+      float* scp = grow(sc, kmax + L);
+      for (int64_t i = lo; i < hi; i++) {
+        const int64_t m = i / h, hh = i % h, row = m / n;
+        const float* base = kl + row * ks[2] + hh * ks[3];
+        attend(big + m * 3 * d + hh * dh, base, base + ks[1], ks[4], slot[m] + 1, nullptr, scale, a + m * d + hh * dh,
+               dh, scp);
+      }
+    });
+    tk.to(P_DEC_ATT);
+    lin_rows(w.so, a, o, M);
+    tk.to(P_DEC_LIN);
+    for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
+    // cross-attention: row `row` reads memory row row / g
+    norm_rows(x, y, M, d, w.n2w.data_ptr<float>(), w.n2b.data_ptr<float>(), eps);
+    tk.to(P_DEC_OTHER);
+    lin_rows(w.q, y, o, M);
+    tk.to(P_DEC_LIN);
+    const float* ml = c.mk + li * ms[0];
+    const float* mm = c.mm;
+    at::parallel_for(0, M * h, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, S * dh)),
+                     [&](int64_t lo, int64_t hi) {
+      thread_local std::vector<float> sc;
+      float* scp = grow(sc, S + L);
+      for (int64_t i = lo; i < hi; i++) {
+        const int64_t m = i / h, hh = i % h, b = (m / n) / g;
+        const float* base = ml + b * ms[2] + hh * ms[3];
+        attend(o + m * d + hh * dh, base, base + ms[1], ms[4], S, mm ? mm + b * S : nullptr, scale, a + m * d + hh * dh,
+               dh, scp);
+      }
+    });
+    tk.to(P_DEC_ATT);
+    lin_rows(w.co, a, o, M);
+    tk.to(P_DEC_LIN);
+    for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
+    // feed-forward
+    norm_rows(x, y, M, d, w.n3w.data_ptr<float>(), w.n3b.data_ptr<float>(), eps);
+    tk.to(P_DEC_OTHER);
+    lin_rows(w.f1, y, big, M);
+    for (int64_t i = 0; i < M * w.f1.N; i++) big[i] = std::max(big[i], 0.0f);
+    lin_rows(w.f2, big, o, M);
+    tk.to(P_DEC_LIN);
+    for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
+    tk.to(P_DEC_OTHER);
+  }
+}
+
 // write_index: per-row slots [2,R,H,n,Dh] (its [0,r,0,j,0] is token j's slot in row r; per-row cache mode),
-// else token j goes to slot t + j of every row (uniform mode). A query at slot p sees slots 0..p: the causal
-// and per-row masks of model/cache.py, so self_mask is not read. mem_mask: additive [R/G,1,1,S] or None.
+// else token j goes to slot t + j of every row (uniform mode). self_mask is not read (decode_raw's rule is
+// the same mask).
 torch::Tensor decode_layers(torch::Tensor x_in, const std::vector<StepLayer>& layers, const torch::Tensor& self_kv,
                             const torch::Tensor& mem_kv, c10::optional<torch::Tensor> self_mask,
                             c10::optional<torch::Tensor> mem_mask, c10::optional<torch::Tensor> write_index, int64_t t,
                             int64_t kv_len, int64_t g) {
   (void)self_mask; (void)kv_len;
-  TORCH_CHECK(self_kv.scalar_type() == torch::kFloat32 && mem_kv.scalar_type() == torch::kFloat32,
-              "decode_layers: float32 caches only");
   const int64_t r = x_in.size(0), n = x_in.size(1), d = x_in.size(2), M = r * n;
   auto x_t = x_in.to(torch::kFloat32).contiguous().clone();
-  float* x = x_t.data_ptr<float>();
   std::vector<int64_t> slot(M);
   if (write_index.has_value()) {
     auto si = write_index->select(0, 0).select(1, 0).select(2, 0).contiguous();   // [R,n]
@@ -301,231 +607,226 @@ torch::Tensor decode_layers(torch::Tensor x_in, const std::vector<StepLayer>& la
   } else {
     for (int64_t m = 0; m < M; m++) slot[m] = t + m % n;
   }
-  int64_t max_slot = 0;
-  for (auto v : slot) max_slot = std::max(max_slot, v);
-  TORCH_CHECK(max_slot < self_kv.size(4), "decode_layers: KV cache capacity ", self_kv.size(4), " exceeded");
-  const int64_t S = mem_kv.size(4);
-  torch::Tensor mmask;
-  const float* mm = nullptr;
-  if (mem_mask.has_value()) {
-    mmask = mem_mask->to(torch::kFloat32).contiguous();
-    TORCH_CHECK(mmask.numel() == mem_kv.size(2) * S, "decode_layers: memory mask must be [R/G,1,1,S]");
-    mm = mmask.data_ptr<float>();
-  }
-  const int64_t ks[6] = {self_kv.stride(0), self_kv.stride(1), self_kv.stride(2), self_kv.stride(3),
-                         self_kv.stride(4), self_kv.stride(5)};
-  const int64_t ms[6] = {mem_kv.stride(0), mem_kv.stride(1), mem_kv.stride(2), mem_kv.stride(3),
-                         mem_kv.stride(4), mem_kv.stride(5)};
-  TORCH_CHECK(ks[5] == 1 && ms[5] == 1, "decode_layers: caches must be contiguous in the head dimension");
-  float* kv = self_kv.data_ptr<float>();
-  const float* mk = mem_kv.data_ptr<float>();
-  int64_t ff = 0;
-  for (const auto& w : layers) ff = std::max(ff, w.f1.N);
-  std::vector<float> y(M * d), big(M * std::max<int64_t>(3 * d, ff)), a(M * d), o(M * d);
-  for (size_t li = 0; li < layers.size(); li++) {
-    const StepLayer& w = layers[li];
-    const int64_t h = w.n_heads, dh = d / h;
-    const float scale = (float)(1.0 / std::sqrt((double)dh));
-    const float eps = (float)w.eps;
-    // self-attention
-    norm_rows(x, y.data(), M, d, w.n1w.data_ptr<float>(), w.n1b.data_ptr<float>(), eps);
-    lin_rows(w.qkv, y.data(), big.data(), M);                                 // [M][3][H][Dh]
-    float* kl = kv + li * ks[0];
-    for (int64_t m = 0; m < M; m++) {
-      const int64_t row = m / n;
-      for (int64_t hh = 0; hh < h; hh++) {
-        const float* src = big.data() + m * 3 * d + hh * dh;
-        std::memcpy(kl + row * ks[2] + hh * ks[3] + slot[m] * ks[4], src + d, dh * sizeof(float));
-        std::memcpy(kl + ks[1] + row * ks[2] + hh * ks[3] + slot[m] * ks[4], src + 2 * d, dh * sizeof(float));
-      }
-    }
-    const int64_t kmax = max_slot + 1;
-    at::parallel_for(0, M * h, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, kmax * dh)),
-                     [&](int64_t lo, int64_t hi) {
-      std::vector<float> sc(kmax);
-      for (int64_t i = lo; i < hi; i++) {
-        const int64_t m = i / h, hh = i % h, row = m / n;
-        const float* base = kl + row * ks[2] + hh * ks[3];
-        attend(big.data() + m * 3 * d + hh * dh, base, base + ks[1], ks[4], slot[m] + 1, nullptr, scale,
-               a.data() + m * d + hh * dh, dh, sc.data());
-      }
-    });
-    lin_rows(w.so, a.data(), o.data(), M);
-    for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
-    // cross-attention: row `row` reads memory row row / g
-    norm_rows(x, y.data(), M, d, w.n2w.data_ptr<float>(), w.n2b.data_ptr<float>(), eps);
-    lin_rows(w.q, y.data(), o.data(), M);
-    const float* ml = mk + li * ms[0];
-    at::parallel_for(0, M * h, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, S * dh)),
-                     [&](int64_t lo, int64_t hi) {
-      std::vector<float> sc(S);
-      for (int64_t i = lo; i < hi; i++) {
-        const int64_t m = i / h, hh = i % h, b = (m / n) / g;
-        const float* base = ml + b * ms[2] + hh * ms[3];
-        attend(o.data() + m * d + hh * dh, base, base + ms[1], ms[4], S, mm ? mm + b * S : nullptr, scale,
-               a.data() + m * d + hh * dh, dh, sc.data());
-      }
-    });
-    lin_rows(w.co, a.data(), o.data(), M);
-    for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
-    // feed-forward
-    norm_rows(x, y.data(), M, d, w.n3w.data_ptr<float>(), w.n3b.data_ptr<float>(), eps);
-    lin_rows(w.f1, y.data(), big.data(), M);
-    for (int64_t i = 0; i < M * w.f1.N; i++) big[i] = std::max(big[i], 0.0f);
-    lin_rows(w.f2, big.data(), o.data(), M);
-    for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
-  }
+  Cache c(self_kv, mem_kv, mem_mask, g);
+  decode_raw(x_t.data_ptr<float>(), M, n, d, slot.data(), layers, c);
   return x_t;
 }
 
-// The proposal pass: heads lo..hi-1 at positions h [...,D] -> argmax ids [..., n_heads] (draft ids mapped back):
-// state_i = h + fc2(relu(fc1(h)))[slice i]; logits = proj(layer_norm(state_i)). Raw buffers, no ATen ops
-// (proposals only decide what is verified, so their rounding never reaches the output).
+// The embedding a decode step feeds, as BPDModel.decode computes it: embed[tok] * scale, then + pe[pos], two
+// roundings (the extension is built with -ffp-contract=off, so no fused multiply-add merges them).
+struct Embed {
+  const float* e;
+  const float* pe;
+  float scale;
+  int64_t d, max_pos;
+  Embed(const torch::Tensor& embed, double s, const torch::Tensor& pe_, int64_t mp)
+      : e(embed.data_ptr<float>()), pe(pe_.data_ptr<float>()), scale((float)s), d(embed.size(1)), max_pos(mp) {
+    TORCH_CHECK(embed.is_contiguous() && pe_.is_contiguous() && embed.scalar_type() == torch::kFloat32 &&
+                pe_.scalar_type() == torch::kFloat32, "embedding tables must be contiguous float32");
+  }
+  void rows(const int64_t* tok, const int64_t* slot, int64_t M, float* x) const {
+    for (int64_t m = 0; m < M; m++) {
+      const float* er = e + tok[m] * d;
+      const float* pr = pe + std::min(slot[m], max_pos - 1) * d;
+      float* xr = x + m * d;
+      for (int64_t i = 0; i < d; i++) {
+        const float v = er[i] * scale;
+        xr[i] = v + pr[i];
+      }
+    }
+  }
+};
+
+// Heads lo..lo+n_heads-1 at M positions h [M][D] -> argmax ids [M][n_heads] (draft ids mapped back):
+// state_i = h + fc2(relu(fc1(h)))[slice i]; logits = proj(layer_norm(state_i)). Proposals only decide what is
+// verified, so their rounding never reaches the output.
+static void propose_raw(const float* h, int64_t M, int64_t d, const Lin& fc1, const Lin& fc2, int64_t n_heads,
+                        const float* nw, const float* nb, float eps, const Lin& proj, const int64_t* draft,
+                        int64_t* out) {
+  Work& ws = work();
+  Tick tk;
+  float* hid = grow(ws.hid, M * fc1.N);
+  float* st = grow(ws.st, M * n_heads * d);
+  float* y = grow(ws.sy, M * n_heads * d);
+  float* logits = grow(ws.plog, M * n_heads * proj.N);
+  lin_rows(fc1, h, hid, M);
+  for (int64_t i = 0; i < M * fc1.N; i++) hid[i] = std::max(hid[i], 0.0f);
+  lin_rows(fc2, hid, st, M);                                                 // [M][n_heads][D]
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t i = 0; i < n_heads * d; i++) st[m * n_heads * d + i] += h[m * d + i % d];
+  norm_rows(st, y, M * n_heads, d, nw, nb, eps);
+  tk.to(P_HEADS_FFN);
+  lin_rows(proj, y, logits, M * n_heads);
+  for (int64_t m = 0; m < M * n_heads; m++) {
+    const int64_t best = argmax_row(logits + m * proj.N, proj.N);
+    out[m] = draft ? draft[best] : best;
+  }
+  tk.to(P_PROPOSE_PROJ);
+}
+
 torch::Tensor propose(const torch::Tensor& h_in, const Lin& fc1, const Lin& fc2, int64_t n_heads,
                       const torch::Tensor& nw, const torch::Tensor& nb, double eps, const Lin& proj,
                       c10::optional<torch::Tensor> draft_ids) {
   const int64_t d = h_in.size(-1);
   auto h_t = h_in.to(torch::kFloat32).contiguous();
-  const int64_t M = h_t.numel() / d, V = proj.N;
-  const float* h = h_t.data_ptr<float>();
-  std::vector<float> hid(M * fc1.N), st(M * n_heads * d), y(M * n_heads * d), logits(M * n_heads * V);
-  lin_rows(fc1, h, hid.data(), M);
-  for (auto& v : hid) v = std::max(v, 0.0f);
-  lin_rows(fc2, hid.data(), st.data(), M);                                   // [M][n_heads][D]
-  for (int64_t m = 0; m < M; m++)
-    for (int64_t i = 0; i < n_heads * d; i++) st[m * n_heads * d + i] += h[m * d + i % d];
-  norm_rows(st.data(), y.data(), M * n_heads, d, nw.data_ptr<float>(), nb.data_ptr<float>(), (float)eps);
-  lin_rows(proj, y.data(), logits.data(), M * n_heads);
+  const int64_t M = h_t.numel() / d;
   auto shape = h_t.sizes().vec();
   shape.back() = n_heads;
   auto ids = torch::empty(shape, h_t.options().dtype(torch::kLong));
-  int64_t* ip = ids.data_ptr<int64_t>();
-  const int64_t* dp = nullptr;
   torch::Tensor dids;
-  if (draft_ids.has_value()) { dids = draft_ids->to(torch::kLong).contiguous(); dp = dids.data_ptr<int64_t>(); }
-  for (int64_t m = 0; m < M * n_heads; m++) {
-    const float* l = logits.data() + m * V;
-    int64_t best = 0;
-    for (int64_t v = 1; v < V; v++) if (l[v] > l[best]) best = v;
-    ip[m] = dp ? dp[best] : best;
-  }
+  if (draft_ids.has_value()) dids = draft_ids->to(torch::kLong).contiguous();
+  propose_raw(h_t.data_ptr<float>(), M, d, fc1, fc2, n_heads, nw.data_ptr<float>(), nb.data_ptr<float>(), (float)eps,
+              proj, dids.defined() ? dids.data_ptr<int64_t>() : nullptr, ids.data_ptr<int64_t>());
   return ids;
 }
 
 // Greedy steps for R rows in one call (small models spend more in per-step Python than in arithmetic):
-// embed the fed tokens, run decode_layers, take head 1's argmax (norm_project_argmax), feed it back; stop
-// after `max_steps` steps or after the step in which a row ends (EOS, or its `room` tokens are used up), so
-// the caller drops finished rows exactly where its Python loop would. Every op is the one BPDModel.decode and
+// embed the fed tokens, run the decoder stack, take head 1's argmax, feed it back; stop after `max_steps`
+// steps or after the step in which a row ends (EOS, or its `room` tokens are used up), so the caller drops
+// finished rows exactly where its Python loop would. Every op is the one BPDModel.decode and
 // DecodeWeights.head1_argmax run, in the same order, so the tokens are those of the one-step path.
 // Cache modes as model/cache.py: `lengths` None -> uniform, the new token at slot t of every row; else
-// per-row lengths [R] (int64, slots counted after the `t` prefix slots) -> scatter writes and a mask.
-// Returns (tokens [R, steps] int64, decoder output of the last step [R, D] before the final norm).
-std::tuple<torch::Tensor, torch::Tensor> greedy_steps(
+// per-row lengths [R] (int64, slots counted after the `t` prefix slots) -> slot t + lengths[r].
+// Returns (tokens [R, steps] int64, decoder output of the last step [R, D] before the final norm, seconds the
+// steps took: what adaptive blockwise compares step widths by, without the Python call around them).
+std::tuple<torch::Tensor, torch::Tensor, double> greedy_steps(
     torch::Tensor tok, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
     const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
     c10::optional<torch::Tensor> mem_mask, int64_t g, int64_t t, c10::optional<torch::Tensor> lengths,
     const torch::Tensor& nw, const torch::Tensor& nb, double eps, const Lin& proj, int64_t eos, torch::Tensor room,
     int64_t max_steps) {
+  const auto t_start = std::chrono::steady_clock::now();
   const int64_t r = tok.size(0), d = embed.size(1);
-  const int64_t cap = self_kv.size(4);
   TORCH_CHECK(room.numel() == r && room.scalar_type() == torch::kLong, "greedy_steps: room must be int64 [R]");
   auto rm = room.contiguous();
   const int64_t* roomp = rm.data_ptr<int64_t>();
-  std::vector<int64_t> len;                                                // per-row mode: slots after the prefix
+  std::vector<int64_t> slot(r, t);
   if (lengths.has_value()) {
     auto l = lengths->to(torch::kLong).contiguous();
-    len.assign(l.data_ptr<int64_t>(), l.data_ptr<int64_t>() + r);
+    for (int64_t i = 0; i < r; i++) slot[i] = t + l.data_ptr<int64_t>()[i];
   }
-  const int64_t h = layers.empty() ? 1 : layers[0].n_heads, dh = d / h;
-  auto x_tok = tok.to(torch::kLong).reshape({r, 1}).contiguous();
-  auto out = torch::empty({r, std::max<int64_t>(max_steps, 0)}, x_tok.options());
+  auto tk0 = tok.to(torch::kLong).contiguous();
+  std::vector<int64_t> x(tk0.data_ptr<int64_t>(), tk0.data_ptr<int64_t>() + r), nxt(r);
+  auto out = torch::empty({r, std::max<int64_t>(max_steps, 0)}, tk0.options());
   int64_t* outp = out.data_ptr<int64_t>();
-  torch::Tensor last;
+  const Embed emb(embed, embed_scale, pe, max_positions);
+  const Cache c(self_kv, mem_kv, mem_mask, g);
+  const float* nwp = nw.data_ptr<float>();
+  const float* nbp = nb.data_ptr<float>();
+  auto last = torch::empty({r, d}, embed.options());
+  std::vector<float> h(r * d);
   int64_t s = 0;
+  Tick tk;
   while (s < max_steps) {
-    auto e = at::embedding(embed, x_tok).mul(embed_scale);                 // [R,1,D]
-    torch::Tensor x, hs;
-    if (len.empty()) {
-      TORCH_CHECK(t + 1 <= cap, "KV cache capacity ", cap, " exceeded");
-      x = e.add(pe.narrow(0, std::min(t, max_positions - 1), 1));
-      hs = decode_layers(x, layers, self_kv, mem_kv, c10::nullopt, mem_mask, c10::nullopt, t, t + 1, g);
-      t += 1;
-    } else {
-      auto slots = torch::empty({r, 1}, x_tok.options());
-      int64_t* sp = slots.data_ptr<int64_t>();
-      int64_t kv_len = 0;
-      for (int64_t i = 0; i < r; i++) { sp[i] = t + len[i]; kv_len = std::max(kv_len, sp[i] + 1); }
-      TORCH_CHECK(kv_len <= cap, "KV cache capacity ", cap, " exceeded (needs ", kv_len, ")");
-      x = e.add(pe.index_select(0, slots.clamp_max(max_positions - 1).view({r})).view({r, 1, d}));
-      auto index = slots.view({1, r, 1, 1, 1}).expand({2, r, h, 1, dh});
-      hs = decode_layers(x, layers, self_kv, mem_kv, c10::nullopt, mem_mask, index, 0, kv_len, g);
-      for (auto& v : len) v += 1;
-    }
-    last = hs.select(1, 0);                                                 // [R,D]
-    auto nxt = norm_project_argmax(last, nw, nb, eps, proj).contiguous();  // [R]
-    const int64_t* np_ = nxt.data_ptr<int64_t>();
+    emb.rows(x.data(), slot.data(), r, h.data());
+    tk.to(P_EMBED);
+    decode_raw(h.data(), r, 1, d, slot.data(), layers, c);
+    tk = Tick();
+    head1_ids(h.data(), r, d, nwp, nbp, (float)eps, proj, nxt.data());
+    tk.to(P_VERIFY);
     bool ended = false;
     for (int64_t i = 0; i < r; i++) {
-      outp[i * max_steps + s] = np_[i];
-      ended |= np_[i] == eos || roomp[i] <= s + 1;
+      outp[i * max_steps + s] = nxt[i];
+      ended |= nxt[i] == eos || roomp[i] <= s + 1;
+      slot[i] += 1;
     }
     s += 1;
-    x_tok = nxt.view({r, 1});
+    x = nxt;
+    if (g_prof) g_prof_steps += 1;
     if (ended) break;
   }
-  return {out.narrow(1, 0, s), last};
+  if (s > 0) std::memcpy(last.data_ptr<float>(), h.data(), r * d * sizeof(float));
+  return {out.narrow(1, 0, s), last, std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()};
 }
 
 // Exact blockwise steps for ONE row in uniform cache mode (decoding/blockwise.py at batch 1, Exact rule), in
-// one call: feed x (x0 + w-1 proposals) at slots t.., head 1's argmax at every position, accept the longest
-// prefix of proposals head 1 agrees with (nothing after an EOS), then heads 1..w-1 propose at the accepted
-// position. The same decode_layers / norm_project_argmax / propose as the one-step Python loop, so the same
-// tokens. Stops after `max_steps` steps or the step in which the row ends (EOS, or `room` tokens used up).
-// Returns (tokens gained, in order; per step: proposals accepted n and tokens gained c; next fed tokens [w];
-// decoder output at the last accepted position [D]; 1 if the row ended).
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t> block_steps(
+// one call with no ATen op or allocation per step: feed x (x0 + w-1 proposals) at slots t.., verify, accept
+// the longest prefix of proposals head 1 agrees with (nothing after an EOS), then heads 1..w-1 propose at the
+// accepted position. Verification is lazy: head 1's logits are computed `group` positions at a time, and only
+// as far as proposals are accepted (a rejected proposal makes the positions after it irrelevant), so a step
+// whose first proposal fails projects `group` rows, not w. Each row's logits are computed by the same
+// instructions whatever the group, so the tokens are those of the one-step loop and of greedy decoding.
+// Stops after `max_steps` steps or the step in which the row ends (EOS, or `room` tokens used up).
+// x may be narrower than `width`, the block fed from the second step on (the prefill feeds BOS alone: its
+// head-1 token and proposals come out of the same loop, not out of a Python step).
+// Returns (tokens gained, in order; per step: proposals accepted n and tokens gained c; next fed tokens [width];
+// decoder output at the last accepted position [D]; 1 if the row ended; seconds, as greedy_steps).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, double> block_steps(
     torch::Tensor x_in, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
     const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
     c10::optional<torch::Tensor> mem_mask, int64_t t, const torch::Tensor& nw, const torch::Tensor& nb, double eps,
     const Lin& proj, const Lin& fc1, const Lin& fc2, const Lin& draft_proj, c10::optional<torch::Tensor> draft_ids,
-    int64_t eos, int64_t room, int64_t max_steps) {
+    int64_t eos, int64_t room, int64_t max_steps, int64_t group, int64_t width) {
+  const auto t_start = std::chrono::steady_clock::now();
   auto xt = x_in.to(torch::kLong).contiguous();
-  const int64_t w = xt.numel();
-  std::vector<int64_t> x(xt.data_ptr<int64_t>(), xt.data_ptr<int64_t>() + w), toks, nc;
+  const int64_t w = xt.numel(), d = embed.size(1);
+  group = std::max<int64_t>(1, group);
+  width = std::max<int64_t>(1, width);
+  const int64_t wm = std::max(w, width);
+  std::vector<int64_t> x(xt.data_ptr<int64_t>(), xt.data_ptr<int64_t>() + w), toks, nc, slot(wm), gh(wm), prop(wm);
   auto lopt = torch::TensorOptions().dtype(torch::kLong);
-  torch::Tensor hn;
+  torch::Tensor dids;
+  if (draft_ids.has_value()) dids = draft_ids->to(torch::kLong).contiguous();
+  const int64_t* dp = dids.defined() ? dids.data_ptr<int64_t>() : nullptr;
+  const Embed emb(embed, embed_scale, pe, max_positions);
+  const Cache c(self_kv, mem_kv, mem_mask, 1);
+  const float* nwp = nw.data_ptr<float>();
+  const float* nbp = nb.data_ptr<float>();
+  std::vector<float> h(wm * d), hn(d, 0.0f);
   int64_t ended = 0;
   for (int64_t s = 0; s < max_steps && !ended; s++) {
-    auto tok = torch::from_blob(x.data(), {1, w}, lopt).clone();
-    auto pos = (torch::arange(t, t + w, lopt)).clamp_max_(max_positions - 1);
-    auto e = at::embedding(embed, tok).mul(embed_scale).add(pe.index_select(0, pos).unsqueeze(0));
-    auto h = decode_layers(e, layers, self_kv, mem_kv, c10::nullopt, mem_mask, c10::nullopt, t, t + w, 1);
-    auto gt = norm_project_argmax(h, nw, nb, eps, proj).contiguous();     // [1,w]
-    const int64_t* g = gt.data_ptr<int64_t>();
-    int64_t n = 0;
-    while (n < w - 1 && x[n + 1] == g[n] && x[n] != eos) n++;
-    const int64_t gn = g[n];
-    const bool eos_in = x[n] == eos;
-    const int64_t c = std::min<int64_t>(n + 1 - (eos_in ? 1 : 0), room);
-    for (int64_t j = 0; j < c; j++) toks.push_back(j < n ? x[j + 1] : gn);
-    nc.push_back(n);
-    nc.push_back(c);
-    room -= c;
-    t += c;
-    ended = (eos_in || gn == eos || room <= 0) ? 1 : 0;
-    hn = h.select(0, 0).select(0, n);                                         // [D]
-    x.assign(1, gn);
-    if (!ended && w > 1) {
-      auto p = propose(hn.unsqueeze(0), fc1, fc2, w - 1, nw, nb, eps, draft_proj, draft_ids).contiguous();
-      const int64_t* pp = p.data_ptr<int64_t>();
-      for (int64_t j = 0; j < w - 1; j++) x.push_back(pp[j]);
+    const int64_t w = (int64_t)x.size();   // the first step may feed another width (the prefill: BOS alone)
+    Tick tk;
+    for (int64_t j = 0; j < w; j++) slot[j] = t + j;
+    emb.rows(x.data(), slot.data(), w, h.data());
+    tk.to(P_EMBED);
+    decode_raw(h.data(), w, w, d, slot.data(), layers, c);
+    tk = Tick();
+    int64_t n = 0, done = 0;
+    for (;;) {
+      if (n >= done) {                                     // head 1 at the next `group` positions
+        const int64_t rows = std::min(group, w - done);
+        head1_ids(h.data() + done * d, rows, d, nwp, nbp, (float)eps, proj, gh.data() + done);
+        done += rows;
+      }
+      if (n < w - 1 && x[n + 1] == gh[n] && x[n] != eos) n++;
+      else break;
     }
+    tk.to(P_VERIFY);
+    const int64_t gn = gh[n];
+    const bool eos_in = x[n] == eos;
+    const int64_t cnt = std::min<int64_t>(n + 1 - (eos_in ? 1 : 0), room);
+    for (int64_t j = 0; j < cnt; j++) toks.push_back(j < n ? x[j + 1] : gn);
+    nc.push_back(n);
+    nc.push_back(cnt);
+    room -= cnt;
+    t += cnt;
+    ended = (eos_in || gn == eos || room <= 0) ? 1 : 0;
+    std::memcpy(hn.data(), h.data() + n * d, d * sizeof(float));
+    x.assign(width, eos);
+    x[0] = gn;
+    if (!ended && width > 1) {
+      propose_raw(hn.data(), 1, d, fc1, fc2, width - 1, nwp, nbp, (float)eps, draft_proj, dp, prop.data());
+      for (int64_t j = 0; j < width - 1; j++) x[j + 1] = prop[j];
+    }
+    if (g_prof) g_prof_steps += 1;
   }
-  x.resize(w, eos);
   auto cp = [&](const std::vector<int64_t>& v) {
     return torch::from_blob(const_cast<int64_t*>(v.data()), {(int64_t)v.size()}, lopt).clone();
   };
-  return {cp(toks), cp(nc).view({-1, 2}), cp(x), hn, ended};
+  auto hn_t = torch::from_blob(hn.data(), {d}, embed.options()).clone();
+  return {cp(toks), cp(nc).view({-1, 2}), cp(x), hn_t, ended,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()};
+}
+
+// per-phase seconds and steps since the last reset (phases: embed, decoder linears, decoder attention, decoder
+// other (norms, residuals), head 1 (verify / greedy argmax), heads' FFN, proposal projection, other)
+std::tuple<std::vector<double>, int64_t> profile(bool enable, bool reset) {
+  std::vector<double> out(g_prof_s, g_prof_s + P_N);
+  int64_t steps = g_prof_steps;
+  if (reset) { for (auto& v : g_prof_s) v = 0.0; g_prof_steps = 0; }
+  g_prof = enable;
+  return {out, steps};
 }
 
 std::string isa() { return BPD_NATIVE_ISA; }
@@ -538,6 +839,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t,
                           int64_t>())
       .def("__call__", &Lin::operator());
+  m.def("layer_norm", &layer_norm);
   m.def("norm_project_argmax", &norm_project_argmax);
   pybind11::class_<StepLayer>(m, "StepLayer")
       .def(pybind11::init<int64_t, double, torch::Tensor, torch::Tensor, Lin, Lin, torch::Tensor, torch::Tensor, Lin, Lin,
@@ -546,4 +848,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("propose", &propose);
   m.def("greedy_steps", &greedy_steps);
   m.def("block_steps", &block_steps);
+  m.def("profile", &profile);
 }
