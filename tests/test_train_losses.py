@@ -293,17 +293,19 @@ def test_kd_settings_are_checked():
         m.attach_teacher(tiny(vocab=31))
 
 
-def test_kd_refuses_sharding_strategies_in_one_line():
+def test_kd_settings_fail_early_and_refuse_sharding_strategies():
     from omegaconf import OmegaConf
 
-    from bpd_train.training.run import TrainError, check_kd_strategy
+    from bpd_train.training.run import TrainError, check_kd_settings
 
     for target in ("lightning.pytorch.strategies.FSDPStrategy", "lightning.pytorch.strategies.DeepSpeedStrategy",
                    "bpd_train.training.zero_cpu.CPUDeepSpeedStrategy"):
         cfg = OmegaConf.create({"loss": {"kd_weight": 0.5}, "strategy": {"_target_": target}})
         with pytest.raises(TrainError, match="strategy=auto or ddp"):
-            check_kd_strategy(cfg)
-        check_kd_strategy(OmegaConf.create({"loss": {"kd_weight": 0.0}, "strategy": {"_target_": target}}))
-    check_kd_strategy(OmegaConf.create({"loss": {"kd_weight": 0.5},
+            check_kd_settings(cfg)
+        check_kd_settings(OmegaConf.create({"loss": {"kd_weight": 0.0}, "strategy": {"_target_": target}}))
+    check_kd_settings(OmegaConf.create({"loss": {"kd_weight": 0.5},
                                         "strategy": {"_target_": "lightning.pytorch.strategies.DDPStrategy"}}))
-    check_kd_strategy(OmegaConf.create({"loss": {"kd_weight": 0.5}, "strategy": {"name": "auto"}}))
+    check_kd_settings(OmegaConf.create({"loss": {"kd_weight": 0.5}, "strategy": {"name": "auto"}}))
+    with pytest.raises(TrainError, match="kd_weight must be in"):
+        check_kd_settings(OmegaConf.create({"loss": {"kd_weight": 1.5}, "strategy": {"name": "auto"}}))

@@ -75,6 +75,12 @@ def check_kd(kd_weight: float, kd_temperature: float) -> tuple[float, float]:
     return lam, t
 
 
+def kd_settings(loss_cfg) -> tuple[float, float]:
+    """(kd_weight, kd_temperature) of a loss config, checked; absent or null: off, temperature 1."""
+    w, t = loss_cfg.get("kd_weight"), loss_cfg.get("kd_temperature")
+    return check_kd(0.0 if w is None else w, 1.0 if t is None else t)
+
+
 def kd_kl_sum(logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor, pad_id: int,
               temperature: float = 1.0) -> torch.Tensor:
     """Summed KL(p_teacher || p_student) over the non-pad target positions, both at `temperature`, times T²

@@ -14,7 +14,7 @@ import torch
 
 from bpd_train.checkpoint import CKPT_META_KEY
 from bpd_train.model import build_model
-from bpd_train.training.losses import bpd_loss, check_kd, check_p1_weight, head_stats, head_weights
+from bpd_train.training.losses import bpd_loss, check_p1_weight, head_stats, head_weights, kd_settings
 from bpd_train.training.optim import build_optimizer, param_groups
 from bpd_train.training.regimes import Regime
 
@@ -42,8 +42,7 @@ class BPDLightningModule(pl.LightningModule):
             check_p1_weight(self.loss_cfg["p1_weight"])  # a bad value fails here, not at the first step
         # Word-level distillation for head 1 (loss.kd_weight = λ > 0): a frozen teacher's distribution at every
         # target position (attach_teacher; training only, never part of a checkpoint).
-        self.kd_weight, self.kd_temperature = check_kd(self.loss_cfg.get("kd_weight") or 0.0,
-                                                       self.loss_cfg.get("kd_temperature") or 1.0)
+        self.kd_weight, self.kd_temperature = kd_settings(self.loss_cfg)
         self.seed = int(seed)
         cfg = self.model.config
         if self.regime.freeze_backbone:

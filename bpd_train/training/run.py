@@ -244,10 +244,17 @@ def kd_teacher(cfg: DictConfig, regime: Regime, tokenizer, init: Any = None) -> 
     return load_init(str(spec), tokenizer).model
 
 
-def check_kd_strategy(cfg: DictConfig) -> None:
-    """The KD teacher lives outside the module tree, which FSDP and DeepSpeed shard, cast and wrap; only
-    single-device and DDP runs are supported (each rank keeps a full frozen copy)."""
-    if not float(cfg.get("loss", {}).get("kd_weight") or 0.0) > 0:
+def check_kd_settings(cfg: DictConfig) -> None:
+    """loss.kd_* before anything loads. The KD teacher lives outside the module tree, which FSDP and DeepSpeed
+    shard, cast and wrap; only single-device and DDP runs are supported (each rank keeps a full frozen copy)."""
+    from bpd_train.training.losses import kd_settings
+
+    loss = cfg.get("loss") or {}
+    try:
+        lam, _ = kd_settings(loss)
+    except ValueError as e:
+        raise TrainError(str(e)) from None
+    if lam == 0:
         return
     target = str((cfg.get("strategy") or {}).get("_target_", ""))
     if "FSDP" in target or "DeepSpeed" in target:
@@ -416,7 +423,7 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
         raise TrainError(str(e)) from None
     run_dir = Path(str(cfg.run_dir)).expanduser().resolve()
     check_accelerator(cfg)
-    check_kd_strategy(cfg)
+    check_kd_settings(cfg)
     if cfg.get("num_threads"):
         torch.set_num_threads(int(cfg.num_threads))
     pl.seed_everything(int(cfg.seed), workers=True)
