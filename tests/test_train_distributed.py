@@ -25,14 +25,15 @@ def _seed_drawing_head1(steps: int) -> int:
 @pytest.mark.slow
 def test_ddp_two_processes_on_cpu(smoke_base, tmp_path):
     """finetune with the paper's random head: ranks draw the same head, also head 1 (which leaves the BPD
-    layer unused -- DDP would hang or fail without the zero-weighted touch)."""
+    layer unused -- DDP would hang or fail without the zero-weighted touch). With word-level distillation for
+    head 1 (loss.kd_weight): each rank's frozen teacher stays outside what DDP wraps and synchronises."""
     _, base = smoke_base
     art = tmp_path / "art"
     corpus = art / base.parent.name
     shutil.copytree(base.parent / "spm", corpus / "spm")
     shutil.copytree(base, corpus / "base", ignore=shutil.ignore_patterns("logs"))
     steps = 6
-    r = run_train("+regime=finetune", "experiment=smoke", "strategy=ddp", "trainer.devices=2",
+    r = run_train("+regime=finetune", "experiment=smoke", "strategy=ddp", "trainer.devices=2", "loss.kd_weight=0.5",
                   f"trainer.max_steps={steps}", "trainer.val_check_interval=3", f"seed={_seed_drawing_head1(steps)}",
                   artifacts=art, timeout=900)
     out = r.stdout + r.stderr

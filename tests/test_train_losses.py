@@ -116,12 +116,12 @@ def test_schedules():
         lr_lambda("linear", 0)
 
 
-def _module(regime: dict, k=4, head_loss="random", **kw) -> BPDLightningModule:
+def _module(regime: dict, k=4, head_loss="random", loss: dict | None = None, **kw) -> BPDLightningModule:
     cfg = tiny(k=k).config.to_dict()
     reg = {"name": "t", "block_size": k, "head_loss": head_loss, **regime}
     optim = {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2, "weight_decay": 0.1},
              "head_lr_mult": 3.0, "schedule": {"name": "constant", "warmup_steps": 0}}
-    return BPDLightningModule(cfg, reg, optim, {"label_smoothing": 0.1}, seed=3, **kw)
+    return BPDLightningModule(cfg, reg, optim, {"label_smoothing": 0.1, **(loss or {})}, seed=3, **kw)
 
 
 def test_frozen_module_freezes_backbone_and_skips_head1():
@@ -223,3 +223,89 @@ def test_p1_weight_in_the_module_and_the_random_draw(monkeypatch):
         assert len(heads) == 1 and weights == [1.0]
         picks.append(heads[0])
     assert 0.6 < picks.count(0) / len(picks) < 0.8 and set(picks) == {0, 1, 2, 3}
+
+
+# ----------------------------------------------------------------------------- word-level distillation (KD)
+def test_kd_weight_zero_is_todays_loss_exactly():
+    m, b = tiny(), batch()
+    h = m.features(m.encode(b["src"]), b["tgt_in"])
+    w = head_weights("mean", [0, 1, 2, 3], p1_weight=0.5)
+    plain, per = bpd_loss(m.head_logits, h, b["tgt_out"], [0, 1, 2, 3], w, PAD, 0.1)
+    teacher = torch.randn(*b["tgt_out"].shape, 23)
+    same, per0 = bpd_loss(m.head_logits, h, b["tgt_out"], [0, 1, 2, 3], w, PAD, 0.1, teacher_logits=teacher,
+                          kd_weight=0.0, kd_temperature=2.0)
+    assert torch.equal(plain, same) and all(torch.equal(per[i], per0[i]) for i in per)
+    mod = _module({"trainable": "all"}, head_loss="mean")  # the config default (kd_weight absent): no teacher needed
+    assert mod.kd_weight == 0.0 and mod.compute_loss(b, [0, 1], [0.5, 0.5])[0].isfinite()
+
+
+def test_kd_with_the_student_as_teacher_is_zero_with_zero_gradient():
+    import copy
+
+    m = _module({"trainable": "all", "init_from": "x"}, head_loss="mean", loss={"kd_weight": 1.0})
+    m.attach_teacher(copy.deepcopy(m.model))  # dropout 0: the student's train mode computes what the teacher does
+    m.train()
+    loss, per = m.compute_loss(batch(), [0], [1.0])
+    loss.backward()
+    assert abs(loss.item()) < 1e-6 and abs(m._kd_stat.item()) < 1e-6
+    grads = [p.grad for p in m.model.parameters() if p.grad is not None]
+    assert grads and max(g.abs().max().item() for g in grads) < 1e-6
+    assert not any(p.requires_grad for p in m._teacher.parameters())
+    assert not any(k.startswith("_teacher") for k in m.state_dict())  # never part of a checkpoint
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_kd_loss_is_the_mixture_of_ce_and_kl(recompute):
+    """Head 1: (1-λ)·CE + λ·T²·KL(softmax(z_t/T) || softmax(z_s/T)), token means over non-pad targets; the other
+    heads' terms unchanged; the same with and without recomputation."""
+    m, b = tiny(), batch()
+    h = m.features(m.encode(b["src"]), b["tgt_in"])
+    teacher = torch.randn(*b["tgt_out"].shape, 23, generator=torch.Generator().manual_seed(5)) * 3
+    lam, temp = 0.3, 2.0
+    w = [0.5, 0.25, 0.25]
+    loss, per = bpd_loss(m.head_logits, h, b["tgt_out"], [0, 1, 2], w, PAD, 0.1, recompute=recompute,
+                         teacher_logits=teacher, kd_weight=lam, kd_temperature=temp)
+    ref, rper = bpd_loss(m.head_logits, h, b["tgt_out"], [0, 1, 2], w, PAD, 0.1)
+    mask = b["tgt_out"].ne(PAD)
+    s = torch.log_softmax(m.head_logits(h, 0)[mask] / temp, -1)
+    p = torch.softmax(teacher[mask] / temp, -1)
+    kl = (p * (p.log() - s)).sum(-1).mean() * temp ** 2
+    head1 = (1 - lam) * rper[0] + lam * kl
+    assert per[0].item() == pytest.approx(head1.item(), rel=1e-5)
+    assert per[1].item() == pytest.approx(rper[1].item()) and per[2].item() == pytest.approx(rper[2].item())
+    assert loss.item() == pytest.approx((ref + w[0] * (head1 - rper[0])).item(), rel=1e-5)
+    loss.backward()  # differentiable through the recomputed head
+
+
+def test_kd_settings_are_checked():
+    with pytest.raises(ValueError, match="kd_weight"):
+        BPDLightningModule(tiny().config.to_dict(), {"name": "t", "block_size": 4}, {}, {"kd_weight": 1.5})
+    with pytest.raises(ValueError, match="kd_temperature"):
+        BPDLightningModule(tiny().config.to_dict(), {"name": "t", "block_size": 4}, {},
+                           {"kd_weight": 0.5, "kd_temperature": -1})
+    with pytest.raises(ValueError, match="head 1"):  # frozen backbone + identity_p1: head 1 does not train
+        BPDLightningModule(tiny().config.to_dict(), {"name": "t", "block_size": 4, "trainable": "heads",
+                                                      "init_from": "x"}, {}, {"kd_weight": 0.5})
+    m = BPDLightningModule(tiny().config.to_dict(), {"name": "t", "block_size": 4}, {}, {"kd_weight": 0.5})
+    with pytest.raises(RuntimeError, match="no teacher"):
+        m.compute_loss(batch(), [0], [1.0])
+    with pytest.raises(ValueError, match="vocabulary"):
+        m.attach_teacher(tiny(vocab=31))
+
+
+def test_kd_settings_fail_early_and_refuse_sharding_strategies():
+    from omegaconf import OmegaConf
+
+    from bpd_train.training.run import TrainError, check_kd_settings
+
+    for target in ("lightning.pytorch.strategies.FSDPStrategy", "lightning.pytorch.strategies.DeepSpeedStrategy",
+                   "bpd_train.training.zero_cpu.CPUDeepSpeedStrategy"):
+        cfg = OmegaConf.create({"loss": {"kd_weight": 0.5}, "strategy": {"_target_": target}})
+        with pytest.raises(TrainError, match="strategy=auto or ddp"):
+            check_kd_settings(cfg)
+        check_kd_settings(OmegaConf.create({"loss": {"kd_weight": 0.0}, "strategy": {"_target_": target}}))
+    check_kd_settings(OmegaConf.create({"loss": {"kd_weight": 0.5},
+                                        "strategy": {"_target_": "lightning.pytorch.strategies.DDPStrategy"}}))
+    check_kd_settings(OmegaConf.create({"loss": {"kd_weight": 0.5}, "strategy": {"name": "auto"}}))
+    with pytest.raises(TrainError, match="kd_weight must be in"):
+        check_kd_settings(OmegaConf.create({"loss": {"kd_weight": 1.5}, "strategy": {"name": "auto"}}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -119,6 +120,29 @@ def test_distill_and_both_train_on_the_distilled_corpus(heads_art):
         run_train(f"+regime={regime}", "experiment=smoke", artifacts=art)
         meta = assert_run_folder(corpus / "heads" / f"{regime}-k{K}", regime, K)
         assert meta["source"] == "distilled"
+
+
+@pytest.mark.slow
+def test_word_level_kd_trains_and_resumes_exactly(heads_art):
+    """loss.kd_weight > 0: head 1 learns the base model's distribution too (train/kd_head1 logged); the teacher is
+    not in the checkpoint, and a run stopped at step 3 and resumed (teacher rebuilt from init_from) ends with
+    exactly the weights of the uninterrupted run."""
+    art, corpus = heads_art
+    kd = ("+regime=finetune", "experiment=smoke", "loss.head_loss=mean", "loss.p1_weight=0.5", "loss.kd_weight=0.5",
+          "loss.kd_temperature=2.0", "trainer.val_check_interval=3")
+    whole, parts = corpus / "heads" / "kd_whole", corpus / "heads" / "kd_parts"
+    run_train(*kd, "trainer.max_steps=6", f"run_dir={whole}", artifacts=art)
+    run_train(*kd, "trainer.max_steps=3", f"run_dir={parts}", artifacts=art)
+    run_train(*kd, "trainer.max_steps=6", f"run_dir={parts}", "ckpt_path=last", artifacts=art)
+    kl = [float(r["train/kd_head1"]) for r in metrics(whole) if "train/kd_head1" in r]
+    assert kl and all(math.isfinite(v) and v >= 0 for v in kl) and max(kl) > 0
+    a = read_checkpoint(whole / "checkpoints" / "last.ckpt")
+    b = read_checkpoint(parts / "checkpoints" / "last.ckpt")
+    assert a["global_step"] == b["global_step"] == 6
+    assert not any("teacher" in n for n in a["state_dict"]), "the KD teacher leaked into the checkpoint"
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for name, t in a["state_dict"].items():
+        assert torch.equal(b["state_dict"][name], t), f"{name} differs after resume"
 
 
 # ---------------------------------------------------------------------------------------------- errors

@@ -66,25 +66,67 @@ def smoothed_ce_sum(logits: torch.Tensor, targets: torch.Tensor, pad_id: int, la
                            ignore_index=pad_id, label_smoothing=label_smoothing, reduction="sum")
 
 
+def check_kd(kd_weight: float, kd_temperature: float) -> tuple[float, float]:
+    lam, t = float(kd_weight), float(kd_temperature)
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"loss.kd_weight must be in [0, 1] (the KL term's share of head 1's loss), got {kd_weight}")
+    if not t > 0.0:
+        raise ValueError(f"loss.kd_temperature must be > 0, got {kd_temperature}")
+    return lam, t
+
+
+def kd_settings(loss_cfg) -> tuple[float, float]:
+    """(kd_weight, kd_temperature) of a loss config, checked; absent or null: off, temperature 1."""
+    w, t = loss_cfg.get("kd_weight"), loss_cfg.get("kd_temperature")
+    return check_kd(0.0 if w is None else w, 1.0 if t is None else t)
+
+
+def kd_kl_sum(logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor, pad_id: int,
+              temperature: float = 1.0) -> torch.Tensor:
+    """Summed KL(p_teacher || p_student) over the non-pad target positions, both at `temperature`, times T²
+    (Hinton et al. 2015: the gradient's scale stays that of T = 1). Word-level distillation (Kim & Rush 2016)."""
+    keep = targets.ne(pad_id)
+    t = float(temperature)
+    s = F.log_softmax(logits[keep].float() / t, dim=-1)          # [N,V]
+    p = F.log_softmax(teacher_logits[keep].float() / t, dim=-1)  # [N,V]
+    return F.kl_div(s, p, reduction="sum", log_target=True) * (t * t)
+
+
 def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.Tensor, tgt_out: torch.Tensor,
              heads: Sequence[int], weights: Sequence[float], pad_id: int, label_smoothing: float = 0.0,
-             recompute: bool = True) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+             recompute: bool = True, teacher_logits: torch.Tensor | None = None, kd_weight: float = 0.0,
+             kd_temperature: float = 1.0, extras: dict[str, torch.Tensor] | None = None,
+             ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Weighted sum over `heads` of each head's token-mean label-smoothed CE.
 
     head_logits(h, i) -> [B,T,V] (BPDModel.head_logits); h [B,T,D] is the decoder output.
-    Returns (loss, {head: detached per-head loss}).
+    teacher_logits [B,T,V] with kd_weight = λ > 0: head 1's loss is (1-λ)·CE + λ·KL(p_teacher || p_head1), both
+    token means (check_kd); λ = 0 is the plain CE, computed exactly as without a teacher.
+    Returns (loss, {head: detached per-head loss}); `extras`, if given, receives the detached token-mean "kd".
     """
     total = h.new_zeros((), dtype=torch.float32)
     per_head: dict[int, torch.Tensor] = {}
     use_ckpt = recompute and len(heads) > 1 and torch.is_grad_enabled()
+    lam, temp = check_kd(kd_weight, kd_temperature)
+    if lam > 0 and teacher_logits is None:
+        raise ValueError("kd_weight > 0 needs teacher_logits")
     for i, w in zip(heads, weights):
         tgt = head_targets(tgt_out, i, pad_id)
         n = tgt.ne(pad_id).sum().clamp_min(1)
+        kd = i == 0 and lam > 0
 
-        def one_head(h_: torch.Tensor, i=i, tgt=tgt) -> torch.Tensor:
-            return smoothed_ce_sum(head_logits(h_, i), tgt, pad_id, label_smoothing)
+        def one_head(h_: torch.Tensor, i=i, tgt=tgt, kd=kd) -> torch.Tensor:
+            logits = head_logits(h_, i)
+            ce = smoothed_ce_sum(logits, tgt, pad_id, label_smoothing)
+            if not kd:
+                return ce
+            return torch.stack([ce, kd_kl_sum(logits, teacher_logits, tgt, pad_id, temp)])
 
         s = checkpoint(one_head, h, use_reentrant=False) if use_ckpt else one_head(h)
+        if kd:
+            if extras is not None:
+                extras["kd"] = (s[1] / n).detach()
+            s = (1.0 - lam) * s[0] + lam * s[1]
         li = s / n
         per_head[i] = li.detach()
         total = total + w * li

@@ -14,7 +14,7 @@ import torch
 
 from bpd_train.checkpoint import CKPT_META_KEY
 from bpd_train.model import build_model
-from bpd_train.training.losses import bpd_loss, check_p1_weight, head_stats, head_weights
+from bpd_train.training.losses import bpd_loss, check_p1_weight, head_stats, head_weights, kd_settings
 from bpd_train.training.optim import build_optimizer, param_groups
 from bpd_train.training.regimes import Regime
 
@@ -40,6 +40,9 @@ class BPDLightningModule(pl.LightningModule):
         self.loss_cfg = dict(loss or {})
         if self.loss_cfg.get("p1_weight") is not None:
             check_p1_weight(self.loss_cfg["p1_weight"])  # a bad value fails here, not at the first step
+        # Word-level distillation for head 1 (loss.kd_weight = λ > 0): a frozen teacher's distribution at every
+        # target position (attach_teacher; training only, never part of a checkpoint).
+        self.kd_weight, self.kd_temperature = kd_settings(self.loss_cfg)
         self.seed = int(seed)
         cfg = self.model.config
         if self.regime.freeze_backbone:
@@ -51,7 +54,14 @@ class BPDLightningModule(pl.LightningModule):
         self.train_heads = list(range(first, cfg.block_size))
         if not self.train_heads:
             raise ValueError(f"regime {self.regime.name}: no head has trainable parameters (k={cfg.block_size})")
+        if self.kd_weight > 0 and 0 not in self.train_heads:
+            raise ValueError(f"loss.kd_weight distils into head 1, which does not train in regime {self.regime.name}; "
+                             f"set loss.kd_weight=0")
+        # Kept out of the module tree (a plain attribute, not a submodule): not in state_dict or checkpoints, not
+        # in the optimiser, not wrapped or synchronised by DDP; train()/eval() and .to() do not reach it.
+        object.__setattr__(self, "_teacher", None)
         self._val: dict[str, torch.Tensor] | None = None
+        self._kd_stat: torch.Tensor | None = None  # the last step's KL term, for the log
 
     # ------------------------------------------------------------------------------------------- steps
     def heads_for_step(self, batch_idx: int) -> tuple[list[int], list[float]]:
@@ -72,10 +82,33 @@ class BPDLightningModule(pl.LightningModule):
                                self.loss_cfg.get("head_weight_decay", 0.8), p1)
         return heads, weights
 
-    def _hidden(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def attach_teacher(self, teacher: torch.nn.Module) -> None:
+        """The frozen model whose head-1 distribution head 1 learns when loss.kd_weight > 0 (run.build_module
+        passes the init_from model, or loss.kd_teacher; rebuilt the same way on resume)."""
+        if getattr(teacher.config, "vocab_size", None) != self.model.config.vocab_size:
+            raise ValueError(f"the KD teacher's vocabulary ({teacher.config.vocab_size}) is not the student's "
+                             f"({self.model.config.vocab_size})")
+        teacher.eval()
+        teacher.requires_grad_(False)
+        object.__setattr__(self, "_teacher", teacher)
+
+    def _hidden(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> torch.Tensor:
+        model = self.model if model is None else model
         if self.is_lm:
-            return self.model.features(batch["tokens"])
-        return self.model.features(self.model.encode(batch["src"]), batch["tgt_in"])
+            return model.features(batch["tokens"])
+        return model.features(model.encode(batch["src"]), batch["tgt_in"])
+
+    @torch.no_grad()
+    def teacher_logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B,T,V] the teacher's next-token logits, teacher-forced on this batch (eval mode: no dropout)."""
+        t = self._teacher
+        if t is None:
+            raise RuntimeError("loss.kd_weight > 0 but no teacher is attached (BPDLightningModule.attach_teacher)")
+        dev = self._targets(batch).device
+        if next(t.parameters()).device != dev:
+            t.to(dev)
+        t.eval()
+        return t.head_logits(self._hidden(batch, t), 0)
 
     def _features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.regime.freeze_backbone and self.training:
@@ -94,9 +127,15 @@ class BPDLightningModule(pl.LightningModule):
     def compute_loss(self, batch: dict[str, torch.Tensor], heads: list[int], weights: list[float]):
         cfg = self.model.config
         h = self._features(batch)
+        kd = self.kd_weight > 0 and 0 in heads
+        extras: dict[str, torch.Tensor] = {}
         loss, per_head = bpd_loss(self.model.head_logits, h, self._targets(batch), heads, weights, cfg.pad_id,
                                   float(self.loss_cfg.get("label_smoothing", 0.0)),
-                                  bool(self.loss_cfg.get("recompute", True)))
+                                  bool(self.loss_cfg.get("recompute", True)),
+                                  teacher_logits=self.teacher_logits(batch) if kd else None,
+                                  kd_weight=self.kd_weight if kd else 0.0, kd_temperature=self.kd_temperature,
+                                  extras=extras)
+        self._kd_stat = extras.get("kd")
         if cfg.block_size > 1 and cfg.identity_p1 and heads == [0]:
             # Head 1 alone does not reach the BPD layer; a zero-weighted touch keeps DDP's gradient
             # reduction (and AdamW's step) the same whichever head was drawn.
@@ -110,6 +149,8 @@ class BPDLightningModule(pl.LightningModule):
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=bs)
         for i, li in per_head.items():
             self.log(f"train/loss_head{i + 1}", li, on_step=True, on_epoch=False, batch_size=bs)
+        if self._kd_stat is not None:
+            self.log("train/kd_head1", self._kd_stat, on_step=True, on_epoch=False, batch_size=bs)
         return loss
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:

@@ -228,7 +228,38 @@ def build_module(cfg: DictConfig, regime: Regime, tokenizer, resume: str | None 
         report = copy_weights(module.model, init.model)
         log.info("init_from %s: copied %d tensors, %d new head tensors, %d skipped", init.source,
                  len(report["copied"]), len(report["new"]), len(report["skipped"]))
+    if module.kd_weight > 0:
+        module.attach_teacher(kd_teacher(cfg, regime, tokenizer, init))
     return module
+
+
+def kd_teacher(cfg: DictConfig, regime: Regime, tokenizer, init: Any = None) -> Any:
+    """The frozen teacher of word-level distillation (loss.kd_weight > 0): loss.kd_teacher, else the model the
+    run starts from (regime.init_from). Loaded again on resume: it is never stored in a checkpoint."""
+    spec = cfg.loss.get("kd_teacher") or regime.init_from
+    if not spec:
+        raise TrainError("loss.kd_weight > 0 needs a teacher: a head regime's init_from, or loss.kd_teacher=PATH")
+    if init is not None and str(spec) == str(regime.init_from):
+        return init.model  # module.model holds copies of its tensors, so this stays the starting model
+    return load_init(str(spec), tokenizer).model
+
+
+def check_kd_settings(cfg: DictConfig) -> None:
+    """loss.kd_* before anything loads. The KD teacher lives outside the module tree, which FSDP and DeepSpeed
+    shard, cast and wrap; only single-device and DDP runs are supported (each rank keeps a full frozen copy)."""
+    from bpd_train.training.losses import kd_settings
+
+    loss = cfg.get("loss") or {}
+    try:
+        lam, _ = kd_settings(loss)
+    except ValueError as e:
+        raise TrainError(str(e)) from None
+    if lam == 0:
+        return
+    target = str((cfg.get("strategy") or {}).get("_target_", ""))
+    if "FSDP" in target or "DeepSpeed" in target:
+        raise TrainError(f"loss.kd_weight > 0 (word-level distillation) is supported with strategy=auto or ddp, "
+                         f"not {target.rsplit('.', 1)[-1]}; use strategy=ddp or set loss.kd_weight=0")
 
 
 # --------------------------------------------------------------------------------------------- trainer
@@ -392,6 +423,7 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
         raise TrainError(str(e)) from None
     run_dir = Path(str(cfg.run_dir)).expanduser().resolve()
     check_accelerator(cfg)
+    check_kd_settings(cfg)
     if cfg.get("num_threads"):
         torch.set_num_threads(int(cfg.num_threads))
     pl.seed_everything(int(cfg.seed), workers=True)
