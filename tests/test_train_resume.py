@@ -33,3 +33,16 @@ def test_kill_and_resume_matches_uninterrupted(smoke_base, tmp_path):
     assert resumed["state_dict"].keys() == reference["state_dict"].keys()
     for name, t in reference["state_dict"].items():
         assert torch.equal(resumed["state_dict"][name], t), f"{name} differs after resume"
+
+
+def test_last_ckpt_follows_training_when_the_metric_stops_improving(smoke_base, tmp_path):
+    """last.ckpt is the latest validation's weights even when best.ckpt stays behind (Lightning 2.6's save_last
+    only rewrote last.ckpt together with a new best, so a resume started from a stale step)."""
+    _, base = smoke_base
+    art = tmp_path / "art"
+    shutil.copytree(base.parent / "spm", art / base.parent.name / "spm")
+    # mode=max on val/loss: the loss falls, so the step-20 checkpoint stays "best" and step 40 never improves it
+    run_train("+regime=base", "experiment=smoke", "checkpoint.mode=max", "logger=none", artifacts=art)
+    ckpts = art / base.parent.name / "base" / "checkpoints"
+    assert read_checkpoint(ckpts / "best.ckpt")["global_step"] == 20
+    assert read_checkpoint(ckpts / "last.ckpt")["global_step"] == 40

@@ -321,10 +321,14 @@ def make_callbacks(cfg: DictConfig, run_dir: Path, has_logger: bool) -> list[pl.
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar, TQDMProgressBar
 
     ck = cfg.get("checkpoint", {})
-    cbs: list[pl.Callback] = [ModelCheckpoint(
-        dirpath=str(run_dir / "checkpoints"), filename="best", monitor=ck.get("monitor", "val/loss"),
-        mode=ck.get("mode", "min"), save_top_k=1, save_last=True, auto_insert_metric_name=False,
-        enable_version_counter=False)]
+    # best.ckpt (by the monitored metric) and last.ckpt (the latest validation, always) are two callbacks:
+    # Lightning 2.6's save_last writes last.ckpt only when a top-k checkpoint is saved at the same step, so once
+    # the metric stopped improving, last.ckpt (what ckpt_path=last and the pipeline resume from) stayed behind.
+    where = dict(dirpath=str(run_dir / "checkpoints"), save_top_k=1, save_last=False, auto_insert_metric_name=False,
+                 enable_version_counter=False)
+    cbs: list[pl.Callback] = [
+        ModelCheckpoint(filename="best", monitor=ck.get("monitor", "val/loss"), mode=ck.get("mode", "min"), **where),
+        ModelCheckpoint(filename="last", monitor=None, **where)]
     if has_logger:
         cbs.append(LearningRateMonitor(logging_interval="step"))
     bar = str(cfg.get("progress_bar", "tqdm"))
