@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from bpd_train.decoding import Exact, beam_search, blockwise, greedy
-from bpd_train.model.fastlinear import PackedLinear, native_kernels
+from bpd_train.model.fastlinear import PackedLinear, bf16_compute, native_kernels
 from bpd_train.model.packed import DecodeOptions
 from tests.test_decoding import random_model, random_sources
 
@@ -31,7 +31,21 @@ def test_packed_linear_rows_are_bit_identical_whatever_the_batch(dtype):
         if ref is None:                                             # int8: per-row symmetric quantisation
             s = w.abs().amax(1, keepdim=True) / 127
             ref = torch.round(w / s).clamp(-127, 127) * s
+        if lin.mode == 3:                                           # bf16 compute: activations rounded too
+            x = x.to(torch.bfloat16).float()
         torch.testing.assert_close(full, F.linear(x, ref, b), atol=1e-4, rtol=1e-4)
+
+
+@native
+def test_bf16_compute_is_used_where_the_cpu_has_it_and_can_be_switched_off(monkeypatch):
+    w = torch.randn(70, 33)
+    assert PackedLinear(w, None, "bf16").mode == (3 if bf16_compute() else 1)
+    monkeypatch.setenv("BPD_BF16_COMPUTE", "0")
+    assert not bf16_compute()
+    lin = PackedLinear(w, None, "bf16")
+    assert lin.mode == 1                                            # the upconvert kernels: activations stay fp32
+    x = torch.randn(3, 33)
+    torch.testing.assert_close(lin(x), x @ w.to(torch.bfloat16).float().T, atol=1e-4, rtol=1e-4)
 
 
 @native

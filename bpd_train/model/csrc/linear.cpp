@@ -34,7 +34,11 @@ static_assert(MB == 4 && NV % 2 == 0, "run() dispatches blocks of 1..4 rows and 
 
 // BF16D: bf16 weights AND bf16 activations, dot products by vdpbf16ps (2 products per fp32 lane per
 // instruction, fp32 accumulation) where the CPU has AVX512_BF16; weights packed as k-pairs ([N/64][K/2][64][2]).
-enum Mode { F32 = 0, BF16 = 1, I8 = 2, BF16D = 3 };
+// I8D: int8 weights (per output row scale) AND int8 activations (per activation row scale, stored as u8 = q + 128),
+// dot products by vpdpbusd (4 products per int32 lane per instruction, exact integer accumulation) where the CPU
+// has AVX512_VNNI; each packed block starts with -128 * (column sums) as the accumulators' initial value (the
+// offset's correction), then [K/4][64][4] int8.
+enum Mode { F32 = 0, BF16 = 1, I8 = 2, BF16D = 3, I8D = 4 };
 
 #if defined(__AVX512F__)
 using vf = __m512;
@@ -189,11 +193,68 @@ static inline void half_block_bd(const uint32_t* x, int64_t K2, const uint16_t* 
 #define BPD_BF16_DOT 0
 #endif
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define BPD_I8_DOT 1
+// int8 compute: x is one row of 4 u8 per uint32 ([R][K4]), w one block: NB int32 initial accumulators, then
+// [K4][NB][4] int8. Lane (i, n) sums exact integer products (no rounding), converted to float once at the end.
+template <int R>
+static inline void block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out /* [R][NB] */) {
+  __m512i acc[R][NV];
+  for (int j = 0; j < NV; j++) {
+    const __m512i c = _mm512_loadu_si512((const void*)(w + j * 4 * L));
+    for (int i = 0; i < R; i++) acc[i][j] = c;
+  }
+  const int8_t* wb = w + 4 * NB;
+  for (int64_t p = 0; p < K4; p++) {
+    const int8_t* wk = wb + p * 4 * NB;
+    __m512i wv[NV];
+    for (int j = 0; j < NV; j++) { __m512i t = _mm512_loadu_si512((const void*)(wk + j * 4 * L)); asm("" : "+v"(t)); wv[j] = t; }
+    for (int i = 0; i < R; i++) {
+      const __m512i xv = _mm512_set1_epi32((int)x[i * K4 + p]);
+      for (int j = 0; j < NV; j++) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, wv[j]);
+    }
+  }
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < NV; j++) _mm512_storeu_ps(out + i * NB + j * L, _mm512_cvtepi32_ps(acc[i][j]));
+}
+template <int R>
+static inline void half_block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out, const int8_t* next) {
+  constexpr int NH = NV / 2;
+  const char* pf = (const char*)next;
+  constexpr int64_t CH = NB * 4 / 2;   // prefetched bytes per iteration
+  for (int hb = 0; hb < 2; hb++) {
+    __m512i acc[R][NH];
+    for (int j = 0; j < NH; j++) {
+      const __m512i c = _mm512_loadu_si512((const void*)(w + (hb * NH + j) * 4 * L));
+      for (int i = 0; i < R; i++) acc[i][j] = c;
+    }
+    const int8_t* wh = w + 4 * NB + hb * NH * 4 * L;
+    for (int64_t p = 0; p < K4; p++) {
+      const int8_t* wk = wh + p * 4 * NB;
+      if (pf) {
+        const char* q = pf + (hb * K4 + p) * CH;
+        for (int64_t b = 0; b < CH; b += 64) _mm_prefetch(q + b, _MM_HINT_T1);
+      }
+      __m512i wv[NH];
+      for (int j = 0; j < NH; j++) { __m512i t = _mm512_loadu_si512((const void*)(wk + j * 4 * L)); asm("" : "+v"(t)); wv[j] = t; }
+      for (int i = 0; i < R; i++) {
+        const __m512i xv = _mm512_set1_epi32((int)x[i * K4 + p]);
+        for (int j = 0; j < NH; j++) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, wv[j]);
+      }
+    }
+    for (int i = 0; i < R; i++)
+      for (int j = 0; j < NH; j++) _mm512_storeu_ps(out + i * NB + hb * NH * L + j * L, _mm512_cvtepi32_ps(acc[i][j]));
+  }
+}
+#else
+#define BPD_I8_DOT 0
+#endif
+
 // The kernels run() drives, per weight format: Kr is the inner dimension as the kernels count it (K, or K/2
 // pairs), which is also the activation row stride (in X) and the block stride / NB (in W elements, times Wk).
 template <typename W> struct FmaKern {
   using X = float; using WT = W;
-  static constexpr int Wk = 1;
+  static int64_t stride(int64_t K) { return NB * K; }   // W elements per packed block
   template <int R> static void blk(const X* x, int64_t K, const W* w, float* o) { block<R>(x, K, w, o); }
   template <int R> static void half(const X* x, int64_t K, const W* w, float* o, const W* nx) {
     half_block<R>(x, K, w, o, nx);
@@ -202,17 +263,27 @@ template <typename W> struct FmaKern {
 #if BPD_BF16_DOT
 struct Bf16DotKern {
   using X = uint32_t; using WT = uint16_t;
-  static constexpr int Wk = 2;
+  static int64_t stride(int64_t K2) { return 2 * NB * K2; }
   template <int R> static void blk(const X* x, int64_t K, const WT* w, float* o) { block_bd<R>(x, K, w, o); }
   template <int R> static void half(const X* x, int64_t K, const WT* w, float* o, const WT* nx) {
     half_block_bd<R>(x, K, w, o, nx);
   }
 };
 #endif
+#if BPD_I8_DOT
+struct I8DotKern {
+  using X = uint32_t; using WT = int8_t;
+  static int64_t stride(int64_t K4) { return 4 * NB * (K4 + 1); }   // the initial accumulators, then the weights
+  template <int R> static void blk(const X* x, int64_t K, const WT* w, float* o) { block_id<R>(x, K, w, o); }
+  template <int R> static void half(const X* x, int64_t K, const WT* w, float* o, const WT* nx) {
+    half_block_id<R>(x, K, w, o, nx);
+  }
+};
+#endif
 
 template <typename Kern>
 static void run(const typename Kern::X* x, const typename Kern::WT* w, const float* scale, const float* bias,
-                float* y, int64_t M, int64_t N, int64_t K) {
+                float* y, int64_t M, int64_t N, int64_t K, const float* row_scale = nullptr) {
   using W = typename Kern::WT;
   const int64_t nblocks = (N + NB - 1) / NB;
   // split over output blocks only: every output is computed the same way whatever the thread count
@@ -221,8 +292,8 @@ static void run(const typename Kern::X* x, const typename Kern::WT* w, const flo
   at::parallel_for(0, nblocks, grain, [&](int64_t lo, int64_t hi) {
     alignas(64) float out[2 * MB * NB];
     for (int64_t nb = lo; nb < hi; nb++) {
-      const W* wb = w + nb * NB * K * Kern::Wk;
-      const W* next = nb + 1 < nblocks ? wb + NB * K * Kern::Wk : nullptr;
+      const W* wb = w + nb * Kern::stride(K);
+      const W* next = nb + 1 < nblocks ? wb + Kern::stride(K) : nullptr;
       const int64_t n0 = nb * NB;
       const int nn = (int)std::min<int64_t>(NB, N - n0);
       for (int64_t m = 0; m < M;) {
@@ -243,6 +314,7 @@ static void run(const typename Kern::X* x, const typename Kern::WT* w, const flo
           const float* o = out + i * NB;
           for (int j = 0; j < nn; j++) {
             float s = o[j];
+            if (row_scale) s *= row_scale[m + i];
             if (scale) s *= scale[n0 + j];
             if (bias) s += bias[n0 + j];
             yr[j] = s;
@@ -267,9 +339,18 @@ std::vector<torch::Tensor> pack(torch::Tensor w, int64_t mode) {
   wp.narrow(0, 0, N).copy_(w);
   torch::Tensor scale;
   torch::Tensor src = wp;
-  if (mode == I8) {
+  if (mode == I8 || mode == I8D) {
     scale = wp.abs().amax(1).div_(127.0f).clamp_min_(1e-30f);
     src = torch::round(wp / scale.unsqueeze(1)).clamp_(-127, 127);
+  }
+  if (mode == I8D) {  // [Np/NB] x (NB int32 = -128 * column sums, then [K4, NB, 4] int8), K padded to 4
+    TORCH_CHECK(BPD_I8_DOT, "pack: this build has no AVX512_VNNI kernels");
+    const int64_t K4 = (K + 3) / 4;
+    auto q = torch::zeros({Np, 4 * K4}, w.options());
+    q.narrow(1, 0, K).copy_(src);
+    auto init = (q.sum(1) * -128.0f).to(torch::kInt32).view({Np / NB, NB}).view(torch::kInt8);   // [Np/NB, 4 NB]
+    auto body = q.view({Np / NB, NB, K4, 4}).permute({0, 2, 1, 3}).reshape({Np / NB, K4 * NB * 4}).to(torch::kInt8);
+    return {torch::cat({init, body}, 1).contiguous(), scale.narrow(0, 0, N).contiguous()};
   }
   if (mode == BF16D) {  // k-pairs side by side, K padded to even: [Np/NB, K2, NB, 2]
     TORCH_CHECK(BPD_BF16_DOT, "pack: this build has no AVX512_BF16 kernels");
@@ -314,6 +395,28 @@ static void run_mode(int64_t mode, const float* xp, const torch::Tensor& packed,
       if (K & 1) o[K2 - 1] = bf(xr[K - 1]);
     }
     run<Bf16DotKern>(xb.data(), (const uint16_t*)packed.data_ptr<int16_t>(), nullptr, bp, yp, M, N, K2);
+  }
+#endif
+#if BPD_I8_DOT
+  else if (mode == I8D) {  // each activation row quantised on its own: x ~ sx * q, q = round(x / sx) in [-127, 127]
+    const int64_t K4 = (K + 3) / 4;
+    thread_local std::vector<uint32_t> xq;
+    thread_local std::vector<float> rs;
+    if ((int64_t)xq.size() < M * K4) xq.resize(M * K4);
+    if ((int64_t)rs.size() < M) rs.resize(M);
+    for (int64_t m = 0; m < M; m++) {
+      const float* xr = xp + m * K;
+      float amax = 0.0f;
+      for (int64_t k = 0; k < K; k++) amax = std::max(amax, std::fabs(xr[k]));
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      rs[m] = amax / 127.0f;
+      uint8_t* o = (uint8_t*)(xq.data() + m * K4);
+      for (int64_t k = 0; k < 4 * K4; k++) {
+        const float q = k < K ? std::nearbyint(xr[k] * inv) : 0.0f;
+        o[k] = (uint8_t)((int)std::min(127.0f, std::max(-127.0f, q)) + 128);
+      }
+    }
+    run<I8DotKern>(xq.data(), packed.data_ptr<int8_t>(), sp, bp, yp, M, N, K4, rs.data());
   }
 #endif
   else TORCH_CHECK(false, "linear: unknown or unsupported mode ", mode);
@@ -942,11 +1045,13 @@ std::tuple<std::vector<double>, int64_t> profile(bool enable, bool reset) {
 
 std::string isa() { return BPD_NATIVE_ISA; }
 bool bf16_dot() { return BPD_BF16_DOT; }
+bool i8_dot() { return BPD_I8_DOT; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "pack a [N,K] float32 weight for linear()");
   m.def("linear", &linear, "y = x . W^T (+ b) with a packed W");
   m.def("isa", &isa);
+  m.def("i8_dot", &i8_dot, "whether mode 4 (int8 activations x int8 weights, vpdpbusd) is built");
   m.def("bf16_dot", &bf16_dot, "whether mode 3 (bf16 activations x bf16 weights, vdpbf16ps) is built");
   pybind11::class_<Lin>(m, "Lin")
       .def(pybind11::init<torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t,
