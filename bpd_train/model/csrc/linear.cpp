@@ -13,7 +13,9 @@
 // and exact blockwise decoding is greedy decoding to the last bit, not just to the argmax.
 //
 // Weight formats: fp32; bf16 (upper half of the fp32 bits, upconverted exactly in registers); int8 with one
-// fp32 scale per output row (weight-only quantisation: activations stay fp32).
+// fp32 scale per output row (weight-only quantisation: activations stay fp32). Compute formats where the CPU has
+// them (BF16D, I8D below): bf16 x bf16 with vdpbf16ps, int8 x int8 with vpdpbusd, each activation row rounded /
+// quantised on its own, so the row-exactness above holds for them too.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
