@@ -60,9 +60,10 @@ def test_low_precision_compute_is_used_where_the_cpu_has_it_and_can_be_switched_
 
 
 @native
-def test_packed_linear_thread_count_does_not_change_results():
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
+def test_packed_linear_thread_count_does_not_change_results(dtype):
     torch.manual_seed(1)
-    lin = PackedLinear(torch.randn(4000, 64), None)
+    lin = PackedLinear(torch.randn(4000, 64), None, dtype)
     x = torch.randn(3, 64)
     before = torch.get_num_threads()
     try:
