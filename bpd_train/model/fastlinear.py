@@ -8,10 +8,10 @@ compiler, other CPUs, BPD_DECODE_ENGINE=torch) it is F.linear on a weight of the
 
 Precision (`dtype`): "fp32" (default), "bf16" (weights rounded to bfloat16; on a CPU with AVX512_BF16 the
 activations are rounded to bfloat16 too and the kernels multiply with vdpbf16ps, twice the fp32 FMA rate, see
-`bf16_compute`; elsewhere activations stay fp32), "int8" (weights quantised per output row; on a CPU with AVX512_VNNI each activation
-row is quantised to int8 with its own scale and the kernels multiply with vpdpbusd, see `int8_compute`;
-elsewhere activations stay fp32).
-Exact blockwise decoding equals greedy decoding of the same precision.
+`bf16_compute`; elsewhere activations stay fp32), "int8" (weights quantised per output row; on a CPU with
+AVX512_VNNI each activation row is quantised to int8 with its own scale and the kernels multiply with vpdpbusd,
+see `int8_compute`; elsewhere activations stay fp32). Exact blockwise decoding equals greedy decoding of the
+same precision.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 DTYPES = ("fp32", "bf16", "int8")
 _MODE = {"fp32": 0, "bf16": 1, "int8": 2}
+_COMPUTE_MODE = {"bf16": 3, "int8": 4}   # csrc/linear.cpp BF16D / I8D: activations in that precision too
 _lock = threading.Lock()
 _ext = None
 _ext_tried = False
@@ -134,10 +135,8 @@ class PackedLinear:
         self.native = ext
         self.data = self.scale = self.weight = self.lin = None
         if ext is not None:
-            if dtype == "bf16" and bf16_compute():
-                self.mode = 3   # csrc/linear.cpp BF16D
-            elif dtype == "int8" and int8_compute():
-                self.mode = 4   # csrc/linear.cpp I8D
+            if (dtype == "bf16" and bf16_compute()) or (dtype == "int8" and int8_compute()):
+                self.mode = _COMPUTE_MODE[dtype]
             packed = ext.pack(w, self.mode)
             self.data = packed[0]
             self.scale = packed[1] if len(packed) > 1 else None
