@@ -149,36 +149,38 @@ def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len:
     return gms * 1e3, {k: statistics.median(times[k]) / gms for k in ks}, loop
 
 
-def bench_steps(sizes, threads, reps, profile=False):
+def bench_steps(sizes, threads, reps, profile=False, dtypes=("fp32",)):
     rows = []
     for size in sizes:
         m = make_model(size)
         draft = tuple(range(m.config.vocab_size // 4))
-        for t in threads:
+        for t, dt, engine in [(t, dt, e) for t in threads for dt in dtypes for e in ("native", "torch")]:
             torch.set_num_threads(t)
-            for engine in ("native", "torch"):
-                if engine == "native" and native_kernels() is None:
+            if engine == "native" and native_kernels() is None:
+                continue
+            if engine == "torch" and dt != "fp32":    # torch's path is the fp32 "before" row only
+                continue
+            for label, opts in (("full", DecodeOptions(dtype=dt)),
+                                ("draft V/4", DecodeOptions(dtype=dt, draft_vocab=draft))):
+                if engine == "torch" and label != "full":
                     continue
-                for label, opts in (("full", DecodeOptions()), ("draft V/4", DecodeOptions(draft_vocab=draft))):
-                    if engine == "torch" and label != "full":
-                        continue
-                    with _engine(engine):
-                        m._decode_cache = None
-                        gms, ratio, loop = step_costs(m, (2, 4, 8), opts, reps=reps,
-                                                      profile=profile and engine == "native")
-                    row = dict(size=size, threads=t, engine=engine, proposals=label, greedy_ms=round(gms, 3),
-                               **{f"k{k}": round(r, 2) for k, r in ratio.items()})
+                with _engine(engine):
+                    m._decode_cache = None
+                    gms, ratio, loop = step_costs(m, (2, 4, 8), opts, reps=reps,
+                                                  profile=profile and engine == "native")
+                row = dict(size=size, threads=t, dtype=dt, engine=engine, proposals=label, greedy_ms=round(gms, 3),
+                           **{f"k{k}": round(r, 2) for k, r in ratio.items()})
+                rows.append(row)
+                print(f"step cost  {size:4s} threads={t} {dt:4s} {engine:6s} proposals={label:9s} greedy {gms:7.3f} ms  "
+                      + "  ".join(f"k={k}: {r:.2f}" for k, r in ratio.items()), flush=True)
+                if loop:
+                    row = dict(size=size, threads=t, dtype=dt, engine="native loop", proposals=label,
+                               greedy_ms=round(loop["greedy_ms"], 3),
+                               **{f"k{k}": round(r, 2) for k, r in loop.items() if k != "greedy_ms"})
                     rows.append(row)
-                    print(f"step cost  {size:4s} threads={t} {engine:6s} proposals={label:9s} greedy {gms:7.3f} ms  "
-                          + "  ".join(f"k={k}: {r:.2f}" for k, r in ratio.items()), flush=True)
-                    if loop:
-                        row = dict(size=size, threads=t, engine="native loop", proposals=label,
-                                   greedy_ms=round(loop["greedy_ms"], 3),
-                                   **{f"k{k}": round(r, 2) for k, r in loop.items() if k != "greedy_ms"})
-                        rows.append(row)
-                        print(f"step cost  {size:4s} threads={t} loop   proposals={label:9s} greedy "
-                              f"{loop['greedy_ms']:7.3f} ms  " + "  ".join(
-                                  f"k={k}: {r:.2f}" for k, r in loop.items() if k != "greedy_ms"), flush=True)
+                    print(f"step cost  {size:4s} threads={t} {dt:4s} loop   proposals={label:9s} greedy "
+                          f"{loop['greedy_ms']:7.3f} ms  " + "  ".join(
+                              f"k={k}: {r:.2f}" for k, r in loop.items() if k != "greedy_ms"), flush=True)
     return rows
 
 
@@ -320,16 +322,22 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
     max_len = (1.5, 10)
     draft = draft_vocabulary(sp, draft_vocab, c.eos_id)
     ours = {
-        "greedy fp32": (DecodeOptions(), lambda s: greedy(m, [s], max_len=max_len)),
-        f"blockwise k={c.block_size} exact fp32": (DecodeOptions(), lambda s: blockwise(m, [s], max_len=max_len)),
+        "greedy fp32": (DecodeOptions(), lambda mm, s: greedy(mm, [s], max_len=max_len)),
+        f"blockwise k={c.block_size} exact fp32": (DecodeOptions(), lambda mm, s: blockwise(mm, [s], max_len=max_len)),
         f"blockwise k={c.block_size} exact fp32, draft {draft_vocab}": (
-            DecodeOptions(draft_vocab=draft), lambda s: blockwise(m, [s], max_len=max_len)),
+            DecodeOptions(draft_vocab=draft), lambda mm, s: blockwise(mm, [s], max_len=max_len)),
         f"blockwise k={c.block_size} exact fp32, adaptive": (
-            DecodeOptions(), lambda s: blockwise(m, [s], max_len=max_len, adaptive=True)),
-        "greedy int8": (DecodeOptions(dtype="int8"), lambda s: greedy(m, [s], max_len=max_len)),
+            DecodeOptions(), lambda mm, s: blockwise(mm, [s], max_len=max_len, adaptive=True)),
+        "greedy int8": (DecodeOptions(dtype="int8"), lambda mm, s: greedy(mm, [s], max_len=max_len)),
         f"blockwise k={c.block_size} exact int8": (DecodeOptions(dtype="int8"),
-                                                   lambda s: blockwise(m, [s], max_len=max_len)),
+                                                   lambda mm, s: blockwise(mm, [s], max_len=max_len)),
     }
+    # one model per decoder: switching options on one model repacked its weights on every call, and the packing
+    # was charged to whichever decoder came first after a switch
+    import copy
+    models = {name: copy.deepcopy(m) for name in ours}
+    for name, (opts, _) in ours.items():
+        models[name].decode_options = opts
     rows = []
     try:
         import ctranslate2
@@ -357,10 +365,8 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
         for rep in range(2):
             for s in srcs:
                 for name, (opts, fn) in fns.items():
-                    if opts is not None:
-                        m.decode_options = opts
                     t0 = time.perf_counter()
-                    r = fn(s)
+                    r = fn(s) if opts is None else fn(models[name], s)
                     el = time.perf_counter() - t0
                     toks = r if isinstance(r, list) else r.tokens[0]
                     if rep == 1:  # the first pass warms caches and builds packed weights
@@ -377,10 +383,11 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
 
 
 def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: int = 2, n_sent: int = 80,
-                  draft_vocab: int = 1000):
+                  draft_vocab: int = 1000, dtype: str = "fp32"):
     """Trained runs (e.g. make demo's heads/*-k4) on the bundled validation sources: greedy vs exact blockwise
     (plain, adaptive, and both with the draft vocabulary), every decoder on the same batches, interleaved
-    (order reversed every pass), the first pass a warm-up; speedup = greedy seconds / decoder seconds."""
+    (order reversed every pass), the first pass a warm-up; speedup = greedy seconds / decoder seconds, greedy
+    of the same `dtype`; with dtype bf16 / int8 also greedy fp32 and every decoder's speedup over it."""
     import copy
     import gzip
 
@@ -398,8 +405,10 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
         m = loaded.model.eval()
         sp = spm.SentencePieceProcessor(model_file=str(loaded.tokenizer_path))
         c = m.config
+        mf = copy.deepcopy(m) if dtype != "fp32" else None   # fp32 greedy, the reference of a lower precision
         md = copy.deepcopy(m)  # its own packed weights: switching options on one model would repack every call
-        md.decode_options = DecodeOptions(draft_vocab=draft_vocabulary(sp, draft_vocab, c.eos_id))
+        m.decode_options = DecodeOptions(dtype=dtype)
+        md.decode_options = DecodeOptions(dtype=dtype, draft_vocab=draft_vocabulary(sp, draft_vocab, c.eos_id))
         step = max(1, len(lines) // n_sent)
         srcs = sorted((sp.encode(t, out_type=int)[: c.max_positions - 1] + [c.eos_id] for t in lines[::step][:n_sent]),
                       key=len)
@@ -409,6 +418,8 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
                "adaptive": lambda s: blockwise(m, s, max_len=ml, adaptive=True),
                f"draft {draft_vocab}": lambda s: blockwise(md, s, max_len=ml),
                f"draft {draft_vocab} adaptive": lambda s: blockwise(md, s, max_len=ml, adaptive=True)}
+        if mf is not None:
+            fns["greedy fp32"] = lambda s: greedy(mf, s, max_len=ml)
         for bs in batch_sizes:
             batches = [srcs[i:i + bs] for i in range(0, len(srcs), bs)]
             sec = {k: 0.0 for k in fns}
@@ -430,12 +441,15 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
                 h = hist[name]
                 khat = sum(k * v for k, v in h.items()) / max(1, sum(h.values()))
                 same = sum(a == b for a, b in zip(out[name], out["greedy"])) / len(srcs)
-                row = dict(run=Path(run).name, batch=bs, threads=threads, decoder=name,
+                row = dict(run=Path(run).name, batch=bs, threads=threads, dtype=dtype, decoder=name,
                            speedup=round(sec["greedy"] / sec[name], 3), khat=round(khat, 2), same=round(same, 3),
                            seconds=round(sec[name] / reps, 3))
+                if mf is not None:
+                    row["speedup_vs_fp32_greedy"] = round(sec["greedy fp32"] / sec[name], 3)
                 rows.append(row)
-                print(f"regime {row['run']:12s} batch {bs:2d} {name:22s} {row['speedup']:.3f}x  k^ {khat:.2f}  "
-                      f"same as greedy {same:.0%}  ({sec[name] / reps:.3f} s per pass)", flush=True)
+                vs = f"  {row['speedup_vs_fp32_greedy']:.3f}x vs greedy fp32" if mf is not None else ""
+                print(f"regime {row['run']:12s} {dtype:4s} batch {bs:2d} {name:22s} {row['speedup']:.3f}x  k^ {khat:.2f}  "
+                      f"same as greedy {same:.0%}  ({sec[name] / reps:.3f} s per pass){vs}", flush=True)
     return rows
 
 
@@ -453,18 +467,22 @@ def main(argv=None) -> int:
                          "artifacts/demo/bible_en_fr/heads/*-k4, at --batch sizes")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32], help="batch sizes for --regimes")
     ap.add_argument("--passes", type=int, default=2, help="timed passes for --regimes (after one warm-up)")
+    ap.add_argument("--dtype", nargs="+", default=["fp32"], choices=["fp32", "bf16", "int8"],
+                    help="decode precision(s) (decode.dtype) for the step costs and --regimes")
     a = ap.parse_args(argv)
     if a.quick:
         a.threads, a.sizes, a.reps = [1], ["demo"], 5
     if a.regimes:
         print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}, "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
-        rows = bench_regimes(a.regimes, threads=a.threads[0], batch_sizes=a.batch, reps=a.passes)
+        rows = [r for dt in a.dtype
+                for r in bench_regimes(a.regimes, threads=a.threads[0], batch_sizes=a.batch, reps=a.passes, dtype=dt)]
         print(json.dumps({"cpu": cpu_model(), "engine": engine_name(), "regimes": rows}))
         return 0
     print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}",
           flush=True)
-    result = {"cpu": cpu_model(), "engine": engine_name(), "step_cost": bench_steps(a.sizes, a.threads, a.reps, a.profile)}
+    result = {"cpu": cpu_model(), "engine": engine_name(), "step_cost": bench_steps(a.sizes, a.threads, a.reps, a.profile,
+                                                                         a.dtype)}
     if not a.skip_ct2:
         result["ctranslate2"] = [row for size in a.sizes
                                  for row in (bench_ct2(a.threads, [1, 32] if not a.quick else [4],

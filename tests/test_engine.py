@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from bpd_train.decoding import Exact, beam_search, blockwise, greedy
-from bpd_train.model.fastlinear import PackedLinear, native_kernels
+from bpd_train.model.fastlinear import PackedLinear, bf16_compute, int8_compute, native_kernels
 from bpd_train.model.packed import DecodeOptions
 from tests.test_decoding import random_model, random_sources
 
@@ -31,13 +31,39 @@ def test_packed_linear_rows_are_bit_identical_whatever_the_batch(dtype):
         if ref is None:                                             # int8: per-row symmetric quantisation
             s = w.abs().amax(1, keepdim=True) / 127
             ref = torch.round(w / s).clamp(-127, 127) * s
+        if lin.mode == 3:                                           # bf16 compute: activations rounded too
+            x = x.to(torch.bfloat16).float()
+        elif lin.mode == 4:                                         # int8 compute: each row quantised on its own
+            s = x.abs().amax(1, keepdim=True) / 127
+            x = torch.round(x / s).clamp(-127, 127) * s
         torch.testing.assert_close(full, F.linear(x, ref, b), atol=1e-4, rtol=1e-4)
 
 
 @native
-def test_packed_linear_thread_count_does_not_change_results():
+@pytest.mark.parametrize("dtype, var, on, off", [("bf16", "BPD_BF16_COMPUTE", 3, 1), ("int8", "BPD_INT8_COMPUTE", 4, 2)])
+def test_low_precision_compute_is_used_where_the_cpu_has_it_and_can_be_switched_off(monkeypatch, dtype, var, on, off):
+    w = torch.randn(70, 33)
+    available = {"bf16": bf16_compute, "int8": int8_compute}[dtype]
+    assert PackedLinear(w, None, dtype).mode == (on if available() else off)
+    x = torch.randn(3, 33)
+    low = PackedLinear(w, None, dtype)(x)
+    monkeypatch.setenv(var, "0")
+    assert not available()
+    lin = PackedLinear(w, None, dtype)
+    assert lin.mode == off                                          # weight-only kernels: activations stay fp32
+    ref = {"bf16": w.to(torch.bfloat16).float(), "int8": None}[dtype]
+    if ref is None:
+        s = w.abs().amax(1, keepdim=True) / 127
+        ref = torch.round(w / s).clamp(-127, 127) * s
+    torch.testing.assert_close(lin(x), x @ ref.T, atol=1e-4, rtol=1e-4)
+    assert (low - x @ w.T).abs().max() < 0.2                        # the low-precision path is still the product
+
+
+@native
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
+def test_packed_linear_thread_count_does_not_change_results(dtype):
     torch.manual_seed(1)
-    lin = PackedLinear(torch.randn(4000, 64), None)
+    lin = PackedLinear(torch.randn(4000, 64), None, dtype)
     x = torch.randn(3, 64)
     before = torch.get_num_threads()
     try:
@@ -183,11 +209,14 @@ def test_adaptive_blockwise_equals_greedy_on_random_models(adaptive):
     assert len(widths) >= 3                                          # blocks of several sizes were accepted
 
 
-def test_native_loops_take_the_same_steps_as_the_one_step_loops():
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
+def test_native_loops_take_the_same_steps_as_the_one_step_loops(dtype):
     # greedy's and blockwise's native loops (DecodeWeights.greedy_steps / block_steps) against the same decoders
-    # with the loops switched off: same tokens, same decoder calls, same accepted blocks
+    # with the loops switched off: same tokens, same decoder calls, same accepted blocks (in every precision:
+    # bf16 / int8 compute kernels must be as row-exact as fp32's)
     for k, seed, batch in [(1, 1, 1), (4, 2, 4), (4, 3, 1), (8, 4, 1), (2, 5, 9)]:
         m = random_model(k, seed, eos_bias=1.5)
+        m.decode_options = DecodeOptions(dtype=dtype)
         src = random_sources(batch, seed)
         w = m.decode_weights()
         g, b = greedy(m, src, max_len=(1.5, 4)), blockwise(m, src, max_len=(1.5, 4))

@@ -13,7 +13,9 @@
 // and exact blockwise decoding is greedy decoding to the last bit, not just to the argmax.
 //
 // Weight formats: fp32; bf16 (upper half of the fp32 bits, upconverted exactly in registers); int8 with one
-// fp32 scale per output row (weight-only quantisation: activations stay fp32).
+// fp32 scale per output row (weight-only quantisation: activations stay fp32). Compute formats where the CPU has
+// them (BF16D, I8D below): bf16 x bf16 with vdpbf16ps, int8 x int8 with vpdpbusd, each activation row rounded /
+// quantised on its own, so the row-exactness above holds for them too.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -32,7 +34,13 @@ constexpr int NB = NV * L;
 constexpr int MB = 4;        // activation rows per register block (4 x 4 accumulators)
 static_assert(MB == 4 && NV % 2 == 0, "run() dispatches blocks of 1..4 rows and half blocks of 5..8");
 
-enum Mode { F32 = 0, BF16 = 1, I8 = 2 };
+// BF16D: bf16 weights AND bf16 activations, dot products by vdpbf16ps (2 products per fp32 lane per
+// instruction, fp32 accumulation) where the CPU has AVX512_BF16; weights packed as k-pairs ([N/64][K/2][64][2]).
+// I8D: int8 weights (per output row scale) AND int8 activations (per activation row scale, stored as u8 = q + 128),
+// dot products by vpdpbusd (4 products per int32 lane per instruction, exact integer accumulation) where the CPU
+// has AVX512_VNNI; each packed block starts with -128 * (column sums) as the accumulators' initial value (the
+// offset's correction), then [K/4][64][4] int8.
+enum Mode { F32 = 0, BF16 = 1, I8 = 2, BF16D = 3, I8D = 4 };
 
 #if defined(__AVX512F__)
 using vf = __m512;
@@ -131,9 +139,154 @@ static inline void half_block(const float* x, int64_t K, const W* w, float* out 
   }
 }
 
-template <typename W>
-static void run(const float* x, const W* w, const float* scale, const float* bias, float* y, int64_t M,
-                int64_t N, int64_t K) {
+
+#if defined(__AVX512BF16__)
+#define BPD_BF16_DOT 1
+// bf16 compute: x is one row of bf16 pairs per uint32 ([R][K2], K2 = ceil(K/2)), w one block of [K2][NB][2] bf16.
+// Output lane (i, n) accumulates (x[i,2p] w[n,2p] + x[i,2p+1] w[n,2p+1]) over p = 0..K2-1 in order with one
+// vdpbf16ps each: the same sequence for every row whatever R, as the fp32 kernels.
+static inline __m512bh bhload(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512((const void*)p); }
+static inline void keep(__m512bh& v) { asm("" : "+v"(v)); }
+template <int R>
+static inline void block_bd(const uint32_t* x, int64_t K2, const uint16_t* w, float* out /* [R][NB] */) {
+  __m512 acc[R][NV];
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < K2; p++) {
+    const uint16_t* wk = w + p * 2 * NB;
+    __m512bh wv[NV];
+    for (int j = 0; j < NV; j++) { __m512bh t = bhload(wk + j * 2 * L); keep(t); wv[j] = t; }
+    for (int i = 0; i < R; i++) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)x[i * K2 + p]);
+      for (int j = 0; j < NV; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+    }
+  }
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < NV; j++) _mm512_storeu_ps(out + i * NB + j * L, acc[i][j]);
+}
+template <int R>
+static inline void half_block_bd(const uint32_t* x, int64_t K2, const uint16_t* w, float* out, const uint16_t* next) {
+  constexpr int NH = NV / 2;
+  const char* pf = (const char*)next;
+  constexpr int64_t CH = NB * 2 * (int64_t)sizeof(uint16_t) / 2;   // prefetched bytes per iteration
+  for (int hb = 0; hb < 2; hb++) {
+    __m512 acc[R][NH];
+    for (int i = 0; i < R; i++)
+      for (int j = 0; j < NH; j++) acc[i][j] = _mm512_setzero_ps();
+    const uint16_t* wh = w + hb * NH * 2 * L;
+    for (int64_t p = 0; p < K2; p++) {
+      const uint16_t* wk = wh + p * 2 * NB;
+      if (pf) {
+        const char* q = pf + (hb * K2 + p) * CH;
+        for (int64_t b = 0; b < CH; b += 64) _mm_prefetch(q + b, _MM_HINT_T1);
+      }
+      __m512bh wv[NH];
+      for (int j = 0; j < NH; j++) { __m512bh t = bhload(wk + j * 2 * L); keep(t); wv[j] = t; }
+      for (int i = 0; i < R; i++) {
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)x[i * K2 + p]);
+        for (int j = 0; j < NH; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+      }
+    }
+    for (int i = 0; i < R; i++)
+      for (int j = 0; j < NH; j++) _mm512_storeu_ps(out + i * NB + hb * NH * L + j * L, acc[i][j]);
+  }
+}
+#else
+#define BPD_BF16_DOT 0
+#endif
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define BPD_I8_DOT 1
+// int8 compute: x is one row of 4 u8 per uint32 ([R][K4]), w one block: NB int32 initial accumulators, then
+// [K4][NB][4] int8. Lane (i, n) sums exact integer products (no rounding), converted to float once at the end.
+template <int R>
+static inline void block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out /* [R][NB] */) {
+  __m512i acc[R][NV];
+  for (int j = 0; j < NV; j++) {
+    const __m512i c = _mm512_loadu_si512((const void*)(w + j * 4 * L));
+    for (int i = 0; i < R; i++) acc[i][j] = c;
+  }
+  const int8_t* wb = w + 4 * NB;
+  for (int64_t p = 0; p < K4; p++) {
+    const int8_t* wk = wb + p * 4 * NB;
+    __m512i wv[NV];
+    for (int j = 0; j < NV; j++) { __m512i t = _mm512_loadu_si512((const void*)(wk + j * 4 * L)); asm("" : "+v"(t)); wv[j] = t; }
+    for (int i = 0; i < R; i++) {
+      const __m512i xv = _mm512_set1_epi32((int)x[i * K4 + p]);
+      for (int j = 0; j < NV; j++) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, wv[j]);
+    }
+  }
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < NV; j++) _mm512_storeu_ps(out + i * NB + j * L, _mm512_cvtepi32_ps(acc[i][j]));
+}
+template <int R>
+static inline void half_block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out, const int8_t* next) {
+  constexpr int NH = NV / 2;
+  const char* pf = (const char*)next;
+  constexpr int64_t CH = NB * 4 / 2;   // prefetched bytes per iteration
+  for (int hb = 0; hb < 2; hb++) {
+    __m512i acc[R][NH];
+    for (int j = 0; j < NH; j++) {
+      const __m512i c = _mm512_loadu_si512((const void*)(w + (hb * NH + j) * 4 * L));
+      for (int i = 0; i < R; i++) acc[i][j] = c;
+    }
+    const int8_t* wh = w + 4 * NB + hb * NH * 4 * L;
+    for (int64_t p = 0; p < K4; p++) {
+      const int8_t* wk = wh + p * 4 * NB;
+      if (pf) {
+        const char* q = pf + (hb * K4 + p) * CH;
+        for (int64_t b = 0; b < CH; b += 64) _mm_prefetch(q + b, _MM_HINT_T1);
+      }
+      __m512i wv[NH];
+      for (int j = 0; j < NH; j++) { __m512i t = _mm512_loadu_si512((const void*)(wk + j * 4 * L)); asm("" : "+v"(t)); wv[j] = t; }
+      for (int i = 0; i < R; i++) {
+        const __m512i xv = _mm512_set1_epi32((int)x[i * K4 + p]);
+        for (int j = 0; j < NH; j++) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, wv[j]);
+      }
+    }
+    for (int i = 0; i < R; i++)
+      for (int j = 0; j < NH; j++) _mm512_storeu_ps(out + i * NB + hb * NH * L + j * L, _mm512_cvtepi32_ps(acc[i][j]));
+  }
+}
+#else
+#define BPD_I8_DOT 0
+#endif
+
+// The kernels run() drives, per weight format: Kr is the inner dimension as the kernels count it (K, or K/2
+// pairs), which is also the activation row stride (in X) and the block stride / NB (in W elements, times Wk).
+template <typename W> struct FmaKern {
+  using X = float; using WT = W;
+  static int64_t stride(int64_t K) { return NB * K; }   // W elements per packed block
+  template <int R> static void blk(const X* x, int64_t K, const W* w, float* o) { block<R>(x, K, w, o); }
+  template <int R> static void half(const X* x, int64_t K, const W* w, float* o, const W* nx) {
+    half_block<R>(x, K, w, o, nx);
+  }
+};
+#if BPD_BF16_DOT
+struct Bf16DotKern {
+  using X = uint32_t; using WT = uint16_t;
+  static int64_t stride(int64_t K2) { return 2 * NB * K2; }
+  template <int R> static void blk(const X* x, int64_t K, const WT* w, float* o) { block_bd<R>(x, K, w, o); }
+  template <int R> static void half(const X* x, int64_t K, const WT* w, float* o, const WT* nx) {
+    half_block_bd<R>(x, K, w, o, nx);
+  }
+};
+#endif
+#if BPD_I8_DOT
+struct I8DotKern {
+  using X = uint32_t; using WT = int8_t;
+  static int64_t stride(int64_t K4) { return 4 * NB * (K4 + 1); }   // the initial accumulators, then the weights
+  template <int R> static void blk(const X* x, int64_t K, const WT* w, float* o) { block_id<R>(x, K, w, o); }
+  template <int R> static void half(const X* x, int64_t K, const WT* w, float* o, const WT* nx) {
+    half_block_id<R>(x, K, w, o, nx);
+  }
+};
+#endif
+
+template <typename Kern>
+static void run(const typename Kern::X* x, const typename Kern::WT* w, const float* scale, const float* bias,
+                float* y, int64_t M, int64_t N, int64_t K, const float* row_scale = nullptr) {
+  using W = typename Kern::WT;
   const int64_t nblocks = (N + NB - 1) / NB;
   // split over output blocks only: every output is computed the same way whatever the thread count
   const int64_t work = std::max<int64_t>(1, K * NB * std::max<int64_t>(M, 1));
@@ -141,28 +294,29 @@ static void run(const float* x, const W* w, const float* scale, const float* bia
   at::parallel_for(0, nblocks, grain, [&](int64_t lo, int64_t hi) {
     alignas(64) float out[2 * MB * NB];
     for (int64_t nb = lo; nb < hi; nb++) {
-      const W* wb = w + nb * NB * K;
-      const W* next = nb + 1 < nblocks ? wb + NB * K : nullptr;
+      const W* wb = w + nb * Kern::stride(K);
+      const W* next = nb + 1 < nblocks ? wb + Kern::stride(K) : nullptr;
       const int64_t n0 = nb * NB;
       const int nn = (int)std::min<int64_t>(NB, N - n0);
       for (int64_t m = 0; m < M;) {
         int r;
         // 1-3 leftover rows in one pass too (a 3-row proposal pass read the weights three times)
         switch (std::min<int64_t>(M - m, 2 * MB)) {
-          case 8: half_block<8>(x + m * K, K, wb, out, next); r = 8; break;
-          case 7: half_block<7>(x + m * K, K, wb, out, next); r = 7; break;
-          case 6: half_block<6>(x + m * K, K, wb, out, next); r = 6; break;
-          case 5: half_block<5>(x + m * K, K, wb, out, next); r = 5; break;
-          case 4: block<4>(x + m * K, K, wb, out); r = 4; break;
-          case 3: block<3>(x + m * K, K, wb, out); r = 3; break;
-          case 2: block<2>(x + m * K, K, wb, out); r = 2; break;
-          default: block<1>(x + m * K, K, wb, out); r = 1;
+          case 8: Kern::template half<8>(x + m * K, K, wb, out, next); r = 8; break;
+          case 7: Kern::template half<7>(x + m * K, K, wb, out, next); r = 7; break;
+          case 6: Kern::template half<6>(x + m * K, K, wb, out, next); r = 6; break;
+          case 5: Kern::template half<5>(x + m * K, K, wb, out, next); r = 5; break;
+          case 4: Kern::template blk<4>(x + m * K, K, wb, out); r = 4; break;
+          case 3: Kern::template blk<3>(x + m * K, K, wb, out); r = 3; break;
+          case 2: Kern::template blk<2>(x + m * K, K, wb, out); r = 2; break;
+          default: Kern::template blk<1>(x + m * K, K, wb, out); r = 1;
         }
         for (int i = 0; i < r; i++) {
           float* yr = y + (m + i) * N + n0;
           const float* o = out + i * NB;
           for (int j = 0; j < nn; j++) {
             float s = o[j];
+            if (row_scale) s *= row_scale[m + i];
             if (scale) s *= scale[n0 + j];
             if (bias) s += bias[n0 + j];
             yr[j] = s;
@@ -187,9 +341,25 @@ std::vector<torch::Tensor> pack(torch::Tensor w, int64_t mode) {
   wp.narrow(0, 0, N).copy_(w);
   torch::Tensor scale;
   torch::Tensor src = wp;
-  if (mode == I8) {
+  if (mode == I8 || mode == I8D) {
     scale = wp.abs().amax(1).div_(127.0f).clamp_min_(1e-30f);
     src = torch::round(wp / scale.unsqueeze(1)).clamp_(-127, 127);
+  }
+  if (mode == I8D) {  // [Np/NB] x (NB int32 = -128 * column sums, then [K4, NB, 4] int8), K padded to 4
+    TORCH_CHECK(BPD_I8_DOT, "pack: this build has no AVX512_VNNI kernels");
+    const int64_t K4 = (K + 3) / 4;
+    auto q = torch::zeros({Np, 4 * K4}, w.options());
+    q.narrow(1, 0, K).copy_(src);
+    auto init = (q.sum(1) * -128.0f).to(torch::kInt32).view({Np / NB, NB}).view(torch::kInt8);   // [Np/NB, 4 NB]
+    auto body = q.view({Np / NB, NB, K4, 4}).permute({0, 2, 1, 3}).reshape({Np / NB, K4 * NB * 4}).to(torch::kInt8);
+    return {torch::cat({init, body}, 1).contiguous(), scale.narrow(0, 0, N).contiguous()};
+  }
+  if (mode == BF16D) {  // k-pairs side by side, K padded to even: [Np/NB, K2, NB, 2]
+    TORCH_CHECK(BPD_BF16_DOT, "pack: this build has no AVX512_BF16 kernels");
+    const int64_t K2 = (K + 1) / 2;
+    auto wq = torch::zeros({Np, 2 * K2}, w.options());
+    wq.narrow(1, 0, K).copy_(wp);
+    return {wq.view({Np / NB, NB, K2, 2}).permute({0, 2, 1, 3}).contiguous().to(torch::kBFloat16).view(torch::kInt16)};
   }
   auto blocked = src.view({Np / NB, NB, K}).transpose(1, 2).contiguous();  // [Np/NB, K, NB]
   torch::Tensor out;
@@ -199,6 +369,59 @@ std::vector<torch::Tensor> pack(torch::Tensor w, int64_t mode) {
   else TORCH_CHECK(false, "pack: unknown mode ", mode);
   if (mode == I8) return {out, scale.narrow(0, 0, N).contiguous()};
   return {out};
+}
+
+// x [M][K] float32 through a packed weight of any mode. BF16D rounds each activation row to bf16 first (round to
+// nearest even, as torch's .to(bfloat16)): a row's rounding depends on that row alone.
+static void run_mode(int64_t mode, const float* xp, const torch::Tensor& packed, const float* sp, const float* bp,
+                     float* yp, int64_t M, int64_t N, int64_t K) {
+  if (M <= 0) return;
+  if (mode == F32) run<FmaKern<float>>(xp, packed.data_ptr<float>(), nullptr, bp, yp, M, N, K);
+  else if (mode == BF16) run<FmaKern<uint16_t>>(xp, (const uint16_t*)packed.data_ptr<int16_t>(), nullptr, bp, yp, M, N, K);
+  else if (mode == I8) run<FmaKern<int8_t>>(xp, packed.data_ptr<int8_t>(), sp, bp, yp, M, N, K);
+#if BPD_BF16_DOT
+  else if (mode == BF16D) {
+    const int64_t K2 = (K + 1) / 2;
+    thread_local std::vector<uint32_t> xb;
+    if ((int64_t)xb.size() < M * K2) xb.resize(M * K2);
+    auto bf = [](float f) -> uint32_t {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;   // NaN stays NaN
+      return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    };
+    for (int64_t m = 0; m < M; m++) {
+      const float* xr = xp + m * K;
+      uint32_t* o = xb.data() + m * K2;
+      for (int64_t p = 0; p < K / 2; p++) o[p] = bf(xr[2 * p]) | (bf(xr[2 * p + 1]) << 16);
+      if (K & 1) o[K2 - 1] = bf(xr[K - 1]);
+    }
+    run<Bf16DotKern>(xb.data(), (const uint16_t*)packed.data_ptr<int16_t>(), nullptr, bp, yp, M, N, K2);
+  }
+#endif
+#if BPD_I8_DOT
+  else if (mode == I8D) {  // each activation row quantised on its own: x ~ sx * q, q = round(x / sx) in [-127, 127]
+    const int64_t K4 = (K + 3) / 4;
+    thread_local std::vector<uint32_t> xq;
+    thread_local std::vector<float> rs;
+    if ((int64_t)xq.size() < M * K4) xq.resize(M * K4);
+    if ((int64_t)rs.size() < M) rs.resize(M);
+    for (int64_t m = 0; m < M; m++) {
+      const float* xr = xp + m * K;
+      float amax = 0.0f;
+      for (int64_t k = 0; k < K; k++) amax = std::max(amax, std::fabs(xr[k]));
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      rs[m] = amax / 127.0f;
+      uint8_t* o = (uint8_t*)(xq.data() + m * K4);
+      for (int64_t k = 0; k < 4 * K4; k++) {
+        const float q = k < K ? std::nearbyint(xr[k] * inv) : 0.0f;
+        o[k] = (uint8_t)((int)std::min(127.0f, std::max(-127.0f, q)) + 128);
+      }
+    }
+    run<I8DotKern>(xq.data(), packed.data_ptr<int8_t>(), sp, bp, yp, M, N, K4, rs.data());
+  }
+#endif
+  else TORCH_CHECK(false, "linear: unknown or unsupported mode ", mode);
 }
 
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> scale,
@@ -211,11 +434,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   const float* sp = scale.has_value() ? scale->data_ptr<float>() : nullptr;
   const float* xp = x2.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  if (M > 0) {
-    if (mode == F32) run(xp, packed.data_ptr<float>(), nullptr, bp, yp, M, N, K);
-    else if (mode == BF16) run(xp, (const uint16_t*)packed.data_ptr<int16_t>(), nullptr, bp, yp, M, N, K);
-    else run(xp, packed.data_ptr<int8_t>(), sp, bp, yp, M, N, K);
-  }
+  run_mode(mode, xp, packed, sp, bp, yp, M, N, K);
   auto sizes = x.sizes().vec();
   sizes.back() = N;
   return y.view(sizes);
@@ -237,10 +456,7 @@ struct Lin {
 static void lin_rows(const Lin& L, const float* x, float* y, int64_t M) {
   const float* bp = L.bias.has_value() ? L.bias->data_ptr<float>() : nullptr;
   const float* sp = L.scale.has_value() ? L.scale->data_ptr<float>() : nullptr;
-  if (M <= 0) return;
-  if (L.mode == F32) run(x, L.data.data_ptr<float>(), nullptr, bp, y, M, L.N, L.K);
-  else if (L.mode == BF16) run(x, (const uint16_t*)L.data.data_ptr<int16_t>(), nullptr, bp, y, M, L.N, L.K);
-  else run(x, L.data.data_ptr<int8_t>(), sp, bp, y, M, L.N, L.K);
+  run_mode(L.mode, x, L.data, sp, bp, y, M, L.N, L.K);
 }
 
 // ---- where a step's time goes (bench/engine.py --profile): per-phase seconds, off unless switched on ----
@@ -830,11 +1046,15 @@ std::tuple<std::vector<double>, int64_t> profile(bool enable, bool reset) {
 }
 
 std::string isa() { return BPD_NATIVE_ISA; }
+bool bf16_dot() { return BPD_BF16_DOT; }
+bool i8_dot() { return BPD_I8_DOT; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "pack a [N,K] float32 weight for linear()");
   m.def("linear", &linear, "y = x . W^T (+ b) with a packed W");
   m.def("isa", &isa);
+  m.def("i8_dot", &i8_dot, "whether mode 4 (int8 activations x int8 weights, vpdpbusd) is built");
+  m.def("bf16_dot", &bf16_dot, "whether mode 3 (bf16 activations x bf16 weights, vdpbf16ps) is built");
   pybind11::class_<Lin>(m, "Lin")
       .def(pybind11::init<torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t,
                           int64_t>())
