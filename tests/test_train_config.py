@@ -182,9 +182,11 @@ def test_checkpoint_callback_layout(tmp_path):
 
     cfg = cfg_for("+regime=frozen", "experiment=smoke", f"paths.artifacts={tmp_path}")
     cbs = make_callbacks(cfg, Path(cfg.run_dir), has_logger=True)
-    mc = next(c for c in cbs if isinstance(c, ModelCheckpoint))
-    assert mc.dirpath == str(Path(cfg.run_dir) / "checkpoints") and mc.filename == "best"
-    assert mc.save_last and mc.monitor == "val/loss" and mc.save_top_k == 1
+    best, last = [c for c in cbs if isinstance(c, ModelCheckpoint)]
+    assert best.dirpath == last.dirpath == str(Path(cfg.run_dir) / "checkpoints")
+    assert best.filename == "best" and best.monitor == "val/loss" and best.save_top_k == 1
+    # last.ckpt: its own callback without a metric, so it is written at every validation (not only with a new best)
+    assert last.filename == "last" and last.monitor is None and last.save_top_k == 1 and not last.save_last
     names = {type(c).__name__ for c in cbs}
     assert {"Throughput", "BlockwiseEval"} <= names
 
