@@ -2,12 +2,19 @@
 
 python -m bpd_train.pipeline --experiment demo [--k 4] [--regimes frozen,finetune,distill,both] [EXTRA=OVERRIDES ...]
 
-tokenizer -> base model -> teacher beam-search distillation corpus -> heads in each regime at block size k
+tokenizer -> base model -> [teacher model] -> teacher beam-search distillation corpus -> heads in each regime at
+block size k
 -> evaluation (report.md, plots) -> export of the best run: the fastest exact run whose BLEU is within
 evaluate.max_bleu_drop (1.0) of the base model's greedy BLEU, else the base model itself. Each stage runs its
 own entry point as a subprocess (exactly what a user would type) and is skipped when its artifact is already
 complete, so a rerun after a crash or Ctrl-C resumes where it stopped; a training run that was cut short
 resumes from its last.ckpt.
+
+The teacher: by default the base model itself. An experiment that sets `pipeline.teacher_steps: N` (the demo does; or --teacher-steps N)
+gets a stronger teacher, as in the paper (a bigger model there): the base run trained on to N steps in its own run
+folder (<corpus>/teacher; the same run resumed, so it shares the base's first steps and costs only the extra ones).
+The heads regimes still start from the base model; `distill` and `both` learn from the teacher's beam output, and
+the report compares every run with the teacher.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import time
 from pathlib import Path
 
 from bpd_train import REPO_ROOT
+from bpd_train.data.distilled import read_manifest
 
 HEAD_REGIMES = ("frozen", "finetune", "distill", "both")
 
@@ -54,6 +62,37 @@ def train_stage(regime: str, common: list[str], k: int) -> Path:
     return run_dir
 
 
+def teacher_stage(common: list[str], steps: int) -> Path:
+    """The base run trained on to `steps` steps, in <corpus>/teacher (resumed from the base's last.ckpt the first
+    time, from its own after an interruption). Returns its run folder."""
+    base_dir = Path(compose("train", ["+regime=base", *common]).run_dir)
+    run_dir = base_dir.parent / "teacher"
+    overrides = ["+regime=base", *common, f"steps.base={steps}", f"run_dir={run_dir}"]
+    if (run_dir / "done.json").exists():
+        print(f"=== teacher: complete ({run_dir}), skipped")
+        return run_dir
+    own = run_dir / "checkpoints" / "last.ckpt"
+    start = own if own.exists() else base_dir / "checkpoints" / "last.ckpt"
+    if not start.exists():
+        sys.exit(f"stage 'teacher' needs the base run's checkpoint {start}; rerun the pipeline to train the base first")
+    run_stage("teacher", ["train.py", *overrides, f"ckpt_path={start}"])
+    return run_dir
+
+
+def distilled_dir(common: list[str], teacher: Path | None) -> Path:
+    """The folder distill.py writes for these overrides (and teacher): what distill/both train on and the report's
+    teacher, named explicitly so that other corpora under distill/ (an earlier teacher's) never get in the way."""
+    from bpd_train.distillation.job import prepare
+
+    from bpd_train.data.distilled import DistillError
+
+    overrides = [*common, *([f"teacher={teacher}"] if teacher else [])]
+    try:
+        return prepare(compose("distill", overrides), overrides).out_dir
+    except DistillError as e:
+        sys.exit(f"stage 'distill': {e}")
+
+
 def best_run(report: dict) -> dict:
     """The run the demo exports: report["best"], chosen by evaluation.report.BEST_RULE (the fastest exact run that
     keeps BLEU within evaluate.max_bleu_drop of the base, else the base itself)."""
@@ -71,6 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--k", type=int, default=4, help="block size of the heads runs")
     ap.add_argument("--regimes", default=",".join(HEAD_REGIMES),
                     help=f"comma-separated head regimes (default: {','.join(HEAD_REGIMES)})")
+    ap.add_argument("--teacher-steps", type=int, default=None,
+                    help="distil from a stronger teacher: the base run trained on to this many steps (default: the "
+                         "experiment's pipeline.teacher_steps; 0 = the base model is the teacher)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every stage, e.g. paths.artifacts=/tmp/a")
     args = ap.parse_args(argv)
     args.regimes = [r for r in args.regimes.split(",") if r]
@@ -83,11 +125,20 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.monotonic()
 
     train_stage("base", common, args.k)  # also trains (or reuses) the corpus's sentencepiece model
+    teacher_steps = args.teacher_steps
+    if teacher_steps is None:
+        teacher_steps = compose("train", ["+regime=base", *common]).pipeline.teacher_steps
+    teacher = teacher_stage(common, int(teacher_steps)) if teacher_steps else None
+    corpus_overrides: list[str] = []
     if {"distill", "both"} & set(args.regimes):
-        # distill.py itself skips finished shards and only verifies a complete corpus
-        run_stage("distill", ["distill.py", *common])
+        made = distilled_dir(common, teacher)
+        if read_manifest(made).get("complete") if (made / "manifest.json").exists() else False:
+            print(f"=== distill: complete ({made}), skipped")
+        else:  # distill.py itself skips finished shards (a rerun after an interruption resumes)
+            run_stage("distill", ["distill.py", *common, *([f"teacher={teacher}"] if teacher else [])])
+        corpus_overrides = [f"regime.distilled_dir={made}"]
     for regime in args.regimes:
-        train_stage(regime, common, args.k)
+        train_stage(regime, common + (corpus_overrides if regime in ("distill", "both") else []), args.k)
 
     eval_cfg = compose("evaluate", common)
     corpus = Path(eval_cfg.paths.artifacts) / str(eval_cfg.data.name)
@@ -99,8 +150,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"=== evaluate: report is newer than every run ({report_path}), skipped")
     else:
         inputs = "[" + ",".join(str(r) for r in runs) + "]"
+        teacher_corpus = [o.replace("regime.distilled_dir=", "evaluate.distilled=") for o in corpus_overrides]
         run_stage("evaluate", ["evaluate.py", *common, f"evaluate.inputs={inputs}",
-                               f"evaluate.output_dir={eval_dir}"])
+                               f"evaluate.output_dir={eval_dir}", *teacher_corpus])
     report = json.loads(report_path.read_text(encoding="utf-8"))
 
     best = best_run(report)

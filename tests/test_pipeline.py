@@ -1,7 +1,8 @@
 """`make demo`'s driver on the smoke preset: every stage runs, a rerun skips every finished stage.
 
-The full chain with the distillation corpus and all four head regimes runs in tests/test_slurm.py
-(slurm/pipeline.sh); here the local driver runs base (reused) -> frozen -> evaluate -> export.
+The full chain with all four head regimes runs in tests/test_slurm.py (slurm/pipeline.sh); here the local driver
+runs base (reused) -> teacher (the base trained on, as make demo does) -> distillation corpus from it -> frozen and
+distill -> evaluate -> export.
 """
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import shutil
 import subprocess
 import sys
 
+from omegaconf import OmegaConf
+
 from conftest import REPO_ROOT, offline_env
 
 
 def run_pipeline(art, *args):
-    cmd = [sys.executable, "-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "frozen", *args,
-           f"paths.artifacts={art}", f"paths.outputs={art.parent / 'outputs'}"]
+    cmd = [sys.executable, "-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "frozen,distill", "--teacher-steps", "50", *args,
+           f"paths.artifacts={art}", f"paths.outputs={art.parent / 'outputs'}", "distill.limit=64", "evaluate.max_sentences=12"]
     r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     return r.stdout
@@ -32,8 +35,18 @@ def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
     assert "=== base: complete" in out  # the finished base run is reused, not retrained
     assert "=== frozen: done" in out and "=== evaluate: done" in out and "=== export: done" in out
     assert json.loads((corpus / "heads" / "frozen-k4" / "done.json").read_text())["regime"] == "frozen"
+    # the teacher: the base run continued from its last step (40) to pipeline.teacher_steps, in its own folder
+    assert "=== teacher: done" in out
+    assert json.loads((corpus / "teacher" / "done.json").read_text())["global_step"] == 50
+    assert json.loads((corpus / "base" / "done.json").read_text())["global_step"] == 40  # the base is untouched
+    # distill.py distilled from it, `distill` trained on that corpus, the report compares with that teacher
+    (made,) = [m.parent for m in (corpus / "distill").glob("*/manifest.json")]
+    manifest = json.loads((made / "manifest.json").read_text())
+    assert manifest["complete"] and str(corpus / "teacher") in manifest["teacher_path"]
+    assert OmegaConf.load(corpus / "heads" / "distill-k4" / "config.yaml").regime.distilled_dir == str(made)
     report = json.loads((corpus / "eval" / "demo-k4" / "report.json").read_text())
-    assert {c["name"] for c in report["checkpoints"]} == {"base", "frozen-k4"}
+    assert report["teacher"]["corpus"] == str(made)
+    assert {c["name"] for c in report["checkpoints"]} == {"base", "frozen-k4", "distill-k4"}
     exact = [r for r in report["rows"] if r["rule"] == "exact"]
     assert exact and all(r["agreement"] == 100.0 for r in exact)
     assert sorted(p.name for p in (corpus / "eval" / "demo-k4").glob("*.png")) == ["bleu_vs_khat.png",
@@ -45,7 +58,7 @@ def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
     assert best["path"] in (bundle / "README.md").read_text()
 
     again = run_pipeline(art)
-    for stage in ("base", "frozen", "evaluate", "export"):
+    for stage in ("base", "teacher", "frozen", "distill", "evaluate", "export"):
         assert f"=== {stage}: complete" in again or f"=== {stage}: report is newer" in again \
             or f"=== {stage}: bundle is newer" in again, again
     assert " done in " not in again  # nothing ran a second time
