@@ -10,7 +10,9 @@ own entry point as a subprocess (exactly what a user would type) and is skipped 
 complete, so a rerun after a crash or Ctrl-C resumes where it stopped; a training run that was cut short
 resumes from its last.ckpt.
 
-The teacher: by default the base model itself. An experiment that sets `pipeline.teacher_steps: N` (the demo does; or --teacher-steps N)
+The driver's own settings are the `pipeline:` section of the train config (conf/train.yaml; experiments set them,
+`pipeline.KEY=VALUE` on this command line too; they are not passed on to the stages).
+The teacher: by default the base model itself. An experiment that sets `pipeline.teacher_steps: N` (the demo does)
 gets a stronger teacher, as in the paper (a bigger model there): the base run trained on to N steps in its own run
 folder (<corpus>/teacher; the same run resumed, so it shares the base's first steps and costs only the extra ones).
 The heads regimes still start from the base model; `distill` and `both` learn from the teacher's beam output, and
@@ -110,9 +112,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--k", type=int, default=4, help="block size of the heads runs")
     ap.add_argument("--regimes", default=",".join(HEAD_REGIMES),
                     help=f"comma-separated head regimes (default: {','.join(HEAD_REGIMES)})")
-    ap.add_argument("--teacher-steps", type=int, default=None,
-                    help="distil from a stronger teacher: the base run trained on to this many steps (default: the "
-                         "experiment's pipeline.teacher_steps; 0 = the base model is the teacher)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every stage, e.g. paths.artifacts=/tmp/a")
     args = ap.parse_args(argv)
     args.regimes = [r for r in args.regimes.split(",") if r]
@@ -121,14 +120,13 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("WANDB_MODE", "offline")
-    common = [f"experiment={args.experiment.replace('-', '_')}", *args.overrides]
+    common = [f"experiment={args.experiment.replace('-', '_')}", *(o for o in args.overrides
+                                                                  if not o.lstrip("+~").startswith("pipeline."))]
+    own = compose("train", ["+regime=base", f"experiment={args.experiment.replace('-', '_')}", *args.overrides]).pipeline
     t0 = time.monotonic()
 
     train_stage("base", common, args.k)  # also trains (or reuses) the corpus's sentencepiece model
-    teacher_steps = args.teacher_steps
-    if teacher_steps is None:
-        teacher_steps = compose("train", ["+regime=base", *common]).pipeline.teacher_steps
-    teacher = teacher_stage(common, int(teacher_steps)) if teacher_steps else None
+    teacher = teacher_stage(common, int(own.teacher_steps)) if own.teacher_steps else None
     corpus_overrides: list[str] = []
     if {"distill", "both"} & set(args.regimes):
         made = distilled_dir(common, teacher)
@@ -138,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
             run_stage("distill", ["distill.py", *common, *([f"teacher={teacher}"] if teacher else [])])
         corpus_overrides = [f"regime.distilled_dir={made}"]
     for regime in args.regimes:
-        train_stage(regime, common + (corpus_overrides if regime in ("distill", "both") else []), args.k)
+        extra = list((own.get("regime_overrides") or {}).get(regime) or [])
+        train_stage(regime, common + extra + (corpus_overrides if regime in ("distill", "both") else []), args.k)
 
     eval_cfg = compose("evaluate", common)
     corpus = Path(eval_cfg.paths.artifacts) / str(eval_cfg.data.name)

@@ -17,8 +17,9 @@ from conftest import REPO_ROOT, offline_env
 
 
 def run_pipeline(art, *args):
-    cmd = [sys.executable, "-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "frozen,distill", "--teacher-steps", "50", *args,
-           f"paths.artifacts={art}", f"paths.outputs={art.parent / 'outputs'}", "distill.limit=64", "evaluate.max_sentences=12"]
+    cmd = [sys.executable, "-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "frozen,distill", *args,
+           f"paths.artifacts={art}", f"paths.outputs={art.parent / 'outputs'}", "distill.limit=64",
+           "pipeline.teacher_steps=50", "pipeline.regime_overrides={distill: ['steps.heads=12']}", "evaluate.max_sentences=12"]
     r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     return r.stdout
@@ -43,7 +44,11 @@ def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
     (made,) = [m.parent for m in (corpus / "distill").glob("*/manifest.json")]
     manifest = json.loads((made / "manifest.json").read_text())
     assert manifest["complete"] and str(corpus / "teacher") in manifest["teacher_path"]
-    assert OmegaConf.load(corpus / "heads" / "distill-k4" / "config.yaml").regime.distilled_dir == str(made)
+    distill_cfg = OmegaConf.load(corpus / "heads" / "distill-k4" / "config.yaml")
+    assert distill_cfg.regime.distilled_dir == str(made)
+    # pipeline.regime_overrides reached that regime's stage only
+    assert json.loads((corpus / "heads" / "distill-k4" / "done.json").read_text())["global_step"] == 12
+    assert json.loads((corpus / "heads" / "frozen-k4" / "done.json").read_text())["global_step"] == 20
     report = json.loads((corpus / "eval" / "demo-k4" / "report.json").read_text())
     assert report["teacher"]["corpus"] == str(made)
     assert {c["name"] for c in report["checkpoints"]} == {"base", "frozen-k4", "distill-k4"}
