@@ -46,3 +46,18 @@ def test_last_ckpt_follows_training_when_the_metric_stops_improving(smoke_base, 
     ckpts = art / base.parent.name / "base" / "checkpoints"
     assert read_checkpoint(ckpts / "best.ckpt")["global_step"] == 20
     assert read_checkpoint(ckpts / "last.ckpt")["global_step"] == 40
+
+
+def test_without_a_metric_best_is_the_latest_and_resume_works(smoke_base, tmp_path):
+    """checkpoint.monitor=null (what `both` and `distill` use): best.ckpt and last.ckpt are both the latest
+    validation's. Both callbacks are then metric-less; Lightning refused two such ModelCheckpoints ("more than one
+    stateful callback") until best.ckpt's got its own state key. A resume restores both and goes on."""
+    _, base = smoke_base
+    art = tmp_path / "art"
+    shutil.copytree(base.parent / "spm", art / base.parent.name / "spm")
+    run_train("+regime=base", "experiment=smoke", "checkpoint.monitor=null", "logger=none", artifacts=art)
+    ckpts = art / base.parent.name / "base" / "checkpoints"
+    assert read_checkpoint(ckpts / "best.ckpt")["global_step"] == read_checkpoint(ckpts / "last.ckpt")["global_step"] == 40
+    run_train("+regime=base", "experiment=smoke", "checkpoint.monitor=null", "logger=none", "ckpt_path=last",
+              "steps.base=60", artifacts=art)
+    assert read_checkpoint(ckpts / "best.ckpt")["global_step"] == read_checkpoint(ckpts / "last.ckpt")["global_step"] == 60

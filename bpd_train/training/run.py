@@ -316,6 +316,22 @@ def make_strategy(sc: Any, accelerator: str = "auto"):
     return str(sc.get("name", "auto"))
 
 
+def _best_checkpoint_class():
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    class BestCheckpoint(ModelCheckpoint):
+        """best.ckpt's callback. Without a metric (checkpoint.monitor=null: best = the latest) its state key would
+        equal last.ckpt's and Lightning refuses two such callbacks, so it gets its own; with a metric the key is
+        ModelCheckpoint's, as in checkpoints written before this class existed (resume keeps its best score)."""
+
+        @property
+        def state_key(self) -> str:
+            key = super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+            return key if self.monitor is not None else key + "[best]"
+
+    return BestCheckpoint
+
+
 def make_callbacks(cfg: DictConfig, run_dir: Path, has_logger: bool) -> list[pl.Callback]:
     from hydra.utils import instantiate
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar, TQDMProgressBar
@@ -327,7 +343,8 @@ def make_callbacks(cfg: DictConfig, run_dir: Path, has_logger: bool) -> list[pl.
     where = dict(dirpath=str(run_dir / "checkpoints"), save_top_k=1, save_last=False, auto_insert_metric_name=False,
                  enable_version_counter=False)
     cbs: list[pl.Callback] = [
-        ModelCheckpoint(filename="best", monitor=ck.get("monitor", "val/loss"), mode=ck.get("mode", "min"), **where),
+        _best_checkpoint_class()(filename="best", monitor=ck.get("monitor", "val/loss"), mode=ck.get("mode", "min"),
+                                 **where),
         ModelCheckpoint(filename="last", monitor=None, **where)]
     if has_logger:
         cbs.append(LearningRateMonitor(logging_interval="step"))
