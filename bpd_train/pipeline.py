@@ -106,7 +106,7 @@ def best_run(report: dict) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--experiment", default="demo",
-                    help="experiment preset (conf/experiment/, '-' read as '_'): demo (~16 min on 2 cores), smoke "
+                    help="experiment preset (conf/experiment/, '-' read as '_'): demo (~25 min on 2 cores), smoke "
                          "(~3 min); demo-lm / smoke-lm: the same chain for a decoder-only (Llama-architecture) model "
                          "trained from scratch on the corpus as prompt-format translation, distilled from itself")
     ap.add_argument("--k", type=int, default=4, help="block size of the heads runs")
