@@ -309,3 +309,33 @@ def test_kd_settings_fail_early_and_refuse_sharding_strategies():
     check_kd_settings(OmegaConf.create({"loss": {"kd_weight": 0.5}, "strategy": {"name": "auto"}}))
     with pytest.raises(TrainError, match="kd_weight must be in"):
         check_kd_settings(OmegaConf.create({"loss": {"kd_weight": 1.5}, "strategy": {"name": "auto"}}))
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_self_targets_teach_heads_head1s_own_choices(recompute):
+    """loss.head_targets=self: head i at position t scores head 1's argmax at t+i (teacher-forced, pads kept) instead
+    of tgt_out[t+i]; head 1 still scores the data. Gradients flow only through each head's own logits."""
+    m, b = tiny(), batch()
+    k, T = m.config.block_size, b["tgt_out"].size(1)
+    full = m(b["src"], b["tgt_in"])  # [B,T,k,V]
+    own = full[:, :, 0].argmax(-1).masked_fill(b["tgt_out"].eq(PAD), PAD)
+    assert not torch.equal(own, b["tgt_out"])  # random weights: head 1 disagrees with the data somewhere
+    h = m.features(m.encode(b["src"]), b["tgt_in"])
+    heads = list(range(k))
+    w = head_weights("mean", heads)
+    loss, per = bpd_loss(m.head_logits, h, b["tgt_out"], heads, w, PAD, recompute=recompute, self_targets=True)
+    for i in heads:
+        tg = (b["tgt_out"] if i == 0 else own)[:, i:]
+        lg, mask = full[:, : T - i, i], (b["tgt_out"] if i == 0 else own)[:, i:].ne(PAD)
+        assert torch.allclose(per[i], torch.nn.functional.cross_entropy(lg[mask], tg[mask]), atol=1e-5), i
+    plain, per_plain = bpd_loss(m.head_logits, h, b["tgt_out"], heads, w, PAD, recompute=recompute)
+    assert torch.allclose(per[0], per_plain[0]) and not torch.allclose(per[1], per_plain[1])
+    loss.backward()  # the targets are constants: no error, finite gradients
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_head_targets_setting_is_checked():
+    assert _module({"trainable": "all", "source": "gold"}, loss={"head_targets": "self"}).self_targets
+    assert not _module({"trainable": "all", "source": "gold"}).self_targets
+    with pytest.raises(ValueError, match="head_targets"):
+        _module({"trainable": "all", "source": "gold"}, loss={"head_targets": "teacher"})

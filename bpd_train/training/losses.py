@@ -96,12 +96,14 @@ def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.
              heads: Sequence[int], weights: Sequence[float], pad_id: int, label_smoothing: float = 0.0,
              recompute: bool = True, teacher_logits: torch.Tensor | None = None, kd_weight: float = 0.0,
              kd_temperature: float = 1.0, extras: dict[str, torch.Tensor] | None = None,
-             ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+             self_targets: bool = False) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Weighted sum over `heads` of each head's token-mean label-smoothed CE.
 
     head_logits(h, i) -> [B,T,V] (BPDModel.head_logits); h [B,T,D] is the decoder output.
     teacher_logits [B,T,V] with kd_weight = λ > 0: head 1's loss is (1-λ)·CE + λ·KL(p_teacher || p_head1), both
     token means (check_kd); λ = 0 is the plain CE, computed exactly as without a teacher.
+    self_targets: heads 2..k learn head 1's own (teacher-forced) argmax at the position they look ahead to instead of
+    the data's token there (exact decoding accepts a proposal when it equals head 1's choice); head 1 keeps the data.
     Returns (loss, {head: detached per-head loss}); `extras`, if given, receives the detached token-mean "kd".
     """
     total = h.new_zeros((), dtype=torch.float32)
@@ -110,8 +112,12 @@ def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.
     lam, temp = check_kd(kd_weight, kd_temperature)
     if lam > 0 and teacher_logits is None:
         raise ValueError("kd_weight > 0 needs teacher_logits")
+    own = None
+    if self_targets and any(i > 0 for i in heads):
+        with torch.no_grad():                                           # [B,T] head 1's choices, pads kept
+            own = head_logits(h.detach(), 0).argmax(-1).masked_fill(tgt_out.eq(pad_id), pad_id)
     for i, w in zip(heads, weights):
-        tgt = head_targets(tgt_out, i, pad_id)
+        tgt = head_targets(own if own is not None and i > 0 else tgt_out, i, pad_id)
         n = tgt.ne(pad_id).sum().clamp_min(1)
         kd = i == 0 and lam > 0
 

@@ -43,6 +43,11 @@ class BPDLightningModule(pl.LightningModule):
         # Word-level distillation for head 1 (loss.kd_weight = λ > 0): a frozen teacher's distribution at every
         # target position (attach_teacher; training only, never part of a checkpoint).
         self.kd_weight, self.kd_temperature = kd_settings(self.loss_cfg)
+        targets = str(self.loss_cfg.get("head_targets", "data"))
+        if targets not in ("data", "self"):
+            raise ValueError(f"loss.head_targets={targets!r}; choose data (the corpus's tokens) or self (heads 2..k "
+                             "learn head 1's own choices)")
+        self.self_targets = targets == "self"
         self.seed = int(seed)
         cfg = self.model.config
         if self.regime.freeze_backbone:
@@ -134,7 +139,7 @@ class BPDLightningModule(pl.LightningModule):
                                   bool(self.loss_cfg.get("recompute", True)),
                                   teacher_logits=self.teacher_logits(batch) if kd else None,
                                   kd_weight=self.kd_weight if kd else 0.0, kd_temperature=self.kd_temperature,
-                                  extras=extras)
+                                  extras=extras, self_targets=self.self_targets)
         self._kd_stat = extras.get("kd")
         if cfg.block_size > 1 and cfg.identity_p1 and heads == [0]:
             # Head 1 alone does not reach the BPD layer; a zero-weighted touch keeps DDP's gradient
