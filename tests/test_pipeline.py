@@ -13,6 +13,7 @@ import sys
 
 from omegaconf import OmegaConf
 
+from bpd_train.evaluation.report import choose_best
 from conftest import REPO_ROOT, offline_env
 
 
@@ -59,7 +60,8 @@ def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
     bundle = corpus / "export" / "best"
     assert {"model.safetensors", "config.json", "tokenizer.model", "README.md"} <= {p.name for p in bundle.iterdir()}
     best = report["best"]  # the rule's choice (tests/test_eval_compare.py), announced and exported
-    assert best["checkpoint"] in {"base", "frozen-k4"} and f"=== best run: {best['checkpoint']}" in out
+    # which run wins depends on measured speed, so check that the driver followed the rule on this report
+    assert best["checkpoint"] == choose_best(report)["checkpoint"] and f"=== best run: {best['checkpoint']}" in out
     assert best["path"] in (bundle / "README.md").read_text()
 
     again = run_pipeline(art)
