@@ -1,9 +1,9 @@
 """The whole BPD experiment in miniature, one stage after another: `make demo` runs this.
 
-python -m bpd_train.pipeline --experiment demo [--k 4] [--regimes frozen,finetune,distill,both] [EXTRA=OVERRIDES ...]
+python -m bpd_train.pipeline --experiment demo [--k 4] [--regimes frozen,finetune,distill,both,self] [EXTRA=OVERRIDES ...]
 
 tokenizer -> base model -> [teacher model] -> teacher beam-search distillation corpus -> heads in each regime at
-block size k
+block size k (`self`: after a corpus of its init_from model's own greedy output)
 -> evaluation (report.md, plots) -> export of the best run: the fastest exact run whose BLEU is within
 evaluate.max_bleu_drop (1.0) of the base model's greedy BLEU, else the base model itself. Each stage runs its
 own entry point as a subprocess (exactly what a user would type) and is skipped when its artifact is already
@@ -31,7 +31,7 @@ from pathlib import Path
 from bpd_train import REPO_ROOT
 from bpd_train.data.distilled import read_manifest
 
-HEAD_REGIMES = ("frozen", "finetune", "distill", "both")
+HEAD_REGIMES = ("frozen", "finetune", "distill", "both", "self")
 
 
 def compose(config_name: str, overrides: list[str]):
@@ -95,6 +95,19 @@ def distilled_dir(common: list[str], teacher: Path | None) -> Path:
         sys.exit(f"stage 'distill': {e}")
 
 
+def self_corpus_stage(common: list[str], extra: list[str]) -> list[str]:
+    """Regime `self`: its init_from model's (the base, or regime.init_from in its pipeline.regime_overrides) own
+    greedy output (distill.py teacher=<init_from> beam 1), made unless complete. Returns the override that names it
+    for the train stage."""
+    init_from = Path(str(compose("train", ["+regime=self", *common, *extra]).regime.init_from))
+    made = distilled_dir([*common, "distill.beam_size=1"], init_from)
+    if read_manifest(made).get("complete") if (made / "manifest.json").exists() else False:
+        print(f"=== self-distill: complete ({made}), skipped")
+    else:
+        run_stage("self-distill", ["distill.py", *common, f"teacher={init_from}", "distill.beam_size=1"])
+    return [f"regime.distilled_dir={made}"]
+
+
 def best_run(report: dict) -> dict:
     """The run the demo exports: report["best"], chosen by evaluation.report.BEST_RULE (the fastest exact run that
     keeps BLEU within evaluate.max_bleu_drop of the base, else the base itself)."""
@@ -137,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
         corpus_overrides = [f"regime.distilled_dir={made}"]
     for regime in args.regimes:
         extra = list((own.get("regime_overrides") or {}).get(regime) or [])
+        if regime == "self":  # heads on their model's own greedy output: that corpus first
+            extra += self_corpus_stage(common, extra)
         train_stage(regime, common + extra + (corpus_overrides if regime in ("distill", "both") else []), args.k)
 
     eval_cfg = compose("evaluate", common)

@@ -191,3 +191,39 @@ def test_remove_stale_temps(tmp_path):
     (tmp_path / ".shard-00001-of-00002.jsonl.def.tmp").write_text("someone else's")
     assert remove_stale_temps(tmp_path, ["shard-00000-of-00002.jsonl"]) == 1
     assert (tmp_path / ".shard-00001-of-00002.jsonl.def.tmp").exists()
+
+
+def test_find_self_corpus_takes_only_that_models_greedy_output(tmp_path):
+    """Regime source `self`: a corpus counts only when written by that very model (sha256) with beam 1 and no
+    sampling; other corpora under distill/ (the teacher's beam output, another model's) are ignored, a wrong one
+    given explicitly is refused, and none found names the command that makes it."""
+    from bpd_train.data.distilled import FORMAT_VERSION, find_self_corpus
+
+    root = tmp_path / "bible" / "distill"
+    me, other = "c" * 64, "d" * 64
+
+    def corpus(name, sha, beam, complete=True, **extra):
+        m = {"teacher_sha256": sha, "beam_size": beam, "split": "train", "complete": complete,
+             "teacher_path": f"/runs/{name}", "num_shards": 1, "num_done_shards": int(complete), "shards": [],
+             "format": FORMAT_VERSION, **extra}
+        write_manifest(root / name, m)
+        return root / name
+
+    beam4 = corpus("mine-beam4", me, 4)
+    corpus("other-greedy", other, 1)
+    corpus("mine-sampled", me, 1, kind="lm", temperature=0.7)
+    with pytest.raises(DistillError, match=r"no corpus of /runs/me's own greedy output.*teacher=/runs/me "
+                                           r"distill.beam_size=1"):
+        find_self_corpus(tmp_path / "bible", me, model="/runs/me")
+    half = corpus("mine-greedy", me, 1, complete=False)
+    with pytest.raises(DistillError, match="not complete"):
+        find_self_corpus(tmp_path / "bible", me, model="/runs/me")
+    done = corpus("mine-greedy", me, 1)
+    assert done == half and find_self_corpus(tmp_path / "bible", me, model="/runs/me") == done
+    assert find_self_corpus(tmp_path / "bible", me, model="/runs/me", given=done) == done
+    with pytest.raises(DistillError, match=r"mine-beam4 is not /runs/me's own greedy output \(teacher /runs/mine-beam4, "
+                                           r"beam 4\)"):
+        find_self_corpus(tmp_path / "bible", me, model="/runs/me", given=beam4)
+    corpus("mine-greedy-2", me, 1)
+    with pytest.raises(DistillError, match="2 complete corpora.*regime.distilled_dir"):
+        find_self_corpus(tmp_path / "bible", me, model="/runs/me")

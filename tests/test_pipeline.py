@@ -18,9 +18,9 @@ from conftest import REPO_ROOT, offline_env
 
 
 def run_pipeline(art, *args):
-    cmd = [sys.executable, "-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "frozen,distill", *args,
+    cmd = [sys.executable, "-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "frozen,distill,self", *args,
            f"paths.artifacts={art}", f"paths.outputs={art.parent / 'outputs'}", "distill.limit=64",
-           "pipeline.teacher_steps=50", "pipeline.regime_overrides={distill: ['steps.heads=12']}", "evaluate.max_sentences=12"]
+           "pipeline.teacher_steps=50", "pipeline.regime_overrides={distill: ['steps.heads=12'], self: ['steps.heads=8']}", "evaluate.max_sentences=12"]
     r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     return r.stdout
@@ -42,17 +42,25 @@ def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
     assert json.loads((corpus / "teacher" / "done.json").read_text())["global_step"] == 50
     assert json.loads((corpus / "base" / "done.json").read_text())["global_step"] == 40  # the base is untouched
     # distill.py distilled from it, `distill` trained on that corpus, the report compares with that teacher
-    (made,) = [m.parent for m in (corpus / "distill").glob("*/manifest.json")]
+    corpora = {json.loads(m.read_text())["beam_size"]: m.parent for m in (corpus / "distill").glob("*/manifest.json")}
+    assert len(corpora) == 2 and 1 in corpora
+    made, own = corpora[max(corpora)], corpora[1]
     manifest = json.loads((made / "manifest.json").read_text())
     assert manifest["complete"] and str(corpus / "teacher") in manifest["teacher_path"]
     distill_cfg = OmegaConf.load(corpus / "heads" / "distill-k4" / "config.yaml")
     assert distill_cfg.regime.distilled_dir == str(made)
+    # `self`: a corpus of the base's own greedy output first, then heads on it
+    own_manifest = json.loads((own / "manifest.json").read_text())
+    assert own_manifest["complete"] and own_manifest["teacher_path"].startswith(str(corpus / "base"))
+    assert "=== self-distill: done" in out
+    assert OmegaConf.load(corpus / "heads" / "self-k4" / "config.yaml").regime.distilled_dir == str(own)
+    assert json.loads((corpus / "heads" / "self-k4" / "done.json").read_text())["global_step"] == 8
     # pipeline.regime_overrides reached that regime's stage only
     assert json.loads((corpus / "heads" / "distill-k4" / "done.json").read_text())["global_step"] == 12
     assert json.loads((corpus / "heads" / "frozen-k4" / "done.json").read_text())["global_step"] == 20
     report = json.loads((corpus / "eval" / "demo-k4" / "report.json").read_text())
     assert report["teacher"]["corpus"] == str(made)
-    assert {c["name"] for c in report["checkpoints"]} == {"base", "frozen-k4", "distill-k4"}
+    assert {c["name"] for c in report["checkpoints"]} == {"base", "frozen-k4", "distill-k4", "self-k4"}
     exact = [r for r in report["rows"] if r["rule"] == "exact"]
     assert exact and all(r["agreement"] == 100.0 for r in exact)
     assert sorted(p.name for p in (corpus / "eval" / "demo-k4").glob("*.png")) == ["bleu_vs_khat.png",
@@ -65,7 +73,7 @@ def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
     assert best["path"] in (bundle / "README.md").read_text()
 
     again = run_pipeline(art)
-    for stage in ("base", "teacher", "frozen", "distill", "evaluate", "export"):
+    for stage in ("base", "teacher", "frozen", "distill", "self-distill", "self", "evaluate", "export"):
         assert f"=== {stage}: complete" in again or f"=== {stage}: report is newer" in again \
             or f"=== {stage}: bundle is newer" in again, again
     assert " done in " not in again  # nothing ran a second time

@@ -35,7 +35,7 @@ def test_groups_have_the_promised_options():
     assert set(options("strategy")) >= {"auto", "ddp", "deepspeed_zero2", "deepspeed_zero3", "fsdp"}
     assert set(options("logger")) >= {"wandb", "csv", "none"}
     assert set(options("experiment")) >= {"smoke", "demo"}
-    assert available_regimes() == ["base", "both", "distill", "finetune", "frozen"]
+    assert available_regimes() == ["base", "both", "distill", "finetune", "frozen", "self"]
     for group in GROUPS:  # every config file starts with a comment (the command that uses it)
         for p in (CONF / group).glob("*.yaml"):
             assert p.read_text().startswith("#"), p
@@ -56,8 +56,8 @@ def test_regime_and_experiment_compose_and_resolve(regime, experiment, tmp_path)
     assert c["run_dir"] == f"{tmp_path}/{c['data']['name']}/{sub}"
     if regime != "base":
         assert r.init_from == f"{tmp_path}/{c['data']['name']}/base"
-    assert r.freeze_backbone == (regime in ("frozen", "distill"))
-    assert r.source == ("distilled" if regime in ("distill", "both") else "gold")
+    assert r.freeze_backbone == (regime in ("frozen", "distill", "self"))
+    assert r.source == {"distill": "distilled", "both": "distilled", "self": "self"}.get(regime, "gold")
 
 
 def test_smoke_experiment_paths_and_sizes():
@@ -202,6 +202,6 @@ def test_train_without_regime_lists_choices():
     r = _train_py("experiment=smoke")
     assert r.returncode != 0
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "+regime={base,both,distill,finetune,frozen}" in lines[0], r.stderr
+    assert len(lines) == 1 and "+regime={base,both,distill,finetune,frozen,self}" in lines[0], r.stderr
     r = _train_py("regime=frozen")
     assert r.returncode != 0 and "+regime=" in r.stderr and len(r.stderr.strip().splitlines()) == 1

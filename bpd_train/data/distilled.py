@@ -357,6 +357,49 @@ def find_distilled_corpus(corpus_artifacts_dir: str | os.PathLike, *, split: str
     raise DistillError(f"{what} under {root}; make one with `{command}` (after the base model: `{base}`)")
 
 
+def is_greedy_output_of(manifest: dict[str, Any], teacher_sha256: str) -> bool:
+    """Was this corpus written by that model's own greedy decoding (beam 1, no sampling)?"""
+    return (manifest.get("teacher_sha256") == teacher_sha256 and int(manifest.get("beam_size") or 0) == 1
+            and float(manifest.get("temperature") or 0.0) == 0.0)
+
+
+def find_self_corpus(corpus_artifacts_dir: str | os.PathLike, teacher_sha256: str, *, model: str,
+                     given: str | os.PathLike | None = None, split: str = "train", command: str | None = None) -> Path:
+    """The complete corpus of `model`'s own greedy output (regime source `self`: heads learn exactly what exact
+    decoding will accept against) — `given` checked, else the single one under ``<corpus>/distill/``. A clear
+    DistillError naming the command that makes it otherwise."""
+    command = command or f"{suggest_command()} teacher={model} distill.beam_size=1"
+    if given is not None:
+        m = read_manifest(Path(given))
+        if not is_greedy_output_of(m, teacher_sha256):
+            raise DistillError(f"regime.distilled_dir={given} is not {model}'s own greedy output (teacher "
+                               f"{m.get('teacher_path')}, beam {m.get('beam_size')}); regime source `self` trains "
+                               f"on it: make it with `{command}`, or leave regime.distilled_dir unset")
+        if not m.get("complete"):
+            raise DistillError(f"the corpus {given} is not complete; {finish_hint(m)}")
+        return Path(given)
+    root = _distill_root(Path(corpus_artifacts_dir))
+    mine = []
+    for mpath in sorted(root.glob(f"*/{MANIFEST}")):
+        try:
+            m = read_manifest(mpath.parent)
+        except DistillError:
+            continue
+        if m.get("split") == split and is_greedy_output_of(m, teacher_sha256):
+            mine.append((mpath.parent, m))
+    complete = [d for d, m in mine if m.get("complete")]
+    if len(complete) == 1:
+        return complete[0]
+    if len(complete) > 1:
+        raise DistillError(f"{len(complete)} complete corpora of {model}'s greedy output under {root}: "
+                           f"{', '.join(map(str, complete))}; pick one with regime.distilled_dir=PATH")
+    if mine:
+        raise DistillError(f"the corpus {mine[-1][0]} of {model}'s greedy output is not complete; "
+                           f"{finish_hint(mine[-1][1])}")
+    raise DistillError(f"no corpus of {model}'s own greedy output under {root} (regime source `self`); "
+                       f"make it with `{command}`")
+
+
 def load_distilled_corpus(out_dir: str | os.PathLike):
     """The distilled corpus as a ``datasets.Dataset`` in the translation schema, where the target
     language holds the teacher translation. Columns: id, translation, teacher_ids, teacher_score, gold."""

@@ -14,7 +14,9 @@ from bpd_train import REPO_ROOT
 from bpd_train.training.losses import HEAD_LOSSES
 
 TRAINABLE = ("all", "heads")
-SOURCES = ("gold", "distilled", "mixed")
+# self: the init_from model's own greedy output (distill.py teacher=<init_from> distill.beam_size=1), what exact
+# decoding accepts proposals against (training/run.py finds that corpus)
+SOURCES = ("gold", "distilled", "mixed", "self")
 
 
 def available_regimes() -> list[str]:
@@ -26,7 +28,7 @@ def available_regimes() -> list[str]:
 class Regime:
     name: str
     trainable: str = "all"          # all | heads (backbone frozen)
-    source: str = "gold"            # gold | distilled | mixed (distilled pairs plus gold ones, see gold_share)
+    source: str = "gold"            # gold | distilled | mixed (distilled pairs plus gold ones, see gold_share) | self
     gold_share: float = 0.5         # source=mixed: the fraction of the training pairs that are gold
     init_from: str | None = None    # checkpoint / run folder / bundle the backbone comes from
     block_size: int = 1             # k of the model this regime trains
@@ -43,6 +45,9 @@ class Regime:
             raise ValueError(f"regime {self.name}: source must be one of {SOURCES}, got {self.source!r}")
         if self.source == "mixed" and not 0.0 <= float(self.gold_share) < 1.0:
             raise ValueError(f"regime {self.name}: gold_share (source=mixed) must be in [0, 1), got {self.gold_share}")
+        if self.source == "self" and not self.init_from:
+            raise ValueError(f"regime {self.name}: source=self trains on a model's own greedy output; set "
+                             f"regime.init_from to that model")
         if self.head_loss not in HEAD_LOSSES:
             raise ValueError(f"regime {self.name}: head_loss must be one of {HEAD_LOSSES}, got {self.head_loss!r}")
         if int(self.block_size) < 1:

@@ -65,6 +65,22 @@ def make_datamodule(cfg: DictConfig, regime: Regime, tokenizer: Any = None, lm_c
                          tokenizer=tokenizer)
 
 
+def self_corpus(cfg: DictConfig, regime: Regime) -> Regime:
+    """Regime source `self`: the regime, reading the corpus of its init_from model's own greedy output (made by
+    `distill.py teacher=<init_from> distill.beam_size=1`; regime.distilled_dir, when set, must be one)."""
+    from bpd_train.data.distilled import DistillError, find_self_corpus
+    from bpd_train.loading import resolve
+
+    try:
+        sha = resolve(regime.init_from).id.removeprefix("sha256:")
+        found = find_self_corpus(Path(str(cfg.paths.artifacts)) / str(cfg.data.name), sha, model=regime.init_from,
+                                 given=regime.distilled_dir)
+    except (CheckpointError, DistillError) as e:
+        raise TrainError(str(e)) from None
+    log.info("train source: %s's own greedy output, %s", regime.init_from, found)
+    return dataclasses.replace(regime, source="distilled", distilled_dir=str(found))
+
+
 # ----------------------------------------------------------------------------------------------- model
 def _make_base_hint() -> str:
     """`python train.py +regime=base ...` with this run's corpus/experiment/paths overrides."""
@@ -454,7 +470,8 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
         log.warning("%s already holds checkpoints; this fresh run replaces them (ckpt_path=last resumes)", run_dir)
 
     init, own_tok = own_tokenizer(regime, resume)
-    dm = make_datamodule(cfg, regime, tokenizer=own_tok, lm_context=lm_context(cfg, init, resume))
+    data_regime = self_corpus(cfg, regime) if regime.source == "self" else regime
+    dm = make_datamodule(cfg, data_regime, tokenizer=own_tok, lm_context=lm_context(cfg, init, resume))
     dm.prepare_data()
     dm.setup("fit")
     tokenizer = dm.tokenizer
