@@ -32,6 +32,7 @@ from bpd_train import REPO_ROOT
 from bpd_train.data.distilled import read_manifest
 
 HEAD_REGIMES = ("frozen", "finetune", "distill", "both", "self")
+PAPER_REGIMES = HEAD_REGIMES[:4]  # the default; `self` (not in the paper) where an experiment lists it
 
 
 def compose(config_name: str, overrides: list[str]):
@@ -123,11 +124,16 @@ def main(argv: list[str] | None = None) -> None:
                          "(~3 min); demo-lm / smoke-lm: the same chain for a decoder-only (Llama-architecture) model "
                          "trained from scratch on the corpus as prompt-format translation, distilled from itself")
     ap.add_argument("--k", type=int, default=4, help="block size of the heads runs")
-    ap.add_argument("--regimes", default=",".join(HEAD_REGIMES),
-                    help=f"comma-separated head regimes (default: {','.join(HEAD_REGIMES)})")
+    ap.add_argument("--regimes", default=None,
+                    help=f"comma-separated head regimes, of {','.join(HEAD_REGIMES)} (default: the experiment's "
+                         f"pipeline.regimes, else {','.join(PAPER_REGIMES)})")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every stage, e.g. paths.artifacts=/tmp/a")
     args = ap.parse_args(argv)
-    args.regimes = [r for r in args.regimes.split(",") if r]
+    own = compose("train", ["+regime=base", f"experiment={args.experiment.replace('-', '_')}", *args.overrides]).pipeline
+    if args.regimes is None:
+        args.regimes = list(own.get("regimes") or PAPER_REGIMES)
+    else:
+        args.regimes = [r for r in args.regimes.split(",") if r]
     if unknown := set(args.regimes) - set(HEAD_REGIMES):
         ap.error(f"unknown regime(s) {sorted(unknown)}; choose from {','.join(HEAD_REGIMES)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -135,7 +141,6 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("WANDB_MODE", "offline")
     common = [f"experiment={args.experiment.replace('-', '_')}", *(o for o in args.overrides
                                                                   if not o.lstrip("+~").startswith("pipeline."))]
-    own = compose("train", ["+regime=base", f"experiment={args.experiment.replace('-', '_')}", *args.overrides]).pipeline
     t0 = time.monotonic()
 
     train_stage("base", common, args.k)  # also trains (or reuses) the corpus's sentencepiece model
