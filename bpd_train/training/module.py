@@ -1,4 +1,4 @@
-"""The one LightningModule for every regime: base, frozen, finetune, distill, both.
+"""The one LightningModule for every regime: base, frozen, finetune, distill, both, self.
 
 What differs between regimes is data (bpd_train.training.regimes.Regime): which parameters train, which
 heads enter the loss and how they are weighted. The constructor takes plain Python types only, so
