@@ -64,22 +64,32 @@ def make_model(size: str, k: int = 8, head_hidden: int = 128, seed: int = 0) -> 
 PHASES = ("embed", "decoder linears", "attention", "norms/residuals", "head 1", "heads FFN", "proposal proj")
 
 
-def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len: int = 25, cached: int = 20,
-               loop_steps: int = 16, profile: bool = False):
+def step_costs(models: dict[int, BPDModel], options: DecodeOptions, reps: int = 40, src_len: int = 25,
+               cached: int = 20, loop_steps: int = 16, profile: bool = False):
     """(greedy step ms, {k: blockwise step / greedy step}, the same for the native loops: {"greedy_ms", k: ...})
     at batch 1, steps interleaved. One step through Python (model.decode + head-1 argmax + proposals), and per
     step of the native loops the decoders run (DecodeWeights.greedy_steps / block_steps, `loop_steps` steps
     per call). profile: also print where a native-loop step's time goes (csrc/linear.cpp profile()).
     A loop's blockwise step verifies lazily (head 1 only as far as proposals are accepted): random heads
-    rarely agree, so these steps mostly pay one verification pass; each accepted pair of proposals adds one."""
+    rarely agree, so these steps mostly pay one verification pass; each accepted pair of proposals adds one.
+    models: {k: a model with block_size k} (same backbone size): a k-wide step runs on a k-head model, whose
+    heads' hidden layer is k x head_hidden wide (a k = 8 model's would cost a k = 4 step twice the heads' FFN);
+    greedy steps run on the smallest."""
+    ks = sorted(models)
+    m = models[ks[0]]
     v = m.config.vocab_size
-    m.decode_options = options
     g = torch.Generator().manual_seed(1)
     src = torch.randint(4, v, (1, src_len), generator=g)
     src[0, -1] = m.config.eos_id
     with torch.inference_mode():
-        st = m.start_decoding(m.encode(src), cached + 16 + loop_steps * max(ks))
-        m.decode(st, torch.randint(4, v, (1, cached), generator=g))
+        states = {}
+        for k, mk in models.items():
+            mk.decode_options = options
+            mk._decode_cache = None
+            st_k = mk.start_decoding(mk.encode(src), cached + 16 + loop_steps * k)
+            mk.decode(st_k, torch.randint(4, v, (1, cached), generator=torch.Generator().manual_seed(2)))
+            states[k] = st_k
+        st = states[ks[0]]
         w = st.weights
 
         def greedy_step(x=torch.tensor([[5]])):
@@ -89,12 +99,13 @@ def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len:
 
         def block_step(k):
             x = torch.randint(4, v, (1, k), generator=g)
+            mk, sk = models[k], states[k]
 
             def f():
-                st.lengths = cached
-                h = m.decode(st, x)
-                w.head1_argmax(h).cpu().numpy()              # verify at the k positions
-                w.propose(h[:, 1], 1, k).cpu().numpy()        # heads 2..k at the accepted one
+                sk.lengths = cached
+                h = mk.decode(sk, x)
+                sk.weights.head1_argmax(h).cpu().numpy()              # verify at the k positions
+                sk.weights.propose(h[:, 1], 1, k).cpu().numpy()        # heads 2..k at the accepted one
             return f
         fs = {"greedy": greedy_step, **{k: block_step(k) for k in ks}}
         if w.native_loop is not None and loop_steps:
@@ -108,10 +119,11 @@ def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len:
 
             def block_loop(k):
                 x = torch.randint(4, v, (k,), generator=g).numpy()
+                mk, sk = models[k], states[k]
 
                 def f():
-                    st.lengths = cached
-                    w.block_steps(m, st, x, 10 ** 6, loop_steps, eos=-1)
+                    sk.lengths = cached
+                    sk.weights.block_steps(mk, sk, x, 10 ** 6, loop_steps, eos=-1)
                 return f
             fs.update({"loop greedy": greedy_loop, **{("loop", k): block_loop(k) for k in ks}})
         times = {n: [] for n in fs}
@@ -152,8 +164,8 @@ def step_costs(m: BPDModel, ks, options: DecodeOptions, reps: int = 40, src_len:
 def bench_steps(sizes, threads, reps, profile=False, dtypes=("fp32",)):
     rows = []
     for size in sizes:
-        m = make_model(size)
-        draft = tuple(range(m.config.vocab_size // 4))
+        models = {k: make_model(size, k) for k in (2, 4, 8)}  # a k-wide step on a k-head model
+        draft = tuple(range(models[2].config.vocab_size // 4))
         for t, dt, engine in [(t, dt, e) for t in threads for dt in dtypes for e in ("native", "torch")]:
             torch.set_num_threads(t)
             if engine == "native" and native_kernels() is None:
@@ -165,9 +177,7 @@ def bench_steps(sizes, threads, reps, profile=False, dtypes=("fp32",)):
                 if engine == "torch" and label != "full":
                     continue
                 with _engine(engine):
-                    m._decode_cache = None
-                    gms, ratio, loop = step_costs(m, (2, 4, 8), opts, reps=reps,
-                                                  profile=profile and engine == "native")
+                    gms, ratio, loop = step_costs(models, opts, reps=reps, profile=profile and engine == "native")
                 row = dict(size=size, threads=t, dtype=dt, engine=engine, proposals=label, greedy_ms=round(gms, 3),
                            **{f"k{k}": round(r, 2) for k, r in ratio.items()})
                 rows.append(row)
