@@ -173,8 +173,10 @@ def bench_steps(sizes, threads, reps, profile=False, dtypes=("fp32",)):
             if engine == "torch" and dt != "fp32":    # torch's path is the fp32 "before" row only
                 continue
             for label, opts in (("full", DecodeOptions(dtype=dt)),
-                                ("draft V/4", DecodeOptions(dtype=dt, draft_vocab=draft))):
-                if engine == "torch" and label != "full":
+                                ("draft V/4", DecodeOptions(dtype=dt, draft_vocab=draft)),
+                                ("draft V/4 + int8 proposals", DecodeOptions(dtype=dt, draft_vocab=draft,
+                                                                             proposal_dtype="int8"))):
+                if engine == "torch" and label != "full" or dt == "int8" and "int8 proposals" in label:
                     continue
                 with _engine(engine):
                     gms, ratio, loop = step_costs(models, opts, reps=reps, profile=profile and engine == "native")
@@ -419,6 +421,9 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
         md = copy.deepcopy(m)  # its own packed weights: switching options on one model would repack every call
         m.decode_options = DecodeOptions(dtype=dtype)
         md.decode_options = DecodeOptions(dtype=dtype, draft_vocab=draft_vocabulary(sp, draft_vocab, c.eos_id))
+        mp = copy.deepcopy(m)  # the draft vocabulary with int8 proposals (head 1 still verifies in `dtype`)
+        mp.decode_options = DecodeOptions(dtype=dtype, draft_vocab=draft_vocabulary(sp, draft_vocab, c.eos_id),
+                                          proposal_dtype="int8")
         step = max(1, len(lines) // n_sent)
         srcs = sorted((sp.encode(t, out_type=int)[: c.max_positions - 1] + [c.eos_id] for t in lines[::step][:n_sent]),
                       key=len)
@@ -427,7 +432,9 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
                "plain": lambda s: blockwise(m, s, max_len=ml),
                "adaptive": lambda s: blockwise(m, s, max_len=ml, adaptive=True),
                f"draft {draft_vocab}": lambda s: blockwise(md, s, max_len=ml),
-               f"draft {draft_vocab} adaptive": lambda s: blockwise(md, s, max_len=ml, adaptive=True)}
+               f"draft {draft_vocab} adaptive": lambda s: blockwise(md, s, max_len=ml, adaptive=True),
+               f"draft {draft_vocab} int8 proposals": lambda s: blockwise(mp, s, max_len=ml),
+               f"draft {draft_vocab} int8 proposals adaptive": lambda s: blockwise(mp, s, max_len=ml, adaptive=True)}
         if mf is not None:
             fns["greedy fp32"] = lambda s: greedy(mf, s, max_len=ml)
         for bs in batch_sizes:

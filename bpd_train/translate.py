@@ -70,6 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="fp32", help="decode-step weights: fp32 (default) | bf16 | int8")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="heads 2..k propose among the N most frequent tokens (output unchanged)")
+    p.add_argument("--proposal-dtype", default=None, metavar="DTYPE",
+                   help="heads 2..k and their projection alone in bf16 | int8: cheaper proposals, output unchanged "
+                        "(head 1 verifies in --dtype)")
     p.add_argument("--adaptive", action="store_true", help="feed only proposals whose heads pay (output unchanged)")
     p.add_argument("--errors", choices=("strict", "replace"), default="strict",
                    help="input that is not UTF-8: strict (default) leaves that line's output empty, translates the "
@@ -119,7 +122,7 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
         rule = parse_rule(args.accept)
         max_len = max_len_arg(args.max_new_tokens if args.max_new_tokens is not None else list(args.max_len))
         text = _lm_text(args, loaded) if loaded.is_lm else _mt_text(args, sp, cfg)
-        model.decode_options = decode_options(sp, cfg.eos_id, args.dtype, args.draft_vocab)
+        model.decode_options = decode_options(sp, cfg.eos_id, args.dtype, args.draft_vocab, args.proposal_dtype)
     except USER_ERRORS as e:
         return report(e, stderr)
     use_blockwise = not args.greedy and k > 1
@@ -199,9 +202,9 @@ def _lm_text(args, loaded):
     from bpd_train.evaluation.decode import EvalError, LMText
 
     tok = loaded.lm_tokenizer()
-    if args.draft_vocab or args.dtype != "fp32":
+    if args.draft_vocab or args.dtype != "fp32" or args.proposal_dtype:
         raise EvalError("decoder-only models decode in fp32 over the full vocabulary for now (no --dtype "
-                        f"{args.dtype} / --draft-vocab)")
+                        f"{args.dtype} / --draft-vocab / --proposal-dtype)")
     if args.chat and args.langs:
         raise EvalError("--chat and --langs exclude each other: a line is either a chat message or a source sentence")
     if args.chat and not tok.has_chat_template:

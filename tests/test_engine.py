@@ -102,7 +102,9 @@ def test_decode_weights_are_rebuilt_when_weights_change():
 
 
 @pytest.mark.parametrize("options", [DecodeOptions(dtype="bf16"), DecodeOptions(dtype="int8"),
-                                     DecodeOptions(draft_vocab=(2, 3, 4)), DecodeOptions(dtype="int8", draft_vocab=(2, 3, 4, 5))])
+                                     DecodeOptions(draft_vocab=(2, 3, 4)), DecodeOptions(dtype="int8", draft_vocab=(2, 3, 4, 5)),
+                                     DecodeOptions(proposal_dtype="int8"), DecodeOptions(proposal_dtype="bf16"),
+                                     DecodeOptions(draft_vocab=(2, 3, 4, 5), proposal_dtype="int8")])
 def test_exact_blockwise_equals_greedy_of_the_same_precision_and_draft_vocabulary(options):
     accepted = 0.0
     for k, seed, batch in [(2, 1, 1), (4, 2, 5), (6, 3, 16), (8, 4, 1)]:
@@ -114,6 +116,26 @@ def test_exact_blockwise_equals_greedy_of_the_same_precision_and_draft_vocabular
         assert r.tokens == g.tokens, f"k={k} seed={seed} {options}"
         accepted = max(accepted, r.mean_accepted)
     assert accepted > 1.2                                            # the heads' proposals were really accepted
+
+
+def test_low_precision_proposals_change_only_the_proposals():
+    """proposal_dtype: heads 2..k and their projection in int8, head 1 (the output) in fp32 -- greedy's fp32
+    tokens, with proposals that are the int8 path's (they differ from fp32 proposals somewhere)."""
+    m = random_model(4, seed=7, eos_bias=1.5)
+    src = random_sources(8, seed=7)
+    g = greedy(m, src, max_len=(1.5, 4)).tokens
+    h = torch.randn(64, m.config.d_model)
+    w32 = m.decode_weights()
+    fp32_states, fp32_props = w32.states(h, 1, 4), w32.propose(h, 1, 4)
+    m.decode_options = DecodeOptions(proposal_dtype="int8")
+    w = m.decode_weights()
+    assert w.proj.mode == w32.proj.mode and w.prop_proj is not w.proj and w.prop_proj.mode != w.proj.mode
+    int8_states = w.states(h, 1, 4)
+    assert not torch.equal(int8_states, fp32_states) and torch.allclose(int8_states, fp32_states, atol=0.05)
+    assert (w.propose(h, 1, 4) == fp32_props).float().mean() > 0.8
+    r = blockwise(m, src, max_len=(1.5, 4))
+    assert r.tokens == g and r.mean_accepted > 1.0
+    assert greedy(m, src, max_len=(1.5, 4)).tokens == g                 # greedy never reads the proposal path
 
 
 def test_draft_vocabulary_restricts_proposals_but_not_the_output():

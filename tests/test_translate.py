@@ -36,6 +36,8 @@ def test_round_trip_equals_greedy(bundle):
     assert "k̂=" in err and "blockwise k=4 exact" in err and "sent/s" in err
     rc, greedy_out, err = _run(args + ["--greedy", "--batch-size", "2"], text)
     assert rc == 0 and greedy_out == blockwise_out and "greedy" in err
+    rc, int8_props_out, err = _run(args + ["--proposal-dtype", "int8", "--draft-vocab", "50", "--batch-size", "1"], text)
+    assert rc == 0 and int8_props_out == greedy_out                 # cheaper proposals, the same fp32 output
     rc, top2_out, err = _run(args + ["--accept", "top2", "--block-size", "2", "--batch-size", "8"], text)
     assert rc == 0 and len(top2_out.split("\n")) == len(lines) + 1 and "blockwise k=2 top2" in err
 
@@ -43,6 +45,8 @@ def test_round_trip_equals_greedy(bundle):
 def test_bad_arguments(bundle, tmp_path):
     rc, out, err = _run(["--bundle", str(bundle), "--block-size", "9"], "hello\n")
     assert rc == 2 and out == "" and err.count("\n") == 1 and "block size 9 is above the k = 4 heads" in err
+    rc, out, err = _run(["--bundle", str(bundle), "--proposal-dtype", "fp8"], "hello\n")
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "fp8" in err
     rc, _, err = _run(["--bundle", str(bundle), "--accept", "sometimes"], "hello\n")
     assert rc == 2 and "unknown acceptance rule" in err
     rc, _, err = _run(["--bundle", str(tmp_path / "missing")], "hello\n")

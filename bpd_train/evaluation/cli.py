@@ -126,6 +126,7 @@ def run_evaluate(cfg: DictConfig) -> Path:
                             max_len=_plain(d.max_len), warmup=int(e.warmup), device=str(e.device),
                             progress=bool(e.progress), dtype=str(d.get("dtype", "fp32")),
                             draft_vocab=_plain(d.get("draft_vocab")), adaptive=_plain(d.get("adaptive", False)),
+                            proposal_dtype=_plain(d.get("proposal_dtype")),
                             max_bleu_drop=float(e.get("max_bleu_drop", 1.0)))
     inputs = _plain(e.inputs)
     if isinstance(inputs, str):

@@ -62,11 +62,13 @@ def draft_vocabulary(sp, n, eos_id: int) -> tuple[int, ...] | None:
     return tuple(sorted(set(ids[:n]) | {int(eos_id)}))
 
 
-def decode_options(sp, eos_id: int, dtype: str = "fp32", draft_vocab=None):
-    """DecodeOptions from config values (decode.dtype, decode.draft_vocab); bad values are EvalErrors."""
+def decode_options(sp, eos_id: int, dtype: str = "fp32", draft_vocab=None, proposal_dtype=None):
+    """DecodeOptions from config values (decode.dtype, decode.draft_vocab, decode.proposal_dtype); bad values are
+    EvalErrors."""
     from bpd_train.model.packed import DecodeOptions
     try:
-        return DecodeOptions(dtype=str(dtype), draft_vocab=draft_vocabulary(sp, draft_vocab, eos_id))
+        return DecodeOptions(dtype=str(dtype), draft_vocab=draft_vocabulary(sp, draft_vocab, eos_id),
+                             proposal_dtype=None if proposal_dtype in (None, "", "null") else str(proposal_dtype))
     except ValueError as e:
         raise EvalError(str(e)) from e
 

@@ -45,6 +45,7 @@ class EvalSettings:
     progress: bool = True
     dtype: str = "fp32"                           # decode-step weights: fp32 | bf16 | int8
     draft_vocab: int | None = None                # heads 2..k propose among the N most frequent tokens
+    proposal_dtype: str | None = None             # heads 2..k and their projection: fp32 | bf16 | int8 (None: dtype)
     adaptive: bool | float = False                # feed only proposals whose heads pay (threshold)
 
     def __post_init__(self) -> None:
@@ -146,12 +147,14 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     ks = check_block_sizes(settings.block_sizes, cfg.block_size, f"{name} ({loaded.source})")
     rules = [(r, parse_rule(r)) for r in settings.rules]
     if getattr(loaded, "is_lm", False):
-        if settings.draft_vocab:
-            raise EvalError(f"{name}: draft_vocab is not available for decoder-only models (decode.draft_vocab=null)")
+        if settings.draft_vocab or settings.proposal_dtype:
+            raise EvalError(f"{name}: draft_vocab / proposal_dtype are not available for decoder-only models "
+                            "(decode.draft_vocab=null decode.proposal_dtype=null)")
         text = LMText(loaded.lm_tokenizer(), langs[0], langs[1], cfg.max_positions)
     else:
         text = SpmText(loaded.tokenizer(), cfg.eos_id, cfg.pad_id, cfg.max_positions)
-    model.decode_options = decode_options(text.sp, cfg.eos_id, settings.dtype, settings.draft_vocab)
+    model.decode_options = decode_options(text.sp, cfg.eos_id, settings.dtype, settings.draft_vocab,
+                                          settings.proposal_dtype)
     src_ids = [text.source_ids(s) for s in sources]
     max_len = max_len_arg(settings.max_len)
     hyp_dir = out_dir / "hyp" / _safe(name)
@@ -167,6 +170,7 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     entry = {"name": name, "path": str(loaded.source), "regime": regime, "k": cfg.block_size,
              "identity_p1": cfg.identity_p1, "tokenizer_hash": loaded.tokenizer_hash, "truncated_sources": 0,
              "greedy": {"by_batch_size": {}}, "decode": {"dtype": settings.dtype, "draft_vocab": settings.draft_vocab,
+                                                          "proposal_dtype": settings.proposal_dtype,
                                                           "adaptive": settings.adaptive, "engine": engine_name()},
              **(extra or {})}
     rows: list[dict] = []

@@ -11,6 +11,10 @@ vocabulary): the key holds every parameter's storage pointer and in-place versio
   draft_vocab  None, or the ids heads 2..k may propose (e.g. the N most frequent target tokens). Head 1
                always verifies over the full vocabulary, so the output stays exact; a proposal pass over
                N of V tokens reads N/V of the projection (EAGLE-3's draft vocabulary idea).
+  proposal_dtype  None (= dtype), or the precision of the proposal path alone: heads 2..k's FFN and the
+               proposal projection. Proposals only decide what head 1 verifies (in `dtype`), so any precision
+               keeps the output that of greedy decoding in `dtype`; "int8" reads a quarter of the bytes. (Models
+               whose head 1 is not the untouched original path keep `dtype` for the heads.)
 """
 from __future__ import annotations
 
@@ -28,9 +32,12 @@ from bpd_train.model.fastlinear import PackedLinear, check_dtype
 class DecodeOptions:
     dtype: str = "fp32"
     draft_vocab: tuple[int, ...] | None = None
+    proposal_dtype: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", check_dtype(self.dtype))
+        if self.proposal_dtype is not None:
+            object.__setattr__(self, "proposal_dtype", check_dtype(self.proposal_dtype))
         if self.draft_vocab is not None:
             ids = tuple(sorted({int(i) for i in self.draft_vocab}))
             if not ids:
@@ -102,6 +109,8 @@ class DecodeWeights:
         self.k = model.config.block_size
         self.d = model.config.d_model
         self.identity_p1 = heads is None or heads.identity_p1
+        # heads 2..k and the projection they propose through (never the output: head 1 verifies in dt)
+        self.pdt = (options.proposal_dtype or dt) if self.identity_p1 else dt
         self.heads = heads
         self._slots: dict[tuple[int, int], tuple[PackedLinear, PackedLinear]] = {}
         self.stats: dict = {}  # decoders' statistics about these weights (e.g. heads' acceptance rates)
@@ -114,7 +123,11 @@ class DecodeWeights:
                 raise ValueError(f"draft_vocab holds ids outside the vocabulary (size {self.vocab_size})")
             self.draft_ids = ids
             self.draft_proj = PackedLinear(emb.detach().index_select(0, ids),
-                                           bias.index_select(0, ids) if bias is not None else None, dt)
+                                           bias.index_select(0, ids) if bias is not None else None, self.pdt)
+        # the projection proposals are made with: the draft's, else head 1's own unless proposals have their
+        # own precision
+        self.prop_proj = self.draft_proj or (self.proj if self.pdt == dt or heads is None
+                                             else PackedLinear(emb, bias, self.pdt))
 
         # Head 1's logits in block_steps' lazy verification, this many positions per pass: where the projection
         # is read from cache (demo size: 4000 x 128), 2 rows cost one row's pass (27 us) and more rows cost
@@ -154,7 +167,7 @@ class DecodeWeights:
             hd = self.heads
             s0, s1, d = hd.slot(lo), hd.slot(hi), self.d
             fc1, fc2 = hd.fc1._parameters, hd.fc2._parameters
-            dt = self.options.dtype
+            dt = self.pdt
             got = self._slots[key] = (PackedLinear(fc1["weight"], fc1["bias"], dt),
                                       PackedLinear(fc2["weight"][s0 * d:s1 * d], fc2["bias"][s0 * d:s1 * d], dt))
         return got
@@ -241,7 +254,7 @@ class DecodeWeights:
         if self.native_loop is None or self.heads is None or w < 2 or max_steps < 1:
             return None
         f1, f2 = self._head_ffn(1, w)
-        draft = self.draft_proj if self.draft_proj is not None else self.proj
+        draft = self.prop_proj
         if draft.lin is None:
             return None
         _, nw, nb, eps = self.norm
@@ -255,7 +268,7 @@ class DecodeWeights:
     def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
         """Argmax tokens of heads lo..hi-1 (lo >= 1): h [...,D] -> ids [...,hi-lo], over the draft vocabulary
         when one is set. Proposals only decide what is verified, never the output."""
-        proj = self.proj if self.draft_proj is None else self.draft_proj
+        proj = self.prop_proj
         ext = proj.native
         if ext is not None and lo >= 1 and self.norm is not None:
             f1, f2 = self._head_ffn(lo, hi)
@@ -263,7 +276,7 @@ class DecodeWeights:
             return ext.propose(h, f1.lin, f2.lin, hi - lo, w, b, eps, proj.lin, self.draft_ids)
         s = self.final_norm(self.states(h, lo, hi))
         if self.draft_proj is None:
-            return self.proj(s).argmax(-1)
+            return self.prop_proj(s).argmax(-1)
         return self.draft_ids[self.draft_proj(s).argmax(-1)]
 
 
