@@ -16,7 +16,9 @@ The teacher: by default the base model itself. An experiment that sets `pipeline
 gets a stronger teacher, as in the paper (a bigger model there): the base run trained on to N steps in its own run
 folder (<corpus>/teacher; the same run resumed, so it shares the base's first steps and costs only the extra ones).
 The heads regimes still start from the base model; `distill` and `both` learn from the teacher's beam output, and
-the report compares every run with the teacher.
+the report compares every run with the teacher. `self` (where `pipeline.regimes` or --regimes lists it) starts from
+the base, or from the run of `pipeline.self_from` (the demo: `both`, whose heads it retrains on that model's own
+greedy output).
 """
 from __future__ import annotations
 
@@ -136,6 +138,11 @@ def main(argv: list[str] | None = None) -> None:
         args.regimes = [r for r in args.regimes.split(",") if r]
     if unknown := set(args.regimes) - set(HEAD_REGIMES):
         ap.error(f"unknown regime(s) {sorted(unknown)}; choose from {','.join(HEAD_REGIMES)}")
+    self_from = own.get("self_from")
+    if "self" in args.regimes and self_from and (self_from not in args.regimes or self_from == "self"
+                                                 or args.regimes.index(self_from) > args.regimes.index("self")):
+        ap.error(f"pipeline.self_from={self_from}: `self` starts from that regime's run, so it must be one of the "
+                 f"regimes trained before `self` (--regimes {','.join(args.regimes)})")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("WANDB_MODE", "offline")
@@ -156,6 +163,9 @@ def main(argv: list[str] | None = None) -> None:
     for regime in args.regimes:
         extra = list((own.get("regime_overrides") or {}).get(regime) or [])
         if regime == "self":  # heads on their model's own greedy output: that corpus first
+            if self_from:
+                corpus_dir = Path(compose("train", ["+regime=base", *common]).run_dir).parent
+                extra.append(f"regime.init_from={corpus_dir / 'heads' / f'{self_from}-k{args.k}'}")
             extra += self_corpus_stage(common, extra)
         train_stage(regime, common + extra + (corpus_overrides if regime in ("distill", "both") else []), args.k)
 

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 from omegaconf import OmegaConf
 
 from bpd_train.evaluation.report import choose_best
@@ -20,7 +21,7 @@ from conftest import REPO_ROOT, offline_env
 def run_pipeline(art, *args):
     cmd = [sys.executable, "-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "frozen,distill,self", *args,
            f"paths.artifacts={art}", f"paths.outputs={art.parent / 'outputs'}", "distill.limit=64",
-           "pipeline.teacher_steps=50", "pipeline.regime_overrides={distill: ['steps.heads=12'], self: ['steps.heads=8']}", "evaluate.max_sentences=12"]
+           "pipeline.teacher_steps=50", "pipeline.self_from=distill", "pipeline.regime_overrides={distill: ['steps.heads=12'], self: ['steps.heads=8']}", "evaluate.max_sentences=12"]
     r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     return r.stdout
@@ -49,11 +50,12 @@ def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
     assert manifest["complete"] and str(corpus / "teacher") in manifest["teacher_path"]
     distill_cfg = OmegaConf.load(corpus / "heads" / "distill-k4" / "config.yaml")
     assert distill_cfg.regime.distilled_dir == str(made)
-    # `self`: a corpus of the base's own greedy output first, then heads on it
+    # `self` from `distill` (pipeline.self_from): a corpus of that run's own greedy output first, then heads on it
     own_manifest = json.loads((own / "manifest.json").read_text())
-    assert own_manifest["complete"] and own_manifest["teacher_path"].startswith(str(corpus / "base"))
+    assert own_manifest["complete"] and own_manifest["teacher_path"].startswith(str(corpus / "heads" / "distill-k4"))
     assert "=== self-distill: done" in out
-    assert OmegaConf.load(corpus / "heads" / "self-k4" / "config.yaml").regime.distilled_dir == str(own)
+    self_cfg = OmegaConf.load(corpus / "heads" / "self-k4" / "config.yaml")
+    assert self_cfg.regime.distilled_dir == str(own) and self_cfg.regime.init_from == str(corpus / "heads" / "distill-k4")
     assert json.loads((corpus / "heads" / "self-k4" / "done.json").read_text())["global_step"] == 8
     # pipeline.regime_overrides reached that regime's stage only
     assert json.loads((corpus / "heads" / "distill-k4" / "done.json").read_text())["global_step"] == 12
@@ -77,3 +79,15 @@ def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
         assert f"=== {stage}: complete" in again or f"=== {stage}: report is newer" in again \
             or f"=== {stage}: bundle is newer" in again, again
     assert " done in " not in again  # nothing ran a second time
+
+
+def test_self_from_must_be_a_regime_trained_before_self(tmp_path, capsys):
+    from bpd_train.pipeline import main
+
+    for regimes, self_from in (("frozen,self", "both"), ("self,both", "both")):
+        with pytest.raises(SystemExit) as e:
+            main(["--experiment", "smoke", "--regimes", regimes, f"pipeline.self_from={self_from}",
+                  f"paths.artifacts={tmp_path}"])
+        assert e.value.code == 2
+        assert f"pipeline.self_from={self_from}" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before any stage ran

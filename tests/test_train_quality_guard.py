@@ -15,8 +15,8 @@
    4.75), and its best.ckpt is its latest (the gold val/loss rose while BLEU and k-hat rose, so a monitored best
    stayed at step 250). The pipeline's use of these settings is tested in tests/test_pipeline.py.
 5. k-hat: heads trained on their own model's greedy output (regime `self`) accept more than heads trained on gold
-   (frozen 1.30 -> 1.61-1.65 at the base's BLEU) or on the teacher's output (distill 1.37); make demo trains it
-   too, from the base."""
+   (frozen 1.30 -> 1.61-1.65 at the base's BLEU) or on the teacher's output (distill 1.37); make demo trains
+   `both` 1000 steps and retrains its heads that way (k-hat 2.08 -> 2.21-2.24 at 8.42 BLEU)."""
 from __future__ import annotations
 
 import pytest
@@ -101,7 +101,7 @@ def test_demo_distils_from_a_stronger_teacher_and_trains_both_longer():
     both = list(demo.pipeline.regime_overrides.both)
     assert "loss.p1_weight=null" in both
     steps = [int(o.split("=")[1]) for o in both if o.startswith("steps.heads=")]
-    assert steps and steps[0] >= 2 * demo.steps.heads
+    assert steps and steps[0] >= 4 * demo.steps.heads  # 1000: BLEU 8.42 / k-hat 2.08 vs 7.54 / 2.05 at 500
     assert set(demo.pipeline.regime_overrides) == {"both"}  # the other regimes keep the demo's budget
     assert train_cfg("base", None).pipeline.teacher_steps is None  # elsewhere the base model stays the teacher
 
@@ -115,6 +115,8 @@ def test_regimes_on_teacher_output_keep_their_latest_checkpoint(regime, monitor)
 def test_demo_trains_heads_on_the_models_own_output_too():
     demo = train_cfg("self", "demo")
     assert list(demo.pipeline.regimes) == ["frozen", "finetune", "distill", "both", "self"]
+    assert demo.pipeline.self_from == "both"  # both's heads retrained on both's own output (k-hat 2.08 -> 2.21)
     assert demo.regime.source == "self" and demo.regime.trainable == "heads" and demo.checkpoint.monitor is None
     assert demo.regime.init_from == f"{demo.paths.artifacts}/{demo.data.name}/base"
     assert train_cfg("base", None).pipeline.regimes is None  # elsewhere: the paper's four
+    assert train_cfg("base", None).pipeline.self_from is None
