@@ -44,6 +44,18 @@ def run_train(*overrides: str, artifacts: Path, timeout: float = 600, check: boo
     return r
 
 
+def copy_smoke_base(smoke_base: tuple[Path, Path], art: Path) -> Path:
+    """A private artifacts folder `art` with the session's smoke tokenizer and base run (the shared one stays
+    read-only); returns its corpus folder (<art>/<data.name>)."""
+    import shutil
+
+    _, base = smoke_base
+    corpus = art / base.parent.name
+    shutil.copytree(base.parent / "spm", corpus / "spm")
+    shutil.copytree(base, corpus / "base", ignore=shutil.ignore_patterns("logs"))
+    return corpus
+
+
 @pytest.fixture(scope="session")
 def smoke_base(tmp_path_factory) -> tuple[Path, Path]:
     """One `train.py +regime=base experiment=smoke` run for the whole session: (artifacts_dir, base_run_dir).

@@ -7,7 +7,6 @@ distill -> evaluate -> export.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from bpd_train.evaluation.report import choose_best
-from conftest import REPO_ROOT, offline_env
+from conftest import REPO_ROOT, copy_smoke_base, offline_env
 
 
 def run_pipeline(art, *args):
@@ -28,11 +27,8 @@ def run_pipeline(art, *args):
 
 
 def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
-    _, base = smoke_base
     art = tmp_path / "artifacts"
-    corpus = art / base.parent.name
-    shutil.copytree(base.parent / "spm", corpus / "spm")
-    shutil.copytree(base, corpus / "base", ignore=shutil.ignore_patterns("logs"))
+    corpus = copy_smoke_base(smoke_base, art)
 
     out = run_pipeline(art)
     assert "=== base: complete" in out  # the finished base run is reused, not retrained

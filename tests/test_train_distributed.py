@@ -12,7 +12,7 @@ import torch
 
 from bpd_train.checkpoint import read_checkpoint
 from bpd_train.training.module import mix_seed
-from conftest import REPO_ROOT, offline_env, run_train
+from conftest import REPO_ROOT, copy_smoke_base, offline_env, run_train
 
 K = 4
 
@@ -27,11 +27,8 @@ def test_ddp_two_processes_on_cpu(smoke_base, tmp_path):
     """finetune with the paper's random head: ranks draw the same head, also head 1 (which leaves the BPD
     layer unused -- DDP would hang or fail without the zero-weighted touch). With word-level distillation for
     head 1 (loss.kd_weight): each rank's frozen teacher stays outside what DDP wraps and synchronises."""
-    _, base = smoke_base
     art = tmp_path / "art"
-    corpus = art / base.parent.name
-    shutil.copytree(base.parent / "spm", corpus / "spm")
-    shutil.copytree(base, corpus / "base", ignore=shutil.ignore_patterns("logs"))
+    corpus = copy_smoke_base(smoke_base, art)
     steps = 6
     r = run_train("+regime=finetune", "experiment=smoke", "strategy=ddp", "trainer.devices=2", "loss.kd_weight=0.5",
                   f"trainer.max_steps={steps}", "trainer.val_check_interval=3", f"seed={_seed_drawing_head1(steps)}",

@@ -1,7 +1,6 @@
 """Regime `self` (heads on the init_from model's own greedy output) through the real entry points at smoke size."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
@@ -10,15 +9,12 @@ import torch
 from bpd_train.checkpoint import read_checkpoint
 from bpd_train.data.distilled import read_manifest
 from bpd_train.loading import load as load_model
-from conftest import REPO_ROOT, offline_env, run_train
+from conftest import REPO_ROOT, copy_smoke_base, offline_env, run_train
 
 
 def test_self_regime_asks_for_then_trains_on_its_models_greedy_output(smoke_base, tmp_path):
-    art0, base0 = smoke_base
     art = tmp_path / "art"
-    corpus = art / base0.parent.name
-    shutil.copytree(base0.parent / "spm", corpus / "spm")
-    shutil.copytree(base0, corpus / "base", ignore=shutil.ignore_patterns("logs"))
+    corpus = copy_smoke_base(smoke_base, art)
 
     # no corpus of the base's greedy output yet: one line, exit 2, with the command that makes it
     r = run_train("+regime=self", "experiment=smoke", artifacts=art, check=False)
