@@ -84,6 +84,8 @@ static inline void keep(vf& v) { asm("" : "+x"(v.lo), "+x"(v.hi)); }
 #error "bpd_train native decode kernels need AVX2+FMA or AVX-512 (the Python side falls back to torch)"
 #endif
 
+#if defined(__AVX512F__)
+constexpr int XW = 1;        // floats per activation in the buffer the kernels read
 // One register block: rows x[0..R) times one packed block of NB weight rows ([K][NB] floats). Output lane
 // (i, n) accumulates x[i,k] * w[n,k] over k = 0..K-1 in order with one FMA each: the same sequence for
 // every row whatever R, so results never depend on the batch a row is decoded in.
@@ -139,6 +141,65 @@ static inline void half_block(const float* x, int64_t K, const W* w, float* out 
   }
 }
 
+#else  // AVX2
+// 16 ymm registers cannot hold the AVX-512 form's R x 4 accumulators of 16 lanes (8 ymm per row, plus 8 for the kept
+// weights): everything spilled, and on an AVX2-only EPYC a 4-row pass cost 2.7x a 1-row pass. So AVX2 builds pack
+// each block of 64 weight rows as 4 sub-blocks of 16 ([4][K][16], pack()), and the kernels run S sub-blocks at a
+// time over their rows: R*S*2 accumulators + R activations + the weight vectors <= 16 registers, every weight
+// stream read front to back (passes over the strided lanes of a [K][64] block ran at L3 latency: the demo's
+// decoder linears got slower). Rows arrive pre-broadcast where there are several (run_mode: [M][K][8] floats), a
+// plain load per row and k: a vbroadcastss per row and k took FMA-unit slots (demo-size projection, 4 rows:
+// 226 -> 154 us). Output lane (i, n) is still x[i,k] * w[n,k] accumulated over k = 0..K-1 in order, one FMA each,
+// from zero: bit-identical to the AVX-512 build and whatever the number of rows.
+constexpr int XW = 8;        // floats per activation in the buffer the kernels read (pre-broadcast)
+constexpr int SB = 16;       // weight rows per sub-block
+static inline __m256 w8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 w8(const uint16_t* p) { return bf8(p); }
+static inline __m256 w8(const int8_t* p) { return i8x8(p); }
+
+// R rows times sub-blocks s0..s0+S-1 of one packed block; XB: rows pre-broadcast (else one plain row, broadcast here)
+template <int R, int S, typename W, bool XB = true>
+static inline void subs(const float* x, int64_t K, const W* w, float* out, int s0) {
+  __m256 acc[R][S][2];
+  for (int i = 0; i < R; i++)
+    for (int s = 0; s < S; s++) acc[i][s][0] = acc[i][s][1] = _mm256_setzero_ps();
+  const W* ws[S];
+  for (int s = 0; s < S; s++) ws[s] = w + (int64_t)(s0 + s) * SB * K;
+  for (int64_t k = 0; k < K; k++) {
+    __m256 xb[R];
+    for (int i = 0; i < R; i++) xb[i] = XB ? _mm256_loadu_ps(x + (i * K + k) * XW) : _mm256_broadcast_ss(x + k);
+    for (int s = 0; s < S; s++) {
+      for (int h = 0; h < 2; h++) {
+        const __m256 wv = w8(ws[s] + k * SB + h * 8);
+        for (int i = 0; i < R; i++) acc[i][s][h] = _mm256_fmadd_ps(xb[i], wv, acc[i][s][h]);
+      }
+    }
+  }
+  for (int i = 0; i < R; i++)
+    for (int s = 0; s < S; s++)
+      for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + i * NB + (s0 + s) * SB + h * 8, acc[i][s][h]);
+}
+
+template <int R, typename W>
+static inline void block(const float* xe, int64_t K, const W* w, float* out /* [R][NB] */) {
+  static_assert(R >= 1 && R <= MB, "row groups of 1..4");
+  constexpr int S = R == 1 ? 4 : R == 2 ? 2 : 1;
+  for (int s0 = 0; s0 < NB / SB; s0 += S) subs<R, S>(xe, K, w, out, s0);
+}
+
+// A lone row (M = 1: greedy, the proposals) as it comes: one broadcast per 8 FMAs costs less than the buffer
+template <typename W>
+static inline void block_one(const float* x, int64_t K, const W* w, float* out) {
+  subs<1, 4, W, false>(x, K, w, out, 0);
+}
+
+// 5-8 rows: 4 rows, then the rest (the block's bytes are in L1/L2 by then)
+template <int R, typename W>
+static inline void half_block(const float* xe, int64_t K, const W* w, float* out /* [R][NB] */, const W*) {
+  block<4>(xe, K, w, out);
+  block<R - 4>(xe + 4 * K * XW, K, w, out + 4 * NB);
+}
+#endif
 
 #if defined(__AVX512BF16__)
 #define BPD_BF16_DOT 1
@@ -256,8 +317,15 @@ static inline void half_block_id(const uint32_t* x, int64_t K4, const int8_t* w,
 // pairs), which is also the activation row stride (in X) and the block stride / NB (in W elements, times Wk).
 template <typename W> struct FmaKern {
   using X = float; using WT = W;
+  static constexpr int xw = XW;                          // X elements per activation (AVX2: pre-broadcast)
   static int64_t stride(int64_t K) { return NB * K; }   // W elements per packed block
-  template <int R> static void blk(const X* x, int64_t K, const W* w, float* o) { block<R>(x, K, w, o); }
+#if defined(__AVX512F__)
+  template <int R> static void blk(const X* x, int64_t K, const W* w, float* o, const W*) { block<R>(x, K, w, o); }
+  static void one(const X* x, int64_t K, const W* w, float* o, const W*) { block<1>(x, K, w, o); }
+#else
+  template <int R> static void blk(const X* x, int64_t K, const W* w, float* o, const W*) { block<R>(x, K, w, o); }
+  static void one(const X* x, int64_t K, const W* w, float* o, const W*) { block_one(x, K, w, o); }
+#endif
   template <int R> static void half(const X* x, int64_t K, const W* w, float* o, const W* nx) {
     half_block<R>(x, K, w, o, nx);
   }
@@ -265,8 +333,10 @@ template <typename W> struct FmaKern {
 #if BPD_BF16_DOT
 struct Bf16DotKern {
   using X = uint32_t; using WT = uint16_t;
+  static constexpr int xw = 1;
   static int64_t stride(int64_t K2) { return 2 * NB * K2; }
-  template <int R> static void blk(const X* x, int64_t K, const WT* w, float* o) { block_bd<R>(x, K, w, o); }
+  template <int R> static void blk(const X* x, int64_t K, const WT* w, float* o, const WT*) { block_bd<R>(x, K, w, o); }
+  static void one(const X* x, int64_t K, const WT* w, float* o, const WT*) { block_bd<1>(x, K, w, o); }
   template <int R> static void half(const X* x, int64_t K, const WT* w, float* o, const WT* nx) {
     half_block_bd<R>(x, K, w, o, nx);
   }
@@ -275,8 +345,10 @@ struct Bf16DotKern {
 #if BPD_I8_DOT
 struct I8DotKern {
   using X = uint32_t; using WT = int8_t;
+  static constexpr int xw = 1;
   static int64_t stride(int64_t K4) { return 4 * NB * (K4 + 1); }   // the initial accumulators, then the weights
-  template <int R> static void blk(const X* x, int64_t K, const WT* w, float* o) { block_id<R>(x, K, w, o); }
+  template <int R> static void blk(const X* x, int64_t K, const WT* w, float* o, const WT*) { block_id<R>(x, K, w, o); }
+  static void one(const X* x, int64_t K, const WT* w, float* o, const WT*) { block_id<1>(x, K, w, o); }
   template <int R> static void half(const X* x, int64_t K, const WT* w, float* o, const WT* nx) {
     half_block_id<R>(x, K, w, o, nx);
   }
@@ -300,16 +372,20 @@ static void run(const typename Kern::X* x, const typename Kern::WT* w, const flo
       const int nn = (int)std::min<int64_t>(NB, N - n0);
       for (int64_t m = 0; m < M;) {
         int r;
+        const typename Kern::X* xm = x + m * K * Kern::xw;
         // 1-3 leftover rows in one pass too (a 3-row proposal pass read the weights three times)
         switch (std::min<int64_t>(M - m, 2 * MB)) {
-          case 8: Kern::template half<8>(x + m * K, K, wb, out, next); r = 8; break;
-          case 7: Kern::template half<7>(x + m * K, K, wb, out, next); r = 7; break;
-          case 6: Kern::template half<6>(x + m * K, K, wb, out, next); r = 6; break;
-          case 5: Kern::template half<5>(x + m * K, K, wb, out, next); r = 5; break;
-          case 4: Kern::template blk<4>(x + m * K, K, wb, out); r = 4; break;
-          case 3: Kern::template blk<3>(x + m * K, K, wb, out); r = 3; break;
-          case 2: Kern::template blk<2>(x + m * K, K, wb, out); r = 2; break;
-          default: Kern::template blk<1>(x + m * K, K, wb, out); r = 1;
+          case 8: Kern::template half<8>(xm, K, wb, out, next); r = 8; break;
+          case 7: Kern::template half<7>(xm, K, wb, out, next); r = 7; break;
+          case 6: Kern::template half<6>(xm, K, wb, out, next); r = 6; break;
+          case 5: Kern::template half<5>(xm, K, wb, out, next); r = 5; break;
+          case 4: Kern::template blk<4>(xm, K, wb, out, next); r = 4; break;
+          case 3: Kern::template blk<3>(xm, K, wb, out, next); r = 3; break;
+          case 2: Kern::template blk<2>(xm, K, wb, out, next); r = 2; break;
+          default:
+            if (M == 1) Kern::one(xm, K, wb, out, next);   // (AVX2: not pre-broadcast, see run_mode)
+            else Kern::template blk<1>(xm, K, wb, out, next);
+            r = 1;
         }
         for (int i = 0; i < r; i++) {
           float* yr = y + (m + i) * N + n0;
@@ -361,7 +437,11 @@ std::vector<torch::Tensor> pack(torch::Tensor w, int64_t mode) {
     wq.narrow(1, 0, K).copy_(wp);
     return {wq.view({Np / NB, NB, K2, 2}).permute({0, 2, 1, 3}).contiguous().to(torch::kBFloat16).view(torch::kInt16)};
   }
+#if defined(__AVX512F__)
   auto blocked = src.view({Np / NB, NB, K}).transpose(1, 2).contiguous();  // [Np/NB, K, NB]
+#else
+  auto blocked = src.view({Np / NB, NB / SB, SB, K}).transpose(2, 3).contiguous();  // [Np/NB, NB/SB, K, SB] (AVX2)
+#endif
   torch::Tensor out;
   if (mode == F32) out = blocked;
   else if (mode == BF16) out = blocked.to(torch::kBFloat16).view(torch::kInt16);
@@ -376,6 +456,14 @@ std::vector<torch::Tensor> pack(torch::Tensor w, int64_t mode) {
 static void run_mode(int64_t mode, const float* xp, const torch::Tensor& packed, const float* sp, const float* bp,
                      float* yp, int64_t M, int64_t N, int64_t K) {
   if (M <= 0) return;
+#if !defined(__AVX512F__)
+  if (M > 1 && (mode == F32 || mode == BF16 || mode == I8)) {   // the AVX2 kernels read activations pre-broadcast
+    thread_local std::vector<float> xe;
+    if ((int64_t)xe.size() < M * K * XW) xe.resize(M * K * XW);
+    for (int64_t i = 0; i < M * K; i++) _mm256_storeu_ps(xe.data() + i * XW, _mm256_broadcast_ss(xp + i));
+    xp = xe.data();
+  }
+#endif
   if (mode == F32) run<FmaKern<float>>(xp, packed.data_ptr<float>(), nullptr, bp, yp, M, N, K);
   else if (mode == BF16) run<FmaKern<uint16_t>>(xp, (const uint16_t*)packed.data_ptr<int16_t>(), nullptr, bp, yp, M, N, K);
   else if (mode == I8) run<FmaKern<int8_t>>(xp, packed.data_ptr<int8_t>(), sp, bp, yp, M, N, K);
