@@ -339,3 +339,33 @@ def test_head_targets_setting_is_checked():
     assert not _module({"trainable": "all", "source": "gold"}).self_targets
     with pytest.raises(ValueError, match="head_targets"):
         _module({"trainable": "all", "source": "gold"}, loss={"head_targets": "teacher"})
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_self_kd_mixes_each_future_head_with_head1s_own_distribution_ahead(recompute):
+    """loss.self_kd_weight = μ: head i > 0 at t scores (1-μ)·CE(tgt_out[t+i]) + μ·KL(p_head1(t+i) ‖ p_head_i(t)),
+    head 1 (detached) teacher-forced; head 1's own loss is unchanged; μ = 0 is today's loss bit for bit."""
+    m, b = tiny(), batch()
+    k, T = m.config.block_size, b["tgt_out"].size(1)
+    full = m(b["src"], b["tgt_in"])  # [B,T,k,V]
+    h = m.features(m.encode(b["src"]), b["tgt_in"])
+    heads, mu = list(range(k)), 0.4
+    w = head_weights("mean", heads)
+    loss, per = bpd_loss(m.head_logits, h, b["tgt_out"], heads, w, PAD, 0.1, recompute=recompute, self_kd_weight=mu)
+    ref, rper = bpd_loss(m.head_logits, h, b["tgt_out"], heads, w, PAD, 0.1, recompute=recompute)
+    zero, zper = bpd_loss(m.head_logits, h, b["tgt_out"], heads, w, PAD, 0.1, recompute=recompute, self_kd_weight=0.0)
+    assert torch.equal(zero, ref) and all(torch.equal(zper[i], rper[i]) for i in heads)
+    assert torch.equal(per[0], rper[0])
+    for i in heads[1:]:
+        mask = b["tgt_out"][:, i:].ne(PAD)                          # head i's valid targets (positions t < T - i)
+        p = torch.softmax(full[:, i:, 0][mask], -1)                 # head 1 at t + i
+        s = torch.log_softmax(full[:, : T - i, i][mask], -1)        # head i at t
+        kl = (p * (p.log() - s)).sum(-1).mean()
+        want = (1 - mu) * rper[i] + mu * kl
+        assert per[i].item() == pytest.approx(want.item(), rel=1e-5), i
+        assert kl.item() > 1e-3                                     # random heads: a real term, not a no-op
+    loss.backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in m.parameters())
+    with pytest.raises(ValueError, match="self_kd_weight"):
+        _module({"trainable": "all", "source": "gold"}, loss={"self_kd_weight": 1.5})
+    assert _module({"trainable": "all", "source": "gold"}, loss={"self_kd_weight": 0.5}).self_kd_weight == 0.5

@@ -96,7 +96,7 @@ def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.
              heads: Sequence[int], weights: Sequence[float], pad_id: int, label_smoothing: float = 0.0,
              recompute: bool = True, teacher_logits: torch.Tensor | None = None, kd_weight: float = 0.0,
              kd_temperature: float = 1.0, extras: dict[str, torch.Tensor] | None = None,
-             self_targets: bool = False) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+             self_targets: bool = False, self_kd_weight: float = 0.0) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Weighted sum over `heads` of each head's token-mean label-smoothed CE.
 
     head_logits(h, i) -> [B,T,V] (BPDModel.head_logits); h [B,T,D] is the decoder output.
@@ -104,6 +104,10 @@ def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.
     token means (check_kd); λ = 0 is the plain CE, computed exactly as without a teacher.
     self_targets: heads 2..k learn head 1's own (teacher-forced) argmax at the position they look ahead to instead of
     the data's token there (exact decoding accepts a proposal when it equals head 1's choice); head 1 keeps the data.
+    self_kd_weight = μ > 0: heads 2..k's loss is (1-μ)·CE + μ·KL(p_head1 at t+i ‖ p_head_i at t): each future head
+    also learns the model's own (teacher-forced, detached) head-1 distribution at the position it looks ahead to,
+    the soft labels of Medusa-2's self-distillation (on a model's own greedy output the CE target is that
+    distribution's argmax).
     Returns (loss, {head: detached per-head loss}); `extras`, if given, receives the detached token-mean "kd".
     """
     total = h.new_zeros((), dtype=torch.float32)
@@ -112,27 +116,41 @@ def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.
     lam, temp = check_kd(kd_weight, kd_temperature)
     if lam > 0 and teacher_logits is None:
         raise ValueError("kd_weight > 0 needs teacher_logits")
-    own = None
-    if self_targets and any(i > 0 for i in heads):
-        with torch.no_grad():                                           # [B,T] head 1's choices, pads kept
-            own = head_logits(h.detach(), 0).argmax(-1).masked_fill(tgt_out.eq(pad_id), pad_id)
+    mu = float(self_kd_weight)
+    if not 0.0 <= mu <= 1.0:
+        raise ValueError(f"loss.self_kd_weight must be in [0, 1] (the KL term's share of heads 2..k's loss), got {mu}")
+    own = own_logits = None
+    if (self_targets or mu > 0) and any(i > 0 for i in heads):
+        with torch.no_grad():                                           # [B,T,V] head 1, teacher-forced
+            own_logits = head_logits(h.detach(), 0)
+        if self_targets:                                                # [B,T] head 1's choices, pads kept
+            own = own_logits.argmax(-1).masked_fill(tgt_out.eq(pad_id), pad_id)
+        if mu == 0:
+            own_logits = None
     for i, w in zip(heads, weights):
         tgt = head_targets(own if own is not None and i > 0 else tgt_out, i, pad_id)
         n = tgt.ne(pad_id).sum().clamp_min(1)
-        kd = i == 0 and lam > 0
+        kd = (i == 0 and lam > 0) or (i > 0 and own_logits is not None)
+        if i > 0 and own_logits is not None:                            # head 1 at t+i, aligned with head i at t
+            soft = torch.zeros_like(own_logits)
+            if i < soft.size(1):
+                soft[:, :-i] = own_logits[:, i:]
+            share, t_kd = mu, 1.0
+        else:
+            soft, share, t_kd = teacher_logits, lam, temp
 
-        def one_head(h_: torch.Tensor, i=i, tgt=tgt, kd=kd) -> torch.Tensor:
+        def one_head(h_: torch.Tensor, i=i, tgt=tgt, kd=kd, soft=soft, t_kd=t_kd) -> torch.Tensor:
             logits = head_logits(h_, i)
             ce = smoothed_ce_sum(logits, tgt, pad_id, label_smoothing)
             if not kd:
                 return ce
-            return torch.stack([ce, kd_kl_sum(logits, teacher_logits, tgt, pad_id, temp)])
+            return torch.stack([ce, kd_kl_sum(logits, soft, tgt, pad_id, t_kd)])
 
         s = checkpoint(one_head, h, use_reentrant=False) if use_ckpt else one_head(h)
         if kd:
-            if extras is not None:
+            if extras is not None and i == 0:
                 extras["kd"] = (s[1] / n).detach()
-            s = (1.0 - lam) * s[0] + lam * s[1]
+            s = (1.0 - share) * s[0] + share * s[1]
         li = s / n
         per_head[i] = li.detach()
         total = total + w * li

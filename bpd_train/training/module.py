@@ -48,6 +48,10 @@ class BPDLightningModule(pl.LightningModule):
             raise ValueError(f"loss.head_targets={targets!r}; choose data (the corpus's tokens) or self (heads 2..k "
                              "learn head 1's own choices)")
         self.self_targets = targets == "self"
+        # loss.self_kd_weight = μ: heads 2..k also learn head 1's own distribution where they look ahead (losses.py)
+        self.self_kd_weight = float(self.loss_cfg.get("self_kd_weight") or 0.0)
+        if not 0.0 <= self.self_kd_weight <= 1.0:
+            raise ValueError(f"loss.self_kd_weight must be in [0, 1], got {self.self_kd_weight}")
         self.seed = int(seed)
         cfg = self.model.config
         if self.regime.freeze_backbone:
@@ -139,7 +143,8 @@ class BPDLightningModule(pl.LightningModule):
                                   bool(self.loss_cfg.get("recompute", True)),
                                   teacher_logits=self.teacher_logits(batch) if kd else None,
                                   kd_weight=self.kd_weight if kd else 0.0, kd_temperature=self.kd_temperature,
-                                  extras=extras, self_targets=self.self_targets)
+                                  extras=extras, self_targets=self.self_targets,
+                                  self_kd_weight=self.self_kd_weight)
         self._kd_stat = extras.get("kd")
         if cfg.block_size > 1 and cfg.identity_p1 and heads == [0]:
             # Head 1 alone does not reach the BPD layer; a zero-weighted touch keeps DDP's gradient
