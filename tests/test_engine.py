@@ -18,8 +18,7 @@ native = pytest.mark.skipif(native_kernels() is None, reason="native decode kern
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
 def test_packed_linear_rows_are_bit_identical_whatever_the_batch(dtype):
     torch.manual_seed(0)
-    # ragged K and N, tiny and odd shapes; (70, 300): the AVX2 kernels' k-tiles; (600, 512): weights they treat as
-    # streaming from memory (the next block prefetched while the first row group runs)
+    # ragged K and N, tiny and odd shapes, and larger K (the AVX2 kernels: several sub-block passes per row group)
     for n, k in [(100, 130), (64, 16), (300, 48), (5, 7), (70, 300), (600, 512)]:
         w, b = torch.randn(n, k), torch.randn(n)
         lin = PackedLinear(w, b, dtype)
