@@ -5,7 +5,8 @@
 // grows with the number of rows, so a k-token blockwise call costs 2-4 one-token calls. Here W is packed
 // into [N/64][K][64] blocks read in one linear stream (the hardware prefetcher's best case); each block is
 // multiplied by up to 4 activation rows at once (16 vector accumulators, no horizontal sums), so k rows cost
-// about what one row costs until the core runs out of FMA throughput.
+// about what one row costs until the core runs out of FMA throughput. (AVX2 builds: [N/64][4][K][16], see the
+// AVX2 kernels below: 16 ymm registers hold a quarter of what 32 zmm registers do.)
 //
 // Exactness: output (m, n) is always computed by the same instruction sequence (one FMA per k, in order),
 // whatever M, the row blocking or the thread count.
