@@ -66,8 +66,11 @@ def native_kernels():
             # CPU flags, source and checkout in the name: a build for another CPU or an older source is never
             # loaded, and two checkouts never rebuild into (and wait on the lock of) one folder
             # -ffp-contract=off: no multiply and add merged into one FMA behind our back, so the native embedding
-            # (embed * scale, then + pe) rounds twice as BPDModel.decode's torch ops do; the kernels' FMAs are explicit
-            flags = ["-O3", "-march=native", "-ffp-contract=off"]
+            # (embed * scale, then + pe) rounds twice as BPDModel.decode's torch ops do; the kernels' FMAs are explicit.
+            # -fopenmp: at::parallel_for is header code that runs on OpenMP only where the extension is built with it;
+            # without, every "2 threads" measurement before session 9 ran our kernels on one (4000 x 128, 32 rows:
+            # 1.19 ms at 1 thread, 0.61 ms at 2 with it, no change without)
+            flags = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
             digest = hashlib.sha1(src.read_bytes() + str(src.resolve()).encode() + " ".join(flags).encode()
                                   ).hexdigest()[:8]
             name = f"bpd_decode_{_cpu_tag()}_{digest}"
@@ -80,7 +83,7 @@ def native_kernels():
             if not any(build.glob("*.so")):
                 print(f"bpd-train: compiling the CPU decode kernels once (~40 s; cached in {build.parent})",
                       file=sys.stderr, flush=True)
-            _ext = load(name=name, sources=[str(src)], extra_cflags=flags, verbose=False)
+            _ext = load(name=name, sources=[str(src)], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as e:  # no compiler, no AVX2, read-only cache, ...: correct but slower
             log.warning("native decode kernels unavailable (%s); decoding uses torch's F.linear",
                         str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
