@@ -276,3 +276,23 @@ def test_lazy_verification_takes_the_same_steps_whatever_the_group():
             blockwise(m, src[i:i + 1], max_len=(2.0, 12))
         phases, steps = ext.profile(False, True)
         assert steps > 0 and phases[1] > 0 and phases[4] > 0           # decoder linears, head 1 were timed
+
+
+@native
+def test_native_kernels_run_on_the_threads_torch_is_given():
+    """The extension is built with OpenMP: at::parallel_for is header code that is serial without it (before session 9
+    every "2 threads" run of our kernels used one). One parallel_for over 8 chunks uses 2 threads at 2, 1 at 1."""
+    import os
+
+    from bpd_train.model.fastlinear import native_kernels
+
+    ext = native_kernels()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert ext.parallel_threads(8) == 1
+        if (os.cpu_count() or 1) >= 2:
+            torch.set_num_threads(2)
+            assert ext.parallel_threads(8) == 2
+    finally:
+        torch.set_num_threads(before)

@@ -1138,7 +1138,24 @@ std::string isa() { return BPD_NATIVE_ISA; }
 bool bf16_dot() { return BPD_BF16_DOT; }
 bool i8_dot() { return BPD_I8_DOT; }
 
+// How many threads at::parallel_for really runs the kernels on: it is header code that is serial unless this file
+// is built with OpenMP (fastlinear.py passes -fopenmp; without it "2 threads" ran every kernel on one).
+int64_t parallel_threads(int64_t chunks) {
+  std::vector<int> seen(256, 0);
+  at::parallel_for(0, chunks, 1, [&](int64_t lo, int64_t hi) {
+    const int t = at::get_thread_num();
+    volatile double spin = 0;                       // long enough that one thread cannot take every chunk
+    for (int64_t i = lo; i < hi; i++)
+      for (int j = 0; j < 200000; j++) spin = spin + 1.0;
+    if (t >= 0 && t < 256) seen[t] = 1;
+  });
+  int64_t n = 0;
+  for (int v : seen) n += v;
+  return n;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("parallel_threads", &parallel_threads, "distinct threads that ran the chunks of one at::parallel_for");
   m.def("pack", &pack, "pack a [N,K] float32 weight for linear()");
   m.def("linear", &linear, "y = x . W^T (+ b) with a packed W");
   m.def("isa", &isa);
