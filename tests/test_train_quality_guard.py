@@ -102,7 +102,8 @@ def test_demo_distils_from_a_stronger_teacher_and_trains_both_longer():
     assert "loss.p1_weight=null" in both
     steps = [int(o.split("=")[1]) for o in both if o.startswith("steps.heads=")]
     assert steps and steps[0] >= 4 * demo.steps.heads  # 1000: BLEU 8.42 / k-hat 2.08 vs 7.54 / 2.05 at 500
-    assert set(demo.pipeline.regime_overrides) == {"both"}  # the other regimes keep the demo's budget
+    assert set(demo.pipeline.regime_overrides) == {"both", "self"}  # the other regimes keep the demo's budget
+    assert not any(o.startswith("steps.") for o in demo.pipeline.regime_overrides.self)
     assert train_cfg("base", None).pipeline.teacher_steps is None  # elsewhere the base model stays the teacher
 
 
@@ -120,3 +121,15 @@ def test_demo_trains_heads_on_the_models_own_output_too():
     assert demo.regime.init_from == f"{demo.paths.artifacts}/{demo.data.name}/base"
     assert train_cfg("base", None).pipeline.regimes is None  # elsewhere: the paper's four
     assert train_cfg("base", None).pipeline.self_from is None
+
+
+def test_demo_self_stage_trains_the_backbone_with_head1_at_half_the_loss(tmp_path, monkeypatch):
+    """Session 10: make demo's `self` (from both-k4) trains the whole model on both's own greedy output, head 1 at
+    0.5: 7.73 -> 7.53 BLEU at k-hat 2.15 -> 2.44, where the frozen backbone gave 7.73 / 2.23 and head 1 at 1/k
+    6.58 / 2.42 (README, issue 16). The regime itself keeps its frozen backbone (BLEU bit for bit) for everyone else."""
+    stage = list(train_cfg("self", "demo").pipeline.regime_overrides.self)  # what the pipeline adds to the stage
+    cfg = train_cfg("self", "demo", *stage)
+    assert cfg.regime.trainable == "all" and cfg.regime.source == "self"
+    assert head1_share("self", "demo", tmp_path, monkeypatch, 400, *stage) >= 0.45
+    assert head1_share("self", "demo", tmp_path, monkeypatch, 4) == 0.0  # the regime's default: heads only
+    assert train_cfg("self", None).regime.trainable == "heads"

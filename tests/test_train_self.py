@@ -41,3 +41,15 @@ def test_self_regime_asks_for_then_trains_on_its_models_greedy_output(smoke_base
         assert torch.equal(hsd[name], t), f"backbone tensor {name} changed"
     assert any(not torch.equal(p, torch.zeros_like(p)) for p in heads.model.heads.fc2.parameters()), "heads untrained"
 
+    # make demo's `self` stage: the whole model on the same corpus (Medusa-2's joint self-distillation), head 1 at 0.5
+    joint = corpus / "heads" / "self-all"
+    r = run_train("+regime=self", "experiment=smoke", "regime.trainable=all", "loss.p1_weight=0.5",
+                  f"run_dir={joint}", artifacts=art)
+    assert f"own greedy output, {made}" in r.stderr + r.stdout  # the base's corpus again: init_from is the base
+    meta = read_checkpoint(joint / "checkpoints" / "last.ckpt")["bpd"]
+    assert meta["regime"] == "self" and meta["global_step"] > 0
+    jsd = load_model(joint / "checkpoints" / "last.ckpt").model.state_dict()
+    moved = [n for n, t in base.model.state_dict().items() if not torch.equal(jsd[n], t)]
+    assert any(n.startswith("decoder_layers.") for n in moved) and any(n.startswith("encoder_layers.") for n in moved), moved
+    assert not torch.equal(jsd["heads.fc2.weight"], hsd["heads.fc2.weight"])
+
