@@ -17,8 +17,8 @@ gets a stronger teacher, as in the paper (a bigger model there): the base run tr
 folder (<corpus>/teacher; the same run resumed, so it shares the base's first steps and costs only the extra ones).
 The heads regimes still start from the base model; `distill` and `both` learn from the teacher's beam output, and
 the report compares every run with the teacher. `self` (where `pipeline.regimes` or --regimes lists it) starts from
-the base, or from the run of `pipeline.self_from` (the demo: `both`, whose heads it retrains on that model's own
-greedy output).
+the base, or from the run of `pipeline.self_from`, and trains on that model's own greedy output (the demo: from
+`both`, the whole model with head 1 at half of the loss, through `pipeline.regime_overrides.self`).
 """
 from __future__ import annotations
 
