@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from bpd_train.decoding import Exact, beam_search, blockwise, greedy
-from bpd_train.model.fastlinear import PackedLinear, bf16_compute, int8_compute, native_kernels
+from bpd_train.model.fastlinear import PackedLinear, amx, bf16_compute, int8_compute, native_kernels
 from bpd_train.model.packed import DecodeOptions
 from tests.test_decoding import random_model, random_sources
 
@@ -32,7 +32,7 @@ def test_packed_linear_rows_are_bit_identical_whatever_the_batch(dtype):
         if ref is None:                                             # int8: per-row symmetric quantisation
             s = w.abs().amax(1, keepdim=True) / 127
             ref = torch.round(w / s).clamp(-127, 127) * s
-        if lin.mode == 3:                                           # bf16 compute: activations rounded too
+        if lin.mode in (3, 5):                                      # bf16 compute: activations rounded too
             x = x.to(torch.bfloat16).float()
         elif lin.mode == 4:                                         # int8 compute: each row quantised on its own
             s = x.abs().amax(1, keepdim=True) / 127
@@ -45,6 +45,8 @@ def test_packed_linear_rows_are_bit_identical_whatever_the_batch(dtype):
 def test_low_precision_compute_is_used_where_the_cpu_has_it_and_can_be_switched_off(monkeypatch, dtype, var, on, off):
     w = torch.randn(70, 33)
     available = {"bf16": bf16_compute, "int8": int8_compute}[dtype]
+    if dtype == "bf16" and amx():
+        on = 5                                                      # bf16 compute on AMX tiles
     assert PackedLinear(w, None, dtype).mode == (on if available() else off)
     x = torch.randn(3, 33)
     low = PackedLinear(w, None, dtype)(x)
@@ -276,6 +278,62 @@ def test_lazy_verification_takes_the_same_steps_whatever_the_group():
             blockwise(m, src[i:i + 1], max_len=(2.0, 12))
         phases, steps = ext.profile(False, True)
         assert steps > 0 and phases[1] > 0 and phases[4] > 0           # decoder linears, head 1 were timed
+
+
+@native
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
+def test_batched_native_loop_takes_the_same_steps_whatever_the_group(dtype, monkeypatch):
+    # several rows: batch_block_steps verifies lazily across rows (only rows still accepting are projected
+    # further) and stops after the step in which a row ends; tokens, calls and accepted blocks must not depend on
+    # the group, and must be those of the one-step Python loop and of greedy decoding
+    for k, seed in [(4, 3), (8, 4)]:
+        m = random_model(k, seed, eos_bias=1.0)
+        m.decode_options = DecodeOptions(dtype=dtype)
+        src = random_sources(7, seed)
+        w = m.decode_weights()
+        calls = []
+        real = type(w).batch_block_steps
+        monkeypatch.setattr(type(w), "batch_block_steps", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+        got = []
+        for group in (1, 2, 3, 8):
+            w.verify_group = group
+            r = blockwise(m, src, max_len=(2.0, 12))
+            got.append((r.tokens, r.calls, r.accepted_hist))
+        assert calls, "the batched native loop did not run"
+        assert all(g == got[0] for g in got), f"k={k} seed={seed}"
+        assert got[0][0] == greedy(m, src, max_len=(2.0, 12)).tokens
+        assert max(got[0][2]) > 1                                       # some proposals were accepted
+        monkeypatch.setattr(type(w), "batch_block_steps", lambda *a, **kw: None)   # the one-step Python loop
+        r = blockwise(m, src, max_len=(2.0, 12))
+        assert (r.tokens, r.calls, r.accepted_hist) == got[0]
+        monkeypatch.setattr(type(w), "batch_block_steps", real)
+
+
+@native
+def test_int8_on_amx_tiles_gives_the_bits_of_the_vnni_kernels():
+    """int8 sums are exact integers: the AMX kernels (4 rows and more) and vpdpbusd give the same bits, so the engine
+    picks by row count; bf16 on AMX is its own precision (mode 5), row-exact whatever the batch."""
+    ext = native_kernels()
+    if not ext.amx():
+        pytest.skip("no AMX on this CPU")
+    torch.manual_seed(0)
+    for n, k in [(100, 130), (4000, 128), (70, 300)]:
+        w, b = torch.randn(n, k), torch.randn(n)
+        x = torch.randn(37, k)
+        lin = PackedLinear(w, b, "int8")
+        assert lin.mode == 4
+        tiles = lin(x)
+        ext.set_amx(False)
+        try:
+            vnni = lin(x)
+        finally:
+            ext.set_amx(True)
+        assert torch.equal(tiles, vnni)
+        lb = PackedLinear(w, b, "bf16")
+        assert lb.mode == 5
+        full = lb(x)
+        assert all(torch.equal(lb(x[i:i + 1])[0], full[i]) for i in range(37))
+        assert torch.equal(lb(x[3:30])[5], full[8])
 
 
 @native

@@ -346,8 +346,8 @@ class _Blockwise:
                 # a one-token verify step through Python
                 x, done = self.stretch(x, out, orig, limit, length)
                 continue
-            if r == 1 and self.native_block and x.shape[1] > 1:
-                got = self.block_native(x, out, orig, limit, length)
+            if self.native_block and x.shape[1] > 1:
+                got = (self.block_native if r == 1 else self.batch_native)(x, out, orig, limit, length)
                 if got is not None:
                     x, done = got
                     continue
@@ -422,6 +422,49 @@ class _Blockwise:
         if b <= fed:
             return nxt[None, :b], done
         return np.concatenate([nxt[None, :1], self.w.propose(hn[None], 1, b).cpu().numpy()], axis=1), done
+
+    def batch_native(self, x, out, orig, limit, length):
+        """R > 1 rows, Exact: blockwise steps as one native call (DecodeWeights.batch_block_steps) until a row ends,
+        at most 16 steps (adaptive: 8 at the width the costs chose, 1 while probing): the Python loop's steps
+        without its per-step overhead (numpy bookkeeping, tensor round trips). Returns (next fed tokens [R,b],
+        done [R]), or None where the native kernels do not run this model."""
+        t0 = perf_counter()
+        r, fed = x.shape
+        ad = self.adapt
+        steps = 16
+        if ad is not None:
+            ad.chunk = 8 if ad.width(r) == fed else 1
+            ad.last_fed, steps = fed, ad.chunk
+        self.state.lengths = length
+        native = getattr(self.w, "batch_block_steps", None)               # (decoder-only weights: none yet)
+        got = native(self.model, self.state, x, length, limit - length, steps) if native is not None else None
+        if got is None:
+            self.native_block = False
+            return None
+        toks, nc, nxt, hn, ended = got
+        cnt = nc[:, :, 1].sum(1)                                          # tokens gained per row
+        cols = np.arange(toks.shape[1])
+        keep = cols[None, :] < cnt[:, None]
+        out[np.broadcast_to(orig[:, None], keep.shape)[keep], (length[:, None] + cols[None, :])[keep]] = toks[keep]
+        length += cnt
+        s = nc.shape[1]
+        self.calls += s
+        self.hist += np.bincount(nc[:, :, 1].ravel(), minlength=self.kb + 1)
+        done = ended | (length >= limit)
+        if ad is not None and s:
+            for j in range(s):
+                ad.update(fed, nc[:, j, 0])
+            ad.timed(fed, r, self._seconds(t0), s)
+        if done.all():
+            return nxt, done
+        b = self._width(r)
+        if b == 1:
+            if done.any():   # finished rows leave first (top of the loop); then the stretch
+                return nxt[:, :1], done
+            return self.stretch(nxt[:, :1], out, orig, limit, length)
+        if b <= fed:
+            return nxt[:, :b], done
+        return np.concatenate([nxt[:, :1], self.w.propose(hn, 1, b).cpu().numpy()], axis=1), done
 
     def calibrate(self, memory, steps: int = 8) -> None:
         """Time every step width once per set of weights (one row): `steps` steps of each in the native loops

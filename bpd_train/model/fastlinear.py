@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 DTYPES = ("fp32", "bf16", "int8")
 _MODE = {"fp32": 0, "bf16": 1, "int8": 2}
 _COMPUTE_MODE = {"bf16": 3, "int8": 4}   # csrc/linear.cpp BF16D / I8D: activations in that precision too
+_BF16_AMX = 5                            # csrc/linear.cpp BF16A: bf16 x bf16 on AMX tiles, every row count
 _lock = threading.Lock()
 _ext = None
 _ext_tried = False
@@ -92,9 +93,23 @@ def native_kernels():
 
 
 def engine_name() -> str:
-    """"native-avx512", "native-avx2" or "torch": what CPU decoding runs on in this process."""
+    """What CPU decoding runs on in this process: "native-amx" (AVX-512 kernels, and AMX tiles for bf16 and int8
+    compute), "native-avx512", "native-avx2" or "torch"."""
     ext = native_kernels()
-    return f"native-{ext.isa()}" if ext is not None else "torch"
+    if ext is None:
+        return "torch"
+    return "native-amx" if amx() else f"native-{ext.isa()}"
+
+
+def amx() -> bool:
+    """Whether bf16 / int8 compute run on AMX tiles (Sapphire Rapids and later; BPD_AMX=0 turns it off): a tile
+    multiplies 16 activation rows for about the price of one, so a k-token verification or a batch costs about
+    what one token costs. Needs bf16 compute (AMX tiles take bf16 / int8 activations)."""
+    ext = native_kernels()
+    on = ext is not None and bool(ext.amx()) and _on("BPD_AMX")
+    if ext is not None:
+        ext.set_amx(on)
+    return on
 
 
 def _on(var: str) -> bool:
@@ -140,6 +155,10 @@ class PackedLinear:
         if ext is not None:
             if (dtype == "bf16" and bf16_compute()) or (dtype == "int8" and int8_compute()):
                 self.mode = _COMPUTE_MODE[dtype]
+                if dtype == "bf16" and amx():
+                    self.mode = _BF16_AMX
+                elif dtype == "int8":
+                    amx()  # int8 takes the tiles from 4 rows on (the same bits): follow BPD_AMX now
             packed = ext.pack(w, self.mode)
             self.data = packed[0]
             self.scale = packed[1] if len(packed) > 1 else None

@@ -265,6 +265,30 @@ class DecodeWeights:
             int(max_steps), self.verify_group, w)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
+    def batch_block_steps(self, model: nn.Module, state, x: np.ndarray, lengths: np.ndarray, room: np.ndarray,
+                          max_steps: int, width: int | None = None, eos: int | None = None):
+        """Exact blockwise steps for R rows in per-row cache mode, as one native call (decoding/blockwise.py at
+        batch > 1; csrc/linear.cpp batch_block_steps): x [R,w] the fed tokens, lengths [R] each row's cached tokens
+        (after `state.base`), room [R]. Stops after the step in which a row ends. Returns (tokens [R,T] of which
+        the first counts[r] are row r's, per row and step (n, c) [R,s,2], next fed tokens [R,width], decoder
+        output at each row's last accepted position [R,D], ended [R] bool), or None where the native kernels do
+        not run this model. Sets `last_seconds`."""
+        w = x.shape[1] if width is None else int(width)
+        if self.native_loop is None or self.heads is None or w < 2 or max_steps < 1:
+            return None
+        f1, f2 = self._head_ffn(1, w)
+        draft = self.prop_proj
+        if draft.lin is None:
+            return None
+        _, nw, nb, eps = self.norm
+        toks, nc, nxt, hn, ended, self.last_seconds = self.ext.batch_block_steps(
+            torch.from_numpy(np.ascontiguousarray(x)), self._emb_w, self._emb_scale, model.pe, state.max_positions,
+            self.native_layers, state.self_kv, state.mem_kv, state.mem_mask, state.mem_group, state.base,
+            torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)), nw, nb, eps, self.proj.lin, f1.lin,
+            f2.lin, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos,
+            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps), self.verify_group, w)
+        return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
+
     def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
         """Argmax tokens of heads lo..hi-1 (lo >= 1): h [...,D] -> ids [...,hi-lo], over the draft vocabulary
         when one is set. Proposals only decide what is verified, never the output."""

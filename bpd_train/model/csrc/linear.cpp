@@ -26,6 +26,8 @@
 #include <tuple>
 #include <chrono>
 #include <vector>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace {
 
@@ -41,7 +43,9 @@ static_assert(MB == 4 && NV % 2 == 0, "run() dispatches blocks of 1..4 rows and 
 // dot products by vpdpbusd (4 products per int32 lane per instruction, exact integer accumulation) where the CPU
 // has AVX512_VNNI; each packed block starts with -128 * (column sums) as the accumulators' initial value (the
 // offset's correction), then [K/4][64][4] int8.
-enum Mode { F32 = 0, BF16 = 1, I8 = 2, BF16D = 3, I8D = 4 };
+// BF16A: the BF16D format (inner dimension padded to whole AMX tiles) multiplied with AMX tiles (TDPBF16PS) for every
+// row count, on CPUs with AMX; I8D runs on AMX tiles from AMX_MIN_ROWS rows on (the same bits, see the AMX kernels).
+enum Mode { F32 = 0, BF16 = 1, I8 = 2, BF16D = 3, I8D = 4, BF16A = 5 };
 
 #if defined(__AVX512F__)
 using vf = __m512;
@@ -314,6 +318,99 @@ static inline void half_block_id(const uint32_t* x, int64_t K4, const int8_t* w,
 #define BPD_I8_DOT 0
 #endif
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__) && BPD_BF16_DOT && BPD_I8_DOT
+#define BPD_AMX 1
+// AMX tiles (Sapphire Rapids and later): one TDPBF16PS / TDPBUSD multiplies up to 16 activation rows by a 32 x 16
+// (bf16) or 64 x 16 (int8) weight tile, so 16 rows cost about what one row costs. The packed formats are the
+// vdpbf16ps / vpdpbusd ones ([K2][NB][2] bf16, [K4][NB][4] int8) with the inner dimension padded to whole tiles (16
+// pairs / quads; zero weights, zero activations): a weight tile is 16 consecutive pairs (quads) of one 16-column
+// chunk, i.e. rows 2*NB*2 (4*NB) bytes apart, loaded in place.
+// Row-exactness: row m of a result tile depends on row m of the activation tile and the weights only, and every
+// row's products are accumulated over the same tiles in the same order, whatever the number of rows in the tile.
+// int8 sums are exact integers: the AMX and vpdpbusd kernels give the same bits, so they are mixed by row count.
+// bf16: TDPBF16PS need not round like a chain of vdpbf16ps (amx_bf16_matches_vdpbf16ps() checks this CPU), so
+// where they differ the AMX build runs AMX for every row count.
+constexpr int64_t KT = 16;   // pairs (bf16) or quads (int8) per tile row
+
+static bool amx_permitted() {
+  // Linux hands the 8 KB tile state to a process only on request (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA)
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return ok;
+}
+
+struct alignas(64) TileCfg {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// tiles 0-3: results (rows x 16 fp32 / int32), 4: activations (rows x 64 bytes), 5-7: weights (16 x 64 bytes).
+// The configuration is checked, not remembered: oneDNN (torch's bf16 matmuls) configures tiles in the same threads.
+static inline void amx_config(int rows) {
+  TileCfg want{};
+  want.palette = 1;
+  for (int t = 0; t < 5; t++) { want.rows[t] = (uint8_t)rows; want.colsb[t] = 64; }
+  for (int t = 5; t < 8; t++) { want.rows[t] = (uint8_t)KT; want.colsb[t] = 64; }
+  TileCfg cur;
+  _tile_storeconfig(&cur);
+  if (std::memcmp(&cur, &want, sizeof(TileCfg)) != 0) _tile_loadconfig(&want);
+}
+
+// x [rows][Kp] (uint32: 2 bf16 / 4 u8 each), w one packed block; out [rows][NB] fp32
+static inline void amx_bf16_block(const uint32_t* x, int64_t Kp, const uint16_t* w, float* out) {
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  constexpr int64_t ws = 2 * NB * 2;   // bytes between weight tile rows
+  for (int64_t c = 0; c < Kp; c += KT) {
+    _tile_loadd(4, x + c, Kp * 4);
+    const uint16_t* wc = w + c * 2 * NB;
+    _tile_loadd(5, wc, ws);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(6, wc + 2 * L, ws);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_loadd(7, wc + 4 * L, ws);
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_loadd(5, wc + 6 * L, ws);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  _tile_stored(0, out, NB * 4);
+  _tile_stored(1, out + L, NB * 4);
+  _tile_stored(2, out + 2 * L, NB * 4);
+  _tile_stored(3, out + 3 * L, NB * 4);
+}
+
+static inline void amx_i8_block(const uint32_t* x, int64_t Kp, const int8_t* w, float* out, int rows) {
+  const int32_t* init = (const int32_t*)w;             // -128 * column sums: every row starts from them
+  _tile_loadd(0, init, 0);
+  _tile_loadd(1, init + L, 0);
+  _tile_loadd(2, init + 2 * L, 0);
+  _tile_loadd(3, init + 3 * L, 0);
+  const int8_t* wb = w + 4 * NB;
+  constexpr int64_t ws = 4 * NB;
+  for (int64_t c = 0; c < Kp; c += KT) {
+    _tile_loadd(4, x + c, Kp * 4);
+    const int8_t* wc = wb + c * 4 * NB;
+    _tile_loadd(5, wc, ws);
+    _tile_dpbusd(0, 4, 5);
+    _tile_loadd(6, wc + 4 * L, ws);
+    _tile_dpbusd(1, 4, 6);
+    _tile_loadd(7, wc + 8 * L, ws);
+    _tile_dpbusd(2, 4, 7);
+    _tile_loadd(5, wc + 12 * L, ws);
+    _tile_dpbusd(3, 4, 5);
+  }
+  int32_t* acc = (int32_t*)out;                        // converted in place, as block_id converts its registers
+  _tile_stored(0, acc, NB * 4);
+  _tile_stored(1, acc + L, NB * 4);
+  _tile_stored(2, acc + 2 * L, NB * 4);
+  _tile_stored(3, acc + 3 * L, NB * 4);
+  for (int i = 0; i < rows; i++)
+    for (int j = 0; j < NB; j += L)
+      _mm512_storeu_ps(out + i * NB + j, _mm512_cvtepi32_ps(_mm512_loadu_si512((const void*)(acc + i * NB + j))));
+}
+#else
+#define BPD_AMX 0
+#endif
+
 // The kernels run() drives, per weight format: Kr is the inner dimension as the kernels count it (K, or K/2
 // pairs), which is also the activation row stride (in X) and the block stride / NB (in W elements, times Wk).
 template <typename W> struct FmaKern {
@@ -356,6 +453,22 @@ struct I8DotKern {
 };
 #endif
 
+// results of rows m..m+r-1 for outputs n0..n0+nn-1 from a kernel's out [r][NB]: the same rounding steps for every kernel
+static inline void store_rows(const float* out, int r, float* y, int64_t m, int64_t N, int64_t n0, int nn,
+                              const float* scale, const float* bias, const float* row_scale) {
+  for (int i = 0; i < r; i++) {
+    float* yr = y + (m + i) * N + n0;
+    const float* o = out + i * NB;
+    for (int j = 0; j < nn; j++) {
+      float s = o[j];
+      if (row_scale) s *= row_scale[m + i];
+      if (scale) s *= scale[n0 + j];
+      if (bias) s += bias[n0 + j];
+      yr[j] = s;
+    }
+  }
+}
+
 template <typename Kern>
 static void run(const typename Kern::X* x, const typename Kern::WT* w, const float* scale, const float* bias,
                 float* y, int64_t M, int64_t N, int64_t K, const float* row_scale = nullptr) {
@@ -388,22 +501,52 @@ static void run(const typename Kern::X* x, const typename Kern::WT* w, const flo
             else Kern::template blk<1>(xm, K, wb, out, next);
             r = 1;
         }
-        for (int i = 0; i < r; i++) {
-          float* yr = y + (m + i) * N + n0;
-          const float* o = out + i * NB;
-          for (int j = 0; j < nn; j++) {
-            float s = o[j];
-            if (row_scale) s *= row_scale[m + i];
-            if (scale) s *= scale[n0 + j];
-            if (bias) s += bias[n0 + j];
-            yr[j] = s;
-          }
-        }
+        store_rows(out, r, y, m, N, n0, nn, scale, bias, row_scale);
         m += r;
       }
     }
   });
 }
+
+// inner dimension of the BF16D / I8D formats in pairs / quads: whole AMX tiles in AMX builds
+static inline int64_t kgroups(int64_t K, int64_t per) {
+  const int64_t g = (K + per - 1) / per;
+#if BPD_AMX
+  return (g + KT - 1) / KT * KT;
+#else
+  return g;
+#endif
+}
+
+#if BPD_AMX
+constexpr int64_t AMX_MIN_ROWS = 4;   // int8: from this many rows on the tiles beat vpdpbusd (bench/engine.py --kernels)
+static bool g_amx_off = false;        // BPD_AMX=0 (fastlinear.py): the AVX-512 kernels only
+
+// x [Mp][Kp] with Mp = M rounded up to 16 where M > 16 (zero rows), w the packed blocks
+template <bool I8>
+static void run_amx(const uint32_t* x, const void* w, const float* scale, const float* bias, float* y, int64_t M,
+                    int64_t N, int64_t Kp, const float* row_scale) {
+  const int64_t nblocks = (N + NB - 1) / NB;
+  const int64_t bstride = I8 ? 4 * NB * (Kp + 1) : 2 * NB * Kp;    // elements of w per packed block
+  const int64_t work = std::max<int64_t>(1, Kp * NB * ((M + 15) / 16) * 4);
+  const int64_t grain = std::max<int64_t>(1, (int64_t)(1 << 17) / work);
+  const int rows_cfg = M < 16 ? (int)M : 16;
+  at::parallel_for(0, nblocks, grain, [&](int64_t lo, int64_t hi) {
+    alignas(64) float out[16 * NB];
+    amx_config(rows_cfg);
+    for (int64_t nb = lo; nb < hi; nb++) {
+      const int64_t n0 = nb * NB;
+      const int nn = (int)std::min<int64_t>(NB, N - n0);
+      for (int64_t m = 0; m < M; m += 16) {
+        const int r = (int)std::min<int64_t>(16, M - m);
+        if (I8) amx_i8_block(x + m * Kp, Kp, (const int8_t*)w + nb * bstride, out, rows_cfg);
+        else amx_bf16_block(x + m * Kp, Kp, (const uint16_t*)w + nb * bstride, out);
+        store_rows(out, r, y, m, N, n0, nn, scale, bias, row_scale);
+      }
+    }
+  });
+}
+#endif
 
 }  // namespace
 
@@ -424,16 +567,17 @@ std::vector<torch::Tensor> pack(torch::Tensor w, int64_t mode) {
   }
   if (mode == I8D) {  // [Np/NB] x (NB int32 = -128 * column sums, then [K4, NB, 4] int8), K padded to 4
     TORCH_CHECK(BPD_I8_DOT, "pack: this build has no AVX512_VNNI kernels");
-    const int64_t K4 = (K + 3) / 4;
+    const int64_t K4 = kgroups(K, 4);
     auto q = torch::zeros({Np, 4 * K4}, w.options());
     q.narrow(1, 0, K).copy_(src);
     auto init = (q.sum(1) * -128.0f).to(torch::kInt32).view({Np / NB, NB}).view(torch::kInt8);   // [Np/NB, 4 NB]
     auto body = q.view({Np / NB, NB, K4, 4}).permute({0, 2, 1, 3}).reshape({Np / NB, K4 * NB * 4}).to(torch::kInt8);
     return {torch::cat({init, body}, 1).contiguous(), scale.narrow(0, 0, N).contiguous()};
   }
-  if (mode == BF16D) {  // k-pairs side by side, K padded to even: [Np/NB, K2, NB, 2]
+  if (mode == BF16D || mode == BF16A) {  // k-pairs side by side, K padded to even (AMX builds: to tiles): [Np/NB, K2, NB, 2]
     TORCH_CHECK(BPD_BF16_DOT, "pack: this build has no AVX512_BF16 kernels");
-    const int64_t K2 = (K + 1) / 2;
+    TORCH_CHECK(mode == BF16D || BPD_AMX, "pack: this build has no AMX kernels");
+    const int64_t K2 = kgroups(K, 2);
     auto wq = torch::zeros({Np, 2 * K2}, w.options());
     wq.narrow(1, 0, K).copy_(wp);
     return {wq.view({Np / NB, NB, K2, 2}).permute({0, 2, 1, 3}).contiguous().to(torch::kBFloat16).view(torch::kInt16)};
@@ -469,10 +613,12 @@ static void run_mode(int64_t mode, const float* xp, const torch::Tensor& packed,
   else if (mode == BF16) run<FmaKern<uint16_t>>(xp, (const uint16_t*)packed.data_ptr<int16_t>(), nullptr, bp, yp, M, N, K);
   else if (mode == I8) run<FmaKern<int8_t>>(xp, packed.data_ptr<int8_t>(), sp, bp, yp, M, N, K);
 #if BPD_BF16_DOT
-  else if (mode == BF16D) {
-    const int64_t K2 = (K + 1) / 2;
+  else if (mode == BF16D || mode == BF16A) {
+    const int64_t K2 = kgroups(K, 2);
+    const int64_t Mp = M > 16 ? (M + 15) / 16 * 16 : M;    // AMX reads whole 16-row tiles
     thread_local std::vector<uint32_t> xb;
-    if ((int64_t)xb.size() < M * K2) xb.resize(M * K2);
+    if ((int64_t)xb.size() < Mp * K2) xb.resize(Mp * K2);
+    std::memset(xb.data(), 0, Mp * K2 * sizeof(uint32_t));
     auto bf = [](float f) -> uint32_t {
       uint32_t u;
       std::memcpy(&u, &f, 4);
@@ -483,17 +629,27 @@ static void run_mode(int64_t mode, const float* xp, const torch::Tensor& packed,
       const float* xr = xp + m * K;
       uint32_t* o = xb.data() + m * K2;
       for (int64_t p = 0; p < K / 2; p++) o[p] = bf(xr[2 * p]) | (bf(xr[2 * p + 1]) << 16);
-      if (K & 1) o[K2 - 1] = bf(xr[K - 1]);
+      if (K & 1) o[K / 2] = bf(xr[K - 1]);
     }
+#if BPD_AMX
+    if (mode == BF16A) {
+      TORCH_CHECK(amx_permitted(), "linear: AMX tiles are not available to this process");
+      run_amx<false>(xb.data(), packed.data_ptr<int16_t>(), nullptr, bp, yp, M, N, K2, nullptr);
+      return;
+    }
+#endif
+    TORCH_CHECK(mode == BF16D, "linear: this build has no AMX kernels");
     run<Bf16DotKern>(xb.data(), (const uint16_t*)packed.data_ptr<int16_t>(), nullptr, bp, yp, M, N, K2);
   }
 #endif
 #if BPD_I8_DOT
   else if (mode == I8D) {  // each activation row quantised on its own: x ~ sx * q, q = round(x / sx) in [-127, 127]
-    const int64_t K4 = (K + 3) / 4;
+    const int64_t K4 = kgroups(K, 4);
+    const int64_t Mp = M > 16 ? (M + 15) / 16 * 16 : M;
     thread_local std::vector<uint32_t> xq;
     thread_local std::vector<float> rs;
-    if ((int64_t)xq.size() < M * K4) xq.resize(M * K4);
+    if ((int64_t)xq.size() < Mp * K4) xq.resize(Mp * K4);
+    if (Mp > M) std::memset(xq.data() + M * K4, 0x80, (Mp - M) * K4 * sizeof(uint32_t));   // q = 0
     if ((int64_t)rs.size() < M) rs.resize(M);
     for (int64_t m = 0; m < M; m++) {
       const float* xr = xp + m * K;
@@ -507,6 +663,12 @@ static void run_mode(int64_t mode, const float* xp, const torch::Tensor& packed,
         o[k] = (uint8_t)((int)std::min(127.0f, std::max(-127.0f, q)) + 128);
       }
     }
+#if BPD_AMX
+    if (M >= AMX_MIN_ROWS && !g_amx_off && amx_permitted()) {
+      run_amx<true>(xq.data(), packed.data_ptr<int8_t>(), sp, bp, yp, M, N, K4, rs.data());
+      return;
+    }
+#endif
     run<I8DotKern>(xq.data(), packed.data_ptr<int8_t>(), sp, bp, yp, M, N, K4, rs.data());
   }
 #endif
@@ -1124,6 +1286,124 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, 
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()};
 }
 
+// Exact blockwise steps for R rows in per-row cache mode (decoding/blockwise.py at batch > 1, Exact rule): the
+// batched block_steps. Row r feeds x[r] (its last accepted token + w-1 proposals) at slots t + lengths[r] ..; head 1
+// verifies lazily, `group` positions of every row still accepting at a time (rows whose proposal was rejected are
+// not projected further); each row accepts its longest agreeing prefix (nothing after an EOS) and gains n+1 tokens
+// (capped by its room); heads 1..width-1 propose at every live row's accepted position. All rows take the same
+// steps: the loop stops after `max_steps` steps or after the step in which a row ends, so the caller drops finished
+// rows where its Python loop would. Each token's decoder output, head-1 logits and proposals are computed by the
+// same instructions as in greedy_steps / block_steps (rows are independent), so the output is greedy's.
+// Returns (tokens gained per row [R, max_steps*width] (the first counts[r] valid), per row and step (n, c) [R, s, 2],
+// next fed tokens [R, width], decoder output at each row's last accepted position [R, D], ended [R], seconds).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, double> batch_block_steps(
+    torch::Tensor x_in, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
+    const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
+    c10::optional<torch::Tensor> mem_mask, int64_t g, int64_t t, torch::Tensor lengths, const torch::Tensor& nw,
+    const torch::Tensor& nb, double eps, const Lin& proj, const Lin& fc1, const Lin& fc2, const Lin& draft_proj,
+    c10::optional<torch::Tensor> draft_ids, int64_t eos, torch::Tensor room_in, int64_t max_steps, int64_t group,
+    int64_t width) {
+  const auto t_start = std::chrono::steady_clock::now();
+  auto xt = x_in.to(torch::kLong).contiguous();
+  TORCH_CHECK(xt.dim() == 2, "batch_block_steps: x must be [R, w]");
+  const int64_t R = xt.size(0), d = embed.size(1);
+  int64_t w = xt.size(1);
+  group = std::max<int64_t>(1, group);
+  width = std::max<int64_t>(1, width);
+  const int64_t wm = std::max(w, width);
+  auto lt = lengths.to(torch::kLong).contiguous();
+  auto rt = room_in.to(torch::kLong).contiguous();
+  TORCH_CHECK(lt.numel() == R && rt.numel() == R, "batch_block_steps: lengths and room must be [R]");
+  std::vector<int64_t> x(xt.data_ptr<int64_t>(), xt.data_ptr<int64_t>() + R * w), len(lt.data_ptr<int64_t>(),
+      lt.data_ptr<int64_t>() + R), room(rt.data_ptr<int64_t>(), rt.data_ptr<int64_t>() + R);
+  std::vector<int64_t> slot(R * wm), gh(R * wm), n(R), cnt(R, 0), act, nact, prop(R * wm), live;
+  std::vector<int64_t> nc;
+  auto lopt = torch::TensorOptions().dtype(torch::kLong);
+  const int64_t tw = std::max<int64_t>(max_steps, 0) * wm;
+  auto toks = torch::zeros({R, std::max<int64_t>(tw, 1)}, lopt);
+  int64_t* tp = toks.data_ptr<int64_t>();
+  torch::Tensor dids;
+  if (draft_ids.has_value()) dids = draft_ids->to(torch::kLong).contiguous();
+  const int64_t* dp = dids.defined() ? dids.data_ptr<int64_t>() : nullptr;
+  const Embed emb(embed, embed_scale, pe, max_positions);
+  const Cache c(self_kv, mem_kv, mem_mask, g);
+  const float* nwp = nw.data_ptr<float>();
+  const float* nbp = nb.data_ptr<float>();
+  std::vector<float> h(R * wm * d), hv(R * wm * d), hn(R * d, 0.0f);
+  std::vector<int64_t> ended(R, 0);
+  bool any_ended = false;
+  int64_t s = 0;
+  for (; s < max_steps && !any_ended; s++) {
+    Tick tk;
+    for (int64_t r = 0; r < R; r++)
+      for (int64_t j = 0; j < w; j++) slot[r * w + j] = t + len[r] + j;
+    emb.rows(x.data(), slot.data(), R * w, h.data());
+    tk.to(P_EMBED);
+    decode_raw(h.data(), R * w, w, d, slot.data(), layers, c);
+    tk = Tick();
+    // lazy verification: head 1 at positions done..done+cols-1 of the rows that accepted every proposal so far
+    act.resize(R);
+    for (int64_t r = 0; r < R; r++) { act[r] = r; n[r] = 0; }
+    int64_t done = 0;
+    while (!act.empty()) {
+      const int64_t cols = std::min(group, w - done);
+      const int64_t A = (int64_t)act.size();
+      for (int64_t a = 0; a < A; a++)
+        std::memcpy(hv.data() + a * cols * d, h.data() + (act[a] * w + done) * d, cols * d * sizeof(float));
+      head1_ids(hv.data(), A * cols, d, nwp, nbp, (float)eps, proj, prop.data());
+      nact.clear();
+      for (int64_t a = 0; a < A; a++) {
+        const int64_t r = act[a];
+        const int64_t* xr = x.data() + r * w;
+        for (int64_t j = 0; j < cols; j++) gh[r * w + done + j] = prop[a * cols + j];
+        int64_t m = n[r];
+        while (m < done + cols && m < w - 1 && xr[m + 1] == gh[r * w + m] && xr[m] != eos) m++;
+        n[r] = m;
+        if (m == done + cols && m < w) nact.push_back(r);   // head 1 is needed at position m: the next group
+      }
+      done += cols;
+      act.swap(nact);
+    }
+    tk.to(P_VERIFY);
+    live.clear();
+    for (int64_t r = 0; r < R; r++) {
+      const int64_t* xr = x.data() + r * w;
+      const int64_t m = n[r], gn = gh[r * w + m];
+      const bool eos_in = xr[m] == eos;
+      const int64_t cn = std::min<int64_t>(m + 1 - (eos_in ? 1 : 0), room[r]);
+      for (int64_t j = 0; j < cn; j++) tp[r * tw + cnt[r] + j] = j < m ? xr[j + 1] : gn;
+      cnt[r] += cn;
+      nc.push_back(m);
+      nc.push_back(cn);
+      room[r] -= cn;
+      len[r] += cn;
+      ended[r] = (eos_in || gn == eos || room[r] <= 0) ? 1 : 0;
+      any_ended |= ended[r] != 0;
+      std::memcpy(hn.data() + r * d, h.data() + (r * w + m) * d, d * sizeof(float));
+      prop[r] = gn;                                        // (prop reused: head 1's tokens until x is rebuilt)
+      if (!ended[r]) live.push_back(r);
+    }
+    std::vector<int64_t> gnv(prop.begin(), prop.begin() + R);
+    x.assign(R * width, eos);
+    for (int64_t r = 0; r < R; r++) x[r * width] = gnv[r];
+    w = width;
+    if (width > 1 && !live.empty()) {
+      const int64_t A = (int64_t)live.size();
+      for (int64_t a = 0; a < A; a++) std::memcpy(hv.data() + a * d, hn.data() + live[a] * d, d * sizeof(float));
+      propose_raw(hv.data(), A, d, fc1, fc2, width - 1, nwp, nbp, (float)eps, draft_proj, dp, prop.data());
+      for (int64_t a = 0; a < A; a++)
+        for (int64_t j = 0; j < width - 1; j++) x[live[a] * width + j + 1] = prop[a * (width - 1) + j];
+    }
+    if (g_prof) g_prof_steps += 1;
+  }
+  auto ncv = torch::from_blob(nc.data(), {s, R, 2}, lopt).permute({1, 0, 2}).clone(at::MemoryFormat::Contiguous);
+  auto xo = torch::from_blob(x.data(), {R, w}, lopt).clone();
+  auto hn_t = torch::from_blob(hn.data(), {R, d}, embed.options()).clone();
+  auto en = torch::from_blob(ended.data(), {R}, lopt).clone();
+  return {toks.narrow(1, 0, std::max<int64_t>(tw, 1)), ncv, xo, hn_t, en,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()};
+}
+
 // per-phase seconds and steps since the last reset (phases: embed, decoder linears, decoder attention, decoder
 // other (norms, residuals), head 1 (verify / greedy argmax), heads' FFN, proposal projection, other)
 std::tuple<std::vector<double>, int64_t> profile(bool enable, bool reset) {
@@ -1137,6 +1417,21 @@ std::tuple<std::vector<double>, int64_t> profile(bool enable, bool reset) {
 std::string isa() { return BPD_NATIVE_ISA; }
 bool bf16_dot() { return BPD_BF16_DOT; }
 bool i8_dot() { return BPD_I8_DOT; }
+// whether this build has AMX kernels and the process may use the tiles (mode BF16A; I8D from AMX_MIN_ROWS rows)
+bool amx() {
+#if BPD_AMX
+  return amx_permitted();
+#else
+  return false;
+#endif
+}
+void set_amx(bool on) {
+#if BPD_AMX
+  g_amx_off = !on;
+#else
+  (void)on;
+#endif
+}
 
 // How many threads at::parallel_for really runs the kernels on: it is header code that is serial unless this file
 // is built with OpenMP (fastlinear.py passes -fopenmp; without it "2 threads" ran every kernel on one).
@@ -1160,6 +1455,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "y = x . W^T (+ b) with a packed W");
   m.def("isa", &isa);
   m.def("i8_dot", &i8_dot, "whether mode 4 (int8 activations x int8 weights, vpdpbusd) is built");
+  m.def("amx", &amx, "whether AMX tiles run mode 5 (bf16) and int8 from 4 rows (this build, and the process may use them)");
+  m.def("set_amx", &set_amx, "int8: whether AMX tiles may run it (bits unchanged either way)");
   m.def("bf16_dot", &bf16_dot, "whether mode 3 (bf16 activations x bf16 weights, vdpbf16ps) is built");
   pybind11::class_<Lin>(m, "Lin")
       .def(pybind11::init<torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t,
@@ -1174,5 +1471,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("propose", &propose);
   m.def("greedy_steps", &greedy_steps);
   m.def("block_steps", &block_steps);
+  m.def("batch_block_steps", &batch_block_steps);
   m.def("profile", &profile);
 }
