@@ -1,5 +1,6 @@
 # python bench/engine.py [--threads 1 2] [--sizes demo base] [--skip-ct2] [--profile]   (~3-6 min on 2 cores)
 # python bench/engine.py --threads 1 --regimes RUN... [--batch 1 32]          (trained runs: speedups by decoder)
+# python bench/engine.py --threads 1 --kernels [--sizes demo base]           (one linear per kernel family and rows)
 """The CPU decode engine, measured in one run (issue 11).
 
 1. Step cost: one blockwise step at batch 1 (decode k tokens + head 1 at the k positions + heads 2..k at the
@@ -194,6 +195,69 @@ def bench_steps(sizes, threads, reps, profile=False, dtypes=("fp32",)):
                           f"{loop['greedy_ms']:7.3f} ms  " + "  ".join(
                               f"k={k}: {r:.2f}" for k, r in loop.items() if k != "greedy_ms"), flush=True)
     return rows
+
+
+KERNEL_SHAPES = {"demo": [(4000, 128), (512, 128)], "base": [(32000, 512), (2048, 512)]}
+
+
+def kernel_families():
+    """The kernel families this CPU runs, as (name, pack mode, AMX on): the names reports print."""
+    ext = native_kernels()
+    if ext is None:
+        return []
+    isa = ext.isa()
+    fams = [(f"fp32 {isa}", 0, False), (f"bf16 weights, fp32 {isa}", 1, False),
+            (f"int8 weights, fp32 {isa}", 2, False)]
+    if ext.bf16_dot():
+        fams.append(("bf16 vdpbf16ps", 3, False))
+    if ext.i8_dot():
+        fams.append(("int8 vpdpbusd", 4, False))
+    if ext.amx():
+        fams += [("bf16 AMX tiles", 5, True), ("int8 AMX tiles (>= 4 rows)", 4, True)]
+    return fams
+
+
+def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: int = 30):
+    """Cost of one packed linear per kernel family and number of activation rows (1: a greedy step at batch 1; k: a
+    blockwise verification; 32 / 4 x 32: greedy / blockwise at batch 32), interleaved, min of `reps`: microseconds
+    and the ratio to one row. Where rows are nearly free (AMX), a k-wide step costs about what a greedy step does."""
+    ext = native_kernels()
+    out = []
+    if ext is None:
+        print("kernels: the native kernels are not built here (torch path only)")
+        return out
+    torch.set_num_threads(threads)
+    fams = kernel_families()
+    for size in sizes:
+        for n, k in KERNEL_SHAPES[size]:
+            torch.manual_seed(0)
+            w = torch.randn(n, k) * 0.05
+            lins = {}
+            for name, mode, _ in fams:
+                p = ext.pack(w, mode)
+                lins[name] = ext.Lin(p[0], p[1] if len(p) > 1 else None, None, n, k, mode)
+            for r in rows:
+                x = torch.randn(r, k)
+                best = {name: float("inf") for name, _, _ in fams}
+                inner = max(1, int(2e6 // (n * k * r)))
+                for _ in range(reps):
+                    for name, _, tiles in fams:
+                        ext.set_amx(tiles)
+                        t0 = time.perf_counter()
+                        for _ in range(inner):
+                            lins[name](x)
+                        best[name] = min(best[name], (time.perf_counter() - t0) / inner * 1e6)
+                for name, _, _ in fams:
+                    out.append(dict(size=size, shape=f"{n}x{k}", threads=threads, kernel=name, rows=r,
+                                    us=round(best[name], 1)))
+            ext.set_amx(ext.amx())
+            for name, _, _ in fams:
+                us = {row["rows"]: row["us"] for row in out if row["shape"] == f"{n}x{k}" and row["kernel"] == name}
+                print(f"kernel  {size:4s} {n:5d}x{k:<4d} threads={threads} {name:30s} "
+                      + "  ".join(f"{r:3d} rows {us[r]:8.1f} us ({us[r] / us[1]:4.1f}x)" for r in rows), flush=True)
+    from bpd_train.model.fastlinear import amx
+    amx()   # back to what BPD_AMX says
+    return out
 
 
 class _engine:
@@ -484,11 +548,19 @@ def main(argv=None) -> int:
                          "artifacts/demo/bible_en_fr/heads/*-k4, at --batch sizes")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32], help="batch sizes for --regimes")
     ap.add_argument("--passes", type=int, default=2, help="timed passes for --regimes (after one warm-up)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="only: one linear's cost per kernel family (fp32 / bf16 / int8, vdpbf16ps / VNNI / AMX) and rows")
     ap.add_argument("--dtype", nargs="+", default=["fp32"], choices=["fp32", "bf16", "int8"],
                     help="decode precision(s) (decode.dtype) for the step costs and --regimes")
     a = ap.parse_args(argv)
     if a.quick:
         a.threads, a.sizes, a.reps = [1], ["demo"], 5
+    if a.kernels:
+        print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}, "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        rows = bench_kernels(a.sizes, threads=a.threads[0], reps=a.reps)
+        print(json.dumps({"cpu": cpu_model(), "engine": engine_name(), "kernels": rows}))
+        return 0
     if a.regimes:
         print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}, "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
