@@ -354,3 +354,26 @@ def test_native_kernels_run_on_the_threads_torch_is_given():
             assert ext.parallel_threads(8) == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_fused_proposals_in_one_transfer_take_the_same_steps(dtype, monkeypatch):
+    """The Python step proposes at every block position inside the verify step ("fused": small models, and always on
+    an accelerator, where the host round trip per step costs more) and copies head 1's tokens and the proposals to
+    the host together; unfused, it proposes at the accepted position after the host decided it. Same steps."""
+    import importlib
+
+    bw = importlib.import_module("bpd_train.decoding.blockwise")
+    from bpd_train.model.packed import DecodeWeights
+
+    monkeypatch.setattr(DecodeWeights, "batch_block_steps", lambda *a, **kw: None)   # the Python step loop
+    m = random_model(4, 7, eos_bias=1.0)
+    m.decode_options = DecodeOptions(dtype=dtype)
+    src = random_sources(6, 7)
+    got = []
+    for macs in (0, 1 << 40):
+        monkeypatch.setattr(bw, "FUSED_MACS", macs)
+        r = blockwise(m, src, max_len=(2.0, 12))
+        got.append((r.tokens, r.calls, r.accepted_hist))
+    assert got[0] == got[1]
+    assert got[0][0] == greedy(m, src, max_len=(2.0, 12)).tokens and max(got[0][2]) > 1

@@ -353,7 +353,8 @@ class _Blockwise:
                     continue
             state.lengths = int(length[0]) if r == 1 else length      # one row: uniform mode, no scatter
             t0 = perf_counter()
-            fused = self.fused_unit and r * self.fused_unit <= FUSED_MACS and x.shape[1] > 1
+            # on an accelerator every host round trip costs more than proposing at every position: one transfer
+            fused = x.shape[1] > 1 and (self.dev.type != "cpu" or self.fused_unit and r * self.fused_unit <= FUSED_MACS)
             h, g, ok, top = self.verify(x, fused)
             n, gn, c, ended = _accept_rows(x, g, ok, self.min_block, eos, limit - length)
             if self.adapt is not None:
@@ -561,7 +562,8 @@ class _Blockwise:
         top = None
         if fused:
             top = self.w.propose(h, 1, self.kb)                         # [R,b,kb-1]
-            g, top = g_dev.cpu().numpy(), top.cpu().numpy()
+            both = torch.cat([g_dev[..., None], top], dim=-1).cpu().numpy()   # one device -> host copy per step
+            g, top = both[..., 0], both[..., 1:]
         else:
             g = g_dev.cpu().numpy()
         return h, g, ok, top
