@@ -377,3 +377,44 @@ def test_fused_proposals_in_one_transfer_take_the_same_steps(dtype, monkeypatch)
         got.append((r.tokens, r.calls, r.accepted_hist))
     assert got[0] == got[1]
     assert got[0][0] == greedy(m, src, max_len=(2.0, 12)).tokens and max(got[0][2]) > 1
+
+
+AVX2_CHECK = """
+import torch
+from bpd_train.decoding import blockwise, greedy
+from bpd_train.model.fastlinear import PackedLinear, engine_name
+from bpd_train.model.packed import DecodeOptions
+from tests.test_decoding import random_model, random_sources
+assert engine_name() == "native-avx2", engine_name()
+torch.manual_seed(0)
+for dt in ("fp32", "bf16", "int8"):
+    lin = PackedLinear(torch.randn(300, 70), torch.randn(300), dt)
+    x = torch.randn(11, 70)
+    full = lin(x)
+    assert all(torch.equal(lin(x[i:i + 1])[0], full[i]) for i in range(11)), dt
+    for k, seed, batch in [(4, 2, 1), (4, 3, 5)]:
+        m = random_model(k, seed, eos_bias=1.5)
+        m.decode_options = DecodeOptions(dtype=dt)
+        src = random_sources(batch, seed)
+        g = greedy(m, src, max_len=(1.5, 4))
+        assert blockwise(m, src, max_len=(1.5, 4)).tokens == g.tokens, (dt, k, seed)
+        assert blockwise(m, src, max_len=(1.5, 4), adaptive=True).tokens == g.tokens, (dt, k, seed)
+print("ok")
+"""
+
+
+@native
+@pytest.mark.slow
+def test_avx2_kernels_built_on_this_cpu_are_row_exact():
+    """BPD_NATIVE_MARCH=haswell builds the AVX2 kernels (the AVX2-only CPUs' engine) on any x86 CPU: every row the
+    same bits whatever the batch, and exact blockwise == greedy in each precision, with the batched native loop."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "BPD_NATIVE_MARCH": "haswell", "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-c", AVX2_CHECK], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

@@ -71,7 +71,11 @@ def native_kernels():
             # -fopenmp: at::parallel_for is header code that runs on OpenMP only where the extension is built with it;
             # without, every "2 threads" measurement before session 9 ran our kernels on one (4000 x 128, 32 rows:
             # 1.19 ms at 1 thread, 0.61 ms at 2 with it, no change without)
-            flags = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+            # BPD_NATIVE_MARCH (default native): build for an older instruction set on this CPU, e.g. "haswell" for
+            # the AVX2 kernels, "skylake-avx512" for AVX-512 without bf16 / VNNI / AMX (tests and benchmarks of the
+            # other kernel families)
+            march = os.environ.get("BPD_NATIVE_MARCH", "native").strip() or "native"
+            flags = ["-O3", f"-march={march}", "-ffp-contract=off", "-fopenmp"]
             digest = hashlib.sha1(src.read_bytes() + str(src.resolve()).encode() + " ".join(flags).encode()
                                   ).hexdigest()[:8]
             name = f"bpd_decode_{_cpu_tag()}_{digest}"
