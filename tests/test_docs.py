@@ -163,7 +163,7 @@ def test_the_scan_sees_what_it_should():
     files = _tracked_text_files()
     for probe in ("README.md", "conf/train.yaml", "bench/engine.py", "tests/conftest.py", "Makefile"):
         assert probe in files
-    assert "docs/demo/heads_khat_vs_steps.png" not in files and SELF not in files
+    assert "docs/img/heads_khat_vs_steps.png" not in files and SELF not in files
     for text in ("measured in session 9", "see issue 16", "fixed (#12)", "the lead ran it",
                  "A=" + "/work/art16", "paths.artifacts=" + "/tmp/art", "call the device tool", "files_at"):
         assert any(p.search(text) for p in FORBIDDEN.values()), text
