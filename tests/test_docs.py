@@ -91,6 +91,16 @@ def test_generator_writes_the_page_and_the_readme_block(tmp_path):
     assert results.readme_block_matches(docs / "results.md", readme)
 
 
+def test_header_says_where_the_cpu_name_comes_from():
+    """Reports name the device only loosely (`cpu (x86_64)`): the page then reads the CPU model where it is generated
+    and says so, instead of passing one machine's name off as the report's."""
+    rep = _report()
+    del rep["environment"]["cpu"]
+    header = results.report_header(rep)
+    assert f"CPU {results.machine_cpu()} (read when this page was generated; the report names cpu (x86_64))" in header
+    assert "torch 9.9.9" in header and "2 thread(s)" in header and "`evaluate.py experiment=demo`" in header
+
+
 def test_generator_refuses_what_is_not_a_report_in_one_line(tmp_path, capsys):
     bad = tmp_path / "report.json"
     bad.write_text('{"format": "something else"}', encoding="utf-8")
