@@ -1,6 +1,7 @@
 # make test   — create .venv if missing, install with dev extras, run the test suite (offline)
 # make demo   — the whole BPD experiment in miniature on the bundled corpus
-# make demo-lm — the same for a decoder-only (Llama-architecture) model trained from scratch (docs/LM.md)
+# make demo-lm — the same for a decoder-only (Llama-architecture) model trained from scratch (docs/decoder-only.md)
+# make results — docs/results.md and README.md's results block from make demo's evaluation report
 PY ?= python3
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
@@ -9,7 +10,7 @@ export HF_DATASETS_OFFLINE := 1
 export WANDB_MODE := offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
-.PHONY: install test test-fast test-slurm demo smoke demo-lm smoke-lm bench clean
+.PHONY: install test test-fast test-slurm demo smoke demo-lm smoke-lm results bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -20,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 # Two pytest workers (pytest-xdist), one test file per worker at a time (module fixtures such as the SLURM
-# pipeline stay on one worker): ~9 min instead of ~14 on 2 cores. PYTEST_WORKERS=0 runs in one process.
+# pipeline stay on one worker), about a third faster than one process on 2 cores. PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 2
 XDIST = -n $(PYTEST_WORKERS) $(if $(filter 0,$(PYTEST_WORKERS)),,--dist loadfile)
 
@@ -46,6 +47,10 @@ demo-lm: install
 
 smoke-lm: install
 	$(PYTHON) -m bpd_train.pipeline --experiment smoke-lm --k $(K)
+
+# The headline table is generated, never edited: tests/test_docs.py fails when README.md and docs/results.md differ.
+results: install
+	$(PYTHON) bench/results.py --report artifacts/demo/bible_en_fr/eval/demo-k$(K)/report.json --readme
 
 bench: install
 	$(PYTHON) bench/decode.py

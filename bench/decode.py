@@ -8,7 +8,7 @@ times greedy and blockwise(Exact) decoding of the same held-out sequences, inter
 on one thread, at batch 1 and batch 32, and reports agreement with greedy, k̂ (mean accepted block
 size), decoder calls, wall-clock speedup and speedup ÷ k̂. The last line printed is one JSON object.
 
-Targets (issue 2): agreement 100%; speedup ÷ k̂ >= 0.8 at batch 1; speedup > 1.5x at batch 32 wherever
+Targets: agreement 100%; speedup ÷ k̂ >= 0.8 at batch 1; speedup > 1.5x at batch 32 wherever
 k̂ >= 3.
 """
 from __future__ import annotations

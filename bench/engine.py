@@ -1,7 +1,7 @@
 # python bench/engine.py [--threads 1 2] [--sizes demo base] [--skip-ct2] [--profile]   (~3-6 min on 2 cores)
 # python bench/engine.py --threads 1 --regimes RUN... [--batch 1 32]          (trained runs: speedups by decoder)
 # python bench/engine.py --threads 1 --kernels [--sizes demo base]           (one linear per kernel family and rows)
-"""The CPU decode engine, measured in one run (issue 11).
+"""The CPU decode engine, measured in one run.
 
 1. Step cost: one blockwise step at batch 1 (decode k tokens + head 1 at the k positions + heads 2..k at the
    accepted position) in units of one greedy step (decode 1 token + head 1), median of interleaved steps,

@@ -40,7 +40,7 @@ from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
 from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
 
 PAD, BOS, EOS = 0, 1, 2
-# model sizes of the step-cost table (issue 11): the demo preset and Transformer-base
+# model sizes of the step-cost table: the demo preset and Transformer-base
 SIZES = {
     "demo": dict(d_model=128, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=512, vocab_size=4000,
                  head_d_hidden=128),
@@ -442,7 +442,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="where `make demo` put its runs (carried to the device if you want demo speedups)")
     ap.add_argument("--partial", type=Path, default=None, help="rewrite this file with the results so far")
     ap.add_argument("--out-dir", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
-                    help="also write gpu.json and the training logs here (default: $OUT, the device tool's)")
+                    help="also write gpu.json and the training logs here (default: $OUT when set)")
     args = ap.parse_args(argv)
     known = {"exactness", "step_cost", "compile", "speedup", "demo", "train"}
     bad = set(filter(None, args.skip.split(","))) - known

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bash bench/gpu.sh      (device tool: command "bash bench/gpu.sh", carry [".whl"]; first, here: bash bench/gpu_wheels.sh)
+# bash bench/gpu.sh      (on a machine with a CUDA GPU; on one without a registry, run bash bench/gpu_wheels.sh first)
 # The GPU checks of bench/gpu.py in one call, under 8 minutes on one H200; the last line printed is one JSON
 # object. Without CUDA it prints a JSON line saying it skipped and exits 0. Extra arguments go to bench/gpu.py.
 # Installs the carried wheels (.whl/) into a temporary folder put on PYTHONPATH, with --no-deps: the image's

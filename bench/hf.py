@@ -1,5 +1,5 @@
 # python bench/hf.py [--threads 1 2] [--batches 1 32] [--new-tokens 32]        (~3-5 min on a 2-core CPU)
-"""Greedy tokens/s of one imported Marian checkpoint in three engines (issue 12): transformers `generate`,
+"""Greedy tokens/s of one imported Marian checkpoint in three engines: transformers `generate`,
 CTranslate2 (its TransformersConverter on the same folder) and ours (`hf:` -> load_hf -> greedy).
 
 The checkpoint: random weights at opus-mt size (d 512, 6+6 layers, 8 heads, ffn 2048, V 58101, swish, post-norm,

@@ -338,8 +338,8 @@ def test_int8_on_amx_tiles_gives_the_bits_of_the_vnni_kernels():
 
 @native
 def test_native_kernels_run_on_the_threads_torch_is_given():
-    """The extension is built with OpenMP: at::parallel_for is header code that is serial without it (before session 9
-    every "2 threads" run of our kernels used one). One parallel_for over 8 chunks uses 2 threads at 2, 1 at 1."""
+    """The extension is built with OpenMP: at::parallel_for is header code that is serial without it (then every
+    "2 threads" run of our kernels used one). One parallel_for over 8 chunks uses 2 threads at 2, 1 at 1."""
     import os
 
     from bpd_train.model.fastlinear import native_kernels

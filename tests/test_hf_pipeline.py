@@ -1,4 +1,4 @@
-"""`hf:` sources through the pipeline's entry points (issue 12): a transformers checkpoint as init_from of a head
+"""`hf:` sources through the pipeline's entry points: a transformers checkpoint as init_from of a head
 regime, as distillation teacher, as evaluation input and as export source; bundles of imported models carry their
 tokenizer and translate on their own; export.format=hf of a native model imports back bit for bit; bad input is
 one line and exit status 2. Tiny random models (transformers save_pretrained) and a sentencepiece model trained
@@ -84,7 +84,7 @@ def _ids(tok, texts):
 
 
 def test_native_model_exported_as_hf_imports_back_and_trains_heads(marian, tmp_path_factory, tmp_path):
-    """Issue 12 item 6, offline: a model of ours -> export.format=hf -> regime.init_from=hf: gives the same greedy
+    """Offline: a model of ours -> export.format=hf -> regime.init_from=hf: gives the same greedy
     output and a frozen run trains heads on it, keeping that output bit for bit."""
     from bpd_train.export import run_export
     from bpd_train.training.run import train
@@ -255,7 +255,7 @@ def test_bad_hf_input_is_one_line(marian, tmp_path):
 
 def test_marian_finetune_then_export_hf_loads_in_transformers(marian, tmp_path):
     """finetune trains the imported backbone; export.format=hf of that run is a checkpoint transformers loads,
-    whose generate() gives our greedy output, with the heads in bpd_heads.safetensors (issue 12 items 4, 5)."""
+    whose generate() gives our greedy output, with the heads in bpd_heads.safetensors."""
     from safetensors import safe_open
 
     from bpd_train.export import run_export

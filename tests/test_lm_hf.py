@@ -277,9 +277,9 @@ def test_export_round_trip(folders, tmp_path, name, heads):
 
 
 def test_docs_python_block_runs(folders, tmp_path):
-    """docs/LM.md's Python API block runs as written (on the tiny Llama folder)."""
+    """docs/decoder-only.md's Python API block runs as written (on the tiny Llama folder)."""
     from pathlib import Path
-    text = (Path(__file__).resolve().parents[1] / "docs" / "LM.md").read_text(encoding="utf-8")
+    text = (Path(__file__).resolve().parents[1] / "docs" / "decoder-only.md").read_text(encoding="utf-8")
     code = text.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(code, "docs/LM.md#python-api", "exec"), {"folder": folders["llama"], "out": tmp_path})
+    exec(compile(code, "docs/decoder-only.md#python-api", "exec"), {"folder": folders["llama"], "out": tmp_path})
     assert (tmp_path / "medusa" / "model.safetensors").is_file() and (tmp_path / "hf" / "config.json").is_file()

@@ -1,4 +1,5 @@
-"""Guards the fix of issue 16 (README, "Why `both` lost BLEU"), both parts measured on the demo:
+"""Guards the demo defaults that keep `both` and `self` from losing BLEU (docs/experiments.md, "Why `both` lost
+BLEU"), each measured on the demo:
 1. `both` (all weights on the teacher's output) keeps head 1 -- the model's own next-token prediction, i.e. the
    output that exact decoding returns -- at half of the loss, in every experiment preset: with a 1/k share the
    demo's `both` fell from 6.72 to 3.13 BLEU, with 0.5 to 4.07. The regimes with a frozen backbone are untouched
@@ -86,7 +87,7 @@ def test_word_level_distillation_is_off_by_default(regime, experiment, tmp_path)
     with initialize_config_dir(str(CONF), version_base="1.3", job_name="train"):
         cfg = compose("train", overrides=overrides + ([f"experiment={experiment}"] if experiment else []))
     assert cfg.loss.kd_weight == 0.0 and cfg.loss.kd_teacher is None
-    assert cfg.loss.head_targets == "data"  # heads on head 1's own choices: −2.5 BLEU for +0.06 k̂ (README)
+    assert cfg.loss.head_targets == "data"  # heads on head 1's own choices: −2.5 BLEU for +0.06 k̂ (docs/experiments.md)
 
 
 def train_cfg(regime: str, experiment: str | None, *extra: str):
@@ -124,9 +125,9 @@ def test_demo_trains_heads_on_the_models_own_output_too():
 
 
 def test_demo_self_stage_trains_the_backbone_with_head1_at_half_the_loss(tmp_path, monkeypatch):
-    """Session 10: make demo's `self` (from both-k4) trains the whole model on both's own greedy output, head 1 at
+    """make demo's `self` (from both-k4) trains the whole model on both's own greedy output, head 1 at
     0.5: 7.73 -> 7.53 BLEU at k-hat 2.15 -> 2.44, where the frozen backbone gave 7.73 / 2.23 and head 1 at 1/k
-    6.58 / 2.42 (README, issue 16). The regime itself keeps its frozen backbone (BLEU bit for bit) for everyone else."""
+    6.58 / 2.42 (docs/experiments.md). The regime itself keeps its frozen backbone (BLEU bit for bit) for everyone else."""
     stage = list(train_cfg("self", "demo").pipeline.regime_overrides.self)  # what the pipeline adds to the stage
     cfg = train_cfg("self", "demo", *stage)
     assert cfg.regime.trainable == "all" and cfg.regime.source == "self"
