@@ -1,4 +1,4 @@
-"""Ancestral sampling with the KV cache (self-distillation with temperature, issue 15 item 4).
+"""Ancestral sampling with the KV cache (self-distillation with temperature).
 
 Each row draws from its own generator, seeded by `row_seeds` (default: seed + row index), with the Gumbel-max
 trick (argmax of logits/T + Gumbel noise = a draw from softmax(logits/T)): a row's tokens depend on its seed,

@@ -69,7 +69,7 @@ def native_kernels():
             # -ffp-contract=off: no multiply and add merged into one FMA behind our back, so the native embedding
             # (embed * scale, then + pe) rounds twice as BPDModel.decode's torch ops do; the kernels' FMAs are explicit.
             # -fopenmp: at::parallel_for is header code that runs on OpenMP only where the extension is built with it;
-            # without, every "2 threads" measurement before session 9 ran our kernels on one (4000 x 128, 32 rows:
+            # without it the kernels run on one thread whatever torch.set_num_threads says (4000 x 128, 32 rows:
             # 1.19 ms at 1 thread, 0.61 ms at 2 with it, no change without)
             # BPD_NATIVE_MARCH (default native): build for an older instruction set on this CPU, e.g. "haswell" for
             # the AVX2 kernels, "skylake-avx512" for AVX-512 without bf16 / VNNI / AMX (tests and benchmarks of the
