@@ -38,6 +38,7 @@ test-slurm: install
 K ?= 4
 demo: install
 	$(PYTHON) -m bpd_train.pipeline --experiment demo --k $(K)
+	$(MAKE) --no-print-directory results K=$(K)
 
 smoke: install
 	$(PYTHON) -m bpd_train.pipeline --experiment smoke --k $(K)
