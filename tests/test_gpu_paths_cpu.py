@@ -1,0 +1,65 @@
+"""What the first GPU run does, on CPU: the raw DeepSpeed engine (DS_ACCELERATOR=cpu, gloo, one process each run,
+tests/_ds_engine.py) around the training module's own loss, with bf16 on and ZeRO-3 partitioning every parameter
+(stage3_param_persistence_threshold 0: the smoke models are otherwise below DeepSpeed's threshold and never
+partitioned, which real sizes are). Both model families."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT, offline_env
+
+pytest.importorskip("deepspeed")
+
+_PORT = iter(range(29700, 29800))
+
+
+def engine_run(*args: str, tmp_path=None) -> dict:
+    cmd = [sys.executable, str(REPO_ROOT / "tests" / "_ds_engine.py"), *args, "--port", str(next(_PORT))]
+    r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO_ROOT)),
+                       capture_output=True, text=True, timeout=300)
+    found = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+    assert r.returncode == 0 and found, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(found[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("family", ["ed", "lm"])
+def test_bf16_deepspeed_train_and_validation_step(family):
+    # DeepSpeed casts parameters to bf16 and leaves buffers (sinusoids) and per-call tables (RoPE) in fp32
+    out = engine_run("--stage", "2", "--bf16", "--family", family, "--eval")
+    assert out["dtype"] == "torch.bfloat16"
+    assert all(torch.isfinite(torch.tensor(out["losses"] + [out["val"]])))
+
+
+@pytest.mark.parametrize("family", ["ed", "lm"])
+def test_zero3_every_parameter_partitioned(family):
+    # head 1 alone first (the zero-weighted touch of the heads: nothing gathered them yet), all heads, validation
+    out = engine_run("--stage", "3", "--persist0", "--bf16", "--family", family, "--steps", "3",
+                     "--heads", "0/0,1,2,3/0", "--eval")
+    assert out["partitioned"] == out["params"] > 0
+    assert all(torch.isfinite(torch.tensor(out["losses"] + [out["val"]])))
+
+
+def test_zero3_partitioned_trains_what_zero2_trains(tmp_path):
+    # fp32: the tied projection and the heads' weight slices, read outside their modules' forwards, get the same
+    # values and gradients whether or not ZeRO-3 partitioned them
+    runs = {}
+    for stage in ("2", "3"):
+        out = engine_run("--stage", stage, "--persist0", "--family", "ed", "--dump", str(tmp_path / f"{stage}.pt"))
+        runs[stage] = torch.load(tmp_path / f"{stage}.pt", weights_only=True)
+        assert out["partitioned"] == (out["params"] if stage == "3" else 0)
+    a, b = runs["2"], runs["3"]
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("stage,family", [("2", "ed"), ("3", "lm")])
+def test_frozen_backbone_exact_after_bf16_deepspeed(stage, family, tmp_path):
+    # DeepSpeed keeps no fp32 master of frozen parameters: the checkpoint must carry them, consolidation restore them
+    out = engine_run("--stage", stage, "--persist0", "--bf16", "--family", family, "--regime", "frozen",
+                     "--save", str(tmp_path / "ckpt"))
+    assert out["frozen"] > 0 and out["heads_trained"]
+    assert out["backbone_exact"]
