@@ -120,7 +120,7 @@ class BPDModel(nn.Module):
             raise ValueError(f"target length {t} exceeds max_positions={self.config.max_positions}")
         x = self._embed(tgt_in, slice(0, t))
         for layer in self.decoder_layers:
-            x = layer(x, layer.cross_attn.memory_kv(memory.out), memory.attn_mask)
+            x = layer(x, memory.out, memory.attn_mask)
         return x[:, len(prefix):] if prefix else x
 
     def output_weight(self) -> Tensor:
