@@ -101,3 +101,27 @@ def test_beam_search_copies_only_ending_hypotheses(monkeypatch):
     assert out.tokens == ref.tokens and out.scores == ref.scores
     # the first hypotheses to end belong to one sentence of three: its rows alone, not all 3 x 3
     assert rows and rows[0] <= 3 < 3 * 3
+
+
+def test_bench_gpu_chains_compose_and_summarise():
+    # bench/gpu.py's training chains (run on a lent GPU) compose as configs, and the markdown summary renders
+    import importlib.util
+
+    from hydra import compose, initialize_config_dir
+
+    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "bench" / "gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    assert set(gpu.TRAIN_CHAINS) == {"deepspeed_zero2", "deepspeed_zero3", "fsdp"}
+    for group, extra in gpu.TRAIN_CHAINS.values():
+        with initialize_config_dir(str(REPO / "conf"), version_base="1.3", job_name="t"):
+            cfg = compose("train", overrides=["+regime=frozen", "experiment=smoke", *gpu.GPU_TRAINER,
+                                              f"strategy={group}", *extra, "steps.base=20"])
+        assert cfg.trainer.precision == "bf16-mixed"
+        if group == "deepspeed_zero3":
+            assert cfg.strategy.param_persistence_threshold == 0
+    md = gpu.markdown_summary({"ok": False, "gpu": "X", "sections": {
+        "exactness": {"ok": True, "mismatched_rows": 0, "cases": 9, "s": 1.0},
+        "train": {"ok": False, "fsdp": {"ok": False, "backbone_identical": True, "val_agreement": [100.0]}},
+        "compile": {"skipped": "CUDA only"}}, "errors": {"train": "boom"}})
+    assert "| exactness | ok |" in md and "| train | FAILED |" in md and "error in train: boom" in md

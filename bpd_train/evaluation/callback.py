@@ -53,7 +53,7 @@ def _decoding_model(trainer, model):
     if ctx is None:
         return model
     with ctx:
-        if trainer.global_rank != 0:
+        if getattr(trainer, "global_rank", 0) != 0:
             return None  # only rank 0 decodes: the others never build a copy
         copy = build_model(model.config)  # either family (encoder-decoder or decoder-only)
         state = _full_state(model)
