@@ -63,3 +63,35 @@ def test_frozen_backbone_exact_after_bf16_deepspeed(stage, family, tmp_path):
                      "--save", str(tmp_path / "ckpt"))
     assert out["frozen"] > 0 and out["heads_trained"]
     assert out["backbone_exact"]
+
+
+@pytest.mark.slow
+def test_lightning_bf16_zero2_frozen_run_exports_the_base_backbone(smoke_base, tmp_path):
+    """The GPU recipe (trainer.precision=bf16-mixed, strategy=deepspeed_zero2, a frozen regime with the in-training
+    blockwise evaluation) through Lightning on CPU: the exported backbone is the base model's bit for bit (~60 s)."""
+    import csv
+    import shutil
+
+    from bpd_train.export import export_checkpoint, load_bundle
+    from bpd_train.loading import load
+
+    _, base_run = smoke_base
+    art = tmp_path / "artifacts"
+    corpus = art / base_run.parent.name
+    shutil.copytree(base_run, corpus / "base")
+    shutil.copytree(base_run.parent / "spm", corpus / "spm")
+    cmd = [sys.executable, "-m", "bpd_train.training.zero_cpu", "--stage=2", "--precision=bf16-mixed",
+           "+regime=frozen", "experiment=smoke", "trainer.max_steps=2", "trainer.val_check_interval=2", "logger=csv",
+           "progress_bar=none", f"paths.artifacts={art}", f"hydra.run.dir={art}/hydra"]
+    r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-5000:]
+    run = corpus / "heads" / "frozen-k4"
+    rows = [row for f in run.rglob("metrics.csv") for row in csv.DictReader(f.open())]
+    agree = [float(row["val/agreement"]) for row in rows if row.get("val/agreement")]
+    assert agree and set(agree) == {100.0}
+    model, _, _ = load_bundle(export_checkpoint(run, tmp_path / "bundle"))
+    base = load(corpus / "base").model.state_dict()
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in base.items())
+    assert any(t.abs().sum() > 0 for k, t in state.items() if k.startswith("heads.fc2"))

@@ -6,6 +6,7 @@ dataloader (sources as fed to the model, references decoded from the gold target
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -44,14 +45,18 @@ def _full_state(model) -> dict:
 
 
 def _decoding_model(trainer, model):
-    """The model to decode with: itself, or -- where its weights are sharded -- on rank 0 a plain copy of the
-    gathered weights (inside the model every module call would re-shard them), on the other ranks None. Gathering
+    """The model to decode with: itself, or -- where its weights are sharded (or cast to bf16/fp16 by DeepSpeed) --
+    on rank 0 a plain fp32 copy of the gathered weights (inside the model every module call would re-shard them),
+    on the other ranks None. Gathering
     is a collective, so every rank must call this."""
     from bpd_train.model import build_model
 
     ctx = _gather_context(trainer, model)
     if ctx is None:
-        return model
+        if all(p.dtype == torch.float32 for p in model.parameters()):
+            return model
+        # DeepSpeed's bf16/fp16 engine cast the parameters in place; the decoders run fp32 weights
+        ctx = contextlib.nullcontext()
     with ctx:
         if getattr(trainer, "global_rank", 0) != 0:
             return None  # only rank 0 decodes: the others never build a copy
