@@ -95,3 +95,32 @@ def test_lightning_bf16_zero2_frozen_run_exports_the_base_backbone(smoke_base, t
     state = model.state_dict()
     assert all(torch.equal(state[k], v) for k, v in base.items())
     assert any(t.abs().sum() > 0 for k, t in state.items() if k.startswith("heads.fc2"))
+
+
+def test_frozen_fp32_values_survive_save_and_resume():
+    # a resumed bf16 DeepSpeed run must keep the values it started from, never its fresh initialisation
+    from bpd_train.training.module import BPDLightningModule
+    from bpd_train.training.regimes import Regime
+    from bpd_train.zero import FROZEN_FP32_KEY
+
+    regime = Regime(name="frozen", trainable="heads", block_size=4, init_from="base", stage="heads").to_dict()
+    cfg = dict(vocab_size=40, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=48, block_size=4)
+    optim = {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3}}
+    torch.manual_seed(0)
+    first = BPDLightningModule(cfg, regime, optim)
+    first.keep_frozen_fp32()
+    ckpt: dict = {}
+    first.on_save_checkpoint(ckpt)
+    saved = ckpt[FROZEN_FP32_KEY]
+    assert saved and "heads.fc1.weight" not in saved and all(t.dtype == torch.float32 for t in saved.values())
+    torch.manual_seed(1)
+    resumed = BPDLightningModule(cfg, regime, optim)
+    resumed.keep_frozen_fp32()  # setup() runs before the checkpoint is restored: this is a fresh initialisation
+    resumed.on_load_checkpoint(ckpt)
+    assert all(torch.equal(resumed.frozen_fp32_state()[k], v) for k, v in saved.items())
+    resumed.on_load_checkpoint({})  # a checkpoint without them: keep none rather than the wrong ones
+    assert resumed.frozen_fp32_state() == {}
+    plain = BPDLightningModule(cfg, regime, optim)  # not captured (no DeepSpeed bf16): nothing saved
+    ck2: dict = {}
+    plain.on_save_checkpoint(ck2)
+    assert FROZEN_FP32_KEY not in ck2
