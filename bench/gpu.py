@@ -9,7 +9,10 @@ Sections (each guarded: an error is reported in the JSON, the others still run):
               batch 1 and 32: median of interleaved timings, eager and (optional) replayed as CUDA graphs
   compile     (optional) the same steps under torch.compile(mode="reduce-overhead"), base size, batch 1
   speedup     blockwise vs greedy wall clock on random-weight models and, if present, the demo's trained runs
-  train       bf16-mixed smoke base -> frozen chain with strategy=deepspeed_zero2 and strategy=fsdp (CUDA only)
+  train       bf16-mixed smoke base -> frozen chain with strategy=deepspeed_zero2, deepspeed_zero3 (every
+              parameter partitioned: persistence threshold 0) and fsdp (per-layer units); the frozen backbone must
+              come out bit-identical, the in-training blockwise evaluation agree 100% with greedy (CUDA only)
+With --out-dir (default $OUT) it also writes gpu.json and gpu.md (a markdown summary) there.
 Without CUDA (and without --device cpu) it prints one JSON line saying it skipped, and exits 0.
 Only the public model/decoding API is used: the decoder internals change under it.
 """
@@ -364,15 +367,26 @@ def _metrics(run: Path) -> list[dict]:
 GPU_TRAINER = ("trainer=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed")
 
 
+# strategy -> (config group option, extra overrides) of the training chains
+TRAIN_CHAINS = {
+    "deepspeed_zero2": ("deepspeed_zero2", ()),
+    # threshold 0: the smoke model's parameters are all below DeepSpeed's default (1e5) and would never be
+    # partitioned; real sizes are, so partition everything here
+    "deepspeed_zero3": ("deepspeed_zero3", ("strategy.param_persistence_threshold=0",)),
+    "fsdp": ("fsdp", ()),
+}
+
+
 def train_chain(strategy: str, art: Path, timeout: float, spm_from: Path | None, logdir: Path | None,
-                trainer=GPU_TRAINER) -> dict:
+                trainer=GPU_TRAINER, overrides=()) -> dict:
     """python train.py +regime=base, then +regime=frozen, experiment=smoke, by default on one GPU in bf16-mixed."""
     from bpd_train.loading import load  # the one resolver: also reads DeepSpeed ZeRO folders
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(tempfile.gettempdir()) / "bpd-torch-ext"))
-    common = ["experiment=smoke", *trainer, f"strategy={strategy}", "logger=csv", "progress_bar=none",
-              f"paths.artifacts={art}"]
+    group, extra_over = TRAIN_CHAINS.get(strategy, (strategy, ()))
+    common = ["experiment=smoke", *trainer, f"strategy={group}", *extra_over, *overrides, "logger=csv",
+              "progress_bar=none", f"paths.artifacts={art}"]
     res: dict = {"strategy": strategy}
     if spm_from is not None:  # the tokenizer the first chain trained: no second sentencepiece run
         shutil.copytree(spm_from, art / spm_from.parent.name / "spm")
@@ -513,14 +527,17 @@ def main(argv=None) -> int:
             out: dict = {}
             with tempfile.TemporaryDirectory(prefix="bpd-gpu-train-") as tmp:
                 spm = None
-                for i, strategy in enumerate(("deepspeed_zero2", "fsdp")):
+                chains = list(TRAIN_CHAINS)
+                for i, strategy in enumerate(chains):
                     left = args.budget_s - COMPILE_RESERVE_S - (time.monotonic() - t_start)
-                    share = left / (2 - i)  # what is left, split between the chains still to run
-                    out[strategy] = train_chain(strategy, Path(tmp) / strategy / "art", share, spm, args.out_dir)
+                    share = left / (len(chains) - i)  # what is left, split between the chains still to run
+                    # a shorter base run: the chains check that training works, not what it reaches
+                    out[strategy] = train_chain(strategy, Path(tmp) / strategy / "art", share, spm, args.out_dir,
+                                                overrides=("steps.base=20",))
                     if out[strategy].get("spm"):
                         spm = Path(out[strategy].pop("spm"))
                     write_json(args.partial, result)
-            out["ok"] = all(out[s].get("ok") for s in ("deepspeed_zero2", "fsdp"))
+            out["ok"] = all(out[s].get("ok") for s in TRAIN_CHAINS)
             return out
         run("train", train)
     else:
@@ -537,8 +554,44 @@ def main(argv=None) -> int:
     write_json(args.partial, result)
     if args.out_dir is not None:
         write_json(args.out_dir / "gpu.json", result)
+        tmp = args.out_dir / "gpu.md.tmp"
+        tmp.write_text(markdown_summary(result))
+        os.replace(tmp, args.out_dir / "gpu.md")
     print(json.dumps(result))
     return 0 if result["ok"] else 1
+
+
+def markdown_summary(result: dict) -> str:
+    """gpu.md: one line per section and check, for a person reading the device call's files."""
+    def mark(v):
+        return {True: "ok", False: "FAILED", None: "-"}.get(v, str(v))
+
+    lines = [f"# bench/gpu.py on {result.get('gpu', result.get('device'))}", "",
+             f"overall: **{mark(result.get('ok'))}**, torch {result.get('torch')}, CUDA {result.get('cuda', '-')}, "
+             f"{result.get('wall_s', '?')} s", ""]
+    if result.get("skipped"):
+        return "\n".join(lines + [f"skipped: {result['skipped']}", ""])
+    lines += ["| section | result | seconds | notes |", "|---|---|---|---|"]
+    for name, sec in (result.get("sections") or {}).items():
+        if "skipped" in sec:
+            lines.append(f"| {name} | skipped | - | {sec['skipped']} |")
+            continue
+        if "error" in sec:
+            lines.append(f"| {name} | FAILED | - | {str(sec['error'])[:200]} |")
+            continue
+        note = ""
+        if name == "exactness":
+            note = f"{sec.get('mismatched_rows')} mismatched rows in {sec.get('cases')} cases"
+        elif name == "train":
+            note = "; ".join(f"{s}: {mark(v.get('ok'))} (backbone identical {v.get('backbone_identical')}, "
+                             f"agreement {v.get('val_agreement')})" for s, v in sec.items() if isinstance(v, dict))
+        elif name == "speedup":
+            note = ", ".join(f"{k} x{v.get('speedup', 0):.2f}" for k, v in sec.items()
+                             if isinstance(v, dict) and "speedup" in v)
+        lines.append(f"| {name} | {mark(sec.get('ok', True))} | {sec.get('s', '-')} | {note} |")
+    for name, err in (result.get("errors") or {}).items():
+        lines.append(f"\nerror in {name}: {err}")
+    return "\n".join(lines) + "\n"
 
 
 def package_versions() -> dict:

@@ -19,6 +19,9 @@ from bpd_train.checkpoint import CKPT_META_KEY, STATE_PREFIX, CheckpointError
 # Prefixes wrappers put in front of the model's own parameter names (LightningModule, DeepSpeed, Lightning's
 # old DeepSpeed wrapper); stripped in this order when every key carries them.
 _PREFIXES = ("_forward_module.", "module.", STATE_PREFIX)
+# Client-state key of the frozen parameters' fp32 values (model-relative names): DeepSpeed with bf16/fp16 keeps
+# only a rounded copy of parameters that do not train (training/module.py keep_frozen_fp32 writes it).
+FROZEN_FP32_KEY = "bpd_frozen_fp32"
 
 def find_zero_dir(path: str | os.PathLike) -> Path | None:
     """The folder holding DeepSpeed's `latest` file (a Lightning DeepSpeed `*.ckpt/` folder has it under
@@ -106,6 +109,11 @@ def model_states_file(tag_dir: Path) -> Path:
 
 def _zero_meta(tag_dir: Path) -> dict:
     """The bpd metadata the training run put into DeepSpeed's client state (in the rank-0 model-states file)."""
+    return _zero_client_state(tag_dir)[0]
+
+
+def _zero_client_state(tag_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(bpd metadata, fp32 values of the frozen parameters or {}) from DeepSpeed's client state."""
     files = [model_states_file(tag_dir)]
     try:
         with _zero_weights_only():
@@ -117,14 +125,18 @@ def _zero_meta(tag_dir: Path) -> dict:
                               ) from e
     if not isinstance(states, dict):
         raise CheckpointError(f"{files[0]} is not a DeepSpeed model-states file")
+    client = states.get("client_state")
+    client = client if isinstance(client, dict) else {}
     meta = states.get(CKPT_META_KEY)
     if not isinstance(meta, dict):
-        client = states.get("client_state")
-        meta = client.get(CKPT_META_KEY) if isinstance(client, dict) else None
+        meta = client.get(CKPT_META_KEY)
     if not isinstance(meta, dict) or "model_config" not in meta:
         raise CheckpointError(f"{files[0]} carries no '{CKPT_META_KEY}' metadata (model config, tokenizer hash): "
                               "it was not saved by bpd-train")
-    return dict(meta)
+    frozen = states.get(FROZEN_FP32_KEY, client.get(FROZEN_FP32_KEY)) or {}
+    if not isinstance(frozen, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in frozen.items()):
+        raise CheckpointError(f"{files[0]}: '{FROZEN_FP32_KEY}' is not a name -> tensor mapping")
+    return dict(meta), dict(frozen)
 
 
 def consolidate_zero(path: str | os.PathLike, tag: str | None = None) -> tuple[dict[str, torch.Tensor], dict]:
@@ -135,7 +147,7 @@ def consolidate_zero(path: str | os.PathLike, tag: str | None = None) -> tuple[d
     tag_dir = zero_tag_dir(zero_dir, tag)
     if not torch.cuda.is_available():  # consolidation needs no accelerator; don't let DeepSpeed go looking for one
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    meta = _zero_meta(tag_dir)  # (imports DeepSpeed for its allow-list: after DS_ACCELERATOR is decided)
+    meta, frozen = _zero_client_state(tag_dir)  # (imports DeepSpeed for its allow-list: after DS_ACCELERATOR)
     try:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     except ImportError as e:
@@ -148,4 +160,17 @@ def consolidate_zero(path: str | os.PathLike, tag: str | None = None) -> tuple[d
     except Exception as e:  # noqa: BLE001 - surface DeepSpeed's reason in one line
         raise CheckpointError(f"cannot consolidate ZeRO checkpoint {zero_dir} ({tag_dir.name}): "
                               f"{type(e).__name__}: {e}") from e
-    return _strip_prefixes(dict(state)), meta
+    return _restore_frozen(_strip_prefixes(dict(state)), frozen, tag_dir), meta
+
+
+def _restore_frozen(state: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor],
+                    where: Path) -> dict[str, torch.Tensor]:
+    """The frozen parameters' saved fp32 values in place of DeepSpeed's rounded copies: a frozen backbone exports
+    bit-identical to the model it came from."""
+    for name, value in frozen.items():
+        have = state.get(name)
+        if have is None or tuple(have.shape) != tuple(value.shape):
+            raise CheckpointError(f"{where}: frozen parameter {name} {tuple(value.shape)} does not match the "
+                                  f"consolidated weights ({'absent' if have is None else tuple(have.shape)})")
+        state[name] = value.to(torch.float32)
+    return state

@@ -92,13 +92,13 @@ def beam_search(model, src, beam_size: int = 4, length_penalty: float = 0.6, max
             if bool(fin.any()):
                 lp = gnmt_length_penalty(step + 1, alpha)
                 ii, jj = fin.nonzero(as_tuple=True)
-                rows = (ii * beam + cand_beams[ii, jj]).tolist()
                 sc = cand_scores[ii, jj].tolist()
-                toks = hyp[:, :step].tolist() if step else None
-                for i, row, s in zip(ii.tolist(), rows, sc):
+                # only the ending hypotheses' tokens go to Python (one device->host copy of a few rows)
+                toks = hyp.index_select(0, ii * beam + cand_beams[ii, jj])[:, :step].tolist() if step else None
+                for n, (i, s) in enumerate(zip(ii.tolist(), sc)):
                     f = finalized[sent[i]]
                     if len(f) < beam:
-                        f.append((s / lp, toks[row] if toks is not None else []))
+                        f.append((s / lp, toks[n] if toks is not None else []))
                     if len(f) >= beam:
                         finished_sent[i] = True
             for i, fz in enumerate(forced.tolist()):

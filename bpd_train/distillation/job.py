@@ -261,12 +261,10 @@ def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
 def _device(cfg, worker: Worker):
     import torch
 
-    dev = str(cfg.distill.get("device", "auto"))
-    if dev != "auto":
-        return torch.device(dev)
-    if torch.cuda.is_available():
-        return torch.device("cuda", worker.local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+    from bpd_train.distillation.workers import worker_device
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.device(worker_device(cfg.distill.get("device", "auto"), worker, gpus))
 
 
 def _amp_dtype(cfg, device):

@@ -84,3 +84,17 @@ def detect_worker(env: Mapping[str, str] | None = None, index: int | None = None
     task, tasks = arr
     src = "SLURM array" + ("" if world == 1 else f" x {source}")
     return Worker(task * world + rank, tasks * world, local, src)
+
+
+def worker_device(setting: str, worker: Worker, cuda_count: int) -> str:
+    """The device of this worker for distill.device: `auto` and a bare `cuda` spread the workers of a node over
+    cuda:0..N-1 by local rank (a bare `cuda` would otherwise put them all on cuda:0); `auto` without GPUs is cpu;
+    `cuda:N`, `cpu` and others are taken as given."""
+    dev = str(setting)
+    if dev == "auto":
+        dev = "cuda" if cuda_count > 0 else "cpu"
+    if dev == "cuda":
+        if cuda_count <= 0:
+            raise DistillError("distill.device=cuda but no CUDA device is visible; use distill.device=cpu or auto")
+        return f"cuda:{worker.local_rank % cuda_count}"
+    return dev

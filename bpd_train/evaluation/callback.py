@@ -6,6 +6,7 @@ dataloader (sources as fed to the model, references decoded from the gold target
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -17,8 +18,8 @@ log = logging.getLogger(__name__)
 
 def _gather_context(trainer, model):
     """None when every rank holds the full weights (single process, DDP, ZeRO-1/2); else a context in which
-    they are gathered. Under ZeRO-3 and FSDP the parameters are sharded across ranks and decoding runs outside
-    the strategy's forward hooks (which gather them only for a module's own forward)."""
+    they are gathered (on rank 0 at least). Under ZeRO-3 and FSDP the parameters are sharded across ranks and
+    decoding runs outside the strategy's forward hooks (which gather them only for a module's own forward)."""
     from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
     strategy = getattr(trainer, "strategy", None)
@@ -29,22 +30,42 @@ def _gather_context(trainer, model):
     if isinstance(strategy, FSDPStrategy):
         from torch.distributed.fsdp import FullyShardedDataParallel
 
-        return FullyShardedDataParallel.summon_full_params(strategy.model, writeback=False)
+        # rank0_only: the other ranks take part in the gather but never hold the full weights
+        return FullyShardedDataParallel.summon_full_params(strategy.model, writeback=False, rank0_only=True)
     return None
 
 
+def _full_state(model) -> dict:
+    """The model's parameters and buffers under their own names (FSDP's per-layer units put a wrapper prefix in)."""
+    from itertools import chain
+
+    strip = "_fsdp_wrapped_module."
+    return {n.replace(strip, ""): t.detach().clone()
+            for n, t in chain(model.named_parameters(), model.named_buffers())}
+
+
 def _decoding_model(trainer, model):
-    """The model to decode with: itself, or -- where its weights are sharded -- a plain copy of the gathered
-    weights (inside the model every module call would re-shard them). Gathering is a collective, so every rank
-    must call this."""
+    """The model to decode with: itself, or -- where its weights are sharded (or cast to bf16/fp16 by DeepSpeed) --
+    on rank 0 a plain fp32 copy of the gathered weights (inside the model every module call would re-shard them),
+    on the other ranks None. Gathering
+    is a collective, so every rank must call this."""
     from bpd_train.model import build_model
 
     ctx = _gather_context(trainer, model)
     if ctx is None:
-        return model
+        if all(p.dtype == torch.float32 for p in model.parameters()):
+            return model
+        # DeepSpeed's bf16/fp16 engine cast the parameters in place; the decoders run fp32 weights
+        ctx = contextlib.nullcontext()
     with ctx:
+        if getattr(trainer, "global_rank", 0) != 0:
+            return None  # only rank 0 decodes: the others never build a copy
         copy = build_model(model.config)  # either family (encoder-decoder or decoder-only)
-        copy.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
+        state = _full_state(model)
+        missing = set(copy.state_dict()) - set(state)
+        if missing:
+            raise RuntimeError(f"BlockwiseEval: the gathered weights lack {sorted(missing)[:5]}")
+        copy.load_state_dict({k: v for k, v in state.items() if k in copy.state_dict()})
     return copy.to(next(model.parameters()).device)
 
 

@@ -172,7 +172,11 @@ class DecoderLayer(nn.Module):
     def _drop(self, x: Tensor) -> Tensor:
         return F.dropout(x, self.p, True) if self.training and self.p else x
 
-    def forward(self, x: Tensor, mem_kv: Tensor, mem_mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, memory: Tensor, mem_mask: Tensor | None) -> Tensor:
+        """x [B,T,D] decoder input, memory [B,S,D] encoder output. The memory's K/V are computed here, inside this
+        layer's call, so that wrappers that gather a layer's parameters for its forward (FSDP auto-wrap per
+        layer, ZeRO-3) see every use of them."""
+        mem_kv = self.cross_attn.memory_kv(memory)
         if not self.pre_norm:
             x = self.norm1(x + self._drop(self.self_attn(x, causal=True)))
             x = self.norm2(x + self._drop(self.cross_attn(x, mem_kv, mem_mask)))

@@ -303,6 +303,8 @@ class LMModel(nn.Module):
         c = self.config
         cos, sin = rope_tables(t, c.dh, c.rope_theta, tokens.device, c.rope_scaling)
         x = self.drop(self.embed(tokens.clamp(min=0)))
+        # the tables are built in fp32 (exact angles); the activations may be bf16 (DeepSpeed casts the weights)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin)
         return x
@@ -400,8 +402,8 @@ class LMModel(nn.Module):
         self._run(state, ids, pos, write, t, mask)
 
     def _run(self, state: LMState, tokens: Tensor, pos: Tensor, write, kv_len: int, mask) -> Tensor:
-        cos, sin = state.cos[pos][:, None], state.sin[pos][:, None]            # [R,1,n,Dh]
         x = self.embed(tokens)
+        cos, sin = state.cos[pos][:, None].to(x.dtype), state.sin[pos][:, None].to(x.dtype)   # [R,1,n,Dh]
         for i, layer in enumerate(self.layers):
             x = layer.step(x, state.self_kv[i], write, kv_len, mask, cos, sin)
         return x

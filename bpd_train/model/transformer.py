@@ -82,7 +82,8 @@ class BPDModel(nn.Module):
     # ---- encoder ----
     def _embed(self, tokens: Tensor, positions, source: bool = False) -> Tensor:
         table = self.src_embed if source and self.src_embed is not None else self.embed
-        x = table(tokens) * self.embed_scale + self.pe[positions]
+        x = table(tokens) * self.embed_scale
+        x = x + self.pe[positions].to(x.dtype)  # pe stays fp32 where DeepSpeed casts only the parameters
         return self.dropout(x) if self.training else x
 
     def encode(self, src: Tensor) -> Memory:
@@ -119,7 +120,7 @@ class BPDModel(nn.Module):
             raise ValueError(f"target length {t} exceeds max_positions={self.config.max_positions}")
         x = self._embed(tgt_in, slice(0, t))
         for layer in self.decoder_layers:
-            x = layer(x, layer.cross_attn.memory_kv(memory.out), memory.attn_mask)
+            x = layer(x, memory.out, memory.attn_mask)
         return x[:, len(prefix):] if prefix else x
 
     def output_weight(self) -> Tensor:
@@ -227,7 +228,8 @@ class BPDModel(nn.Module):
         """tokens [R,n] -> h [R,n,D]. Writes their K/V at each row's slots lengths..lengths+n-1; the caller
         advances (or rolls back) `state.lengths` afterwards."""
         pos, write, kv_len, mask = state.prepare(tokens.shape[1], kv_len)
-        x = F.embedding(tokens, self._modules["embed"]._parameters["weight"]) * self.embed_scale + self.pe[pos]
+        x = F.embedding(tokens, self._modules["embed"]._parameters["weight"]) * self.embed_scale
+        x = x + self.pe[pos].to(x.dtype)
         self_kv, mem_kv, mem_mask = state.self_kv, state.mem_kv, state.mem_mask
         g = state.mem_group
         native = state.weights.native_layers

@@ -17,6 +17,7 @@ from bpd_train.model import build_model
 from bpd_train.training.losses import bpd_loss, check_p1_weight, head_stats, head_weights, kd_settings
 from bpd_train.training.optim import build_optimizer, param_groups
 from bpd_train.training.regimes import Regime
+from bpd_train.zero import FROZEN_FP32_KEY
 
 
 def mix_seed(*parts: int) -> int:
@@ -69,6 +70,8 @@ class BPDLightningModule(pl.LightningModule):
         # Kept out of the module tree (a plain attribute, not a submodule): not in state_dict or checkpoints, not
         # in the optimiser, not wrapped or synchronised by DDP; train()/eval() and .to() do not reach it.
         object.__setattr__(self, "_teacher", None)
+        # fp32 values of the frozen parameters where the strategy keeps none (keep_frozen_fp32); plain attribute
+        object.__setattr__(self, "_frozen_fp32", None)
         self._val: dict[str, torch.Tensor] | None = None
         self._kd_stat: torch.Tensor | None = None  # the last step's KL term, for the log
 
@@ -148,8 +151,11 @@ class BPDLightningModule(pl.LightningModule):
         self._kd_stat = extras.get("kd")
         if cfg.block_size > 1 and cfg.identity_p1 and heads == [0]:
             # Head 1 alone does not reach the BPD layer; a zero-weighted touch keeps DDP's gradient
-            # reduction (and AdamW's step) the same whichever head was drawn.
-            loss = loss + 0.0 * sum(p.sum() for p in self.model.head_parameters() if p.requires_grad)
+            # reduction (and AdamW's step) the same whichever head was drawn. It runs the heads themselves on one
+            # position rather than reading their parameters: under ZeRO-3 a parameter read outside a forward is
+            # an empty shard, whose gradient DeepSpeed cannot reduce.
+            touch = self.model.heads.states(h[:, :1], 1, cfg.block_size)
+            loss = loss + 0.0 * touch.sum()
         return loss, per_head
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -262,5 +268,34 @@ class BPDLightningModule(pl.LightningModule):
                 "source": self.regime.source, "data": hp.get("data_name"), "init_from": hp.get("init_from"),
                 "seed": self.seed, "global_step": int(self.global_step) if self._trainer is not None else 0}
 
+    def setup(self, stage: str) -> None:
+        # Before the strategy wraps the model: DeepSpeed with bf16/fp16 casts every parameter and keeps an fp32
+        # master copy only of the trainable ones, so a frozen backbone would be saved rounded for good.
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        trainer = self._trainer
+        if (stage == "fit" and trainer is not None and isinstance(trainer.strategy, DeepSpeedStrategy)
+                and not str(trainer.precision).startswith(("32", "64"))):
+            self.keep_frozen_fp32()
+
+    def keep_frozen_fp32(self) -> None:
+        """Keep the fp32 values of the frozen parameters (on CPU, rank 0 only: it writes the checkpoint that
+        consolidation reads) so that checkpoints carry them unrounded (on_save_checkpoint; zero.py restores them)."""
+        frozen = {n: p.detach().to("cpu", torch.float32, copy=True) for n, p in self.model.named_parameters()
+                  if not p.requires_grad}
+        object.__setattr__(self, "_frozen_fp32", frozen if frozen and self.global_rank == 0 else None)
+
+    def frozen_fp32_state(self) -> dict[str, torch.Tensor]:
+        return dict(self._frozen_fp32 or {})
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[CKPT_META_KEY] = self.checkpoint_meta()
+        if self._frozen_fp32:
+            checkpoint[FROZEN_FP32_KEY] = self._frozen_fp32
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # a resumed run keeps the values it started from; a checkpoint without them leaves none (setup captured
+        # this module's fresh initialisation, not the backbone the checkpoint holds)
+        if self._frozen_fp32 is not None:
+            kept = checkpoint.get(FROZEN_FP32_KEY)
+            object.__setattr__(self, "_frozen_fp32", dict(kept) if isinstance(kept, dict) and kept else None)

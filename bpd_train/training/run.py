@@ -45,6 +45,53 @@ def _is_rank_zero() -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ data
+def _launch_ranks() -> tuple[int, int, str | None]:
+    """(global rank, world size, launch id) before any process group exists. The launch id names one start of
+    all ranks at once (srun, torchrun); None when Lightning's own launcher starts the other ranks, which it does
+    from inside trainer.fit, after rank 0 prepared the data."""
+    env = os.environ
+    rank = int(getattr(rank_zero_only, "rank", 0) or 0)
+    if env.get("TORCHELASTIC_RUN_ID"):
+        return rank, int(env.get("WORLD_SIZE", 1)), "elastic-" + env["TORCHELASTIC_RUN_ID"]
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    if SLURMEnvironment.detect() and env.get("SLURM_JOB_ID"):
+        launch = "-".join(env.get(k, "0") for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"))
+        return int(env.get("SLURM_PROCID", rank)), int(env.get("SLURM_NTASKS", 1)), "slurm-" + launch
+    return rank, int(env.get("WORLD_SIZE", 1)), None
+
+
+def prepare_data_once(dm: Any, run_dir: Path, timeout: float | None = None) -> None:
+    """dm.prepare_data() (train the tokenizer, tokenize into the datasets cache) on global rank 0 only; the other
+    ranks of a launch that starts them all at once wait for it, instead of racing it on the same caches. The
+    artifacts folder must be shared by all nodes (rank 0 also writes the checkpoints there)."""
+    import time
+
+    rank, world, launch = _launch_ranks()
+    if world <= 1 or rank == 0:
+        dm.prepare_data()
+        if world > 1 and launch is not None:
+            atomic_write_text(run_dir / f".data-ready-{launch}", f"{world}\n")
+        return
+    if launch is None:
+        return
+    marker = run_dir / f".data-ready-{launch}"
+    limit = float(os.environ.get("BPD_PREPARE_TIMEOUT", 6 * 3600)) if timeout is None else timeout
+    start = time.monotonic()
+    while not marker.is_file():
+        if time.monotonic() - start > limit:
+            raise TrainError(f"rank {rank}: rank 0 did not finish preparing the data within {limit:.0f} s (no {marker}); "
+                             "see rank 0's log (BPD_PREPARE_TIMEOUT sets the wait)")
+        time.sleep(0.5)
+
+
+def clear_data_marker(run_dir: Path) -> None:
+    """Rank 0, once training ran (every rank passed the wait): remove this launch's marker."""
+    rank, world, launch = _launch_ranks()
+    if rank == 0 and world > 1 and launch is not None:
+        (run_dir / f".data-ready-{launch}").unlink(missing_ok=True)
+
+
 def make_datamodule(cfg: DictConfig, regime: Regime, tokenizer: Any = None, lm_context: int | None = None):
     """tokenizer: an imported model's own (LoadedModel.data_tokenizer()); None = the corpus's sentencepiece model.
     lm_context: the run trains a decoder-only model with this context (max_positions): prompt/response batches
@@ -390,6 +437,17 @@ def check_accelerator(cfg: DictConfig) -> None:
                          f"(experiment=smoke and experiment=demo do)")
 
 
+def enable_tf32(accelerator: str) -> bool:
+    """Training on CUDA: fp32 matmuls on TF32 tensor cores (Ampere and later), as every bf16-mixed run's fp32 parts
+    and 32-true runs want; PyTorch leaves them off by default. Decoding and evaluation entry points never call this,
+    so their fp32 arithmetic stays IEEE. Returns whether it was turned on."""
+    if accelerator == "cpu" or not torch.cuda.is_available():
+        return False
+    torch.set_float32_matmul_precision("high")  # = torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    return True
+
+
 def make_trainer(cfg: DictConfig, run_dir: Path, resuming: bool = False, **overrides) -> pl.Trainer:
     from hydra.utils import instantiate
     from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -461,6 +519,7 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
     run_dir = Path(str(cfg.run_dir)).expanduser().resolve()
     check_accelerator(cfg)
     check_kd_settings(cfg)
+    enable_tf32(str(cfg.trainer.get("accelerator", "auto")))
     if cfg.get("num_threads"):
         torch.set_num_threads(int(cfg.num_threads))
     pl.seed_everything(int(cfg.seed), workers=True)
@@ -472,7 +531,7 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
     init, own_tok = own_tokenizer(regime, resume)
     data_regime = self_corpus(cfg, regime) if regime.source == "self" else regime
     dm = make_datamodule(cfg, data_regime, tokenizer=own_tok, lm_context=lm_context(cfg, init, resume))
-    dm.prepare_data()
+    prepare_data_once(dm, run_dir)
     dm.setup("fit")
     tokenizer = dm.tokenizer
     module = build_module(cfg, regime, tokenizer, resume, init=init)
@@ -483,6 +542,7 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
     if _is_rank_zero():
         done.unlink(missing_ok=True)
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
+    clear_data_marker(run_dir)
     if _is_rank_zero() and not trainer.interrupted:
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
         atomic_write_text(done, json.dumps({"global_step": int(trainer.global_step), "best_checkpoint": best,

@@ -36,7 +36,8 @@ from omegaconf import DictConfig, open_dict  # noqa: E402
 
 
 class CPUDeepSpeedStrategy(DeepSpeedStrategy):
-    """Lightning's DeepSpeedStrategy with its CUDA-only checks removed; use with accelerator=cpu, 32-bit."""
+    """Lightning's DeepSpeedStrategy with its CUDA-only checks removed; use with accelerator=cpu (32-true, or
+    bf16-mixed: DeepSpeed's bf16 engine, the GPU runs' precision)."""
 
     strategy_name = "deepspeed_cpu"
 
@@ -66,16 +67,22 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
         return engine, opt
 
 
-def zero_cpu_overrides(stage: int = 2, devices: int = 1) -> dict[str, Any]:
+PRECISIONS = ("32-true", "bf16-mixed")
+
+
+def zero_cpu_overrides(stage: int = 2, devices: int = 1, precision: str = "32-true") -> dict[str, Any]:
     """Config values that turn a composed training config into a CPU ZeRO run."""
     if stage not in (1, 2, 3):
         raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS} on CPU, got {precision!r}")
     return {"strategy": {"_target_": f"{__name__}.CPUDeepSpeedStrategy", "stage": stage,
                          "logging_batch_size_per_gpu": 1},
-            "trainer": {"accelerator": "cpu", "devices": devices, "precision": "32-true"}}
+            "trainer": {"accelerator": "cpu", "devices": devices, "precision": precision}}
 
 
-def train_zero_cpu(cfg: DictConfig, stage: int = 2, devices: int = 1, max_steps: int | None = None) -> Path:
+def train_zero_cpu(cfg: DictConfig, stage: int = 2, devices: int = 1, max_steps: int | None = None,
+                   precision: str = "32-true") -> Path:
     """Train `cfg` (any regime) with ZeRO-`stage` on CPU; returns the ZeRO checkpoint folder (last.ckpt/).
 
     devices > 1 launches the extra ranks by re-running this process's command line (Lightning's launcher),
@@ -84,7 +91,7 @@ def train_zero_cpu(cfg: DictConfig, stage: int = 2, devices: int = 1, max_steps:
     from bpd_train.training.run import train
 
     cfg = cfg.copy()
-    over = zero_cpu_overrides(stage, devices)
+    over = zero_cpu_overrides(stage, devices, precision)
     with open_dict(cfg):
         cfg.strategy = over["strategy"]  # replaced, not merged: any strategy group option may be selected
         for key, value in over["trainer"].items():
@@ -110,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--stage", type=int, default=None,
                     help="ZeRO stage (default: the stage of strategy=deepspeed_zero2|3 when given, else 2)")
     ap.add_argument("--devices", type=int, default=1)
+    ap.add_argument("--precision", choices=PRECISIONS, default="32-true",
+                    help="bf16-mixed: DeepSpeed's bf16 engine (parameters cast to bf16, fp32 masters)")
     args, overrides = ap.parse_known_args(argv)
     check_argv(overrides)
     with initialize_config_dir(str(bpd_train.REPO_ROOT / "conf"), version_base="1.3", job_name="train"):
@@ -117,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     stage = args.stage
     if stage is None:  # strategy=deepspeed_zero3 on the command line means stage 3, not the default 2
         stage = int(cfg.strategy.get("stage", 2)) if "DeepSpeed" in str(cfg.strategy.get("_target_", "")) else 2
-    print(exits_on_user_error(train_zero_cpu)(cfg, stage=stage, devices=args.devices))
+    print(exits_on_user_error(train_zero_cpu)(cfg, stage=stage, devices=args.devices, precision=args.precision))
 
 
 if __name__ == "__main__":
