@@ -30,7 +30,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # the decoding sections need none of the carried packages: a broken one fails the training section, in the JSON
 "$PYTHON" -c 'import hydra, omegaconf, datasets, deepspeed' >/dev/null 2>&1 \
   || echo "gpu.sh: hydra/omegaconf/datasets/deepspeed do not all import (see \"packages\" in the JSON);" \
-          "was .whl carried? (bash bench/gpu_wheels.sh, docs/GPU.md)" >&2
+          "on a node without internet access: bash bench/gpu_wheels.sh first (docs/GPU.md)" >&2
 
 PARTIAL=$(mktemp "${TMPDIR:-/tmp}/bpd-gpu-partial.XXXXXX")
 timeout -k 10 "$LIMIT_S" "$PYTHON" bench/gpu.py --partial "$PARTIAL" "$@"
