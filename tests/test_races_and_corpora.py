@@ -25,7 +25,7 @@ from bpd_train.data.distilled import (
     write_shard,
 )
 from bpd_train.export import export_checkpoint, load_bundle
-from bpd_train.io import atomic_dir, atomic_write_text, sha256_file, stale_temp_files
+from bpd_train.io import atomic_dir, atomic_write_text, sha256_file
 
 
 def _dead_pid() -> int:
@@ -94,6 +94,8 @@ def test_two_concurrent_exports_one_wins(tmp_path_factory, tmp_path):
 # ------------------------------------------------------------------------------------- temp files of ours
 def test_stale_temp_files_only_of_dead_processes(tmp_path):
     """atomic_write_* names its temp files with host and pid; only a gone process's are stale."""
+    from bpd_train.io import stale_temp_files
+
     host = socket.gethostname()
     dead = tmp_path / f".data.json.bpd-{host}-{_dead_pid()}-abc123.tmp"
     live = tmp_path / f".data.json.bpd-{host}-{os.getpid()}-def456.tmp"
@@ -116,7 +118,8 @@ def _corpus(folder: Path, n: int = 12, shard_size: int = 4) -> Path:
                                max_len=[1.0, 6], split="train", src_lang="en", tgt_lang="fr")
     ids = [f"ex{i}" for i in range(n)]
     m = new_manifest(settings, ids, shard_size, corpus="tiny", teacher_path="teacher", limit=None,
-                     command="python distill.py", vocab_size=V)
+                     command="python distill.py")
+    m["vocab_size"] = V  # what distill.py records: the teacher's vocabulary
     folder.mkdir(parents=True)
     write_manifest(folder, m)
     for s in m["shards"]:
