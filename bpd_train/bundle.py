@@ -23,7 +23,7 @@ import torch
 
 from bpd_train import __version__
 from bpd_train.checkpoint import CheckpointError
-from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file, umask
+from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, outside, sha256_file, umask
 from bpd_train.model.config import BPDConfig
 
 BUNDLE_FORMAT = "bpd-train-bundle"
@@ -289,6 +289,9 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
 
     path = Path(path)
     config = read_bundle_config(path)
+    for name in (CONFIG, WEIGHTS, TOKENIZER, TOKENIZER_DIR, CARD, MANIFEST):  # tokenizer/'s files: tokenizer_files
+        if (path / name).is_symlink() and (why := outside(path, name)):
+            raise BundleError(f"bundle {path}: refusing to read outside the bundle folder: {why}")
     verify_manifest(path, config)
     folder = config["tokenizer"].get("file") == TOKENIZER_DIR
     tok_path = path / (TOKENIZER_DIR if folder else TOKENIZER)

@@ -271,7 +271,7 @@ def _resolve_hf(text: str) -> Source:
 
 
 def read_hf(src: Source, map_location) -> Read:
-    from bpd_train.convert.hf import ConvertError, load_hf
+    from bpd_train.convert.hf import ConvertError, folder_file, load_hf
     from bpd_train.convert.hf_lm import family_of, load_hf_lm
 
     if family_of(src.path) is not None:  # Llama / Qwen2 / Mistral: the decoder-only family
@@ -279,8 +279,9 @@ def read_hf(src: Source, map_location) -> Read:
             raise ConvertError(f"{src.given}: a decoder-only model takes no @<src_lang>:<tgt_lang>")
         if not (src.path / "tokenizer.json").is_file() and (src.path / TOKENIZER).is_file():
             # exported by export.format=hf from a model trained here from scratch: the corpus's sentencepiece model
+            tok = folder_file(src.path, TOKENIZER)
             model, _, meta = load_hf_lm(src.path, block_size=None, map_location=map_location, tokenizer=False)
-            return Read(model, src.path / TOKENIZER, None, meta, None)
+            return Read(model, tok, None, meta, None)
         model, tok, meta = load_hf_lm(src.path, block_size=None, map_location=map_location)
         return Read(model, src.path, None, meta, tok.meta())
     model, tok, meta = load_hf(src.path, block_size=None, map_location=map_location, **dict(src.options))

@@ -233,3 +233,12 @@ def test_to_hf_lm_writes_rope_integers_as_integers(llama, tmp_path):
     assert isinstance(rope["original_max_position_embeddings"], int) and isinstance(rope["factor"], float)
     again, _, _ = load_hf_lm(out)
     assert again.config.rope_scaling == model.config.rope_scaling
+
+
+def test_bundle_file_linked_from_outside_is_refused(tmp_path_factory, tmp_path):
+    tiny = build_tiny(tmp_path_factory)
+    b = export_checkpoint(tiny["run"], tmp_path / "bundle")
+    shutil.move(b / "tokenizer.model", tmp_path / "elsewhere.model")  # the right content, but outside the bundle
+    (b / "tokenizer.model").symlink_to(tmp_path / "elsewhere.model")
+    with pytest.raises(BundleError, match="outside the bundle folder"):
+        load_bundle(b)
