@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import glob
 import hashlib
 import json
 import os
@@ -91,15 +92,11 @@ def stale_temp_files(folder: str | os.PathLike, name: str) -> list[Path]:
     files of a live process, of another host (a shared file system) or not named by us are never listed."""
     pattern = re.compile(rf"^\.{re.escape(name)}\.{_TMP_TAG}-(?P<host>.+)-(?P<pid>\d+)-[a-z0-9_]+\.tmp$")
     host, out = socket.gethostname(), []
-    for p in Path(folder).glob(f".{glob_escape(name)}.{_TMP_TAG}-*.tmp"):
+    for p in Path(folder).glob(f".{glob.escape(name)}.{_TMP_TAG}-*.tmp"):
         m = pattern.match(p.name)
         if m and m["host"] == host and not _pid_alive(int(m["pid"])) and p.is_file() and not p.is_symlink():
             out.append(p)
     return out
-
-
-def glob_escape(name: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def outside(folder: str | os.PathLike, name: str) -> str | None:
@@ -185,6 +182,16 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _keep(old: Path, path: Path) -> Path:
+    """Move a folder out of the 'old' sibling name (which a later run would clean up) to one no cleanup matches."""
+    kept = path.with_name(f"{path.name}.kept-{os.getpid()}-{old.name.rsplit('-', 1)[-1]}")
+    try:
+        rename_noreplace(old, kept)
+    except OSError:
+        return old
+    return kept
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike, overwrite: bool = False,
                replaceable: Callable[[Path], bool] | None = None) -> Iterator[Path]:
@@ -221,21 +228,23 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False,
             except FileExistsError:
                 raise raced from None
             return
-        old = tmp.with_name(tmp.name.replace(f"{_TMP_TAG}-tmp-", f"{_TMP_TAG}-old-", 1))
+        old = tmp.with_name(f".{path.name}.{_TMP_TAG}-old-" + tmp.name[len(f".{path.name}.{_TMP_TAG}-tmp-"):])
         try:
             rename_noreplace(path, old)
         except FileNotFoundError:  # removed meanwhile: nothing left to replace
             old = None
         if old is not None and (_identity(old) != seen or old.is_symlink() or not old.is_dir()
                                 or (any(old.iterdir()) and not (replaceable and replaceable(old)))):
-            with contextlib.suppress(OSError):
+            try:
                 rename_noreplace(old, path)  # not the folder checked at the start: put it back untouched
+            except OSError:
+                raise FileExistsError(f"{raced} (what was at {path} is kept as {_keep(old, path)})") from None
             raise raced
         try:
             rename_noreplace(tmp, path)
         except FileExistsError:
-            raise FileExistsError(f"{path} appeared while this was being written; nothing was replaced (the "
-                                  f"previous output is kept as {old})") from None
+            kept = f" (the previous output is kept as {_keep(old, path)})" if old is not None else ""
+            raise FileExistsError(f"{raced}{kept}") from None
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:

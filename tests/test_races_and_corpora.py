@@ -279,3 +279,17 @@ def test_translate_ctrl_c_reports_lines_written(bundle):
     m = re.fullmatch(r"interrupted: (\d+) of (\d+) lines written\n", err)
     assert m and (int(m[1]), int(m[2])) == (2, 2), err
     assert first and second and rest == ""
+
+
+def test_previous_output_removed_meanwhile_then_a_folder_appears(tmp_path):
+    """overwrite=True over our previous output; during the write it is removed and a user's folder takes its
+    place after the check: nothing of the user's moves, and the run fails."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(FileExistsError, match="appeared or changed while"):
+        with atomic_dir(out, overwrite=True) as tmp:
+            (tmp / "f").write_text("new")
+            out.rmdir()
+            out.mkdir()
+            (out / "user.txt").write_text("mine")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (out / "user.txt").read_text() == "mine"

@@ -485,7 +485,7 @@ def check_shard(out_dir: Path, shard: dict[str, Any], m: dict[str, Any]) -> Path
     """The shard file, if it is the one verification recorded (sha256, size); else a one-line DistillError."""
     p = out_dir / str(shard.get("file"))
     redo = f"rerun `{m.get('command') or DEFAULT_COMMAND}` to redo it"
-    if not SHARD_RE.match(p.name) or p.is_symlink() or not p.is_file():
+    if not SHARD_RE.match(p.name) or not p.is_file():
         raise DistillError(f"{p} is missing (or not a shard file of this corpus); {redo}")
     want = shard.get("sha256")
     if not isinstance(want, str):
