@@ -79,7 +79,8 @@ def test_two_concurrent_exports_one_wins(tmp_path_factory, tmp_path):
     out = tmp_path / "bundle"
     procs = [subprocess.Popen(
         [sys.executable, str(REPO_ROOT / "export.py"), f"export.checkpoint={tiny['run']}", f"export.output_dir={out}",
-         "export.overwrite=false", "experiment=smoke", f"paths.artifacts={tmp_path}/art", f"hydra.run.dir={tmp_path}/hydra{i}"],
+         "export.overwrite=false", "experiment=smoke", f"paths.artifacts={tmp_path}/art",
+         f"hydra.run.dir={tmp_path}/hydra{i}"],
         cwd=REPO_ROOT, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(2)]
     results = [(p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs]

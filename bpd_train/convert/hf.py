@@ -501,7 +501,7 @@ def read_heads(folder: Path) -> tuple[BPDConfig, dict[str, Tensor]] | None:
         raise ConvertError(f"{path} is not a bpd-train heads file (format {meta.get('format')!r})")
     try:
         config = BPDConfig.from_dict(json.loads(meta["bpd_config"]))
-    except (KeyError, ValueError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         raise ConvertError(f"{path} has an unreadable bpd_config ({e})") from None
     return config, tensors
 

@@ -308,7 +308,7 @@ def read_lm_heads(folder: Path) -> tuple[LMConfig, dict[str, Tensor]] | None:
         raise ConvertError(f"{path} is not a bpd-train decoder-only heads file")
     try:
         return LMConfig.from_dict(json.loads(meta["lm_config"])), tensors
-    except ValueError as e:
+    except (TypeError, ValueError) as e:
         raise ConvertError(f"{path} has an unreadable lm_config ({e})") from None
 
 

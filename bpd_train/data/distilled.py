@@ -236,25 +236,17 @@ SHARD_RE = re.compile(r"^shard-\d{5}-of-\d{5}\.jsonl$")
 
 
 def our_files(out_dir: Path) -> list[Path]:
-    """What distillation wrote into `out_dir` (manifest, shards, temp files of dead writers): all that
+    """What distillation wrote into `out_dir` (manifest, shard files, temp files of dead writers): all that
     distill.overwrite removes; anything else in the folder is the user's and stays."""
-    out = []
-    for p in out_dir.iterdir() if out_dir.is_dir() else []:
-        if p.is_symlink() or not p.is_file():
-            continue
-        if p.name == MANIFEST or SHARD_RE.match(p.name):
-            out.append(p)
-            out.extend(stale_temp_files(out_dir, p.name))
-    for name in [MANIFEST] + [s["file"] for s in _planned(out_dir)]:
-        out.extend(t for t in stale_temp_files(out_dir, name) if t not in out)
-    return out
-
-
-def _planned(out_dir: Path) -> list[dict[str, Any]]:
-    try:
-        return [s for s in read_manifest(out_dir)["shards"] if isinstance(s, dict) and isinstance(s.get("file"), str)]
-    except (DistillError, KeyError, TypeError):
+    if not out_dir.is_dir():
         return []
+    names = {MANIFEST, *(p.name for p in out_dir.iterdir() if SHARD_RE.match(p.name))}
+    try:  # temp files of planned shards that never got written
+        names.update(s["file"] for s in read_manifest(out_dir)["shards"] if SHARD_RE.match(str(s.get("file"))))
+    except (DistillError, KeyError, TypeError, AttributeError):
+        pass
+    files = [out_dir / n for n in sorted(names) if (out_dir / n).is_file() and not (out_dir / n).is_symlink()]
+    return files + [t for n in sorted(names) for t in stale_temp_files(out_dir, n)]
 
 
 # -------------------------------------------------------------------------------------------- verify
@@ -527,5 +519,5 @@ def check_teacher_ids(ds, vocab_size: int | None, out_dir: Path) -> None:
                    if any(t < 0 or (vocab_size is not None and t >= int(vocab_size)) for t in ids or []))
         top = f"[0, {int(vocab_size)})" if vocab_size is not None else "non-negative ids"
         raise DistillError(f"{out_dir}: record {bad} (id {ds[bad]['id']!r}) has teacher_ids outside the vocabulary "
-                           f"{top} (min {lo}, max {hi}): the shard was edited or made by another model; make the corpus again "
-                           "(distill.overwrite=true)")
+                           f"{top} (min {lo}, max {hi}): the shard was edited or made by another model; make the "
+                           "corpus again (distill.overwrite=true)")
