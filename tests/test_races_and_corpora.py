@@ -227,7 +227,6 @@ def _distill(art: Path, out: Path, *extra: str):
 def test_distill_overwrite_deletes_only_what_distillation_wrote(teacher, tmp_path):
     out = tmp_path / "corpus"
     assert _distill(teacher, out)["complete"]
-    assert read_manifest(out)["vocab_size"] == 200
     (out / "notes.md").write_text("my notes on this corpus")
     (out / "analysis").mkdir()
     (out / "analysis" / "plot.png").write_bytes(b"png")
@@ -239,6 +238,7 @@ def test_distill_overwrite_deletes_only_what_distillation_wrote(teacher, tmp_pat
     assert (out / "notes.md").read_text() == "my notes on this corpus" and (out / "analysis" / "plot.png").exists()
     assert (out / "shard-00000-of-00002.jsonl.bak").read_text() == "my backup" and live.exists()
     assert len(load_distilled_corpus(out)) == 6
+    assert read_manifest(out)["vocab_size"] == 200  # the teacher's: teacher ids are checked against it
 
 
 # ------------------------------------------------------------------------------------------------- translate
@@ -276,8 +276,9 @@ def test_translate_ctrl_c_reports_lines_written(bundle):
     p.send_signal(signal.SIGINT)
     rest, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
-    assert "Traceback" not in err and err.count("\n") == 1
-    m = re.fullmatch(r"interrupted: (\d+) of (\d+) lines written\n", err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    # (a first run on a machine may print one note first, while it compiles the decode kernels)
+    m = re.fullmatch(r"interrupted: (\d+) of (\d+) lines written", err.splitlines()[-1])
     assert m and (int(m[1]), int(m[2])) == (2, 2), err
     assert first and second and rest == ""
 
