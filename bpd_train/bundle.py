@@ -23,7 +23,7 @@ import torch
 
 from bpd_train import __version__
 from bpd_train.checkpoint import CheckpointError
-from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file, umask
+from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, outside, sha256_file, umask
 from bpd_train.model.config import BPDConfig
 
 BUNDLE_FORMAT = "bpd-train-bundle"
@@ -289,6 +289,9 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
 
     path = Path(path)
     config = read_bundle_config(path)
+    for name in (CONFIG, WEIGHTS, TOKENIZER, TOKENIZER_DIR, CARD, MANIFEST):  # tokenizer/'s files: tokenizer_files
+        if (path / name).is_symlink() and (why := outside(path, name)):
+            raise BundleError(f"bundle {path}: refusing to read outside the bundle folder: {why}")
     verify_manifest(path, config)
     folder = config["tokenizer"].get("file") == TOKENIZER_DIR
     tok_path = path / (TOKENIZER_DIR if folder else TOKENIZER)
@@ -337,6 +340,7 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
         if target not in tensors:
             raise BundleError(f"{path / CONFIG} ties {alias} to {target}, which is not in {WEIGHTS}")
         tensors[alias] = tensors[target]
+    check_buildable(cfg, tensors, where=f"{path / CONFIG} and {WEIGHTS}")
     model = build_model(cfg)
     check_state_shapes(model, tensors, where=str(path / WEIGHTS))
     stored_dtype = next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
@@ -387,11 +391,43 @@ def verify_manifest(path: Path, config: dict) -> None:
                               "after export; re-export the bundle (python export.py) instead of editing it")
 
 
-def check_state_shapes(model, state: dict[str, torch.Tensor], where: str) -> None:
-    """Names and shapes of `state` must be exactly the model's: one message listing what differs."""
+# A config's position table may take this much memory, or as much as the weights, whichever is more: enough for any
+# real model (opus-mt: 1 MiB; a 16k-position, 1024-wide one: 64 MiB), never the gigabytes an edited config asks for.
+MAX_TABLE_BYTES = 64 << 20
+
+
+def check_buildable(config, state: dict[str, torch.Tensor], where: str, optional: tuple[str, ...] = ()) -> None:
+    """Before a model is built from a config someone else wrote (a bundle, a checkpoint, an hf: folder): its
+    sizes must be the weights' (checked on a model on the meta device: nothing is allocated), and what it
+    allocates beyond the weights (the position table) must stay in proportion. One BundleError line otherwise.
+    `optional`: name prefixes the state may lack (fresh heads)."""
+    import dataclasses
+
+    from bpd_train.model import build_model
+
+    weights = sum(t.numel() * t.element_size() for t in state.values())
+    positions = int(config.max_positions)
+    if getattr(config, "arch", None) != "lm":  # a [max_positions, d_model] sinusoid table (LMs: sized from use)
+        table = positions * int(config.d_model) * 4
+        if table > max(MAX_TABLE_BYTES, weights):
+            raise BundleError(f"{where}: max_positions={positions} would allocate a {table / 2**20:,.0f} MiB position "
+                              f"table for {weights / 2**20:,.1f} MiB of weights: not this model's config (edited?)")
+    try:
+        small = dataclasses.replace(config, max_positions=max(1, min(positions, 8)))  # shapes do not depend on it
+        with torch.device("meta"):
+            shadow = build_model(small)
+    except (RuntimeError, ValueError, TypeError, OverflowError) as e:
+        raise BundleError(f"{where}: the model config cannot be built ({type(e).__name__}: "
+                          f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
+    check_state_shapes(shadow, state, where, optional=optional)
+
+
+def check_state_shapes(model, state: dict[str, torch.Tensor], where: str, optional: tuple[str, ...] = ()) -> None:
+    """Names and shapes of `state` must be exactly the model's (but for names starting with `optional`, which it
+    may lack): one message listing what differs."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in state.items()}
-    missing = sorted(set(expected) - set(got))
+    missing = sorted(k for k in set(expected) - set(got) if not (optional and k.startswith(optional)))
     unexpected = sorted(set(got) - set(expected))
     wrong = [f"{k}: {got[k]} (model expects {expected[k]})" for k in sorted(set(got) & set(expected))
              if got[k] != expected[k]]

@@ -31,7 +31,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from bpd_train.bundle import TOKENIZER, WEIGHTS, check_state_shapes, is_bundle, load_bundle
+from bpd_train.bundle import TOKENIZER, WEIGHTS, check_buildable, check_state_shapes, is_bundle, load_bundle
 from bpd_train.checkpoint import CheckpointError, checkpoint_meta, model_state, read_checkpoint
 from bpd_train.io import sha256_file
 from bpd_train.model.config import BPDConfig
@@ -218,9 +218,14 @@ def _find_tokenizer(start: Path, levels: int, meta: dict, where: Path) -> Path:
 
 
 def _build(meta: dict, state: dict, where: str):
-    from bpd_train.model import build_model
+    from bpd_train.model import build_model, config_from_dict
 
-    model = build_model(dict(meta["model_config"]))  # arch: lm -> LMModel, else BPDModel
+    try:
+        config = config_from_dict(dict(meta["model_config"]))  # arch: lm -> LMConfig, else BPDConfig
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: the saved model config is invalid ({e})") from None
+    check_buildable(config, state, where=where)  # before anything the config sizes is allocated
+    model = build_model(config)
     check_state_shapes(model, state, where=where)
     model.load_state_dict(state, strict=True)
     return model
@@ -266,7 +271,7 @@ def _resolve_hf(text: str) -> Source:
 
 
 def read_hf(src: Source, map_location) -> Read:
-    from bpd_train.convert.hf import ConvertError, load_hf
+    from bpd_train.convert.hf import ConvertError, folder_file, load_hf
     from bpd_train.convert.hf_lm import family_of, load_hf_lm
 
     if family_of(src.path) is not None:  # Llama / Qwen2 / Mistral: the decoder-only family
@@ -274,8 +279,9 @@ def read_hf(src: Source, map_location) -> Read:
             raise ConvertError(f"{src.given}: a decoder-only model takes no @<src_lang>:<tgt_lang>")
         if not (src.path / "tokenizer.json").is_file() and (src.path / TOKENIZER).is_file():
             # exported by export.format=hf from a model trained here from scratch: the corpus's sentencepiece model
+            tok = folder_file(src.path, TOKENIZER)
             model, _, meta = load_hf_lm(src.path, block_size=None, map_location=map_location, tokenizer=False)
-            return Read(model, src.path / TOKENIZER, None, meta, None)
+            return Read(model, tok, None, meta, None)
         model, tok, meta = load_hf_lm(src.path, block_size=None, map_location=map_location)
         return Read(model, src.path, None, meta, tok.meta())
     model, tok, meta = load_hf(src.path, block_size=None, map_location=map_location, **dict(src.options))
@@ -286,12 +292,14 @@ def _hf_id(src: Source) -> str:
     """sha256 over config.json and the weight files: the same weights give the same id wherever the folder is."""
     import hashlib
 
+    from bpd_train.convert.hf import folder_file
+
     h = hashlib.sha256()
     names = ["config.json", *sorted(p.name for p in src.path.iterdir()
                                     if p.suffix == ".safetensors" or p.name.startswith("pytorch_model"))]
     for name in names:
         if (src.path / name).is_file():
-            h.update(f"{name}\0{sha256_file(src.path / name)}\n".encode())
+            h.update(f"{name}\0{sha256_file(folder_file(src.path, name))}\n".encode())
     return "sha256:" + h.hexdigest()
 
 

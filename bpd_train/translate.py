@@ -14,6 +14,7 @@ the LM demo trains on). Exact blockwise and greedy give the same output.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from typing import Iterable, Iterator, TextIO
@@ -25,13 +26,16 @@ class _Lines:
     A real stdin is read as bytes (its .buffer): Python's own text layer would raise mid-stream (or, under a C
     locale, smuggle surrogates into sentencepiece). An in-memory text stream is taken as it is."""
 
-    def __init__(self, stream, errors: str):
+    def __init__(self, stream, errors: str, progress=None):
         self.stream, self.errors = getattr(stream, "buffer", stream), errors
+        self.progress = progress
         self.bad: list[tuple[int, int]] = []  # (line number, byte offset) of undecodable lines
         self.replaced = 0
 
     def __iter__(self) -> Iterator[str | None]:
         for lineno, line in enumerate(self.stream, start=1):
+            if self.progress is not None:
+                self.progress.read = lineno
             raw = line.encode("utf-8", "surrogateescape") if isinstance(line, str) else line
             raw = raw.rstrip(b"\r\n")
             try:
@@ -92,7 +96,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
+
+
+class _Progress:
+    read = written = 0      # input lines read so far; lines whose output is written (whole chunks, in order)
+    total: int | None = None  # the input's line count, when it is a file
+
+
 def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """Ctrl-C stops it with one line on stderr and status 130; the output written so far is the first N lines'."""
+    progress = _Progress()
+    try:
+        return _main(argv, stdin, stdout, stderr, progress)
+    except KeyboardInterrupt:
+        of = progress.total if progress.total is not None else progress.read
+        print(f"interrupted: {progress.written} of {of} lines written", file=stderr or sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
     args = parse_args(argv)
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     import torch
@@ -111,8 +134,13 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
         device = torch.device(auto if args.device == "auto" else args.device)
         if args.max_new_tokens is not None and args.max_new_tokens < 1:
             raise EvalError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+        if not all(math.isfinite(v) for v in args.max_len):
+            raise EvalError(f"--max-len takes two finite numbers A B (at most A*source_len + B tokens), got "
+                            f"{' '.join(map(str, args.max_len))}")
         if args.input is not None:
             stdin = _input_file(args.input)
+            data = stdin.getvalue()
+            progress.total = data.count(b"\n") + (not data.endswith(b"\n"))
         loaded = load(args.bundle, map_location=device)  # bpd_train/loading.py: a bundle (or any other source)
         model, sp = loaded.model, loaded.tokenizer()
         cfg = model.config
@@ -129,7 +157,7 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
     chat = loaded.is_lm and args.chat
     stats, n_sent, seconds = DecodeStats(), 0, 0.0
     with torch.inference_mode():
-        source = _Lines(stdin, args.errors)
+        source = _Lines(stdin, args.errors, progress)
         for lines in _chunks(source, args.batch_size):
             out = [""] * len(lines)
             todo = [i for i, s in enumerate(lines) if s is not None and s.strip()]
@@ -155,6 +183,7 @@ def main(argv=None, stdin: TextIO | None = None, stdout: TextIO | None = None, s
             stdout.write("".join(o + "\n" for o in out))
             stdout.flush()
             n_sent += len(lines)
+            progress.written = n_sent
     if not args.quiet:
         mode = f"blockwise k={k} {args.accept}" if use_blockwise else "greedy"
         khat = f"k̂={stats.mean_accepted:.2f}, " if use_blockwise else ""

@@ -187,10 +187,25 @@ def test_find_errors(tmp_path):
 
 
 def test_remove_stale_temps(tmp_path):
-    (tmp_path / ".shard-00000-of-00002.jsonl.abc.tmp").write_text("partial")
-    (tmp_path / ".shard-00001-of-00002.jsonl.def.tmp").write_text("someone else's")
+    """Only our temp files (host and pid in the name) of a process that is gone: a live writer's, another shard's
+    and a file not named by us stay."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    host = socket.gethostname()
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(done.stdout)
+    (tmp_path / f".shard-00000-of-00002.jsonl.bpd-{host}-{dead}-abc123.tmp").write_text("partial")
+    live = tmp_path / f".shard-00000-of-00002.jsonl.bpd-{host}-{os.getpid()}-def456.tmp"
+    live.write_text("being written")
+    other = tmp_path / f".shard-00001-of-00002.jsonl.bpd-{host}-{dead}-ghi789.tmp"
+    other.write_text("another shard's")
+    foreign = tmp_path / ".shard-00000-of-00002.jsonl.abc.tmp"
+    foreign.write_text("not named by us")
     assert remove_stale_temps(tmp_path, ["shard-00000-of-00002.jsonl"]) == 1
-    assert (tmp_path / ".shard-00001-of-00002.jsonl.def.tmp").exists()
+    assert live.exists() and other.exists() and foreign.exists()
 
 
 def test_find_self_corpus_takes_only_that_models_greedy_output(tmp_path):

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -155,7 +156,7 @@ def test_sigkill_then_resume_equals_uninterrupted(teacher, reference, tmp_path):
         load_distilled_corpus(out)
     # what a kill can leave: a temp file of the shard being written; plus a shard damaged behind our back
     missing = sorted(set(ref_out.glob("shard-*.jsonl")) - {ref_out / d.name for d in done})[0].name
-    (out / f".{missing}.abc123.tmp").write_text('{"id": "partial"')
+    (out / f".{missing}.bpd-{socket.gethostname()}-{p.pid}-abc123.tmp").write_text('{"id": "partial"')  # (dead)
     done[0].write_text(done[0].read_text().splitlines(keepends=True)[0])
     summary = run_inproc(ov)
     assert summary["complete"] and summary["skipped"] == len(done) - 1

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bpd_train.io import atomic_dir
+from bpd_train.io import atomic_dir, outside
 from bpd_train.model.config import BPDConfig
 
 SUPPORTED = {"MarianMTModel": "marian", "M2M100ForConditionalGeneration": "m2m_100",
@@ -50,12 +50,34 @@ class ConvertError(ValueError):
     """A checkpoint or model that cannot be converted (one line, for the user)."""
 
 
+def check_buildable(config, state: dict[str, Tensor], folder: Path) -> None:
+    """config.json's sizes against the weights, before the model is allocated (bundle.check_buildable); heads
+    that are not in the checkpoint start fresh."""
+    from bpd_train.bundle import BundleError
+    from bpd_train.bundle import check_buildable as check
+
+    try:
+        check(config, state, where=f"{Path(folder) / 'config.json'} and the weights", optional=("heads.",))
+    except BundleError as e:
+        raise ConvertError(str(e)) from None
+
+
 def _supported() -> str:
     return ", ".join(f"{a} (model_type {t})" for a, t in SUPPORTED.items()) + "; NLLB-200 is M2M100"
 
 
 # ----------------------------------------------------------------------------------------------- reading
+def folder_file(folder: str | Path, name: str) -> Path:
+    """folder/name, refused when it is not a file of the folder the user pointed at (a link or name leading
+    outside it): nothing outside is read, or copied into a bundle or export."""
+    why = outside(folder, name)
+    if why is not None:
+        raise ConvertError(f"refusing to read outside the model folder: {why}")
+    return Path(folder) / name
+
+
 def read_json(path: Path) -> dict[str, Any]:
+    path = folder_file(Path(path).parent, Path(path).name)
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -80,19 +102,18 @@ def family(hf: dict[str, Any]) -> str:
 
 def read_weights(folder: Path) -> dict[str, Tensor]:
     """All tensors of a checkpoint folder as float32, without unpickling anything."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     folder = Path(folder)
     if (folder / "model.safetensors").is_file():
-        files = [folder / "model.safetensors"]
+        files = [folder_file(folder, "model.safetensors")]
     elif (folder / "model.safetensors.index.json").is_file():
-        idx = read_json(folder / "model.safetensors.index.json")
-        files = [folder / f for f in sorted(set(idx.get("weight_map", {}).values()))]
+        files = _indexed(folder, "model.safetensors.index.json")
     elif (folder / "pytorch_model.bin").is_file():
-        files = [folder / "pytorch_model.bin"]
+        files = [folder_file(folder, "pytorch_model.bin")]
     elif (folder / "pytorch_model.bin.index.json").is_file():
-        idx = read_json(folder / "pytorch_model.bin.index.json")
-        files = [folder / f for f in sorted(set(idx.get("weight_map", {}).values()))]
+        files = _indexed(folder, "pytorch_model.bin.index.json")
     else:
         raise ConvertError(f"{folder} holds no weights: expected model.safetensors or pytorch_model.bin")
     out: dict[str, Tensor] = {}
@@ -100,7 +121,11 @@ def read_weights(folder: Path) -> dict[str, Tensor]:
         if not f.is_file():
             raise ConvertError(f"{f} is listed in the checkpoint's index but missing")
         if f.suffix == ".safetensors":
-            part = load_file(str(f))
+            try:
+                part = load_file(str(f))
+            except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # a truncated or lying header
+                raise ConvertError(f"{f} is not a readable safetensors file ({str(e).strip().splitlines()[0]})") \
+                    from None
         else:
             try:
                 part = torch.load(f, map_location="cpu", weights_only=True)
@@ -109,6 +134,15 @@ def read_weights(folder: Path) -> dict[str, Tensor]:
                                    "convert it to safetensors first") from None
         out.update({k: v.float() if v.is_floating_point() else v for k, v in part.items()})
     return out
+
+
+def _indexed(folder: Path, index: str) -> list[Path]:
+    """The weight files a sharded checkpoint's index names, each a file of the folder."""
+    idx = read_json(folder / index)
+    wmap = idx.get("weight_map") if isinstance(idx, dict) else None
+    if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
+        raise ConvertError(f"{folder / index} has no weight_map of tensor name -> file name")
+    return [folder_file(folder, f) for f in sorted(set(wmap.values()))]
 
 
 # ------------------------------------------------------------------------------------------ HF -> ours
@@ -254,8 +288,14 @@ def from_hf(folder: str | Path, *, block_size: int = 1, head_d_hidden: int | Non
     gen = read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
     # older checkpoints (most opus-mt) keep generation settings such as bad_words_ids in config.json
     gen = {**{k: hf[k] for k in _GENERATION_KEYS if hf.get(k) is not None}, **gen}
-    config = config_from_hf(hf, gen, block_size=block_size, head_d_hidden=head_d_hidden, identity_p1=identity_p1,
-                            tgt_lang_id=tgt_lang_id, unk_id=unk_id, dropout=dropout)
+    try:
+        config = config_from_hf(hf, gen, block_size=block_size, head_d_hidden=head_d_hidden,
+                                identity_p1=identity_p1, tgt_lang_id=tgt_lang_id, unk_id=unk_id, dropout=dropout)
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, ConvertError):
+            raise
+        what = f"lacks {e.args[0]!r}" if isinstance(e, KeyError) else f"holds a value of the wrong type or range ({e})"
+        raise ConvertError(f"{folder / 'config.json'} {what}") from None
     return config, state_from_hf(read_weights(folder), config)
 
 
@@ -453,21 +493,28 @@ def to_hf(model, out_dir: str | Path, tokenizer_folder: str | Path | None = None
 
 def read_heads(folder: Path) -> tuple[BPDConfig, dict[str, Tensor]] | None:
     """bpd_heads.safetensors beside a checkpoint -> (the config it was written with, heads tensors)."""
-    from safetensors import safe_open
-
     path = Path(folder) / HEADS_FILE
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         return None
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        if meta.get("format") != HEADS_FORMAT:
-            raise ConvertError(f"{path} is not a bpd-train heads file (format {meta.get('format')!r})")
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    meta, tensors = read_safetensors(folder_file(folder, HEADS_FILE))
+    if meta.get("format") != HEADS_FORMAT:
+        raise ConvertError(f"{path} is not a bpd-train heads file (format {meta.get('format')!r})")
     try:
         config = BPDConfig.from_dict(json.loads(meta["bpd_config"]))
-    except (KeyError, ValueError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         raise ConvertError(f"{path} has an unreadable bpd_config ({e})") from None
     return config, tensors
+
+
+def read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, Tensor]]:
+    """(metadata, tensors) of a safetensors file; one line when its header or data is damaged."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {}), {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise ConvertError(f"{path} is not a readable safetensors file ({str(e).strip().splitlines()[0]})") from None
 
 
 # ---------------------------------------------------------------------------------------- the hf: source
@@ -569,6 +616,7 @@ def load_hf(path_or_id: str | Path, *, block_size: int | None = None, head_d_hid
             tok.check_model(config.vocab_size, config.source_vocab_size)
         except TokenizerError as e:
             raise ConvertError(str(e)) from None
+    check_buildable(config, state, folder)
     model = BPDModel(config)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.startswith("heads.")]

@@ -28,12 +28,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bpd_train.convert.hf import ConvertError, read_json, read_weights, resolve
+from bpd_train.convert.hf import ConvertError, check_buildable, read_json, read_weights, resolve
 from bpd_train.model.lm_config import ROPE_SCALING, LMConfig
 
 log = logging.getLogger(__name__)
 
 SUPPORTED_LM = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
+_INT_ROPE_KEYS = ("original_max_position_embeddings",)
 
 
 def family_of(folder_or_config: str | Path | dict[str, Any]) -> str | None:
@@ -113,14 +114,20 @@ def config_from_hf_lm(hf: dict[str, Any], generation: dict[str, Any] | None = No
     if fam == "qwen2" and (hf.get("use_sliding_window") or "sliding_attention" in (hf.get("layer_types") or [])):
         raise ConvertError("sliding-window attention (use_sliding_window) is not implemented")
     window = hf.get("sliding_window") if fam == "mistral" else None
-    if window is not None and int(window) < int(hf.get("max_position_embeddings", 2048)):
-        raise ConvertError(f"sliding-window attention (sliding_window={window} < max_position_embeddings) is "
-                           "not implemented")
+    if window is not None:  # even one as long as the context: generation runs past it, where transformers masks
+        raise ConvertError(f"sliding-window attention (sliding_window={window}) is not implemented: bpd-train "
+                           "attends to the whole sequence, so tokens past the window would differ from transformers "
+                           "(Mistral v0.2 and later have sliding_window null)")
     if hf.get("pretraining_tp", 1) not in (1, None):
         log.info("pretraining_tp=%s only changes how transformers splits its matmuls; ignored", hf["pretraining_tp"])
     bias = bool(hf.get("attention_bias", False)) if fam == "llama" else False
-    theta, scaling = _rope(hf)
-    eos = _eos(hf, gen)
+    try:
+        theta, scaling = _rope(hf)
+        eos = _eos(hf, gen)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConvertError):
+            raise
+        raise ConvertError(f"config.json holds a value of the wrong type ({e})") from None
     bos = gen.get("bos_token_id", hf.get("bos_token_id"))
     if isinstance(bos, (list, tuple)):
         bos = bos[0] if bos else None
@@ -139,7 +146,7 @@ def config_from_hf_lm(hf: dict[str, Any], generation: dict[str, Any] | None = No
             identity_p1=identity_p1, bos_id=int(bos) if bos is not None else None, eos_id=eos[0], eos_ids=eos[1])
     except KeyError as e:
         raise ConvertError(f"config.json lacks {e.args[0]!r}: not a complete {fam} config") from None
-    except ValueError as e:
+    except (TypeError, ValueError) as e:
         raise ConvertError(f"config.json describes a model bpd-train cannot build: {e}") from None
 
 
@@ -220,8 +227,9 @@ def hf_config_of_lm(c: LMConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         raise ConvertError("q/k/v biases without an output bias are Qwen2's layout, which has no MLP biases; "
                            "this combination has no transformers equivalent")
     rope = {"rope_type": "default", "rope_theta": c.rope_theta}
-    if c.rope_scaling is not None:
-        rope.update(c.rope_scaling)
+    if c.rope_scaling is not None:  # a context length is an integer in transformers' config (a float warns)
+        rope.update({k: int(v) if k in _INT_ROPE_KEYS and float(v).is_integer() else v
+                     for k, v in c.rope_scaling.items()})
     cfg = {"architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
            "model_type": "qwen2" if qwen else "llama", "vocab_size": c.vocab_size, "hidden_size": c.d_model,
            "intermediate_size": c.d_ff, "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads,
@@ -290,21 +298,17 @@ def read_lm_heads(folder: Path) -> tuple[LMConfig, dict[str, Tensor]] | None:
     """bpd_heads.safetensors written by to_hf_lm -> (the LMConfig it was trained with, heads tensors)."""
     import json
 
-    from safetensors import safe_open
-
-    from bpd_train.convert.hf import HEADS_FILE, HEADS_FORMAT
+    from bpd_train.convert.hf import HEADS_FILE, HEADS_FORMAT, folder_file, read_safetensors
 
     path = Path(folder) / HEADS_FILE
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         return None
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    meta, tensors = read_safetensors(folder_file(folder, HEADS_FILE))
     if meta.get("format") != HEADS_FORMAT or "lm_config" not in meta:
         raise ConvertError(f"{path} is not a bpd-train decoder-only heads file")
     try:
         return LMConfig.from_dict(json.loads(meta["lm_config"])), tensors
-    except ValueError as e:
+    except (TypeError, ValueError) as e:
         raise ConvertError(f"{path} has an unreadable lm_config ({e})") from None
 
 
@@ -342,6 +346,7 @@ def load_hf_lm(folder_or_id: str | Path, *, block_size: int | None = None, heads
             tok.check_model(config.vocab_size)
         except TokenizerError as e:
             raise ConvertError(str(e)) from None
+    check_buildable(config, state, folder)
     model = LMModel(config)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if not (same and config.block_size > 1):  # fresh heads keep their zero initialisation

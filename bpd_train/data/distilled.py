@@ -19,12 +19,13 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from bpd_train.io import atomic_write_json, atomic_write_text, sha256_file
+from bpd_train.io import atomic_write_json, atomic_write_text, sha256_file, stale_temp_files
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -131,7 +132,7 @@ def shards_for_worker(num_shards: int, worker: int, num_workers: int) -> list[in
 
 
 def new_manifest(settings: TeacherSettings, ids: Sequence[Any], shard_size: int, *, corpus: str,
-                 teacher_path: str, limit: int | None, command: str) -> dict[str, Any]:
+                 teacher_path: str, limit: int | None, command: str, vocab_size: int | None = None) -> dict[str, Any]:
     if len(ids) == 0:
         raise DistillError(f"split '{settings.split}' has no examples to distill")
     if len(set(map(str, ids))) != len(ids):
@@ -144,7 +145,8 @@ def new_manifest(settings: TeacherSettings, ids: Sequence[Any], shard_size: int,
             **settings.as_dict(), "teacher_path": str(teacher_path),
             "num_examples": len(ids), "shard_size": int(shard_size), "num_shards": len(shards),
             "ids_sha256": ids_digest(ids), "limit": limit, "command": command,
-            "shards": shards, "complete": False, "teacher_bleu": None}
+            "shards": shards, "complete": False, "teacher_bleu": None,
+            **({"vocab_size": int(vocab_size)} if vocab_size is not None else {})}
 
 
 def check_compatible(existing: dict[str, Any], wanted: dict[str, Any], out_dir: Path) -> None:
@@ -220,13 +222,31 @@ def shard_is_done(out_dir: Path, shard: dict[str, Any]) -> bool:
 
 
 def remove_stale_temps(out_dir: Path, files: Iterable[str]) -> int:
-    """Temp files left by a killed writer of these shards (atomic_write_* names them .<file>.*.tmp)."""
+    """Temp files left by a killed writer of these shards: only ours (atomic_write_* names them with host and
+    pid), and only once that process is gone (a live writer's, or another host's, are left alone)."""
     n = 0
     for name in files:
-        for tmp in out_dir.glob(f".{name}.*.tmp"):
+        for tmp in stale_temp_files(out_dir, name):
             tmp.unlink(missing_ok=True)
             n += 1
     return n
+
+
+SHARD_RE = re.compile(r"^shard-\d{5}-of-\d{5}\.jsonl$")
+
+
+def our_files(out_dir: Path) -> list[Path]:
+    """What distillation wrote into `out_dir` (manifest, shard files, temp files of dead writers): all that
+    distill.overwrite removes; anything else in the folder is the user's and stays."""
+    if not out_dir.is_dir():
+        return []
+    names = {MANIFEST, *(p.name for p in out_dir.iterdir() if SHARD_RE.match(p.name))}
+    try:  # temp files of planned shards that never got written
+        names.update(s["file"] for s in read_manifest(out_dir)["shards"] if SHARD_RE.match(str(s.get("file"))))
+    except (DistillError, KeyError, TypeError, AttributeError):
+        pass
+    files = [out_dir / n for n in sorted(names) if (out_dir / n).is_file() and not (out_dir / n).is_symlink()]
+    return files + [t for n in sorted(names) for t in stale_temp_files(out_dir, n)]
 
 
 # -------------------------------------------------------------------------------------------- verify
@@ -253,19 +273,19 @@ def verify_corpus(out_dir: str | os.PathLike, *, bleu: bool = True) -> dict[str,
     for shard in m["shards"]:
         path = out_dir / shard["file"]
         if not path.is_file():
-            shard.update(state="missing", sha256=None, bytes=None)
+            shard.update(state="missing", sha256=None, bytes=None, mtime_ns=None)
             problems.append(f"{shard['file']}: missing")
             continue
         try:
             recs = read_shard(path)
             ids = [r["id"] for r in recs]
         except (DistillError, KeyError, TypeError, UnicodeDecodeError) as e:
-            shard.update(state="bad", sha256=None, bytes=None)
+            shard.update(state="bad", sha256=None, bytes=None, mtime_ns=None)
             problems.append(f"{shard['file']}: unreadable ({e})")
             continue
         dup = [i for i in ids if str(i) in seen]
         if len(ids) != shard["num_examples"] or ids_digest(ids) != shard["ids_sha256"] or dup:
-            shard.update(state="bad", sha256=None, bytes=None)
+            shard.update(state="bad", sha256=None, bytes=None, mtime_ns=None)
             problems.append(f"{shard['file']}: {len(ids)} examples (planned {shard['num_examples']})"
                             + (f", duplicate ids {dup[:3]}" if dup else "")
                             + ("" if ids_digest(ids) == shard["ids_sha256"] else ", ids differ from the plan"))
@@ -277,7 +297,8 @@ def verify_corpus(out_dir: str | os.PathLike, *, bleu: bool = True) -> dict[str,
         else:
             hyps.extend(r["translation"][tgt] for r in recs)
         refs.extend(r["gold"] for r in recs)
-        shard.update(state="done", sha256=sha256_file(path), bytes=path.stat().st_size)
+        st = path.stat()
+        shard.update(state="done", sha256=sha256_file(path), bytes=st.st_size, mtime_ns=st.st_mtime_ns)
     if not problems and (len(all_ids) != m["num_examples"] or ids_digest(all_ids) != m["ids_sha256"]):
         problems.append(f"{len(all_ids)} examples in all shards, planned {m['num_examples']} (ids differ)")
     m["complete"] = not problems
@@ -400,27 +421,26 @@ def find_self_corpus(corpus_artifacts_dir: str | os.PathLike, teacher_sha256: st
                        f"make it with `{command}`")
 
 
-def load_distilled_corpus(out_dir: str | os.PathLike):
+def load_distilled_corpus(out_dir: str | os.PathLike, vocab_size: int | None = None):
     """The distilled corpus as a ``datasets.Dataset`` in the translation schema, where the target
-    language holds the teacher translation. Columns: id, translation, teacher_ids, teacher_score, gold."""
+    language holds the teacher translation. Columns: id, translation, teacher_ids, teacher_score, gold.
+
+    Every shard must be the file verification hashed (sha256 from the manifest; the hash is skipped while size and
+    mtime are the recorded ones, and computed once per process otherwise), and every teacher id must be below
+    `vocab_size` (default: the teacher's, which the manifest records)."""
     out_dir = Path(out_dir)
     m = read_manifest(out_dir)
     if not m.get("complete"):
         raise DistillError(f"the distilled corpus {out_dir} is not complete "
                            f"({m.get('num_done_shards', 0)}/{m['num_shards']} shards verified); {finish_hint(m)}")
-    files = []
-    for s in m["shards"]:
-        p = out_dir / s["file"]
-        if not p.is_file() or (s.get("bytes") is not None and p.stat().st_size != s["bytes"]):
-            raise DistillError(f"{p} is missing or changed since the corpus was verified; "
-                               f"rerun `{m.get('command') or DEFAULT_COMMAND}` to redo it")
-        files.append(str(p))
+    files = [str(check_shard(out_dir, s, m)) for s in m["shards"]]
     import datasets
 
     if m.get("kind") == "lm":  # prompt/response (or chat) records as distill.py writes them for a decoder-only model
-        ds = datasets.load_dataset("json", data_files=files, split="train")
+        ds = _load_json(files, out_dir)
         if len(ds) != m["num_examples"]:
             raise DistillError(f"{out_dir}: read {len(ds)} examples, the manifest says {m['num_examples']}")
+        check_teacher_ids(ds, vocab_size if vocab_size is not None else m.get("vocab_size"), out_dir)
         return ds
     features = datasets.Features({
         "id": datasets.Value("string"),
@@ -429,7 +449,75 @@ def load_distilled_corpus(out_dir: str | os.PathLike):
         "teacher_score": datasets.Value("float32"),
         "gold": datasets.Value("string"),
     })
-    ds = datasets.load_dataset("json", data_files=files, split="train", features=features)
+    ds = _load_json(files, out_dir, features)
     if len(ds) != m["num_examples"]:
         raise DistillError(f"{out_dir}: read {len(ds)} examples, the manifest says {m['num_examples']}")
+    check_teacher_ids(ds, vocab_size if vocab_size is not None else m.get("vocab_size"), out_dir)
     return ds
+
+
+def _load_json(files: list[str], out_dir: Path, features=None):
+    import datasets
+    from datasets.exceptions import DatasetGenerationError
+
+    try:
+        return datasets.load_dataset("json", data_files=files, split="train", features=features)
+    except (DatasetGenerationError, ValueError, TypeError) as e:  # pyarrow's errors are ValueErrors too
+        cause = e.__cause__ or e
+        raise DistillError(f"{out_dir}: the shards do not read as this corpus's records "
+                           f"({type(cause).__name__}: {cause})") from None
+
+
+# (path, mtime_ns, size) -> sha256 of shards hashed in this process: a corpus is hashed at most once per process,
+# and not at all while its files keep the size and mtime that verification recorded
+_HASHED: dict[tuple[str, int, int], str] = {}
+
+
+def check_shard(out_dir: Path, shard: dict[str, Any], m: dict[str, Any]) -> Path:
+    """The shard file, if it is the one verification recorded (sha256, size); else a one-line DistillError."""
+    p = out_dir / str(shard.get("file"))
+    redo = f"rerun `{m.get('command') or DEFAULT_COMMAND}` to redo it"
+    if not SHARD_RE.match(p.name) or not p.is_file():
+        raise DistillError(f"{p} is missing (or not a shard file of this corpus); {redo}")
+    want = shard.get("sha256")
+    if not isinstance(want, str):
+        raise DistillError(f"{out_dir / MANIFEST} records no sha256 for {p.name}; verify the corpus again with "
+                           f"`{m.get('command') or DEFAULT_COMMAND} distill.action=verify`")
+    st = p.stat()
+    if shard.get("bytes") is not None and st.st_size != shard["bytes"]:
+        raise DistillError(f"{p} changed since the corpus was verified ({st.st_size} bytes, "
+                           f"{shard['bytes']} recorded); {redo}")
+    if (st.st_mtime_ns, st.st_size) == (shard.get("mtime_ns"), shard.get("bytes")):
+        return p  # untouched since verification hashed it
+    key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    got = _HASHED.get(key)
+    if got is None:
+        got = _HASHED[key] = sha256_file(p)
+    if got != want:
+        raise DistillError(f"{p} was modified after the corpus was verified (sha256 {got[:12]}, manifest "
+                           f"{want[:12]}); {redo}")
+    return p
+
+
+def check_teacher_ids(ds, vocab_size: int | None, out_dir: Path) -> None:
+    """teacher_ids must be token ids of the model's vocabulary: one line naming the first record that is not."""
+    if "teacher_ids" not in ds.column_names:
+        return
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = ds.data.column("teacher_ids")
+    flat = pc.list_flatten(col)
+    if len(flat) == 0:
+        return
+    if not pa.types.is_integer(flat.type):
+        raise DistillError(f"{out_dir}: teacher_ids must be lists of integer token ids (got {flat.type})")
+    lo, hi = pc.min_max(flat).values()
+    lo, hi = lo.as_py(), hi.as_py()
+    if lo is not None and (lo < 0 or (vocab_size is not None and hi >= int(vocab_size))):
+        bad = next(i for i, ids in enumerate(ds["teacher_ids"])
+                   if any(t < 0 or (vocab_size is not None and t >= int(vocab_size)) for t in ids or []))
+        top = f"[0, {int(vocab_size)})" if vocab_size is not None else "non-negative ids"
+        raise DistillError(f"{out_dir}: record {bad} (id {ds[bad]['id']!r}) has teacher_ids outside the vocabulary "
+                           f"{top} (min {lo}, max {hi}): the shard was edited or made by another model; make the "
+                           "corpus again (distill.overwrite=true)")

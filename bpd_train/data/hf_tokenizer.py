@@ -41,7 +41,19 @@ class TokenizerError(ValueError):
     """Missing or inconsistent tokenizer files of an imported model (one line, for the user)."""
 
 
+def inside(folder: Path, name: str) -> Path:
+    """folder/name, refused when a link (or the name) leads outside the folder: a model's tokenizer files are
+    read, hashed and copied into bundles, so nothing outside what the user pointed at may be among them."""
+    from bpd_train.io import outside
+
+    why = outside(folder, name)
+    if why is not None:
+        raise TokenizerError(f"refusing to read outside the model folder: {why}")
+    return Path(folder) / name
+
+
 def _read_json(path: Path) -> dict:
+    path = inside(path.parent, path.name)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -52,7 +64,19 @@ def _need(folder: Path, *names: str) -> list[Path]:
     missing = [n for n in names if not (folder / n).is_file()]
     if missing:
         raise TokenizerError(f"{folder} lacks the tokenizer file(s) {', '.join(missing)}")
-    return [folder / n for n in names]
+    return [inside(folder, n) for n in names]
+
+
+def _vocab(path: Path) -> dict[str, int]:
+    """vocab.json: piece -> model id, every id a non-negative integer (a string, float or negative id would
+    surface as an IndexError mid-translation)."""
+    vocab = _read_json(path)
+    if not isinstance(vocab, dict) or not vocab:
+        raise TokenizerError(f"{path} is not a piece -> id mapping")
+    bad = next(((k, v) for k, v in vocab.items() if type(v) is not int or v < 0), None)
+    if bad is not None:
+        raise TokenizerError(f"{path}: {bad[0]!r} maps to {bad[1]!r}, not a token id (a non-negative integer)")
+    return vocab
 
 
 def _spm(path: Path):
@@ -96,6 +120,8 @@ def tokenizer_files(folder: str | Path, kind: str | None = None) -> list[str]:
         names.append("tokenizer_config.json")
     if kind == "tokenizers" and (folder / "chat_template.jinja").is_file():  # a decoder-only model's chat template
         names.append("chat_template.jinja")
+    for name in names:
+        inside(folder, name)
     return names
 
 
@@ -140,12 +166,12 @@ class HFTokenizer:
     def _init_marian(self) -> None:
         f = self.folder
         _need(f, "source.spm", "target.spm", "vocab.json")
-        self.sp_source, self.sp_target = _spm(f / "source.spm"), _spm(f / "target.spm")
-        self.encoder = _read_json(f / "vocab.json")
+        self.sp_source, self.sp_target = _spm(inside(f, "source.spm")), _spm(inside(f, "target.spm"))
+        self.encoder = _vocab(f / "vocab.json")
         self.separate_vocabs = bool(self.tok_config.get("separate_vocabs", False))
         if self.separate_vocabs:
             _need(f, "target_vocab.json")
-            self.target_encoder = _read_json(f / "target_vocab.json")
+            self.target_encoder = _vocab(f / "target_vocab.json")
         else:
             self.target_encoder = self.encoder
         self.decoder = {int(v): k for k, v in self.target_encoder.items()}
@@ -165,8 +191,8 @@ class HFTokenizer:
     def _init_m2m100(self) -> None:
         f = self.folder
         _need(f, "sentencepiece.bpe.model", "vocab.json")
-        self.sp = _spm(f / "sentencepiece.bpe.model")
-        self.encoder = _read_json(f / "vocab.json")
+        self.sp = _spm(inside(f, "sentencepiece.bpe.model"))
+        self.encoder = _vocab(f / "vocab.json")
         codes = str(self.tok_config.get("language_codes", "m2m100"))
         if codes not in M2M100_LANGUAGE_CODES:
             raise TokenizerError(f"unknown M2M100 language_codes {codes!r} in {f / 'tokenizer_config.json'}; "
@@ -355,11 +381,19 @@ class HFTokenizer:
                 raise TokenizerError(
                     f"tokenizer in {self.folder} has {self.src_vocab_size}/{self.vocab_size} source/target tokens "
                     f"but the checkpoint has {src_vocab_size}/{vocab_size}: the files belong to different models")
+            if self.kind == "marian":  # as many entries as the model has rows is not enough: every id must be a row
+                for name, enc, n in (("vocab.json", self.encoder, src_vocab_size),
+                                     ("target_vocab.json" if self.separate_vocabs else "vocab.json",
+                                      self.target_encoder, vocab_size)):
+                    top = max(enc.values())
+                    if top >= n:
+                        raise TokenizerError(f"{self.folder / name} maps a piece to id {top}, but the checkpoint "
+                                             f"has {n} tokens: the file was edited or belongs to another model")
             return
         if self.kind == "m2m100":
-            top = max(self.langs.values()) + 1
-        else:
-            top = self.vocab_size
+            top = max(max(self.langs.values()), max(self.encoder.values())) + 1
+        else:  # added tokens may sit above the counted vocabulary
+            top = max(self.vocab_size, max(self.tk.get_vocab(with_added_tokens=True).values(), default=-1) + 1)
         if top > min(vocab_size, src_vocab_size):
             raise TokenizerError(f"tokenizer in {self.folder} uses ids up to {top - 1} but the checkpoint's vocabulary "
                                  f"has {min(vocab_size, src_vocab_size)} tokens: the files belong to different models")

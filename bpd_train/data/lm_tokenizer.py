@@ -15,11 +15,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Sequence
 
-from bpd_train.data.hf_tokenizer import TokenizerError
+from bpd_train.data.hf_tokenizer import TokenizerError, inside
 from bpd_train.io import sha256_file
 
 
 def _read_json(path: Path) -> dict:
+    path = inside(path.parent, path.name)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -73,6 +74,7 @@ class LMTokenizer:
         if not self.path.is_file():
             raise TokenizerError(f"{self.folder} lacks tokenizer.json (decoder-only models are read with the Hugging "
                                  "Face tokenizers file)")
+        inside(self.folder, "tokenizer.json")
         try:
             self.tk = Tokenizer.from_file(str(self.path))
         except Exception as e:
@@ -96,7 +98,7 @@ class LMTokenizer:
             template = named.get("default")
         jinja_file = self.folder / "chat_template.jinja"
         if template is None and jinja_file.is_file():
-            template = jinja_file.read_text(encoding="utf-8")
+            template = inside(self.folder, jinja_file.name).read_text(encoding="utf-8")
         self.chat_template: str | None = template
         self._compiled = None
         self.hash = sha256_file(self.path)
@@ -137,8 +139,8 @@ class LMTokenizer:
 
     # ---- bundles ----
     def files(self) -> list[str]:
-        return [n for n in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-                if (self.folder / n).is_file()]
+        return [str(inside(self.folder, n).name) for n in ("tokenizer.json", "tokenizer_config.json",
+                                                           "chat_template.jinja") if (self.folder / n).is_file()]
 
     def meta(self) -> dict:
         return {"kind": self.kind, "files": self.files(), "vocab_size": self.vocab_size, "bos_id": self.bos_id,
@@ -150,6 +152,10 @@ class LMTokenizer:
         if self.vocab_size > vocab_size:
             raise TokenizerError(f"tokenizer in {self.folder} has {self.vocab_size} tokens but the checkpoint's "
                                  f"vocabulary has {vocab_size}: the files belong to different models")
+        top = max(self.tk.get_vocab(with_added_tokens=True).values(), default=-1)
+        if top >= vocab_size:  # an added token with an id past the embedding (a gap the count does not show)
+            raise TokenizerError(f"{self.path} has a token with id {top}, but the checkpoint's vocabulary has "
+                                 f"{vocab_size} tokens: the file was edited or belongs to another model")
 
 
 class RunLMTokenizer(LMTokenizer):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any, Sequence
 
 from bpd_train.data.distilled import (
     DEFAULT_COMMAND, DistillError, TeacherSettings, canonical_max_len, check_compatible, new_manifest,
-    read_manifest, remove_stale_temps, shard_is_done, shards_for_worker, verify_corpus, write_manifest,
+    our_files, read_manifest, remove_stale_temps, shard_is_done, shards_for_worker, verify_corpus, write_manifest,
     write_shard,
 )
 from bpd_train.distillation.workers import Worker, detect_worker
@@ -245,7 +244,8 @@ def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
     out_dir = Path(d.output_dir) if d.output_dir else corpus_dir / "distill" / settings.teacher_id
     wanted = new_manifest(settings, ids, int(d.shard_size), corpus=str(cfg.data.name),
                           teacher_path=teacher.source.spec or str(Path(teacher.source).resolve()),
-                          limit=None if d.limit is None else int(d.limit), command=command)
+                          limit=None if d.limit is None else int(d.limit), command=command,
+                          vocab_size=int(teacher.config.vocab_size))
     if (out_dir / "manifest.json").exists():
         existing = read_manifest(out_dir)
         if not d.overwrite:
@@ -441,8 +441,14 @@ def run(cfg, overrides: Sequence[str] = ()) -> dict[str, Any]:
         if count > 1:
             raise DistillError("distill.overwrite=true with several workers would let them delete each other's "
                                "shards; start over with one process (or remove the folder first)")
-        log.warning("distill.overwrite=true: removing %s", job.out_dir)
-        shutil.rmtree(job.out_dir)
+        ours = our_files(job.out_dir)  # manifest, shards, dead writers' temp files: never a user's file
+        log.warning("distill.overwrite=true: removing the %d file(s) of the corpus in %s", len(ours), job.out_dir)
+        for p in ours:
+            p.unlink(missing_ok=True)
+        kept = [p.name for p in job.out_dir.iterdir()]
+        if kept:
+            log.warning("distill.overwrite=true: kept %d file(s) distillation did not write: %s", len(kept),
+                        ", ".join(sorted(kept)[:5]))
     if d.action == "status":  # looks, writes nothing
         return status(job.out_dir, job.manifest)
     if not (job.out_dir / "manifest.json").exists():
