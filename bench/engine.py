@@ -534,6 +534,21 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
     return rows
 
 
+def _command(argv) -> str:
+    """The command line as a user would type it, for the tables' header (run folders relative to the checkout)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    rel = []
+    for a in args:
+        p = Path(a)
+        if p.is_absolute():
+            try:
+                a = str(p.resolve().relative_to(ROOT))
+            except ValueError:
+                a = p.name
+        rel.append(a)
+    return " ".join(["python bench/engine.py", *rel])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -559,14 +574,16 @@ def main(argv=None) -> int:
         print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}, "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
         rows = bench_kernels(a.sizes, threads=a.threads[0], reps=a.reps)
-        print(json.dumps({"cpu": cpu_model(), "engine": engine_name(), "kernels": rows}))
+        print(json.dumps({"cpu": cpu_model(), "engine": engine_name(), "torch": torch.__version__,
+                          "date": time.strftime("%Y-%m-%d", time.gmtime()), "command": _command(argv), "kernels": rows}))
         return 0
     if a.regimes:
         print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}, "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
         rows = [r for dt in a.dtype
                 for r in bench_regimes(a.regimes, threads=a.threads[0], batch_sizes=a.batch, reps=a.passes, dtype=dt)]
-        print(json.dumps({"cpu": cpu_model(), "engine": engine_name(), "regimes": rows}))
+        print(json.dumps({"cpu": cpu_model(), "engine": engine_name(), "torch": torch.__version__,
+                          "date": time.strftime("%Y-%m-%d", time.gmtime()), "command": _command(argv), "regimes": rows}))
         return 0
     print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}",
           flush=True)
