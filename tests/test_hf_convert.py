@@ -63,9 +63,10 @@ def folders(tmp_path_factory):
     mtok = transformers.MarianTokenizer(str(mar / "source.spm"), str(mar / "target.spm"), str(mar / "vocab.json"))
     mtok.save_pretrained(mar)
     pad = vocab["<pad>"]
+    # encoder and decoder differ in heads and FFN size (transformers allows it; so does BPDConfig)
     cfg = transformers.MarianConfig(vocab_size=len(vocab), d_model=16, encoder_layers=2, decoder_layers=2,
-                                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                                    decoder_ffn_dim=32, max_position_embeddings=64, activation_function="swish",
+                                    encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=32,
+                                    decoder_ffn_dim=24, max_position_embeddings=64, activation_function="swish",
                                     scale_embedding=True, pad_token_id=pad, eos_token_id=0,
                                     decoder_start_token_id=pad, forced_eos_token_id=None)
     m = _randomize(transformers.MarianMTModel(cfg).eval())

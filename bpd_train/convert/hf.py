@@ -156,6 +156,12 @@ def _one_id(v, name: str) -> int:
     return int(v)
 
 
+def _other(hf: dict[str, Any], key: str, encoder_key: str) -> int | None:
+    """The decoder's value where it differs from the encoder's (BPDConfig's n_decoder_heads / d_ff_decoder)."""
+    v = hf.get(key)
+    return None if v is None or int(v) == int(hf[encoder_key]) else int(v)
+
+
 def config_from_hf(hf: dict[str, Any], generation: dict[str, Any] | None = None, *, block_size: int = 1,
                    head_d_hidden: int | None = None, identity_p1: bool = True, tgt_lang_id: int | None = None,
                    unk_id: int | None = None, dropout: float | None = None) -> BPDConfig:
@@ -163,9 +169,6 @@ def config_from_hf(hf: dict[str, Any], generation: dict[str, Any] | None = None,
     NLLB): the forced target-language token, which becomes the BOS after the decoder-start prefix."""
     fam = family(hf)
     gen = generation or {}
-    if hf.get("encoder_attention_heads") != hf.get("decoder_attention_heads") or \
-            hf.get("encoder_ffn_dim") != hf.get("decoder_ffn_dim"):
-        raise ConvertError("encoder and decoder differ in attention heads or ffn size; bpd-train's layers share them")
     act = _ACTIVATIONS.get(str(hf.get("activation_function", "relu")))
     if act is None:
         raise ConvertError(f"activation_function {hf.get('activation_function')!r} is not supported "
@@ -178,7 +181,9 @@ def config_from_hf(hf: dict[str, Any], generation: dict[str, Any] | None = None,
     common = dict(
         d_model=int(hf["d_model"]), n_heads=int(hf["encoder_attention_heads"]),
         n_encoder_layers=int(hf["encoder_layers"]), n_decoder_layers=int(hf["decoder_layers"]),
-        d_ff=int(hf["encoder_ffn_dim"]), dropout=float(hf.get("dropout", 0.1) if dropout is None else dropout),
+        d_ff=int(hf["encoder_ffn_dim"]),
+        n_decoder_heads=_other(hf, "decoder_attention_heads", "encoder_attention_heads"),
+        d_ff_decoder=_other(hf, "decoder_ffn_dim", "encoder_ffn_dim"), dropout=float(hf.get("dropout", 0.1) if dropout is None else dropout),
         max_positions=int(hf.get("max_position_embeddings", 1024)), block_size=int(block_size),
         head_d_hidden=head_d_hidden, identity_p1=identity_p1, pad_id=pad, eos_id=eos,
         norm_eps=_HF_EPS, activation=act, scale_embedding=bool(hf.get("scale_embedding", False)),
@@ -364,8 +369,8 @@ def hf_config_of(config: BPDConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     act = {"relu": "relu", "gelu": "gelu", "swish": "swish"}[c.activation]
     common = {
         "d_model": c.d_model, "encoder_layers": c.n_encoder_layers, "decoder_layers": c.n_decoder_layers,
-        "encoder_attention_heads": c.n_heads, "decoder_attention_heads": c.n_heads,
-        "encoder_ffn_dim": c.d_ff, "decoder_ffn_dim": c.d_ff, "activation_function": act,
+        "encoder_attention_heads": c.n_heads, "decoder_attention_heads": c.decoder_heads,
+        "encoder_ffn_dim": c.d_ff, "decoder_ffn_dim": c.decoder_ff, "activation_function": act,
         "max_position_embeddings": c.max_positions, "scale_embedding": c.scale_embedding,
         "pad_token_id": c.pad_id, "eos_token_id": c.eos_id, "dropout": c.dropout, "attention_dropout": 0.0,
         "activation_dropout": 0.0, "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0,

@@ -42,12 +42,17 @@ class BPDConfig:
     decoder_prefix: tuple[int, ...] = ()  # tokens before bos_id in every target (NLLB/M2M100: decoder start
     #                                       token; bos_id is then the forced target-language code)
     suppress_ids: tuple[int, ...] = ()   # ids the decoders never generate (Marian's bad_words_ids: the pad)
+    # the decoder's attention heads and FFN size where they differ from the encoder's (n_heads, d_ff), as
+    # transformers allows for Marian / M2M100 / NLLB (None: the same)
+    n_decoder_heads: int | None = None
+    d_ff_decoder: int | None = None
 
     def __post_init__(self) -> None:
         if self.vocab_size <= 0:
             raise ValueError(f"vocab_size must be positive, got {self.vocab_size}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        for name, h in (("n_heads", self.n_heads), ("n_decoder_heads", self.decoder_heads)):
+            if h <= 0 or self.d_model % h:
+                raise ValueError(f"d_model={self.d_model} is not divisible by {name}={h}")
         if self.block_size < 1:
             raise ValueError(f"block_size (k) must be >= 1, got {self.block_size}")
         if self.activation not in ACTIVATIONS:
@@ -65,6 +70,14 @@ class BPDConfig:
     @property
     def source_vocab_size(self) -> int:
         return self.src_vocab_size if self.src_vocab_size is not None else self.vocab_size
+
+    @property
+    def decoder_heads(self) -> int:
+        return self.n_decoder_heads if self.n_decoder_heads is not None else self.n_heads
+
+    @property
+    def decoder_ff(self) -> int:
+        return self.d_ff_decoder if self.d_ff_decoder is not None else self.d_ff
 
     @property
     def head_hidden(self) -> int:

@@ -45,7 +45,7 @@ class BPDModel(nn.Module):
              for _ in range(c.n_encoder_layers)])
         self.register_module("encoder_norm", nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.final_norm else None)
         self.decoder_layers = nn.ModuleList(
-            [DecoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_eps, **arch)
+            [DecoderLayer(c.d_model, c.decoder_heads, c.decoder_ff, c.dropout, c.norm_eps, **arch)
              for _ in range(c.n_decoder_layers)])
         # the "final norm" every head goes through (None: heads go straight to the projection)
         self.register_module("decoder_norm", nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.final_norm else None)
