@@ -3,8 +3,16 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-# The repository root (this package is installed editable); the bundled corpus lives under it.
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# Where conf/ and the bundled corpus (data/) are: the clone (an editable install), or the copies a wheel ships in
+# bpd_train/_root (bpd_train/_build.py). INSTALLED: no clone around, so runs write under the working directory.
+_SHIPPED = Path(__file__).resolve().parent / "_root"
+INSTALLED = (_SHIPPED / "conf").is_dir()
+REPO_ROOT = _SHIPPED if INSTALLED else Path(__file__).resolve().parent.parent
+
+
+def work_root() -> str:
+    """Where artifacts/ and outputs/ go by default (conf/paths/default.yaml): the clone, else the working directory."""
+    return str(Path.cwd() if INSTALLED else REPO_ROOT)
 
 
 def corpus_name(path: object, hf_name: object = None, hf_config: object = None, src: object = None,
@@ -34,6 +42,8 @@ def _register_resolvers() -> None:
         return
     if not OmegaConf.has_resolver("repo_root"):
         OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
+    if not OmegaConf.has_resolver("work_root"):
+        OmegaConf.register_new_resolver("work_root", work_root)
     if not OmegaConf.has_resolver("corpus_name"):
         OmegaConf.register_new_resolver("corpus_name", corpus_name)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from pathlib import Path
 from typing import Callable, NoReturn, TextIO, TypeVar
 
 EXIT_USER_ERROR = 2
@@ -56,14 +57,11 @@ def exits_on_user_error(fn: F) -> F:
 
 # --- config overrides: checked before Hydra starts, so a typo is one line naming the closest valid key ----------
 
-def config_dir() -> "Path":
-    """The folder of Hydra configs: the clone's conf/, else the copy shipped inside an installed package."""
-    from pathlib import Path
-
+def config_dir() -> Path:
+    """The folder of Hydra configs: the clone's conf/, or the copy an installed wheel ships (bpd_train/_build.py)."""
     from bpd_train import REPO_ROOT
 
-    shipped = Path(__file__).resolve().parent / "conf"
-    return shipped if shipped.is_dir() else REPO_ROOT / "conf"
+    return REPO_ROOT / "conf"
 
 
 def _leaves(node: object, prefix: str = "") -> list[str]:
@@ -133,7 +131,7 @@ def _type_error(key: str, default: object, value: object) -> str | None:
     return None
 
 
-def _group_error(e: Exception, conf: "Path") -> str:
+def _group_error(e: Exception, conf: Path) -> str:
     options = [o for o in (getattr(e, "options", None) or []) if not str(o).startswith("_")]
     missing = getattr(e, "missing_cfg_file", None) or ""
     group, _, name = str(missing).rpartition("/")
@@ -241,7 +239,7 @@ _OPTIONS = {
 }
 
 
-def _summary(path: "Path") -> str:
+def _summary(path: Path) -> str:
     """A config file's one-line description: its `# Summary:` line, else the first comment that is not a command."""
     lines = [ln[1:].strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.startswith("#")]
     for ln in lines:
@@ -256,7 +254,7 @@ def _summary(path: "Path") -> str:
     return ""
 
 
-def _options(group: str) -> list["Path"]:
+def _options(group: str) -> list[Path]:
     folder = config_dir() / group
     return sorted(p for p in folder.glob("*.yaml") if not p.name.startswith("_")) if folder.is_dir() else []
 
