@@ -154,8 +154,8 @@ def check_config(config_name: str, argv: list[str], command: str) -> None:
     if any(a in ("--help", "-h") for a in argv):
         print(usage(config_name, command), flush=True)  # then Hydra's --help prints the config
         return
-    if not args:
-        return
+    if not args or any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        return  # Hydra's own flags (--cfg job, --info, -cn NAME, ...) take values: Hydra reads this command line
     conf = config_dir()
     try:
         overrides = OverridesParser.create().parse_overrides(args)

@@ -54,6 +54,7 @@ def test_valid_additions_still_compose():
                            "+callbacks.snap.every_n_train_steps=3", "+data.hf_kwargs.data_files=f.json",
                            "trainer.devices=auto", "trainer.val_check_interval=0.5"], "python train.py")
     check_config("evaluate", ["decode.max_len=20", "decode.adaptive=0.5"], "python evaluate.py")
+    check_config("train", ["+regime=base", "--cfg", "job"], "python train.py")  # Hydra's flags: Hydra's business
 
 
 def test_help_lists_regimes_experiments_options(tmp_path):

@@ -3,6 +3,7 @@ bundled corpus, its console scripts run the smoke chain (train base, train heads
 empty directory, and config typos are still one line. The fresh venv reuses this environment's packages (a .pth
 line; no download), so only bpd-train itself comes from the wheel."""
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -18,9 +19,17 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("install")
+    # built from a copy of what the wheel needs: an in-tree build leaves build/ and *.egg-info in the checkout
+    src = tmp / "src"
+    src.mkdir()
+    for rel in ("pyproject.toml", "README.md", "bpd_train", "conf", "data"):
+        if (REPO_ROOT / rel).is_dir():
+            shutil.copytree(REPO_ROOT / rel, src / rel, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(REPO_ROOT / rel, src / rel)
     wheels = tmp / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(wheels), str(REPO_ROOT)], check=True, capture_output=True, timeout=300, cwd=tmp)
+                    str(wheels), str(src)], check=True, capture_output=True, timeout=300, cwd=tmp)
     (wheel,) = wheels.glob("bpd_train-*.whl")
     env_dir = tmp / "venv"
     base = getattr(sys, "_base_executable", sys.executable)
