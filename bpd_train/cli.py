@@ -161,6 +161,8 @@ def check_config(config_name: str, argv: list[str], command: str) -> None:
         overrides = OverridesParser.create().parse_overrides(args)
     except Exception as e:  # Hydra's OverrideParseException and grammar errors
         fail(f"cannot parse the overrides: {str(e).splitlines()[0]}")
+    if any(o.is_sweep_override() for o in overrides):
+        return  # a multirun sweep: Hydra composes one config per point and reports on its own
     mine = [o for o in overrides if not o.key_or_group.startswith("hydra")]
     groups = [o for o in mine if (conf / o.key_or_group).is_dir() and "." not in o.key_or_group]
     values = [o for o in mine if o not in groups]

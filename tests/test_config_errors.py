@@ -55,6 +55,8 @@ def test_valid_additions_still_compose():
                            "trainer.devices=auto", "trainer.val_check_interval=0.5"], "python train.py")
     check_config("evaluate", ["decode.max_len=20", "decode.adaptive=0.5"], "python evaluate.py")
     check_config("train", ["+regime=base", "--cfg", "job"], "python train.py")  # Hydra's flags: Hydra's business
+    check_config("train", ["-m", "hydra/launcher=slurm", "+regime=frozen,both", "model.block_size=2,4"],
+                 "python train.py")  # README's sweep
 
 
 def test_help_lists_regimes_experiments_options(tmp_path):
