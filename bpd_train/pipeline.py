@@ -1,6 +1,8 @@
 """The whole BPD experiment in miniature, one stage after another: `make demo` runs this.
 
 python -m bpd_train.pipeline --experiment demo [--k 4] [--regimes frozen,finetune,distill,both,self] [EXTRA=OVERRIDES ...]
+python -m bpd_train.pipeline ... --print-stages      (the stage list: name, kind, the stages it waits for)
+python -m bpd_train.pipeline ... --stage NAME [--launcher slurm]   (one stage; what slurm/pipeline.sh's jobs run)
 
 tokenizer -> base model -> [teacher model] -> teacher beam-search distillation corpus -> heads in each regime at
 block size k (`self`: after a corpus of its init_from model's own greedy output)
@@ -114,15 +116,14 @@ def distilled_dir(common: list[str], teacher: Path | None) -> Path:
 
 def self_corpus_stage(common: list[str], extra: list[str], run: bool = True) -> list[str]:
     """Regime `self`: its init_from model's (the base, or regime.init_from in its pipeline.regime_overrides) own
-    greedy output (distill.py teacher=<init_from> beam 1), made unless complete. Returns the override that names it
-    for the train stage."""
+    greedy output (distill.py teacher=<init_from> beam 1), made unless complete (run=False: only named). Returns the
+    override that names it for the train stage."""
     init_from = Path(str(compose("train", ["+regime=self", *common, *extra]).regime.init_from))
     made = distilled_dir([*common, "distill.beam_size=1"], init_from)
-    if not run:
-        pass
-    elif read_manifest(made).get("complete") if (made / "manifest.json").exists() else False:
+    complete = read_manifest(made).get("complete") if (made / "manifest.json").exists() else False
+    if run and complete:
         print(f"=== self-distill: complete ({made}), skipped")
-    else:
+    elif run:
         run_stage("self-distill", ["distill.py", *common, f"teacher={init_from}", "distill.beam_size=1"])
     return [f"regime.distilled_dir={made}"]
 
