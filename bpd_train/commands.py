@@ -1,6 +1,7 @@
 """Console scripts of an installed package (pyproject.toml [project.scripts]): bpd-train, bpd-distill,
 bpd-evaluate, bpd-export, bpd-translate. Each does what the clone's train.py / distill.py / evaluate.py /
-export.py do, with the configs shipped inside the package (bpd_train.cli.config_dir), from any directory."""
+export.py do, with the configs shipped inside the package (bpd_train.cli.config_dir), from any directory.
+`python -m bpd_train.commands train|distill|evaluate|export ARGS` is the same (the pipeline's stages, installed)."""
 from __future__ import annotations
 
 import sys
@@ -78,3 +79,10 @@ def translate() -> None:
     from bpd_train.translate import main
 
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    COMMANDS = {"train": train, "distill": distill, "evaluate": evaluate, "export": export, "translate": translate}
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        sys.exit(f"usage: python -m bpd_train.commands {{{','.join(COMMANDS)}}} [ARGS ...]")
+    COMMANDS[sys.argv.pop(1)]()

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bpd_train import REPO_ROOT
+from bpd_train import INSTALLED, REPO_ROOT
 from bpd_train.data.distilled import read_manifest
 
 HEAD_REGIMES = ("frozen", "finetune", "distill", "both", "self")
@@ -63,9 +63,11 @@ def run_stage(name: str, argv: list[str]) -> None:
         os.chdir(REPO_ROOT)
         os.execvp(cmd[0], cmd)
     cmd = [sys.executable, *argv]
+    if INSTALLED:  # no train.py beside an installed package: the same commands, from the package
+        cmd = [sys.executable, "-m", "bpd_train.commands", argv[0].removesuffix(".py"), *argv[1:]]
     print(f"\n=== {name}: {' '.join(argv)}", flush=True)
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT)
+    proc = subprocess.run(cmd, cwd=None if INSTALLED else REPO_ROOT)
     if proc.returncode != 0:
         sys.exit(f"stage '{name}' failed (exit {proc.returncode}); fix the error above and rerun — "
                  f"finished stages are skipped")
