@@ -2,11 +2,13 @@
 #      torchrun --nproc-per-node=N distill.py ...   |   sbatch --array=0-7 slurm/distill.sbatch ...
 """Re-translate a corpus split with the teacher's beam search into a resumable, sharded distilled corpus."""
 import json
+import sys
 
 import hydra
 from omegaconf import DictConfig
 
 import bpd_train  # noqa: F401  (registers the ${repo_root:} resolver)
+from bpd_train.cli import check_config
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="distill")
@@ -21,4 +23,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_config("distill", sys.argv[1:], "python distill.py")
     main()

@@ -1,10 +1,13 @@
 # Run: python evaluate.py [experiment=smoke] [evaluate.inputs=[PATH,...]] [decode.block_sizes=[8,4]] [decode=greedy]
 #      [decode.rules=[exact,top2]] [evaluate.batch_sizes=[1,32]] [evaluate.split=test] [evaluate.max_sentences=N]
 """Greedy vs blockwise decoding of checkpoints: BLEU/chrF, k̂, calls, agreement, speedup -> report + plots."""
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
 import bpd_train  # noqa: F401  (registers the ${repo_root:} resolver)
+from bpd_train.cli import check_config
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
@@ -16,4 +19,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_config("evaluate", sys.argv[1:], "python evaluate.py")
     main()

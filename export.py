@@ -1,10 +1,13 @@
 # Run: python export.py [experiment=smoke] [export.checkpoint=PATH] [export.dtype=bfloat16] [export.output_dir=DIR]
 # PATH: a Lightning .ckpt, a run folder, a DeepSpeed ZeRO checkpoint folder, or a bundle.
 """Checkpoint -> bundle (model.safetensors, config.json, tokenizer.model, README.md model card)."""
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
 import bpd_train  # noqa: F401  (registers the ${repo_root:} resolver)
+from bpd_train.cli import check_config
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
@@ -16,4 +19,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_config("export", sys.argv[1:], "python export.py")
     main()

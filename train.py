@@ -7,6 +7,7 @@ import hydra
 from omegaconf import DictConfig
 
 import bpd_train  # noqa: F401  (registers the ${repo_root:} resolver)
+from bpd_train.cli import check_config
 from bpd_train.training.run import check_argv
 
 
@@ -20,4 +21,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     check_argv(sys.argv[1:])
+    check_config("train", sys.argv[1:], "python train.py")
     main()

@@ -67,7 +67,8 @@ def marian(tmp_path_factory):
 
 
 def _data(m):
-    return ["data=local", f"data.path={m['data']}", "data.src_lang=en", "data.tgt_lang=de", "data.num_proc=1",
+    return ["data=local", "data.name=local", f"data.path={m['data']}", "data.src_lang=en", "data.tgt_lang=de",
+            "data.num_proc=1",
             "data.splits={train:train.jsonl,validation:validation.jsonl,test:test.jsonl}"]
 
 

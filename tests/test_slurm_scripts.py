@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,59 +66,87 @@ def _deps(args):
     return sorted(int(x) for x in d.split(":")[1:]) if d else []
 
 
-def test_pipeline_dependency_graph_gpu(fake):
+def _stage(args):
+    """The pipeline stage a job runs (its --wrap command), or None."""
+    m = re.search(r"--stage (\S+) --launcher slurm$", _opt(args, "wrap") or "")
+    return m.group(1) if m else None
+
+
+def test_pipeline_submits_the_pipelines_own_stages(fake):
+    # the stage list and its dependencies are the local driver's (python -m bpd_train.pipeline --print-stages):
+    # the demo's teacher and `self` stages, no second copy in the script
     out = fake("slurm/pipeline.sh", "paths.artifacts=/scratch/a", EXPERIMENT="demo", GPUS_PER_NODE="4",
-               NODES="2", PARTITION="gpu", ACCOUNT="proj", DISTILL_TASKS="3")
+               NODES="2", PARTITION="gpu", ACCOUNT="proj", DISTILL_TASKS="3", K="8", PYTHON=sys.executable)
     jobs = dict(kv.split("=") for kv in re.search(r"^jobs: (.*)$", out, re.M).group(1).split())
-    assert list(jobs) == ["base", "distill-array", "distill-verify", "frozen", "finetune", "distill", "both",
-                          "evaluate", "export"], out
+    assert list(jobs) == ["base", "teacher", "distill-corpus-array", "distill-corpus-verify", "frozen", "finetune",
+                          "distill", "both", "self-distill-array", "self-distill-verify", "self", "evaluate",
+                          "export"], out
     sub = fake.submitted()
-    ids = list(sub)
-    base, arr, ver, frozen, finetune, distill, both, ev, ex = ids
-    assert re.search(rf"^base\s+{base}$", out, re.M) and re.search(rf"^export\s+{ex}$", out, re.M), out
+    jid = {name: int(j) for name, j in jobs.items()}
     for args in sub.values():
-        assert _opt(args, "partition") == "gpu" and _opt(args, "account") == "proj"
-        assert "--parsable" in args
-    # training: multi-node, one task per GPU, the sbatch file, experiment + user overrides, regime
-    b = sub[base]
+        assert _opt(args, "partition") == "gpu" and _opt(args, "account") == "proj" and "--parsable" in args
+        wrap = _opt(args, "wrap")
+        assert "-m bpd_train.pipeline --experiment demo --k 8 paths.artifacts=/scratch/a --stage" in wrap, wrap
+    assert {_stage(sub[j]) for j in jid.values()} == {n.rsplit("-array", 1)[0].rsplit("-verify", 1)[0]
+                                                      for n in jobs}
+    # training: multi-node, one task per GPU, and train.sbatch's requeue settings
+    b = sub[jid["base"]]
     assert (_opt(b, "nodes"), _opt(b, "ntasks-per-node"), _opt(b, "gpus-per-node")) == ("2", "4", "4")
-    assert b[-4:] == ["slurm/train.sbatch", "+regime=base", "experiment=demo", "paths.artifacts=/scratch/a"]
-    assert _deps(b) == []
-    # distillation: array after base, then verify after the array, one GPU per task
-    a = sub[arr]
-    assert _opt(a, "array") == "0-2" and _opt(a, "gpus-per-task") == "1" and _deps(a) == [base]
-    assert "slurm/distill.sbatch" in a
-    v = sub[ver]
-    assert _deps(v) == [arr] and "DISTILL_ACTION=verify" in _opt(v, "export") and "slurm/distill.sbatch" in v
-    # heads: gold-data regimes after base only, distilled-data regimes after the verified corpus
-    assert _deps(sub[frozen]) == [base] and _deps(sub[finetune]) == [base]
-    assert _deps(sub[distill]) == sorted([base, ver]) and _deps(sub[both]) == sorted([base, ver])
-    for jid, r in ((frozen, "frozen"), (finetune, "finetune"), (distill, "distill"), (both, "both")):
-        assert f"+regime={r}" in sub[jid] and _opt(sub[jid], "job-name") == f"bpd-{r}"
-    # evaluate after every training job, on one GPU; export after evaluate
-    assert _deps(sub[ev]) == sorted([base, frozen, finetune, distill, both])
-    assert _opt(sub[ev], "gpus-per-node") == "1" and "slurm/evaluate.sbatch" in sub[ev]
-    assert ev in _deps(sub[ex]) and "export.py" in _opt(sub[ex], "wrap")
-    for jid in ids[1:]:
-        assert "--kill-on-invalid-dep=yes" in sub[jid]
+    assert _opt(b, "signal") == "SIGUSR1@120" and "--requeue" in b and _deps(b) == []
+    # the teacher continues the base; its beam-search corpus (array, then verify) waits for it
+    assert _deps(sub[jid["teacher"]]) == [jid["base"]]
+    a = sub[jid["distill-corpus-array"]]
+    assert _opt(a, "array") == "0-2" and _opt(a, "gpus-per-task") == "1" and _deps(a) == [jid["teacher"]]
+    v = sub[jid["distill-corpus-verify"]]
+    assert _deps(v) == [jid["distill-corpus-array"]] and "DISTILL_ACTION=verify" in _opt(v, "export")
+    corpus = jid["distill-corpus-verify"]
+    assert _deps(sub[jid["frozen"]]) == [jid["base"]] and _deps(sub[jid["finetune"]]) == [jid["base"]]
+    assert _deps(sub[jid["distill"]]) == sorted([jid["base"], corpus]) == _deps(sub[jid["both"]])
+    # self: both's own greedy output, then heads from both on it
+    assert _deps(sub[jid["self-distill-array"]]) == [jid["both"]]
+    assert _deps(sub[jid["self"]]) == sorted([jid["both"], jid["self-distill-verify"]])
+    ev, ex = sub[jid["evaluate"]], sub[jid["export"]]
+    assert _deps(ev) == sorted(jid[r] for r in ("base", "frozen", "finetune", "distill", "both", "self"))
+    assert _opt(ev, "gpus-per-node") == "1" and _deps(ex) == [jid["evaluate"]]
+    for j in list(jid.values())[1:]:
+        assert "--kill-on-invalid-dep=yes" in sub[j]
 
 
 def test_pipeline_cpu_only_has_no_gres(fake):
-    fake("slurm/pipeline.sh", EXPERIMENT="smoke", GPUS_PER_NODE="0", CPUS_PER_TASK="1", REGIMES="frozen")
+    fake("slurm/pipeline.sh", EXPERIMENT="smoke", GPUS_PER_NODE="0", CPUS_PER_TASK="1", REGIMES="frozen",
+         PYTHON=sys.executable)
     sub = fake.submitted()
-    assert len(sub) == 4  # base, frozen, evaluate, export: no distillation corpus needed
+    assert [_stage(a) for a in sub.values()] == ["base", "frozen", "evaluate", "export"]  # no corpus needed
     for args in sub.values():
         assert not any("gpu" in a or "gres" in a for a in args), args
-        assert "experiment=smoke" in args or "experiment=smoke" in (_opt(args, "wrap") or "")
+        assert "--experiment smoke" in _opt(args, "wrap")
     assert _opt(sub[min(sub)], "ntasks-per-node") == "1"
 
 
 def test_pipeline_stages_subset(fake):
-    fake("slurm/pipeline.sh", STAGES="heads evaluate", REGIMES="distill", GPUS_PER_NODE="0")
+    fake("slurm/pipeline.sh", STAGES="heads evaluate", REGIMES="distill", GPUS_PER_NODE="0", EXPERIMENT="smoke",
+         PYTHON=sys.executable)
     sub = fake.submitted()
     first, ev = sub
-    assert "+regime=distill" in sub[first] and _deps(sub[first]) == []  # artifacts assumed to exist
+    assert _stage(sub[first]) == "distill" and _deps(sub[first]) == []  # artifacts assumed to exist
     assert _deps(sub[ev]) == [first]
+
+
+def test_stage_job_runs_its_command_through_the_sbatch_file(fake, tmp_path):
+    # inside a stage job: the pipeline picks the stage's command and runs train.sbatch's job mode (srun), which
+    # adds the allocation's settings
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PATH=f"{fake.dir / 'bin'}:{env['PATH']}", FAKE_DIR=str(fake.dir), SLURM_JOB_ID="7",
+               SLURM_JOB_NUM_NODES="1", SLURM_NTASKS_PER_NODE="1", SLURM_NTASKS="1", PYTHON="python",
+               SLURM_SUBMIT_DIR=str(REPO), PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-m", "bpd_train.pipeline", "--experiment", "smoke", "--stage", "base",
+                        "--launcher", "slurm", f"paths.artifacts={tmp_path}/art"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    argv = (fake.dir / "srun").read_text().splitlines()
+    assert argv[:3] == ["--kill-on-bad-exit=1", "python", "train.py"]
+    assert argv[3:6] == ["+regime=base", "experiment=smoke", f"paths.artifacts={tmp_path}/art"]
+    assert "trainer=cpu" in argv
 
 
 def test_train_sbatch_submit_mode(fake):

@@ -11,7 +11,15 @@ first few, and `on_bad_line: skip` logs how many were skipped (and the first few
 Whole-file problems are always a CorpusError, whatever the policy: a missing or empty split file, and parallel
 files of different lengths (one missing line shifts every later pair, so no line-by-line skip could be right).
 
-`format: hf` calls `load_dataset(hf_name, hf_config)` (default `wmt14`/`de-en`) and runs the same row checks.
+`format: hf` calls `load_dataset(hf_name, hf_config)` (default `wmt14`/`de-en`; a folder written by
+`save_to_disk` is read with `load_from_disk`) and runs the same row checks. A dataset without a `translation`
+column names its two text columns in `data.columns` ({src_lang: column, tgt_lang: column}).
+
+Your own files (docs/data.md): `data.splits: null` finds each split's file under `data.path` by name and format
+(train.jsonl, dev.tsv, valid.en/valid.fr, ...; `data.path` may also be the train file itself). A jsonl line is
+`{"translation": {src: ..., tgt: ...}}` or flat `{src: ..., tgt: ...}`; a tsv file may start with a header that names
+the languages. `data.split_from_train: N` carves N rows each for the validation and test splits that have no file,
+from a seeded permutation of train (the same rows on every run and every machine). Example ids must be unique per split.
 """
 from __future__ import annotations
 
@@ -30,8 +38,12 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
 FORMATS = ("hf", "jsonl", "tsv", "parallel_text")
-_READER_VERSION = "1"  # bump when the reader's output changes, so old cached arrow files are not reused
+_READER_VERSION = "2"  # bump when the reader's output changes, so old cached arrow files are not reused
 _SHOW = 5  # bad lines quoted in an error or skip message
+# File names a split is found under (data.splits: null), and the extensions of each format
+_SPLIT_NAMES = {"train": ("train",), "validation": ("validation", "valid", "dev", "val"), "test": ("test",)}
+_EXTENSIONS = {"jsonl": (".jsonl", ".jsonl.gz", ".json"), "tsv": (".tsv", ".tsv.gz")}
+_CARVE_SEED = 0  # split_from_train's permutation: fixed, so a corpus's carved splits never change
 
 
 class CorpusError(ValueError):
@@ -86,8 +98,10 @@ def _row(id_: str, src: str, tgt: str, s: str = "", t: str = "", error: str = ""
     return {"id": id_, "translation": {src: s if not error else "", tgt: t if not error else ""}, "error": error}
 
 
-def _gen_jsonl(files: list[str], src: str, tgt: str, fingerprint: str) -> Iterator[dict]:
+def _gen_jsonl(files: list[str], src: str, tgt: str, fingerprint: str, keys: tuple[str, str] | None = None
+               ) -> Iterator[dict]:
     del fingerprint  # only there so that the datasets cache key changes with the files
+    k_src, k_tgt = keys or (src, tgt)
     for file in files:
         path = Path(file)
         for lineno, raw in _iter_lines(path):
@@ -105,26 +119,51 @@ def _gen_jsonl(files: list[str], src: str, tgt: str, fingerprint: str) -> Iterat
             except json.JSONDecodeError as e:
                 yield _row(id_, src, tgt, error=f"{where}: malformed JSON ({e.msg} at column {e.colno})")
                 continue
-            tr = obj.get("translation") if isinstance(obj, dict) else None
-            if not isinstance(tr, dict):
-                yield _row(id_, src, tgt, error=f"{where}: no 'translation' object")
+            if not isinstance(obj, dict):
+                yield _row(id_, src, tgt, error=f"{where}: a JSON {type(obj).__name__}, not an object")
                 continue
-            missing = [lang for lang in (src, tgt) if lang not in tr]
+            tr = obj.get("translation")
+            if not isinstance(tr, dict):
+                if k_src not in obj and k_tgt not in obj:  # neither schema: say both
+                    yield _row(id_, src, tgt, error=f"{where}: no 'translation' object and no {k_src!r}/{k_tgt!r} "
+                                                    f"keys (keys: {', '.join(sorted(map(str, obj)))}); expected "
+                                                    f'{{"translation": {{"{src}": ..., "{tgt}": ...}}}} or '
+                                                    f'{{"{k_src}": ..., "{k_tgt}": ...}}, or set data.columns')
+                    continue
+                tr = obj  # flat: {src: ..., tgt: ...}
+            missing = [k for k in (k_src, k_tgt) if k not in tr]
             if missing:
-                yield _row(id_, src, tgt, error=f"{where}: language key {missing[0]!r} not in translation "
+                yield _row(id_, src, tgt, error=f"{where}: language key {missing[0]!r} not in "
+                                                f"{'translation' if tr is not obj else 'the line'} "
                                                 f"(keys: {', '.join(sorted(map(str, tr)))})")
                 continue
-            err = _check_pair(tr[src], tr[tgt], src, tgt, where)
+            err = _check_pair(tr[k_src], tr[k_tgt], src, tgt, where)
             id_ = str(obj.get("id", id_))
-            yield _row(id_, src, tgt, tr[src], tr[tgt], err)
+            yield _row(id_, src, tgt, tr[k_src], tr[k_tgt], err)
 
 
-def _gen_tsv(files: list[str], src: str, tgt: str, columns: tuple[str, ...], fingerprint: str) -> Iterator[dict]:
+def _tsv_header(path: Path, src: str, tgt: str) -> tuple[str, ...] | None:
+    """The file's first line as column names when it names both languages (a header), else None."""
+    first = next(_iter_lines(path), (0, b""))[1]
+    try:
+        fields = tuple(f.strip() for f in first.decode("utf-8").split("\t"))
+    except UnicodeDecodeError:
+        return None
+    return fields if src in fields and tgt in fields else None
+
+
+def _gen_tsv(files: list[str], src: str, tgt: str, columns: tuple[str, ...], fingerprint: str,
+             header: str = "auto") -> Iterator[dict]:
     del fingerprint
-    i_src, i_tgt = columns.index(src), columns.index(tgt)
     for file in files:
         path = Path(file)
+        names = _tsv_header(path, src, tgt) if header != "false" else None
+        skip_first = bool(names) or header == "true"
+        cols = names or columns
+        i_src, i_tgt = cols.index(src), cols.index(tgt)
         for lineno, raw in _iter_lines(path):
+            if skip_first and lineno == 1:
+                continue
             where = f"{path}:{lineno}"
             id_ = f"{path.name}:{lineno}"
             text, err = _decode(raw, where)
@@ -132,9 +171,9 @@ def _gen_tsv(files: list[str], src: str, tgt: str, columns: tuple[str, ...], fin
                 yield _row(id_, src, tgt, error=err)
                 continue
             fields = text.split("\t")
-            if len(fields) != len(columns):
+            if len(fields) != len(cols):
                 yield _row(id_, src, tgt, error=f"{where}: {len(fields)} tab-separated fields, expected "
-                                                f"{len(columns)} ({', '.join(columns)})")
+                                                f"{len(cols)} ({', '.join(cols)})")
                 continue
             s, t = fields[i_src], fields[i_tgt]
             yield _row(id_, src, tgt, s, t, _check_pair(s, t, src, tgt, where))
@@ -190,7 +229,52 @@ def _resolve(path: Any, name: Any) -> str:
     return str(p if p.is_absolute() or path is None else Path(str(path)) / p)
 
 
+def _candidates(folder: Path, split: str, fmt: str, src: str, tgt: str) -> list[tuple[str, list]]:
+    """(name shown to the user, files) a split may be found as, in order of preference."""
+    out = []
+    for name in _SPLIT_NAMES[split]:
+        if fmt == "parallel_text":
+            out.append((f"{name}.{src}+{name}.{tgt}", [[str(folder / f"{name}.{src}"), str(folder / f"{name}.{tgt}")]]))
+        else:
+            out += [(f"{name}{ext}", [str(folder / f"{name}{ext}")]) for ext in _EXTENSIONS[fmt]]
+    return out
+
+
+def _flat(files: list) -> list[str]:
+    return [f for item in files for f in (item if isinstance(item, list) else [item])]
+
+
+def _all_exist(files: list) -> bool:
+    return all(Path(f).is_file() for f in _flat(files))
+
+
+def _found_files(data_cfg: Any, split: str, fmt: str) -> list:
+    """data.splits: null -- the split's file under data.path, found by name and format; [] when it has none."""
+    path = _get(data_cfg, "path")
+    src, tgt = str(_get(data_cfg, "src_lang")), str(_get(data_cfg, "tgt_lang"))
+    if path is None:
+        raise CorpusError("data.path is not set: point it at your corpus folder (or train file), e.g. data=local "
+                          "data.path=DIR data.src_lang=en data.tgt_lang=fr; docs/data.md")
+    folder = Path(str(path))
+    if folder.is_file():  # the one file is the train split; split_from_train carves the others
+        return [str(folder)] if split == "train" else []
+    if not folder.is_dir():
+        raise CorpusError(f"data.path: {folder} does not exist")
+    for _, files in _candidates(folder, split, fmt, src, tgt):
+        if _all_exist(files):
+            return files
+    if split == "train":
+        looked = ", ".join(n for n, _ in _candidates(folder, split, fmt, src, tgt))
+        other = [f"{n} (data.format={f})" for f in ("jsonl", "tsv", "parallel_text") if f != fmt
+                 for n, fs in _candidates(folder, split, f, src, tgt) if _all_exist(fs)]
+        hint = f"; found {other[0]}" if other else "; or name the files with data.splits.train=FILE"
+        raise CorpusError(f"data.format={fmt}: no train file in {folder} (looked for {looked}){hint}")
+    return []
+
+
 def _split_files(data_cfg: Any, split: str, fmt: str) -> list:
+    if _get(data_cfg, "splits") is None:
+        return _found_files(data_cfg, split, fmt)
     path = _get(data_cfg, "path")
     spec = _get(_get(data_cfg, "splits", {}) or {}, split)
     if spec is None:
@@ -250,16 +334,41 @@ def _load_hf(data_cfg: Any, src: str, tgt: str, cache_dir: str | None, num_proc:
     # hf_kwargs go to load_dataset as they are (e.g. data_files, revision); tests point hf_name=json at a local
     # file with wmt14's schema and run this same code path offline.
     kwargs = {k: _plain(v) for k, v in (_get(data_cfg, "hf_kwargs") or {}).items()}
-    raw = datasets.load_dataset(name, config, cache_dir=cache_dir, **kwargs)
-    splits = _get(data_cfg, "splits") or {s: s for s in SPLITS}
+    folder = Path(str(name))
+    if (folder / "dataset_dict.json").is_file():  # a DatasetDict.save_to_disk folder: load_dataset cannot read it
+        raw = datasets.load_from_disk(str(folder))
+    else:
+        raw = datasets.load_dataset(name, config, cache_dir=cache_dir, **kwargs)
+    explicit = _get(data_cfg, "splits") is not None
+    splits = _get(data_cfg, "splits") or {}
+    given = _plain(_get(data_cfg, "columns"))
+    if given is not None and not isinstance(given, dict):
+        raise CorpusError(f"data.columns for format=hf maps each language to its column, e.g. {{{src}: source, "
+                          f"{tgt}: target}}; got {given!r}")
     out = {}
     for ours in wanted:
-        theirs = _get(splits, ours)
-        if theirs is None:
-            continue
-        if theirs not in raw:
-            raise CorpusError(f"{name}/{config} has no split {theirs!r} (has: {', '.join(raw)}); fix data.splits.{ours}")
+        if explicit:
+            theirs = _get(splits, ours)
+            if theirs is None:
+                continue
+            if theirs not in raw:
+                raise CorpusError(f"{name}/{config} has no split {theirs!r} (has: {', '.join(raw)}); "
+                                  f"fix data.splits.{ours}")
+        else:  # data.splits: null -- the dataset's own split names
+            theirs = next((n for n in _SPLIT_NAMES[ours] if n in raw), None)
+            if theirs is None:
+                continue
         ds = raw[theirs]
+        if "translation" not in ds.column_names:  # flat columns: {src: column, tgt: column} (data.columns)
+            cols = {lang: str((given or {}).get(lang, lang)) for lang in (src, tgt)}
+            missing = [c for c in cols.values() if c not in ds.column_names]
+            if missing:
+                raise CorpusError(f"{name}/{config} split {theirs!r} has no 'translation' column and no column "
+                                  f"{missing[0]!r} (columns: {', '.join(ds.column_names)}); set data.columns="
+                                  f"{{{src}: COLUMN, {tgt}: COLUMN}}")
+            ds = ds.map(lambda b: {"translation": [{src: s_, tgt: t_} for s_, t_ in zip(b[cols[src]], b[cols[tgt]])]},
+                        batched=True, remove_columns=[c for c in ds.column_names if c != "id"],
+                        desc=f"columns {ours}")
         feat = ds.features.get("translation")
         langs = list(getattr(feat, "languages", None) or (feat.keys() if isinstance(feat, dict) else []))
         for lang in (src, tgt):
@@ -281,25 +390,36 @@ def _load_hf(data_cfg: Any, src: str, tgt: str, cache_dir: str | None, num_proc:
 
 def _read_local(fmt: str, files: list, src: str, tgt: str, data_cfg: Any, cache_dir: str | None,
                 split: str) -> Dataset:
-    flat = [f for item in files for f in (item if isinstance(item, list) else [item])]
+    flat = _flat(files)
     for f in flat:
         if not Path(f).is_file():
             raise CorpusError(f"data.splits.{split}: {f} does not exist (or is not a file); fix data.path or "
                               f"data.splits.{split}")
         if next(_iter_lines(Path(f)), None) is None:  # datasets would only say 'Instruction "train" corresponds to no data!'
             raise CorpusError(f"data.splits.{split}: {f} is empty")
+    given = _plain(_get(data_cfg, "columns"))
     if fmt == "jsonl":
-        gen, kw = _gen_jsonl, {"files": files}
+        if given is not None and not isinstance(given, dict):
+            raise CorpusError(f"data.columns for jsonl maps each language to its key, e.g. {{{src}: source, "
+                              f"{tgt}: target}}; got {given!r}")
+        keys = (str(given.get(src, src)), str(given.get(tgt, tgt))) if given else None
+        gen, kw = _gen_jsonl, {"files": files, "keys": keys}
     elif fmt == "tsv":
-        columns = [str(c) for c in (_get(data_cfg, "columns") or [src, tgt])]
+        if isinstance(given, dict):
+            raise CorpusError(f"data.columns for tsv lists the language of each column, e.g. [{src},{tgt}]; got {given}")
+        columns = [str(c) for c in (given or [src, tgt])]
+        header = str(_get(data_cfg, "header", "auto")).lower()
+        if header not in ("auto", "true", "false"):
+            raise CorpusError(f"data.header={header!r}; expected auto, true or false")
         for lang in (src, tgt):
             if lang not in columns:
                 raise CorpusError(f"tsv columns {columns} have no language key {lang!r}; set data.columns")
-        gen, kw = _gen_tsv, {"files": files, "columns": tuple(columns)}  # a list would be read as shards
+        # a list would be read as shards
+        gen, kw = _gen_tsv, {"files": files, "columns": tuple(columns), "header": header}
     else:
         _check_parallel_lengths(files)
         gen, kw = _gen_parallel, {"pairs": files}
-    fp = _fingerprint(flat, fmt, src, tgt, kw.get("columns"), split)
+    fp = _fingerprint(flat, fmt, src, tgt, kw.get("columns"), kw.get("keys"), kw.get("header"), split)
     ds = Dataset.from_generator(
         gen, features=_features(src, tgt), cache_dir=cache_dir, split=split,
         gen_kwargs={**kw, "src": src, "tgt": tgt, "fingerprint": fp}, fingerprint=fp,
@@ -323,11 +443,52 @@ def _apply_bad_line_policy(ds: Dataset, split: str, policy: str) -> Dataset:
     return ds.select(keep).flatten_indices().remove_columns("error")
 
 
+def _carve_sizes(data_cfg: Any) -> dict[str, int]:
+    n = _plain(_get(data_cfg, "split_from_train"))
+    if n is None:
+        return {}
+    sizes = {s: n for s in ("validation", "test")} if not isinstance(n, dict) else {str(k): v for k, v in n.items()}
+    for split, size in sizes.items():
+        if split not in ("validation", "test") or isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise CorpusError(f"data.split_from_train: N rows for validation and test, or {{validation: N, test: M}}; "
+                              f"got {n!r}")
+    return {k: v for k, v in sizes.items() if v}
+
+
+def _carve(train: Dataset, sizes: dict[str, int]) -> dict[str, Dataset]:
+    """Validation/test rows drawn from a fixed-seed permutation of train; train keeps the rest in its own order."""
+    total = sum(sizes.values())
+    if total >= len(train):
+        raise CorpusError(f"data.split_from_train: {total} held-out rows leave nothing of the {len(train)} train rows")
+    import numpy as np
+
+    perm = np.random.default_rng(_CARVE_SEED).permutation(len(train))
+    out, start = {}, 0
+    for split, n in sizes.items():
+        out[split] = train.select(sorted(perm[start:start + n].tolist())).flatten_indices()
+        start += n
+    out["train"] = train.select(sorted(perm[start:].tolist())).flatten_indices()
+    log.info("split_from_train: %s carved from %d train rows", {k: len(v) for k, v in out.items()}, len(train))
+    return out
+
+
+def _check_unique_ids(ds: Dataset, split: str) -> None:
+    # Distillation, evaluation and resumption match rows by id: two rows with one id would swap or drop translations.
+    ids = ds["id"]
+    if len(set(ids)) == len(ids):
+        return
+    seen: set[str] = set()
+    dup = list(dict.fromkeys(i for i in ids if i in seen or seen.add(i)))
+    raise CorpusError(f"split {split!r} has duplicate example ids ({len(dup)}: {', '.join(map(repr, dup[:3]))}"
+                      f"{' ...' if len(dup) > 3 else ''}); ids must be unique")
+
+
 def load_corpus(data_cfg: Any, cache_dir: str | os.PathLike | None = None,
                 splits: tuple[str, ...] = SPLITS) -> DatasetDict:
     """Load the configured corpus as a DatasetDict (train/validation/test) in the translation schema.
 
     Bad lines follow `data_cfg.on_bad_line` ("error": one ValueError; "skip": counted, logged, dropped).
+    `data_cfg.split_from_train` carves validation/test from train where they have no file (see the module doc).
     `data_cfg.limit.<split>` (optional) keeps only the first N rows of a split (smoke runs).
     """
     fmt = _get(data_cfg, "format", "jsonl")
@@ -340,6 +501,10 @@ def load_corpus(data_cfg: Any, cache_dir: str | os.PathLike | None = None,
     policy = _get(data_cfg, "on_bad_line", "error")
     if policy not in ("error", "skip"):
         raise CorpusError(f"data.on_bad_line={policy!r}; expected 'error' or 'skip'")
+    carve = _carve_sizes(data_cfg)
+    requested = tuple(splits)
+    if carve:  # train depends on which splits have files of their own, so every split is looked at
+        splits = SPLITS
     cache_dir = str(cache_dir) if cache_dir is not None else None
     num_proc = _get(data_cfg, "num_proc")
     if fmt == "hf":
@@ -350,17 +515,24 @@ def load_corpus(data_cfg: Any, cache_dir: str | os.PathLike | None = None,
             files = _split_files(data_cfg, split, fmt)
             if files:
                 raw[split] = _read_local(fmt, files, src, tgt, data_cfg, cache_dir, split)
-    out = {}
+    out = {split: _apply_bad_line_policy(raw[split], split, policy) for split in splits if split in raw}
+    carve = {k: v for k, v in carve.items() if k not in out}
+    if carve and "train" in out:
+        out.update(_carve(out["train"], carve))
+    if "validation" in requested and "validation" not in out and _get(data_cfg, "splits") is None:
+        raise CorpusError(f"the corpus has no validation split (looked for {'/'.join(_SPLIT_NAMES['validation'])} "
+                          f"under data.path={_get(data_cfg, 'path') or _get(data_cfg, 'hf_name')}): add one, or set "
+                          "data.split_from_train=N to carve N rows each for validation and test from train")
     limit = _get(data_cfg, "limit") or {}
-    for split in splits:
-        if split not in raw:
+    for split in list(out):
+        if split not in requested:
+            del out[split]
             continue
-        ds = _apply_bad_line_policy(raw[split], split, policy)
+        _check_unique_ids(out[split], split)
         n = _get(limit, split)
-        if n is not None and n < len(ds):
-            ds = ds.select(range(int(n)))
-        out[split] = ds
-    if "train" in splits and "train" not in out:
+        if n is not None and n < len(out[split]):
+            out[split] = out[split].select(range(int(n)))
+    if "train" in requested and "train" not in out:
         raise CorpusError(f"data {_get(data_cfg, 'name')!r}: no train split configured (data.splits.train)")
     log.info("corpus %s: %s", _get(data_cfg, "name"), {k: len(v) for k, v in out.items()})
     return DatasetDict(out)

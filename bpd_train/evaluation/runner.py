@@ -131,6 +131,14 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.#" else "_" for c in name)
 
 
+def imported_regime(meta: dict, cfg) -> str | None:
+    """An imported model without heads (`hf:<folder>`, or a bundle exported from one) is the base model of its
+    report: every heads run trained from it starts there, and the best-run rule holds them to its BLEU."""
+    source = meta.get("source") or (meta.get("training") or {}).get("source") or ""
+    imported = source == "hf" or str(source).startswith("hf:")
+    return "base" if imported and int(cfg.block_size) == 1 else None
+
+
 def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[str], settings: EvalSettings,
                     out_dir: Path, extra: dict | None = None,
                     langs: tuple[str | None, str | None] = (None, None)) -> tuple[dict, list[dict]]:
@@ -160,7 +168,7 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     hyp_dir = out_dir / "hyp" / _safe(name)
     hyp_dir.mkdir(parents=True, exist_ok=True)
     meta = loaded.meta or {}
-    regime = meta.get("regime") or (meta.get("training") or {}).get("regime")
+    regime = meta.get("regime") or (meta.get("training") or {}).get("regime") or imported_regime(meta, cfg)
     combos = [(k, r, rule) for k in ks for r, rule in rules]
     lengths = [len(x) for x in src_ids]
     n_batches = sum(len(length_batches(lengths, b)) for b in settings.batch_sizes) * max(1, len(combos))
