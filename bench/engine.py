@@ -18,7 +18,6 @@ import argparse
 import collections
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -34,23 +33,13 @@ sys.path.insert(0, str(ROOT))
 
 from bpd_train.decoding import greedy  # noqa: E402
 from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
-from bpd_train.model.fastlinear import engine_name, native_kernels  # noqa: E402
+from bpd_train.model.fastlinear import cpu_model, engine_name, native_kernels  # noqa: E402
 from bpd_train.model.packed import DecodeOptions  # noqa: E402
 
 SIZES = {
     "demo": dict(vocab_size=4000, d_model=128, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=512),
     "base": dict(vocab_size=32000, d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048),
 }
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def make_model(size: str, k: int = 8, head_hidden: int = 128, seed: int = 0) -> BPDModel:

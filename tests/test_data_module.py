@@ -62,6 +62,13 @@ def test_batches(cfg, dirs):
     assert dm.tokenizer.decode(row["src"]) == dm.corpus["validation"][row["row"]]["translation"]["en"]
 
 
+def test_loaders_pin_host_memory_where_batches_go_to_a_gpu(cfg, dirs, monkeypatch):
+    dm = _dm(cfg, dirs)
+    assert not dm.train_dataloader().pin_memory or torch.cuda.is_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert dm.train_dataloader().pin_memory and dm.val_dataloader().pin_memory
+
+
 def test_ranks_come_from_the_trainer(cfg, dirs):
     dm = _dm(cfg, dirs)
     conn = SimpleNamespace(use_distributed_sampler=False)
@@ -87,7 +94,7 @@ def test_distilled_source_uses_teacher_ids(cfg, dirs, monkeypatch):
     rows[3]["teacher_ids"] = [tok.eos_id]  # an empty translation: dropped by min_len and counted
     monkeypatch.setattr(distilled_mod, "find_distilled_corpus", lambda d: Path(d) / "distill" / "t1")
     monkeypatch.setattr(distilled_mod, "read_manifest", lambda d: {"tokenizer_hash": tok.hash})
-    monkeypatch.setattr(distilled_mod, "load_distilled_corpus", lambda d: Dataset.from_list(rows))
+    monkeypatch.setattr(distilled_mod, "load_distilled_corpus", lambda d, vocab_size=None: Dataset.from_list(rows))
     dm = _dm(cfg, dirs, source="distilled")
     train = dm.datasets["train"]
     assert len(train) == 19 and dm.stats["train"]["dropped"]["min_len"] == 1
@@ -107,7 +114,7 @@ def test_mixed_source_adds_gold_pairs_at_the_share(cfg, dirs, monkeypatch):
             for i in range(30)]
     monkeypatch.setattr(distilled_mod, "find_distilled_corpus", lambda d: Path(d) / "distill" / "t1")
     monkeypatch.setattr(distilled_mod, "read_manifest", lambda d: {"tokenizer_hash": tok.hash})
-    monkeypatch.setattr(distilled_mod, "load_distilled_corpus", lambda d: Dataset.from_list(rows))
+    monkeypatch.setattr(distilled_mod, "load_distilled_corpus", lambda d, vocab_size=None: Dataset.from_list(rows))
     gold_pairs = {tuple(r["src"]): r["tgt"] for r in gold.datasets["train"]}
     for share, n_gold in ((0.25, 10), (0.5, 30), (0.0, 0)):
         dm = _dm(cfg, dirs, source="mixed", gold_share=share)

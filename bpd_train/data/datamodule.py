@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import lightning.pytorch as pl
 import numpy as np
 from datasets import Dataset, concatenate_datasets
+import torch
 from torch.utils.data import DataLoader
 
 from .corpus import _get, load_corpus
@@ -130,7 +131,7 @@ class BPDDataModule(pl.LightningDataModule):
         if want and want != self.tokenizer.hash:
             raise ValueError(f"the distilled corpus {folder} was made with tokenizer sha256 {want[:12]}, but this run "
                              f"uses {self.tokenizer.path} ({self.tokenizer.hash[:12]}); its teacher_ids don't apply")
-        ds = distilled.load_distilled_corpus(folder)
+        ds = distilled.load_distilled_corpus(folder, vocab_size=self.tokenizer.vocab_size)   # teacher ids in range
         src, tgt = str(_get(self.data_cfg, "src_lang")), str(_get(self.data_cfg, "tgt_lang"))
         # teacher_ids (when present) are the teacher's own pieces: used as targets as they are, no re-encoding
         ds = ds.select_columns([c for c in ds.column_names if c in ("id", "translation", "teacher_ids")])
@@ -187,9 +188,10 @@ class BPDDataModule(pl.LightningDataModule):
     def _loader(self, split: str, sampler: TokenBucketBatchSampler, cls=DataLoader) -> DataLoader:
         tok = self.tokenizer
         ds = self.datasets[split].select_columns(["row", "src", "tgt"])
+        # pinned host batches copy to a GPU asynchronously (Lightning moves them with non_blocking)
         return cls(ds, batch_sampler=sampler, num_workers=self.num_workers,
                    collate_fn=functools.partial(collate, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id),
-                   persistent_workers=False)
+                   persistent_workers=False, pin_memory=torch.cuda.is_available())
 
     def train_dataloader(self) -> ResumableDataLoader:
         sampler = self._sampler("train", shuffle=True, max_tokens=self.max_tokens)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from datasets import Dataset
+import torch
 from torch.utils.data import DataLoader
 
 from .corpus import _get, load_corpus
@@ -129,7 +130,7 @@ class LMDataModule(BPDDataModule):
             if self.tokenizer is not None and m.get("tokenizer_hash") not in (None, self.tokenizer.hash):
                 raise LMDataError(f"the distilled corpus {folder} was made with tokenizer sha256 "
                                   f"{str(m['tokenizer_hash'])[:12]}, but this run uses {self.tokenizer.hash[:12]}")
-            ds = distilled.load_distilled_corpus(folder)
+            ds = distilled.load_distilled_corpus(folder, vocab_size=getattr(self.tokenizer, "vocab_size", None))
         else:
             found = sorted(Path(folder).glob("*.jsonl"))
             if not found:
@@ -181,4 +182,4 @@ class LMDataModule(BPDDataModule):
     def _loader(self, split: str, sampler, cls=DataLoader) -> DataLoader:
         ds = self.datasets[split].select_columns(["ids", "prompt_len"])
         return cls(ds, batch_sampler=sampler, num_workers=self.num_workers, collate_fn=functools.partial(collate_lm),
-                   persistent_workers=False)
+                   persistent_workers=False, pin_memory=torch.cuda.is_available())

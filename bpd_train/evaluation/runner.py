@@ -28,6 +28,7 @@ from bpd_train.evaluation.decode import (
 from bpd_train.evaluation.metrics import agreement, corpus_scores, one_line
 from bpd_train.io import atomic_dir, atomic_write_text
 from bpd_train.loading import Source, load, resolve, run_checkpoints
+from bpd_train.model.fastlinear import cpu_model, engine_name
 
 REPORT_FORMAT = "bpd-train-eval-report"
 KEEP_PARAMS = 300_000_000
@@ -146,8 +147,6 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     A decoder-only model is prompted with each source as a prompt-format translation in `langs` (source,
     target), or with the source text itself when langs are None. Returns (checkpoint entry, result rows)."""
     from tqdm import tqdm
-
-    from bpd_train.model.fastlinear import engine_name
 
     device = settings.torch_device()
     model = loaded.model.to(device).eval()
@@ -333,8 +332,9 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
             "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "data": {**(data_info or {}), "sentences": len(sources)},
             "settings": asdict(settings),
-            "environment": {"device": _device_name(device), "torch": torch.__version__,
-                            "threads": torch.get_num_threads(), "python": platform.python_version()},
+            "environment": {"device": _device_name(device), "cpu": cpu_model(), "engine": engine_name(),
+                            "torch": torch.__version__, "threads": torch.get_num_threads(),
+                            "python": platform.python_version()},
             "signatures": {"bleu": checkpoints[0]["greedy"]["bleu_signature"],
                            "chrf": checkpoints[0]["greedy"]["chrf_signature"]},
             "files": {"sources": "src.txt", "references": "ref.txt"},

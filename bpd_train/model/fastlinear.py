@@ -47,6 +47,18 @@ def _cpu_tag() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:10]
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), for the header of every table a speed goes into."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
 def native_kernels():
     """The compiled kernel module, or None where it cannot be built (then decoding uses torch)."""
     global _ext, _ext_tried
