@@ -53,7 +53,16 @@ def test_zero3_partitioned_trains_what_zero2_trains(tmp_path):
     a, b = runs["2"], runs["3"]
     assert a.keys() == b.keys()
     for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+        x, y = a[name], b[name]
+        if name.endswith("qkv.bias") or name.endswith("kv.bias"):
+            # the key bias has a zero gradient in exact arithmetic (softmax ignores a shift shared by every key), so
+            # its float gradient is rounding noise that AdamW scales up to ~lr: it differs with the reduction order
+            # of the two stages. The query and value biases are compared like every other weight.
+            d = x.numel() // (3 if name.endswith("qkv.bias") else 2)
+            keep = torch.ones_like(x, dtype=torch.bool)
+            keep[(d if name.endswith("qkv.bias") else 0):][:d] = False
+            x, y = x[keep], y[keep]
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("stage,family", [("2", "ed"), ("3", "lm")])

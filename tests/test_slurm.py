@@ -131,7 +131,7 @@ def pipeline(slurm_cluster, tmp_path_factory):  # noqa: F811
     m = re.search(r"^jobs: (.*)$", p.stdout, re.M)
     assert m, p.stdout
     ids = dict(kv.split("=") for kv in m.group(1).split())
-    assert list(ids) == ["base", "distill-array", "distill-verify", *REGIMES, "evaluate", "export"], p.stdout
+    assert list(ids) == ["base", "distill-corpus-array", "distill-corpus-verify", *REGIMES, "evaluate", "export"], p.stdout
 
     # SIGUSR1 once Lightning has set its handlers and a few optimizer steps are done (so the hpc checkpoint
     # is mid-run); PYTHONUNBUFFERED (set by train.sbatch) makes the progress bar reach the log at once.

@@ -116,6 +116,11 @@ def test_strategy_options_instantiate(name, monkeypatch):
         assert isinstance(s, Strategy)
         if name.startswith("deepspeed"):
             assert s.config["zero_optimization"]["stage"] == int(name[-1])
+        if name == "deepspeed_zero3":  # the persistence threshold reaches DeepSpeed's config, and can be overridden
+            assert s.config["zero_optimization"]["stage3_param_persistence_threshold"] == 100000
+            s0 = make_strategy(cfg_for("+regime=base", f"strategy={name}", "strategy.param_persistence_threshold=0")
+                               .strategy)
+            assert s0.config["zero_optimization"]["stage3_param_persistence_threshold"] == 0
 
 
 @pytest.mark.parametrize("name", options("logger"))

@@ -375,6 +375,17 @@ def make_strategy(sc: Any, accelerator: str = "auto"):
         if sc["_target_"] == "lightning.pytorch.strategies.FSDPStrategy" and accelerator == "cpu":
             # Lightning allows FSDP on GPUs only; PyTorch's FSDP runs on CPU over gloo (trying configs, tests)
             return instantiate(sc, _target_="bpd_train.training.fsdp_cpu.CPUFSDPStrategy")
+        if "param_persistence_threshold" in sc:
+            # ZeRO-3's persistence threshold is no DeepSpeedStrategy argument: it goes into the DeepSpeed config
+            # the strategy built (parameters with fewer elements stay whole on every rank; 0 partitions all)
+            from omegaconf import OmegaConf
+
+            kw = OmegaConf.to_container(sc, resolve=True) if OmegaConf.is_config(sc) else dict(sc)
+            threshold = kw.pop("param_persistence_threshold")
+            s = instantiate(kw)
+            if threshold is not None:
+                s.config.setdefault("zero_optimization", {})["stage3_param_persistence_threshold"] = int(threshold)
+            return s
         return instantiate(sc)
     return str(sc.get("name", "auto"))
 
