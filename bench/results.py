@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import re
 import sys
 import time
@@ -23,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from bpd_train.cli import exits_on_user_error  # noqa: E402
 from bpd_train.io import atomic_write_bytes, atomic_write_text  # noqa: E402
+from bpd_train.model.fastlinear import cpu_model as machine_cpu  # noqa: E402  (for reports that did not record one)
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 BLOCK = re.compile(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), re.S)
@@ -34,17 +34,6 @@ PLACEHOLDER = ("No results yet: run `make demo`, then `make results` "
 
 class ResultsError(ValueError):
     pass
-
-
-def machine_cpu() -> str:
-    """This machine's CPU model (/proc/cpuinfo), for reports that did not record one."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _fmt(x, nd=2) -> str:

@@ -242,6 +242,17 @@ class DecodeWeights:
         state.lengths = lengths
         return (np.stack(steps, axis=1) if steps else np.zeros((tok.shape[0], 0), dtype=np.int64)), h
 
+    def _block_parts(self, w: int, max_steps: int):
+        """What the native blockwise loops take besides the layers, for a block of w fed tokens: (heads' FFN in,
+        out, proposal projection, final norm weight, bias, eps), or None where they do not run this model."""
+        if self.native_loop is None or self.heads is None or w < 2 or max_steps < 1:
+            return None
+        f1, f2 = self._head_ffn(1, w)
+        if self.prop_proj.lin is None:
+            return None
+        _, nw, nb, eps = self.norm
+        return f1, f2, self.prop_proj, nw, nb, eps
+
     def block_steps(self, model: nn.Module, state, x: np.ndarray, room: int, max_steps: int, eos: int | None = None,
                     width: int | None = None):
         """Exact blockwise steps for one row in uniform cache mode, as one native call (decoding/blockwise.py
@@ -251,13 +262,10 @@ class DecodeWeights:
         `last_seconds` (the native loop's own time, as greedy_steps). width: the block fed from the second step
         on (default len(x); x = [BOS] with width k is the prefill and the steps after it in one call)."""
         w = x.shape[0] if width is None else int(width)
-        if self.native_loop is None or self.heads is None or w < 2 or max_steps < 1:
+        parts = self._block_parts(w, max_steps)
+        if parts is None:
             return None
-        f1, f2 = self._head_ffn(1, w)
-        draft = self.prop_proj
-        if draft.lin is None:
-            return None
-        _, nw, nb, eps = self.norm
+        f1, f2, draft, nw, nb, eps = parts
         toks, nc, nxt, hn, ended, self.last_seconds = self.ext.block_steps(
             torch.from_numpy(x), self._emb_w, self._emb_scale, model.pe, state.max_positions, self.native_layers,
             state.self_kv, state.mem_kv, state.mem_mask, state.base + state.lengths, nw, nb, eps, self.proj.lin,
@@ -274,13 +282,10 @@ class DecodeWeights:
         output at each row's last accepted position [R,D], ended [R] bool), or None where the native kernels do
         not run this model. Sets `last_seconds`."""
         w = x.shape[1] if width is None else int(width)
-        if self.native_loop is None or self.heads is None or w < 2 or max_steps < 1:
+        parts = self._block_parts(w, max_steps)
+        if parts is None:
             return None
-        f1, f2 = self._head_ffn(1, w)
-        draft = self.prop_proj
-        if draft.lin is None:
-            return None
-        _, nw, nb, eps = self.norm
+        f1, f2, draft, nw, nb, eps = parts
         toks, nc, nxt, hn, ended, self.last_seconds = self.ext.batch_block_steps(
             torch.from_numpy(np.ascontiguousarray(x)), self._emb_w, self._emb_scale, model.pe, state.max_positions,
             self.native_layers, state.self_kv, state.mem_kv, state.mem_mask, state.mem_group, state.base,
