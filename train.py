@@ -7,8 +7,7 @@ import hydra
 from omegaconf import DictConfig
 
 import bpd_train  # noqa: F401  (registers the ${repo_root:} resolver)
-from bpd_train.cli import check_config
-from bpd_train.training.run import check_argv
+from bpd_train.cli import check_argv, check_config  # light: Lightning is imported only for a run
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

@@ -64,6 +64,24 @@ def config_dir() -> Path:
     return REPO_ROOT / "conf"
 
 
+def regime_names() -> list[str]:
+    """The regimes `+regime=` can pick: conf/regime/*.yaml (conf/regime/_*.yaml hold what several share)."""
+    return sorted(p.stem for p in (config_dir() / "regime").glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def check_argv(argv: list[str]) -> None:
+    """Before Hydra starts (and makes an output folder), and before Lightning is imported: a training run must
+    pick a regime with +regime=."""
+    if any(a.split("=", 1)[0] in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c", "--shell-completion",
+                                  "-sc", "--resolve", "-p", "--package") for a in argv):
+        return
+    choices = ",".join(regime_names())
+    if any(a.startswith(("regime=",)) for a in argv):
+        fail(f"regime is not in the defaults list; write +regime=NAME (choices: {choices})")
+    if not any(a.startswith(("+regime=", "++regime=")) for a in argv):
+        fail(f"choose a regime: python train.py +regime={{{choices}}} [experiment=smoke]")
+
+
 def _leaves(node: object, prefix: str = "") -> list[str]:
     if not isinstance(node, dict):
         return [prefix] if prefix else []

@@ -15,7 +15,7 @@ def _main(config_name: str, prog: str, work) -> None:
 
     argv = sys.argv[1:]
     if config_name == "train":
-        from bpd_train.training.run import check_argv
+        from bpd_train.cli import check_argv
 
         check_argv(argv)
     check_config(config_name, argv, prog)

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from bpd_train import REPO_ROOT
 from bpd_train.training.losses import HEAD_LOSSES
 
 TRAINABLE = ("all", "heads")
@@ -20,8 +19,9 @@ SOURCES = ("gold", "distilled", "mixed", "self")
 
 
 def available_regimes() -> list[str]:
-    # conf/regime/_*.yaml hold what several regimes share; they are not regimes
-    return sorted(p.stem for p in (REPO_ROOT / "conf" / "regime").glob("*.yaml") if not p.stem.startswith("_"))
+    from bpd_train.cli import regime_names
+
+    return regime_names()
 
 
 @dataclass(frozen=True)

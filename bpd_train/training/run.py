@@ -564,17 +564,3 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
         print(f"\n{regime.name} finished after {int(trainer.global_step)} steps: {run_dir}\n"
               f"  best checkpoint: {best or '-'}\n  next: {nxt} (with the same experiment=/overrides)", flush=True)
     return run_dir
-
-
-def check_argv(argv: list[str]) -> None:
-    """Before Hydra starts (and makes an output folder): a run must pick a regime with +regime=."""
-    from bpd_train.cli import fail
-
-    if any(a.split("=", 1)[0] in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c", "--shell-completion",
-                                  "-sc", "--resolve", "-p", "--package") for a in argv):
-        return
-    choices = ",".join(available_regimes())
-    if any(a.startswith(("regime=",)) for a in argv):
-        fail(f"regime is not in the defaults list; write +regime=NAME (choices: {choices})")
-    if not any(a.startswith(("+regime=", "++regime=")) for a in argv):
-        fail(f"choose a regime: python train.py +regime={{{choices}}} [experiment=smoke]")

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import bpd_train
     from bpd_train.cli import exits_on_user_error
-    from bpd_train.training.run import check_argv
+    from bpd_train.cli import check_argv
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--stage", type=int, default=None,
