@@ -16,7 +16,7 @@ gives greedy's output token for token.
 
 Proposals that won't be accepted still cost a decoder row and a head each step. `adaptive=True` feeds the
 number of proposals that maximises expected tokens per second (each head's measured acceptance against the
-measured cost of a step of that width, relative to a greedy step; see _Adaptive), and runs plain greedy
+measured cost of a step of that width, relative to a greedy step; see decoding/adaptive.py), and runs plain greedy
 stretches, the greedy decoder's own native loop, while no width pays; a threshold in (0, 1) instead feeds
 proposals whose heads are accepted at least that often. The output is the same either way.
 
@@ -30,13 +30,13 @@ microseconds, where dozens of tiny tensor ops would cost more than the decoder c
 """
 from __future__ import annotations
 
-from collections import deque
 from time import perf_counter
 
 import numpy as np
 import torch
 
 from bpd_train.decoding.acceptance import Exact, make_acceptance
+from bpd_train.decoding.adaptive import Adaptive
 from bpd_train.decoding.common import decoding_mode, is_stop, start_rows, start_tokens, stop_ids, trim
 from bpd_train.decoding.result import DecodeResult
 
@@ -66,181 +66,6 @@ def _accept_rows(x, g, ok, min_block, eos, room):
     return n, gn, c, eos_in_block | is_stop(gn, eos)
 
 
-class _Adaptive:
-    """How many proposals to feed (the block width; 1 = x0 only, a plain greedy step).
-
-    Acceptance: offered/accepted counts per proposal index j over all steps and rows decoded with these weights
-    (kept with the model's DecodeWeights, so short sentences decoded one call at a time still learn; halved
-    every 4096 offers, so the counts follow the data); a_j = accepted/offered is the rate at which proposal j
-    is accepted once proposals 1..j-1 were (optimistic prior: 1 of 1, so every head is tried first).
-
-    Width, cost-aware (threshold None): the width w maximising expected tokens per second, E[w] / cost(w), where
-    E[w] = 1 + a_1 + a_1 a_2 + ... (w terms) and cost(w) is the measured time of a w-wide step (verify + the
-    next proposals) relative to a greedy step, per bucket of row counts (a k-row step costs little more than a
-    1-row one where weight reads dominate, several times more where arithmetic does: small cached models,
-    large batches). Widths not yet measured use COST_PRIOR's shape, scaled to what was measured. A width > 1
-    must beat greedy by MARGIN (timing noise). Threshold mode (a float): feed proposal j while a_1..a_j all
-    reach the threshold (the rule before costs were measured).
-
-    While the width is 1 the decoder runs plain greedy steps (no heads at all, the greedy decoder's own
-    native loop) and probes every head once after `interval` of them; the interval doubles after each probe
-    that fails (8, 16, ... 64 steps) and starts again at 8 once a head pays."""
-
-    COST_PRIOR = (0.5, 0.5)    # cost(w) ~ 1 + 0.5 (w - 1) + 0.5 (proposal pass) until measured: cautious (a k = 4
-    #                            step measured 1.1 greedy steps at base size, 2-5 at demo size with native loops)
-    REFRESH = 512              # steps at width > 1 after which greedy steps are timed again
-    MARGIN = 1.05             # a width > 1 must promise 5% more tokens per second than greedy steps
-    FLOOR = 0.05               # a w-wide step costs at least 1 + 0.05 w greedy steps (base size, k = 4: 1.2 measured)
-
-    def __init__(self, kb: int, threshold: float | None = None, probe: int = 8, max_interval: int = 64):
-        self.kb = kb
-        self.offered = [1] * kb                       # index j: proposal j (index 0 unused)
-        self.accepted = [1] * kb
-        self.threshold = threshold
-        self.probe, self.max_interval = probe, max_interval
-        self.interval = probe
-        self.seconds: dict[tuple[int, int], float] = {}   # (width, rows bucket) -> seconds per step
-        self._times: dict[tuple[int, int], deque] = {}
-        self._best: dict[int, int] = {}
-        self.chunk, self.last_fed = 1, 0              # native block loop (one row): steps per call, last width
-        self.wide_steps = 0                           # steps at width > 1 since greedy steps were last timed
-        self.calibrated = False                       # every width timed once (_Blockwise.calibrate)
-        # (width, rows bucket) -> cost in greedy steps from that calibration: widths and greedy timed alike,
-        # interleaved. Preferred to the decoders' own timings, which compare unlike steps: greedy stretches
-        # right after the encoder (cold caches, ~1.5x a warm step at demo size) against rare wide steps, so
-        # every width once looked cheaper than it was and regimes whose heads never pay fed 2-wide blocks
-        self.calib: dict[tuple[int, int], float] = {}
-        self.calibrated_rows: set[int] = set()
-        self.calib_one: dict[int, float] = {}         # rows bucket -> calibrated seconds of a greedy step
-        self._probes = -1                             # probes made after every width was timed
-
-    @staticmethod
-    def bucket(rows: int) -> int:
-        return rows.bit_length()                       # 1, 2-3, 4-7, ... rows
-
-    def width(self, rows: int = 1) -> int:
-        """Block width to feed next for `rows` rows (1 = x0 only)."""
-        b = self.bucket(rows)
-        w = self._best.get(b)
-        if w is None:
-            w = self._best[b] = self._choose(b)
-        return w
-
-    def _choose(self, b: int) -> int:
-        rate, chain, gain = 1.0, 1.0, [1.0]
-        for j in range(1, self.kb):
-            # a head judged fewer than 8 times (its predecessors are rarely accepted) is assumed no better
-            # than the one before it, rather than its optimistic prior
-            rate = self.accepted[j] / self.offered[j] if self.offered[j] >= 8 or j == 1 else \
-                min(rate, self.accepted[j] / self.offered[j])
-            if self.threshold is not None and rate < self.threshold:
-                break
-            chain *= rate
-            gain.append(gain[-1] + chain)              # gain[w-1] = E[w]
-        if self.threshold is not None:
-            return len(gain)
-        if b not in self.calibrated_rows and (
-                self.wide_steps > self.REFRESH or (1, b) not in self.seconds and self.wide_steps > self.REFRESH // 8):
-            return 1  # time greedy steps again (a stale or missing greedy cost could lock wider steps in)
-        best, best_rate = 1, self.MARGIN
-        for w in range(2, len(gain) + 1):
-            r = gain[w - 1] / self.cost(w, b)
-            if r > best_rate:
-                best, best_rate = w, r
-        return best
-
-    def _prior(self, w: int) -> float:
-        return 1.0 + self.COST_PRIOR[0] * (w - 1) + self.COST_PRIOR[1] if w > 1 else 1.0
-
-    def cost(self, w: int, b: int) -> float:
-        """A w-wide step in greedy steps (measured, or the prior scaled to the nearest measured width), never
-        under FLOOR: where a step is all overhead (tiny models) a timing would call extra rows free, and
-        proposals almost never accepted would be fed for ever."""
-        return max(self._cost(w, b), 1.0 + self.FLOOR * w)
-
-    def _cost(self, w: int, b: int) -> float:
-        got = self.calib.get((w, b))
-        if got is not None:
-            # what this width really cost since (its runs against the calibrated greedy step) where that is
-            # more: a calibration that other work on the machine disturbed corrects itself once the width runs
-            real = self.seconds.get((w, b))
-            return max(got, real / self.calib_one[b]) if real is not None and w > 1 else got
-        one = self.seconds.get((1, b))
-        if one is None:
-            return self._prior(w)
-        got = self.seconds.get((w, b))
-        if got is not None:
-            return got / one
-        near = [v for v in range(2, self.kb + 1) if (v, b) in self.seconds]
-        if not near:
-            return self._prior(w)
-        v = min(near, key=lambda v: abs(v - w))
-        return 1.0 + (self.seconds[(v, b)] / one - 1.0) * (self._prior(w) - 1.0) / (self._prior(v) - 1.0)
-
-    def timed(self, width: int, rows: int, seconds: float, steps: int = 1) -> None:
-        """Record `steps` steps of `width` over `rows` rows that took `seconds` in all. A width's cost is the
-        least time per step over its last 16 records: other work on the machine only ever adds time, and a
-        width that is no longer run keeps a cost that noise did not inflate (an average would keep a spike
-        and, for greedy steps, lock the decoder into wider steps that only looked cheaper)."""
-        key = (width, self.bucket(rows))
-        if width == 1:
-            self.wide_steps = 0
-            if steps < 8 and key in self._times:
-                # a short stretch (a row ended) charges the call's fixed cost to a few steps: greedy would
-                # look dear and wider steps would be chosen on that (and stay: no stretch, no new timing)
-                return
-        else:
-            self.wide_steps += steps
-        got = self._times.get(key)
-        if got is None:
-            got = self._times[key] = deque(maxlen=16)
-        got.append(seconds / steps)
-        least = min(got)
-        if self.seconds.get(key) != least:  # widths are re-chosen only when a cost changed
-            self.seconds[key] = least
-            self._best.clear()
-
-    def update(self, fed: int, n: np.ndarray, one_row: bool = False) -> None:
-        """fed block width, n [R] proposals accepted per row (one_row: one row's, per step)."""
-        if fed > 1:
-            if one_row or n.shape[0] == 1:
-                for a in np.atleast_1d(n).tolist():    # proposal j was judged only if j-1 were accepted
-                    for j in range(1, min(a + 2, fed)):
-                        self.offered[j] += 1
-                    for j in range(1, a + 1):
-                        self.accepted[j] += 1
-            else:
-                at_least = np.bincount(n, minlength=fed)[::-1].cumsum()[::-1]   # [j]: rows with n >= j
-                for j in range(1, fed):
-                    self.offered[j] += int(at_least[j - 1])
-                    self.accepted[j] += int(at_least[j])
-            if self.offered[1] > 4096:
-                self.offered = [max(o // 2, 1) for o in self.offered]
-                self.accepted = [min(a // 2, o) for a, o in zip(self.accepted, self.offered)]
-            self._best.clear()
-            if self.width(1 if one_row else n.shape[0]) > 1:
-                self.interval = self.probe
-
-    def greedy_stretch(self) -> int:
-        """Greedy steps to run before the next probe (and back off for the one after)."""
-        n = self.interval
-        self.interval = min(2 * self.interval, self.max_interval)
-        return n
-
-    def probe_width(self, rows: int) -> int:
-        """Width of the next probe: widths not yet timed first, then every width in turn. Probing only the full
-        width left narrower ones priced by extrapolation from one noisy timing: on the demo's `both` a 2-wide
-        step (~1.4 greedy steps, E[2] ~1.7 tokens) was never tried, and adaptive mode ran greedy throughout."""
-        if self.threshold is not None:
-            return self.kb
-        b = self.bucket(rows)
-        for w in range(2, self.kb + 1):
-            if (w, b) not in self.seconds:
-                return w
-        self._probes += 1
-        return 2 + self._probes % (self.kb - 1)
-
-
 def blockwise(model, src, block_size: int | None = None, accept=None, min_block: int = 1,
               max_len=(2.0, 10), adaptive: bool | float = False) -> DecodeResult:
     """Decode with blocks of up to `block_size` tokens per decoder call (default: the model's k).
@@ -249,7 +74,7 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
     names ("exact", "topk:N", "distance:EPS").
     min_block: accept at least min_block tokens per step even where verification fails (approximate).
     adaptive: False; True: feed the number of proposals that maximises expected tokens per second (measured
-    acceptance per head, measured step costs; see _Adaptive); or a threshold in (0, 1): feed only proposals
+    acceptance per head, measured step costs; see Adaptive); or a threshold in (0, 1): feed only proposals
     whose heads are accepted at least that often. Output unchanged.
     """
     cfg = model.config
@@ -299,11 +124,11 @@ class _Blockwise:
         memory = model.encode(src)
         self.state = state = model.start_decoding(memory, cap + kb)
         self.w = state.weights
-        if self.adaptive:  # acceptance statistics and step costs live as long as these weights (see _Adaptive)
+        if self.adaptive:  # acceptance statistics and step costs live as long as these weights (see Adaptive)
             stats = getattr(self.w, "stats", None)
             key = ("adaptive", kb, self.threshold)
-            self.adapt = _Adaptive(kb, self.threshold) if stats is None else stats.setdefault(
-                key, _Adaptive(kb, self.threshold))
+            self.adapt = Adaptive(kb, self.threshold) if stats is None else stats.setdefault(
+                key, Adaptive(kb, self.threshold))
             if orig.size == 1 and self.native_block and self.threshold is None and not self.adapt.calibrated:
                 self.calibrate(memory)
         # a proposal vocabulary of N tokens: one-pass (fused) proposing while it is cheap
@@ -508,7 +333,7 @@ class _Blockwise:
         return got if got is not None else perf_counter() - t0
 
     def stretch(self, x, out, orig, limit, length):
-        """No head pays: plain greedy steps (no heads), then one probe (_Adaptive.probe_width) where no row ended.
+        """No head pays: plain greedy steps (no heads), then one probe (Adaptive.probe_width) where no row ended.
         x [R,1] the next tokens to feed. Returns (the next fed tokens [R,1 or b], done); length advances."""
         x, h1, length, done = self.greedy_steps(x, out, orig, limit, length, self.adapt.greedy_stretch())
         if not done.any():
