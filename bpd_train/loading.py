@@ -90,7 +90,7 @@ class LoadedModel:
         return getattr(self.model.config, "arch", None) == "lm"
 
     def lm_tokenizer(self):
-        """A decoder-only model's tokenizer with the LMTokenizer interface (lm_data, lm_distill, the decoders):
+        """A decoder-only model's tokenizer with the LMTokenizer interface (lm_data, distillation/self_lm, the decoders):
         its own tokenizer.json folder, or the corpus's sentencepiece model it was trained from scratch with."""
         if self.own_tokenizer:
             from bpd_train.data.lm_tokenizer import RunLMTokenizer

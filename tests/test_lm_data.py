@@ -100,7 +100,7 @@ def test_jsonl_through_datasets(tmp_path):
 
 
 def test_self_distillation_responses(toks):
-    from bpd_train.data.lm_distill import distilled_record, prompt_ids, respond_ids
+    from bpd_train.distillation.self_lm import distilled_record, prompt_ids, respond_ids
     from bpd_train.decoding import greedy
     from bpd_train.model import LMConfig, LMModel
     tok = toks["qwen"]

@@ -351,13 +351,13 @@ def run_worker(job: Job, worker: Worker, device=None) -> dict[str, Any]:
 
 
 def _lm_shards(job: Job, worker: Worker, todo: list[dict], model, stats: dict) -> None:
-    """A decoder-only teacher answers each shard's prompts itself (data/lm_distill.py: greedy, or sampled from
+    """A decoder-only teacher answers each shard's prompts itself (distillation/self_lm.py: greedy, or sampled from
     a per-record seed, so a shard redone after a crash is the same) and writes {id, prompt|messages, response,
     teacher_ids, gold} records, which LMDataModule trains on (regime.source=distilled). A prompt the model
     answers with nothing keeps its row (the plan's ids) with response null: counted here, left out by training."""
     from tqdm.auto import tqdm
 
-    from bpd_train.data.lm_distill import distilled_record, prompt_ids, respond_ids
+    from bpd_train.distillation.self_lm import distilled_record, prompt_ids, respond_ids
 
     d, m = job.cfg.distill, job.manifest
     tok = job.teacher.lm_tokenizer()

@@ -1,11 +1,11 @@
-"""Self-distillation for decoder-only models, the data side: the model answers the corpus prompts itself.
+"""Self-distillation for decoder-only models: the model answers the corpus prompts itself.
 
 `respond_ids` decodes prompts (greedy, or sampled with a temperature, each row from a seed derived from its
 record id so a shard re-decoded after a crash reproduces exactly) in length-sorted, token-budget batches, like
 distillation/job.py `translate_ids` does for translation teachers. `distilled_record` turns a prompt record and
 the model's response ids into the `{"prompt", "response"}` record that LMEncoder trains on; a prompt the model
 answers with nothing (EOS at once) is reported, not written (an empty response has nothing to learn).
-The sharded, resumable job around it (manifest, shards, workers) stays distillation/job.py's.
+The sharded, resumable job around it (manifest, shards, workers) is job.py's.
 """
 from __future__ import annotations
 
