@@ -44,7 +44,8 @@ def report_header(report: dict) -> str:
     env, d = report.get("environment", {}), report.get("data", {})
     cpu = env.get("cpu")
     cpu = f"CPU {cpu}" if cpu else f"CPU {machine_cpu()} (read when this page was generated; the report names {env.get('device')})"
-    return (f"`{report.get('command', '?')}` — {cpu}, {env.get('threads')} thread(s), torch {env.get('torch')}, "
+    command = str(report.get("command", "?")).replace(f"{ROOT}/", "")   # paths relative to the clone, not this machine's
+    return (f"`{command}` — {cpu}, {env.get('threads')} thread(s), torch {env.get('torch')}, "
             f"{str(report.get('created', '?'))[:10]}; {d.get('name', 'corpus')} {d.get('split', '')}, "
             f"{d.get('sentences')} sentences, {d.get('src_lang', '?')} → {d.get('tgt_lang', '?')}.")
 

@@ -179,3 +179,11 @@ def test_the_scan_sees_what_it_should():
         assert any(p.search(text) for p in FORBIDDEN.values()), text
     for text in ("scope=\"session\"", "vLLM's medusa", "tmp_path / 'a'", "issue a one-line error"):
         assert not any(p.search(text) for p in FORBIDDEN.values()), text
+
+
+def test_header_command_has_no_path_of_this_machine():
+    """The pipeline records absolute paths in the evaluation command: the page shows them relative to the clone."""
+    rep = _report()
+    rep["command"] = f"python evaluate.py evaluate.inputs=[{results.ROOT}/artifacts/demo/bible_en_fr/base]"
+    header = results.report_header(rep)
+    assert str(results.ROOT) not in header and "evaluate.inputs=[artifacts/demo/bible_en_fr/base]" in header
