@@ -1,4 +1,6 @@
-# make test   — create .venv if missing, install with dev extras, run the test suite (offline)
+# make test   — create .venv if missing, install with dev extras, run the test suite (offline), ~10 min on 2 cores
+# make test-long — the multi-process and end-to-end chains (2-rank DDP/ZeRO/FSDP, SLURM, pipelines, wheel install)
+# make test-all  — both (what CI runs)
 # make demo   — the whole BPD experiment in miniature on the bundled corpus
 # make demo-lm — the same for a decoder-only (Llama-architecture) model trained from scratch (docs/decoder-only.md)
 # make results — docs/results.md and README.md's results block from make demo's evaluation report
@@ -10,7 +12,7 @@ export HF_DATASETS_OFFLINE := 1
 export WANDB_MODE := offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
-.PHONY: install test test-fast test-slurm demo smoke demo-lm smoke-lm results bench clean
+.PHONY: install test test-fast test-long test-all test-slurm demo smoke demo-lm smoke-lm results bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -25,11 +27,19 @@ install: $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 XDIST = -n $(PYTEST_WORKERS) $(if $(filter 0,$(PYTEST_WORKERS)),,--dist loadfile)
 
+# Tests marked `slow` (several processes or a whole chain of commands each) and `slurm` run in test-long.
 test: install
-	$(PYTHON) -m pytest -q $(XDIST) $(PYTEST_ARGS)
-
-test-fast: install
 	$(PYTHON) -m pytest -q $(XDIST) -m "not slow and not slurm" $(PYTEST_ARGS)
+
+# the inner loop: the same tests, last failures first, stop at the first failure
+test-fast: install
+	$(PYTHON) -m pytest -q $(XDIST) -m "not slow and not slurm" --ff -x $(PYTEST_ARGS)
+
+test-long: install
+	$(PYTHON) -m pytest -q $(XDIST) -m "slow or slurm" $(PYTEST_ARGS)
+
+test-all: install
+	$(PYTHON) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-slurm: install
 	$(PYTHON) -m pytest -q -m slurm $(PYTEST_ARGS)

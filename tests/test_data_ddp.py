@@ -44,6 +44,7 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_two_ddp_ranks_shard_exactly_once(tmp_path):
     script = tmp_path / "ddp_run.py"
     script.write_text(SCRIPT)

@@ -166,6 +166,7 @@ def test_sigkill_then_resume_equals_uninterrupted(teacher, reference, tmp_path):
     assert len(ids) == len(set(ids)) == N
 
 
+@pytest.mark.slow
 def test_two_ranks_equal_one_process(teacher, reference, tmp_path):
     ref_out, _ = reference
     out = tmp_path / "ranks"
@@ -182,6 +183,7 @@ def test_two_ranks_equal_one_process(teacher, reference, tmp_path):
     assert shard_bytes(out) == shard_bytes(ref_out)
 
 
+@pytest.mark.slow
 def test_lightning_ddp_equals_one_process(teacher, reference, tmp_path):
     ref_out, _ = reference
     out = tmp_path / "lightning"

@@ -33,6 +33,7 @@ def test_bf16_deepspeed_train_and_validation_step(family):
     assert all(torch.isfinite(torch.tensor(out["losses"] + [out["val"]])))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["ed", "lm"])
 def test_zero3_every_parameter_partitioned(family):
     # head 1 alone first (the zero-weighted touch of the heads: nothing gathered them yet), all heads, validation
@@ -42,6 +43,7 @@ def test_zero3_every_parameter_partitioned(family):
     assert all(torch.isfinite(torch.tensor(out["losses"] + [out["val"]])))
 
 
+@pytest.mark.slow
 def test_zero3_partitioned_trains_what_zero2_trains(tmp_path):
     # fp32: the tied projection and the heads' weight slices, read outside their modules' forwards, get the same
     # values and gradients whether or not ZeRO-3 partitioned them
@@ -65,6 +67,7 @@ def test_zero3_partitioned_trains_what_zero2_trains(tmp_path):
         torch.testing.assert_close(x, y, rtol=0, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage,family", [("2", "ed"), ("3", "lm")])
 def test_frozen_backbone_exact_after_bf16_deepspeed(stage, family, tmp_path):
     # DeepSpeed keeps no fp32 master of frozen parameters: the checkpoint must carry them, consolidation restore them

@@ -77,6 +77,7 @@ def test_hf_llama_loads_with_its_tokenizer_and_bad_hf_input_is_one_line(llama, t
     assert "unsupported decoder-only architecture GPT2LMHeadModel" in errors[0]
 
 
+@pytest.mark.slow
 def test_frozen_heads_on_hf_llama_keep_greedy_then_distill_and_export(llama, tmp_path):
     """train.py +regime=frozen from hf:<Llama> on prompt/response files: backbone and greedy output unchanged,
     heads trained; the run exports (export.format=hf) and hf: reads the heads back; distill.py with the model as

@@ -26,6 +26,7 @@ def run_pipeline(art, *args):
     return r.stdout
 
 
+@pytest.mark.slow
 def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
     art = tmp_path / "artifacts"
     corpus = copy_smoke_base(smoke_base, art)

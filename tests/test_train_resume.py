@@ -48,6 +48,7 @@ def test_last_ckpt_follows_training_when_the_metric_stops_improving(smoke_base, 
     assert read_checkpoint(ckpts / "last.ckpt")["global_step"] == 40
 
 
+@pytest.mark.slow
 def test_without_a_metric_best_is_the_latest_and_resume_works(smoke_base, tmp_path):
     """checkpoint.monitor=null (what `both` and `distill` use): best.ckpt and last.ckpt are both the latest
     validation's. Both callbacks are then metric-less; Lightning refused two such ModelCheckpoints ("more than one
