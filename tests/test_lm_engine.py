@@ -240,3 +240,40 @@ def test_bpd_heads_with_their_own_head1_take_python_steps_over_the_native_pieces
     assert [blockwise(m, [p], max_len=16).tokens[0] for p in src] == g.tokens
     h = torch.randn(5, 32)
     assert torch.equal(w.head1_argmax(h), w.logits(h, 0, 1)[:, 0].argmax(-1))
+
+
+def test_lazy_verification_takes_the_same_steps_whatever_the_group():
+    for heads, batch in [("bpd", 1), ("medusa", 1), ("bpd", 5)]:
+        m = lm(11, heads)
+        src = prompts(batch, 11)
+        w = m.decode_weights()
+        got = []
+        for group in (1, 2, 3, 8):
+            w.verify_group = group
+            r = blockwise(m, src, max_len=20)
+            got.append((r.tokens, r.calls, r.accepted_hist))
+        assert all(g == got[0] for g in got) and got[0][0] == greedy(m, src, max_len=20).tokens
+
+
+def test_the_torch_engine_still_decodes_decoder_only_models_in_fp32(tmp_path):
+    # BPD_DECODE_ENGINE=torch (as on CUDA): LMModel's torch path, fp32 only, the decoders unchanged
+    import os
+    import subprocess
+    import sys
+    code = ("import torch, pytest\n"
+            "from tests.test_lm_engine import lm, prompts\n"
+            "from bpd_train.decoding import greedy, blockwise\n"
+            "from bpd_train.model.packed import DecodeOptions\n"
+            "m = lm(12, 'medusa', qkv_bias=True)\n"
+            "src = prompts(3, 12)\n"
+            "assert m.decode_weights().native_layers is None\n"
+            "assert blockwise(m, src, max_len=12).tokens == greedy(m, src, max_len=12).tokens\n"
+            "m.decode_options = DecodeOptions(dtype='int8')\n"
+            "with pytest.raises(ValueError, match='fp32'):\n"
+            "    greedy(m, src, max_len=4)\n"
+            "print('ok')\n")
+    env = {**os.environ, "BPD_DECODE_ENGINE": "torch"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
