@@ -277,3 +277,25 @@ def test_the_torch_engine_still_decodes_decoder_only_models_in_fp32(tmp_path):
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_thread_count_does_not_change_a_bit(dtype):
+    m = lm(13, "bpd", kv=2, qkv_bias=True)
+    m.decode_options = DecodeOptions(dtype=dtype)
+    src = prompts(4, 13)
+    ids = torch.full((4, max(map(len, src))), -1, dtype=torch.long)
+    for r, p in enumerate(src):
+        ids[r, :len(p)] = torch.tensor(p)
+    toks = torch.randint(3, 12, (4, 6))
+    before = torch.get_num_threads()
+    got = []
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            with torch.inference_mode():
+                st = m.start_decoding(m.encode(ids), 8)
+                got.append((m.decode(st, toks), greedy(m, src, max_len=16).tokens, blockwise(m, src, max_len=16).tokens))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got[0][0], got[1][0]) and got[0][1] == got[1][1] == got[0][2] == got[1][2]
