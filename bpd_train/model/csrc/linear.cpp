@@ -1681,6 +1681,7 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
     rms_rows(x, y, M, d, w.n2w.data_ptr<float>(), (float)w.eps);
     tk.to(P_DEC_OTHER);
     lin_rows(w.gate_up, y, big, M);                                           // [M][gate F | up F]
+    tk.to(P_DEC_LIN);
     const int64_t f = w.down.K;
     for (int64_t m = 0; m < M; m++) {
       float* gu = big + m * 2 * f;
@@ -1690,6 +1691,7 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
         act[i] = gv * gu[f + i];
       }
     }
+    tk.to(P_DEC_OTHER);
     lin_rows(w.down, big, o, M);
     tk.to(P_DEC_LIN);
     for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
@@ -1857,7 +1859,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
 }
 
 // per-phase seconds and steps since the last reset (phases: embed, decoder linears, decoder attention, decoder
-// other (norms, residuals), head 1 (verify / greedy argmax), heads' FFN, proposal projection, other)
+// other (norms, residuals, SwiGLU's activation), head 1 (verify / greedy argmax), heads' FFN, proposal projection, other)
 std::tuple<std::vector<double>, int64_t> profile(bool enable, bool reset) {
   std::vector<double> out(g_prof_s, g_prof_s + P_N);
   int64_t steps = g_prof_steps;
