@@ -1,6 +1,8 @@
 # python bench/engine.py [--threads 1 2] [--sizes demo base] [--skip-ct2] [--profile]   (~3-6 min on 2 cores)
 # python bench/engine.py --threads 1 --regimes RUN... [--batch 1 32]          (trained runs: speedups by decoder)
 # python bench/engine.py --threads 1 --kernels [--sizes demo base]           (one linear per kernel family and rows)
+# python bench/engine.py --sizes lm-demo --threads 1 --skip-ct2 --lm-decode  (a random decoder-only LM: step costs,
+#                                                      greedy vs blockwise at batch 1, torch path vs native engine)
 """The CPU decode engine, measured in one run.
 
 1. Step cost: one blockwise step at batch 1 (decode k tokens + head 1 at the k positions + heads 2..k at the
@@ -8,6 +10,8 @@
    random weights, at demo size (d 128, 3+3 layers, V 4k) and Transformer-base size (d 512, 6+6, ffn 2048,
    V 32k), k = 2, 4, 8, 1 and 2 threads: this project's engine (packed kernels) vs torch's F.linear path,
    and with the proposal pass over a draft vocabulary of the V/4 most frequent ids.
+   lm-demo / lm-base: the same step costs for a random decoder-only (Llama-style) model; with --lm-decode also
+   greedy vs exact blockwise at batch 1 on random prompts, torch's fp32 path vs the native engine per --dtype.
 2. Greedy tokens/s against CTranslate2 (fp32 and int8) on the SAME weights (our model written as a
    CTranslate2 Transformer spec), batch 1 and 32, tokens checked identical in fp32.
 The last line printed is one JSON object.
@@ -40,10 +44,23 @@ SIZES = {
     "demo": dict(vocab_size=4000, d_model=128, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=512),
     "base": dict(vocab_size=32000, d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048),
 }
+# decoder-only (model/lm.py, Llama-style: RMSNorm, rotary, GQA, SwiGLU, tied output): random weights, BPD heads
+LM_SIZES = {
+    "lm-demo": dict(vocab_size=4000, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=352),
+    "lm-base": dict(vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, d_ff=1408),
+}
 
 
-def make_model(size: str, k: int = 8, head_hidden: int = 128, seed: int = 0) -> BPDModel:
+def make_model(size: str, k: int = 8, head_hidden: int = 128, seed: int = 0):
     torch.manual_seed(seed)
+    if size in LM_SIZES:
+        from bpd_train.model import LMConfig, LMModel
+        m = LMModel(LMConfig(**LM_SIZES[size], block_size=k, head_d_hidden=head_hidden, max_positions=512,
+                             eos_id=2)).eval()
+        if m.heads is not None:
+            with torch.no_grad():
+                torch.nn.init.normal_(m.heads.fc2.weight, std=0.02)
+        return m
     m = BPDModel(BPDConfig(**SIZES[size], block_size=k, head_d_hidden=head_hidden, dropout=0.0)).eval()
     if m.heads is not None:  # random, but not zero-initialised future heads (real proposals, real cost)
         with torch.no_grad():
@@ -183,6 +200,58 @@ def bench_steps(sizes, threads, reps, profile=False, dtypes=("fp32",)):
                     print(f"step cost  {size:4s} threads={t} {dt:4s} loop   proposals={label:9s} greedy "
                           f"{loop['greedy_ms']:7.3f} ms  " + "  ".join(
                               f"k={k}: {r:.2f}" for k, r in loop.items() if k != "greedy_ms"), flush=True)
+    return rows
+
+
+def bench_lm_decode(sizes, threads: int, dtypes, n_prompts: int = 8, max_len: int = 48, k: int = 4, passes: int = 2):
+    """Decoder-only models: greedy and exact blockwise (k heads) at batch 1 on random prompts (4-24 tokens), the
+    torch path (fp32) vs the native engine (each --dtype), interleaved, best of `passes`; speedup = torch greedy's
+    seconds / these. Random heads are rarely accepted (k-hat near 1): this measures the engine, not trained heads."""
+    torch.set_num_threads(threads)
+    from bpd_train.decoding import blockwise
+    from bpd_train.model.packed import weights_key
+    rows = []
+    for size in sizes:
+        m = make_model(size, k)
+        g = np.random.default_rng(0)
+        v = m.config.vocab_size
+        prompts = [g.integers(3, v, size=int(g.integers(4, 25))).tolist() for _ in range(n_prompts)]
+        runs = [("torch", "fp32")] + [("native", dt) for dt in dtypes if native_kernels() is not None]
+        weights, best, out, khat = {}, {}, {}, {}
+        for engine, dt in runs:                      # weights built under each engine, kept for the timed passes
+            m.decode_options = DecodeOptions(dtype=dt)
+            m._decode_cache = None
+            with _engine(engine):
+                weights[(engine, dt)] = m.decode_weights()
+        for rep in range(passes + 1):                # the first pass warms up
+            order = [(e, dt, dec) for e, dt in runs for dec in ("greedy", "blockwise")]
+            random.Random(rep).shuffle(order)
+            for engine, dt, dec in order:
+                m.decode_options = DecodeOptions(dtype=dt)
+                m._decode_cache = (weights_key(m, m.decode_options), weights[(engine, dt)])
+                t = time.perf_counter()
+                toks, acc, steps = [], 0.0, 0
+                for p in prompts:
+                    r = greedy(m, [p], max_len=max_len) if dec == "greedy" else blockwise(m, [p], max_len=max_len)
+                    toks.append(r.tokens[0])
+                    acc += r.mean_accepted * r.row_steps
+                    steps += r.row_steps
+                sec = time.perf_counter() - t
+                key = (engine, dt, dec)
+                if rep:
+                    best[key] = min(best.get(key, sec), sec)
+                out[key], khat[key] = toks, acc / max(steps, 1)
+        base = best[("torch", "fp32", "greedy")]
+        for (engine, dt, dec), sec in best.items():
+            same = float(np.mean([a == b for a, b in zip(out[(engine, dt, dec)], out[(engine, dt, "greedy")])]))
+            row = dict(size=size, threads=threads, engine=engine, dtype=dt, decoder=dec, batch=1,
+                       seconds=round(sec, 4), tokens_per_s=round(sum(len(t) for t in out[(engine, dt, dec)]) / sec, 1),
+                       speedup_vs_torch_greedy=round(base / sec, 2), khat=round(khat[(engine, dt, dec)], 3),
+                       same_as_greedy=same)
+            rows.append(row)
+            print(f"lm decode  {size:7s} threads={threads} {engine:6s} {dt:4s} {dec:9s} {sec * 1e3:8.1f} ms "
+                  f"({row['tokens_per_s']:7.1f} tok/s)  x{row['speedup_vs_torch_greedy']:.2f} vs torch greedy  "
+                  f"k-hat {row['khat']:.2f}  same {same:.2f}", flush=True)
     return rows
 
 
@@ -541,7 +610,11 @@ def _command(argv) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--sizes", nargs="+", default=["demo", "base"], choices=sorted(SIZES))
+    ap.add_argument("--sizes", nargs="+", default=["demo", "base"], choices=sorted(SIZES) + sorted(LM_SIZES),
+                    help="model sizes; lm-demo / lm-base: decoder-only (Llama-style) models, step costs and "
+                         "greedy vs blockwise at batch 1 (--lm-decode), no CTranslate2 comparison")
+    ap.add_argument("--lm-decode", action="store_true",
+                    help="lm-* sizes: also time greedy vs blockwise on random prompts at batch 1, torch vs native")
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--skip-ct2", action="store_true")
     ap.add_argument("--profile", action="store_true", help="per-phase time of the native loops' steps")
@@ -578,8 +651,11 @@ def main(argv=None) -> int:
           flush=True)
     result = {"cpu": cpu_model(), "engine": engine_name(), "step_cost": bench_steps(a.sizes, a.threads, a.reps, a.profile,
                                                                          a.dtype)}
-    if not a.skip_ct2:
-        result["ctranslate2"] = [row for size in a.sizes
+    lm_sizes = [s for s in a.sizes if s in LM_SIZES]
+    if a.lm_decode and lm_sizes:
+        result["lm_decode"] = bench_lm_decode(lm_sizes, a.threads[0], a.dtype, n_prompts=4 if a.quick else 8)
+    if not a.skip_ct2 and any(s in SIZES for s in a.sizes):
+        result["ctranslate2"] = [row for size in a.sizes if size in SIZES
                                  for row in (bench_ct2(a.threads, [1, 32] if not a.quick else [4],
                                                        n_sent=64 if not a.quick else 8, size=size) or [])]
     if a.bundle:

@@ -108,9 +108,9 @@ class _Blockwise:
         self.eos = stop_ids(model)
         self.adaptive, self.threshold = adaptive, threshold
         self.adapt = None
-        # one row, Exact: whole runs of steps in one native call (DecodeWeights.block_steps) where it can; the
-        # native loop ends rows on one EOS id only
-        self.native_block = self.exact and min_block == 1 and isinstance(self.eos, int)
+        # Exact: whole runs of steps in one native call (DecodeWeights.block_steps / batch_block_steps) where it
+        # can; the encoder-decoder loops end rows on one EOS id, the decoder-only ones on several (see run)
+        self.native_block = self.exact and min_block == 1
 
     def run(self, src, max_len) -> DecodeResult:
         model, kb, eos = self.model, self.kb, self.eos
@@ -124,6 +124,8 @@ class _Blockwise:
         memory = model.encode(src)
         self.state = state = model.start_decoding(memory, cap + kb)
         self.w = state.weights
+        if not isinstance(eos, int) and not getattr(self.w, "multi_stop", False):
+            self.native_block = False
         if self.adaptive:  # acceptance statistics and step costs live as long as these weights (see Adaptive)
             stats = getattr(self.w, "stats", None)
             key = ("adaptive", kb, self.threshold)
@@ -262,7 +264,7 @@ class _Blockwise:
             ad.chunk = 8 if ad.width(r) == fed else 1
             ad.last_fed, steps = fed, ad.chunk
         self.state.lengths = length
-        native = getattr(self.w, "batch_block_steps", None)               # (decoder-only weights: none yet)
+        native = getattr(self.w, "batch_block_steps", None)
         got = native(self.model, self.state, x, length, limit - length, steps) if native is not None else None
         if got is None:
             self.native_block = False

@@ -1177,54 +1177,93 @@ torch::Tensor propose(const torch::Tensor& h_in, const Lin& fc1, const Lin& fc2,
   return ids;
 }
 
+// ---- the native loops, generic over the model they run ----
+// What greedy_steps / block_steps / batch_block_steps call per step: embed the fed tokens, run the layer stack,
+// head 1's argmax, the proposals of heads 1..n. Two kinds: the encoder-decoder stack above (EncDecLoop) and the
+// decoder-only (Llama-style) stack below (LMLoop). One virtual call per phase and step (nothing per row).
+struct LoopModel {
+  int64_t d = 0;
+  std::vector<int64_t> stops;                   // the ids that end a row (decoder-only checkpoints list several)
+  bool stop(int64_t t) const {
+    for (int64_t s : stops) if (s == t) return true;
+    return false;
+  }
+  virtual ~LoopModel() = default;
+  virtual void embed(const int64_t* tok, const int64_t* slot, int64_t M, float* x) const = 0;
+  // x [M][d] in place; row m is cache row m / n, at slot[m]
+  virtual void layers(float* x, int64_t M, int64_t n, const int64_t* slot) const = 0;
+  virtual void head1(const float* h, int64_t M, int64_t* out) const = 0;
+  // heads 1..n_heads at M positions -> ids [M][n_heads]
+  virtual void propose(const float* h, int64_t M, int64_t n_heads, int64_t* out) const = 0;
+};
+
+static std::vector<int64_t> stop_list(const torch::Tensor& stops) {
+  auto s = stops.to(torch::kLong).contiguous();
+  return std::vector<int64_t>(s.data_ptr<int64_t>(), s.data_ptr<int64_t>() + s.numel());
+}
+
+struct EncDecLoop : LoopModel {
+  const Embed emb;
+  const std::vector<StepLayer>& ls;
+  const Cache c;
+  const float* nw;
+  const float* nb;
+  float eps;
+  const Lin& proj;
+  const Lin* fc1 = nullptr;
+  const Lin* fc2 = nullptr;
+  const Lin* draft = nullptr;
+  const int64_t* dp = nullptr;
+  EncDecLoop(const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
+             const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
+             const c10::optional<torch::Tensor>& mem_mask, int64_t g, const torch::Tensor& nw_,
+             const torch::Tensor& nb_, double eps_, const Lin& proj_, int64_t eos)
+      : emb(embed, embed_scale, pe, max_positions), ls(layers), c(self_kv, mem_kv, mem_mask, g),
+        nw(nw_.data_ptr<float>()), nb(nb_.data_ptr<float>()), eps((float)eps_), proj(proj_) {
+    d = embed.size(1);
+    stops = {eos};
+  }
+  void embed(const int64_t* tok, const int64_t* slot, int64_t M, float* x) const override { emb.rows(tok, slot, M, x); }
+  void layers(float* x, int64_t M, int64_t n, const int64_t* slot) const override { decode_raw(x, M, n, d, slot, ls, c); }
+  void head1(const float* h, int64_t M, int64_t* out) const override { head1_ids(h, M, d, nw, nb, eps, proj, out); }
+  void propose(const float* h, int64_t M, int64_t n_heads, int64_t* out) const override {
+    propose_raw(h, M, d, *fc1, *fc2, n_heads, nw, nb, eps, *draft, dp, out);
+  }
+};
+
 // Greedy steps for R rows in one call (small models spend more in per-step Python than in arithmetic):
 // embed the fed tokens, run the decoder stack, take head 1's argmax, feed it back; stop after `max_steps`
-// steps or after the step in which a row ends (EOS, or its `room` tokens are used up), so the caller drops
-// finished rows exactly where its Python loop would. Every op is the one BPDModel.decode and
+// steps or after the step in which a row ends (a stop id, or its `room` tokens are used up), so the caller drops
+// finished rows exactly where its Python loop would. Every op is the one the model's decode and
 // DecodeWeights.head1_argmax run, in the same order, so the tokens are those of the one-step path.
-// Cache modes as model/cache.py: `lengths` None -> uniform, the new token at slot t of every row; else
-// per-row lengths [R] (int64, slots counted after the `t` prefix slots) -> slot t + lengths[r].
-// Returns (tokens [R, steps] int64, decoder output of the last step [R, D] before the final norm, seconds the
-// steps took: what adaptive blockwise compares step widths by, without the Python call around them).
-std::tuple<torch::Tensor, torch::Tensor, double> greedy_steps(
-    torch::Tensor tok, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
-    const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
-    c10::optional<torch::Tensor> mem_mask, int64_t g, int64_t t, c10::optional<torch::Tensor> lengths,
-    const torch::Tensor& nw, const torch::Tensor& nb, double eps, const Lin& proj, int64_t eos, torch::Tensor room,
-    int64_t max_steps) {
-  const auto t_start = std::chrono::steady_clock::now();
-  const int64_t r = tok.size(0), d = embed.size(1);
+// slot: each row's first slot. Returns (tokens [R, steps] int64, decoder output of the last step [R, D] before the
+// final norm, seconds the steps took: what adaptive blockwise compares step widths by, without the Python call).
+static std::tuple<torch::Tensor, torch::Tensor, double> greedy_loop(
+    const LoopModel& mdl, const torch::Tensor& tok, std::vector<int64_t> slot, const torch::Tensor& room,
+    int64_t max_steps, std::chrono::steady_clock::time_point t_start) {
+  const int64_t r = tok.size(0), d = mdl.d;
   TORCH_CHECK(room.numel() == r && room.scalar_type() == torch::kLong, "greedy_steps: room must be int64 [R]");
   auto rm = room.contiguous();
   const int64_t* roomp = rm.data_ptr<int64_t>();
-  std::vector<int64_t> slot(r, t);
-  if (lengths.has_value()) {
-    auto l = lengths->to(torch::kLong).contiguous();
-    for (int64_t i = 0; i < r; i++) slot[i] = t + l.data_ptr<int64_t>()[i];
-  }
   auto tk0 = tok.to(torch::kLong).contiguous();
   std::vector<int64_t> x(tk0.data_ptr<int64_t>(), tk0.data_ptr<int64_t>() + r), nxt(r);
   auto out = torch::empty({r, std::max<int64_t>(max_steps, 0)}, tk0.options());
   int64_t* outp = out.data_ptr<int64_t>();
-  const Embed emb(embed, embed_scale, pe, max_positions);
-  const Cache c(self_kv, mem_kv, mem_mask, g);
-  const float* nwp = nw.data_ptr<float>();
-  const float* nbp = nb.data_ptr<float>();
-  auto last = torch::empty({r, d}, embed.options());
+  auto last = torch::empty({r, d}, torch::TensorOptions().dtype(torch::kFloat32));
   std::vector<float> h(r * d);
   int64_t s = 0;
   Tick tk;
   while (s < max_steps) {
-    emb.rows(x.data(), slot.data(), r, h.data());
+    mdl.embed(x.data(), slot.data(), r, h.data());
     tk.to(P_EMBED);
-    decode_raw(h.data(), r, 1, d, slot.data(), layers, c);
+    mdl.layers(h.data(), r, 1, slot.data());
     tk = Tick();
-    head1_ids(h.data(), r, d, nwp, nbp, (float)eps, proj, nxt.data());
+    mdl.head1(h.data(), r, nxt.data());
     tk.to(P_VERIFY);
     bool ended = false;
     for (int64_t i = 0; i < r; i++) {
       outp[i * max_steps + s] = nxt[i];
-      ended |= nxt[i] == eos || roomp[i] <= s + 1;
+      ended |= mdl.stop(nxt[i]) || roomp[i] <= s + 1;
       slot[i] += 1;
     }
     s += 1;
@@ -1236,74 +1275,88 @@ std::tuple<torch::Tensor, torch::Tensor, double> greedy_steps(
   return {out.narrow(1, 0, s), last, std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()};
 }
 
+// Cache modes as model/cache.py: `lengths` None -> uniform, the new token at slot t of every row; else
+// per-row lengths [R] (int64, slots counted after the `t` prefix slots) -> slot t + lengths[r].
+static std::vector<int64_t> first_slots(int64_t r, int64_t t, const c10::optional<torch::Tensor>& lengths) {
+  std::vector<int64_t> slot(r, t);
+  if (lengths.has_value()) {
+    auto l = lengths->to(torch::kLong).contiguous();
+    for (int64_t i = 0; i < r; i++) slot[i] = t + l.data_ptr<int64_t>()[i];
+  }
+  return slot;
+}
+
+std::tuple<torch::Tensor, torch::Tensor, double> greedy_steps(
+    torch::Tensor tok, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
+    const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
+    c10::optional<torch::Tensor> mem_mask, int64_t g, int64_t t, c10::optional<torch::Tensor> lengths,
+    const torch::Tensor& nw, const torch::Tensor& nb, double eps, const Lin& proj, int64_t eos, torch::Tensor room,
+    int64_t max_steps) {
+  const auto t_start = std::chrono::steady_clock::now();
+  const EncDecLoop mdl(embed, embed_scale, pe, max_positions, layers, self_kv, mem_kv, mem_mask, g, nw, nb, eps, proj,
+                       eos);
+  return greedy_loop(mdl, tok, first_slots(tok.size(0), t, lengths), room, max_steps, t_start);
+}
+
 // Exact blockwise steps for ONE row in uniform cache mode (decoding/blockwise.py at batch 1, Exact rule), in
 // one call with no ATen op or allocation per step: feed x (x0 + w-1 proposals) at slots t.., verify, accept
-// the longest prefix of proposals head 1 agrees with (nothing after an EOS), then heads 1..w-1 propose at the
-// accepted position. Verification is lazy: head 1's logits are computed `group` positions at a time, and only
+// the longest prefix of proposals head 1 agrees with (nothing after a stop id), then heads 1..w-1 propose at the
+// accepted position. x0 itself is never taken for a stop: it is the token accepted last (or, in a decoder-only
+// model's prefill, the prompt's last token, which may well be an end-of-turn id). Verification is lazy: head 1's logits are computed `group` positions at a time, and only
 // as far as proposals are accepted (a rejected proposal makes the positions after it irrelevant), so a step
 // whose first proposal fails projects `group` rows, not w. Each row's logits are computed by the same
 // instructions whatever the group, so the tokens are those of the one-step loop and of greedy decoding.
-// Stops after `max_steps` steps or the step in which the row ends (EOS, or `room` tokens used up).
+// Stops after `max_steps` steps or the step in which the row ends (a stop id, or `room` tokens used up).
 // x may be narrower than `width`, the block fed from the second step on (the prefill feeds BOS alone: its
 // head-1 token and proposals come out of the same loop, not out of a Python step).
 // Returns (tokens gained, in order; per step: proposals accepted n and tokens gained c; next fed tokens [width];
 // decoder output at the last accepted position [D]; 1 if the row ended; seconds, as greedy_steps).
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, double> block_steps(
-    torch::Tensor x_in, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
-    const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
-    c10::optional<torch::Tensor> mem_mask, int64_t t, const torch::Tensor& nw, const torch::Tensor& nb, double eps,
-    const Lin& proj, const Lin& fc1, const Lin& fc2, const Lin& draft_proj, c10::optional<torch::Tensor> draft_ids,
-    int64_t eos, int64_t room, int64_t max_steps, int64_t group, int64_t width) {
-  const auto t_start = std::chrono::steady_clock::now();
+static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, double> block_loop(
+    const LoopModel& mdl, torch::Tensor x_in, int64_t t, int64_t room, int64_t max_steps, int64_t group, int64_t width,
+    std::chrono::steady_clock::time_point t_start) {
   auto xt = x_in.to(torch::kLong).contiguous();
-  const int64_t w = xt.numel(), d = embed.size(1);
+  const int64_t w0 = xt.numel(), d = mdl.d;
+  const int64_t pad = mdl.stops.empty() ? -1 : mdl.stops[0];   // fills the next block where no proposal runs
   group = std::max<int64_t>(1, group);
   width = std::max<int64_t>(1, width);
-  const int64_t wm = std::max(w, width);
-  std::vector<int64_t> x(xt.data_ptr<int64_t>(), xt.data_ptr<int64_t>() + w), toks, nc, slot(wm), gh(wm), prop(wm);
+  const int64_t wm = std::max(w0, width);
+  std::vector<int64_t> x(xt.data_ptr<int64_t>(), xt.data_ptr<int64_t>() + w0), toks, nc, slot(wm), gh(wm), prop(wm);
   auto lopt = torch::TensorOptions().dtype(torch::kLong);
-  torch::Tensor dids;
-  if (draft_ids.has_value()) dids = draft_ids->to(torch::kLong).contiguous();
-  const int64_t* dp = dids.defined() ? dids.data_ptr<int64_t>() : nullptr;
-  const Embed emb(embed, embed_scale, pe, max_positions);
-  const Cache c(self_kv, mem_kv, mem_mask, 1);
-  const float* nwp = nw.data_ptr<float>();
-  const float* nbp = nb.data_ptr<float>();
   std::vector<float> h(wm * d), hn(d, 0.0f);
   int64_t ended = 0;
   for (int64_t s = 0; s < max_steps && !ended; s++) {
     const int64_t w = (int64_t)x.size();   // the first step may feed another width (the prefill: BOS alone)
     Tick tk;
     for (int64_t j = 0; j < w; j++) slot[j] = t + j;
-    emb.rows(x.data(), slot.data(), w, h.data());
+    mdl.embed(x.data(), slot.data(), w, h.data());
     tk.to(P_EMBED);
-    decode_raw(h.data(), w, w, d, slot.data(), layers, c);
+    mdl.layers(h.data(), w, w, slot.data());
     tk = Tick();
     int64_t n = 0, done = 0;
     for (;;) {
       if (n >= done) {                                     // head 1 at the next `group` positions
         const int64_t rows = std::min(group, w - done);
-        head1_ids(h.data() + done * d, rows, d, nwp, nbp, (float)eps, proj, gh.data() + done);
+        mdl.head1(h.data() + done * d, rows, gh.data() + done);
         done += rows;
       }
-      if (n < w - 1 && x[n + 1] == gh[n] && x[n] != eos) n++;
+      if (n < w - 1 && x[n + 1] == gh[n] && (n == 0 || !mdl.stop(x[n]))) n++;
       else break;
     }
     tk.to(P_VERIFY);
     const int64_t gn = gh[n];
-    const bool eos_in = x[n] == eos;
+    const bool eos_in = n > 0 && mdl.stop(x[n]);
     const int64_t cnt = std::min<int64_t>(n + 1 - (eos_in ? 1 : 0), room);
     for (int64_t j = 0; j < cnt; j++) toks.push_back(j < n ? x[j + 1] : gn);
     nc.push_back(n);
     nc.push_back(cnt);
     room -= cnt;
     t += cnt;
-    ended = (eos_in || gn == eos || room <= 0) ? 1 : 0;
+    ended = (eos_in || mdl.stop(gn) || room <= 0) ? 1 : 0;
     std::memcpy(hn.data(), h.data() + n * d, d * sizeof(float));
-    x.assign(width, eos);
+    x.assign(width, pad);
     x[0] = gn;
     if (!ended && width > 1) {
-      propose_raw(hn.data(), 1, d, fc1, fc2, width - 1, nwp, nbp, (float)eps, draft_proj, dp, prop.data());
+      mdl.propose(hn.data(), 1, width - 1, prop.data());
       for (int64_t j = 0; j < width - 1; j++) x[j + 1] = prop[j];
     }
     if (g_prof) g_prof_steps += 1;
@@ -1311,32 +1364,45 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, 
   auto cp = [&](const std::vector<int64_t>& v) {
     return torch::from_blob(const_cast<int64_t*>(v.data()), {(int64_t)v.size()}, lopt).clone();
   };
-  auto hn_t = torch::from_blob(hn.data(), {d}, embed.options()).clone();
+  auto hn_t = torch::from_blob(hn.data(), {d}, torch::TensorOptions().dtype(torch::kFloat32)).clone();
   return {cp(toks), cp(nc).view({-1, 2}), cp(x), hn_t, ended,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()};
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, double> block_steps(
+    torch::Tensor x_in, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
+    const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
+    c10::optional<torch::Tensor> mem_mask, int64_t t, const torch::Tensor& nw, const torch::Tensor& nb, double eps,
+    const Lin& proj, const Lin& fc1, const Lin& fc2, const Lin& draft_proj, c10::optional<torch::Tensor> draft_ids,
+    int64_t eos, int64_t room, int64_t max_steps, int64_t group, int64_t width) {
+  const auto t_start = std::chrono::steady_clock::now();
+  EncDecLoop mdl(embed, embed_scale, pe, max_positions, layers, self_kv, mem_kv, mem_mask, 1, nw, nb, eps, proj, eos);
+  torch::Tensor dids;
+  if (draft_ids.has_value()) dids = draft_ids->to(torch::kLong).contiguous();
+  mdl.fc1 = &fc1;
+  mdl.fc2 = &fc2;
+  mdl.draft = &draft_proj;
+  mdl.dp = dids.defined() ? dids.data_ptr<int64_t>() : nullptr;
+  return block_loop(mdl, x_in, t, room, max_steps, group, width, t_start);
 }
 
 // Exact blockwise steps for R rows in per-row cache mode (decoding/blockwise.py at batch > 1, Exact rule): the
 // batched block_steps. Row r feeds x[r] (its last accepted token + w-1 proposals) at slots t + lengths[r] ..; head 1
 // verifies lazily, `group` positions of every row still accepting at a time (rows whose proposal was rejected are
-// not projected further); each row accepts its longest agreeing prefix (nothing after an EOS) and gains n+1 tokens
+// not projected further); each row accepts its longest agreeing prefix (nothing after a stop id) and gains n+1 tokens
 // (capped by its room); heads 1..width-1 propose at every live row's accepted position. All rows take the same
 // steps: the loop stops after `max_steps` steps or after the step in which a row ends, so the caller drops finished
 // rows where its Python loop would. Each token's decoder output, head-1 logits and proposals are computed by the
 // same instructions as in greedy_steps / block_steps (rows are independent), so the output is greedy's.
 // Returns (tokens gained per row [R, max_steps*width] (the first counts[r] valid), per row and step (n, c) [R, s, 2],
 // next fed tokens [R, width], decoder output at each row's last accepted position [R, D], ended [R], seconds).
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, double> batch_block_steps(
-    torch::Tensor x_in, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
-    const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
-    c10::optional<torch::Tensor> mem_mask, int64_t g, int64_t t, torch::Tensor lengths, const torch::Tensor& nw,
-    const torch::Tensor& nb, double eps, const Lin& proj, const Lin& fc1, const Lin& fc2, const Lin& draft_proj,
-    c10::optional<torch::Tensor> draft_ids, int64_t eos, torch::Tensor room_in, int64_t max_steps, int64_t group,
-    int64_t width) {
-  const auto t_start = std::chrono::steady_clock::now();
+static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, double> batch_block_loop(
+    const LoopModel& mdl, torch::Tensor x_in, int64_t t, torch::Tensor lengths, torch::Tensor room_in,
+    int64_t max_steps, int64_t group, int64_t width, std::chrono::steady_clock::time_point t_start) {
   auto xt = x_in.to(torch::kLong).contiguous();
   TORCH_CHECK(xt.dim() == 2, "batch_block_steps: x must be [R, w]");
-  const int64_t R = xt.size(0), d = embed.size(1);
+  const int64_t R = xt.size(0), d = mdl.d;
+  const int64_t pad = mdl.stops.empty() ? -1 : mdl.stops[0];
   int64_t w = xt.size(1);
   group = std::max<int64_t>(1, group);
   width = std::max<int64_t>(1, width);
@@ -1352,13 +1418,6 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
   const int64_t tw = std::max<int64_t>(max_steps, 0) * wm;
   auto toks = torch::zeros({R, std::max<int64_t>(tw, 1)}, lopt);
   int64_t* tp = toks.data_ptr<int64_t>();
-  torch::Tensor dids;
-  if (draft_ids.has_value()) dids = draft_ids->to(torch::kLong).contiguous();
-  const int64_t* dp = dids.defined() ? dids.data_ptr<int64_t>() : nullptr;
-  const Embed emb(embed, embed_scale, pe, max_positions);
-  const Cache c(self_kv, mem_kv, mem_mask, g);
-  const float* nwp = nw.data_ptr<float>();
-  const float* nbp = nb.data_ptr<float>();
   std::vector<float> h(R * wm * d), hv(R * wm * d), hn(R * d, 0.0f);
   std::vector<int64_t> ended(R, 0);
   bool any_ended = false;
@@ -1367,9 +1426,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
     Tick tk;
     for (int64_t r = 0; r < R; r++)
       for (int64_t j = 0; j < w; j++) slot[r * w + j] = t + len[r] + j;
-    emb.rows(x.data(), slot.data(), R * w, h.data());
+    mdl.embed(x.data(), slot.data(), R * w, h.data());
     tk.to(P_EMBED);
-    decode_raw(h.data(), R * w, w, d, slot.data(), layers, c);
+    mdl.layers(h.data(), R * w, w, slot.data());
     tk = Tick();
     // lazy verification: head 1 at positions done..done+cols-1 of the rows that accepted every proposal so far
     act.resize(R);
@@ -1380,14 +1439,14 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
       const int64_t A = (int64_t)act.size();
       for (int64_t a = 0; a < A; a++)
         std::memcpy(hv.data() + a * cols * d, h.data() + (act[a] * w + done) * d, cols * d * sizeof(float));
-      head1_ids(hv.data(), A * cols, d, nwp, nbp, (float)eps, proj, prop.data());
+      mdl.head1(hv.data(), A * cols, prop.data());
       nact.clear();
       for (int64_t a = 0; a < A; a++) {
         const int64_t r = act[a];
         const int64_t* xr = x.data() + r * w;
         for (int64_t j = 0; j < cols; j++) gh[r * w + done + j] = prop[a * cols + j];
         int64_t m = n[r];
-        while (m < done + cols && m < w - 1 && xr[m + 1] == gh[r * w + m] && xr[m] != eos) m++;
+        while (m < done + cols && m < w - 1 && xr[m + 1] == gh[r * w + m] && (m == 0 || !mdl.stop(xr[m]))) m++;
         n[r] = m;
         if (m == done + cols && m < w) nact.push_back(r);   // head 1 is needed at position m: the next group
       }
@@ -1399,7 +1458,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
     for (int64_t r = 0; r < R; r++) {
       const int64_t* xr = x.data() + r * w;
       const int64_t m = n[r], gn = gh[r * w + m];
-      const bool eos_in = xr[m] == eos;
+      const bool eos_in = m > 0 && mdl.stop(xr[m]);
       const int64_t cn = std::min<int64_t>(m + 1 - (eos_in ? 1 : 0), room[r]);
       for (int64_t j = 0; j < cn; j++) tp[r * tw + cnt[r] + j] = j < m ? xr[j + 1] : gn;
       cnt[r] += cn;
@@ -1407,20 +1466,20 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
       nc.push_back(cn);
       room[r] -= cn;
       len[r] += cn;
-      ended[r] = (eos_in || gn == eos || room[r] <= 0) ? 1 : 0;
+      ended[r] = (eos_in || mdl.stop(gn) || room[r] <= 0) ? 1 : 0;
       any_ended |= ended[r] != 0;
       std::memcpy(hn.data() + r * d, h.data() + (r * w + m) * d, d * sizeof(float));
       prop[r] = gn;                                        // (prop reused: head 1's tokens until x is rebuilt)
       if (!ended[r]) live.push_back(r);
     }
     std::vector<int64_t> gnv(prop.begin(), prop.begin() + R);
-    x.assign(R * width, eos);
+    x.assign(R * width, pad);
     for (int64_t r = 0; r < R; r++) x[r * width] = gnv[r];
     w = width;
     if (width > 1 && !live.empty()) {
       const int64_t A = (int64_t)live.size();
       for (int64_t a = 0; a < A; a++) std::memcpy(hv.data() + a * d, hn.data() + live[a] * d, d * sizeof(float));
-      propose_raw(hv.data(), A, d, fc1, fc2, width - 1, nwp, nbp, (float)eps, draft_proj, dp, prop.data());
+      mdl.propose(hv.data(), A, width - 1, prop.data());
       for (int64_t a = 0; a < A; a++)
         for (int64_t j = 0; j < width - 1; j++) x[live[a] * width + j + 1] = prop[a * (width - 1) + j];
     }
@@ -1428,14 +1487,379 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
   }
   auto ncv = torch::from_blob(nc.data(), {s, R, 2}, lopt).permute({1, 0, 2}).clone(at::MemoryFormat::Contiguous);
   auto xo = torch::from_blob(x.data(), {R, w}, lopt).clone();
-  auto hn_t = torch::from_blob(hn.data(), {R, d}, embed.options()).clone();
+  auto hn_t = torch::from_blob(hn.data(), {R, d}, torch::TensorOptions().dtype(torch::kFloat32)).clone();
   auto en = torch::from_blob(ended.data(), {R}, lopt).clone();
   return {toks.narrow(1, 0, std::max<int64_t>(tw, 1)), ncv, xo, hn_t, en,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()};
 }
 
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, double> batch_block_steps(
+    torch::Tensor x_in, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
+    const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
+    c10::optional<torch::Tensor> mem_mask, int64_t g, int64_t t, torch::Tensor lengths, const torch::Tensor& nw,
+    const torch::Tensor& nb, double eps, const Lin& proj, const Lin& fc1, const Lin& fc2, const Lin& draft_proj,
+    c10::optional<torch::Tensor> draft_ids, int64_t eos, torch::Tensor room_in, int64_t max_steps, int64_t group,
+    int64_t width) {
+  const auto t_start = std::chrono::steady_clock::now();
+  EncDecLoop mdl(embed, embed_scale, pe, max_positions, layers, self_kv, mem_kv, mem_mask, g, nw, nb, eps, proj, eos);
+  torch::Tensor dids;
+  if (draft_ids.has_value()) dids = draft_ids->to(torch::kLong).contiguous();
+  mdl.fc1 = &fc1;
+  mdl.fc2 = &fc2;
+  mdl.draft = &draft_proj;
+  mdl.dp = dids.defined() ? dids.data_ptr<int64_t>() : nullptr;
+  return batch_block_loop(mdl, x_in, t, lengths, room_in, max_steps, group, width, t_start);
+}
+
+// ==== decoder-only (Llama / Qwen2 / Mistral-style) models: model/lm.py LMModel ====
+// The layer stack of one decode step on raw buffers, as decode_raw is for the encoder-decoder stack: RMSNorm,
+// q/k/v (one packed linear, optional biases), rotary positions (rotate-half layout, per-row positions = slot -
+// lpad), grouped-query attention over the row's cache slots lpad..slot one query at a time, output projection,
+// SwiGLU (gate and up in one packed linear, then down). Every row is computed by the same code whatever the batch
+// or the number of tokens fed, so a token's decoder output is bit-identical alone (greedy) or inside a block
+// (blockwise verification). Results differ from the torch path (LMModel._run) by rounding only.
+
+// y = weight * (x * rsqrt(mean(x^2) + eps)) per row (statistics in double, summed in a fixed order)
+static void rms_rows(const float* x, float* y, int64_t M, int64_t D, const float* w, float eps) {
+  thread_local std::vector<double> tmp;
+  if ((int64_t)tmp.size() < D) tmp.resize(D);
+  double* t = tmp.data();
+  for (int64_t m = 0; m < M; m++) {
+    const float* xr = x + m * D;
+    float* yr = y + m * D;
+    for (int64_t i = 0; i < D; i++) t[i] = (double)xr[i] * (double)xr[i];
+    const double ms = sum8(t, D) / (double)D;
+    const float inv = (float)(1.0 / std::sqrt(ms + (double)eps));
+    for (int64_t i = 0; i < D; i++) yr[i] = w[i] * (xr[i] * inv);
+  }
+}
+
+static inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
+
+// One decoder-only layer's decode-step weights (model/lm.py Layer).
+struct LMLayer {
+  int64_t n_heads, n_kv, dh;
+  double eps;
+  torch::Tensor n1w, n2w;
+  Lin qkv, o, gate_up, down;
+  LMLayer(int64_t h, int64_t g, int64_t dh_, double e, torch::Tensor a, Lin l1, Lin l2, torch::Tensor b, Lin l3,
+          Lin l4)
+      : n_heads(h), n_kv(g), dh(dh_), eps(e), n1w(a.contiguous()), n2w(b.contiguous()), qkv(l1), o(l2), gate_up(l3),
+        down(l4) {
+    TORCH_CHECK(qkv.N == (h + 2 * g) * dh && o.K == h * dh && gate_up.N == 2 * down.K, "LMLayer: shapes disagree");
+  }
+};
+
+// The whole step's weights: layers, token embedding, final RMSNorm, the vocabulary projection (head 1).
+struct LMNet {
+  std::vector<LMLayer> layers;
+  torch::Tensor embed, nw;
+  double eps;
+  Lin proj;
+  int64_t d;
+  LMNet(std::vector<LMLayer> l, torch::Tensor e, torch::Tensor w, double ep, Lin p)
+      : layers(std::move(l)), embed(e.contiguous()), nw(w.contiguous()), eps(ep), proj(p), d(e.size(1)) {
+    TORCH_CHECK(embed.scalar_type() == torch::kFloat32 && nw.scalar_type() == torch::kFloat32,
+                "LMNet: float32 embedding and norm");
+  }
+};
+
+// The proposal path for heads 1..n_heads: kind 0 = BPD heads (lins = {fc1, fc2 rows of those heads}: state_i =
+// h + fc2(relu(fc1(h)))[i], then the final norm), kind 1 = Medusa heads (lins[i * n_layers + l]: x = norm(h),
+// x += silu(W_il x + b_il) per layer); then `proj` (the draft vocabulary's rows where one is set, ids mapped back).
+struct LMProp {
+  int64_t kind, n_heads, n_layers;
+  std::vector<Lin> lins;
+  Lin proj;
+  torch::Tensor draft;
+  LMProp(int64_t k, int64_t nh, int64_t nl, std::vector<Lin> l, Lin p, c10::optional<torch::Tensor> ids)
+      : kind(k), n_heads(nh), n_layers(nl), lins(std::move(l)), proj(p) {
+    if (ids.has_value()) draft = ids->to(torch::kLong).contiguous();
+    TORCH_CHECK(kind == 0 ? lins.size() == 2 : (int64_t)lins.size() == nh * nl, "LMProp: wrong number of linears");
+  }
+};
+
+// KV cache [layers,2,R,G,cap,Dh] (model/lm.py LMState), each row's pad slots lpad [R], rotary tables [cap, Dh]
+struct LMCache {
+  float* kv;
+  int64_t ks[6], cap, rope_n, dh;
+  std::vector<int64_t> lpad;
+  torch::Tensor cos_keep, sin_keep;
+  const float* cos;
+  const float* sin;
+  LMCache(const torch::Tensor& self_kv, const torch::Tensor& lp, const torch::Tensor& cos_t, const torch::Tensor& sin_t) {
+    TORCH_CHECK(self_kv.scalar_type() == torch::kFloat32, "decode: float32 caches only");
+    for (int i = 0; i < 6; i++) ks[i] = self_kv.stride(i);
+    TORCH_CHECK(ks[5] == 1, "decode: caches must be contiguous in the head dimension");
+    kv = self_kv.data_ptr<float>();
+    cap = self_kv.size(4);
+    dh = self_kv.size(5);
+    auto l = lp.to(torch::kLong).contiguous();
+    TORCH_CHECK(l.numel() == self_kv.size(2), "decode: lpad must be [R]");
+    lpad.assign(l.data_ptr<int64_t>(), l.data_ptr<int64_t>() + l.numel());
+    cos_keep = cos_t.to(torch::kFloat32).contiguous();
+    sin_keep = sin_t.to(torch::kFloat32).contiguous();
+    TORCH_CHECK(cos_keep.size(-1) == dh && sin_keep.sizes() == cos_keep.sizes(), "decode: rotary tables [n, Dh]");
+    rope_n = cos_keep.size(0);
+    cos = cos_keep.data_ptr<float>();
+    sin = sin_keep.data_ptr<float>();
+  }
+};
+
+// x*cos + rotate_half(x)*sin for n_h heads of dh at one position (the torch path's three roundings)
+static inline void rope(float* x, int64_t n_h, int64_t dh, const float* c, const float* s) {
+  const int64_t half = dh / 2;
+  thread_local std::vector<float> tmp;
+  float* t = grow(tmp, dh);
+  for (int64_t hh = 0; hh < n_h; hh++) {
+    float* v = x + hh * dh;
+    for (int64_t i = 0; i < dh; i++) {
+      const float r = i < half ? -v[i + half] : v[i - half];
+      const float a = v[i] * c[i];
+      const float b = r * s[i];
+      t[i] = a + b;
+    }
+    std::memcpy(v, t, dh * sizeof(float));
+  }
+}
+
+// x [M][d] (embedded tokens, in place -> output before the final norm); row m is cache row m / n at slot[m]. A query
+// at slot p of row r sees slots lpad[r]..p (a pad slot, in a prefill, sees itself only: its output is never read).
+static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, const LMNet& net, const LMCache& c) {
+  Work& ws = work();
+  const int64_t d = net.d;
+  int64_t wide = 0, hd = 0, max_slot = 0;
+  for (const auto& w : net.layers) {
+    wide = std::max(wide, std::max(w.qkv.N, w.gate_up.N));
+    hd = std::max(hd, w.n_heads * w.dh);
+  }
+  for (int64_t m = 0; m < M; m++) max_slot = std::max(max_slot, slot[m]);
+  TORCH_CHECK(max_slot < c.cap, "KV cache capacity ", c.cap, " exceeded (needs ", max_slot + 1, ")");
+  float* y = grow(ws.y, M * d);
+  float* big = grow(ws.big, M * wide);
+  float* a = grow(ws.a, M * std::max(hd, d));
+  float* o = grow(ws.o, M * d);
+  const int64_t* ks = c.ks;
+  Tick tk;
+  for (size_t li = 0; li < net.layers.size(); li++) {
+    const LMLayer& w = net.layers[li];
+    const int64_t h = w.n_heads, g = w.n_kv, dh = w.dh, qn = w.qkv.N, rep = h / g;
+    TORCH_CHECK(dh == c.dh, "decode: head size disagrees with the cache");
+    const float scale = (float)(1.0 / std::sqrt((double)dh));
+    rms_rows(x, y, M, d, w.n1w.data_ptr<float>(), (float)w.eps);
+    tk.to(P_DEC_OTHER);
+    lin_rows(w.qkv, y, big, M);                                               // [M][q H*Dh | k G*Dh | v G*Dh]
+    tk.to(P_DEC_LIN);
+    float* kl = c.kv + li * ks[0];
+    for (int64_t m = 0; m < M; m++) {
+      const int64_t row = m / n;
+      const int64_t pos = std::min(std::max<int64_t>(slot[m] - c.lpad[row], 0), c.rope_n - 1);
+      float* q = big + m * qn;
+      rope(q, h + g, dh, c.cos + pos * dh, c.sin + pos * dh);                 // q and k heads
+      for (int64_t gg = 0; gg < g; gg++) {
+        std::memcpy(kl + row * ks[2] + gg * ks[3] + slot[m] * ks[4], q + (h + gg) * dh, dh * sizeof(float));
+        std::memcpy(kl + ks[1] + row * ks[2] + gg * ks[3] + slot[m] * ks[4], q + (h + g + gg) * dh, dh * sizeof(float));
+      }
+    }
+    const int64_t kmax = max_slot + 1;
+    at::parallel_for(0, M * h, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, kmax * dh)),
+                     [&](int64_t lo, int64_t hi) {
+      thread_local std::vector<float> sc;
+      float* scp = grow(sc, kmax + L);
+      for (int64_t i = lo; i < hi; i++) {
+        const int64_t m = i / h, hh = i % h, row = m / n;
+        const int64_t start = slot[m] >= c.lpad[row] ? c.lpad[row] : slot[m];
+        const float* base = kl + row * ks[2] + (hh / rep) * ks[3] + start * ks[4];
+        attend(big + m * qn + hh * dh, base, base + ks[1], ks[4], slot[m] + 1 - start, nullptr, scale,
+               a + m * h * dh + hh * dh, dh, scp);
+      }
+    });
+    tk.to(P_DEC_ATT);
+    lin_rows(w.o, a, o, M);
+    tk.to(P_DEC_LIN);
+    for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
+    rms_rows(x, y, M, d, w.n2w.data_ptr<float>(), (float)w.eps);
+    tk.to(P_DEC_OTHER);
+    lin_rows(w.gate_up, y, big, M);                                           // [M][gate F | up F]
+    tk.to(P_DEC_LIN);
+    const int64_t f = w.down.K;
+    for (int64_t m = 0; m < M; m++) {
+      float* gu = big + m * 2 * f;
+      float* act = big + m * f;   // in place: row m's outputs overwrite its own or earlier rows' consumed inputs
+      for (int64_t i = 0; i < f; i++) {
+        const float gv = silu(gu[i]);
+        act[i] = gv * gu[f + i];
+      }
+    }
+    tk.to(P_DEC_OTHER);
+    lin_rows(w.down, big, o, M);
+    tk.to(P_DEC_LIN);
+    for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
+    tk.to(P_DEC_OTHER);
+  }
+}
+
+static void lm_head1_ids(const float* h, int64_t M, const LMNet& net, int64_t* out) {
+  Work& ws = work();
+  const int64_t d = net.d;
+  float* y = grow(ws.n1, M * d);
+  float* l = grow(ws.logits, M * net.proj.N);
+  rms_rows(h, y, M, d, net.nw.data_ptr<float>(), (float)net.eps);
+  lin_rows(net.proj, y, l, M);
+  for (int64_t m = 0; m < M; m++) out[m] = argmax_row(l + m * net.proj.N, net.proj.N);
+}
+
+// heads 1..n_heads at M positions h [M][d] -> ids [M][n_heads]
+static void lm_propose_raw(const float* h, int64_t M, const LMNet& net, const LMProp& p, int64_t n_heads,
+                           int64_t* out) {
+  TORCH_CHECK(n_heads == p.n_heads, "propose: ", n_heads, " heads asked of a proposal path for ", p.n_heads);
+  Work& ws = work();
+  const int64_t d = net.d;
+  const float* nw = net.nw.data_ptr<float>();
+  const float eps = (float)net.eps;
+  Tick tk;
+  float* st = grow(ws.st, M * n_heads * d);
+  float* y = grow(ws.sy, M * n_heads * d);
+  if (p.kind == 0) {
+    const Lin& fc1 = p.lins[0];
+    const Lin& fc2 = p.lins[1];
+    float* hid = grow(ws.hid, M * fc1.N);
+    lin_rows(fc1, h, hid, M);
+    for (int64_t i = 0; i < M * fc1.N; i++) hid[i] = std::max(hid[i], 0.0f);
+    lin_rows(fc2, hid, st, M);                                               // [M][n_heads][D]
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t i = 0; i < n_heads * d; i++) st[m * n_heads * d + i] += h[m * d + i % d];
+    rms_rows(st, y, M * n_heads, d, nw, eps);
+  } else {
+    float* nrm = grow(ws.hid, M * d + M * d);
+    float* xi = nrm + M * d;
+    rms_rows(h, nrm, M, d, nw, eps);
+    for (int64_t hh = 0; hh < n_heads; hh++) {
+      std::memcpy(xi, nrm, M * d * sizeof(float));
+      for (int64_t l = 0; l < p.n_layers; l++) {
+        float* t = st;                                                       // scratch [M][d]
+        lin_rows(p.lins[hh * p.n_layers + l], xi, t, M);
+        for (int64_t i = 0; i < M * d; i++) xi[i] += silu(t[i]);
+      }
+      for (int64_t m = 0; m < M; m++) std::memcpy(y + (m * n_heads + hh) * d, xi + m * d, d * sizeof(float));
+    }
+  }
+  tk.to(P_HEADS_FFN);
+  float* logits = grow(ws.plog, M * n_heads * p.proj.N);
+  lin_rows(p.proj, y, logits, M * n_heads);
+  const int64_t* dp = p.draft.defined() ? p.draft.data_ptr<int64_t>() : nullptr;
+  for (int64_t m = 0; m < M * n_heads; m++) {
+    const int64_t best = argmax_row(logits + m * p.proj.N, p.proj.N);
+    out[m] = dp ? dp[best] : best;
+  }
+  tk.to(P_PROPOSE_PROJ);
+}
+
+struct LMLoop : LoopModel {
+  const LMNet& net;
+  const LMCache c;
+  const LMProp* prop = nullptr;
+  LMLoop(const LMNet& n, const torch::Tensor& self_kv, const torch::Tensor& lpad, const torch::Tensor& cos,
+         const torch::Tensor& sin, const torch::Tensor& stop_ids)
+      : net(n), c(self_kv, lpad, cos, sin) {
+    d = n.d;
+    stops = stop_list(stop_ids);
+  }
+  void embed(const int64_t* tok, const int64_t*, int64_t M, float* x) const override {
+    const float* e = net.embed.data_ptr<float>();
+    const int64_t V = net.embed.size(0);
+    for (int64_t m = 0; m < M; m++) {
+      TORCH_CHECK(tok[m] >= 0 && tok[m] < V, "decode: token id ", tok[m], " outside the vocabulary");
+      std::memcpy(x + m * d, e + tok[m] * d, d * sizeof(float));
+    }
+  }
+  void layers(float* x, int64_t M, int64_t n, const int64_t* slot) const override {
+    lm_decode_raw(x, M, n, slot, net, c);
+  }
+  void head1(const float* h, int64_t M, int64_t* out) const override { lm_head1_ids(h, M, net, out); }
+  void propose(const float* h, int64_t M, int64_t n_heads, int64_t* out) const override {
+    TORCH_CHECK(prop != nullptr, "propose: no proposal path given");
+    lm_propose_raw(h, M, net, *prop, n_heads, out);
+  }
+};
+
+// tokens [R,n] at cache slots [R,n] (each row's own) -> decoder output [R,n,D] before the final norm (LMModel.decode
+// and its prefill on the native path)
+torch::Tensor lm_decode_layers(const torch::Tensor& tokens, const LMNet& net, const torch::Tensor& self_kv,
+                               const torch::Tensor& lpad, const torch::Tensor& cos, const torch::Tensor& sin,
+                               const torch::Tensor& slots) {
+  TORCH_CHECK(tokens.dim() == 2 && slots.sizes() == tokens.sizes(), "lm_decode_layers: tokens and slots [R,n]");
+  const int64_t r = tokens.size(0), n = tokens.size(1), M = r * n;
+  auto tk = tokens.to(torch::kLong).contiguous();
+  auto sl = slots.to(torch::kLong).contiguous();
+  LMLoop mdl(net, self_kv, lpad, cos, sin, torch::empty({0}, torch::kLong));
+  auto x = torch::empty({r, n, net.d}, torch::TensorOptions().dtype(torch::kFloat32));
+  mdl.embed(tk.data_ptr<int64_t>(), nullptr, M, x.data_ptr<float>());
+  if (M > 0) mdl.layers(x.data_ptr<float>(), M, n, sl.data_ptr<int64_t>());
+  return x;
+}
+
+torch::Tensor rms_norm(const torch::Tensor& h, const torch::Tensor& w, double eps) {
+  auto x = h.to(torch::kFloat32).contiguous();
+  auto y = torch::empty_like(x);
+  const int64_t d = x.size(-1);
+  auto wc = w.contiguous();
+  rms_rows(x.data_ptr<float>(), y.data_ptr<float>(), x.numel() / d, d, wc.data_ptr<float>(), (float)eps);
+  return y;
+}
+
+// head 1's next token: argmax of proj(rms_norm(h)), h [...,D] -> ids [...]
+torch::Tensor lm_head1_argmax(const torch::Tensor& h, const LMNet& net) {
+  auto x = h.to(torch::kFloat32).contiguous();
+  auto shape = x.sizes().vec();
+  shape.pop_back();
+  auto ids = torch::empty(shape, x.options().dtype(torch::kLong));
+  lm_head1_ids(x.data_ptr<float>(), x.numel() / net.d, net, ids.data_ptr<int64_t>());
+  return ids;
+}
+
+// heads' proposals h [...,D] -> ids [..., n_heads]
+torch::Tensor lm_propose(const torch::Tensor& h, const LMNet& net, const LMProp& p) {
+  auto x = h.to(torch::kFloat32).contiguous();
+  auto shape = x.sizes().vec();
+  shape.back() = p.n_heads;
+  auto ids = torch::empty(shape, x.options().dtype(torch::kLong));
+  lm_propose_raw(x.data_ptr<float>(), x.numel() / net.d, net, p, p.n_heads, ids.data_ptr<int64_t>());
+  return ids;
+}
+
+// greedy_steps for a decoder-only model: a row ends on any of `stops`
+std::tuple<torch::Tensor, torch::Tensor, double> lm_greedy_steps(
+    torch::Tensor tok, const LMNet& net, const torch::Tensor& self_kv, const torch::Tensor& lpad,
+    const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, c10::optional<torch::Tensor> lengths,
+    const torch::Tensor& stops, torch::Tensor room, int64_t max_steps) {
+  const auto t_start = std::chrono::steady_clock::now();
+  const LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
+  return greedy_loop(mdl, tok, first_slots(tok.size(0), t, lengths), room, max_steps, t_start);
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, double> lm_block_steps(
+    torch::Tensor x_in, const LMNet& net, const LMProp& prop, const torch::Tensor& self_kv, const torch::Tensor& lpad,
+    const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, const torch::Tensor& stops, int64_t room,
+    int64_t max_steps, int64_t group, int64_t width) {
+  const auto t_start = std::chrono::steady_clock::now();
+  LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
+  mdl.prop = &prop;
+  return block_loop(mdl, x_in, t, room, max_steps, group, width, t_start);
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, double> lm_batch_block_steps(
+    torch::Tensor x_in, const LMNet& net, const LMProp& prop, const torch::Tensor& self_kv, const torch::Tensor& lpad,
+    const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, torch::Tensor lengths, const torch::Tensor& stops,
+    torch::Tensor room, int64_t max_steps, int64_t group, int64_t width) {
+  const auto t_start = std::chrono::steady_clock::now();
+  LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
+  mdl.prop = &prop;
+  return batch_block_loop(mdl, x_in, t, lengths, room, max_steps, group, width, t_start);
+}
+
 // per-phase seconds and steps since the last reset (phases: embed, decoder linears, decoder attention, decoder
-// other (norms, residuals), head 1 (verify / greedy argmax), heads' FFN, proposal projection, other)
+// other (norms, residuals, SwiGLU's activation), head 1 (verify / greedy argmax), heads' FFN, proposal projection, other)
 std::tuple<std::vector<double>, int64_t> profile(bool enable, bool reset) {
   std::vector<double> out(g_prof_s, g_prof_s + P_N);
   int64_t steps = g_prof_steps;
@@ -1503,4 +1927,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_steps", &block_steps);
   m.def("batch_block_steps", &batch_block_steps);
   m.def("profile", &profile);
+  // decoder-only models (model/lm.py)
+  pybind11::class_<LMLayer>(m, "LMLayer")
+      .def(pybind11::init<int64_t, int64_t, int64_t, double, torch::Tensor, Lin, Lin, torch::Tensor, Lin, Lin>());
+  pybind11::class_<LMNet>(m, "LMNet")
+      .def(pybind11::init<std::vector<LMLayer>, torch::Tensor, torch::Tensor, double, Lin>());
+  pybind11::class_<LMProp>(m, "LMProp")
+      .def(pybind11::init<int64_t, int64_t, int64_t, std::vector<Lin>, Lin, c10::optional<torch::Tensor>>());
+  m.def("lm_decode_layers", &lm_decode_layers);
+  m.def("rms_norm", &rms_norm);
+  m.def("lm_head1_argmax", &lm_head1_argmax);
+  m.def("lm_propose", &lm_propose);
+  m.def("lm_greedy_steps", &lm_greedy_steps);
+  m.def("lm_block_steps", &lm_block_steps);
+  m.def("lm_batch_block_steps", &lm_batch_block_steps);
 }
