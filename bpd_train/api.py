@@ -119,8 +119,9 @@ class Translator:
 
         from bpd_train.data.sampler import length_batches
         from bpd_train.decoding import blockwise, greedy
+        from bpd_train.decoding.common import stop_ids
         from bpd_train.evaluation.decode import (EvalError, check_block_sizes, decode_options, max_len_arg,
-                                                 parse_rule)
+                                                 parse_rule, set_decode_options)
         from bpd_train.evaluation.metrics import DecodeStats, one_line
 
         if method not in METHODS:
@@ -131,9 +132,7 @@ class Translator:
         if block_size is not None and method == "blockwise":
             check_block_sizes([k], self.block_size, "this model")
         rule, limit = parse_rule(accept), max_len_arg(list(max_len) if isinstance(max_len, tuple) else max_len)
-        if self.is_lm and dtype != "fp32":
-            raise EvalError(f"decoder-only models decode in fp32 for now, not {dtype}")
-        self.model.decode_options = decode_options(self._tokenizer, self.model.config.eos_id, dtype)
+        set_decode_options(self.model, decode_options(self._tokenizer, stop_ids(self.model), dtype))
         use_blockwise = method == "blockwise" and k > 1
         ids = [text.source_ids(s) if (not isinstance(s, str) or s.strip()) else None for s in sources]
         todo = [i for i, x in enumerate(ids) if x is not None]  # an empty input gives an empty output

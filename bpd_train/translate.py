@@ -122,7 +122,9 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
 
     from bpd_train.cli import USER_ERRORS, report
     from bpd_train.decoding import blockwise, greedy
-    from bpd_train.evaluation.decode import EvalError, check_block_sizes, decode_options, max_len_arg, parse_rule
+    from bpd_train.decoding.common import stop_ids
+    from bpd_train.evaluation.decode import (EvalError, check_block_sizes, decode_options, max_len_arg, parse_rule,
+                                             set_decode_options)
     from bpd_train.data.sampler import length_batches
     from bpd_train.evaluation.metrics import DecodeStats, one_line
     from bpd_train.loading import load
@@ -150,7 +152,8 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
         rule = parse_rule(args.accept)
         max_len = max_len_arg(args.max_new_tokens if args.max_new_tokens is not None else list(args.max_len))
         text = _lm_text(args, loaded) if loaded.is_lm else _mt_text(args, sp, cfg)
-        model.decode_options = decode_options(sp, cfg.eos_id, args.dtype, args.draft_vocab, args.proposal_dtype)
+        set_decode_options(model, decode_options(sp, stop_ids(model), args.dtype, args.draft_vocab,
+                                                 args.proposal_dtype))
     except USER_ERRORS as e:
         return report(e, stderr)
     use_blockwise = not args.greedy and k > 1
@@ -231,9 +234,6 @@ def _lm_text(args, loaded):
     from bpd_train.evaluation.decode import EvalError, LMText
 
     tok = loaded.lm_tokenizer()
-    if args.draft_vocab or args.dtype != "fp32" or args.proposal_dtype:
-        raise EvalError("decoder-only models decode in fp32 over the full vocabulary for now (no --dtype "
-                        f"{args.dtype} / --draft-vocab / --proposal-dtype)")
     if args.chat and args.langs:
         raise EvalError("--chat and --langs exclude each other: a line is either a chat message or a source sentence")
     if args.chat and not tok.has_chat_template:

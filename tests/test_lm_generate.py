@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from bpd_train.model.fastlinear import native_kernels
+
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
@@ -102,6 +104,29 @@ def test_generate_cli_answers_prompts_blockwise_equals_greedy(bundle, tmp_path):
     assert rc == 0 and tr_out == tr_want[0] + "\n"
 
 
+@pytest.mark.skipif(not native_kernels(), reason="the native CPU kernels are not built on this machine")
+def test_generate_cli_int8_draft_vocab_blockwise_equals_int8_greedy(bundle):
+    """--dtype / --draft-vocab / --proposal-dtype on a decoder-only bundle: blockwise in int8 with proposals over the
+    30 lowest non-special ids (a BPE vocabulary's most frequent) answers what int8 greedy does."""
+    from bpd_train.decoding import greedy
+    from bpd_train.evaluation.decode import draft_vocabulary
+    from bpd_train.loading import load
+    from bpd_train.model.packed import DecodeOptions
+
+    text = "\n".join(PROMPTS) + "\n"
+    rc, out, err = _run(["--bundle", str(bundle), "--max-new-tokens", "8", "--dtype", "int8", "--draft-vocab", "30",
+                         "--proposal-dtype", "bf16"], text)
+    assert rc == 0 and "blockwise k=3 exact" in err, err
+    loaded = load(bundle)
+    tok = loaded.lm_tokenizer()
+    draft = draft_vocabulary(tok, 30, tok.eos_id)
+    special = {i for i, t in tok.tk.get_added_tokens_decoder().items() if t.special}
+    assert len(draft) == 31 and tok.eos_id in draft and not (set(draft) - {tok.eos_id}) & special
+    loaded.model.decode_options = DecodeOptions(dtype="int8")
+    want = [tok.decode(t).strip() for t in greedy(loaded.model, tok.encode(PROMPTS), max_len=8).tokens]
+    assert out.split("\n")[:-1] == want and any(want)
+
+
 def test_generate_cli_bad_input_is_one_line(bundle, tmp_path):
     def one_error(rc, out, err, text):
         assert rc == 2 and out == "" and err.count("\n") == 1 and err.startswith("error:") and text in err, err
@@ -116,14 +141,20 @@ def test_generate_cli_bad_input_is_one_line(bundle, tmp_path):
     rc, out, err = _run(["--bundle", str(bundle), "--max-new-tokens", "4"], f"hello\n{long}\n")
     assert rc == 0 and len(out.split("\n")) == 3 and "1 source(s) truncated to 24 positions" in err
     one_error(*_run(["--bundle", str(bundle), "--chat", "--langs", "en:fr"], "hi\n"), "exclude each other")
-    one_error(*_run(["--bundle", str(bundle), "--dtype", "int8"], "hi\n"), "decode in fp32")
+    # the torch path (no native kernels) decodes decoder-only models in fp32 only: one line, not a traceback
+    torch_engine = subprocess.run([sys.executable, "-m", "bpd_train.translate", "--bundle", str(bundle), "--dtype",
+                                   "int8"], input="hi\n", cwd=REPO_ROOT, env=offline_env(BPD_DECODE_ENGINE="torch"),
+                                  capture_output=True, text=True, timeout=120)
+    one_error(torch_engine.returncode, torch_engine.stdout, torch_engine.stderr, "decode in fp32")
+    one_error(*_run(["--bundle", str(bundle), "--draft-vocab", "-3"], "hi\n"), "draft_vocab must be a positive")
     plain = _bundle(tmp_path, chat_template=False)
     one_error(*_run(["--bundle", str(plain), "--chat"], "hi\n"), "has no chat template")
 
 
 def test_evaluate_on_chat_records_applies_the_template(bundle, tmp_path):
     """evaluate.py with data.lm.files holding `messages` records: each prompt is the chat before the last
-    assistant turn rendered by the model's template, that turn the reference; exact blockwise == greedy."""
+    assistant turn rendered by the model's template, that turn the reference; exact blockwise == greedy (here with
+    int8 proposals over a 30-token draft vocabulary)."""
     from bpd_train.decoding import greedy
     from bpd_train.loading import load
 
@@ -134,12 +165,16 @@ def test_evaluate_on_chat_records_applies_the_template(bundle, tmp_path):
     out = tmp_path / "eval"
     cmd = [sys.executable, "evaluate.py", "experiment=smoke_lm", f"data.lm.files={{validation:{rec}}}",
            f"evaluate.inputs=[{bundle}]", f"evaluate.output_dir={out}", "evaluate.batch_sizes=[2]",
-           "evaluate.distilled=null", "evaluate.wandb=false", "decode.max_len=8", f"paths.artifacts={tmp_path / 'a'}",
+           "evaluate.distilled=null", "evaluate.wandb=false", "decode.max_len=8", "decode.draft_vocab=30",
+           "decode.proposal_dtype=int8", f"paths.artifacts={tmp_path / 'a'}",
            f"hydra.run.dir={tmp_path / 'h'}"]
     r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["data"]["chats"] == 4 and report["data"]["sentences"] == 4
+    # proposals over a draft vocabulary in int8 (the decoder-only engine takes them): verification keeps greedy's output
+    decode = report["checkpoints"][0]["decode"]
+    assert decode["draft_vocab"] == 30 and decode["proposal_dtype"] == "int8" and decode["engine"].startswith("native")
     assert all(row["agreement"] == 100.0 for row in report["rows"] if row["rule"] == "exact") and report["rows"]
     loaded = load(bundle)
     tok = loaded.lm_tokenizer()

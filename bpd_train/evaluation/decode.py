@@ -45,21 +45,47 @@ def check_block_sizes(sizes: Sequence[int] | None, k: int, where: str) -> list[i
     return out
 
 
-def draft_vocabulary(sp, n, eos_id: int) -> tuple[int, ...] | None:
-    """The ids heads 2..k may propose: the n highest-scoring pieces of a sentencepiece model (for the unigram
-    models this project trains, the score is the piece's log-probability, so these are the most frequent
-    target tokens) plus EOS. None or 0: the full vocabulary."""
+def draft_vocabulary(sp, n, eos_id) -> tuple[int, ...] | None:
+    """The ids heads 2..k may propose: the n most frequent tokens as the tokenizer ranks them, plus the stop id(s)
+    `eos_id` (an int or several). A sentencepiece model (ours, or a decoder-only model's trained from scratch):
+    the n highest-scoring pieces (a unigram piece's score is its log-probability). A Hugging Face tokenizer
+    (tokenizer.json, decoder-only models): the n lowest ids that are not special tokens, since a BPE vocabulary
+    numbers its tokens in merge order, most frequent pairs first. None or 0: the full vocabulary."""
     if not n:
         return None
     n = int(n)
-    size = sp.get_piece_size()
     if n < 1:
         raise EvalError(f"draft_vocab must be a positive number of tokens (or null for all), got {n}")
+    stops = {int(eos_id)} if isinstance(eos_id, int) else {int(i) for i in eos_id}
+    proc = getattr(sp, "sp", sp)          # SpmLMTokenizer -> Tokenizer -> SentencePieceProcessor
+    proc = getattr(proc, "sp", proc)
+    if hasattr(proc, "get_score"):
+        size = proc.get_piece_size()
+        if n >= size:
+            return None
+        ids = [i for i in range(size) if not (proc.is_control(i) or proc.is_unknown(i) or proc.is_unused(i))]
+        ids.sort(key=lambda i: -proc.get_score(i))
+        return tuple(sorted(set(ids[:n]) | stops))
+    tk = getattr(sp, "tk", None)          # data/lm_tokenizer.LMTokenizer: a tokenizers.Tokenizer
+    if tk is None:
+        raise EvalError(f"draft_vocab: no token ranking for a {type(sp).__name__}; use decode.draft_vocab=null")
+    size = int(sp.vocab_size)
     if n >= size:
         return None
-    ids = [i for i in range(size) if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i))]
-    ids.sort(key=lambda i: -sp.get_score(i))
-    return tuple(sorted(set(ids[:n]) | {int(eos_id)}))
+    special = {int(i) for i, t in tk.get_added_tokens_decoder().items() if t.special}
+    ids = [i for i in range(size) if i not in special][:n]
+    return tuple(sorted(set(ids) | stops))
+
+
+def set_decode_options(model, options) -> None:
+    """model.decode_options = options, and build the decode-step weights now, so that an option this model or
+    machine cannot run (e.g. bf16 for a decoder-only model on the torch path) is one EvalError here rather than
+    a traceback inside the first decoder call."""
+    model.decode_options = options
+    try:
+        model.decode_weights()
+    except ValueError as e:
+        raise EvalError(str(e)) from None
 
 
 def decode_options(sp, eos_id: int, dtype: str = "fp32", draft_vocab=None, proposal_dtype=None):

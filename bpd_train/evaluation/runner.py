@@ -23,8 +23,9 @@ from bpd_train.checkpoint import CheckpointError
 from bpd_train.data.sampler import length_batches
 from bpd_train.evaluation.compare import Batches, compare
 from bpd_train.evaluation.decode import (
-    EvalError, LMText, SpmText, check_block_sizes, decode_options, max_len_arg, parse_rule,
+    EvalError, LMText, SpmText, check_block_sizes, decode_options, max_len_arg, parse_rule, set_decode_options,
 )
+from bpd_train.decoding.common import stop_ids
 from bpd_train.evaluation.metrics import agreement, corpus_scores, one_line
 from bpd_train.io import atomic_dir, atomic_write_text
 from bpd_train.loading import Source, load, resolve, run_checkpoints
@@ -154,14 +155,11 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     ks = check_block_sizes(settings.block_sizes, cfg.block_size, f"{name} ({loaded.source})")
     rules = [(r, parse_rule(r)) for r in settings.rules]
     if getattr(loaded, "is_lm", False):
-        if settings.draft_vocab or settings.proposal_dtype:
-            raise EvalError(f"{name}: draft_vocab / proposal_dtype are not available for decoder-only models "
-                            "(decode.draft_vocab=null decode.proposal_dtype=null)")
         text = LMText(loaded.lm_tokenizer(), langs[0], langs[1], cfg.max_positions)
     else:
         text = SpmText(loaded.tokenizer(), cfg.eos_id, cfg.pad_id, cfg.max_positions)
-    model.decode_options = decode_options(text.sp, cfg.eos_id, settings.dtype, settings.draft_vocab,
-                                          settings.proposal_dtype)
+    set_decode_options(model, decode_options(text.sp, stop_ids(model), settings.dtype, settings.draft_vocab,
+                                             settings.proposal_dtype))
     src_ids = [text.source_ids(s) for s in sources]
     max_len = max_len_arg(settings.max_len)
     hyp_dir = out_dir / "hyp" / _safe(name)
