@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import bpd_train
 
 SCRIPT = textwrap.dedent('''
