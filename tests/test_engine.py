@@ -418,3 +418,27 @@ def test_avx2_kernels_built_on_this_cpu_are_row_exact():
     proc = subprocess.run([sys.executable, "-c", AVX2_CHECK], cwd=root, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+def test_adaptive_probes_back_off_then_return_when_a_head_pays():
+    """The probe schedule of the cost-aware controller: greedy stretches double from 8 to 64 steps while probes
+    fail, grow to 512 after LONG_AFTER failed probes at 64 (a probe that does not pay costs its extra step time),
+    and start again at 8 as soon as a probe shows a head that pays."""
+    import numpy as np
+
+    from bpd_train.decoding.adaptive import Adaptive
+
+    a = Adaptive(4)
+    for w in (1, 2, 3, 4):  # calibrated costs: 1, 1.5, 2, 2.5 greedy steps
+        a.timed(w, 1, 1.0 + 0.5 * (w - 1), steps=8)
+    a.offered, a.accepted = [1, 100, 100, 100], [1, 2, 2, 2]   # heads almost never accepted
+    assert a.width(1) == 1
+    stretches = [a.greedy_stretch() for _ in range(4 + Adaptive.LONG_AFTER + 5)]
+    assert stretches[:4] == [8, 16, 32, 64]
+    assert stretches[4:4 + Adaptive.LONG_AFTER] == [64] * Adaptive.LONG_AFTER
+    assert stretches[4 + Adaptive.LONG_AFTER:] == [128, 256, 512, 512, 512]
+    # a probe where every proposal is accepted: the width pays again and the next stretch is short
+    for _ in range(400):
+        a.update(4, np.array([3]), one_row=True)
+    assert a.width(1) > 1
+    assert a.greedy_stretch() == 8 and a.failed_at_cap == 0

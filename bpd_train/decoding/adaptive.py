@@ -25,13 +25,17 @@ class Adaptive:
 
     While the width is 1 the decoder runs plain greedy steps (no heads at all, the greedy decoder's own
     native loop) and probes every head once after `interval` of them; the interval doubles after each probe
-    that fails (8, 16, ... 64 steps) and starts again at 8 once a head pays."""
+    that fails (8, 16, ... 64 steps) and starts again at 8 once a head pays. After LONG_AFTER probes in a row
+    have failed at the 64-step cap, the cap is 8x that (512 steps): a probe of a width that does not pay costs
+    its extra step time (1.5-3 greedy steps at demo size on an AVX2 CPU), ~2-4% of greedy's speed once every 64
+    steps, ~0.3% once every 512."""
 
     COST_PRIOR = (0.5, 0.5)    # cost(w) ~ 1 + 0.5 (w - 1) + 0.5 (proposal pass) until measured: cautious (a k = 4
     #                            step measured 1.1 greedy steps at base size, 2-5 at demo size with native loops)
     REFRESH = 512              # steps at width > 1 after which greedy steps are timed again
     MARGIN = 1.05             # a width > 1 must promise 5% more tokens per second than greedy steps
     FLOOR = 0.05               # a w-wide step costs at least 1 + 0.05 w greedy steps (base size, k = 4: 1.2 measured)
+    LONG_AFTER = 8             # failed probes at the cap after which the cap grows 8x
 
     def __init__(self, kb: int, threshold: float | None = None, probe: int = 8, max_interval: int = 64):
         self.kb = kb
@@ -40,6 +44,7 @@ class Adaptive:
         self.threshold = threshold
         self.probe, self.max_interval = probe, max_interval
         self.interval = probe
+        self.failed_at_cap = 0                        # probes in a row that failed with the interval at its cap
         self.seconds: dict[tuple[int, int], float] = {}   # (width, rows bucket) -> seconds per step
         self._times: dict[tuple[int, int], deque] = {}
         self._best: dict[int, int] = {}
@@ -161,11 +166,15 @@ class Adaptive:
             self._best.clear()
             if self.width(1 if one_row else n.shape[0]) > 1:
                 self.interval = self.probe
+                self.failed_at_cap = 0
 
     def greedy_stretch(self) -> int:
         """Greedy steps to run before the next probe (and back off for the one after)."""
         n = self.interval
-        self.interval = min(2 * self.interval, self.max_interval)
+        if n >= self.max_interval:
+            self.failed_at_cap += 1
+        cap = self.max_interval * (8 if self.failed_at_cap > self.LONG_AFTER else 1)
+        self.interval = min(2 * self.interval, cap)
         return n
 
     def probe_width(self, rows: int) -> int:
