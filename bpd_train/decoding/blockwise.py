@@ -9,6 +9,11 @@
     propose   heads 2..b at the last accepted position give the next proposals (over the draft vocabulary
               when the model's decode options set one: head 1 still verifies over the full vocabulary).
 
+In the code, `_Blockwise.run` is the loop: `first_step` (the prefill), then `step` until every row has ended,
+finished rows leaving the batch in between; `step` runs the first mode that applies: a greedy stretch (`stretch`,
+adaptive mode while no head pays), the native loops (`block_native` for one row, `batch_native` for a batch), or
+one `python_step` (`verify`, `_accept_rows`, `write`, `propose`).
+
 Rows accept different numbers of tokens, so with more than one row the cache runs in per-row mode
 (model/cache.py); one row stays in the cheaper uniform mode. Rows that finish (EOS or max_len) leave the
 batch. Every projection goes through the model's DecodeWeights, the same arithmetic greedy uses, so Exact
@@ -139,27 +144,9 @@ class _Blockwise:
 
         length = np.zeros(orig.size, dtype=np.int64)                   # cached tokens = tokens out (BOS + x0..)
         self.calls = 0
-        if self.adapt is not None and self.adapt.width(orig.size) == 1:
-            # no head pays: start with a greedy stretch from BOS (its first step is the prefill)
-            first = start_tokens(model, state, orig.size, self.dev).cpu().numpy()   # [R,1] BOS / prompts' last
-            x, done = self.stretch(first, out, orig, limit, length)
-            self.calls -= 1
-            self.hist[1] -= orig.size
-        else:
-            got = None
-            if orig.size == 1 and self.native_block and getattr(self.w, "native_loop", None) is not None:
-                # the prefill as the first step of the native block loop (BOS alone, then blocks of the width)
-                first = start_tokens(model, state, 1, self.dev).cpu().numpy()           # [1,1]
-                got = self.block_native(first, out, orig, limit, length, width=self._width(1))
-            if got is not None:
-                x, done = got
-            else:
-                x = self.prefill(orig.size)                             # [R,b] x0 + proposals
-                out[orig, 0] = x[:, 0]
-                length += 1
-                done = is_stop(x[:, 0], eos) | (limit <= 1)
+        x, done = self.first_step(out, orig, limit, length)
         while True:
-            if done.any():
+            if done.any():                                             # finished rows leave the batch
                 out_len[orig[done]] = length[done]
                 keep = np.flatnonzero(~done)
                 if keep.size == 0:
@@ -167,46 +154,81 @@ class _Blockwise:
                 state.lengths = length
                 state.reorder(torch.from_numpy(keep).to(self.dev))
                 x, orig, limit, length = x[keep], orig[keep], limit[keep], length[keep]
-            r = orig.size
-            if x.shape[1] == 1 and self.adapt is not None:
-                # no proposal fed (rows just left during a greedy stretch): go on with the stretch, not with
-                # a one-token verify step through Python
-                x, done = self.stretch(x, out, orig, limit, length)
-                continue
-            if self.native_block and x.shape[1] > 1:
-                got = (self.block_native if r == 1 else self.batch_native)(x, out, orig, limit, length)
-                if got is not None:
-                    x, done = got
-                    continue
-            state.lengths = int(length[0]) if r == 1 else length      # one row: uniform mode, no scatter
-            t0 = perf_counter()
-            # on an accelerator every host round trip costs more than proposing at every position: one transfer
-            fused = x.shape[1] > 1 and (self.dev.type != "cpu" or self.fused_unit and r * self.fused_unit <= FUSED_MACS)
-            h, g, ok, top = self.verify(x, fused)
-            n, gn, c, ended = _accept_rows(x, g, ok, self.min_block, eos, limit - length)
-            if self.adapt is not None:
-                self.adapt.update(x.shape[1], n)
-            self.write(out, orig, length, x, n, gn)
-            length += c
-            self.hist += np.bincount(c, minlength=kb + 1)
-            done = ended | (length >= limit)
-            if done.all():
-                continue
-            if self.adapt is not None and self.adapt.width(r) == 1:
-                x = gn[:, None]
-                if not done.any():  # finished rows leave first (top of the loop); then the stretch
-                    x, done = self.stretch(x, out, orig, limit, length)
-            else:
-                fed = x.shape[1]
-                x = self.propose(h, n, gn, top)
-                if self.adapt is not None and fed > 1:   # what a step of this width cost, verify to proposals
-                    self.adapt.timed(fed, r, perf_counter() - t0)
+            x, done = self.step(x, out, orig, limit, length)
         tokens = trim(out.tolist(), out_len.tolist(), eos)
         steps = int(self.hist.sum())
         accepted = {int(s): int(c) for s, c in enumerate(self.hist) if c}
         mean = float((self.hist * np.arange(kb + 1)).sum() / steps) if steps else 1.0
         return DecodeResult(tokens=tokens, calls=self.calls, prefill_calls=1, mean_accepted=mean,
                             accepted_hist=accepted)
+
+    # ---- the loop's steps: each takes the fed tokens x [R,b] of the rows still decoding (orig: their rows in
+    # out, limit: their token limits, length: their cached tokens, advanced in place) and returns the next fed
+    # tokens and which rows ended ----
+    def first_step(self, out, orig, limit, length):
+        """The prefill: a greedy stretch from BOS where adaptive mode finds no head that pays; for one row with
+        Exact the first call of the native block loop; else one decoder call on BOS (head 1's token and the first
+        proposals)."""
+        model, state = self.model, self.state
+        rows = orig.size
+        if self.adapt is not None and self.adapt.width(rows) == 1:
+            first = start_tokens(model, state, rows, self.dev).cpu().numpy()   # [R,1] BOS / prompts' last
+            x, done = self.stretch(first, out, orig, limit, length)
+            self.calls -= 1                                            # (its first step is the prefill)
+            self.hist[1] -= rows
+            return x, done
+        if rows == 1 and self.native_block and getattr(self.w, "native_loop", None) is not None:
+            # the prefill as the first step of the native block loop (BOS alone, then blocks of the width)
+            first = start_tokens(model, state, 1, self.dev).cpu().numpy()               # [1,1]
+            got = self.block_native(first, out, orig, limit, length, width=self._width(1))
+            if got is not None:
+                return got
+        x = self.prefill(rows)                                         # [R,b] x0 + proposals
+        out[orig, 0] = x[:, 0]
+        length += 1
+        return x, is_stop(x[:, 0], self.eos) | (limit <= 1)
+
+    def step(self, x, out, orig, limit, length):
+        """The next steps, in the first mode that applies: a greedy stretch (adaptive mode fed no proposal), the
+        native loops (Exact: one row, or a batch), else one verify-accept-propose step in Python."""
+        if x.shape[1] == 1 and self.adapt is not None:
+            # no proposal fed (rows just left during a greedy stretch): go on with the stretch, not with a
+            # one-token verify step through Python
+            return self.stretch(x, out, orig, limit, length)
+        if self.native_block and x.shape[1] > 1:
+            got = (self.block_native if orig.size == 1 else self.batch_native)(x, out, orig, limit, length)
+            if got is not None:
+                return got
+        return self.python_step(x, out, orig, limit, length)
+
+    def python_step(self, x, out, orig, limit, length):
+        """One step through Python: verify the fed tokens, accept each row's prefix under the rule, write the
+        tokens gained, then propose the next block (or, adaptive, start a greedy stretch where no head pays)."""
+        r, kb = orig.size, self.kb
+        self.state.lengths = int(length[0]) if r == 1 else length      # one row: uniform mode, no scatter
+        t0 = perf_counter()
+        # on an accelerator every host round trip costs more than proposing at every position: one transfer
+        fused = x.shape[1] > 1 and (self.dev.type != "cpu" or self.fused_unit and r * self.fused_unit <= FUSED_MACS)
+        h, g, ok, top = self.verify(x, fused)
+        n, gn, c, ended = _accept_rows(x, g, ok, self.min_block, self.eos, limit - length)
+        if self.adapt is not None:
+            self.adapt.update(x.shape[1], n)
+        self.write(out, orig, length, x, n, gn)
+        length += c
+        self.hist += np.bincount(c, minlength=kb + 1)
+        done = ended | (length >= limit)
+        if done.all():
+            return x, done
+        if self.adapt is not None and self.adapt.width(r) == 1:
+            x = gn[:, None]
+            if not done.any():  # finished rows leave first (top of the loop); then the stretch
+                x, done = self.stretch(x, out, orig, limit, length)
+            return x, done
+        fed = x.shape[1]
+        x = self.propose(h, n, gn, top)
+        if self.adapt is not None and fed > 1:   # what a step of this width cost, verify to proposals
+            self.adapt.timed(fed, r, perf_counter() - t0)
+        return x, done
 
     def _width(self, rows: int) -> int:
         if self.adapt is None or self.min_block > 1:
