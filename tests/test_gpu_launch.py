@@ -29,7 +29,7 @@ def test_sbatch_hands_cpus_per_task_to_srun(script, tmp_path):
 
 
 def test_tf32_on_cuda_training_only(monkeypatch):
-    from bpd_train.training.run import enable_tf32
+    from bpd_train.training.trainer import enable_tf32
 
     before = torch.get_float32_matmul_precision()
     try:

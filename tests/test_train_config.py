@@ -104,7 +104,7 @@ def test_trainer_options_instantiate(name, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", options("strategy"))
 def test_strategy_options_instantiate(name, monkeypatch):
-    from bpd_train.training.run import make_strategy
+    from bpd_train.training.trainer import make_strategy
 
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     s = make_strategy(cfg_for("+regime=base", f"strategy={name}").strategy)
@@ -125,7 +125,7 @@ def test_strategy_options_instantiate(name, monkeypatch):
 
 @pytest.mark.parametrize("name", options("logger"))
 def test_logger_options_instantiate(name, tmp_path, monkeypatch):
-    from bpd_train.training.run import make_logger
+    from bpd_train.training.trainer import make_logger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = cfg_for("+regime=base", f"logger={name}", f"paths.artifacts={tmp_path}")
@@ -142,7 +142,7 @@ def test_logger_options_instantiate(name, tmp_path, monkeypatch):
 
 
 def test_wandb_offline_unless_configured(monkeypatch, tmp_path):
-    from bpd_train.training.run import _wandb_offline
+    from bpd_train.training.trainer import _wandb_offline
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -168,7 +168,7 @@ def test_hydra_run_dir_keyed_by_slurm_job(monkeypatch):
 def test_slurm_environment_requeues_on_sigusr1(monkeypatch, tmp_path):
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-    from bpd_train.training.run import make_trainer
+    from bpd_train.training.trainer import make_trainer
 
     for k, v in {"SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "bpd", "SLURM_JOB_ID": "77",
                  "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}.items():
@@ -183,7 +183,7 @@ def test_slurm_environment_requeues_on_sigusr1(monkeypatch, tmp_path):
 def test_checkpoint_callback_layout(tmp_path):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from bpd_train.training.run import make_callbacks
+    from bpd_train.training.trainer import make_callbacks
 
     cfg = cfg_for("+regime=frozen", "experiment=smoke", f"paths.artifacts={tmp_path}")
     cbs = make_callbacks(cfg, Path(cfg.run_dir), has_logger=True)
