@@ -87,6 +87,12 @@ def read_json(path: Path) -> dict[str, Any]:
         raise ConvertError(f"cannot read {path}: {e}") from None
 
 
+def read_configs(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A checkpoint folder's config.json and generation_config.json (empty where absent), for both families."""
+    gen = folder / "generation_config.json"
+    return read_json(folder / "config.json"), read_json(gen) if gen.is_file() else {}
+
+
 def family(hf: dict[str, Any]) -> str:
     """'marian' or 'm2m_100'; anything else is refused with the list of what converts."""
     archs = hf.get("architectures") or []
@@ -288,9 +294,8 @@ def from_hf(folder: str | Path, *, block_size: int = 1, head_d_hidden: int | Non
             dropout: float | None = None) -> tuple[BPDConfig, dict[str, Tensor]]:
     """A transformers checkpoint folder -> (BPDConfig, backbone state dict). Heads are not read here."""
     folder = Path(folder)
-    hf = read_json(folder / "config.json")
+    hf, gen = read_configs(folder)
     family(hf)  # refuse before reading gigabytes
-    gen = read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
     # older checkpoints (most opus-mt) keep generation settings such as bad_words_ids in config.json
     gen = {**{k: hf[k] for k in _GENERATION_KEYS if hf.get(k) is not None}, **gen}
     try:
@@ -479,18 +484,29 @@ def to_hf(model, out_dir: str | Path, tokenizer_folder: str | Path | None = None
     model.safetensors), its heads in bpd_heads.safetensors, and the tokenizer files (copied from
     tokenizer_folder, or `files`: name in the folder -> file to copy). Atomic: the folder appears complete or
     not at all; overwrite replaces only an earlier export (is_hf_export)."""
-    from safetensors.torch import save_file
-
     cfg, gen = hf_config_of(model.config)
-    weights = state_to_hf(model)
     heads, meta = heads_tensors(model)
     copies = {name: Path(tokenizer_folder) / name for name in tokenizer_files or []} if tokenizer_folder else {}
     copies.update({name: Path(f) for name, f in (files or {}).items()})
-    with atomic_dir(out_dir, overwrite=overwrite, replaceable=is_hf_export) as tmp:
+    return write_hf_folder(out_dir, cfg, gen, state_to_hf(model), heads, meta, copies, overwrite,
+                           replaceable=is_hf_export)
+
+
+def write_hf_folder(out_dir: str | Path, cfg: dict, gen: dict, weights: dict[str, Tensor],
+                    heads: dict[str, Tensor] | None, heads_meta: dict[str, str], copies: dict[str, Path],
+                    overwrite: bool, replaceable=None) -> Path:
+    """What to_hf and to_hf_lm write: config.json, generation_config.json, model.safetensors, the heads in
+    bpd_heads.safetensors (None: no such file; a translation model always writes it, with its config, even without
+    heads) and `copies` (name in the folder -> file), atomically: the folder
+    appears complete or not at all; overwrite replaces what `replaceable` accepts (io.atomic_dir)."""
+    from safetensors.torch import save_file
+
+    with atomic_dir(out_dir, overwrite=overwrite, replaceable=replaceable) as tmp:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        save_file(heads, str(tmp / HEADS_FILE), metadata=meta)
+        if heads is not None:
+            save_file(heads, str(tmp / HEADS_FILE), metadata=heads_meta)
         for name, f in copies.items():
             shutil.copyfile(f, tmp / name)
     return Path(out_dir)
@@ -498,16 +514,32 @@ def to_hf(model, out_dir: str | Path, tokenizer_folder: str | Path | None = None
 
 def read_heads(folder: Path) -> tuple[BPDConfig, dict[str, Tensor]] | None:
     """bpd_heads.safetensors beside a checkpoint -> (the config it was written with, heads tensors)."""
+    got = read_heads_file(folder, "bpd_config")
+    if got is None:
+        return None
+    meta, tensors = got
+    try:
+        return BPDConfig.from_dict(meta), tensors
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConvertError(f"{Path(folder) / HEADS_FILE} has an unreadable bpd_config ({e})") from None
+
+
+def read_heads_file(folder: str | Path, key: str) -> tuple[dict, dict[str, Tensor]] | None:
+    """bpd_heads.safetensors beside a checkpoint (either family) -> (the model config stored under metadata `key`
+    as a dict, heads tensors); None where there is no heads file, one line where it is not ours or damaged."""
     path = Path(folder) / HEADS_FILE
     if not path.is_file() and not path.is_symlink():
         return None
     meta, tensors = read_safetensors(folder_file(folder, HEADS_FILE))
-    if meta.get("format") != HEADS_FORMAT:
-        raise ConvertError(f"{path} is not a bpd-train heads file (format {meta.get('format')!r})")
+    if meta.get("format") != HEADS_FORMAT or key not in meta:
+        raise ConvertError(f"{path} is not a bpd-train heads file for this model family (format "
+                           f"{meta.get('format')!r}, no {key})")
     try:
-        config = BPDConfig.from_dict(json.loads(meta["bpd_config"]))
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConvertError(f"{path} has an unreadable bpd_config ({e})") from None
+        config = json.loads(meta[key])
+    except ValueError as e:
+        raise ConvertError(f"{path} has an unreadable {key} ({e})") from None
+    if not isinstance(config, dict):
+        raise ConvertError(f"{path} has an unreadable {key} (not an object)")
     return config, tensors
 
 

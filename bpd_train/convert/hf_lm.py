@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bpd_train.convert.hf import ConvertError, check_buildable, read_json, read_weights, resolve
+from bpd_train.convert.hf import ConvertError, check_buildable, read_configs, read_json, read_weights, resolve
 from bpd_train.model.lm_config import ROPE_SCALING, LMConfig
 
 log = logging.getLogger(__name__)
@@ -211,9 +211,7 @@ def state_from_hf_lm(sd: dict[str, Tensor], c: LMConfig) -> dict[str, Tensor]:
 
 def from_hf_lm(folder: str | Path, **config_kw) -> tuple[LMConfig, dict[str, Tensor]]:
     """A checkpoint folder -> (LMConfig, backbone state dict). Heads are not read here."""
-    folder = Path(folder)
-    hf = read_json(folder / "config.json")
-    gen = read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
+    hf, gen = read_configs(Path(folder))
     config = config_from_hf_lm(hf, gen, **config_kw)  # refuses before reading gigabytes
     return config, state_from_hf_lm(read_weights(folder), config)
 
@@ -268,48 +266,32 @@ def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = N
     back), and the tokenizer files of tokenizer_folder (or `files`: name in the folder -> file to copy, e.g. the
     sentencepiece tokenizer.model of a model trained here from scratch). Atomic: complete or absent."""
     import json
-    import shutil
 
-    from safetensors.torch import save_file
-
-    from bpd_train.convert.hf import HEADS_FILE, HEADS_FORMAT
-    from bpd_train.io import atomic_dir
+    from bpd_train.convert.hf import HEADS_FORMAT, write_hf_folder
 
     cfg, gen = hf_config_of_lm(model.config)
-    weights = state_to_hf_lm(model)
     heads = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items() if k.startswith("heads.")}
     meta = {"format": HEADS_FORMAT, "version": "1", "lm_config": json.dumps(model.config.to_dict(), sort_keys=True)}
-    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
-        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        if heads:
-            save_file(heads, str(tmp / HEADS_FILE), metadata=meta)
-        if tokenizer_folder is not None:
-            from bpd_train.data.lm_tokenizer import LMTokenizer
-            for name in LMTokenizer(tokenizer_folder).files():
-                shutil.copyfile(Path(tokenizer_folder) / name, tmp / name)
-        for name, src in (files or {}).items():
-            shutil.copyfile(src, tmp / name)
-    return Path(out_dir)
+    copies: dict[str, Path] = {}
+    if tokenizer_folder is not None:
+        from bpd_train.data.lm_tokenizer import LMTokenizer
+        copies = {name: Path(tokenizer_folder) / name for name in LMTokenizer(tokenizer_folder).files()}
+    copies.update({name: Path(src) for name, src in (files or {}).items()})
+    return write_hf_folder(out_dir, cfg, gen, state_to_hf_lm(model), heads or None, meta, copies, overwrite)
 
 
 def read_lm_heads(folder: Path) -> tuple[LMConfig, dict[str, Tensor]] | None:
     """bpd_heads.safetensors written by to_hf_lm -> (the LMConfig it was trained with, heads tensors)."""
-    import json
+    from bpd_train.convert.hf import HEADS_FILE, read_heads_file
 
-    from bpd_train.convert.hf import HEADS_FILE, HEADS_FORMAT, folder_file, read_safetensors
-
-    path = Path(folder) / HEADS_FILE
-    if not path.is_file() and not path.is_symlink():
+    got = read_heads_file(folder, "lm_config")
+    if got is None:
         return None
-    meta, tensors = read_safetensors(folder_file(folder, HEADS_FILE))
-    if meta.get("format") != HEADS_FORMAT or "lm_config" not in meta:
-        raise ConvertError(f"{path} is not a bpd-train decoder-only heads file")
+    meta, tensors = got
     try:
-        return LMConfig.from_dict(json.loads(meta["lm_config"])), tensors
+        return LMConfig.from_dict(meta), tensors
     except (TypeError, ValueError) as e:
-        raise ConvertError(f"{path} has an unreadable lm_config ({e})") from None
+        raise ConvertError(f"{Path(folder) / HEADS_FILE} has an unreadable lm_config ({e})") from None
 
 
 def load_hf_lm(folder_or_id: str | Path, *, block_size: int | None = None, heads: str | None = None,
