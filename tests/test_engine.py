@@ -41,6 +41,35 @@ def test_packed_linear_rows_are_bit_identical_whatever_the_batch(dtype):
 
 
 @native
+@pytest.mark.parametrize("k", [16, 48, 130])
+def test_low_precision_activations_are_rounded_as_torch_rounds_them(k):
+    """Through an identity weight (exact in bf16 and int8) each output is one activation after the kernel's own
+    rounding, bit for bit, in the vector loops and their scalar tails: bf16 compute gives torch's round-to-nearest-even
+    bf16 (the dot instruction then reads subnormals as zero); int8 compute gives the row's symmetric quantisation
+    q = round_half_even(x * (127 / amax)) times the weight (127, scale 1/127), the row scale amax / 127 and the weight
+    scale, in that order."""
+    torch.manual_seed(3)
+    x = torch.randn(5, k) * 3
+    x[0, :4] = torch.tensor([1e-40, -3e-39, 0.0, 65504.0])             # subnormals, zero, a large value
+    x[1] = 0.0                                                          # an all-zero row (scale 0)
+    x[2] = (torch.arange(k) % 20 - 10) + 0.5                            # halves: ties to even (amax 127: scale 1)
+    x[2, 0] = 127.0
+    eye = torch.eye(k)
+    lin = PackedLinear(eye, None, "bf16")
+    if lin.mode in (3, 5):
+        ref = x.to(torch.bfloat16).float()
+        ref[ref.abs() < torch.finfo(torch.float32).tiny] = 0.0         # vdpbf16ps / AMX read subnormals as zero
+        assert torch.equal(lin(x), ref)
+    lin = PackedLinear(eye, None, "int8")
+    if lin.mode == 4:
+        amax = x.abs().amax(1, keepdim=True)
+        inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros(()))
+        q = torch.round(x * inv).clamp(-127, 127)
+        ref = q * 127 * (amax / 127) * lin.scale.view(1, -1)
+        assert torch.equal(lin(x), ref)
+
+
+@native
 @pytest.mark.parametrize("dtype, var, on, off", [("bf16", "BPD_BF16_COMPUTE", 3, 1), ("int8", "BPD_INT8_COMPUTE", 4, 2)])
 def test_low_precision_compute_is_used_where_the_cpu_has_it_and_can_be_switched_off(monkeypatch, dtype, var, on, off):
     w = torch.randn(70, 33)

@@ -640,7 +640,32 @@ static void run_mode(int64_t mode, const float* xp, const torch::Tensor& packed,
     for (int64_t m = 0; m < M; m++) {
       const float* xr = xp + m * K;
       uint32_t* o = xb.data() + m * K2;
-      for (int64_t p = 0; p < K / 2; p++) o[p] = bf(xr[2 * p]) | (bf(xr[2 * p + 1]) << 16);
+      int64_t p = 0;
+      // 16 pairs at a time, the scalar rounding's integer steps lane by lane (not vcvtne2ps2bf16, which flushes
+      // subnormal inputs to zero): the same bits as bf() below
+      const __m512i lo16 = _mm512_set1_epi32(0xffff), rb = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+      const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+      const __m512i qnan = _mm512_set1_epi32(0x40);
+      auto bf16v = [&](__m512i u) {
+        const __m512i r = _mm512_srli_epi32(
+            _mm512_add_epi32(_mm512_add_epi32(u, rb), _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), 16);
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf);
+        return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), qnan);
+      };
+      for (; p + L <= K / 2; p += L) {
+        const __m512i a = _mm512_loadu_si512((const void*)(xr + 2 * p));            // pairs 0..7
+        const __m512i b = _mm512_loadu_si512((const void*)(xr + 2 * p + L));        // pairs 8..15
+        const __m512i ra = bf16v(a), rb2 = bf16v(b);
+        // lane 2i holds the even element, 2i+1 the odd: (odd << 16) | even, per pair
+        const __m512i ea = _mm512_or_si512(_mm512_and_si512(ra, lo16),
+                                           _mm512_slli_epi64(_mm512_srli_epi64(ra, 32), 16));   // 64-bit lanes: pair
+        const __m512i eb = _mm512_or_si512(_mm512_and_si512(rb2, lo16),
+                                           _mm512_slli_epi64(_mm512_srli_epi64(rb2, 32), 16));
+        // each 64-bit lane now holds one packed pair in its low 32 bits: gather the low halves
+        const __m512i idx = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        _mm512_storeu_si512((void*)(o + p), _mm512_permutex2var_epi32(ea, idx, eb));
+      }
+      for (; p < K / 2; p++) o[p] = bf(xr[2 * p]) | (bf(xr[2 * p + 1]) << 16);
       if (K & 1) o[K / 2] = bf(xr[K - 1]);
     }
 #if BPD_AMX
@@ -665,12 +690,25 @@ static void run_mode(int64_t mode, const float* xp, const torch::Tensor& packed,
     if ((int64_t)rs.size() < M) rs.resize(M);
     for (int64_t m = 0; m < M; m++) {
       const float* xr = xp + m * K;
-      float amax = 0.0f;
-      for (int64_t k = 0; k < K; k++) amax = std::max(amax, std::fabs(xr[k]));
+      // 16 lanes at a time with the scalar loop's steps (max is exact in any order; one multiply, round to nearest
+      // even, clamp), so the same bytes: at demo size the scalar loop cost more than the int8 dot products
+      __m512 am = _mm512_setzero_ps();
+      int64_t k = 0;
+      for (; k + L <= K; k += L) am = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xr + k)), am);
+      float amax = _mm512_reduce_max_ps(am);
+      for (; k < K; k++) amax = std::max(amax, std::fabs(xr[k]));
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
       rs[m] = amax / 127.0f;
       uint8_t* o = (uint8_t*)(xq.data() + m * K4);
-      for (int64_t k = 0; k < 4 * K4; k++) {
+      const __m512 iv = _mm512_set1_ps(inv), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+      const __m512i off = _mm512_set1_epi32(128);
+      for (k = 0; k + L <= K; k += L) {
+        __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + k), iv),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q = _mm512_min_ps(_mm512_max_ps(q, lo), hi);      // (max(q, -127) is -127 for NaN, as std::max(-127, q))
+        _mm_storeu_si128((__m128i*)(o + k), _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvttps_epi32(q), off)));
+      }
+      for (; k < 4 * K4; k++) {
         const float q = k < K ? std::nearbyint(xr[k] * inv) : 0.0f;
         o[k] = (uint8_t)((int)std::min(127.0f, std::max(-127.0f, q)) + 128);
       }
@@ -934,42 +972,78 @@ static inline vf vadd(vf a, vf b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_ad
 static inline vf vsub(vf a, vf b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
 #endif
 
-// out[0..dh) = softmax_j(q.k_j * scale + mask_j) v_j over slots j < len (keys/values `stride` floats apart).
-// sc: scratch for len rounded up to a multiple of 16 (the padding holds -inf: weight 0).
-static void attend(const float* q, const float* k, const float* v, int64_t stride, int64_t len, const float* mask,
-                   float scale, float* out, int64_t dh, float* sc) {
-  for (int64_t j = 0; j < len; j++) {
-    float s = dot(q, k + j * stride, dh) * scale;
-    if (mask) s += mask[j];
-    sc[j] = s;
-  }
-  const int64_t lp = (len + L - 1) / L * L;
-  for (int64_t j = len; j < lp; j++) sc[j] = -INFINITY;
-  vf mv = vload(sc);
-  for (int64_t j = L; j < lp; j += L) mv = vmax(mv, vload(sc + j));
-  const float mxs = hmax(mv);
-  const vf mx = vbcast(&mxs);
-  vf sv = vzero();
-  for (int64_t j = 0; j < lp; j += L) {
-    const vf e = vexp(vsub(vload(sc + j), mx));
-    vstore(sc + j, e);
-    sv = vadd(sv, e);
-  }
-  const float sum = hsum(sv);
-  const float inv = 1.0f / sum;
-  int64_t i = 0;
-  for (; i + L <= dh; i += L) {
-    vf acc = vzero();
-    for (int64_t j = 0; j < len; j++) {
-      const float w = sc[j] * inv;
-      acc = vfma(vbcast(&w), vload(v + j * stride + i), acc);
+// For each query a: out_a[0..dh) = softmax_j(q_a.k_j * scale + mask_j) v_j over slots j < len_a (keys/values
+// `stride` floats apart, shared by the nq queries: one cache row and head). Up to QB queries go through the slots
+// together, so each key and value vector is loaded once for them and their dependent FMA chains overlap, but every
+// query's arithmetic is exactly that of the query alone, in the same order (dot, scale, mask; max; exp; sum; then
+// per lane the FMA chain over its slots in order): a token's attention output is bit-identical whether it is
+// decoded alone (greedy) or inside a block (blockwise verification), whatever nq.
+// sc: scratch for QB * (max len rounded up to a multiple of 16, + 16) floats.
+constexpr int QB = 4;
+static void attend(int64_t nq, const float* const* q, const int64_t* len, const float* k, const float* v,
+                   int64_t stride, const float* mask, float scale, float* const* out, int64_t dh, float* sc) {
+  for (int64_t a0 = 0; a0 < nq; a0 += QB) {
+    const int nb = (int)std::min<int64_t>(QB, nq - a0);
+    int64_t lmin = len[a0], lmax = len[a0];
+    for (int b = 1; b < nb; b++) { lmin = std::min(lmin, len[a0 + b]); lmax = std::max(lmax, len[a0 + b]); }
+    const int64_t sl = (lmax + L - 1) / L * L + L;      // scratch floats per query
+    float inv[QB];
+    for (int64_t j = 0; j < lmax; j++) {
+      const float* kj = k + j * stride;
+      for (int b = 0; b < nb; b++) {
+        if (j >= len[a0 + b]) continue;
+        float s = dot(q[a0 + b], kj, dh) * scale;
+        if (mask) s += mask[j];
+        sc[b * sl + j] = s;
+      }
     }
-    vstore(out + i, acc);
-  }
-  for (; i < dh; i++) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < len; j++) acc = std::fma(sc[j] * inv, v[j * stride + i], acc);
-    out[i] = acc;
+    for (int b = 0; b < nb; b++) {
+      float* scb = sc + b * sl;
+      const int64_t ln = len[a0 + b];
+      const int64_t lp = (ln + L - 1) / L * L;
+      for (int64_t j = ln; j < lp; j++) scb[j] = -INFINITY;
+      vf mv = vload(scb);
+      for (int64_t j = L; j < lp; j += L) mv = vmax(mv, vload(scb + j));
+      const float mxs = hmax(mv);
+      const vf mx = vbcast(&mxs);
+      vf sv = vzero();
+      for (int64_t j = 0; j < lp; j += L) {
+        const vf e = vexp(vsub(vload(scb + j), mx));
+        vstore(scb + j, e);
+        sv = vadd(sv, e);
+      }
+      const float sum = hsum(sv);
+      inv[b] = 1.0f / sum;
+    }
+    int64_t i = 0;
+    for (; i + L <= dh; i += L) {
+      vf acc[QB];
+      for (int b = 0; b < nb; b++) acc[b] = vzero();
+      int64_t j = 0;
+      for (; j < lmin; j++) {                              // every query of the group: one load of v_j
+        const vf vj = vload(v + j * stride + i);
+        for (int b = 0; b < nb; b++) {
+          const float w = sc[b * sl + j] * inv[b];
+          acc[b] = vfma(vbcast(&w), vj, acc[b]);
+        }
+      }
+      for (; j < lmax; j++) {                              // the longer queries' last slots
+        const vf vj = vload(v + j * stride + i);
+        for (int b = 0; b < nb; b++) {
+          if (j >= len[a0 + b]) continue;
+          const float w = sc[b * sl + j] * inv[b];
+          acc[b] = vfma(vbcast(&w), vj, acc[b]);
+        }
+      }
+      for (int b = 0; b < nb; b++) vstore(out[a0 + b] + i, acc[b]);
+    }
+    for (; i < dh; i++) {
+      for (int b = 0; b < nb; b++) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < len[a0 + b]; j++) acc = std::fma(sc[b * sl + j] * inv[b], v[j * stride + i], acc);
+        out[a0 + b][i] = acc;
+      }
+    }
   }
 }
 
@@ -1036,16 +1110,28 @@ static void decode_raw(float* x, int64_t M, int64_t n, int64_t d, const int64_t*
         std::memcpy(kl + ks[1] + row * ks[2] + hh * ks[3] + slot[m] * ks[4], src + 2 * d, dh * sizeof(float));
       }
     }
-    const int64_t kmax = max_slot + 1;
-    at::parallel_for(0, M * h, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, kmax * dh)),
+    const int64_t kmax = max_slot + 1, R = M / n;
+    // one task per cache row and head: the row's n queries (a blockwise step's tokens) attend together
+    at::parallel_for(0, R * h, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, n * kmax * dh)),
                      [&](int64_t lo, int64_t hi) {
       thread_local std::vector<float> sc;
-      float* scp = grow(sc, kmax + L);
+      thread_local std::vector<const float*> qp;
+      thread_local std::vector<float*> op;
+      thread_local std::vector<int64_t> ln;
+      float* scp = grow(sc, QB * (kmax + 2 * L));
+      const float** qs = grow(qp, n);
+      float** os = grow(op, n);
+      int64_t* lens = grow(ln, n);
       for (int64_t i = lo; i < hi; i++) {
-        const int64_t m = i / h, hh = i % h, row = m / n;
+        const int64_t row = i / h, hh = i % h;
+        for (int64_t j = 0; j < n; j++) {
+          const int64_t m = row * n + j;
+          qs[j] = big + m * 3 * d + hh * dh;
+          os[j] = a + m * d + hh * dh;
+          lens[j] = slot[m] + 1;
+        }
         const float* base = kl + row * ks[2] + hh * ks[3];
-        attend(big + m * 3 * d + hh * dh, base, base + ks[1], ks[4], slot[m] + 1, nullptr, scale, a + m * d + hh * dh,
-               dh, scp);
+        attend(n, qs, lens, base, base + ks[1], ks[4], nullptr, scale, os, dh, scp);
       }
     });
     tk.to(P_DEC_ATT);
@@ -1059,15 +1145,26 @@ static void decode_raw(float* x, int64_t M, int64_t n, int64_t d, const int64_t*
     tk.to(P_DEC_LIN);
     const float* ml = c.mk + li * ms[0];
     const float* mm = c.mm;
-    at::parallel_for(0, M * h, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, S * dh)),
+    at::parallel_for(0, R * h, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, n * S * dh)),
                      [&](int64_t lo, int64_t hi) {
       thread_local std::vector<float> sc;
-      float* scp = grow(sc, S + L);
+      thread_local std::vector<const float*> qp;
+      thread_local std::vector<float*> op;
+      thread_local std::vector<int64_t> ln;
+      float* scp = grow(sc, QB * (S + 2 * L));
+      const float** qs = grow(qp, n);
+      float** os = grow(op, n);
+      int64_t* lens = grow(ln, n);
       for (int64_t i = lo; i < hi; i++) {
-        const int64_t m = i / h, hh = i % h, b = (m / n) / g;
+        const int64_t row = i / h, hh = i % h, b = row / g;
+        for (int64_t j = 0; j < n; j++) {
+          const int64_t m = row * n + j;
+          qs[j] = o + m * d + hh * dh;
+          os[j] = a + m * d + hh * dh;
+          lens[j] = S;
+        }
         const float* base = ml + b * ms[2] + hh * ms[3];
-        attend(o + m * d + hh * dh, base, base + ms[1], ms[4], S, mm ? mm + b * S : nullptr, scale, a + m * d + hh * dh,
-               dh, scp);
+        attend(n, qs, lens, base, base + ms[1], ms[4], mm ? mm + b * S : nullptr, scale, os, dh, scp);
       }
     });
     tk.to(P_DEC_ATT);
@@ -1661,17 +1758,40 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
         std::memcpy(kl + ks[1] + row * ks[2] + gg * ks[3] + slot[m] * ks[4], q + (h + g + gg) * dh, dh * sizeof(float));
       }
     }
-    const int64_t kmax = max_slot + 1;
-    at::parallel_for(0, M * h, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, kmax * dh)),
+    const int64_t kmax = max_slot + 1, R = M / n;
+    // one task per cache row and KV head: its n queries x `rep` query heads attend together, in runs that share
+    // their first key (a prefill's pad slots each see only themselves)
+    at::parallel_for(0, R * g, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, n * rep * kmax * dh)),
                      [&](int64_t lo, int64_t hi) {
       thread_local std::vector<float> sc;
-      float* scp = grow(sc, kmax + L);
+      thread_local std::vector<const float*> qp;
+      thread_local std::vector<float*> op;
+      thread_local std::vector<int64_t> ln;
+      float* scp = grow(sc, QB * (kmax + 2 * L));
+      const float** qs = grow(qp, n * rep);
+      float** os = grow(op, n * rep);
+      int64_t* lens = grow(ln, n * rep);
       for (int64_t i = lo; i < hi; i++) {
-        const int64_t m = i / h, hh = i % h, row = m / n;
-        const int64_t start = slot[m] >= c.lpad[row] ? c.lpad[row] : slot[m];
-        const float* base = kl + row * ks[2] + (hh / rep) * ks[3] + start * ks[4];
-        attend(big + m * qn + hh * dh, base, base + ks[1], ks[4], slot[m] + 1 - start, nullptr, scale,
-               a + m * h * dh + hh * dh, dh, scp);
+        const int64_t row = i / g, gg = i % g;
+        int64_t cnt = 0, run_start = -1;
+        auto flush = [&]() {
+          if (cnt == 0) return;
+          const float* base = kl + row * ks[2] + gg * ks[3] + run_start * ks[4];
+          attend(cnt, qs, lens, base, base + ks[1], ks[4], nullptr, scale, os, dh, scp);
+          cnt = 0;
+        };
+        for (int64_t j = 0; j < n; j++) {
+          const int64_t m = row * n + j;
+          const int64_t start = slot[m] >= c.lpad[row] ? c.lpad[row] : slot[m];
+          if (start != run_start) { flush(); run_start = start; }
+          for (int64_t hh = gg * rep; hh < (gg + 1) * rep; hh++) {
+            qs[cnt] = big + m * qn + hh * dh;
+            os[cnt] = a + m * h * dh + hh * dh;
+            lens[cnt] = slot[m] + 1 - start;
+            cnt++;
+          }
+        }
+        flush();
       }
     });
     tk.to(P_DEC_ATT);
