@@ -269,7 +269,8 @@ def kernel_families():
     if ext.bf16_dot():
         fams.append(("bf16 vdpbf16ps", 3, False))
     if ext.i8_dot():
-        fams.append(("int8 vpdpbusd", 4, False))
+        avx2 = bool(getattr(ext, "i8_avx2", lambda: False)())
+        fams.append(("int8 vpmaddwd (AVX2)" if avx2 else "int8 vpdpbusd", 4, False))
     if ext.amx():
         fams += [("bf16 AMX tiles", 5, True), ("int8 AMX tiles (>= 4 rows)", 4, True)]
     return fams

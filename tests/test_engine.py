@@ -415,7 +415,12 @@ from bpd_train.model.fastlinear import PackedLinear, engine_name
 from bpd_train.model.packed import DecodeOptions
 from tests.test_decoding import random_model, random_sources
 assert engine_name() == "native-avx2", engine_name()
+import os, sys
 torch.manual_seed(0)
+w8, b8, x8 = torch.randn(300, 70), torch.randn(300), torch.randn(11, 70)
+lin8 = PackedLinear(w8, b8, "int8")
+assert lin8.mode == 4, lin8.mode                     # int8 x int8 on AVX2 too (vpmaddwd)
+torch.save(lin8(x8), os.environ["AVX2_INT8_OUT"])
 for dt in ("fp32", "bf16", "int8"):
     lin = PackedLinear(torch.randn(300, 70), torch.randn(300), dt)
     x = torch.randn(11, 70)
@@ -434,19 +439,27 @@ print("ok")
 
 @native
 @pytest.mark.slow
-def test_avx2_kernels_built_on_this_cpu_are_row_exact():
+def test_avx2_kernels_built_on_this_cpu_are_row_exact(tmp_path):
     """BPD_NATIVE_MARCH=haswell builds the AVX2 kernels (the AVX2-only CPUs' engine) on any x86 CPU: every row the
-    same bits whatever the batch, and exact blockwise == greedy in each precision, with the batched native loop."""
+    same bits whatever the batch, and exact blockwise == greedy in each precision, with the batched native loop;
+    int8 compute gives the bits of this CPU's own build."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "BPD_NATIVE_MARCH": "haswell", "PYTHONPATH": str(root)}
+    out = tmp_path / "avx2_int8.pt"
+    env = {**os.environ, "BPD_NATIVE_MARCH": "haswell", "PYTHONPATH": str(root), "AVX2_INT8_OUT": str(out)}
     proc = subprocess.run([sys.executable, "-c", AVX2_CHECK], cwd=root, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    # int8 compute: the AVX2 kernels' integer sums are this CPU's kernels' (VNNI / AMX where present), bit for bit
+    torch.manual_seed(0)
+    w8, b8, x8 = torch.randn(300, 70), torch.randn(300), torch.randn(11, 70)
+    lin8 = PackedLinear(w8, b8, "int8")
+    assert lin8.mode == 4
+    assert torch.equal(torch.load(out, weights_only=True), lin8(x8))
 
 
 def test_adaptive_probes_back_off_then_return_when_a_head_pays():

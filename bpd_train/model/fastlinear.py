@@ -8,9 +8,9 @@ compiler, other CPUs, BPD_DECODE_ENGINE=torch) it is F.linear on a weight of the
 
 Precision (`dtype`): "fp32" (default), "bf16" (weights rounded to bfloat16; on a CPU with AVX512_BF16 the
 activations are rounded to bfloat16 too and the kernels multiply with vdpbf16ps, twice the fp32 FMA rate, see
-`bf16_compute`; elsewhere activations stay fp32), "int8" (weights quantised per output row; on a CPU with
-AVX512_VNNI each activation row is quantised to int8 with its own scale and the kernels multiply with vpdpbusd,
-see `int8_compute`; elsewhere activations stay fp32). Exact blockwise decoding equals greedy decoding of the
+`bf16_compute`; elsewhere activations stay fp32), "int8" (weights quantised per output row, each activation
+row quantised to int8 with its own scale; the kernels multiply with vpdpbusd on AVX512_VNNI, with vpmaddwd on AVX2,
+the same integer sums either way, see `int8_compute`; BPD_INT8_COMPUTE=0: weight-only int8, activations fp32). Exact blockwise decoding equals greedy decoding of the
 same precision.
 """
 from __future__ import annotations
@@ -141,8 +141,9 @@ def bf16_compute() -> bool:
 
 
 def int8_compute() -> bool:
-    """Whether "int8" computes in int8 (each activation row quantised to int8 with its own scale, vpdpbusd)
-    rather than weight-only int8 with fp32 FMAs: needs a build with AVX512_VNNI. BPD_INT8_COMPUTE=0 turns it off."""
+    """Whether "int8" computes in int8 (each activation row quantised to int8 with its own scale; vpdpbusd with
+    AVX512_VNNI, vpmaddwd on AVX2: the same integer sums, so the same bits on every x86 CPU) rather than weight-only
+    int8 with fp32 FMAs. BPD_INT8_COMPUTE=0 turns it off."""
     ext = native_kernels()
     return ext is not None and bool(ext.i8_dot()) and _on("BPD_INT8_COMPUTE")
 

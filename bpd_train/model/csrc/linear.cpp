@@ -41,8 +41,9 @@ static_assert(MB == 4 && NV % 2 == 0, "run() dispatches blocks of 1..4 rows and 
 // instruction, fp32 accumulation) where the CPU has AVX512_BF16; weights packed as k-pairs ([N/64][K/2][64][2]).
 // I8D: int8 weights (per output row scale) AND int8 activations (per activation row scale, stored as u8 = q + 128),
 // dot products by vpdpbusd (4 products per int32 lane per instruction, exact integer accumulation) where the CPU
-// has AVX512_VNNI; each packed block starts with -128 * (column sums) as the accumulators' initial value (the
-// offset's correction), then [K/4][64][4] int8.
+// has AVX512_VNNI, else by vpmaddwd on AVX2 (the same integers, so the same bits on every CPU); each packed block
+// starts with -128 * (column sums) as the accumulators' initial value (the offset's correction), then [K/4][64][4]
+// int8.
 // BF16A: the BF16D format (inner dimension padded to whole AMX tiles) multiplied with AMX tiles (TDPBF16PS) for every
 // row count, on CPUs with AMX; I8D runs on AMX tiles from AMX_MIN_ROWS rows on (the same bits, see the AMX kernels).
 enum Mode { F32 = 0, BF16 = 1, I8 = 2, BF16D = 3, I8D = 4, BF16A = 5 };
@@ -314,8 +315,55 @@ static inline void half_block_id(const uint32_t* x, int64_t K4, const int8_t* w,
       for (int j = 0; j < NH; j++) _mm512_storeu_ps(out + i * NB + hb * NH * L + j * L, _mm512_cvtepi32_ps(acc[i][j]));
   }
 }
+#elif defined(__AVX2__)
+#define BPD_I8_DOT 1
+#define BPD_I8_AVX2 1
+// int8 compute on AVX2 (no VNNI): the same u8 activations (q + 128) and the same int8 weights and initial
+// accumulators, the weights' k-quads split into pairs ([K/4][2][64][2], pack()), multiplied as int16 with vpmaddwd
+// (u8 and s8 widened: a pair's sum fits an int32 lane, no saturation, unlike vpmaddubsw's int16) and added in int32.
+// Integer sums are exact in any order, so every output is the VNNI kernels' integer, converted to float once: int8
+// compute gives the same bits on AVX2 and AVX-512 CPUs. One row: all 64 outputs in one pass (8 accumulators, the
+// weights read once, in order); two rows: 32 outputs per pass.
+template <int RR, int NO>
+static inline void pass_id2(const uint32_t* x, int64_t K4, const int8_t* w, int j0, float* out /* [RR][NB] */) {
+  constexpr int NA = NO / 8;
+  const int32_t* head = (const int32_t*)w;               // -128 x column sums: the u8 offset's correction
+  const int8_t* wb = w + 4 * NB;
+  __m256i acc[RR][NA];
+  for (int a = 0; a < RR; a++)
+    for (int c = 0; c < NA; c++) acc[a][c] = _mm256_loadu_si256((const __m256i*)(head + j0 + 8 * c));
+  for (int64_t p = 0; p < K4; p++) {
+    for (int hp = 0; hp < 2; hp++) {                      // k pairs (0, 1) and (2, 3) of the quad
+      const int8_t* wh = wb + p * 4 * NB + hp * 2 * NB + j0 * 2;
+      __m256i xv[RR];
+      for (int a = 0; a < RR; a++) {
+        const uint32_t u = x[a * K4 + p] >> (16 * hp);
+        xv[a] = _mm256_set1_epi32((int)((u & 0xffu) | ((u & 0xff00u) << 8)));   // two u8 as two int16
+      }
+      for (int c = 0; c < NA; c++) {
+        const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(wh + 16 * c)));   // 8 outputs x 2 k
+        for (int a = 0; a < RR; a++) acc[a][c] = _mm256_add_epi32(acc[a][c], _mm256_madd_epi16(xv[a], wv));
+      }
+    }
+  }
+  for (int a = 0; a < RR; a++)
+    for (int c = 0; c < NA; c++) _mm256_storeu_ps(out + a * NB + j0 + 8 * c, _mm256_cvtepi32_ps(acc[a][c]));
+}
+template <int R>
+static inline void block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out /* [R][NB] */) {
+  for (int i = 0; i + 1 < R; i += 2)
+    for (int j0 = 0; j0 < NB; j0 += 32) pass_id2<2, 32>(x + i * K4, K4, w, j0, out + i * NB);
+  if (R & 1) pass_id2<1, NB>(x + (R - 1) * K4, K4, w, 0, out + (R - 1) * NB);
+}
+template <int R>
+static inline void half_block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out, const int8_t*) {
+  block_id<R>(x, K4, w, out);
+}
 #else
 #define BPD_I8_DOT 0
+#endif
+#ifndef BPD_I8_AVX2
+#define BPD_I8_AVX2 0
 #endif
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__) && BPD_BF16_DOT && BPD_I8_DOT
@@ -578,12 +626,17 @@ std::vector<torch::Tensor> pack(torch::Tensor w, int64_t mode) {
     src = torch::round(wp / scale.unsqueeze(1)).clamp_(-127, 127);
   }
   if (mode == I8D) {  // [Np/NB] x (NB int32 = -128 * column sums, then [K4, NB, 4] int8), K padded to 4
-    TORCH_CHECK(BPD_I8_DOT, "pack: this build has no AVX512_VNNI kernels");
+    TORCH_CHECK(BPD_I8_DOT, "pack: this build has no int8-compute kernels (AVX512_VNNI or AVX2)");
     const int64_t K4 = kgroups(K, 4);
     auto q = torch::zeros({Np, 4 * K4}, w.options());
     q.narrow(1, 0, K).copy_(src);
     auto init = (q.sum(1) * -128.0f).to(torch::kInt32).view({Np / NB, NB}).view(torch::kInt8);   // [Np/NB, 4 NB]
+#if BPD_I8_AVX2
+    // AVX2: each quad as two k-pairs, [K4, 2, NB, 2] (vpmaddwd multiplies pairs)
+    auto body = q.view({Np / NB, NB, K4, 2, 2}).permute({0, 2, 3, 1, 4}).reshape({Np / NB, K4 * NB * 4}).to(torch::kInt8);
+#else
     auto body = q.view({Np / NB, NB, K4, 4}).permute({0, 2, 1, 3}).reshape({Np / NB, K4 * NB * 4}).to(torch::kInt8);
+#endif
     return {torch::cat({init, body}, 1).contiguous(), scale.narrow(0, 0, N).contiguous()};
   }
   if (mode == BF16D || mode == BF16A) {  // k-pairs side by side, K padded to even (AMX builds: to tiles): [Np/NB, K2, NB, 2]
@@ -692,22 +745,38 @@ static void run_mode(int64_t mode, const float* xp, const torch::Tensor& packed,
       const float* xr = xp + m * K;
       // 16 lanes at a time with the scalar loop's steps (max is exact in any order; one multiply, round to nearest
       // even, clamp), so the same bytes: at demo size the scalar loop cost more than the int8 dot products
-      __m512 am = _mm512_setzero_ps();
       int64_t k = 0;
+      float amax = 0.0f;
+#if defined(__AVX512F__)
+      __m512 am = _mm512_setzero_ps();
       for (; k + L <= K; k += L) am = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xr + k)), am);
-      float amax = _mm512_reduce_max_ps(am);
+      amax = _mm512_reduce_max_ps(am);
+#endif
       for (; k < K; k++) amax = std::max(amax, std::fabs(xr[k]));
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
       rs[m] = amax / 127.0f;
       uint8_t* o = (uint8_t*)(xq.data() + m * K4);
+      k = 0;
+#if defined(__AVX512F__)
       const __m512 iv = _mm512_set1_ps(inv), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
       const __m512i off = _mm512_set1_epi32(128);
-      for (k = 0; k + L <= K; k += L) {
+      for (; k + L <= K; k += L) {
         __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + k), iv),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         q = _mm512_min_ps(_mm512_max_ps(q, lo), hi);      // (max(q, -127) is -127 for NaN, as std::max(-127, q))
         _mm_storeu_si128((__m128i*)(o + k), _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvttps_epi32(q), off)));
       }
+#else
+      const __m256 iv = _mm256_set1_ps(inv), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+      for (; k + 8 <= K; k += 8) {
+        __m256 q = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + k), iv),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q = _mm256_min_ps(_mm256_max_ps(q, lo), hi);      // (max(q, -127) is -127 for NaN, as std::max(-127, q))
+        alignas(32) int32_t qi[8];
+        _mm256_store_si256((__m256i*)qi, _mm256_cvttps_epi32(q));
+        for (int e = 0; e < 8; e++) o[k + e] = (uint8_t)(qi[e] + 128);
+      }
+#endif
       for (; k < 4 * K4; k++) {
         const float q = k < K ? std::nearbyint(xr[k] * inv) : 0.0f;
         o[k] = (uint8_t)((int)std::min(127.0f, std::max(-127.0f, q)) + 128);
@@ -890,8 +959,8 @@ struct StepLayer {
 // model/layers.py decode_step (pre-norm, ReLU) for every layer in one call, on raw buffers: at decoding sizes
 // the ~25 ATen ops per layer (dispatch, allocation, SDPA's setup) cost far more than their arithmetic (demo
 // size: ~230 us of dispatch for ~0.7 M multiply-adds per token). Every row is computed by the same code
-// whatever the batch or the number of tokens fed: layer norm, the packed linears and attention (one query at
-// a time, slots in order), so a token's decoder output is bit-identical alone (greedy) or inside a block
+// whatever the batch or the number of tokens fed: layer norm, the packed linears and attention (each query's
+// own arithmetic, slots in order), so a token's decoder output is bit-identical alone (greedy) or inside a block
 // (blockwise verification) — which torch's SDPA did not guarantee (~1e-7 apart). Results differ from the
 // torch path (model/layers.py) by rounding only.
 
@@ -1611,7 +1680,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
 // ==== decoder-only (Llama / Qwen2 / Mistral-style) models: model/lm.py LMModel ====
 // The layer stack of one decode step on raw buffers, as decode_raw is for the encoder-decoder stack: RMSNorm,
 // q/k/v (one packed linear, optional biases), rotary positions (rotate-half layout, per-row positions = slot -
-// lpad), grouped-query attention over the row's cache slots lpad..slot one query at a time, output projection,
+// lpad), grouped-query attention over the row's cache slots lpad..slot (each query's arithmetic its own), output projection,
 // SwiGLU (gate and up in one packed linear, then down). Every row is computed by the same code whatever the batch
 // or the number of tokens fed, so a token's decoder output is bit-identical alone (greedy) or inside a block
 // (blockwise verification). Results differ from the torch path (LMModel._run) by rounding only.
@@ -2028,7 +2097,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "pack a [N,K] float32 weight for linear()");
   m.def("linear", &linear, "y = x . W^T (+ b) with a packed W");
   m.def("isa", &isa);
-  m.def("i8_dot", &i8_dot, "whether mode 4 (int8 activations x int8 weights, vpdpbusd) is built");
+  m.def("i8_dot", &i8_dot, "whether mode 4 (int8 activations x int8 weights: vpdpbusd, or vpmaddwd on AVX2) is built");
+  m.def("i8_avx2", []() { return (bool)BPD_I8_AVX2; }, "whether mode 4 runs on the AVX2 (vpmaddwd) kernels");
   m.def("amx", &amx, "whether AMX tiles run mode 5 (bf16) and int8 from 4 rows (this build, and the process may use them)");
   m.def("set_amx", &set_amx, "int8: whether AMX tiles may run it (bits unchanged either way)");
   m.def("bf16_dot", &bf16_dot, "whether mode 3 (bf16 activations x bf16 weights, vdpbf16ps) is built");
