@@ -115,7 +115,7 @@ class LoadedModel:
 
     def data_tokenizer(self):
         """The tokenizer a training run on this model must use, with the data pipeline's API
-        (hf_tokenizer.ModelTokenizer, lm_tokenizer.RunLMTokenizer), or None: the run uses its corpus's
+        (hf_tokenizer.ModelTokenizer, data/lm/tokenizer.RunLMTokenizer), or None: the run uses its corpus's
         sentencepiece model, checked by hash."""
         if not self.own_tokenizer:
             return None

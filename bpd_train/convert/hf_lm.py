@@ -274,7 +274,7 @@ def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = N
     meta = {"format": HEADS_FORMAT, "version": "1", "lm_config": json.dumps(model.config.to_dict(), sort_keys=True)}
     copies: dict[str, Path] = {}
     if tokenizer_folder is not None:
-        from bpd_train.data.lm_tokenizer import LMTokenizer
+        from bpd_train.data.lm.tokenizer import LMTokenizer
         copies = {name: Path(tokenizer_folder) / name for name in LMTokenizer(tokenizer_folder).files()}
     copies.update({name: Path(src) for name, src in (files or {}).items()})
     return write_hf_folder(out_dir, cfg, gen, state_to_hf_lm(model), heads or None, meta, copies, overwrite)
@@ -302,7 +302,7 @@ def load_hf_lm(folder_or_id: str | Path, *, block_size: int | None = None, heads
     loaded with their k and type, else k = 1. Any other k (or head type) adds fresh, zero-initialised heads
     (heads: bpd | medusa, default bpd)."""
     from bpd_train.data.hf_tokenizer import TokenizerError
-    from bpd_train.data.lm_tokenizer import LMTokenizer
+    from bpd_train.data.lm.tokenizer import LMTokenizer
     from bpd_train.model.lm import LMModel
 
     folder, hub_id = resolve(folder_or_id)

@@ -78,10 +78,10 @@ class LMFamily(ModelFamily):
         """The LMTokenizer interface (lm_data, distillation/self_lm, the decoders): the model's own tokenizer.json
         folder, or the corpus's sentencepiece model it was trained from scratch with."""
         if loaded.own_tokenizer:
-            from bpd_train.data.lm_tokenizer import RunLMTokenizer
+            from bpd_train.data.lm.tokenizer import RunLMTokenizer
 
             return RunLMTokenizer(loaded.tokenizer_path, hash=loaded.tokenizer_hash)
-        from bpd_train.data.lm_datamodule import SpmLMTokenizer
+        from bpd_train.data.lm.datamodule import SpmLMTokenizer
         from bpd_train.data.tokenizer import Tokenizer
 
         return SpmLMTokenizer(Tokenizer(loaded.tokenizer_path))
@@ -101,7 +101,7 @@ class LMFamily(ModelFamily):
         return {**super().bundle_heads(config), "type": config.heads}
 
     def folder_tokenizer(self, folder: Path, config, meta: dict | None):
-        from bpd_train.data.lm_tokenizer import RunLMTokenizer
+        from bpd_train.data.lm.tokenizer import RunLMTokenizer
 
         tok = RunLMTokenizer(folder)
         tok.check_model(config.vocab_size)
@@ -167,7 +167,7 @@ class LMFamily(ModelFamily):
         files = _get(_get(cfg.data, "lm") or {}, "files")
         if files is None:
             return load_corpus(cfg.data)
-        from bpd_train.data.lm_data import load_lm_jsonl
+        from bpd_train.data.lm.records import load_lm_jsonl
 
         return load_lm_jsonl({k: v for k, v in dict(files).items() if v})
 
