@@ -250,7 +250,7 @@ _LANGS = re.compile(r"^(?P<where>.+)@(?P<src>[\w-]+):(?P<tgt>[\w-]+)$")
 
 
 def _resolve_hf(text: str) -> Source:
-    from bpd_train.convert.hf import resolve as resolve_hf
+    from bpd_train.convert.common import resolve as resolve_hf
 
     where, options = text, ()
     m = _LANGS.match(text)
@@ -273,7 +273,7 @@ def _hf_id(src: Source) -> str:
     """sha256 over config.json and the weight files: the same weights give the same id wherever the folder is."""
     import hashlib
 
-    from bpd_train.convert.hf import folder_file
+    from bpd_train.convert.common import folder_file
 
     h = hashlib.sha256()
     names = ["config.json", *sorted(p.name for p in src.path.iterdir()

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bpd_train.convert.hf import ConvertError, check_buildable, read_configs, read_json, read_weights, resolve
+from bpd_train.convert.common import ConvertError, check_buildable, read_configs, read_json, read_weights, resolve
 from bpd_train.model.lm_config import ROPE_SCALING, LMConfig
 
 log = logging.getLogger(__name__)
@@ -267,7 +267,7 @@ def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = N
     sentencepiece tokenizer.model of a model trained here from scratch). Atomic: complete or absent."""
     import json
 
-    from bpd_train.convert.hf import HEADS_FORMAT, write_hf_folder
+    from bpd_train.convert.common import HEADS_FORMAT, write_hf_folder
 
     cfg, gen = hf_config_of_lm(model.config)
     heads = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items() if k.startswith("heads.")}
@@ -282,7 +282,7 @@ def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = N
 
 def read_lm_heads(folder: Path) -> tuple[LMConfig, dict[str, Tensor]] | None:
     """bpd_heads.safetensors written by to_hf_lm -> (the LMConfig it was trained with, heads tensors)."""
-    from bpd_train.convert.hf import HEADS_FILE, read_heads_file
+    from bpd_train.convert.common import HEADS_FILE, read_heads_file
 
     got = read_heads_file(folder, "lm_config")
     if got is None:

@@ -121,7 +121,7 @@ class LMFamily(ModelFamily):
 
     def read_hf(self, src, map_location):
         from bpd_train.bundle import TOKENIZER
-        from bpd_train.convert.hf import ConvertError, folder_file
+        from bpd_train.convert.common import ConvertError, folder_file
         from bpd_train.convert.hf_lm import load_hf_lm
         from bpd_train.loading import Read
 
