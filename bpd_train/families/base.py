@@ -55,6 +55,11 @@ class ModelFamily(ABC):
         prepares and caches them itself; every decoder goes through this one call."""
         return model.decode_weights()
 
+    @property
+    @abstractmethod
+    def layer_classes(self) -> tuple[type, ...]:
+        """The model's transformer layers: one FSDP unit each (training/sharding.py)."""
+
     @abstractmethod
     def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any, block_size: int):
         """conf/model (plain dict, without vocab_size) + the run's tokenizer -> the config of a model trained from

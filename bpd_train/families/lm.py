@@ -1,9 +1,9 @@
 """The decoder-only family (the Llama / Qwen2 architecture): LMConfig / LMModel, `arch: lm` in its configs.
 
   config, model     bpd_train/model/lm_config.py LMConfig, model/lm.py LMModel (decode steps: LMDecodeWeights)
-  data              bpd_train/data/lm/: prompt/response or chat records (lm_data.py), or the translation corpus as
-                    prompts; batches of tokens/targets (lm_datamodule.py); tokenizer.json folders (lm_tokenizer.py)
-                    or the corpus's sentencepiece model behind SpmLMTokenizer
+  data              bpd_train/data/lm/: prompt/response or chat records (records.py), or the translation corpus as
+                    prompts; batches of tokens/targets (datamodule.py LMDataModule); tokenizer.json folders
+                    (tokenizer.py) or the corpus's sentencepiece model behind SpmLMTokenizer
   text adapter      evaluation/decode.py LMText: a prompt, a prompt-format translation or a chat -> ids
   transformers      convert/hf_lm.py: Llama, Qwen2, Mistral (no sliding window)
   bundles           tokenizer.model, or the model's tokenizer/ folder (RunLMTokenizer); the heads' type recorded
@@ -40,6 +40,12 @@ class LMFamily(ModelFamily):
 
         return LMModel
 
+    @property
+    def layer_classes(self):
+        from bpd_train.model.lm import Layer
+
+        return (Layer,)
+
     def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any, block_size: int):
         # pad_id stays LMConfig's sentinel (-1): padding is never a vocabulary id in this family
         return self.config_class(vocab_size=tokenizer.vocab_size, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
@@ -57,7 +63,7 @@ class LMFamily(ModelFamily):
                             num_workers=int(data.get("num_workers", 0) or 0), tokenizer=tokenizer,
                             max_positions=int(max_positions))
 
-    # batches of data/lm/lm_data.collate_lm; the targets' ignore id is the config's pad sentinel (-1), so the
+    # batches of data/lm/records.collate_lm; the targets' ignore id is the config's pad sentinel (-1), so the
     # losses take cfg.pad_id for either family
     def features(self, model, batch: dict):
         return model.features(batch["tokens"])
@@ -75,7 +81,7 @@ class LMFamily(ModelFamily):
 
     # ------------------------------------------------------------------------------------------------ tokenizers
     def tokenizer(self, loaded):
-        """The LMTokenizer interface (lm_data, distillation/self_lm, the decoders): the model's own tokenizer.json
+        """The LMTokenizer interface (data/lm/records.py, distillation/self_lm, the decoders): the model's own tokenizer.json
         folder, or the corpus's sentencepiece model it was trained from scratch with."""
         if loaded.own_tokenizer:
             from bpd_train.data.lm.tokenizer import RunLMTokenizer

@@ -1,8 +1,9 @@
 """The encoder-decoder translation family (the paper's model): BPDConfig / BPDModel.
 
   config, model     bpd_train/model/config.py BPDConfig, model/transformer.py BPDModel (no `arch` in its configs)
-  data              bpd_train/data/mt/: a translation corpus (corpus.py), source/target batches (datamodule.py:
-                    src, tgt_in, tgt_out), the corpus's sentencepiece model or an imported model's tokenizer
+  data              bpd_train/data/mt/: source/target pairs of a translation corpus (data/corpus.py) encoded and
+                    filtered (processing.py), batches of src, tgt_in, tgt_out (datamodule.py BPDDataModule); the
+                    corpus's sentencepiece model (data/tokenizer.py) or an imported model's (data/hf_tokenizer.py)
   text adapter      evaluation/decode.py SpmText: sentence -> pieces + EOS, padded with pad_id
   transformers      convert/hf.py: Marian, M2M100 / NLLB, Pegasus (for export)
   bundles           tokenizer.model, or an imported model's tokenizer/ folder (HFTokenizer with its languages)
@@ -36,6 +37,12 @@ class MTFamily(ModelFamily):
         from bpd_train.model.transformer import BPDModel
 
         return BPDModel
+
+    @property
+    def layer_classes(self):
+        from bpd_train.model.layers import DecoderLayer, EncoderLayer
+
+        return (EncoderLayer, DecoderLayer)
 
     def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any, block_size: int):
         return self.config_class(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
