@@ -157,7 +157,7 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
     except USER_ERRORS as e:
         return report(e, stderr)
     use_blockwise = not args.greedy and k > 1
-    chat = loaded.family.prompted and args.chat
+    chat = args.chat  # only a prompted family got this far with --chat (_text)
     stats, n_sent, seconds = DecodeStats(), 0, 0.0
     with torch.inference_mode():
         source = _Lines(stdin, args.errors, progress)
