@@ -300,7 +300,7 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
         raise BundleError(f"{path / WEIGHTS} (sha256 {w_hash[:12]}) does not match the sha256 recorded in config.json "
                           f"({str(config['weights'].get('sha256'))[:12]}): the file is corrupt or was modified")
     try:
-        cfg = config_from_dict(dict(config["model"]))  # arch: lm -> a decoder-only model
+        cfg = config_from_dict(dict(config["model"]))  # its family's config (bpd_train/families)
     except (TypeError, ValueError) as e:
         raise BundleError(f"{path / CONFIG} has an invalid model config: {e}") from e
     if folder:

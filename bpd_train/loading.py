@@ -212,7 +212,7 @@ def _build(meta: dict, state: dict, where: str):
     from bpd_train.model import build_model, config_from_dict
 
     try:
-        config = config_from_dict(dict(meta["model_config"]))  # arch: lm -> LMConfig, else BPDConfig
+        config = config_from_dict(dict(meta["model_config"]))  # its family's config (bpd_train/families)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: the saved model config is invalid ({e})") from None
     check_buildable(config, state, where=where)  # before anything the config sizes is allocated
