@@ -69,8 +69,14 @@ class Translator:
         return int(self.model.config.block_size)
 
     @property
+    def family(self):
+        """The model's family (bpd_train/families): `family.prompted` models answer prompts with generate()."""
+        return self.loaded.family
+
+    @property
     def is_lm(self) -> bool:
-        return bool(self.loaded.is_lm)
+        """A decoder-only model (generate() answers prompts)."""
+        return self.family.prompted
 
     def translate(self, sentences: Sequence[str], batch_size: int = 32, method: str = "blockwise",
                   accept: str = "exact", block_size: int | None = None, max_len=(1.5, 10), dtype: str = "fp32",
@@ -79,17 +85,13 @@ class Translator:
         output) | top<N> | distance:<eps>; block_size: at most the model's k (default k); max_len: an int, or
         (a, b) = a * source_len + b tokens per sentence; dtype: fp32 | bf16 | int8 decode-step weights.
         A decoder-only model translates with its prompt format ("English: ...\\nFrench:") given src_lang/tgt_lang."""
-        from bpd_train.evaluation.decode import EvalError, LMText, SpmText
+        from bpd_train.evaluation.decode import EvalError
 
         sentences = _strings(sentences, "sentences")
-        if self.is_lm:
-            if not (src_lang and tgt_lang):
-                raise EvalError("a decoder-only model translates with src_lang and tgt_lang (its prompt format), or "
-                                "answers prompts with .generate()")
-            text = LMText(self.loaded.lm_tokenizer(), src_lang, tgt_lang, self.model.config.max_positions)
-        else:
-            text = SpmText(self._tokenizer, self.model.config.eos_id, self.model.config.pad_id,
-                           self.model.config.max_positions)
+        if self.family.prompted and not (src_lang and tgt_lang):
+            raise EvalError("a decoder-only model translates with src_lang and tgt_lang (its prompt format), or "
+                            "answers prompts with .generate()")
+        text = self.family.text_adapter(self.loaded, src_lang, tgt_lang, tokenizer=self._tokenizer)
         return self._decode(text, sentences, batch_size, method, accept, block_size, max_len, dtype)
 
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[dict]], batch_size: int = 32,
@@ -98,9 +100,9 @@ class Translator:
                  context_policy: str = "truncate_left") -> Output:
         """A decoder-only model's answers to `prompts`: each prompt as it is, or (chat=True, or a list of
         {"role", "content"} messages per prompt) rendered with the tokenizer's chat template."""
-        from bpd_train.evaluation.decode import EvalError, LMText
+        from bpd_train.evaluation.decode import EvalError
 
-        if not self.is_lm:
+        if not self.family.prompted:
             raise EvalError("generate() is for decoder-only models; this is a translation model: use translate()")
         if isinstance(prompts, str) or not isinstance(prompts, Sequence):
             raise EvalError(f"prompts must be a list, got {type(prompts).__name__}")
@@ -108,10 +110,10 @@ class Translator:
         for i, p in enumerate(items):
             if not isinstance(p, (str, list)):
                 raise EvalError(f"prompts[{i}] is {type(p).__name__}, not a str or a list of chat messages")
-        tok = self.loaded.lm_tokenizer()
+        tok = self._tokenizer
         if any(isinstance(p, list) for p in items) and not tok.has_chat_template:
             raise EvalError("chat prompts need a chat template; this model's tokenizer has none")
-        text = LMText(tok, None, None, self.model.config.max_positions, context_policy=context_policy)
+        text = self.family.text_adapter(self.loaded, context_policy=context_policy, tokenizer=tok)
         return self._decode(text, items, batch_size, method, accept, block_size, int(max_new_tokens), "fp32")
 
     def _decode(self, text, sources, batch_size, method, accept, block_size, max_len, dtype) -> Output:

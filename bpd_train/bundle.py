@@ -24,6 +24,7 @@ import torch
 from bpd_train import __version__
 from bpd_train.checkpoint import CheckpointError
 from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, outside, sha256_file, umask
+from bpd_train.families import family_of
 from bpd_train.model.config import BPDConfig
 
 BUNDLE_FORMAT = "bpd-train-bundle"
@@ -101,8 +102,7 @@ def write_bundle(model, tokenizer_path: str | os.PathLike, out_dir: str | os.Pat
             "format_version": BUNDLE_VERSION if folder else 2,  # what older readers can read stays readable
             "bpd_train_version": __version__,
             "model": cfg.to_dict(),
-            "heads": {"block_size": cfg.block_size, "identity_p1": cfg.identity_p1, "head_hidden": cfg.head_hidden,
-                      **({"type": cfg.heads} if getattr(cfg, "arch", None) == "lm" else {})},
+            "heads": family_of(cfg).bundle_heads(cfg),
             "tokenizer": {"file": TOKENIZER_DIR if folder else TOKENIZER, "sha256": tok_hash, **special},
             "weights": {"file": WEIGHTS, "sha256": sha256_file(tmp / WEIGHTS), "dtype": str(torch_dtype).split(".")[-1],
                         "tied": tied, "num_parameters": int(sum(t.numel() for t in tensors.values()))},
@@ -115,27 +115,15 @@ def write_bundle(model, tokenizer_path: str | os.PathLike, out_dir: str | os.Pat
     return out_dir
 
 
-def _folder_tokenizer(folder: Path, cfg: BPDConfig, meta: dict | None) -> tuple[list[str], str, dict]:
+def _folder_tokenizer(folder: Path, cfg, meta: dict | None) -> tuple[list[str], str, dict]:
     """An imported model's tokenizer folder -> (its file names, hash, what config.json records)."""
-    from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError, tokenizer_files, tokenizer_folder_hash
+    from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_files, tokenizer_folder_hash
 
-    meta = dict(meta or {})
     try:
-        if getattr(cfg, "arch", None) == "lm":  # a decoder-only model's tokenizer.json folder
-            from bpd_train.data.lm_tokenizer import RunLMTokenizer
-
-            tok = RunLMTokenizer(folder)
-            tok.check_model(cfg.vocab_size)
-            return tokenizer_files(folder), tokenizer_folder_hash(folder), {
-                "vocab_size": cfg.vocab_size, "pad_id": cfg.pad_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id,
-                "meta": tok.meta}
-        tok = HFTokenizer(folder, src_lang=meta.get("src_lang"), tgt_lang=meta.get("tgt_lang"))
-        tok.check_model(cfg.vocab_size, cfg.source_vocab_size)
-        names, tok_hash = tokenizer_files(folder), tokenizer_folder_hash(folder)
+        _, special = family_of(cfg).folder_tokenizer(folder, cfg, meta)
+        return tokenizer_files(folder), tokenizer_folder_hash(folder), special
     except TokenizerError as e:
         raise BundleError(str(e)) from None
-    return names, tok_hash, {"vocab_size": cfg.vocab_size, "pad_id": cfg.pad_id, "bos_id": cfg.bos_id,
-                             "eos_id": cfg.eos_id, "unk_id": cfg.unk_id, "meta": tok.meta()}
 
 
 def is_bundle(path: str | os.PathLike) -> bool:
@@ -312,24 +300,20 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
         raise BundleError(f"{path / WEIGHTS} (sha256 {w_hash[:12]}) does not match the sha256 recorded in config.json "
                           f"({str(config['weights'].get('sha256'))[:12]}): the file is corrupt or was modified")
     try:
-        cfg = config_from_dict(dict(config["model"]))  # arch: lm -> a decoder-only model
+        cfg = config_from_dict(dict(config["model"]))  # its family's config (bpd_train/families)
     except (TypeError, ValueError) as e:
         raise BundleError(f"{path / CONFIG} has an invalid model config: {e}") from e
     if folder:
         tok = _bundle_hf_tokenizer(tok_path, config["tokenizer"].get("meta") or {}, cfg)
-        # its BOS is the model's decoder start (or target language), not a tokenizer piece
-        if getattr(cfg, "arch", None) == "lm":  # an import's EOS may be its generation_config's: the model's
-            ids = {"vocab_size": cfg.vocab_size, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
-        else:
-            ids = {"vocab_size": cfg.vocab_size, "pad_id": tok.pad_id(), "bos_id": cfg.bos_id, "eos_id": tok.eos_id()}
+        ids, want = family_of(cfg).tokenizer_ids(tok, cfg)
     else:
         tok = spm.SentencePieceProcessor(model_file=str(tok_path))
         ids = {"vocab_size": tok.get_piece_size(), "pad_id": tok.pad_id(), "bos_id": tok.bos_id(),
                "eos_id": tok.eos_id()}
-    want = {"vocab_size": cfg.vocab_size, "pad_id": cfg.pad_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
-    if getattr(cfg, "arch", None) == "lm":  # its pad is a sentinel (-1), never a token: not the tokenizer's
-        ids.pop("pad_id", None)
-        want.pop("pad_id")
+        want = {"vocab_size": cfg.vocab_size, "pad_id": cfg.pad_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
+        if not family_of(cfg).pad_is_token:  # a sentinel (-1: decoder-only), never a token: not the tokenizer's
+            ids.pop("pad_id")
+            want.pop("pad_id")
     if ids != want:
         raise BundleError(f"bundle {path}: tokenizer ids {ids} do not match the model config {want}")
     try:
@@ -353,24 +337,14 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
     return model, tok, meta
 
 
-def _bundle_hf_tokenizer(folder: Path, meta: dict, cfg: BPDConfig):
-    from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError
+def _bundle_hf_tokenizer(folder: Path, meta: dict, cfg):
+    """A bundle's tokenizer/ folder, as its model's family reads it (checked against the model's vocabulary)."""
+    from bpd_train.data.hf_tokenizer import TokenizerError
 
-    if getattr(cfg, "arch", None) == "lm":
-        from bpd_train.data.lm_tokenizer import RunLMTokenizer
-
-        try:
-            tok = RunLMTokenizer(folder)
-            tok.check_model(cfg.vocab_size)
-        except TokenizerError as e:
-            raise BundleError(f"bundle {folder.parent}: {e}") from None
-        return tok
     try:
-        tok = HFTokenizer(folder, src_lang=meta.get("src_lang"), tgt_lang=meta.get("tgt_lang"))
-        tok.check_model(cfg.vocab_size, cfg.source_vocab_size)
+        return family_of(cfg).folder_tokenizer(folder, cfg, meta)[0]
     except TokenizerError as e:
         raise BundleError(f"bundle {folder.parent}: {e}") from None
-    return tok
 
 
 def verify_manifest(path: Path, config: dict) -> None:
@@ -407,11 +381,10 @@ def check_buildable(config, state: dict[str, torch.Tensor], where: str, optional
 
     weights = sum(t.numel() * t.element_size() for t in state.values())
     positions = int(config.max_positions)
-    if getattr(config, "arch", None) != "lm":  # a [max_positions, d_model] sinusoid table (LMs: sized from use)
-        table = positions * int(config.d_model) * 4
-        if table > max(MAX_TABLE_BYTES, weights):
-            raise BundleError(f"{where}: max_positions={positions} would allocate a {table / 2**20:,.0f} MiB position "
-                              f"table for {weights / 2**20:,.1f} MiB of weights: not this model's config (edited?)")
+    table = family_of(config).position_table_bytes(config)  # the encoder-decoder's sinusoid table; LMs: none
+    if table > max(MAX_TABLE_BYTES, weights):
+        raise BundleError(f"{where}: max_positions={positions} would allocate a {table / 2**20:,.0f} MiB position "
+                          f"table for {weights / 2**20:,.1f} MiB of weights: not this model's config (edited?)")
     try:
         small = dataclasses.replace(config, max_positions=max(1, min(positions, 8)))  # shapes do not depend on it
         with torch.device("meta"):

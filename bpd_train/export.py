@@ -60,7 +60,7 @@ def export_hf(source: str | os.PathLike | Source, out_dir: str | os.PathLike, *,
     """Any model source -> a transformers checkpoint folder (fp32) with bpd_heads.safetensors and the tokenizer
     files: an imported model's own, or this project's tokenizer.model (read back by HFTokenizer kind spm).
     `overwrite` replaces only a folder that an earlier export.format=hf wrote."""
-    from bpd_train.convert.hf import check_hf_output_dir, to_hf
+    from bpd_train.convert.hf import check_hf_output_dir
     from bpd_train.data.hf_tokenizer import tokenizer_files
 
     src = resolve(source, tag=tag)
@@ -71,11 +71,8 @@ def export_hf(source: str | os.PathLike | Source, out_dir: str | os.PathLike, *,
         files = {name: loaded.tokenizer_path / name for name in tokenizer_files(loaded.tokenizer_path)}
     else:
         files = {"tokenizer.model": loaded.tokenizer_path}
-    if loaded.is_lm:  # Llama / Qwen2 layout (convert/hf_lm.py); load_hf_lm reads the heads back
-        from bpd_train.convert.hf_lm import to_hf_lm
-
-        return to_hf_lm(loaded.model, out_dir, files=files, overwrite=overwrite)
-    return to_hf(loaded.model, out_dir, files=files, overwrite=overwrite)
+    # the family's transformers layout (Marian / Pegasus, Llama / Qwen2), which the hf: import reads back
+    return loaded.family.to_hf(loaded.model, out_dir, files=files, overwrite=overwrite)
 
 
 def export_vllm(source: str | os.PathLike | Source, out_dir: str | os.PathLike, *, dtype: str = "float32",
@@ -86,9 +83,8 @@ def export_vllm(source: str | os.PathLike | Source, out_dir: str | os.PathLike, 
 
     src = resolve(source, tag=tag)
     loaded = load(src)
-    cfg = loaded.config
-    if not loaded.is_lm or getattr(cfg, "heads", None) != "medusa" or cfg.block_size < 2:
-        what = "an encoder-decoder model" if not loaded.is_lm else f"heads={cfg.heads}, k={cfg.block_size}"
+    what = loaded.family.medusa_draft_problem(loaded.config)
+    if what is not None:
         raise ValueError(f"export.format=vllm writes Medusa heads of a decoder-only model; {src} is {what} (train "
                          "the heads with model.heads=medusa, or use export.format=bundle|hf)")
     return export_medusa(loaded.model, out_dir, dtype=dtype, overwrite=overwrite)

@@ -34,7 +34,6 @@ import torch
 from bpd_train.bundle import TOKENIZER, WEIGHTS, check_buildable, check_state_shapes, is_bundle, load_bundle
 from bpd_train.checkpoint import CheckpointError, checkpoint_meta, model_state, read_checkpoint
 from bpd_train.io import sha256_file
-from bpd_train.model.config import BPDConfig
 from bpd_train.zero import consolidate_zero, find_zero_dir, model_states_file, zero_tag_dir
 
 # Where a run folder keeps an imported model's tokenizer files (a native run has tokenizer.model).
@@ -73,7 +72,7 @@ class Source:
 
 @dataclass
 class LoadedModel:
-    model: Any                      # BPDModel, eval mode, on the requested device
+    model: Any                      # BPDModel or LMModel, eval mode, on the requested device
     tokenizer_path: Path
     tokenizer_hash: str
     source: Source                  # behaves as its path (str, os.fspath)
@@ -81,25 +80,28 @@ class LoadedModel:
     tokenizer_meta: dict | None = None  # an imported model's tokenizer: kind, src_lang, tgt_lang, files
 
     @property
-    def config(self) -> BPDConfig:
+    def config(self):
         return self.model.config
 
     @property
+    def family(self):
+        """The model's family (bpd_train/families): what every stage asks instead of checking the model's kind."""
+        from bpd_train.families import family_of
+
+        return family_of(self.model.config)
+
+    @property
     def is_lm(self) -> bool:
-        """A decoder-only language model (LMModel): prompts in, responses out."""
-        return getattr(self.model.config, "arch", None) == "lm"
+        """A decoder-only language model (LMModel): prompts in, responses out. Kept for callers of the earlier API;
+        the pipeline asks `family`."""
+        return self.family.prompted
 
     def lm_tokenizer(self):
-        """A decoder-only model's tokenizer with the LMTokenizer interface (lm_data, distillation/self_lm, the decoders):
-        its own tokenizer.json folder, or the corpus's sentencepiece model it was trained from scratch with."""
-        if self.own_tokenizer:
-            from bpd_train.data.lm_tokenizer import RunLMTokenizer
+        """The decoder-only family's tokenizer (the LMTokenizer interface) for this model; for a decoder-only model
+        the same as tokenizer()."""
+        from bpd_train.families import get_family
 
-            return RunLMTokenizer(self.tokenizer_path, hash=self.tokenizer_hash)
-        from bpd_train.data.lm_datamodule import SpmLMTokenizer
-        from bpd_train.data.tokenizer import Tokenizer
-
-        return SpmLMTokenizer(Tokenizer(self.tokenizer_path))
+        return get_family("lm").tokenizer(self)
 
     @property
     def own_tokenizer(self) -> bool:
@@ -107,28 +109,17 @@ class LoadedModel:
         return self.tokenizer_path.is_dir()
 
     def tokenizer(self):
-        """A sentencepiece processor, or an imported model's HFTokenizer (the same methods, the model's ids)."""
-        if self.is_lm:
-            return self.lm_tokenizer()
-        if self.own_tokenizer:
-            from bpd_train.data.hf_tokenizer import HFTokenizer
-
-            m = self.tokenizer_meta or {}
-            return HFTokenizer(self.tokenizer_path, src_lang=m.get("src_lang"), tgt_lang=m.get("tgt_lang"))
-        import sentencepiece as spm
-
-        return spm.SentencePieceProcessor(model_file=str(self.tokenizer_path))
+        """The family's tokenizer: sentencepiece, an imported model's HFTokenizer (the same methods, the model's
+        ids), or a decoder-only model's LMTokenizer."""
+        return self.family.tokenizer(self)
 
     def data_tokenizer(self):
         """The tokenizer a training run on this model must use, with the data pipeline's API
-        (hf_tokenizer.ModelTokenizer), or None: the run uses its corpus's sentencepiece model, checked by hash."""
+        (hf_tokenizer.ModelTokenizer, data/lm/tokenizer.RunLMTokenizer), or None: the run uses its corpus's
+        sentencepiece model, checked by hash."""
         if not self.own_tokenizer:
             return None
-        if self.is_lm:
-            return self.lm_tokenizer()
-        from bpd_train.data.hf_tokenizer import ModelTokenizer
-
-        return ModelTokenizer.for_model(self.tokenizer(), self.config, hash=self.tokenizer_hash)
+        return self.family.data_tokenizer(self)
 
 
 class Read(NamedTuple):
@@ -221,7 +212,7 @@ def _build(meta: dict, state: dict, where: str):
     from bpd_train.model import build_model, config_from_dict
 
     try:
-        config = config_from_dict(dict(meta["model_config"]))  # arch: lm -> LMConfig, else BPDConfig
+        config = config_from_dict(dict(meta["model_config"]))  # its family's config (bpd_train/families)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: the saved model config is invalid ({e})") from None
     check_buildable(config, state, where=where)  # before anything the config sizes is allocated
@@ -259,7 +250,7 @@ _LANGS = re.compile(r"^(?P<where>.+)@(?P<src>[\w-]+):(?P<tgt>[\w-]+)$")
 
 
 def _resolve_hf(text: str) -> Source:
-    from bpd_train.convert.hf import resolve as resolve_hf
+    from bpd_train.convert.common import resolve as resolve_hf
 
     where, options = text, ()
     m = _LANGS.match(text)
@@ -271,28 +262,18 @@ def _resolve_hf(text: str) -> Source:
 
 
 def read_hf(src: Source, map_location) -> Read:
-    from bpd_train.convert.hf import ConvertError, folder_file, load_hf
-    from bpd_train.convert.hf_lm import family_of, load_hf_lm
+    """The family whose import claims the folder reads it (families/lm.py: Llama / Qwen2 / Mistral; families/mt.py:
+    Marian / M2M100 / NLLB)."""
+    from bpd_train.families import hf_family
 
-    if family_of(src.path) is not None:  # Llama / Qwen2 / Mistral: the decoder-only family
-        if src.options:
-            raise ConvertError(f"{src.given}: a decoder-only model takes no @<src_lang>:<tgt_lang>")
-        if not (src.path / "tokenizer.json").is_file() and (src.path / TOKENIZER).is_file():
-            # exported by export.format=hf from a model trained here from scratch: the corpus's sentencepiece model
-            tok = folder_file(src.path, TOKENIZER)
-            model, _, meta = load_hf_lm(src.path, block_size=None, map_location=map_location, tokenizer=False)
-            return Read(model, tok, None, meta, None)
-        model, tok, meta = load_hf_lm(src.path, block_size=None, map_location=map_location)
-        return Read(model, src.path, None, meta, tok.meta())
-    model, tok, meta = load_hf(src.path, block_size=None, map_location=map_location, **dict(src.options))
-    return Read(model, src.path, None, meta, tok.meta())
+    return hf_family(src.path).read_hf(src, map_location)
 
 
 def _hf_id(src: Source) -> str:
     """sha256 over config.json and the weight files: the same weights give the same id wherever the folder is."""
     import hashlib
 
-    from bpd_train.convert.hf import folder_file
+    from bpd_train.convert.common import folder_file
 
     h = hashlib.sha256()
     names = ["config.json", *sorted(p.name for p in src.path.iterdir()

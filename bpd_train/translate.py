@@ -151,13 +151,13 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
             check_block_sizes([k], cfg.block_size, f"bundle {args.bundle}")
         rule = parse_rule(args.accept)
         max_len = max_len_arg(args.max_new_tokens if args.max_new_tokens is not None else list(args.max_len))
-        text = _lm_text(args, loaded) if loaded.is_lm else _mt_text(args, sp, cfg)
+        text = _text(args, loaded, sp)
         set_decode_options(model, decode_options(sp, stop_ids(model), args.dtype, args.draft_vocab,
                                                  args.proposal_dtype))
     except USER_ERRORS as e:
         return report(e, stderr)
     use_blockwise = not args.greedy and k > 1
-    chat = loaded.is_lm and args.chat
+    chat = args.chat  # only a prompted family got this far with --chat (_text)
     stats, n_sent, seconds = DecodeStats(), 0, 0.0
     with torch.inference_mode():
         source = _Lines(stdin, args.errors, progress)
@@ -191,8 +191,7 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
         mode = f"blockwise k={k} {args.accept}" if use_blockwise else "greedy"
         khat = f"k̂={stats.mean_accepted:.2f}, " if use_blockwise else ""
         rate = f"{n_sent / seconds:.1f} sent/s, {stats.tokens / seconds:.1f} tok/s" if seconds > 0 else "no decoding"
-        verb = "answered" if loaded.is_lm else "translated"
-        print(f"{verb} {n_sent} lines ({mode}, batch {args.batch_size}, {device.type}): {khat}"
+        print(f"{loaded.family.verb} {n_sent} lines ({mode}, batch {args.batch_size}, {device.type}): {khat}"
               f"decoder calls={stats.calls}, {rate}, {seconds:.2f}s decoding"
               + (f", {text.truncated} source(s) truncated to {cfg.max_positions} positions" if text.truncated else ""),
               file=stderr)
@@ -220,20 +219,14 @@ def _input_file(path: str):
     return io.BytesIO(data)
 
 
-def _mt_text(args, sp, cfg):
-    from bpd_train.evaluation.decode import EvalError, SpmText
+def _text(args, loaded, tok):
+    """The family's text adapter with this command line's options (--chat, --langs, --context-policy: only for a
+    family that takes prompts; the family refuses them otherwise)."""
+    from bpd_train.evaluation.decode import EvalError
 
-    given = [f for f, on in (("--chat", args.chat), ("--langs", args.langs),
-                             ("--context-policy", args.context_policy != "truncate_left")) if on]
-    if given:
-        raise EvalError(f"{', '.join(given)}: only for decoder-only (LM) bundles; {args.bundle} is a translation model")
-    return SpmText(sp, cfg.eos_id, cfg.pad_id, cfg.max_positions)
-
-
-def _lm_text(args, loaded):
-    from bpd_train.evaluation.decode import EvalError, LMText
-
-    tok = loaded.lm_tokenizer()
+    fam = loaded.family
+    fam.check_text_options(chat=args.chat, langs=bool(args.langs), context_policy=args.context_policy != "truncate_left",
+                           what=str(args.bundle))
     if args.chat and args.langs:
         raise EvalError("--chat and --langs exclude each other: a line is either a chat message or a source sentence")
     if args.chat and not tok.has_chat_template:
@@ -244,7 +237,7 @@ def _lm_text(args, loaded):
         src, _, tgt = args.langs.partition(":")
         if not src or not tgt:
             raise EvalError(f"--langs takes SRC:TGT language codes (e.g. en:fr), got {args.langs!r}")
-    return LMText(tok, src, tgt, loaded.config.max_positions, context_policy=args.context_policy)
+    return fam.text_adapter(loaded, src, tgt, context_policy=args.context_policy, tokenizer=tok)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def test_tokenize_filters_train_and_logs_counts(bible_cfg, corpus, tmp_path, cap
     tok = get_tokenizer(bible_cfg, tmp_path, corpus["train"])
     cfg = bible_cfg.copy()
     cfg.filter = {"min_len": 3, "max_len": 40, "max_ratio": 1.5}
-    with caplog.at_level("INFO", logger="bpd_train.data.processing"):
+    with caplog.at_level("INFO", logger="bpd_train.data.mt.processing"):
         enc, stats = tokenize_split(corpus["train"], tok, cfg, "train", num_proc=2)
     d = stats["dropped"]
     assert d["max_len"] > 0 and d["max_ratio"] > 0
@@ -101,7 +101,7 @@ def test_tokenize_filters_train_and_logs_counts(bible_cfg, corpus, tmp_path, cap
 
 
 def test_tokenization_is_cached_by_datasets(bible_cfg, corpus, tmp_path, monkeypatch):
-    from bpd_train.data import processing
+    from bpd_train.data.mt import processing
 
     tok = get_tokenizer(bible_cfg, tmp_path, corpus["validation"])
     first, _ = tokenize_split(corpus["validation"], tok, bible_cfg, "validation", num_proc=1)

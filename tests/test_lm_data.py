@@ -8,9 +8,9 @@ import torch
 pytest.importorskip("tokenizers")
 
 from _lm_tiny import make_tokenizer  # noqa: E402
-from bpd_train.data.lm_data import (IGNORE, LMDataError, LMEncoder, collate_lm, load_lm_jsonl,  # noqa: E402
+from bpd_train.data.lm.records import (IGNORE, LMDataError, LMEncoder, collate_lm, load_lm_jsonl,  # noqa: E402
                                     translation_prompt)
-from bpd_train.data.lm_tokenizer import LMTokenizer  # noqa: E402
+from bpd_train.data.lm.tokenizer import LMTokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""LMDataModule (bpd_train/data/lm_datamodule.py): the bundled corpus as prompt-format translation through
+"""LMDataModule (bpd_train/data/lm/datamodule.py): the bundled corpus as prompt-format translation through
 BPDDataModule's token-bucketed, resumable batches; self-distilled train records; the sentencepiece adapter."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bpd_train.data.lm_data import IGNORE, LMDataError
+from bpd_train.data.lm.records import IGNORE, LMDataError
 
 REPO = Path(__file__).resolve().parent.parent
 

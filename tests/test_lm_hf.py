@@ -250,7 +250,7 @@ def test_refusals(folders, tmp_path):
     # chats need a template
     (f / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
     from bpd_train.data.hf_tokenizer import TokenizerError
-    from bpd_train.data.lm_tokenizer import LMTokenizer
+    from bpd_train.data.lm.tokenizer import LMTokenizer
     with pytest.raises(TokenizerError, match="no chat template"):
         LMTokenizer(f).chat_ids([{"role": "user", "content": "hello"}])
 

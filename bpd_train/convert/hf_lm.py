@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bpd_train.convert.hf import ConvertError, check_buildable, read_configs, read_json, read_weights, resolve
+from bpd_train.convert.common import ConvertError, check_buildable, read_configs, read_json, read_weights, resolve
 from bpd_train.model.lm_config import ROPE_SCALING, LMConfig
 
 log = logging.getLogger(__name__)
@@ -267,14 +267,14 @@ def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = N
     sentencepiece tokenizer.model of a model trained here from scratch). Atomic: complete or absent."""
     import json
 
-    from bpd_train.convert.hf import HEADS_FORMAT, write_hf_folder
+    from bpd_train.convert.common import HEADS_FORMAT, write_hf_folder
 
     cfg, gen = hf_config_of_lm(model.config)
     heads = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items() if k.startswith("heads.")}
     meta = {"format": HEADS_FORMAT, "version": "1", "lm_config": json.dumps(model.config.to_dict(), sort_keys=True)}
     copies: dict[str, Path] = {}
     if tokenizer_folder is not None:
-        from bpd_train.data.lm_tokenizer import LMTokenizer
+        from bpd_train.data.lm.tokenizer import LMTokenizer
         copies = {name: Path(tokenizer_folder) / name for name in LMTokenizer(tokenizer_folder).files()}
     copies.update({name: Path(src) for name, src in (files or {}).items()})
     return write_hf_folder(out_dir, cfg, gen, state_to_hf_lm(model), heads or None, meta, copies, overwrite)
@@ -282,7 +282,7 @@ def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = N
 
 def read_lm_heads(folder: Path) -> tuple[LMConfig, dict[str, Tensor]] | None:
     """bpd_heads.safetensors written by to_hf_lm -> (the LMConfig it was trained with, heads tensors)."""
-    from bpd_train.convert.hf import HEADS_FILE, read_heads_file
+    from bpd_train.convert.common import HEADS_FILE, read_heads_file
 
     got = read_heads_file(folder, "lm_config")
     if got is None:
@@ -302,7 +302,7 @@ def load_hf_lm(folder_or_id: str | Path, *, block_size: int | None = None, heads
     loaded with their k and type, else k = 1. Any other k (or head type) adds fresh, zero-initialised heads
     (heads: bpd | medusa, default bpd)."""
     from bpd_train.data.hf_tokenizer import TokenizerError
-    from bpd_train.data.lm_tokenizer import LMTokenizer
+    from bpd_train.data.lm.tokenizer import LMTokenizer
     from bpd_train.model.lm import LMModel
 
     folder, hub_id = resolve(folder_or_id)

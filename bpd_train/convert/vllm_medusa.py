@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from bpd_train.convert.hf import ConvertError
+from bpd_train.convert.common import ConvertError
 from bpd_train.io import atomic_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

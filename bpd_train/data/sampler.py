@@ -17,7 +17,7 @@ Resume: `state_dict()` records the epoch and how many batches this rank has cons
 `load_state_dict()` the next `__iter__` yields exactly the remaining batches of that epoch, and later
 epochs start from the beginning. `consumed` counts batches handed out by `__iter__`; with DataLoader workers
 that runs ahead of training, so the data module saves the count of batches its DataLoader *delivered*
-instead (see datamodule.py), which is what Lightning's progress counts. A state saved with another
+instead (see batches.py), which is what Lightning's progress counts. A state saved with another
 max_tokens, world size or corpus size restarts its epoch from the first batch, with a warning.
 """
 from __future__ import annotations

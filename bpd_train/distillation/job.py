@@ -131,8 +131,7 @@ def _check_teacher(loaded, cfg, train_split) -> None:
     tokenizer too, which the datamodule checks against this corpus's manifest."""
     if loaded.own_tokenizer:
         return
-    if not loaded.is_lm:
-        _check_teacher_specials(loaded)
+    loaded.family.check_teacher_ids(loaded)  # the encoder-decoder's: tokenizer pieces and special ids
     if not cfg.distill.get("check_corpus_tokenizer", True):
         return
     corpus_tok = _corpus_tokenizer(cfg, train_split)
@@ -149,20 +148,6 @@ def _check_teacher(loaded, cfg, train_split) -> None:
                          "its text).")
 
 
-def _check_teacher_specials(loaded) -> None:
-    mc = loaded.config
-    sp = loaded.tokenizer()
-    n = sp.get_piece_size()
-    if n != mc.vocab_size:
-        raise DistillError(f"teacher {loaded.source} has a {mc.vocab_size}-symbol vocabulary but its tokenizer "
-                           f"{loaded.tokenizer_path} has {n} pieces: they do not belong together")
-    specials = {"pad": (sp.pad_id(), mc.pad_id), "bos": (sp.bos_id(), mc.bos_id), "eos": (sp.eos_id(), mc.eos_id)}
-    bad = {k: v for k, v in specials.items() if v[0] != v[1]}
-    if bad:
-        raise DistillError(f"teacher {loaded.source} and its tokenizer disagree on special ids: "
-                           + ", ".join(f"{k} is {a} in the tokenizer, {b} in the model" for k, (a, b) in bad.items()))
-
-
 def _corpus_tokenizer(cfg, train_split) -> Path | None:
     """The corpus's own tokenizer file for these data settings, if it has been built (never trains one)."""
     from bpd_train.data.tokenizer import spm_settings, tokenizer_key
@@ -172,20 +157,12 @@ def _corpus_tokenizer(cfg, train_split) -> Path | None:
     return p if p.is_file() else None
 
 
-def _select_split(cfg, lm: bool = False):
-    """(the split to distill, the corpus's train split). lm: a decoder-only teacher, which may answer the prompts
-    of data.lm.files (prompt/response or chat records) instead of the translation corpus's."""
-    from bpd_train.data.corpus import _get, load_corpus
-
+def _select_split(cfg, family):
+    """(the split to distill, the corpus's train split): the records a teacher of this family re-decodes (a
+    decoder-only teacher may answer the prompts of data.lm.files instead of the translation corpus's)."""
     d = cfg.distill
-    files = _get(_get(cfg.data, "lm") or {}, "files") if lm else None
     try:
-        if files is not None:
-            from bpd_train.data.lm_data import load_lm_jsonl
-
-            dsd = load_lm_jsonl({k: v for k, v in dict(files).items() if v})
-        else:
-            dsd = load_corpus(cfg.data)
+        dsd = family.distill_records(cfg)
     except (ValueError, FileNotFoundError) as e:
         raise DistillError(f"cannot load corpus '{cfg.data.name}': {e}") from e
     if d.split not in dsd:
@@ -224,21 +201,17 @@ def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
         teacher = load(teacher_path, map_location="cpu")  # a .ckpt, a run folder, a bundle or a ZeRO run
     except CheckpointError as e:
         raise DistillError(f"cannot use {teacher_path} as the teacher: {e}") from e
-    lm = teacher.is_lm
+    family = teacher.family
     temperature = float(d.get("temperature", 0.0) or 0.0)
-    if lm and int(d.beam_size) != 1:
-        raise DistillError(f"a decoder-only teacher answers greedily (or samples with distill.temperature > 0): set "
-                           f"distill.beam_size=1 (got {d.beam_size})")
-    if temperature < 0 or (temperature > 0 and not lm):
-        raise DistillError(f"distill.temperature={temperature}: sampling (> 0) is for decoder-only teachers; "
-                           "0 = greedy")
-    ds, train_split = _select_split(cfg, lm)
+    family.check_distill(int(d.beam_size), temperature)
+    ds, train_split = _select_split(cfg, family)
     _check_teacher(teacher, cfg, train_split)
     ids = _ids(ds)
     settings = TeacherSettings(teacher_sha256=_teacher_sha256(teacher), tokenizer_hash=teacher.tokenizer_hash,
-                               beam_size=int(d.beam_size), length_penalty=0.0 if lm else float(d.length_penalty),
+                               beam_size=int(d.beam_size),
+                               length_penalty=family.distill_length_penalty(float(d.length_penalty)),
                                max_len=d.max_len, split=str(d.split), src_lang=str(cfg.data.src_lang),
-                               tgt_lang=str(cfg.data.tgt_lang), kind="lm" if lm else "translation",
+                               tgt_lang=str(cfg.data.tgt_lang), kind=family.distill_kind,
                                temperature=temperature, seed=int(d.get("seed", 0) or 0))
     corpus_dir = Path(cfg.paths.artifacts) / cfg.data.name
     out_dir = Path(d.output_dir) if d.output_dir else corpus_dir / "distill" / settings.teacher_id
@@ -295,8 +268,6 @@ def run_worker(job: Job, worker: Worker, device=None) -> dict[str, Any]:
              stats["skipped"], len(todo))
     if not todo:
         return stats
-    from tqdm.auto import tqdm
-
     import torch
 
     if d.get("num_threads"):  # CPU: oversubscribed cores make OpenMP spin (30x slower on a busy 2-core box)
@@ -304,12 +275,19 @@ def run_worker(job: Job, worker: Worker, device=None) -> dict[str, Any]:
     device = torch.device(device) if device is not None else _device(job.cfg, worker)
     amp = _amp_dtype(job.cfg, device)
     model = job.teacher.model.to(device).eval()
-    if job.teacher.is_lm:
-        t0 = time.perf_counter()
-        _lm_shards(job, worker, todo, model, stats)
-        stats["seconds"] = round(time.perf_counter() - t0, 3)
-        stats["sentences_per_s"] = round(stats["sentences"] / max(stats["seconds"], 1e-9), 2)
-        return stats
+    t0 = time.perf_counter()
+    SHARD_WRITERS[job.teacher.family.distill_kind](job, worker, todo, model, stats, device, amp)
+    stats["seconds"] = round(time.perf_counter() - t0, 3)
+    stats["sentences_per_s"] = round(stats["sentences"] / max(stats["seconds"], 1e-9), 2)
+    return stats
+
+
+def _translation_shards(job: Job, worker: Worker, todo: list[dict], model, stats: dict, device, amp) -> None:
+    """An encoder-decoder teacher re-translates each shard's source sentences with beam search (greedy when
+    beam_size is 1) and writes {id, translation, teacher_ids, teacher_score, gold} records."""
+    from tqdm.auto import tqdm
+
+    d, m = job.cfg.distill, job.manifest
     sp = job.teacher.tokenizer()
     eos = model.config.eos_id
     specials = {model.config.pad_id, model.config.bos_id, eos}
@@ -317,7 +295,6 @@ def run_worker(job: Job, worker: Worker, device=None) -> dict[str, Any]:
     src_lang, tgt_lang = m["src_lang"], m["tgt_lang"]
     bar = tqdm(total=sum(s["num_examples"] for s in todo), unit="sent", desc=f"distill w{worker.index}",
                disable=not d.get("progress", True), dynamic_ncols=True, mininterval=1.0)
-    t0 = time.perf_counter()
     cut = 0
     for shard in todo:
         rows = job.dataset[shard["start"]: shard["stop"]]
@@ -343,14 +320,11 @@ def run_worker(job: Job, worker: Worker, device=None) -> dict[str, Any]:
         log.info("%s: wrote %s (%d sentences, %.1f sentences/s)", worker, shard["file"], len(records),
                  len(records) / max(dt, 1e-9))
     bar.close()
-    stats["seconds"] = round(time.perf_counter() - t0, 3)
-    stats["sentences_per_s"] = round(stats["sentences"] / max(stats["seconds"], 1e-9), 2)
     if cut:
         log.warning("%d source(s) were longer than the teacher's %d positions and were cut", cut, max_src + 1)
-    return stats
 
 
-def _lm_shards(job: Job, worker: Worker, todo: list[dict], model, stats: dict) -> None:
+def _lm_shards(job: Job, worker: Worker, todo: list[dict], model, stats: dict, device=None, amp=None) -> None:
     """A decoder-only teacher answers each shard's prompts itself (distillation/self_lm.py: greedy, or sampled from
     a per-record seed, so a shard redone after a crash is the same) and writes {id, prompt|messages, response,
     teacher_ids, gold} records, which LMDataModule trains on (regime.source=distilled). A prompt the model
@@ -360,7 +334,7 @@ def _lm_shards(job: Job, worker: Worker, todo: list[dict], model, stats: dict) -
     from bpd_train.distillation.self_lm import distilled_record, prompt_ids, respond_ids
 
     d, m = job.cfg.distill, job.manifest
-    tok = job.teacher.lm_tokenizer()
+    tok = job.teacher.tokenizer()
     src_lang, tgt_lang = m["src_lang"], m["tgt_lang"]
     bar = tqdm(total=sum(s["num_examples"] for s in todo), unit="prompt", desc=f"distill w{worker.index}",
                disable=not d.get("progress", True), dynamic_ncols=True, mininterval=1.0)
@@ -385,7 +359,7 @@ def _lm_shards(job: Job, worker: Worker, todo: list[dict], model, stats: dict) -
             rec = distilled_record(r, a, tok, src_lang=src_lang, tgt_lang=tgt_lang, where=f"record {i}")
             if rec is None:
                 empty += 1
-                from bpd_train.data.lm_data import prompt_of
+                from bpd_train.data.lm.records import prompt_of
 
                 rec = {"prompt": prompt_of(r, tok, src_lang, tgt_lang, f"record {i}")[0], "response": None}
             records.append({"id": i, **rec, "teacher_ids": a, "gold": _gold(r, tgt_lang)})
@@ -404,6 +378,10 @@ def _lm_shards(job: Job, worker: Worker, todo: list[dict], model, stats: dict) -
         log.warning("%d prompt(s) were longer than the teacher's %d positions: their oldest tokens were cut",
                     cut, room + 1)
     stats["empty_responses"] = empty
+
+
+# what writes a teacher's shards, by its family's distill_kind (the manifest's `kind`)
+SHARD_WRITERS = {"translation": _translation_shards, "lm": _lm_shards}
 
 
 def _gold(record: dict, tgt_lang: str) -> str | None:

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from bpd_train.families import family_of
+
 log = logging.getLogger(__name__)
 
 
@@ -105,19 +107,10 @@ class BlockwiseEval(Callback):
             loaders = trainer.val_dataloaders
             loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
         rows = []
-        specials = {cfg.pad_id, cfg.eos_id, cfg.bos_id}
+        family = family_of(cfg)
         for batch in loader:
-            if "prompts" in batch:  # a decoder-only model's batch (data/lm_data.collate_lm): prompt -> response
-                for p, t in zip(batch["prompts"], batch["targets"].tolist()):
-                    rows.append((len(rows), list(p), [int(x) for x in t if int(x) not in specials and x >= 0]))
-                continue
-            src, tgt = batch["src"], batch["tgt_out"]
-            idx = batch.get("idx")
-            for r in range(src.shape[0]):
-                s = [int(x) for x in src[r].tolist() if int(x) != cfg.pad_id]
-                t = [int(x) for x in tgt[r].tolist() if int(x) not in specials]
-                key = int(idx[r]) if idx is not None else len(rows)
-                rows.append((key, s, t))
+            for key, s, t in family.reference_rows(batch, cfg):
+                rows.append((len(rows) if key is None else key, s, t))
         rows.sort(key=lambda x: x[0])
         picks = evenly_spaced(len(rows), self.n_sentences)
         decode = tok.decode if hasattr(tok, "decode") else tok.sp.decode

@@ -63,7 +63,7 @@ def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[
 
 
 def _load_prompts(cfg: DictConfig, files: dict, split: str, max_sentences: int | None):
-    from bpd_train.data.lm_data import load_lm_jsonl
+    from bpd_train.data.lm.records import load_lm_jsonl
     from bpd_train.data.sampler import evenly_spaced
     from bpd_train.evaluation.decode import EvalError
 

@@ -66,7 +66,7 @@ def draft_vocabulary(sp, n, eos_id) -> tuple[int, ...] | None:
         ids = [i for i in range(size) if not (proc.is_control(i) or proc.is_unknown(i) or proc.is_unused(i))]
         ids.sort(key=lambda i: -proc.get_score(i))
         return tuple(sorted(set(ids[:n]) | stops))
-    tk = getattr(sp, "tk", None)          # data/lm_tokenizer.LMTokenizer: a tokenizers.Tokenizer
+    tk = getattr(sp, "tk", None)          # data/lm/tokenizer.LMTokenizer: a tokenizers.Tokenizer
     if tk is None:
         raise EvalError(f"draft_vocab: no token ranking for a {type(sp).__name__}; use decode.draft_vocab=null")
     size = int(sp.vocab_size)
@@ -133,7 +133,7 @@ class SpmText:
 
 class LMText:
     """SpmText's interface for a decoder-only model. A source is a text or a chat:
-      a text      its prompt-format translation prompt ("English: ...\nFrench:", data/lm_data.py) when languages
+      a text      its prompt-format translation prompt ("English: ...\nFrench:", data/lm/records.py) when languages
                   are given, else the prompt itself (prompt/response records, the generate CLI)
       a chat      a list of {"role", "content"} messages (evaluation on `messages` records; the CLI's --chat),
                   rendered with the tokenizer's chat template (a trailing assistant message is the reference, not
@@ -143,7 +143,7 @@ class LMText:
 
     def __init__(self, tok, src_lang: str | None, tgt_lang: str | None, max_positions: int,
                  context_policy: str = "truncate_left"):
-        from bpd_train.data.lm_data import CONTEXT_POLICIES
+        from bpd_train.data.lm.records import CONTEXT_POLICIES
 
         if context_policy not in CONTEXT_POLICIES:
             raise EvalError(f"context policy must be one of {', '.join(CONTEXT_POLICIES)}, got {context_policy!r}")
@@ -153,7 +153,7 @@ class LMText:
         self.truncated = 0
 
     def source_ids(self, source: str | Sequence[dict]) -> list[int]:
-        from bpd_train.data.lm_data import LMDataError, prompt_of, translation_prompt
+        from bpd_train.data.lm.records import LMDataError, prompt_of, translation_prompt
 
         if isinstance(source, str):
             prompt = translation_prompt(source, self.src_lang, self.tgt_lang) if self.src_lang and self.tgt_lang \

@@ -23,7 +23,7 @@ from bpd_train.checkpoint import CheckpointError
 from bpd_train.data.sampler import length_batches
 from bpd_train.evaluation.compare import Batches, compare
 from bpd_train.evaluation.decode import (
-    EvalError, LMText, SpmText, check_block_sizes, decode_options, max_len_arg, parse_rule, set_decode_options,
+    EvalError, check_block_sizes, decode_options, max_len_arg, parse_rule, set_decode_options,
 )
 from bpd_train.decoding.common import stop_ids
 from bpd_train.evaluation.metrics import agreement, corpus_scores, one_line
@@ -154,10 +154,7 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     cfg = model.config
     ks = check_block_sizes(settings.block_sizes, cfg.block_size, f"{name} ({loaded.source})")
     rules = [(r, parse_rule(r)) for r in settings.rules]
-    if getattr(loaded, "is_lm", False):
-        text = LMText(loaded.lm_tokenizer(), langs[0], langs[1], cfg.max_positions)
-    else:
-        text = SpmText(loaded.tokenizer(), cfg.eos_id, cfg.pad_id, cfg.max_positions)
+    text = loaded.family.text_adapter(loaded, langs[0], langs[1])
     set_decode_options(model, decode_options(text.sp, stop_ids(model), settings.dtype, settings.draft_vocab,
                                              settings.proposal_dtype))
     src_ids = [text.source_ids(s) for s in sources]
@@ -249,7 +246,7 @@ def evaluate_teacher(distilled_dir: str | os.PathLike, sources: Sequence[str], r
         return entry
     model = loaded.model.to(settings.torch_device()).eval()
     cfg = model.config
-    text = SpmText(loaded.tokenizer(), cfg.eos_id, cfg.pad_id, cfg.max_positions)
+    text = loaded.family.text_adapter(loaded)
     out = translate_ids(model, [text.source_ids(s) for s in sources], beam_size=int(m["beam_size"]),
                         length_penalty=float(m["length_penalty"]), max_len=m["max_len"], max_tokens=8192,
                         max_sentences=max(settings.batch_sizes))

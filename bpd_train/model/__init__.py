@@ -7,16 +7,21 @@ from bpd_train.model.transformer import BPDModel
 
 
 def config_from_dict(d: dict) -> "BPDConfig | LMConfig":
-    """A saved model config -> its dataclass: `arch: lm` is the decoder-only family, no arch the encoder-decoder."""
+    """A saved model config -> its family's dataclass (bpd_train/families: `arch: lm` is the decoder-only family,
+    no arch the encoder-decoder)."""
+    from bpd_train.families import family_of
+
     d = dict(d)
-    return LMConfig.from_dict(d) if d.get("arch") == "lm" else BPDConfig.from_dict(d)
+    return family_of(d).config_from_dict(d)
 
 
 def build_model(config: "BPDConfig | LMConfig | dict"):
     """The model of a config (or a saved config dict) of either family."""
+    from bpd_train.families import family_of
+
     if isinstance(config, dict):
         config = config_from_dict(config)
-    return LMModel(config) if isinstance(config, LMConfig) else BPDModel(config)
+    return family_of(config).build(config)
 
 
 __all__ = ["BPDConfig", "BPDModel", "DecoderState", "LMConfig", "LMModel", "Memory", "build_model",

@@ -13,6 +13,7 @@ import lightning.pytorch as pl
 import torch
 
 from bpd_train.checkpoint import CKPT_META_KEY
+from bpd_train.families import family_of
 from bpd_train.model import build_model
 from bpd_train.training.losses import bpd_loss, check_p1_weight, head_stats, head_weights, kd_settings
 from bpd_train.training.optim import build_optimizer, param_groups
@@ -33,10 +34,10 @@ class BPDLightningModule(pl.LightningModule):
                  tokenizer_meta: dict[str, Any] | None = None):
         super().__init__()
         self.save_hyperparameters()
-        self.model = build_model(dict(model_config))  # arch: lm -> the decoder-only LMModel
-        # A decoder-only model's batches (data/lm_data.collate_lm) hold tokens/targets; its targets' ignore id is
-        # its pad sentinel (-1), so the losses below take cfg.pad_id for either family.
-        self.is_lm = getattr(self.model.config, "arch", None) == "lm"
+        self.model = build_model(dict(model_config))  # the config's family builds it (BPDModel, LMModel)
+        # what a batch holds (src/tgt_in/tgt_out, tokens/targets) is the family's; the targets' padding is
+        # cfg.pad_id in either family, so the losses below take it as their ignore id
+        self.family = family_of(self.model.config)
         self.regime = Regime.from_cfg(regime)
         self.loss_cfg = dict(loss or {})
         if self.loss_cfg.get("p1_weight") is not None:
@@ -105,10 +106,7 @@ class BPDLightningModule(pl.LightningModule):
         object.__setattr__(self, "_teacher", teacher)
 
     def _hidden(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> torch.Tensor:
-        model = self.model if model is None else model
-        if self.is_lm:
-            return model.features(batch["tokens"])
-        return model.features(model.encode(batch["src"]), batch["tgt_in"])
+        return self.family.features(self.model if model is None else model, batch)
 
     @torch.no_grad()
     def teacher_logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -131,10 +129,10 @@ class BPDLightningModule(pl.LightningModule):
         return self._hidden(batch)
 
     def _targets(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return batch["targets"] if self.is_lm else batch["tgt_out"]
+        return self.family.targets(batch)
 
     def _batch_size(self, batch: dict[str, torch.Tensor]) -> int:
-        return batch["tokens" if self.is_lm else "src"].size(0)
+        return self.family.batch_size(batch)
 
     def compute_loss(self, batch: dict[str, torch.Tensor], heads: list[int], weights: list[float]):
         cfg = self.model.config

@@ -20,18 +20,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from bpd_train.checkpoint import CheckpointError, checkpoint_meta, read_checkpoint
 from bpd_train.io import atomic_write_bytes, atomic_write_text
-from bpd_train.model import BPDConfig, BPDModel
+from bpd_train.families import family_of
+from bpd_train.model import BPDModel
 from bpd_train.training.module import BPDLightningModule
 from bpd_train.training.regimes import Regime, available_regimes
 from bpd_train.training.trainer import (TrainError, _is_rank_zero, check_accelerator, default_root_dir, enable_tf32,
                                       make_trainer, plain)
 
 log = logging.getLogger(__name__)
-
-# BPDConfig fields a head regime takes from the training config; the backbone's come from the base model.
-HEAD_FIELDS = ("block_size", "head_d_hidden", "identity_p1")
-LM_HEAD_FIELDS = ("heads", "medusa_layers")  # a decoder-only model's head type: bpd | medusa
-
 
 # ------------------------------------------------------------------------------------------------ data
 def _launch_ranks() -> tuple[int, int, str | None]:
@@ -81,24 +77,13 @@ def clear_data_marker(run_dir: Path) -> None:
         (run_dir / f".data-ready-{launch}").unlink(missing_ok=True)
 
 
-def make_datamodule(cfg: DictConfig, regime: Regime, tokenizer: Any = None, lm_context: int | None = None):
-    """tokenizer: an imported model's own (LoadedModel.data_tokenizer()); None = the corpus's sentencepiece model.
-    lm_context: the run trains a decoder-only model with this context (max_positions): prompt/response batches
-    (data/lm_datamodule.py) instead of source/target pairs."""
-    from bpd_train.data import BPDDataModule
-
-    data = cfg.data
-    if lm_context is not None:
-        from bpd_train.data.lm_datamodule import LMDataModule
-
-        return LMDataModule(data, artifacts_dir=str(cfg.paths.artifacts), seed=int(cfg.seed), source=regime.source,
-                            distilled_dir=regime.distilled_dir, max_tokens=int(data.max_tokens),
-                            num_workers=int(data.get("num_workers", 0) or 0), tokenizer=tokenizer,
-                            max_positions=int(lm_context))
-    return BPDDataModule(data, artifacts_dir=str(cfg.paths.artifacts), seed=int(cfg.seed), source=regime.source,
-                         gold_share=float(regime.gold_share), distilled_dir=regime.distilled_dir,
-                         max_tokens=int(data.max_tokens), num_workers=int(data.get("num_workers", 0) or 0),
-                         tokenizer=tokenizer)
+def make_datamodule(cfg: DictConfig, regime: Regime, tokenizer: Any = None, family: Any = None,
+                    max_positions: int | None = None):
+    """The run's datamodule, as the model's family makes it (family: the model's, default conf/model's).
+    tokenizer: an imported model's own (LoadedModel.data_tokenizer()); None = the corpus's sentencepiece model.
+    max_positions: the model's context (a decoder-only model's records are cut to it)."""
+    family = family_of(cfg.model) if family is None else family
+    return family.datamodule(cfg, regime, tokenizer=tokenizer, max_positions=max_positions)
 
 
 def self_corpus(cfg: DictConfig, regime: Regime) -> Regime:
@@ -163,39 +148,27 @@ def load_init(init_from: str, tokenizer, loaded: Any = None) -> Any:
     return loaded
 
 
-def is_lm_config(model_cfg: Any) -> bool:
-    """A model config (Hydra node or dict) of the decoder-only family (conf/model/lm_*.yaml: arch: lm)."""
-    return model_cfg is not None and str((plain(model_cfg) or {}).get("arch", "")) == "lm"
-
-
-def lm_context(cfg: DictConfig, init: Any = None, resume: str | None = None) -> int | None:
-    """The context of the decoder-only model this run trains, or None when it trains an encoder-decoder one:
-    the checkpoint's config when resuming, the init_from model's (head regimes), else conf/model (base)."""
+def run_family(cfg: DictConfig, init: Any = None, resume: str | None = None) -> tuple[Any, int]:
+    """(the family of the model this run trains, its max_positions): the checkpoint's config when resuming, the
+    init_from model's (head regimes), else conf/model (base)."""
     if resume and resume != "hpc" and Path(resume).is_file():
         mc = checkpoint_meta(read_checkpoint(resume), resume)["model_config"]
-        return int(mc["max_positions"]) if mc.get("arch") == "lm" else None
+        return family_of(mc), int(mc["max_positions"])
     if init is not None:
-        return int(init.config.max_positions) if init.is_lm else None
-    return int(cfg.model.get("max_positions", 2048)) if is_lm_config(cfg.model) else None
+        return init.family, int(init.config.max_positions)
+    return family_of(cfg.model), int(cfg.model.get("max_positions", 2048))
 
 
 def base_model_config(cfg: DictConfig, tokenizer, block_size: int):
+    """conf/model with this run's tokenizer: the config of a model trained from scratch (regime base)."""
     m = {k: v for k, v in plain(cfg.model).items() if k != "vocab_size"}
-    m["block_size"] = int(block_size)
-    if is_lm_config(m):
-        from bpd_train.model import LMConfig
-
-        # pad_id stays LMConfig's sentinel (-1): padding is never a vocabulary id in this family
-        return LMConfig(vocab_size=tokenizer.vocab_size, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, **m)
-    return BPDConfig(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
-                     eos_id=tokenizer.eos_id, unk_id=tokenizer.unk_id, **m)
+    return family_of(m).config_from_train_cfg(m, tokenizer, block_size)
 
 
 def heads_model_config(init_config, cfg: DictConfig, block_size: int):
     """The base model's config with the head fields from this run (the heads are new; the backbone is copied)."""
     m = plain(cfg.model)
-    fields = HEAD_FIELDS + (LM_HEAD_FIELDS if getattr(init_config, "arch", None) == "lm" else ())
-    over = {f: m[f] for f in fields if f in m}
+    over = {f: m[f] for f in family_of(init_config).head_fields if f in m}
     over["block_size"] = int(block_size)
     return dataclasses.replace(init_config, **over)
 
@@ -374,7 +347,8 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
 
     init, own_tok = own_tokenizer(regime, resume)
     data_regime = self_corpus(cfg, regime) if regime.source == "self" else regime
-    dm = make_datamodule(cfg, data_regime, tokenizer=own_tok, lm_context=lm_context(cfg, init, resume))
+    family, max_positions = run_family(cfg, init, resume)
+    dm = make_datamodule(cfg, data_regime, tokenizer=own_tok, family=family, max_positions=max_positions)
     prepare_data_once(dm, run_dir)
     dm.setup("fit")
     tokenizer = dm.tokenizer

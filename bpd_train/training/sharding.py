@@ -9,7 +9,6 @@ def layer_wrap_policy():
     the embedding, which the root unit holds gathered for the whole forward)."""
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    from bpd_train.model.layers import DecoderLayer, EncoderLayer
-    from bpd_train.model.lm import Layer
+    from bpd_train.families import families
 
-    return ModuleWrapPolicy({EncoderLayer, DecoderLayer, Layer})
+    return ModuleWrapPolicy({cls for fam in families() for cls in fam.layer_classes})

@@ -1,5 +1,5 @@
-"""`LMDataModule`: BPDDataModule's sharded, token-bucketed, resumable batches over prompt/response records
-(encoded by `bpd_train/data/lm_data.py`) for decoder-only language models.
+"""`LMDataModule`: the decoder-only family's batches. Prompt/response records (encoded by data/lm/records.py) ->
+tokens/targets batches, token-bucketed, sharded and resumable as data/batches.py makes every family's.
 
 Config (`data.lm`, all optional):
   files           {train: file(s), validation: file(s)} jsonl records (prompt/response or chat messages); null
@@ -24,16 +24,18 @@ from datasets import Dataset
 import torch
 from torch.utils.data import DataLoader
 
-from .corpus import _get, load_corpus
-from .datamodule import BPDDataModule
-from .lm_data import CONTEXT_POLICIES, LMDataError, LMEncoder, ResponseTooLong, collate_lm, load_lm_jsonl
-from .tokenizer import BOS_ID, EOS_ID, Tokenizer, get_tokenizer
+from bpd_train.data.corpus import _get, load_corpus
+from bpd_train.data.batches import TokenBatchesDataModule
+from bpd_train.data.lm.records import (CONTEXT_POLICIES, LMDataError, LMEncoder, ResponseTooLong, collate_lm,
+                                       load_lm_jsonl)
+from bpd_train.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, get_tokenizer
 
 log = logging.getLogger(__name__)
 
 
 class SpmLMTokenizer:
-    """This project's sentencepiece model with the LMTokenizer interface that lm_data and the decoders use."""
+    """This project's sentencepiece model with the LMTokenizer interface that data/lm/records.py and the decoders
+    use."""
 
     kind = "spm"
     meta = None  # checkpoints record no tokenizer_meta: the run's tokenizer.model is the corpus's (loading.py)
@@ -54,7 +56,7 @@ class SpmLMTokenizer:
         return self.sp.decode([int(i) for i in ids if not skip_special_tokens or int(i) > EOS_ID])
 
     def render_chat(self, messages, add_generation_prompt: bool = True, **extra) -> str:
-        from .hf_tokenizer import TokenizerError
+        from bpd_train.data.hf_tokenizer import TokenizerError
 
         raise TokenizerError(f"the sentencepiece model {self.path} has no chat template: give the data as plain "
                              "prompt/response records")
@@ -69,7 +71,7 @@ def lm_settings(data_cfg: Any) -> dict:
     return {"files": _get(lm, "files"), "max_len": int(max_len) if max_len else None, "context_policy": policy}
 
 
-class LMDataModule(BPDDataModule):
+class LMDataModule(TokenBatchesDataModule):
     def __init__(self, data_cfg: Any, artifacts_dir: str | os.PathLike, seed: int = 0, source: str = "gold",
                  distilled_dir: str | os.PathLike | None = None, max_tokens: int | None = None,
                  num_workers: int | None = None, tokenizer: Any = None, max_positions: int = 2048,
@@ -114,7 +116,7 @@ class LMDataModule(BPDDataModule):
         """The model's own responses: distill.py's corpus (regime.distilled_dir, else the corpus's one complete
         distilled corpus; its manifest's tokenizer must be this run's), or a folder of *.jsonl records without a
         manifest (responses made elsewhere). Prompts the model answered with nothing are left out, counted."""
-        from . import distilled
+        from bpd_train.data import distilled
 
         folder = self.distilled_dir
         if folder is None:

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from datasets import Dataset
 
-from .corpus import _get
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from bpd_train.data.corpus import _get
+from bpd_train.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 log = logging.getLogger(__name__)
 

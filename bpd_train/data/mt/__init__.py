@@ -1,0 +1,1 @@
+"""The encoder-decoder family's data: source/target pairs (processing.py) and BPDDataModule (datamodule.py)."""

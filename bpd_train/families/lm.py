@@ -1,0 +1,184 @@
+"""The decoder-only family (the Llama / Qwen2 architecture): LMConfig / LMModel, `arch: lm` in its configs.
+
+  config, model     bpd_train/model/lm_config.py LMConfig, model/lm.py LMModel (decode steps: LMDecodeWeights)
+  data              bpd_train/data/lm/: prompt/response or chat records (records.py), or the translation corpus as
+                    prompts; batches of tokens/targets (datamodule.py LMDataModule); tokenizer.json folders
+                    (tokenizer.py) or the corpus's sentencepiece model behind SpmLMTokenizer
+  text adapter      evaluation/decode.py LMText: a prompt, a prompt-format translation or a chat -> ids
+  transformers      convert/hf_lm.py: Llama, Qwen2, Mistral (no sliding window)
+  bundles           tokenizer.model, or the model's tokenizer/ folder (RunLMTokenizer); the heads' type recorded
+  distillation      the model answers the prompts itself, greedily or sampled (distillation/self_lm.py)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bpd_train.families.base import ModelFamily, register
+
+
+class LMFamily(ModelFamily):
+    name = "lm"
+    arch = "lm"
+    title = "a decoder-only model"
+    verb = "answered"
+    prompted = True
+    distill_kind = "lm"
+    pad_is_token = False  # pad_id is LMConfig's sentinel (-1): batches pad with it, no tokenizer has it
+    head_fields = ModelFamily.head_fields + ("heads", "medusa_layers")  # the head type: bpd | medusa
+
+    # ------------------------------------------------------------------------------------------------ model
+    @property
+    def config_class(self):
+        from bpd_train.model.lm_config import LMConfig
+
+        return LMConfig
+
+    @property
+    def model_class(self):
+        from bpd_train.model.lm import LMModel
+
+        return LMModel
+
+    @property
+    def layer_classes(self):
+        from bpd_train.model.lm import Layer
+
+        return (Layer,)
+
+    def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any, block_size: int):
+        # pad_id stays LMConfig's sentinel (-1): padding is never a vocabulary id in this family
+        return self.config_class(vocab_size=tokenizer.vocab_size, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+                                 **{**model_cfg, "block_size": int(block_size)})
+
+    # ------------------------------------------------------------------------------------------------ data
+    def datamodule(self, cfg: Any, regime: Any, tokenizer: Any = None, max_positions: int | None = None):
+        from bpd_train.data import LMDataModule
+
+        data = cfg.data
+        if max_positions is None:
+            max_positions = int(cfg.model.get("max_positions", 2048))
+        return LMDataModule(data, artifacts_dir=str(cfg.paths.artifacts), seed=int(cfg.seed), source=regime.source,
+                            distilled_dir=regime.distilled_dir, max_tokens=int(data.max_tokens),
+                            num_workers=int(data.get("num_workers", 0) or 0), tokenizer=tokenizer,
+                            max_positions=int(max_positions))
+
+    # batches of data/lm/records.collate_lm; the targets' ignore id is the config's pad sentinel (-1), so the
+    # losses take cfg.pad_id for either family
+    def features(self, model, batch: dict):
+        return model.features(batch["tokens"])
+
+    def targets(self, batch: dict):
+        return batch["targets"]
+
+    def batch_size(self, batch: dict) -> int:
+        return batch["tokens"].size(0)
+
+    def reference_rows(self, batch: dict, config):
+        specials = {config.pad_id, config.eos_id, config.bos_id}  # the prompt's ids come as collate_lm kept them
+        for p, t in zip(batch["prompts"], batch["targets"].tolist()):
+            yield None, list(p), [int(x) for x in t if int(x) not in specials and x >= 0]
+
+    # ------------------------------------------------------------------------------------------------ tokenizers
+    def tokenizer(self, loaded):
+        """The LMTokenizer interface (data/lm/records.py, distillation/self_lm, the decoders): the model's own tokenizer.json
+        folder, or the corpus's sentencepiece model it was trained from scratch with."""
+        if loaded.own_tokenizer:
+            from bpd_train.data.lm.tokenizer import RunLMTokenizer
+
+            return RunLMTokenizer(loaded.tokenizer_path, hash=loaded.tokenizer_hash)
+        from bpd_train.data.lm.datamodule import SpmLMTokenizer
+        from bpd_train.data.tokenizer import Tokenizer
+
+        return SpmLMTokenizer(Tokenizer(loaded.tokenizer_path))
+
+    def data_tokenizer(self, loaded):
+        return self.tokenizer(loaded)
+
+    def text_adapter(self, loaded, src_lang: str | None = None, tgt_lang: str | None = None,
+                     context_policy: str = "truncate_left", tokenizer: Any = None):
+        from bpd_train.evaluation.decode import LMText
+
+        tok = tokenizer if tokenizer is not None else self.tokenizer(loaded)
+        return LMText(tok, src_lang, tgt_lang, loaded.config.max_positions, context_policy=context_policy)
+
+    # ------------------------------------------------------------------------------------------------ bundles
+    def bundle_heads(self, config) -> dict[str, Any]:
+        return {**super().bundle_heads(config), "type": config.heads}
+
+    def folder_tokenizer(self, folder: Path, config, meta: dict | None):
+        from bpd_train.data.lm.tokenizer import RunLMTokenizer
+
+        tok = RunLMTokenizer(folder)
+        tok.check_model(config.vocab_size)
+        return tok, {"vocab_size": config.vocab_size, "pad_id": config.pad_id, "bos_id": config.bos_id,
+                     "eos_id": config.eos_id, "meta": tok.meta}
+
+    def tokenizer_ids(self, tok, config):
+        # an import's EOS may be its generation_config's: the model's; its pad is a sentinel (-1), never a token
+        ids = {"vocab_size": config.vocab_size, "bos_id": config.bos_id, "eos_id": config.eos_id}
+        return ids, dict(ids)
+
+    # ------------------------------------------------------------------------------------------------ transformers
+    def claims_hf(self, folder: Path) -> bool:
+        from bpd_train.convert.hf_lm import family_of as hf_architecture
+
+        return hf_architecture(folder) is not None  # Llama / Qwen2 / Mistral
+
+    def read_hf(self, src, map_location):
+        from bpd_train.bundle import TOKENIZER
+        from bpd_train.convert.common import ConvertError, folder_file
+        from bpd_train.convert.hf_lm import load_hf_lm
+        from bpd_train.loading import Read
+
+        if src.options:
+            raise ConvertError(f"{src.given}: a decoder-only model takes no @<src_lang>:<tgt_lang>")
+        if not (src.path / "tokenizer.json").is_file() and (src.path / TOKENIZER).is_file():
+            # exported by export.format=hf from a model trained here from scratch: the corpus's sentencepiece model
+            tok = folder_file(src.path, TOKENIZER)
+            model, _, meta = load_hf_lm(src.path, block_size=None, map_location=map_location, tokenizer=False)
+            return Read(model, tok, None, meta, None)
+        model, tok, meta = load_hf_lm(src.path, block_size=None, map_location=map_location)
+        return Read(model, src.path, None, meta, tok.meta())
+
+    def to_hf(self, model, out_dir, *, files=None, overwrite: bool = False) -> Path:
+        from bpd_train.convert.hf_lm import to_hf_lm  # the Llama / Qwen2 layout; load_hf_lm reads the heads back
+
+        return to_hf_lm(model, out_dir, files=files, overwrite=overwrite)
+
+    def medusa_draft_problem(self, config) -> str | None:
+        if getattr(config, "heads", None) != "medusa" or config.block_size < 2:
+            return f"heads={config.heads}, k={config.block_size}"
+        return None
+
+    # ------------------------------------------------------------------------------------------------ distillation
+    def check_distill(self, beam_size: int, temperature: float) -> None:
+        from bpd_train.data.distilled import DistillError
+
+        if int(beam_size) != 1:
+            raise DistillError(f"a decoder-only teacher answers greedily (or samples with distill.temperature > 0): "
+                               f"set distill.beam_size=1 (got {beam_size})")
+        if temperature < 0:
+            raise DistillError(f"distill.temperature={temperature}: sampling (> 0) is for decoder-only teachers; "
+                               "0 = greedy")
+
+    def distill_length_penalty(self, length_penalty: float) -> float:
+        return 0.0
+
+    def distill_records(self, cfg):
+        """The prompts of data.lm.files (prompt/response or chat records) when given, else the translation corpus's
+        sentences as prompt-format translations."""
+        from bpd_train.data.corpus import _get, load_corpus
+
+        files = _get(_get(cfg.data, "lm") or {}, "files")
+        if files is None:
+            return load_corpus(cfg.data)
+        from bpd_train.data.lm.records import load_lm_jsonl
+
+        return load_lm_jsonl({k: v for k, v in dict(files).items() if v})
+
+    def check_teacher_ids(self, loaded) -> None:
+        pass  # its tokenizer is checked against the corpus's by hash (distillation/job.py _check_teacher)
+
+
+LM = register(LMFamily())
