@@ -15,16 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Sequence
 
-from bpd_train.data.hf_tokenizer import TokenizerError, inside
+from bpd_train.data.hf_tokenizer import TokenizerError, _read_json, inside  # noqa: F401  (one JSON reader)
 from bpd_train.io import sha256_file
-
-
-def _read_json(path: Path) -> dict:
-    path = inside(path.parent, path.name)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise TokenizerError(f"cannot read {path}: {e}") from None
 
 
 def _token_text(v) -> str | None:

@@ -1116,6 +1116,21 @@ static void attend(int64_t nq, const float* const* q, const int64_t* len, const 
   }
 }
 
+// attend()'s per-thread buffers for tasks of up to nq queries over up to klen slots
+struct AttnScratch {
+  float* sc;
+  const float** q;
+  float** out;
+  int64_t* len;
+};
+static AttnScratch attn_scratch(int64_t nq, int64_t klen) {
+  thread_local std::vector<float> sc;
+  thread_local std::vector<const float*> qp;
+  thread_local std::vector<float*> op;
+  thread_local std::vector<int64_t> ln;
+  return {grow(sc, QB * (klen + 2 * L)), grow(qp, nq), grow(op, nq), grow(ln, nq)};
+}
+
 // The cache a decode step reads and writes (model/cache.py layout): self [L,2,R,H,cap,Dh], memory
 // [L,2,R/G,H,S,Dh], additive memory mask [R/G,S] or none.
 struct Cache {
@@ -1183,14 +1198,11 @@ static void decode_raw(float* x, int64_t M, int64_t n, int64_t d, const int64_t*
     // one task per cache row and head: the row's n queries (a blockwise step's tokens) attend together
     at::parallel_for(0, R * h, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, n * kmax * dh)),
                      [&](int64_t lo, int64_t hi) {
-      thread_local std::vector<float> sc;
-      thread_local std::vector<const float*> qp;
-      thread_local std::vector<float*> op;
-      thread_local std::vector<int64_t> ln;
-      float* scp = grow(sc, QB * (kmax + 2 * L));
-      const float** qs = grow(qp, n);
-      float** os = grow(op, n);
-      int64_t* lens = grow(ln, n);
+      const AttnScratch buf = attn_scratch(n, kmax);
+      float* scp = buf.sc;
+      const float** qs = buf.q;
+      float** os = buf.out;
+      int64_t* lens = buf.len;
       for (int64_t i = lo; i < hi; i++) {
         const int64_t row = i / h, hh = i % h;
         for (int64_t j = 0; j < n; j++) {
@@ -1216,14 +1228,11 @@ static void decode_raw(float* x, int64_t M, int64_t n, int64_t d, const int64_t*
     const float* mm = c.mm;
     at::parallel_for(0, R * h, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, n * S * dh)),
                      [&](int64_t lo, int64_t hi) {
-      thread_local std::vector<float> sc;
-      thread_local std::vector<const float*> qp;
-      thread_local std::vector<float*> op;
-      thread_local std::vector<int64_t> ln;
-      float* scp = grow(sc, QB * (S + 2 * L));
-      const float** qs = grow(qp, n);
-      float** os = grow(op, n);
-      int64_t* lens = grow(ln, n);
+      const AttnScratch buf = attn_scratch(n, S);
+      float* scp = buf.sc;
+      const float** qs = buf.q;
+      float** os = buf.out;
+      int64_t* lens = buf.len;
       for (int64_t i = lo; i < hi; i++) {
         const int64_t row = i / h, hh = i % h, b = row / g;
         for (int64_t j = 0; j < n; j++) {
@@ -1832,14 +1841,11 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
     // their first key (a prefill's pad slots each see only themselves)
     at::parallel_for(0, R * g, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, n * rep * kmax * dh)),
                      [&](int64_t lo, int64_t hi) {
-      thread_local std::vector<float> sc;
-      thread_local std::vector<const float*> qp;
-      thread_local std::vector<float*> op;
-      thread_local std::vector<int64_t> ln;
-      float* scp = grow(sc, QB * (kmax + 2 * L));
-      const float** qs = grow(qp, n * rep);
-      float** os = grow(op, n * rep);
-      int64_t* lens = grow(ln, n * rep);
+      const AttnScratch buf = attn_scratch(n * rep, kmax);
+      float* scp = buf.sc;
+      const float** qs = buf.q;
+      float** os = buf.out;
+      int64_t* lens = buf.len;
       for (int64_t i = lo; i < hi; i++) {
         const int64_t row = i / g, gg = i % g;
         int64_t cnt = 0, run_start = -1;
