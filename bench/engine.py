@@ -519,16 +519,17 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
 
 def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: int = 2, n_sent: int = 80,
                   draft_vocab: int = 1000, dtype: str = "fp32"):
-    """Trained runs (e.g. make demo's heads/*-k4) on the bundled validation sources: greedy vs exact blockwise
-    (plain, adaptive, and both with the draft vocabulary), every decoder on the same batches, interleaved
-    (order reversed every pass), the first pass a warm-up; speedup = greedy seconds / decoder seconds, greedy
-    of the same `dtype`; with dtype bf16 / int8 also greedy fp32 and every decoder's speedup over it."""
+    """Trained runs (e.g. make demo's heads/*-k4, or make demo-lm's) on the bundled validation sources: greedy vs
+    exact blockwise (plain, adaptive, and both with the draft vocabulary), every decoder on the same batches,
+    interleaved (order reversed every pass), the first pass a warm-up; speedup = greedy seconds / decoder seconds,
+    greedy of the same `dtype`; with dtype bf16 / int8 also greedy fp32 and every decoder's speedup over it. A
+    decoder-only run is prompted with each English source as its prompt-format translation into French (what
+    make demo-lm trains and evaluates); its family's text adapter makes the ids either way."""
     import copy
     import gzip
 
-    import sentencepiece as spm
-
     from bpd_train.decoding import blockwise
+    from bpd_train.decoding.common import stop_ids
     from bpd_train.evaluation.decode import draft_vocabulary
     from bpd_train.loading import load
     torch.set_num_threads(threads)
@@ -538,18 +539,18 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
     for run in runs:
         loaded = load(run, map_location="cpu")
         m = loaded.model.eval()
-        sp = spm.SentencePieceProcessor(model_file=str(loaded.tokenizer_path))
-        c = m.config
+        family = loaded.family
+        text = family.text_adapter(loaded, "en", "fr") if family.prompted else family.text_adapter(loaded)
+        stops = stop_ids(m)
         mf = copy.deepcopy(m) if dtype != "fp32" else None   # fp32 greedy, the reference of a lower precision
         md = copy.deepcopy(m)  # its own packed weights: switching options on one model would repack every call
         m.decode_options = DecodeOptions(dtype=dtype)
-        md.decode_options = DecodeOptions(dtype=dtype, draft_vocab=draft_vocabulary(sp, draft_vocab, c.eos_id))
+        md.decode_options = DecodeOptions(dtype=dtype, draft_vocab=draft_vocabulary(text.sp, draft_vocab, stops))
         mp = copy.deepcopy(m)  # the draft vocabulary with int8 proposals (head 1 still verifies in `dtype`)
-        mp.decode_options = DecodeOptions(dtype=dtype, draft_vocab=draft_vocabulary(sp, draft_vocab, c.eos_id),
+        mp.decode_options = DecodeOptions(dtype=dtype, draft_vocab=draft_vocabulary(text.sp, draft_vocab, stops),
                                           proposal_dtype="int8")
         step = max(1, len(lines) // n_sent)
-        srcs = sorted((sp.encode(t, out_type=int)[: c.max_positions - 1] + [c.eos_id] for t in lines[::step][:n_sent]),
-                      key=len)
+        srcs = sorted((text.source_ids(t) for t in lines[::step][:n_sent]), key=len)
         ml = (1.5, 10)
         fns = {"greedy": lambda s: greedy(m, s, max_len=ml),
                "plain": lambda s: blockwise(m, s, max_len=ml),
@@ -561,7 +562,7 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
         if mf is not None:
             fns["greedy fp32"] = lambda s: greedy(mf, s, max_len=ml)
         for bs in batch_sizes:
-            batches = [srcs[i:i + bs] for i in range(0, len(srcs), bs)]
+            batches = [text.batch(srcs[i:i + bs]) for i in range(0, len(srcs), bs)]   # padded as evaluate pads
             sec = {k: 0.0 for k in fns}
             out = {k: [] for k in fns}
             hist = {k: collections.Counter() for k in fns}

@@ -210,6 +210,15 @@ def test_adaptive_feeding_keeps_the_output_and_stops_paying_for_useless_heads():
         blockwise(bad, src, adaptive=1.5)
 
 
+def test_adaptive_on_a_model_without_heads_is_greedy():
+    """A base model (k = 1) under adaptive feeding (decode.adaptive=true on every checkpoint of a run) decodes as
+    greedy does instead of dividing by its zero proposal widths."""
+    m = random_model(1, 4)
+    src = random_sources(3, 4)
+    for batch in (src[:1], src):
+        assert blockwise(m, batch, max_len=(1.5, 4), adaptive=True).tokens == greedy(m, batch, max_len=(1.5, 4)).tokens
+
+
 def test_adaptive_with_repeating_heads_in_a_batch_equals_greedy():
     # zeroed future heads repeat head 1's token: accepted only on repeats, so adaptive switches to greedy
     # stretches while other rows of the batch end (by EOS or max_len) in between (regression: a row that had

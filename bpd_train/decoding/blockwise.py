@@ -43,6 +43,7 @@ import torch
 from bpd_train.decoding.acceptance import Exact, make_acceptance
 from bpd_train.decoding.adaptive import Adaptive
 from bpd_train.decoding.common import decoding_mode, is_stop, start_rows, start_tokens, stop_ids, trim
+from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
 
 # Below this many multiply-adds per step (rows x b x (b-1) x proposal vocabulary x d_model), the proposal
@@ -102,6 +103,10 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
     adaptive = adaptive is not None and adaptive is not False
     if adaptive and int(min_block) > 1:
         raise ValueError("adaptive feeding and min_block > 1 do not combine (min_block forces proposals in)")
+    if kb == 1:
+        # a 1-wide block proposes nothing: greedy decoding, on greedy's own loop (the same tokens, calls and
+        # histogram; the blockwise steps cost ~2x per token there, and adaptive feeding had no width to probe)
+        return greedy(model, src, max_len)
     with decoding_mode(model):
         return _Blockwise(model, kb, rule, int(min_block), adaptive, threshold).run(src, max_len)
 
