@@ -68,3 +68,33 @@ def test_the_pipeline_does_not_check_the_models_kind_itself():
             if re.search(r"is_lm|\barch\b[^\n]*[!=]=|[\"']arch[\"']", line):
                 hits.append(f"{rel}:{no}: {line.strip()}")
     assert [h.split(":")[0] for h in hits] == ["bpd_train/api.py", "bpd_train/loading.py"], "\n".join(hits)
+
+
+def test_both_families_decode_through_one_step_protocol():
+    """Every decoder calls a model's decode weights through model/step.py's DecodeStep; each family implements it
+    once (DecodeWeights, LMDecodeWeights), every member defined on the class itself, not left to duck typing."""
+    import inspect
+
+    import torch
+
+    from bpd_train.model import BPDConfig, BPDModel, LMConfig, LMModel
+    from bpd_train.model.lm_packed import LMDecodeWeights
+    from bpd_train.model.packed import DecodeWeights
+    from bpd_train.model.step import DecodeStep
+
+    torch.manual_seed(0)
+    models = {DecodeWeights: BPDModel(BPDConfig(vocab_size=11, d_model=16, n_heads=2, n_encoder_layers=1,
+                                                n_decoder_layers=1, d_ff=32, block_size=2)),
+              LMDecodeWeights: LMModel(LMConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
+                                                d_ff=32, block_size=2, eos_id=2))}
+    members = [n for n in dir(DecodeStep) if not n.startswith("_")] + list(DecodeStep.__annotations__)
+    for cls, model in models.items():
+        assert DecodeStep in cls.__mro__                                              # declared, not duck-typed
+        w = model.eval().decode_weights()
+        assert type(w) is cls and isinstance(w, DecodeStep)
+        for name in members:
+            assert hasattr(w, name), (cls.__name__, name)
+            if callable(getattr(DecodeStep, name, None)):
+                assert getattr(cls, name) is not getattr(DecodeStep, name), (cls.__name__, name)   # its own
+                assert list(inspect.signature(getattr(cls, name)).parameters)[:3] == \
+                    list(inspect.signature(getattr(DecodeStep, name)).parameters)[:3], (cls.__name__, name)

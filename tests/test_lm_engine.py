@@ -1,4 +1,4 @@
-"""Decoder-only models on the native CPU decode engine (model/lm.py LMDecodeWeights, csrc/linear.cpp LM section):
+"""Decoder-only models on the native CPU decode engine (model/lm_packed.py LMDecodeWeights, csrc/linear.cpp LM section):
 packed linears in fp32 / bf16 / int8, the native layer stack (RMSNorm, rotary with per-row positions, GQA, SwiGLU,
 biases) with row-exact attention, native greedy and exact blockwise loops (one row and a batch), draft vocabulary
 and proposal precision, several stop ids. Exact blockwise must give greedy's output of the same precision, token for
@@ -12,7 +12,7 @@ import torch
 from bpd_train.decoding import beam_search, blockwise, greedy
 from bpd_train.model import LMConfig, LMModel
 from bpd_train.model.fastlinear import native_kernels
-from bpd_train.model.lm import LMDecodeWeights
+from bpd_train.model.lm_packed import LMDecodeWeights
 from bpd_train.model.packed import DecodeOptions
 
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")

@@ -51,8 +51,8 @@ class ModelFamily(ABC):
         return self.model_class(config)
 
     def decode_weights(self, model):
-        """What one decode step reads (model/packed.py DecodeWeights or model/lm.py LMDecodeWeights): the model
-        prepares and caches them itself; every decoder goes through this one call."""
+        """What one decode step reads, a model/step.py DecodeStep (model/packed.py DecodeWeights, model/lm_packed.py
+        LMDecodeWeights): the model prepares and caches them itself; every decoder goes through this one call."""
         return model.decode_weights()
 
     @property

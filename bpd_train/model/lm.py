@@ -14,7 +14,7 @@ input, where an encoder-decoder model hands them BOS. A row with L prompt tokens
 front: a per-row key mask hides them and rotary positions count from the row's first real token, so every
 row decodes as it would alone.
 
-Decoding (LMDecodeWeights) runs on the native CPU engine of model/fastlinear.py and csrc/linear.cpp where it is
+Decoding (model/lm_packed.py LMDecodeWeights) runs on the native CPU engine of model/fastlinear.py and csrc/linear.cpp where it is
 built: packed linears in fp32 / bf16 / int8, the layer stack in one C++ call with row-exact attention, native greedy
 and exact blockwise loops (one row and a batch), draft vocabulary and proposal precision, as the encoder-decoder
 model's DecodeWeights (docs/engine.md). Elsewhere (CUDA, BPD_DECODE_ENGINE=torch) it runs plain torch (F.linear,
@@ -36,7 +36,6 @@ from torch import Tensor, nn
 from bpd_train.model.cache import DecoderState
 from bpd_train.model.heads import BPDHeads, MedusaHeads
 from bpd_train.model.lm_config import LMConfig
-from bpd_train.model.fastlinear import PackedLinear
 from bpd_train.model.packed import DecodeOptions, weights_key
 
 
@@ -209,237 +208,9 @@ class LMState(DecoderState):
         return pos, write, kv_len, mask
 
 
-def _stops(eos) -> Tensor:
-    """The stop id(s) as the native loops take them: int64 [n]."""
-    return torch.as_tensor(np.atleast_1d(np.asarray(eos, dtype=np.int64)))
-
-
-class LMDecodeWeights:
-    """What decoders call per step (the DecodeWeights interface of model/packed.py) for a decoder-only model:
-    head1, head1_argmax, propose, logits, final_norm, greedy_steps, block_steps, batch_block_steps, vocab_size,
-    draft_ids, stats.
-
-    Where the native kernels run (CPU, fp32 weights; model/fastlinear.py) every linear of the step is a
-    `PackedLinear` in `options.dtype` (fp32 / bf16 / int8: q/k/v with their biases, o, gate/up, down, the
-    vocabulary projection, the heads' FFN or Medusa blocks; heads 2..k in `proposal_dtype` and over the draft
-    vocabulary where set, head 1 always over the full vocabulary in `dtype`), and the layer stack is one native
-    call (csrc/linear.cpp lm_decode_layers: RMSNorm, rotary, GQA attention one query at a time over the row's cache
-    slots, SwiGLU), so a row's decoder output is bit-identical alone or in a block: exact blockwise decoding
-    returns greedy's output of the same precision. Greedy and exact blockwise (one row and a batch) then run as
-    native loops (lm_greedy_steps / lm_block_steps / lm_batch_block_steps; any of the model's stop ids ends a row).
-    Elsewhere (CUDA, BPD_DECODE_ENGINE=torch, no compiler) the step is LMModel's torch path in fp32."""
-
-    def __init__(self, model: "LMModel", options: DecodeOptions):
-        from bpd_train.model.fastlinear import native_kernels
-
-        self.model, self.options = model, options
-        c = model.config
-        dt = options.dtype
-        emb = model.output_weight()
-        ext = native_kernels() if emb.device.type == "cpu" and emb.dtype == torch.float32 else None
-        if ext is None and dt != "fp32":
-            raise ValueError(f"decoder-only models decode in fp32 where the native CPU kernels do not run "
-                             f"(decode dtype {dt!r} asked; engine: torch)")
-        self.vocab_size = c.vocab_size
-        self.k, self.d = c.block_size, c.d_model
-        self.stats: dict = {}
-        self.last_seconds: float | None = None
-        heads = model._modules.get("heads")
-        self.heads = heads
-        self.medusa = isinstance(heads, MedusaHeads)
-        self.identity_p1 = heads is None or heads.identity_p1
-        self.pdt = (options.proposal_dtype or dt) if self.identity_p1 else dt
-        self.proj = PackedLinear(emb, None, dt)
-        self.draft_ids: Tensor | None = None
-        self.draft_proj: PackedLinear | None = None
-        if options.draft_vocab is not None:
-            ids = torch.tensor(options.draft_vocab, dtype=torch.long, device=emb.device)
-            if int(ids.max()) >= self.vocab_size or int(ids.min()) < 0:
-                raise ValueError(f"draft_vocab holds ids outside the vocabulary (size {self.vocab_size})")
-            self.draft_ids = ids
-            self.draft_proj = PackedLinear(emb.detach().index_select(0, ids), None, self.pdt)
-        self.prop_proj = self.draft_proj or (self.proj if self.pdt == dt or heads is None
-                                             else PackedLinear(emb, None, self.pdt))
-        self._props: dict[tuple[int, int], tuple] = {}
-        self.verify_group = 8 if emb.numel() * 4 > (16 << 20) else 2   # as DecodeWeights.verify_group
-        self.ext = ext
-        self.native_layers = self.native_loop = None
-        self.lin: list = []
-        if ext is not None:
-            layers = []
-            for layer in model.layers:
-                a, m = layer._modules["attn"], layer._modules["mlp"]
-                lins = [_plin(a.qkv, dt), _plin(a.o, dt), _plin(m.gate_up, dt), _plin(m.down, dt)]
-                self.lin.append(lins)
-                n1, n2 = layer._modules["norm1"], layer._modules["norm2"]
-                layers.append(ext.LMLayer(a.n_heads, a.n_kv, a.dh, n1.eps, n1._parameters["weight"].detach(),
-                                          lins[0].lin, lins[1].lin, n2._parameters["weight"].detach(), lins[2].lin,
-                                          lins[3].lin))
-            norm = model._modules["norm"]
-            self.native_layers = ext.LMNet(layers, model._modules["embed"]._parameters["weight"].detach(),
-                                           norm._parameters["weight"].detach(), norm.eps, self.proj.lin)
-            # the native loops: head 1 is the LM head itself (identity_p1; BPD heads with their own head 1 take
-            # the Python steps over the same native pieces)
-            self.native_loop = self.native_layers if self.identity_p1 else None
-
-    # ---- the pieces of a step ----
-    def final_norm(self, h: Tensor) -> Tensor:
-        norm = self.model._modules["norm"]
-        if self.native_layers is not None and h.dtype == torch.float32:
-            return self.ext.rms_norm(h, norm._parameters["weight"].detach(), norm.eps)   # the native loops' norm
-        return norm(h)
-
-    def _head_lins(self, lo: int, hi: int):
-        """Packed linears of heads lo..hi-1 (lo >= 1, or lo = 0 for BPD heads without identity head 1) and the
-        LMProp the native proposal path takes (None on the torch path)."""
-        key = (lo, hi)
-        got = self._props.get(key)
-        if got is None:
-            hd, dt, d = self.heads, self.pdt, self.d
-            if self.medusa:
-                w, b = hd._parameters["weight"].detach(), hd._parameters["bias"].detach()
-                lins = [PackedLinear(w[i - 1, j], b[i - 1, j], dt) for i in range(lo, hi) for j in range(hd.n_layers)]
-                kind, nl = 1, hd.n_layers
-            else:
-                fc1, fc2 = hd.fc1._parameters, hd.fc2._parameters
-                s0, s1 = hd.slot(lo), hd.slot(hi)
-                lins = [PackedLinear(fc1["weight"], fc1["bias"], dt),
-                        PackedLinear(fc2["weight"][s0 * d:s1 * d], fc2["bias"][s0 * d:s1 * d], dt)]
-                kind, nl = 0, 0
-            prop = None
-            if self.ext is not None and all(p.lin is not None for p in lins) and self.prop_proj.lin is not None:
-                prop = self.ext.LMProp(kind, hi - lo, nl, [p.lin for p in lins], self.prop_proj.lin, self.draft_ids)
-            got = self._props[key] = (lins, prop)
-        return got
-
-    def states(self, h: Tensor, lo: int, hi: int) -> Tensor:
-        """h [...,D] -> what the vocabulary projection reads for heads lo..hi-1 [...,hi-lo,D] (model.head_states on
-        the packed linears)."""
-        parts = []
-        if lo == 0 and self.identity_p1:
-            parts.append(self.final_norm(h).unsqueeze(-2))
-            lo = 1
-        if lo < hi:
-            lins, _ = self._head_lins(lo, hi)
-            if self.medusa:
-                n, nl = self.final_norm(h), self.heads.n_layers
-                for i in range(hi - lo):
-                    x = n
-                    for j in range(nl):
-                        x = x + F.silu(lins[i * nl + j](x))
-                    parts.append(x.unsqueeze(-2))
-            else:
-                out = lins[1](torch.relu(lins[0](h)))
-                parts.append(self.final_norm(h.unsqueeze(-2) + out.view(*h.shape[:-1], hi - lo, self.d)))
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
-
-    def logits(self, h: Tensor, lo: int = 0, hi: int = 1) -> Tensor:
-        """Full-vocabulary logits of heads lo..hi-1: h [...,D] -> [...,hi-lo,V]."""
-        return self.proj(self.states(h, lo, hi))
-
-    def head1(self, h: Tensor) -> Tensor:
-        """Head 1's (the LM's) logits: h [...,D] -> [...,V]."""
-        if self.identity_p1:
-            return self.proj(self.final_norm(h))
-        return self.logits(h, 0, 1).squeeze(-2)
-
-    def head1_argmax(self, h: Tensor) -> Tensor:
-        """Head 1's next token [...] (one native call where the kernels run: the loops' own arithmetic)."""
-        if self.native_layers is not None and self.identity_p1:
-            return self.ext.lm_head1_argmax(h, self.native_layers)
-        return self.head1(h).argmax(-1)
-
-    def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
-        """Argmax ids of heads lo..hi-1 (lo >= 1) [...,hi-lo], over the draft vocabulary when one is set."""
-        if self.native_layers is not None and lo >= 1:
-            _, prop = self._head_lins(lo, hi)
-            if prop is not None:
-                return self.ext.lm_propose(h, self.native_layers, prop)
-        s = self.states(h, lo, hi)
-        if self.draft_proj is None:
-            return self.prop_proj(s).argmax(-1)
-        return self.draft_ids[self.draft_proj(s).argmax(-1)]
-
-    # ---- loops ----
-    def greedy_steps(self, model, state, tok: Tensor, room, max_steps: int, eos=None):
-        """DecodeWeights.greedy_steps (same contract); a row ends on any of the model's stop ids (decoding/common.py
-        stop_ids: LMConfig.eos_ids where a checkpoint lists several). One native call where the kernels run."""
-        from bpd_train.decoding.common import is_stop, stop_ids
-
-        eos = stop_ids(model) if eos is None else eos
-        net = self.native_loop
-        if net is not None and max_steps > 0:
-            lengths = state.lengths
-            if isinstance(lengths, int):
-                t, per_row = state.base + lengths, None
-            else:
-                t = state.base
-                per_row = lengths if isinstance(lengths, Tensor) else torch.from_numpy(np.asarray(lengths))
-            toks, h, self.last_seconds = self.ext.lm_greedy_steps(
-                tok, net, state.self_kv, state.lpad, state.cos, state.sin, t, per_row, _stops(eos),
-                torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps))
-            return toks.numpy(), h
-        self.last_seconds = None
-        lengths = state.lengths
-        steps, h = [], None
-        x = tok[:, None]
-        for s in range(max_steps):
-            state.lengths = lengths + s
-            h = model.decode(state, x)[:, 0]
-            nxt = self.head1_argmax(h)
-            g = nxt.cpu().numpy()
-            steps.append(g)
-            x = nxt[:, None]
-            if (is_stop(g, eos) | (room <= s + 1)).any():
-                break
-        state.lengths = lengths
-        return (np.stack(steps, axis=1) if steps else np.zeros((tok.shape[0], 0), dtype=np.int64)), h
-
-    def _block_prop(self, w: int, max_steps: int):
-        if self.native_loop is None or self.heads is None or w < 2 or max_steps < 1:
-            return None
-        return self._head_lins(1, w)[1]
-
-    def block_steps(self, model, state, x: np.ndarray, room: int, max_steps: int, eos=None, width: int | None = None):
-        """DecodeWeights.block_steps (same contract) for one row: exact blockwise steps as one native call, or None
-        where the native kernels do not run this model."""
-        from bpd_train.decoding.common import stop_ids
-
-        w = x.shape[0] if width is None else int(width)
-        prop = self._block_prop(w, max_steps)
-        if prop is None:
-            return None
-        toks, nc, nxt, hn, ended, self.last_seconds = self.ext.lm_block_steps(
-            torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)), self.native_loop, prop, state.self_kv,
-            state.lpad, state.cos, state.sin, state.base + state.lengths,
-            _stops(stop_ids(model) if eos is None else eos), int(room), int(max_steps), self.verify_group, w)
-        return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
-
-    def batch_block_steps(self, model, state, x: np.ndarray, lengths: np.ndarray, room: np.ndarray, max_steps: int,
-                          width: int | None = None, eos=None):
-        """DecodeWeights.batch_block_steps (same contract) for R rows in per-row cache mode, or None where the
-        native kernels do not run this model."""
-        from bpd_train.decoding.common import stop_ids
-
-        w = x.shape[1] if width is None else int(width)
-        prop = self._block_prop(w, max_steps)
-        if prop is None:
-            return None
-        toks, nc, nxt, hn, ended, self.last_seconds = self.ext.lm_batch_block_steps(
-            torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)), self.native_loop, prop, state.self_kv,
-            state.lpad, state.cos, state.sin, state.base,
-            torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)),
-            _stops(stop_ids(model) if eos is None else eos),
-            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps), self.verify_group, w)
-        return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
-
-    # the native loops end rows on any of several stop ids (decoding/blockwise.py asks)
-    multi_stop = True
-
-
-def _plin(mod: nn.Linear, dtype: str) -> PackedLinear:
-    p = mod._parameters
-    return PackedLinear(p["weight"], p["bias"], dtype)
+def _lm_step_weights():
+    from bpd_train.model.lm_packed import LMDecodeWeights   # the decode engine's side (imports this module)
+    return LMDecodeWeights
 
 
 class LMModel(nn.Module):
@@ -622,9 +393,9 @@ class LMModel(nn.Module):
         state["_decode_cache"] = None
         return state
 
-    def decode_weights(self) -> LMDecodeWeights:
+    def decode_weights(self) -> "LMDecodeWeights":
         key = weights_key(self, self.decode_options)
         cached = self._decode_cache
         if cached is None or cached[0] != key:
-            cached = self._decode_cache = (key, LMDecodeWeights(self, self.decode_options))
+            cached = self._decode_cache = (key, _lm_step_weights()(self, self.decode_options))
         return cached[1]

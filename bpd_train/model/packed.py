@@ -1,4 +1,5 @@
-"""The weights one decode step reads, prepared once per weight version: `DecodeWeights`.
+"""The weights one decode step of the encoder-decoder BPDModel reads, prepared once per weight version:
+`DecodeWeights`, that family's `DecodeStep` (model/step.py; model/lm_packed.py is the decoder-only one).
 
 Every decoder (greedy, beam search, blockwise) runs its decoder calls, vocabulary projections and BPD heads
 through the same DecodeWeights, so they share one arithmetic path (model/fastlinear.py) and exact blockwise
@@ -26,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from bpd_train.model.fastlinear import PackedLinear, check_dtype
+from bpd_train.model.step import DecodeStep
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,11 @@ def _lin(mod: nn.Linear, dtype: str) -> PackedLinear:
     return PackedLinear(p["weight"], p["bias"], dtype)
 
 
-class DecodeWeights:
-    """Decode-step weights of one BPDModel (see the module docstring). h below is the decoder output [...,D]
-    before the final norm."""
+class DecodeWeights(DecodeStep):
+    """Decode-step weights of one BPDModel (see the module docstring; the DecodeStep of model/step.py). h below is
+    the decoder output [...,D] before the final norm."""
+
+    multi_stop = False   # one eos id ends a row
 
     def __init__(self, model: nn.Module, options: DecodeOptions):
         self.options = options

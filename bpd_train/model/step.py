@@ -1,0 +1,61 @@
+"""`DecodeStep`: what every decoder (greedy, beam search, blockwise, sampling) calls per step, whatever the model
+family. Each family implements it once, apart from its model definition: model/packed.py `DecodeWeights`
+(encoder-decoder BPDModel), model/lm_packed.py `LMDecodeWeights` (decoder-only LMModel). A model hands its own out
+of `model.decode_weights()`, cached until a weight or `decode_options` changes.
+
+The native-loop members (greedy_steps, block_steps, batch_block_steps, multi_stop, last_seconds, stats) are what a
+decoder uses where present; a step without them (a test's scripted weights, say) decodes through the Python steps.
+h below is the decoder output [..., D] before the final norm. Exactness rests on these methods: a row's outputs
+are bit-identical whatever the number of rows or block positions computed with it, so exact blockwise decoding
+returns greedy decoding's tokens of the same precision (docs/engine.md)."""
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+from torch import Tensor
+
+
+@runtime_checkable
+class DecodeStep(Protocol):
+    options: Any                    # model/packed.py DecodeOptions: dtype, draft_vocab, proposal_dtype
+    vocab_size: int
+    draft_ids: Tensor | None        # the ids heads 2..k propose among (None: the full vocabulary)
+    stats: dict                     # decoders' statistics kept with these weights (adaptive feeding's)
+    last_seconds: float | None      # time of the last native loop call (what adaptive feeding compares)
+    native_loop: Any                # None where the native loops do not run (CUDA, torch engine, own head 1)
+    verify_group: int               # head-1 positions per pass in the loops' lazy verification
+    multi_stop: bool                # whether the native loops end rows on several stop ids
+
+    def final_norm(self, h: Tensor) -> Tensor:
+        """The model's final norm, as the native loops compute it."""
+        ...
+
+    def logits(self, h: Tensor, lo: int = 0, hi: int = 1) -> Tensor:
+        """[..., hi - lo, V] heads lo..hi-1's logits."""
+        ...
+
+    def head1(self, h: Tensor) -> Tensor:
+        """[..., V] head 1's logits (the model's own next-token distribution)."""
+        ...
+
+    def head1_argmax(self, h: Tensor) -> Tensor:
+        """[...] head 1's argmax: greedy's token, the one blockwise verifies against."""
+        ...
+
+    def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
+        """[..., hi - lo] heads lo..hi-1's argmax ids (proposals; over the draft vocabulary where set)."""
+        ...
+
+    def greedy_steps(self, model, state, tok: Tensor, room: np.ndarray, max_steps: int, eos=None):
+        """Up to max_steps greedy steps in one native call (None where native_loop is None)."""
+        ...
+
+    def block_steps(self, model, state, x: np.ndarray, room: int, max_steps: int, eos=None, width: int | None = None):
+        """Exact blockwise steps for one row in one native call."""
+        ...
+
+    def batch_block_steps(self, model, state, x: np.ndarray, lengths: np.ndarray, room: np.ndarray, max_steps: int,
+                          width: int | None = None, eos=None):
+        """Exact blockwise steps for R rows (per-row cache slots) in one native call."""
+        ...
