@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from bpd_train.model.fastlinear import PackedLinear
 from bpd_train.model.heads import MedusaHeads
 from bpd_train.model.packed import DecodeOptions
-from bpd_train.model.step import DecodeStep
+from bpd_train.model.step import DecodeStep, cache_start, python_greedy_steps
 
 
 def _stops(eos) -> Tensor:
@@ -170,36 +170,17 @@ class LMDecodeWeights(DecodeStep):
     def greedy_steps(self, model, state, tok: Tensor, room, max_steps: int, eos=None):
         """DecodeWeights.greedy_steps (same contract); a row ends on any of the model's stop ids (decoding/common.py
         stop_ids: LMConfig.eos_ids where a checkpoint lists several). One native call where the kernels run."""
-        from bpd_train.decoding.common import is_stop, stop_ids
+        from bpd_train.decoding.common import stop_ids
 
         eos = stop_ids(model) if eos is None else eos
         net = self.native_loop
         if net is not None and max_steps > 0:
-            lengths = state.lengths
-            if isinstance(lengths, int):
-                t, per_row = state.base + lengths, None
-            else:
-                t = state.base
-                per_row = lengths if isinstance(lengths, Tensor) else torch.from_numpy(np.asarray(lengths))
+            t, per_row = cache_start(state)
             toks, h, self.last_seconds = self.ext.lm_greedy_steps(
                 tok, net, state.self_kv, state.lpad, state.cos, state.sin, t, per_row, _stops(eos),
                 torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps))
             return toks.numpy(), h
-        self.last_seconds = None
-        lengths = state.lengths
-        steps, h = [], None
-        x = tok[:, None]
-        for s in range(max_steps):
-            state.lengths = lengths + s
-            h = model.decode(state, x)[:, 0]
-            nxt = self.head1_argmax(h)
-            g = nxt.cpu().numpy()
-            steps.append(g)
-            x = nxt[:, None]
-            if (is_stop(g, eos) | (room <= s + 1)).any():
-                break
-        state.lengths = lengths
-        return (np.stack(steps, axis=1) if steps else np.zeros((tok.shape[0], 0), dtype=np.int64)), h
+        return python_greedy_steps(self, model, state, tok, room, max_steps, eos)
 
     def _block_prop(self, w: int, max_steps: int):
         if self.native_loop is None or self.heads is None or w < 2 or max_steps < 1:

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from bpd_train.model.fastlinear import PackedLinear, check_dtype
-from bpd_train.model.step import DecodeStep
+from bpd_train.model.step import DecodeStep, cache_start, python_greedy_steps
 
 
 @dataclass(frozen=True)
@@ -220,31 +220,12 @@ class DecodeWeights(DecodeStep):
         eos = model.config.eos_id if eos is None else eos
         loop = self.native_loop
         if loop is not None and max_steps > 0:
-            lengths = state.lengths
-            if isinstance(lengths, int):
-                t, per_row = state.base + lengths, None
-            else:
-                t = state.base
-                per_row = lengths if isinstance(lengths, Tensor) else torch.from_numpy(np.asarray(lengths))
+            t, per_row = cache_start(state)
             toks, h, self.last_seconds = loop(tok, model.pe, state.max_positions, self.native_layers, state.self_kv,
                                               state.mem_kv, state.mem_mask, state.mem_group, t, per_row,
                                               torch.from_numpy(room), max_steps, eos)
             return toks.numpy(), h
-        self.last_seconds = None
-        lengths = state.lengths
-        steps, h = [], None
-        x = tok[:, None]
-        for s in range(max_steps):
-            state.lengths = lengths + s
-            h = model.decode(state, x)[:, 0]
-            nxt = self.head1_argmax(h)
-            g = nxt.cpu().numpy()
-            steps.append(g)
-            x = nxt[:, None]
-            if ((g == eos) | (room <= s + 1)).any():
-                break
-        state.lengths = lengths
-        return (np.stack(steps, axis=1) if steps else np.zeros((tok.shape[0], 0), dtype=np.int64)), h
+        return python_greedy_steps(self, model, state, tok, room, max_steps, eos)
 
     def _block_parts(self, w: int, max_steps: int):
         """What the native blockwise loops take besides the layers, for a block of w fed tokens: (heads' FFN in,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import torch
 from torch import Tensor
 
 
@@ -59,3 +60,35 @@ class DecodeStep(Protocol):
                           width: int | None = None, eos=None):
         """Exact blockwise steps for R rows (per-row cache slots) in one native call."""
         ...
+
+
+def python_greedy_steps(w: DecodeStep, model, state, tok: Tensor, room: np.ndarray, max_steps: int, eos):
+    """DecodeStep.greedy_steps where the native loop does not run (CUDA, the torch engine): one decoder call and
+    head-1 argmax per step through model.decode and w.head1_argmax, the same steps and returns as the native loop
+    (both families' step weights fall back to it)."""
+    from bpd_train.decoding.common import is_stop
+
+    w.last_seconds = None
+    lengths = state.lengths
+    steps, h = [], None
+    x = tok[:, None]
+    for s in range(max_steps):
+        state.lengths = lengths + s
+        h = model.decode(state, x)[:, 0]
+        nxt = w.head1_argmax(h)
+        g = nxt.cpu().numpy()
+        steps.append(g)
+        x = nxt[:, None]
+        if (is_stop(g, eos) | (room <= s + 1)).any():
+            break
+    state.lengths = lengths
+    return (np.stack(steps, axis=1) if steps else np.zeros((tok.shape[0], 0), dtype=np.int64)), h
+
+
+def cache_start(state) -> tuple[int, Tensor | None]:
+    """Where the native loops write a state's next token: (base + lengths, None) when every row has the same
+    length, else (base, per-row lengths [R] as a tensor)."""
+    lengths = state.lengths
+    if isinstance(lengths, int):
+        return state.base + lengths, None
+    return state.base, lengths if isinstance(lengths, Tensor) else torch.from_numpy(np.asarray(lengths))
