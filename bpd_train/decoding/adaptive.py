@@ -57,7 +57,6 @@ class Adaptive:
         # every width once looked cheaper than it was and regimes whose heads never pay fed 2-wide blocks
         self.calib: dict[tuple[int, int], float] = {}
         self.calibrated_rows: set[int] = set()
-        self.calib_one: dict[int, float] = {}         # rows bucket -> calibrated seconds of a greedy step
         self._probes = -1                             # probes made after every width was timed
 
     @staticmethod
@@ -107,10 +106,9 @@ class Adaptive:
     def _cost(self, w: int, b: int) -> float:
         got = self.calib.get((w, b))
         if got is not None:
-            # what this width really cost since (its runs against the calibrated greedy step) where that is
-            # more: a calibration that other work on the machine disturbed corrects itself once the width runs
-            real = self.seconds.get((w, b))
-            return max(got, real / self.calib_one[b]) if real is not None and w > 1 else got
+            # the calibration alone: the decoders' own timings compare unlike steps (a probe is one step after a
+            # greedy stretch, the heads' weights cold; wide runs and greedy stretches sit at other positions)
+            return got
         one = self.seconds.get((1, b))
         if one is None:
             return self._prior(w)

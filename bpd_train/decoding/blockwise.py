@@ -350,7 +350,6 @@ class _Blockwise:
         b = ad.bucket(1)
         for width, t in best.items():   # (the decoders' own timings of each width are kept apart: see _cost)
             ad.calib[(width, b)] = t / best[1]
-        ad.calib_one[b] = best[1]
         ad.calibrated_rows.add(b)
         ad._best.clear()
 
