@@ -234,6 +234,44 @@ def test_adaptive_with_repeating_heads_in_a_batch_equals_greedy():
             assert blockwise(m, src, max_len=(1.0, 4), adaptive=True).tokens == g.tokens, f"seed={seed} b={batch}"
 
 
+@native
+def test_adaptive_calibration_times_every_width_mid_sentence_on_a_scratch_cache():
+    """The one-row calibration runs each width where a sentence is on average (after half its token limit of its
+    own greedy tokens, fed head 1's token there and the heads' proposals, as a probe is), not from BOS; it prices
+    every width and leaves the decoding itself unchanged."""
+    import numpy as np
+
+    from bpd_train.decoding.common import prepare_source, start_tokens
+    from bpd_train.model.packed import DecodeWeights
+
+    m = random_model(4, seed=5)
+    src = random_sources(1, seed=5)
+    want = greedy(m, src, max_len=20).tokens
+    w = m.decode_weights()
+    seen = []
+    real = DecodeWeights.block_steps
+
+    def spy(self, model, state, x, room, max_steps, eos=None, width=None):
+        seen.append((int(state.lengths), x.tolist(), eos))
+        return real(self, model, state, x, room, max_steps, eos=eos, width=width)
+
+    DecodeWeights.block_steps = spy
+    try:
+        assert blockwise(m, src, max_len=20, adaptive=True).tokens == want
+    finally:
+        DecodeWeights.block_steps = real
+    calib = [c for c in seen if c[2] == -1]                 # the calibration's runs (no EOS: a fixed step count)
+    assert calib and {c[0] for c in calib} == {10}          # after 10 = 20 // 2 greedy tokens
+    # what it feeds first: the 10th token of a greedy run that does not stop at EOS
+    with torch.inference_mode():
+        st = m.start_decoding(m.encode(prepare_source(m, src)), 16)
+        toks, _ = w.greedy_steps(m, st, start_tokens(m, st, 1, st.self_kv.device)[:, 0], np.array([99]), 10, eos=-1)
+    assert {c[1][0] for c in calib} == {int(toks[0, -1])}
+    assert {len(c[1]) for c in calib} == {2, 3, 4}
+    ad = next(iter(w.stats.values()))
+    assert sorted(v for v, _ in ad.calib) == [1, 2, 3, 4] and ad.calib[(1, 1)] == 1.0
+
+
 def test_beam_search_runs_on_the_engine_in_every_precision():
     m = random_model(1, seed=9)
     src = random_sources(3, seed=9)

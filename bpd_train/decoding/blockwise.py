@@ -142,7 +142,7 @@ class _Blockwise:
             self.adapt = Adaptive(kb, self.threshold) if stats is None else stats.setdefault(
                 key, Adaptive(kb, self.threshold))
             if orig.size == 1 and self.native_block and self.threshold is None and not self.adapt.calibrated:
-                self.calibrate(memory)
+                self.calibrate(memory, int(limit[0]))
         # a proposal vocabulary of N tokens: one-pass (fused) proposing while it is cheap
         vocab = len(self.w.draft_ids) if self.w.draft_ids is not None else self.w.vocab_size
         self.fused_unit = kb * max(kb - 1, 0) * vocab * model.config.d_model
@@ -321,27 +321,44 @@ class _Blockwise:
             return nxt[:, :b], done
         return np.concatenate([nxt[:, :1], self.w.propose(hn, 1, b).cpu().numpy()], axis=1), done
 
-    def calibrate(self, memory, steps: int = 8) -> None:
+    def calibrate(self, memory, limit: int, steps: int = 8) -> None:
         """Time every step width once per set of weights (one row): `steps` steps of each in the native loops
-        on a scratch cache for this sentence, best of 5 rounds (2 where a round takes over 5 ms), interleaved. Probes alone priced widths badly: a probe
-        is one step after a greedy stretch (cold caches, the call around it), timed ~1.2-2x a step in a run of
-        steps, and one such timing kept a width out for good (the demo's `both` never left greedy steps)."""
+        on a scratch cache for this sentence, best of 5 rounds (2 where a round takes over 5 ms), interleaved. Probes
+        alone priced widths badly: a probe is one step after a greedy stretch (cold caches, the call around it),
+        timed ~1.2-2x a step in a run of steps, and one such timing kept a width out for good (the demo's `both`
+        never left greedy steps).
+        Every width starts where a sentence is on average: after `lead` of its own greedy tokens (half its token
+        limit, at most 48), fed head 1's token and the heads' own proposals there, as a probe is. Timed from BOS
+        with rejected proposals, a wide step's attention ran over a near-empty cache and its verification stopped
+        at the first position, so wide steps looked cheaper than in decoding (the demo's `frozen`, with a draft
+        vocabulary and int8 proposals: 2-wide steps fed at 0.88x greedy)."""
         ad, w, model, kb = self.adapt, self.w, self.model, self.kb
         ad.calibrated = True
         if getattr(w, "native_loop", None) is None or getattr(w, "heads", None) is None:
             return
-        st = model.start_decoding(memory, steps * kb + kb + 1)
-        tok = start_tokens(model, st, 1, self.dev)                       # [1,1]
+        lead = min(max(int(limit) // 2, 0), 48)
+        st = model.start_decoding(memory, lead + steps * kb + kb + 1)
+        tok = start_tokens(model, st, 1, self.dev)                       # [1,1] BOS / the prompt's last token
         room = np.array([10 ** 6])
+        h = None
+        if lead:
+            st.lengths = 0
+            got, h = w.greedy_steps(model, st, tok[:, 0], room, lead, eos=-1)
+            if w.last_seconds is None:
+                return
+            tok = torch.from_numpy(got[:, -1:]).to(self.dev)
+        x0 = tok[0].cpu().numpy()                                         # [1]
+        fed = {v: np.concatenate([x0, w.propose(h, 1, v)[0].cpu().numpy()]) if h is not None else np.repeat(x0, v)
+               for v in range(2, kb + 1)}
         best: dict[int, float] = {}
         for rep in range(5):
             if rep >= 2 and sum(best.values()) * steps > 0.005:
                 break  # 5 rounds where a round takes < 5 ms (small models, noisy timings), else 2
             for width in range(1, kb + 1):
-                st.lengths = 0
+                st.lengths = lead
                 if width == 1:
                     w.greedy_steps(model, st, tok[:, 0], room, steps, eos=-1)
-                elif w.block_steps(model, st, np.repeat(tok[0].cpu().numpy(), width), 10 ** 6, steps, eos=-1) is None:
+                elif w.block_steps(model, st, fed[width], 10 ** 6, steps, eos=-1) is None:
                     return
                 t = w.last_seconds
                 if t is None:
