@@ -572,19 +572,19 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
             sec = {k: 0.0 for k in fns}
             out = {k: [] for k in fns}
             hist = {k: collections.Counter() for k in fns}
+            per_pass = {k: [0.0] * reps for k in fns}
             for rep in range(reps + 1):
                 order = list(fns) if rep % 2 == 0 else list(fns)[::-1]
                 for name in order:
-                    # each decoder serves every batch in a row, as a server would: interleaved per batch, a
-                    # decoder ran on caches its predecessor (another copy of the weights) had filled, which
-                    # favoured whichever decoder followed one on the same weights (adaptive feeding, all greedy
-                    # stretches, read 0.90-0.95x greedy that way on the demo's `both`)
+                    # each decoder serves every batch in a row, as a server would (its own weights warm in the
+                    # caches; interleaved per batch, each decoder started on caches another copy had filled)
                     for b in batches:
                         t0 = time.perf_counter()
                         r = fns[name](b)
                         el = time.perf_counter() - t0
                         if rep:
                             sec[name] += el
+                            per_pass[name][rep - 1] += el
                         if rep == reps and name != "prefill":
                             out[name] += r.tokens
                             hist[name].update(r.accepted_hist)
@@ -600,13 +600,15 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
                            speedup=round(sec["greedy"] / sec[name], 3), khat=round(khat, 2), same=round(same, 3),
                            seconds=round(sec[name] / reps, 3),
                            steps_speedup=round((sec["greedy"] - pre) / max(sec[name] - pre, 1e-9), 3),
-                           prefill_share=round(pre / sec["greedy"], 3))
+                           prefill_share=round(pre / sec["greedy"], 3),
+                           pass_speedups=[round(g / d, 3) for g, d in zip(per_pass["greedy"], per_pass[name])])
                 if mf is not None:
                     row["speedup_vs_fp32_greedy"] = round(sec["greedy fp32"] / sec[name], 3)
                 rows.append(row)
                 vs = f"  {row['speedup_vs_fp32_greedy']:.3f}x vs greedy fp32" if mf is not None else ""
                 print(f"regime {row['run']:12s} {dtype:4s} batch {bs:2d} {name:22s} {row['speedup']:.3f}x "
-                      f"(steps {row['steps_speedup']:.3f}x)  k^ {khat:.2f}  "
+                      f"(steps {row['steps_speedup']:.3f}x; passes {min(row['pass_speedups']):.2f}-"
+                      f"{max(row['pass_speedups']):.2f}x)  k^ {khat:.2f}  "
                       f"same as greedy {same:.0%}  ({sec[name] / reps:.3f} s per pass){vs}", flush=True)
     return rows
 
