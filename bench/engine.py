@@ -520,8 +520,8 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
 def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: int = 2, n_sent: int = 80,
                   draft_vocab: int = 1000, dtype: str = "fp32"):
     """Trained runs (e.g. make demo's heads/*-k4, or make demo-lm's) on the bundled validation sources: greedy vs
-    exact blockwise (plain, adaptive, and both with the draft vocabulary), every decoder on the same batches, one
-    decoder after another over all of them (order reversed every pass), the first pass a warm-up; speedup = greedy seconds / decoder seconds,
+    exact blockwise (plain, adaptive, and both with the draft vocabulary), every decoder on the same batches, taking
+    turns by chunks of ~1/8 of them (order reversed every chunk), the first pass a warm-up; speedup = greedy seconds / decoder seconds,
     greedy of the same `dtype`; with dtype bf16 / int8 also greedy fp32 and every decoder's speedup over it. A
     decoder-only run is prompted with each English source as its prompt-format translation into French (what
     make demo-lm trains and evaluates); its family's text adapter makes the ids either way."""
@@ -573,21 +573,26 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
             out = {k: [] for k in fns}
             hist = {k: collections.Counter() for k in fns}
             per_pass = {k: [0.0] * reps for k in fns}
-            for rep in range(reps + 1):
-                order = list(fns) if rep % 2 == 0 else list(fns)[::-1]
-                for name in order:
-                    # each decoder serves every batch in a row, as a server would (its own weights warm in the
-                    # caches; interleaved per batch, each decoder started on caches another copy had filled)
-                    for b in batches:
-                        t0 = time.perf_counter()
-                        r = fns[name](b)
-                        el = time.perf_counter() - t0
-                        if rep:
-                            sec[name] += el
-                            per_pass[name][rep - 1] += el
-                        if rep == reps and name != "prefill":
-                            out[name] += r.tokens
-                            hist[name].update(r.accepted_hist)
+            # decoders take turns by chunks of ~1/8 of the batches (order reversed every chunk), each turn after one
+            # untimed call: a decoder serves its batches as a server would, its own weights warm in the caches
+            # (interleaved per batch, every call started on caches another copy of the weights had filled); whole
+            # passes per decoder (~0.5 s each) let the machine's drift move single decoders by 10-30%
+            size = max(1, len(batches) // 8)
+            chunks = [batches[i:i + size] for i in range(0, len(batches), size)]
+            turns = [(rep, name, chunk) for rep in range(reps + 1) for ci, chunk in enumerate(chunks)
+                     for name in (list(fns) if (rep * len(chunks) + ci) % 2 == 0 else list(fns)[::-1])]
+            for rep, name, chunk in turns:
+                fns[name](chunk[0])   # untimed: the turn starts on warm caches, whichever decoder came before
+                for b in chunk:
+                    t0 = time.perf_counter()
+                    r = fns[name](b)
+                    el = time.perf_counter() - t0
+                    if rep:
+                        sec[name] += el
+                        per_pass[name][rep - 1] += el
+                    if rep == reps and name != "prefill":
+                        out[name] += r.tokens
+                        hist[name].update(r.accepted_hist)
             pre = sec.pop("prefill")
             # BPD changes only the steps after the prefill: their speedup, greedy's steps over the decoder's
             print(f"regime {Path(run).name:12s} {dtype:4s} batch {bs:2d} prefill (encoder / prompt) "

@@ -235,18 +235,20 @@ def test_adaptive_with_repeating_heads_in_a_batch_equals_greedy():
 
 
 @native
-def test_adaptive_calibration_times_every_width_mid_sentence_on_a_scratch_cache():
-    """The one-row calibration runs each width where a sentence is on average (after half its token limit of its
-    own greedy tokens, fed head 1's token there and the heads' proposals, as a probe is), not from BOS; it prices
-    every width and leaves the decoding itself unchanged."""
+@pytest.mark.parametrize("max_len", [10, 50])
+def test_adaptive_calibration_times_every_width_mid_sentence_on_a_scratch_cache(max_len):
+    """The one-row calibration runs each width where decoding mostly is (after CALIB_LEAD of the sentence's own
+    greedy tokens, or its token limit where that is lower, fed head 1's token there and the heads' proposals, as a
+    probe is), not from BOS; it prices every width and leaves the decoding itself unchanged."""
     import numpy as np
 
+    from bpd_train.decoding.blockwise import CALIB_LEAD
     from bpd_train.decoding.common import prepare_source, start_tokens
     from bpd_train.model.packed import DecodeWeights
 
     m = random_model(4, seed=5)
     src = random_sources(1, seed=5)
-    want = greedy(m, src, max_len=20).tokens
+    want = greedy(m, src, max_len=max_len).tokens
     w = m.decode_weights()
     seen = []
     real = DecodeWeights.block_steps
@@ -257,19 +259,60 @@ def test_adaptive_calibration_times_every_width_mid_sentence_on_a_scratch_cache(
 
     DecodeWeights.block_steps = spy
     try:
-        assert blockwise(m, src, max_len=20, adaptive=True).tokens == want
+        assert blockwise(m, src, max_len=max_len, adaptive=True).tokens == want
     finally:
         DecodeWeights.block_steps = real
+    lead = min(max_len, CALIB_LEAD)
     calib = [c for c in seen if c[2] == -1]                 # the calibration's runs (no EOS: a fixed step count)
-    assert calib and {c[0] for c in calib} == {10}          # after 10 = 20 // 2 greedy tokens
-    # what it feeds first: the 10th token of a greedy run that does not stop at EOS
+    assert calib and {c[0] for c in calib} == {lead}
+    # what it feeds first: the lead-th token of a greedy run that does not stop at EOS
     with torch.inference_mode():
-        st = m.start_decoding(m.encode(prepare_source(m, src)), 16)
-        toks, _ = w.greedy_steps(m, st, start_tokens(m, st, 1, st.self_kv.device)[:, 0], np.array([99]), 10, eos=-1)
+        st = m.start_decoding(m.encode(prepare_source(m, src)), lead + 4)
+        toks, _ = w.greedy_steps(m, st, start_tokens(m, st, 1, st.self_kv.device)[:, 0], np.array([99]), lead, eos=-1)
     assert {c[1][0] for c in calib} == {int(toks[0, -1])}
     assert {len(c[1]) for c in calib} == {2, 3, 4}
     ad = next(iter(w.stats.values()))
     assert sorted(v for v, _ in ad.calib) == [1, 2, 3, 4] and ad.calib[(1, 1)] == 1.0
+
+
+@native
+def test_adaptive_settled_on_greedy_runs_greedy_itself():
+    """One row whose controller has timed every width, found none that pays and has no probe due within the call:
+    blockwise(adaptive=True) is greedy() itself (same tokens, calls and histogram; the blockwise loop's bookkeeping
+    cost 2-4% at demo size), and the call still counts in the probe schedule. A probe due within the call, or a
+    width that pays, takes the blockwise loop as before."""
+    import importlib
+
+    bw = importlib.import_module("bpd_train.decoding.blockwise")
+    m = random_model(4, seed=3)
+    with torch.no_grad():                                   # future heads that never pay: they repeat head 1's token
+        m.heads.fc2.weight.zero_()
+        m.heads.fc2.bias.zero_()
+    src = random_sources(1, seed=4)
+    blockwise(m, src, max_len=12, adaptive=True)            # calibrates
+    ad = next(iter(m.decode_weights().stats.values()))
+    ad.offered, ad.accepted = [1, 100, 100, 100], [1, 1, 1, 1]
+    ad._best.clear()
+    assert ad.calibrated_rows == {1} and ad.width(1) == 1
+    runs = []
+    real = bw._Blockwise.run
+    bw._Blockwise.run = lambda self, *a: runs.append(1) or real(self, *a)
+    try:
+        ad.interval, ad.failed_at_cap = 8, 0                 # a probe due after 8 steps: the blockwise loop
+        blockwise(m, src, max_len=12, adaptive=True)
+        assert runs == [1]
+        ad.interval = ad.max_interval                        # none within 12 steps: greedy() itself
+        before = ad.failed_at_cap
+        got, want = blockwise(m, src, max_len=12, adaptive=True), greedy(m, src, max_len=12)
+        assert runs == [1]
+        assert (got.tokens, got.calls, got.accepted_hist) == (want.tokens, want.calls, want.accepted_hist)
+        assert ad.failed_at_cap == before + 1                # the stretch it stands for, counted
+        ad.offered, ad.accepted = [1, 100, 100, 100], [1, 100, 100, 100]   # heads that pay: the loop again
+        ad._best.clear()
+        blockwise(m, src, max_len=12, adaptive=True)
+        assert runs == [1, 1]
+    finally:
+        bw._Blockwise.run = real
 
 
 def test_beam_search_runs_on_the_engine_in_every_precision():

@@ -63,6 +63,14 @@ class Adaptive:
     def bucket(rows: int) -> int:
         return rows.bit_length()                       # 1, 2-3, 4-7, ... rows
 
+    def settled_on_greedy(self, max_steps: int) -> bool:
+        """Whether a one-row call of at most `max_steps` steps would run greedy steps only: every width was timed,
+        none pays, and the next probe is further away than the call can go. blockwise() then runs greedy() itself:
+        the stretch cost the same native calls plus ~2-4% at demo size (the blockwise loop's bookkeeping, and a
+        cache kb slots longer, whose layout moved greedy's own time by 1-3% either way)."""
+        return (self.threshold is None and self.bucket(1) in self.calibrated_rows and self.width(1) == 1
+                and self.interval >= max_steps)
+
     def width(self, rows: int = 1) -> int:
         """Block width to feed next for `rows` rows (1 = x0 only)."""
         b = self.bucket(rows)

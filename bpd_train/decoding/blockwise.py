@@ -42,7 +42,8 @@ import torch
 
 from bpd_train.decoding.acceptance import Exact, make_acceptance
 from bpd_train.decoding.adaptive import Adaptive
-from bpd_train.decoding.common import decoding_mode, is_stop, start_rows, start_tokens, stop_ids, trim
+from bpd_train.decoding.common import (decoding_mode, is_stop, parse_max_len, start_rows, start_tokens, stop_ids,
+                                         trim)
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
 
@@ -50,6 +51,9 @@ from bpd_train.decoding.result import DecodeResult
 # heads run at every block position inside the verify step (one pass, no second decoder round trip); above
 # it they run in a second pass at the accepted position only. Measured in bench/decode.py.
 FUSED_MACS = 1 << 21
+# Adaptive feeding times each step width (one row) after this many of the sentence's own greedy tokens: where a
+# translation's steps mostly are (attention's share of a step grows with the position)
+CALIB_LEAD = 32
 
 
 def _accept_rows(x, g, ok, min_block, eos, room):
@@ -107,8 +111,29 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
         # a 1-wide block proposes nothing: greedy decoding, on greedy's own loop (the same tokens, calls and
         # histogram; the blockwise steps cost ~2x per token there, and adaptive feeding had no width to probe)
         return greedy(model, src, max_len)
+    if adaptive and threshold is None and _settled_on_greedy(model, kb, src, max_len):
+        return greedy(model, src, max_len)        # what the greedy stretch would have run, on greedy's own loop
     with decoding_mode(model):
         return _Blockwise(model, kb, rule, int(min_block), adaptive, threshold).run(src, max_len)
+
+
+def _settled_on_greedy(model, kb: int, src, max_len) -> bool:
+    """One row whose adaptive controller (kept with the model's current step weights) would run one greedy stretch
+    and no probe (Adaptive.settled_on_greedy); the stretch is then counted in its probe schedule. The step weights
+    are read from the model's cache unchecked: stale ones at worst send one call down greedy's loop, whose tokens
+    are the same."""
+    cached = getattr(model, "_decode_cache", None)
+    stats = getattr(cached[1], "stats", None) if cached else None
+    ad = stats.get(("adaptive", kb, None)) if stats else None
+    if ad is None or len(src) != 1:
+        return False
+    n = len(src[0])                                                     # an upper bound on the row's source tokens
+    m = parse_max_len(max_len)
+    steps = min(m if isinstance(m, int) else int(m[0] * n + m[1]), model.config.max_positions)
+    if not ad.settled_on_greedy(steps):
+        return False
+    ad.greedy_stretch()
+    return True
 
 
 class _Blockwise:
@@ -327,16 +352,17 @@ class _Blockwise:
         alone priced widths badly: a probe is one step after a greedy stretch (cold caches, the call around it),
         timed ~1.2-2x a step in a run of steps, and one such timing kept a width out for good (the demo's `both`
         never left greedy steps).
-        Every width starts where a sentence is on average: after `lead` of its own greedy tokens (half its token
-        limit, at most 48), fed head 1's token and the heads' own proposals there, as a probe is. Timed from BOS
-        with rejected proposals, a wide step's attention ran over a near-empty cache and its verification stopped
-        at the first position, so wide steps looked cheaper than in decoding (the demo's `frozen`, with a draft
-        vocabulary and int8 proposals: 2-wide steps fed at 0.88x greedy)."""
+        Every width starts where decoding mostly is: after CALIB_LEAD of the sentence's own greedy tokens (fewer
+        where its token limit is lower), fed head 1's token and the heads' own proposals there, as a probe is. Timed
+        from BOS with rejected proposals, a wide step's attention ran over a near-empty cache and its verification
+        stopped at the first position, so wide steps looked cheaper than in decoding; timed at half of the first
+        sentence's limit, the price depended on that sentence (the demo's `finetune`, a 4-wide step with the draft
+        vocabulary: 1.57 greedy steps from a short first sentence, 2.01 from a long one)."""
         ad, w, model, kb = self.adapt, self.w, self.model, self.kb
         ad.calibrated = True
         if getattr(w, "native_loop", None) is None or getattr(w, "heads", None) is None:
             return
-        lead = min(max(int(limit) // 2, 0), 48)
+        lead = max(min(int(limit), CALIB_LEAD), 0)
         st = model.start_decoding(memory, lead + steps * kb + kb + 1)
         tok = start_tokens(model, st, 1, self.dev)                       # [1,1] BOS / the prompt's last token
         room = np.array([10 ** 6])
