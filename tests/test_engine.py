@@ -265,7 +265,7 @@ def test_adaptive_calibration_times_every_width_mid_sentence_on_a_scratch_cache(
     lead = min(max_len, CALIB_LEAD)
     calib = [c for c in seen if c[2] == -1]                 # the calibration's runs (no EOS: a fixed step count)
     assert calib and {c[0] for c in calib} == {lead}
-    # what it feeds first: the lead-th token of a greedy run that does not stop at EOS
+    # what it feeds first: token number `lead` of a greedy run that does not stop at EOS
     with torch.inference_mode():
         st = m.start_decoding(m.encode(prepare_source(m, src)), lead + 4)
         toks, _ = w.greedy_steps(m, st, start_tokens(m, st, 1, st.self_kv.device)[:, 0], np.array([99]), lead, eos=-1)
