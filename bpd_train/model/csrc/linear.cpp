@@ -1009,6 +1009,8 @@ static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
 static inline float hmax(vf v) { return _mm512_reduce_max_ps(v); }
 static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
 #else
 static inline __m256 vexp8(__m256 x) {
   const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ);
@@ -1039,6 +1041,8 @@ static inline float hmax(vf v) {
 }
 static inline vf vadd(vf a, vf b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
 static inline vf vsub(vf a, vf b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+static inline vf vmul(vf a, vf b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+static inline vf vdiv(vf a, vf b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
 #endif
 
 // For each query a: out_a[0..dh) = softmax_j(q_a.k_j * scale + mask_j) v_j over slots j < len_a (keys/values
@@ -1711,6 +1715,33 @@ static void rms_rows(const float* x, float* y, int64_t M, int64_t D, const float
 
 static inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
 
+// act[i] = silu(g[i]) * u[i] (SwiGLU): the scalar path's operations (v / (1 + exp(-v)), then times u) with exp
+// vectorised (vexp, ~1 ulp; the tail past whole vectors: std::exp): the same per element whatever the row or the
+// number of rows, so rows stay exact. act may be g itself. A scalar std::exp per element made SwiGLU's activation
+// most of a decoder-only step's "norms/residuals" time at demo size.
+static inline void silu_gate(const float* g, const float* u, float* act, int64_t f) {
+  const float one = 1.0f;
+  const vf ones = vbcast(&one);
+  int64_t i = 0;
+  for (; i + L <= f; i += L) {
+    const vf v = vload(g + i);
+    vstore(act + i, vmul(vdiv(v, vadd(ones, vexp(vsub(vzero(), v)))), vload(u + i)));
+  }
+  for (; i < f; i++) act[i] = silu(g[i]) * u[i];
+}
+
+// x[i] += silu(t[i]) over one row of n (a residual head layer), exp vectorised as in silu_gate
+static inline void silu_add(const float* t, float* x, int64_t n) {
+  const float one = 1.0f;
+  const vf ones = vbcast(&one);
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const vf v = vload(t + i);
+    vstore(x + i, vadd(vload(x + i), vdiv(v, vadd(ones, vexp(vsub(vzero(), v))))));
+  }
+  for (; i < n; i++) x[i] += silu(t[i]);
+}
+
 // One decoder-only layer's decode-step weights (model/lm.py Layer).
 struct LMLayer {
   int64_t n_heads, n_kv, dh;
@@ -1881,10 +1912,7 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
     for (int64_t m = 0; m < M; m++) {
       float* gu = big + m * 2 * f;
       float* act = big + m * f;   // in place: row m's outputs overwrite its own or earlier rows' consumed inputs
-      for (int64_t i = 0; i < f; i++) {
-        const float gv = silu(gu[i]);
-        act[i] = gv * gu[f + i];
-      }
+      silu_gate(gu, gu + f, act, f);
     }
     tk.to(P_DEC_OTHER);
     lin_rows(w.down, big, o, M);
@@ -1934,7 +1962,7 @@ static void lm_propose_raw(const float* h, int64_t M, const LMNet& net, const LM
       for (int64_t l = 0; l < p.n_layers; l++) {
         float* t = st;                                                       // scratch [M][d]
         lin_rows(p.lins[hh * p.n_layers + l], xi, t, M);
-        for (int64_t i = 0; i < M * d; i++) xi[i] += silu(t[i]);
+        for (int64_t m = 0; m < M; m++) silu_add(t + m * d, xi + m * d, d);   // per row: the same split for every row
       }
       for (int64_t m = 0; m < M; m++) std::memcpy(y + (m * n_heads + hh) * d, xi + m * d, d * sizeof(float));
     }
