@@ -298,15 +298,15 @@ def test_adaptive_settled_on_greedy_runs_greedy_itself():
     real = bw._Blockwise.run
     bw._Blockwise.run = lambda self, *a: runs.append(1) or real(self, *a)
     try:
-        ad.interval, ad.failed_at_cap = 8, 0                 # a probe due after 8 steps: the blockwise loop
+        ad.probes(1).reset(8)                                # a probe due after 8 steps: the blockwise loop
         blockwise(m, src, max_len=12, adaptive=True)
         assert runs == [1]
-        ad.interval = ad.max_interval                        # none within 12 steps: greedy() itself
-        before = ad.failed_at_cap
+        ad.probes(1).interval = ad.max_interval              # none within 12 steps: greedy() itself
+        before = ad.probes(1).failed_at_cap
         got, want = blockwise(m, src, max_len=12, adaptive=True), greedy(m, src, max_len=12)
         assert runs == [1]
         assert (got.tokens, got.calls, got.accepted_hist) == (want.tokens, want.calls, want.accepted_hist)
-        assert ad.failed_at_cap == before + 1                # the stretch it stands for, counted
+        assert ad.probes(1).failed_at_cap == before + 1               # the stretch it stands for, counted
         ad.offered, ad.accepted = [1, 100, 100, 100], [1, 100, 100, 100]   # heads that pay: the loop again
         ad._best.clear()
         blockwise(m, src, max_len=12, adaptive=True)
@@ -573,4 +573,65 @@ def test_adaptive_probes_back_off_then_return_when_a_head_pays():
     for _ in range(400):
         a.update(4, np.array([3]), one_row=True)
     assert a.width(1) > 1
-    assert a.greedy_stretch() == 8 and a.failed_at_cap == 0
+    assert a.greedy_stretch() == 8 and a.probes(1).failed_at_cap == 0
+
+
+@native
+def test_adaptive_calibrates_a_batch_as_a_batch_and_settles_on_greedy_per_bucket():
+    """A batch is priced by its own calibration (every width timed over the batch's rows, on a scratch cache) and
+    keeps its own probe schedule: a head that pays for one row does not make the batch probe again. Where no width
+    pays for the batch and no probe is due before its first row must end, blockwise(adaptive=True) on the batch is
+    greedy() itself (same tokens, calls, histogram); the output equals greedy's either way."""
+    import importlib
+
+    import numpy as np
+
+    from bpd_train.model.packed import DecodeWeights
+
+    bw = importlib.import_module("bpd_train.decoding.blockwise")
+    m = random_model(4, seed=3)
+    with torch.no_grad():                                   # future heads that never pay: they repeat head 1's token
+        m.heads.fc2.weight.zero_()
+        m.heads.fc2.bias.zero_()
+    src = random_sources(3, seed=6)
+    want = greedy(m, src, max_len=12)
+    seen = []
+    real_batch = DecodeWeights.batch_block_steps
+
+    def spy(self, model, state, x, lengths, room, max_steps, width=None, eos=None):
+        seen.append((x.shape, eos))
+        return real_batch(self, model, state, x, lengths, room, max_steps, width=width, eos=eos)
+
+    DecodeWeights.batch_block_steps = spy
+    try:
+        assert blockwise(m, src, max_len=12, adaptive=True).tokens == want.tokens      # calibrates bucket 2
+    finally:
+        DecodeWeights.batch_block_steps = real_batch
+    assert {s for s, e in seen if e == -1} == {(3, 2), (3, 3), (3, 4)}   # every width, over the 3 rows
+    ad = next(iter(m.decode_weights().stats.values()))
+    b = ad.bucket(3)
+    assert b in ad.calibrated_rows and sorted(v for v, c in ad.calib if c == b) == [1, 2, 3, 4]
+    assert all(ad.calib[(v, b)] > 1.0 for v in (2, 3, 4))  # a wider step over 3 rows costs more than a greedy one
+    ad.offered, ad.accepted = [1, 100, 100, 100], [1, 1, 1, 1]
+    ad._best.clear()
+    assert ad.width(3) == 1
+    runs = []
+    real = bw._Blockwise.run
+    bw._Blockwise.run = lambda self, *a: runs.append(1) or real(self, *a)
+    try:
+        ad.probes(3).reset(8)                                # a probe due within the call: the blockwise loop
+        assert blockwise(m, src, max_len=12, adaptive=True).tokens == want.tokens
+        assert runs == [1]
+        ad.probes(3).interval = ad.max_interval              # none before the first row must end: greedy() itself
+        before = ad.probes(3).failed_at_cap
+        got = blockwise(m, src, max_len=12, adaptive=True)
+        assert runs == [1]
+        assert (got.tokens, got.calls, got.accepted_hist) == (want.tokens, want.calls, want.accepted_hist)
+        assert ad.probes(3).failed_at_cap == before + 1
+        # one row's heads paying resets that bucket's schedule only
+        ad.offered, ad.accepted = [1, 100, 100, 100], [1, 100, 100, 100]
+        ad.probes(1).interval = ad.max_interval
+        ad.update(4, np.array([3]), one_row=True)
+        assert ad.probes(1).interval == ad.probe and ad.probes(3).interval == ad.max_interval
+    finally:
+        bw._Blockwise.run = real

@@ -28,7 +28,9 @@ class Adaptive:
     that fails (8, 16, ... 64 steps) and starts again at 8 once a head pays. After LONG_AFTER probes in a row
     have failed at the 64-step cap, the cap is 8x that (512 steps): a probe of a width that does not pay costs
     its extra step time (1.5-3 greedy steps at demo size on an AVX2 CPU), ~2-4% of greedy's speed once every 64
-    steps, ~0.3% once every 512."""
+    steps, ~0.3% once every 512. Each bucket of row counts keeps its own schedule (Probes): at batch 32 a wide
+    step costs ~k greedy steps on a CPU without AMX, while the last row of the same batch may gain from it, and
+    one schedule shared by both probed the batch every 8 steps whenever the last rows' wide steps paid."""
 
     COST_PRIOR = (0.5, 0.5)    # cost(w) ~ 1 + 0.5 (w - 1) + 0.5 (proposal pass) until measured: cautious (a k = 4
     #                            step measured 1.1 greedy steps at base size, 2-5 at demo size with native loops)
@@ -43,14 +45,13 @@ class Adaptive:
         self.accepted = [1] * kb
         self.threshold = threshold
         self.probe, self.max_interval = probe, max_interval
-        self.interval = probe
-        self.failed_at_cap = 0                        # probes in a row that failed with the interval at its cap
+        self._probes_by: dict[int, Probes] = {}      # rows bucket -> its probe schedule
         self.seconds: dict[tuple[int, int], float] = {}   # (width, rows bucket) -> seconds per step
         self._times: dict[tuple[int, int], deque] = {}
         self._best: dict[int, int] = {}
         self.chunk, self.last_fed = 1, 0              # native block loop (one row): steps per call, last width
         self.wide_steps = 0                           # steps at width > 1 since greedy steps were last timed
-        self.calibrated = False                       # every width timed once (_Blockwise.calibrate)
+        self.calib_tried: set[int] = set()            # rows buckets _Blockwise.calibrate ran for (or gave up on)
         # (width, rows bucket) -> cost in greedy steps from that calibration: widths and greedy timed alike,
         # interleaved. Preferred to the decoders' own timings, which compare unlike steps: greedy stretches
         # right after the encoder (cold caches, ~1.5x a warm step at demo size) against rare wide steps, so
@@ -63,13 +64,23 @@ class Adaptive:
     def bucket(rows: int) -> int:
         return rows.bit_length()                       # 1, 2-3, 4-7, ... rows
 
-    def settled_on_greedy(self, max_steps: int) -> bool:
-        """Whether a one-row call of at most `max_steps` steps would run greedy steps only: every width was timed,
-        none pays, and the next probe is further away than the call can go. blockwise() then runs greedy() itself:
-        the stretch cost the same native calls plus ~2-4% at demo size (the blockwise loop's bookkeeping, and a
-        cache kb slots longer, whose layout moved greedy's own time by 1-3% either way)."""
-        return (self.threshold is None and self.bucket(1) in self.calibrated_rows and self.width(1) == 1
-                and self.interval >= max_steps)
+    def probes(self, rows: int = 1) -> "Probes":
+        """The probe schedule of this bucket of row counts."""
+        b = self.bucket(rows)
+        got = self._probes_by.get(b)
+        if got is None:
+            got = self._probes_by[b] = Probes(self.probe)
+        return got
+
+    def settled_on_greedy(self, horizon: int, rows: int = 1) -> bool:
+        """Whether a call on `rows` rows would run greedy steps only until its first row ends (within `horizon`
+        steps): every width was timed for this many rows, none pays, and the next probe is further away than
+        `horizon`. blockwise() then runs greedy() itself: the stretch cost the same native calls plus ~2-4% at demo
+        size at batch 1 (the blockwise loop's bookkeeping, and a cache kb slots longer, whose layout moved greedy's
+        own time by 1-3% either way), more at batch 32 (per-row cache writes where greedy's rows stay aligned).
+        Rows that leave a batch do not bring the loop back: its last few rows are a small share of its time."""
+        return (self.threshold is None and self.bucket(rows) in self.calibrated_rows and self.width(rows) == 1
+                and self.probes(rows).interval >= horizon)
 
     def width(self, rows: int = 1) -> int:
         """Block width to feed next for `rows` rows (1 = x0 only)."""
@@ -170,18 +181,13 @@ class Adaptive:
                 self.offered = [max(o // 2, 1) for o in self.offered]
                 self.accepted = [min(a // 2, o) for a, o in zip(self.accepted, self.offered)]
             self._best.clear()
-            if self.width(1 if one_row else n.shape[0]) > 1:
-                self.interval = self.probe
-                self.failed_at_cap = 0
+            rows = 1 if one_row else n.shape[0]
+            if self.width(rows) > 1:
+                self.probes(rows).reset(self.probe)
 
-    def greedy_stretch(self) -> int:
-        """Greedy steps to run before the next probe (and back off for the one after)."""
-        n = self.interval
-        if n >= self.max_interval:
-            self.failed_at_cap += 1
-        cap = self.max_interval * (8 if self.failed_at_cap > self.LONG_AFTER else 1)
-        self.interval = min(2 * self.interval, cap)
-        return n
+    def greedy_stretch(self, rows: int = 1) -> int:
+        """Greedy steps to run on `rows` rows before the next probe (and back off for the one after)."""
+        return self.probes(rows).stretch(self.max_interval, self.LONG_AFTER)
 
     def probe_width(self, rows: int) -> int:
         """Width of the next probe: widths not yet timed first, then every width in turn. Probing only the full
@@ -195,3 +201,26 @@ class Adaptive:
                 return w
         self._probes += 1
         return 2 + self._probes % (self.kb - 1)
+
+
+class Probes:
+    """One bucket's probe schedule: greedy steps before the next probe (`interval`), and how many stretches in a
+    row ran with the interval at its cap (`failed_at_cap`)."""
+
+    __slots__ = ("interval", "failed_at_cap")
+
+    def __init__(self, first: int):
+        self.interval, self.failed_at_cap = first, 0
+
+    def reset(self, first: int) -> None:
+        """A head pays: probe again soon."""
+        self.interval, self.failed_at_cap = first, 0
+
+    def stretch(self, cap: int, long_after: int) -> int:
+        """The next stretch's length; the one after is twice as long, up to `cap` (8x `cap` after `long_after`
+        stretches at it)."""
+        n = self.interval
+        if n >= cap:
+            self.failed_at_cap += 1
+        self.interval = min(2 * n, cap * (8 if self.failed_at_cap > long_after else 1))
+        return n

@@ -51,7 +51,7 @@ from bpd_train.decoding.result import DecodeResult
 # heads run at every block position inside the verify step (one pass, no second decoder round trip); above
 # it they run in a second pass at the accepted position only. Measured in bench/decode.py.
 FUSED_MACS = 1 << 21
-# Adaptive feeding times each step width (one row) after this many of the sentence's own greedy tokens: where a
+# Adaptive feeding times each step width after this many of the sentences' own greedy tokens: where a
 # translation's steps mostly are (attention's share of a step grows with the position)
 CALIB_LEAD = 32
 
@@ -118,21 +118,22 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
 
 
 def _settled_on_greedy(model, kb: int, src, max_len) -> bool:
-    """One row whose adaptive controller (kept with the model's current step weights) would run one greedy stretch
-    and no probe (Adaptive.settled_on_greedy); the stretch is then counted in its probe schedule. The step weights
-    are read from the model's cache unchecked: stale ones at worst send one call down greedy's loop, whose tokens
-    are the same."""
+    """Rows whose adaptive controller (kept with the model's current step weights) would run one greedy stretch
+    and no probe before the first row must end (Adaptive.settled_on_greedy); the stretch is then counted in its
+    probe schedule. The step weights are read from the model's cache unchecked: stale ones at worst send one call
+    down greedy's loop, whose tokens are the same."""
     cached = getattr(model, "_decode_cache", None)
     stats = getattr(cached[1], "stats", None) if cached else None
     ad = stats.get(("adaptive", kb, None)) if stats else None
-    if ad is None or len(src) != 1:
+    rows = len(src)
+    if ad is None or rows == 0:
         return False
-    n = len(src[0])                                                     # an upper bound on the row's source tokens
+    n = min(len(s) for s in src)                    # an upper bound on the shortest row's source tokens (padding)
     m = parse_max_len(max_len)
-    steps = min(m if isinstance(m, int) else int(m[0] * n + m[1]), model.config.max_positions)
-    if not ad.settled_on_greedy(steps):
+    horizon = min(m if isinstance(m, int) else int(m[0] * n + m[1]), model.config.max_positions)
+    if not ad.settled_on_greedy(horizon, rows):
         return False
-    ad.greedy_stretch()
+    ad.greedy_stretch(rows)
     return True
 
 
@@ -166,8 +167,9 @@ class _Blockwise:
             key = ("adaptive", kb, self.threshold)
             self.adapt = Adaptive(kb, self.threshold) if stats is None else stats.setdefault(
                 key, Adaptive(kb, self.threshold))
-            if orig.size == 1 and self.native_block and self.threshold is None and not self.adapt.calibrated:
-                self.calibrate(memory, int(limit[0]))
+            if self.native_block and self.threshold is None and \
+                    self.adapt.bucket(orig.size) not in self.adapt.calib_tried:
+                self.calibrate(memory, limit)
         # a proposal vocabulary of N tokens: one-pass (fused) proposing while it is cheap
         vocab = len(self.w.draft_ids) if self.w.draft_ids is not None else self.w.vocab_size
         self.fused_unit = kb * max(kb - 1, 0) * vocab * model.config.d_model
@@ -346,26 +348,29 @@ class _Blockwise:
             return nxt[:, :b], done
         return np.concatenate([nxt[:, :1], self.w.propose(hn, 1, b).cpu().numpy()], axis=1), done
 
-    def calibrate(self, memory, limit: int, steps: int = 8) -> None:
-        """Time every step width once per set of weights (one row): `steps` steps of each in the native loops
-        on a scratch cache for this sentence, best of 5 rounds (2 where a round takes over 5 ms), interleaved. Probes
-        alone priced widths badly: a probe is one step after a greedy stretch (cold caches, the call around it),
-        timed ~1.2-2x a step in a run of steps, and one such timing kept a width out for good (the demo's `both`
-        never left greedy steps).
-        Every width starts where decoding mostly is: after CALIB_LEAD of the sentence's own greedy tokens (fewer
-        where its token limit is lower), fed head 1's token and the heads' own proposals there, as a probe is. Timed
+    def calibrate(self, memory, limit: np.ndarray, steps: int = 8) -> None:
+        """Time every step width once per set of weights and bucket of row counts: `steps` steps of each in the
+        native loops on a scratch cache for these rows, best of 5 rounds (2 where a round takes over 5 ms),
+        interleaved. Probes alone priced widths badly: a probe is one step after a greedy stretch (cold caches, the
+        call around it), timed ~1.2-2x a step in a run of steps, and one such timing kept a width out for good (the
+        demo's `both` never left greedy steps). A batch is timed as a batch: on a CPU without AMX tiles a k-wide
+        step over 32 rows costs about k greedy steps (arithmetic), over one row far less (weight reads).
+        Every width starts where decoding mostly is: after CALIB_LEAD of the sentences' own greedy tokens (fewer
+        where a token limit is lower), fed head 1's token and the heads' own proposals there, as a probe is. Timed
         from BOS with rejected proposals, a wide step's attention ran over a near-empty cache and its verification
         stopped at the first position, so wide steps looked cheaper than in decoding; timed at half of the first
         sentence's limit, the price depended on that sentence (the demo's `finetune`, a 4-wide step with the draft
         vocabulary: 1.57 greedy steps from a short first sentence, 2.01 from a long one)."""
         ad, w, model, kb = self.adapt, self.w, self.model, self.kb
-        ad.calibrated = True
+        rows = int(limit.shape[0])
+        b = ad.bucket(rows)
+        ad.calib_tried.add(b)
         if getattr(w, "native_loop", None) is None or getattr(w, "heads", None) is None:
             return
-        lead = max(min(int(limit), CALIB_LEAD), 0)
+        lead = max(min(int(limit.min()), CALIB_LEAD), 0)
         st = model.start_decoding(memory, lead + steps * kb + kb + 1)
-        tok = start_tokens(model, st, 1, self.dev)                       # [1,1] BOS / the prompt's last token
-        room = np.array([10 ** 6])
+        tok = start_tokens(model, st, rows, self.dev)                    # [R,1] BOS / the prompts' last tokens
+        room = np.full(rows, 10 ** 6)
         h = None
         if lead:
             st.lengths = 0
@@ -373,9 +378,9 @@ class _Blockwise:
             if w.last_seconds is None:
                 return
             tok = torch.from_numpy(got[:, -1:]).to(self.dev)
-        x0 = tok[0].cpu().numpy()                                         # [1]
-        fed = {v: np.concatenate([x0, w.propose(h, 1, v)[0].cpu().numpy()]) if h is not None else np.repeat(x0, v)
-               for v in range(2, kb + 1)}
+        x0 = tok.cpu().numpy()                                            # [R,1]
+        fed = {v: np.concatenate([x0, w.propose(h, 1, v).cpu().numpy()], axis=1) if h is not None else
+               np.repeat(x0, v, axis=1) for v in range(2, kb + 1)}       # [R,v]
         best: dict[int, float] = {}
         for rep in range(5):
             if rep >= 2 and sum(best.values()) * steps > 0.005:
@@ -384,13 +389,18 @@ class _Blockwise:
                 st.lengths = lead
                 if width == 1:
                     w.greedy_steps(model, st, tok[:, 0], room, steps, eos=-1)
-                elif w.block_steps(model, st, fed[width], 10 ** 6, steps, eos=-1) is None:
-                    return
+                elif rows == 1:
+                    if w.block_steps(model, st, fed[width][0], 10 ** 6, steps, eos=-1) is None:
+                        return
+                else:
+                    lengths = np.full(rows, lead, dtype=np.int64)
+                    st.lengths = lengths
+                    if w.batch_block_steps(model, st, fed[width], lengths, room, steps, eos=-1) is None:
+                        return
                 t = w.last_seconds
                 if t is None:
                     return
                 best[width] = min(best.get(width, t), t)
-        b = ad.bucket(1)
         for width, t in best.items():   # (the decoders' own timings of each width are kept apart: see _cost)
             ad.calib[(width, b)] = t / best[1]
         ad.calibrated_rows.add(b)
@@ -406,7 +416,7 @@ class _Blockwise:
     def stretch(self, x, out, orig, limit, length):
         """No head pays: plain greedy steps (no heads), then one probe (Adaptive.probe_width) where no row ended.
         x [R,1] the next tokens to feed. Returns (the next fed tokens [R,1 or b], done); length advances."""
-        x, h1, length, done = self.greedy_steps(x, out, orig, limit, length, self.adapt.greedy_stretch())
+        x, h1, length, done = self.greedy_steps(x, out, orig, limit, length, self.adapt.greedy_stretch(x.shape[0]))
         if not done.any():
             w = self.adapt.probe_width(x.shape[0])
             x = np.concatenate([x, self.w.propose(h1, 1, w).cpu().numpy()], axis=1)
