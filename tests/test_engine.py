@@ -635,3 +635,67 @@ def test_adaptive_calibrates_a_batch_as_a_batch_and_settles_on_greedy_per_bucket
         assert ad.probes(1).interval == ad.probe and ad.probes(3).interval == ad.max_interval
     finally:
         bw._Blockwise.run = real
+
+
+@native
+def test_native_encoder_matches_torch_and_each_row_alone():
+    """Decoding encodes on the native kernels (pre-norm ReLU encoders; fp32 whatever the decode dtype): the
+    encoder output and the cross-attention keys/values match the torch path to rounding, every source's rows are
+    bit-identical alone or in a padded batch, and greedy decoding still equals exact blockwise decoding on them.
+    Training and validation (no inference mode) keep the torch path; a post-norm encoder decodes through torch."""
+    from bpd_train.decoding.common import decoding_mode
+    from bpd_train.model import BPDConfig, BPDModel
+
+    torch.manual_seed(0)
+    m = BPDModel(BPDConfig(vocab_size=50, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64,
+                           block_size=3, dropout=0.0, max_positions=64)).eval()
+    src = random_sources(5, seed=3, vocab=50, max_src=17)
+    assert m.decode_weights().native_encoder is not None
+    with torch.no_grad():                                     # the torch path (training / validation)
+        ref = m.encode(src)
+        ref_kv = torch.stack([layer.cross_attn.memory_kv(ref.out) for layer in m.decoder_layers])
+    with decoding_mode(m):
+        got = m.encode(src)
+        kv = m.start_decoding(got, 8).mem_kv
+        keep = src != m.config.pad_id
+        assert torch.allclose(got.out[keep], ref.out[keep], atol=1e-5)
+        assert torch.allclose(kv.permute(2, 4, 0, 1, 3, 5)[keep], ref_kv.permute(2, 4, 0, 1, 3, 5)[keep], atol=1e-5)
+        assert not torch.equal(got.out[keep], ref.out[keep])  # (it is the native path: rounding differs)
+        for r in range(src.shape[0]):
+            n = int(keep[r].sum())
+            alone = m.encode(src[r:r + 1, :n]).out[0]
+            assert torch.equal(alone, got.out[r, :n])
+    assert blockwise(m, src, max_len=12).tokens == greedy(m, src, max_len=12).tokens
+    post = copy.deepcopy(m)
+    for layer in post.encoder_layers:
+        layer.pre_norm = False
+    assert post.decode_weights().native_encoder is None
+
+
+@native
+def test_step_weights_are_checked_once_per_decoding_call():
+    """Inside one decoding call the step weights are checked against the parameters once (the encoder,
+    start_decoding and the decoders all ask); a parameter changed between calls still rebuilds them."""
+    import bpd_train.model.packed as packed
+    from bpd_train.decoding.common import decoding_mode
+
+    m = random_model(3, seed=1)
+    src = random_sources(2, seed=1)
+    greedy(m, src, max_len=8)
+    calls = []
+    real = packed.weights_key
+    packed.weights_key = lambda *a: calls.append(1) or real(*a)
+    try:
+        with decoding_mode(m):
+            w = m.decode_weights()
+            m.start_decoding(m.encode(src), 8)
+            assert m.decode_weights() is w
+        assert calls == [1]
+        greedy(m, src, max_len=8)                             # a new call checks again, once
+        assert len(calls) == 2
+        with torch.no_grad():
+            m.embed.weight.mul_(-1.0)
+        assert m.decode_weights() is not w                    # a new parameter state: new weights
+        assert blockwise(m, src, max_len=8).tokens == greedy(m, src, max_len=8).tokens
+    finally:
+        packed.weights_key = real

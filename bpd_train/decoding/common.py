@@ -90,14 +90,21 @@ def row_limits(model: nn.Module, src: Tensor, max_len, reserve: int = 0) -> list
 
 @contextlib.contextmanager
 def decoding_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode (no dropout) and no autograd for the duration; restores the caller's train/eval flag."""
+    """Eval mode (no dropout) and no autograd for the duration; restores the caller's train/eval flag. The model's
+    step weights are checked against its parameters once for the duration (model/packed.py cached_step_weights):
+    nothing trains while a decoder runs."""
     was_training = model.training
     if was_training:  # eval()/train() walk every submodule: skip them when there is nothing to switch
         model.eval()
+    outer = getattr(model, "_decode_call", None)
+    if outer is None:
+        model._decode_call = object()
     try:
         with torch.inference_mode():
             yield
     finally:
+        if outer is None:
+            model._decode_call = None
         if was_training:
             model.train()
 

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from bpd_train.model.cache import DecoderState
 from bpd_train.model.heads import BPDHeads, MedusaHeads
 from bpd_train.model.lm_config import LMConfig
-from bpd_train.model.packed import DecodeOptions, weights_key
+from bpd_train.model.packed import DecodeOptions, cached_step_weights
 
 
 class RMSNorm(nn.Module):
@@ -394,8 +394,4 @@ class LMModel(nn.Module):
         return state
 
     def decode_weights(self) -> "LMDecodeWeights":
-        key = weights_key(self, self.decode_options)
-        cached = self._decode_cache
-        if cached is None or cached[0] != key:
-            cached = self._decode_cache = (key, _lm_step_weights()(self, self.decode_options))
-        return cached[1]
+        return cached_step_weights(self, _lm_step_weights())

@@ -103,6 +103,7 @@ class DecodeWeights(DecodeStep):
             self.native_layers = [self.ext.StepLayer(w.n_heads, w.eps, w.n1_w, w.n1_b, w.qkv.lin, w.so.lin, w.n2_w,
                                                      w.n2_b, w.q.lin, w.co.lin, w.n3_w, w.n3_b, w.f1.lin, w.f2.lin)
                                   for w in self.layers]
+        self.native_encoder = self._native_encoder(model) if self.native_layers is not None else None
         norm = model.decoder_norm
         self.norm = (norm.normalized_shape, norm.weight, norm.bias, norm.eps) if norm is not None else None
         emb = model.output_weight()
@@ -151,6 +152,41 @@ class DecodeWeights(DecodeStep):
                 return ext.greedy_steps(tok, emb_w, scale, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t,
                                         lengths, nw, nb, eps, proj, eos, room, n)
             self.native_loop = native_loop
+
+    def _native_encoder(self, model: nn.Module):
+        """The encoder's layers (fp32, whatever the decode dtype: the torch encoder was fp32 too), its final norm and
+        the decoder layers' cross-attention key/value projections on the native kernels, or None where a layer is
+        not the pre-norm ReLU layer they implement."""
+        ext, layers = self.ext, []
+        for layer in model.encoder_layers:
+            m = layer._modules
+            if not (layer.pre_norm and layer.ffn.act is torch.relu):
+                return None
+            at, ffn = m["attn"]._modules, m["ffn"]._modules
+            lins = [_lin(mod, "fp32") for mod in (at["qkv"], at["out"], ffn["fc1"], ffn["fc2"])]
+            if any(lin.lin is None for lin in lins):
+                return None
+            n1, n2 = m["norm1"], m["norm2"]
+            layers.append(ext.EncLayer(layer.attn.n_heads, n1.eps, n1.weight, n1.bias, lins[0].lin, lins[1].lin,
+                                       n2.weight, n2.bias, lins[2].lin, lins[3].lin))
+        kv = [_lin(layer._modules["cross_attn"]._modules["kv"], "fp32") for layer in model.decoder_layers]
+        if any(lin.lin is None for lin in kv):
+            return None
+        norm = model.encoder_norm
+        return (layers, (norm.weight, norm.bias, norm.eps) if norm is not None else (None, None, 0.0),
+                [lin.lin for lin in kv], model.decoder_layers[0].cross_attn.n_heads)
+
+    def encode(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """The encoder stack on the native kernels (BPDModel.encode at inference): x [B,S,d] the embedded sources,
+        mask [B,1,1,S] additive or None -> [B,S,d] after the final norm."""
+        layers, (nw, nb, eps), _, _ = self.native_encoder
+        m = mask.reshape(x.shape[0], x.shape[1]) if mask is not None else None
+        return self.ext.encode_layers(x, layers, m, nw, nb, eps)
+
+    def memory_kv(self, out: Tensor) -> Tensor:
+        """Every decoder layer's cross-attention keys and values of the encoder output out [B,S,d] -> [L,2,B,H,S,Dh]."""
+        _, _, kv, heads = self.native_encoder
+        return self.ext.memory_kv(out, kv, heads)
 
     # ---- the pieces of a step ----
     def final_norm(self, h: Tensor) -> Tensor:
@@ -292,6 +328,25 @@ class DecodeWeights(DecodeStep):
         if self.draft_proj is None:
             return self.prop_proj(s).argmax(-1)
         return self.draft_ids[self.draft_proj(s).argmax(-1)]
+
+
+def cached_step_weights(model: nn.Module, build):
+    """model.decode_weights() for either family: the cached step weights for `model.decode_options`, rebuilt (by
+    `build(model, options)`) only when a parameter or the options changed. Inside one decoding call
+    (decoding/common.py decoding_mode, which sets `model._decode_call`) the check runs once: walking every
+    parameter cost ~40-110 us at demo size, and the encoder, start_decoding and the decoders each ask."""
+    call = getattr(model, "_decode_call", None)
+    cached = model._decode_cache
+    if cached is not None and call is not None and cached[2] is call:
+        return cached[1]
+    key = weights_key(model, model.decode_options)
+    if cached is None or cached[0] != key:
+        with torch.no_grad():
+            cached = (key, build(model, model.decode_options), call)
+    elif cached[2] is not call:
+        cached = (cached[0], cached[1], call)
+    model._decode_cache = cached
+    return cached[1]
 
 
 def weights_key(model: nn.Module, options: DecodeOptions) -> tuple:

@@ -19,7 +19,7 @@ from bpd_train.model.cache import DecoderState, Memory
 from bpd_train.model.config import BPDConfig
 from bpd_train.model.heads import BPDHeads
 from bpd_train.model.layers import DecoderLayer, EncoderLayer, decode_step, sinusoidal_table
-from bpd_train.model.packed import DecodeOptions, DecodeWeights, weights_key
+from bpd_train.model.packed import DecodeOptions, DecodeWeights, cached_step_weights
 
 
 class BPDModel(nn.Module):
@@ -103,11 +103,22 @@ class BPDModel(nn.Module):
             else:  # additive float mask once, rather than SDPA converting the bool mask in every layer
                 layer_mask = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill_(
                     ~attn_mask, float("-inf"))
+        w = self._native_decoding(x)
+        if w is not None:  # decoding on the CPU: the whole stack in one native call (model/packed.py)
+            return Memory(w.encode(x, layer_mask), pad_mask, attn_mask)
         for layer in self.encoder_layers:
             x = layer(x, layer_mask)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
         return Memory(x, pad_mask, attn_mask)
+
+    def _native_decoding(self, x: Tensor):
+        """The decode weights where a decoder runs this model on the native kernels (inference mode, fp32 on the
+        CPU, an encoder they implement), else None: training, validation and other devices keep the torch path."""
+        if not torch.is_inference_mode_enabled() or x.device.type != "cpu" or x.dtype != torch.float32:
+            return None
+        w = self.decode_weights()
+        return w if getattr(w, "native_encoder", None) is not None else None
 
     # ---- decoder, full sequence (training) ----
     def features(self, memory: Memory, tgt_in: Tensor) -> Tensor:
@@ -187,12 +198,16 @@ class BPDModel(nn.Module):
         `capacity` decoder tokens per row. Cross-attention K/V are computed here, once."""
         out = memory.out
         b, s, d = out.shape
-        kvs = []
-        for layer in self.decoder_layers:
-            ca = layer._modules["cross_attn"]
-            kv = ca._modules["kv"]._parameters
-            kvs.append(F.linear(out, kv["weight"], kv["bias"]).view(b, s, 2, ca.n_heads, d // ca.n_heads))
-        mem_kv = torch.stack(kvs).permute(0, 3, 1, 4, 2, 5)                     # [layers,2,B,H,S,Dh]
+        w = self._native_decoding(out)
+        if w is not None:
+            mem_kv = w.memory_kv(out)                                            # [layers,2,B,H,S,Dh]
+        else:
+            kvs = []
+            for layer in self.decoder_layers:
+                ca = layer._modules["cross_attn"]
+                kv = ca._modules["kv"]._parameters
+                kvs.append(F.linear(out, kv["weight"], kv["bias"]).view(b, s, 2, ca.n_heads, d // ca.n_heads))
+            mem_kv = torch.stack(kvs).permute(0, 3, 1, 4, 2, 5)                 # [layers,2,B,H,S,Dh]
         mask = memory.attn_mask
         if mask is not None and bool(memory.pad_mask.all()):
             mask = None  # nothing padded: the cheaper unmasked attention gives the same result
@@ -217,12 +232,7 @@ class BPDModel(nn.Module):
 
     def decode_weights(self) -> DecodeWeights:
         """The decode-step weights for `self.decode_options`, rebuilt only when a parameter changed."""
-        key = weights_key(self, self.decode_options)
-        cached = self._decode_cache
-        if cached is None or cached[0] != key:
-            with torch.no_grad():
-                cached = self._decode_cache = (key, DecodeWeights(self, self.decode_options))
-        return cached[1]
+        return cached_step_weights(self, DecodeWeights)
 
     def decode(self, state: DecoderState, tokens: Tensor, kv_len: int | None = None) -> Tensor:
         """tokens [R,n] -> h [R,n,D]. Writes their K/V at each row's slots lengths..lengths+n-1; the caller

@@ -812,8 +812,6 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
 
 // A packed linear layer as one object (what model/fastlinear.py PackedLinear holds), so that the fused
 // step functions below can chain several of them without returning to Python between ops.
-// A packed linear layer as one object (what model/fastlinear.py PackedLinear holds), so that the fused
-// step functions below can chain several of them without returning to Python between ops.
 struct Lin {
   torch::Tensor data;
   c10::optional<torch::Tensor> scale, bias;
@@ -1286,6 +1284,100 @@ torch::Tensor decode_layers(torch::Tensor x_in, const std::vector<StepLayer>& la
   Cache c(self_kv, mem_kv, mem_mask, g);
   decode_raw(x_t.data_ptr<float>(), M, n, d, slot.data(), layers, c);
   return x_t;
+}
+
+// ---- the encoder for decoding, without ATen ops ----
+// One encoder layer's weights (pre-norm layer, ReLU FFN: model/layers.py EncoderLayer).
+struct EncLayer {
+  int64_t n_heads;
+  double eps;
+  torch::Tensor n1w, n1b, n2w, n2b;
+  Lin qkv, so, f1, f2;
+  EncLayer(int64_t h, double e, torch::Tensor a, torch::Tensor b, Lin l1, Lin l2, torch::Tensor c, torch::Tensor d,
+           Lin l3, Lin l4)
+      : n_heads(h), eps(e), n1w(a), n1b(b), n2w(c), n2b(d), qkv(l1), so(l2), f1(l3), f2(l4) {}
+};
+
+// model/transformer.py encode at inference (pre-norm ReLU layers, then the final norm where there is one) on raw
+// buffers: at batch 1 the encoder's ~20 ATen ops per layer cost more than its arithmetic (demo size, 25 tokens:
+// ~2.5 ms through torch). x [B,S,d] the embedded sources; mask [B,S] additive (0 / -inf on padding) or none. Every
+// query attends over all S keys (minus padding). The encoder is the same for every decoder, so its rounding (not
+// torch's) is what greedy, blockwise and beam decoding all read.
+torch::Tensor encode_layers(torch::Tensor x_in, const std::vector<EncLayer>& layers, c10::optional<torch::Tensor> mask,
+                            c10::optional<torch::Tensor> fnw, c10::optional<torch::Tensor> fnb, double feps) {
+  TORCH_CHECK(x_in.dim() == 3, "encode_layers: x must be [B,S,d]");
+  const int64_t B = x_in.size(0), S = x_in.size(1), d = x_in.size(2), M = B * S;
+  auto x_t = x_in.to(torch::kFloat32).contiguous().clone();
+  float* x = x_t.data_ptr<float>();
+  torch::Tensor mk;
+  const float* mm = nullptr;
+  if (mask.has_value()) {
+    mk = mask->to(torch::kFloat32).contiguous();
+    TORCH_CHECK(mk.numel() == M, "encode_layers: mask must be [B,S]");
+    mm = mk.data_ptr<float>();
+  }
+  Work& ws = work();
+  int64_t ff = 0;
+  for (const auto& w : layers) ff = std::max(ff, w.f1.N);
+  float* y = grow(ws.y, M * d);
+  float* big = grow(ws.big, M * std::max<int64_t>(3 * d, ff));
+  float* a = grow(ws.a, M * d);
+  float* o = grow(ws.o, M * d);
+  for (const EncLayer& w : layers) {
+    const int64_t h = w.n_heads, dh = d / h;
+    const float scale = (float)(1.0 / std::sqrt((double)dh));
+    norm_rows(x, y, M, d, w.n1w.data_ptr<float>(), w.n1b.data_ptr<float>(), (float)w.eps);
+    lin_rows(w.qkv, y, big, M);                                               // [B][S][3][H][Dh]
+    // one task per source and head: its S queries over its S keys
+    at::parallel_for(0, B * h, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, S * S * dh)),
+                     [&](int64_t lo, int64_t hi) {
+      const AttnScratch buf = attn_scratch(S, S);
+      for (int64_t i = lo; i < hi; i++) {
+        const int64_t b = i / h, hh = i % h;
+        for (int64_t j = 0; j < S; j++) {
+          buf.q[j] = big + (b * S + j) * 3 * d + hh * dh;
+          buf.out[j] = a + (b * S + j) * d + hh * dh;
+          buf.len[j] = S;
+        }
+        const float* kb = big + b * S * 3 * d + d + hh * dh;
+        attend(S, buf.q, buf.len, kb, kb + d, 3 * d, mm ? mm + b * S : nullptr, scale, buf.out, dh, buf.sc);
+      }
+    });
+    lin_rows(w.so, a, o, M);
+    for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
+    norm_rows(x, y, M, d, w.n2w.data_ptr<float>(), w.n2b.data_ptr<float>(), (float)w.eps);
+    lin_rows(w.f1, y, big, M);
+    for (int64_t i = 0; i < M * w.f1.N; i++) big[i] = std::max(big[i], 0.0f);
+    lin_rows(w.f2, big, o, M);
+    for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
+  }
+  if (fnw.has_value()) {
+    norm_rows(x, y, M, d, fnw->data_ptr<float>(), fnb->data_ptr<float>(), (float)feps);
+    std::memcpy(x, y, M * d * sizeof(float));
+  }
+  return x_t;
+}
+
+// Each decoder layer's cross-attention keys and values of the encoder output (BPDModel.start_decoding): out
+// [B,S,d], kv[l] the layer's packed [2d, d] projection. Returns mem_kv [L,2,B,H,S,Dh] (model/cache.py's layout).
+torch::Tensor memory_kv(torch::Tensor out_in, const std::vector<Lin>& kv, int64_t n_heads) {
+  const int64_t B = out_in.size(0), S = out_in.size(1), d = out_in.size(2), M = B * S, Ln = (int64_t)kv.size();
+  const int64_t dh = d / n_heads;
+  auto xin = out_in.to(torch::kFloat32).contiguous();
+  auto res = torch::empty({Ln, 2, B, n_heads, S, dh}, xin.options());
+  float* r = res.data_ptr<float>();
+  float* tmp = grow(work().big, M * 2 * d);
+  for (int64_t l = 0; l < Ln; l++) {
+    lin_rows(kv[l], xin.data_ptr<float>(), tmp, M);                          // [B][S][2][H][Dh]
+    for (int64_t m = 0; m < M; m++) {
+      const int64_t b = m / S, s = m % S;
+      for (int64_t t = 0; t < 2; t++)
+        for (int64_t hh = 0; hh < n_heads; hh++)
+          std::memcpy(r + ((((l * 2 + t) * B + b) * n_heads + hh) * S + s) * dh, tmp + m * 2 * d + t * d + hh * dh,
+                      dh * sizeof(float));
+    }
+  }
+  return res;
 }
 
 // The embedding a decode step feeds, as BPDModel.decode computes it: embed[tok] * scale, then + pe[pos], two
@@ -2146,6 +2238,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<int64_t, double, torch::Tensor, torch::Tensor, Lin, Lin, torch::Tensor, torch::Tensor, Lin, Lin,
                           torch::Tensor, torch::Tensor, Lin, Lin>());
   m.def("decode_layers", &decode_layers);
+  pybind11::class_<EncLayer>(m, "EncLayer")
+      .def(pybind11::init<int64_t, double, torch::Tensor, torch::Tensor, Lin, Lin, torch::Tensor, torch::Tensor, Lin,
+                          Lin>());
+  m.def("encode_layers", &encode_layers);
+  m.def("memory_kv", &memory_kv);
   m.def("propose", &propose);
   m.def("greedy_steps", &greedy_steps);
   m.def("block_steps", &block_steps);
