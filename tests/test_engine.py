@@ -308,7 +308,8 @@ def test_adaptive_settled_on_greedy_runs_greedy_itself():
         assert (got.tokens, got.calls, got.accepted_hist) == (want.tokens, want.calls, want.accepted_hist)
         assert ad.probes(1).failed_at_cap == before + 1               # the stretch it stands for, counted
         ad.offered, ad.accepted = [1, 100, 100, 100], [1, 100, 100, 100]   # heads that pay: the loop again
-        ad._best.clear()
+        ad.calib.update({(v, 1): 1.0 + 0.2 * (v - 1) for v in (2, 3, 4)})  # (priced as at base size, not timed:
+        ad._best.clear()                                     # this tiny model's wide steps cost what the CPU gives)
         blockwise(m, src, max_len=12, adaptive=True)
         assert runs == [1, 1]
     finally:
