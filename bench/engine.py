@@ -529,7 +529,7 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
     import gzip
 
     from bpd_train.decoding import blockwise
-    from bpd_train.decoding.common import start_rows, stop_ids
+    from bpd_train.decoding.common import decoding_mode, start_rows, stop_ids
     from bpd_train.evaluation.decode import draft_vocabulary
     from bpd_train.loading import load
     torch.set_num_threads(threads)
@@ -563,7 +563,7 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
             fns["greedy fp32"] = lambda s: greedy(mf, s, max_len=ml)
 
         def prefill(s):   # what every decoder does before its first step: the source's encoder / the prompt's cache
-            with torch.inference_mode():
+            with decoding_mode(m):
                 rows = start_rows(m, s, ml)
                 return m.start_decoding(m.encode(rows.src), rows.cap)
         fns["prefill"] = prefill

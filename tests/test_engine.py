@@ -643,7 +643,8 @@ def test_native_encoder_matches_torch_and_each_row_alone():
     """Decoding encodes on the native kernels (pre-norm ReLU encoders; fp32 whatever the decode dtype): the
     encoder output and the cross-attention keys/values match the torch path to rounding, every source's rows are
     bit-identical alone or in a padded batch, and greedy decoding still equals exact blockwise decoding on them.
-    Training and validation (no inference mode) keep the torch path; a post-norm encoder decodes through torch."""
+    Outside a decoder (training; validation, even in inference mode) the torch path runs; a post-norm encoder
+    decodes through torch."""
     from bpd_train.decoding.common import decoding_mode
     from bpd_train.model import BPDConfig, BPDModel
 
@@ -655,6 +656,8 @@ def test_native_encoder_matches_torch_and_each_row_alone():
     with torch.no_grad():                                     # the torch path (training / validation)
         ref = m.encode(src)
         ref_kv = torch.stack([layer.cross_attn.memory_kv(ref.out) for layer in m.decoder_layers])
+    with torch.inference_mode():                              # (Lightning validates in inference mode)
+        assert torch.equal(m.encode(src).out, ref.out)
     with decoding_mode(m):
         got = m.encode(src)
         kv = m.start_decoding(got, 8).mem_kv

@@ -113,9 +113,11 @@ class BPDModel(nn.Module):
         return Memory(x, pad_mask, attn_mask)
 
     def _native_decoding(self, x: Tensor):
-        """The decode weights where a decoder runs this model on the native kernels (inference mode, fp32 on the
-        CPU, an encoder they implement), else None: training, validation and other devices keep the torch path."""
-        if not torch.is_inference_mode_enabled() or x.device.type != "cpu" or x.dtype != torch.float32:
+        """The decode weights where a decoder runs this model on the native kernels (inside a decoder's
+        decoding_mode, fp32 on the CPU, an encoder they implement), else None: training, validation (whose sharded
+        strategies gather each layer's weights only around its own forward) and other devices keep the torch path."""
+        if getattr(self, "_decode_call", None) is None or not torch.is_inference_mode_enabled() \
+                or x.device.type != "cpu" or x.dtype != torch.float32:
             return None
         w = self.decode_weights()
         return w if getattr(w, "native_encoder", None) is not None else None
