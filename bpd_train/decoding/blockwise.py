@@ -128,7 +128,10 @@ def _settled_on_greedy(model, kb: int, src, max_len) -> bool:
     rows = len(src)
     if ad is None or rows == 0:
         return False
-    n = min(len(s) for s in src)                    # an upper bound on the shortest row's source tokens (padding)
+    if isinstance(src, torch.Tensor):               # the shortest row's source tokens (padded batches)
+        n = int((src != model.config.pad_id).sum(1).min()) if src.dim() == 2 else len(src)
+    else:
+        n = min(len(s) for s in src)
     m = parse_max_len(max_len)
     horizon = min(m if isinstance(m, int) else int(m[0] * n + m[1]), model.config.max_positions)
     if not ad.settled_on_greedy(horizon, rows):
