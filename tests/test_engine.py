@@ -275,6 +275,15 @@ def test_adaptive_calibration_times_every_width_mid_sentence_on_a_scratch_cache(
     assert sorted(v for v, _ in ad.calib) == [1, 2, 3, 4] and ad.calib[(1, 1)] == 1.0
 
 
+def _heads_that_never_pay(k: int = 4, seed: int = 3):
+    """A random model whose future heads repeat head 1's token (their last layer zeroed): never accepted."""
+    m = random_model(k, seed=seed)
+    with torch.no_grad():
+        m.heads.fc2.weight.zero_()
+        m.heads.fc2.bias.zero_()
+    return m
+
+
 @native
 def test_adaptive_settled_on_greedy_runs_greedy_itself():
     """One row whose controller has timed every width, found none that pays and has no probe due within the call:
@@ -284,10 +293,7 @@ def test_adaptive_settled_on_greedy_runs_greedy_itself():
     import importlib
 
     bw = importlib.import_module("bpd_train.decoding.blockwise")
-    m = random_model(4, seed=3)
-    with torch.no_grad():                                   # future heads that never pay: they repeat head 1's token
-        m.heads.fc2.weight.zero_()
-        m.heads.fc2.bias.zero_()
+    m = _heads_that_never_pay()
     src = random_sources(1, seed=4)
     blockwise(m, src, max_len=12, adaptive=True)            # calibrates
     ad = next(iter(m.decode_weights().stats.values()))
@@ -590,10 +596,7 @@ def test_adaptive_calibrates_a_batch_as_a_batch_and_settles_on_greedy_per_bucket
     from bpd_train.model.packed import DecodeWeights
 
     bw = importlib.import_module("bpd_train.decoding.blockwise")
-    m = random_model(4, seed=3)
-    with torch.no_grad():                                   # future heads that never pay: they repeat head 1's token
-        m.heads.fc2.weight.zero_()
-        m.heads.fc2.bias.zero_()
+    m = _heads_that_never_pay()
     src = random_sources(3, seed=6)
     want = greedy(m, src, max_len=12)
     seen = []
