@@ -581,6 +581,8 @@ def test_adaptive_probes_back_off_then_return_when_a_head_pays():
         a.update(4, np.array([3]), one_row=True)
     assert a.width(1) > 1
     assert a.greedy_stretch() == 8 and a.probes(1).failed_at_cap == 0
+    # runs at the chosen width: short while the heads are barely judged, long once they are (per-call cost)
+    assert Adaptive(4).run_length() == 8 and a.run_length() == 32
 
 
 @native

@@ -272,8 +272,8 @@ class _Blockwise:
 
     def block_native(self, x, out, orig, limit, length, width: int | None = None):
         """One row, Exact: blockwise steps as one native call, the same steps as the Python loop (verify,
-        accept, propose) without its per-step overhead; adaptive mode re-decides the width every 8 steps (after
-        every step while probing).
+        accept, propose) without its per-step overhead; adaptive mode re-decides the width after each run of
+        steps (Adaptive.run_length; after every step while probing).
         width: the prefill (x = [[BOS]]): its step comes first in the same call, then blocks of this width.
         Returns (next fed tokens [1,b], done [1]), or None where the native kernels do not run this model."""
         t0 = perf_counter()  # (where no native time comes back, the timing covers this method's bookkeeping too)
@@ -282,8 +282,8 @@ class _Blockwise:
         self.state.lengths = int(length[0])
         steps = int(limit[0])
         ad = self.adapt
-        if ad is not None:  # a probe runs 1 step per call, the width the costs chose 8 (each call costs ~50 us)
-            ad.chunk = 8 if ad.width(1) == fed else 1
+        if ad is not None:  # a probe runs 1 step per call, the width the costs chose a run (Adaptive.run_length)
+            ad.chunk = ad.run_length() if ad.width(1) == fed else 1
             ad.last_fed, steps = fed, ad.chunk + prefill
         got = self.w.block_steps(self.model, self.state, x[0], int(limit[0] - length[0]), steps,
                                  **({"width": width} if prefill else {}))
@@ -310,7 +310,7 @@ class _Blockwise:
 
     def batch_native(self, x, out, orig, limit, length):
         """R > 1 rows, Exact: blockwise steps as one native call (DecodeWeights.batch_block_steps) until a row ends,
-        at most 16 steps (adaptive: 8 at the width the costs chose, 1 while probing): the Python loop's steps
+        at most 16 steps (adaptive too at the width the costs chose, 1 while probing): the Python loop's steps
         without its per-step overhead (numpy bookkeeping, tensor round trips). Returns (next fed tokens [R,b],
         done [R]), or None where the native kernels do not run this model."""
         t0 = perf_counter()
@@ -318,7 +318,7 @@ class _Blockwise:
         ad = self.adapt
         steps = 16
         if ad is not None:
-            ad.chunk = 8 if ad.width(r) == fed else 1
+            ad.chunk = 16 if ad.width(r) == fed else 1
             ad.last_fed, steps = fed, ad.chunk
         self.state.lengths = length
         native = getattr(self.w, "batch_block_steps", None)
