@@ -53,6 +53,19 @@ def _report() -> dict:
     }
 
 
+def test_headline_table_gives_bleu_over_the_quality_sentences():
+    """A report whose BLEU covers more sentences than it times (evaluate.bleu_sentences) gets one BLEU row with
+    each run's difference from the base; a report without them gets none."""
+    report = _report()
+    assert "sentences (Δ base)" not in results.headline_table(report)
+    report["data"]["quality_sentences"] = 1537
+    for c, (q, d) in zip(report["checkpoints"], ((6.68, 0.0), (8.04, 1.36))):
+        c["quality"], c["bleu_vs_base"] = {"sentences": 1537, "bleu": q, "chrf": 25.0}, d
+    table = results.headline_table(report)
+    assert "| BLEU, 1537 sentences (Δ base) | 6.68 | 8.04 (+1.36) |" in table
+    assert "over 1537 sentences of the split; the cells, over the 80 that are timed" in table
+
+
 def test_generator_writes_the_page_and_the_readme_block(tmp_path):
     rep = tmp_path / "eval" / "demo-k4"
     rep.mkdir(parents=True)

@@ -52,7 +52,8 @@ def _sacrebleu(out: Path, hyp: str) -> dict:
 
 def test_evaluate_export_translate(artifacts, tmp_path):
     res = _run("evaluate.py", f"paths.artifacts={artifacts}", "evaluate.max_sentences=6", "evaluate.batch_sizes=[3]",
-               "decode.rules=[exact]", "evaluate.progress=false", "num_threads=2", tmp=tmp_path)
+               "decode.rules=[exact]", "evaluate.progress=false", "num_threads=2", "evaluate.bleu_sentences=12",
+               tmp=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     out = artifacts / "bible_en_fr" / "eval" / "all"  # two runs found: base and heads/frozen-k4
     report = json.loads((out / "report.json").read_text())
@@ -67,6 +68,8 @@ def test_evaluate_export_translate(artifacts, tmp_path):
         cli = _sacrebleu(out, e["hyp_file"])
         assert e["bleu"] == pytest.approx(cli["BLEU"], abs=1e-6) and e["chrf"] == pytest.approx(cli["chrF2"], abs=1e-6)
     assert report["checkpoints"][0]["greedy"]["chrf"] > 0
+    assert report["data"]["quality_sentences"] == 12  # evaluate.bleu_sentences: greedy BLEU over 12, 6 timed
+    assert all(len((out / c["quality"]["hyp_file"]).read_text().splitlines()) == 12 for c in report["checkpoints"])
     for r in report["rows"]:  # the heads share the base backbone: exact blockwise output == greedy == base's
         assert r["agreement"] == 100.0 and r["bleu"] == report["checkpoints"][0]["greedy"]["bleu"]
 
@@ -88,6 +91,9 @@ def test_bad_input_is_one_line(artifacts, tmp_path):
     assert res.returncode == 2 and "Traceback" not in res.stderr
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("error: block size 8 is above the k = 4 heads of frozen-k4")
+    res = _run("evaluate.py", f"paths.artifacts={artifacts}", "evaluate.bleu_sentences=most", tmp=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("error: evaluate.bleu_sentences must be `all`")
 
 
 def test_nothing_trained_says_what_to_run(tmp_path):

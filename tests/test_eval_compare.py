@@ -75,6 +75,51 @@ def test_teacher_checkpoint_gone_keeps_the_manifest_number(compared, tmp_path):
     assert "not decoded here" in (tmp_path / "r" / "report.md").read_text()
 
 
+def test_quality_over_more_sentences_than_are_timed(compared, tmp_path):
+    """evaluate.bleu_sentences: each checkpoint's (and the teacher's) BLEU over 8 sentences while 3 of them are
+    timed; the scores are sacrebleu's on the written files, the timed greedy output is the same sentences' output
+    in the larger set, and the base comparison uses the larger set."""
+    _, _, tiny = compared
+    pairs = read_pairs("validation", 8)
+    timed = [pairs[i] for i in (0, 3, 6)]
+    teacher_dir = _manifest(tmp_path / "distill" / "t", tiny["base"] / "checkpoints" / "last.ckpt", beam_size=1)
+    settings = EvalSettings(rules=["exact"], batch_sizes=[1, 2], max_len=[0.5, 4], progress=False)
+    out = tmp_path / "report"
+    report = evaluate_inputs(expand_inputs([str(tiny["base"]), str(tiny["run"])]), [p[0] for p in timed],
+                             [p[1] for p in timed], settings, out, plots=False, distilled_dir=teacher_dir,
+                             quality=([p[0] for p in pairs], [p[1] for p in pairs]))
+    assert report["data"]["sentences"] == 3 and report["data"]["quality_sentences"] == 8
+    refs = tmp_path / "refs8.txt"
+    refs.write_text("".join(p[1] + "\n" for p in pairs))
+    ck = {c["name"]: c for c in report["checkpoints"]}
+    for c in ck.values():
+        q = c["quality"]
+        lines = (out / q["hyp_file"]).read_text().splitlines()
+        assert q["sentences"] == len(lines) == 8
+        cli = subprocess.run([SACREBLEU, str(refs), "-i", str(out / q["hyp_file"]), "-m", "bleu", "-w", "6",
+                              "--format", "json"], capture_output=True, text=True, check=True)
+        assert q["bleu"] == pytest.approx(json.loads(cli.stdout)["score"], abs=1e-6)
+        assert (out / c["greedy"]["hyp_file"]).read_text().splitlines() == [lines[i] for i in (0, 3, 6)]
+    base_q = ck["base"]["quality"]["bleu"]
+    assert report["comparison"]["base_bleu"] == base_q
+    assert ck["base"]["quality"]["chrf"] != ck["base"]["greedy"]["chrf"]  # two sets of sentences indeed
+    assert report["teacher"]["sentences"] == 8 and report["teacher"]["bleu"] == base_q  # the base, beam 1
+    assert ck["frozen-k4"]["bleu_vs_base"] == pytest.approx(ck["frozen-k4"]["quality"]["bleu"] - base_q)
+    md = (out / "report.md").read_text()
+    assert "greedy BLEU " + f"{base_q:.2f} over 8 sentences" in md and "BLEU (8 sentences)" in md
+    assert report["best"]["rule"].endswith("; BLEU over 8 sentences of the split")
+
+
+def test_best_holds_runs_to_the_quality_bleu_not_the_timed_sentences():
+    report = _report({"self-k4": (8.0, 1.4), "frozen-k4": (10.0, 1.05)})  # 2 under the base on the timed ones
+    assert choose_best(report)["checkpoint"] == "frozen-k4"
+    for c, q in zip(report["checkpoints"], (9.0, 8.6, 10.0)):   # over the whole split: 0.4 under the base
+        c["quality"] = {"sentences": 100, "bleu": q}
+    report["data"] = {"sentences": 10, "quality_sentences": 100}
+    best = choose_best(report)
+    assert best["checkpoint"] == "self-k4" and "BLEU 8.60 vs base 9.00 over 100 sentences" in best["reason"]
+
+
 def _report(runs: dict[str, tuple[float, float]], base_bleu: float = 10.0) -> dict:
     """A report with a base model and heads runs name -> (BLEU, batch-1 exact speedup)."""
     cks = [{"name": "base", "regime": "base", "k": 1, "path": "/a/base", "greedy": {"bleu": base_bleu}}]

@@ -71,3 +71,19 @@ def compare(model, batches: Batches, *, k: int | None, rule, max_len, device=Non
             stats.add(r)
         out[name] = Decoded(batches.scatter(t.results), stats, t.seconds)
     return Comparison(out["greedy"], out.get("blockwise"))
+
+
+def greedy_tokens(model, batches: Batches, *, max_len, on_batch: Callable[[], None] | None = None) -> list[list[int]]:
+    """Greedy decoding of every batch, untimed: the output whose BLEU evaluate.py reports over more sentences than
+    it times (evaluate.bleu_sentences). Exact blockwise output is this output, token for token."""
+    import torch
+
+    from bpd_train.decoding import greedy
+
+    results = []
+    with torch.inference_mode():
+        for src in batches.tensors:
+            results.append(greedy(model, src, max_len=max_len))
+            if on_batch is not None:
+                on_batch()
+    return batches.scatter(results)

@@ -20,6 +20,28 @@ BEST_RULE = ("the fastest of: the base model (greedy, 1.00×) and every heads ru
              "the base model's greedy BLEU; speed is the measured speedup over greedy decoding")
 
 
+def quality(entry: dict) -> dict:
+    """A checkpoint's BLEU/chrF: its greedy output over the report's quality sentences (evaluate.bleu_sentences;
+    exact blockwise output is that output). Reports without a quality set: the timed sentences' greedy scores."""
+    q = entry.get("quality")
+    if q:
+        return q
+    g = entry["greedy"]
+    return {"sentences": None, "bleu": g.get("bleu"), "chrf": g.get("chrf"), "hyp_file": g.get("hyp_file")}
+
+
+def quality_sentences(report: dict) -> int | None:
+    """How many sentences the quality scores cover, when they are more than the timed ones (else None)."""
+    d = report.get("data") or {}
+    n = d.get("quality_sentences")
+    return n if n and n != d.get("sentences") else None
+
+
+def _over(report: dict) -> str:
+    n = quality_sentences(report)
+    return f" over {n} sentences" if n else ""
+
+
 def _fmt(x, nd=2) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
@@ -78,34 +100,36 @@ def add_comparisons(report: dict) -> None:
     the same sentences (exact blockwise output is the greedy output, so this is its BLEU at every k), and the run
     to recommend (report["best"], see BEST_RULE)."""
     base, teacher = base_entry(report), report.get("teacher") or {}
-    base_bleu = base["greedy"]["bleu"] if base else None
+    base_bleu = quality(base)["bleu"] if base else None
     report["comparison"] = {"base": base["name"] if base else None, "base_bleu": base_bleu,
                             "teacher_bleu": teacher.get("bleu"), "teacher_train_bleu": teacher.get("train_bleu")}
     for c in report["checkpoints"]:
-        c["bleu_vs_base"] = _diff(c["greedy"]["bleu"], base_bleu)
-        c["bleu_vs_teacher"] = _diff(c["greedy"]["bleu"], teacher.get("bleu"))
+        c["bleu_vs_base"] = _diff(quality(c)["bleu"], base_bleu)
+        c["bleu_vs_teacher"] = _diff(quality(c)["bleu"], teacher.get("bleu"))
     report["best"] = choose_best(report)
 
 
 def choose_best(report: dict) -> dict:
     """The run to hand a user (the demo exports it): see BEST_RULE. Ties go to the higher k̂."""
     drop = float(report["settings"].get("max_bleu_drop", 1.0))
-    rule = BEST_RULE.format(drop=drop)
+    rule = BEST_RULE.format(drop=drop) + (f"; BLEU{_over(report)} of the split" if _over(report) else "")
     base = base_entry(report)
     if base is None:
         return {"checkpoint": None, "path": None, "rule": rule,
                 "reason": "no base model among the evaluated checkpoints: no BLEU to hold the heads runs to"}
-    floor = base["greedy"]["bleu"] - drop
+    floor = quality(base)["bleu"] - drop
     bs = min(report["settings"]["batch_sizes"])
     rows = [r for r in report["rows"] if r["rule"] == "exact" and r["batch_size"] == bs and r["model_k"] > 1
             and r["agreement"] == 100.0 and r["speedup"] is not None and not math.isnan(r["speedup"])]
-    ok = [r for r in rows if r["bleu"] >= floor - 1e-9]
+    bleu = {c["name"]: quality(c)["bleu"] for c in report["checkpoints"]}  # exact output = greedy output
+    ok = [r for r in rows if bleu[r["checkpoint"]] >= floor - 1e-9]
     fastest = max(ok, key=lambda r: (r["speedup"], r["mean_accepted"]), default=None)
     path = {c["name"]: c["path"] for c in report["checkpoints"]}
     if fastest is not None and fastest["speedup"] > 1.0:
         return {"checkpoint": fastest["checkpoint"], "path": path[fastest["checkpoint"]], "k": fastest["k"],
-                "rule": rule, "reason": f"{fastest['speedup']:.2f}× at k = {fastest['k']}, BLEU {fastest['bleu']:.2f} "
-                                        f"vs base {base['greedy']['bleu']:.2f}"}
+                "rule": rule, "reason": f"{fastest['speedup']:.2f}× at k = {fastest['k']}, BLEU "
+                                        f"{bleu[fastest['checkpoint']]:.2f} vs base {quality(base)['bleu']:.2f}"
+                                        f"{_over(report)}"}
     lost = sorted({r["checkpoint"] for r in rows} - {r["checkpoint"] for r in ok})
     why = ("no heads run is within the BLEU margin" if not ok else
            f"no heads run within the BLEU margin is faster than greedy decoding (best: {fastest['checkpoint']}, "
@@ -118,13 +142,15 @@ def choose_best(report: dict) -> dict:
 def comparison_table(report: dict) -> str:
     """One row per checkpoint: greedy BLEU, its difference from the base and the teacher, k̂ and speedup at its k."""
     bs = min(report["settings"]["batch_sizes"]) if report["rows"] else None
-    lines = [f"| checkpoint | regime | BLEU | Δ base | Δ teacher | k̂ (exact, k, batch {bs}) | speedup |",
+    n = quality_sentences(report)
+    lines = [f"| checkpoint | regime | BLEU{f' ({n} sentences)' if n else ''} | Δ base | Δ teacher | "
+             f"k̂ (exact, k, batch {bs}) | speedup |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for c in report["checkpoints"]:
         row = next((r for r in report["rows"] if r["checkpoint"] == c["name"] and r["rule"] == "exact"
                     and r["k"] == c["k"] and r["batch_size"] == bs), None)
         sign = lambda x: "–" if x is None else f"{x:+.2f}"  # noqa: E731
-        lines.append(f"| {c['name']} | {c.get('regime') or '–'} | {_fmt(c['greedy']['bleu'])} | "
+        lines.append(f"| {c['name']} | {c.get('regime') or '–'} | {_fmt(quality(c)['bleu'])} | "
                      f"{sign(c.get('bleu_vs_base'))} | {sign(c.get('bleu_vs_teacher'))} | "
                      f"{_fmt(row['mean_accepted']) if row else '–'} | {_fmt(row['speedup']) + '×' if row else '–'} |")
     return "\n".join(lines)
@@ -133,13 +159,13 @@ def comparison_table(report: dict) -> str:
 def comparison_markdown(report: dict) -> list[str]:
     cmp, t = report.get("comparison") or {}, report.get("teacher")
     lines = ["## What each run cost", ""]
-    base = (f"base model `{cmp['base']}`: greedy BLEU {_fmt(cmp['base_bleu'])}" if cmp.get("base")
+    base = (f"base model `{cmp['base']}`: greedy BLEU {_fmt(cmp['base_bleu'])}{_over(report)}" if cmp.get("base")
             else "base model: not among the evaluated checkpoints")
     lines.append(base + "  ")
     if t:
         how = f"beam {t.get('beam_size')}, α {t.get('length_penalty')}"
         if t.get("bleu") is not None:
-            here = f"BLEU {_fmt(t.get('bleu'))} on these sentences"
+            here = f"BLEU {_fmt(t.get('bleu'))} on {t.get('sentences') or 'these'} evaluation sentences"
         elif t.get("self_distilled"):  # the model answered its own prompts: its greedy BLEU is the base's column
             here = "the base model itself (self-distillation, greedy): see its row"
         else:
@@ -149,8 +175,11 @@ def comparison_markdown(report: dict) -> list[str]:
                      "re-translated  ")
     else:
         lines.append("teacher: no distillation corpus given (evaluate.distilled)  ")
+    n = quality_sentences(report)
     lines += ["", "Δ = the checkpoint's greedy BLEU minus the base's / the teacher's on the same sentences (exact "
-              "blockwise output equals greedy output, so this is what the regime cost at any k).", "",
+              "blockwise output equals greedy output, so this is what the regime cost at any k)"
+              + (f"; BLEU over {n} sentences of the split (evaluate.bleu_sentences), where the tables above "
+                 f"decode and time {(report.get('data') or {}).get('sentences')}." if n else "."), "",
               comparison_table(report), ""]
     best = report.get("best")
     if best:
@@ -189,11 +218,14 @@ def markdown(report: dict, plots: list[str] | None = None) -> str:
         lines += comparison_markdown(report)
     if report["rows"]:
         lines += ["## All results", "", detail_table(report["rows"]), ""]
-    lines += ["## Checkpoints", "", "| name | regime | k | greedy BLEU | greedy chrF | path |",
-              "|---|---|---:|---:|---:|---|"]
+    n = quality_sentences(report)
+    more = f" | BLEU, {n} sentences | chrF, {n} sentences" if n else ""
+    lines += ["## Checkpoints", "", f"| name | regime | k | greedy BLEU | greedy chrF{more} | path |",
+              "|---|---|---:|---:|---:|" + ("---:|---:|" if n else "") + "---|"]
     for c in report["checkpoints"]:
+        q = f" | {_fmt(quality(c)['bleu'])} | {_fmt(quality(c)['chrf'])}" if n else ""
         lines.append(f"| {c['name']} | {c.get('regime') or '–'} | {c['k']} | {_fmt(c['greedy']['bleu'])} | "
-                     f"{_fmt(c['greedy']['chrf'])} | `{c['path']}` |")
+                     f"{_fmt(c['greedy']['chrf'])}{q} | `{c['path']}` |")
     lines.append("")
     for p in plots or []:
         lines += [f"![{Path(p).stem}]({p})", ""]

@@ -21,7 +21,7 @@ import torch
 
 from bpd_train.checkpoint import CheckpointError
 from bpd_train.data.sampler import length_batches
-from bpd_train.evaluation.compare import Batches, compare
+from bpd_train.evaluation.compare import Batches, compare, greedy_tokens
 from bpd_train.evaluation.decode import (
     EvalError, check_block_sizes, decode_options, max_len_arg, parse_rule, set_decode_options,
 )
@@ -143,10 +143,13 @@ def imported_regime(meta: dict, cfg) -> str | None:
 
 def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[str], settings: EvalSettings,
                     out_dir: Path, extra: dict | None = None,
-                    langs: tuple[str | None, str | None] = (None, None)) -> tuple[dict, list[dict]]:
+                    langs: tuple[str | None, str | None] = (None, None),
+                    quality: tuple[Sequence, Sequence] | None = None) -> tuple[dict, list[dict]]:
     """Decode `sources` with one loaded model for every combination; write hypothesis files under out_dir/hyp/.
     A decoder-only model is prompted with each source as a prompt-format translation in `langs` (source,
-    target), or with the source text itself when langs are None. Returns (checkpoint entry, result rows)."""
+    target), or with the source text itself when langs are None. `quality`: (sources, references) whose greedy
+    BLEU/chrF is the checkpoint's quality (entry["quality"]), decoded untimed at the largest batch size.
+    Returns (checkpoint entry, result rows)."""
     from tqdm import tqdm
 
     device = settings.torch_device()
@@ -158,6 +161,7 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     set_decode_options(model, decode_options(text.sp, stop_ids(model), settings.dtype, settings.draft_vocab,
                                              settings.proposal_dtype))
     src_ids = [text.source_ids(s) for s in sources]
+    truncated = text.truncated  # of the timed sources
     max_len = max_len_arg(settings.max_len)
     hyp_dir = out_dir / "hyp" / _safe(name)
     hyp_dir.mkdir(parents=True, exist_ok=True)
@@ -166,6 +170,9 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     combos = [(k, r, rule) for k in ks for r, rule in rules]
     lengths = [len(x) for x in src_ids]
     n_batches = sum(len(length_batches(lengths, b)) for b in settings.batch_sizes) * max(1, len(combos))
+    q_ids = [text.source_ids(s) for s in quality[0]] if quality is not None else None
+    q_batches = Batches.of(q_ids, max(settings.batch_sizes), cfg.pad_id, device) if q_ids else None
+    n_batches += len(q_batches.groups) if q_batches else 0
     bar = tqdm(total=n_batches, desc=f"eval {name}", unit="batch", disable=not settings.progress, file=sys.stderr,
                leave=False)
 
@@ -214,8 +221,19 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
                 "greedy_seconds": g.seconds, "blockwise_seconds": b.seconds, "speedup": c.speedup,
                 "hyp_file": str(hyp_file.relative_to(out_dir)),
             })
+    if q_batches is not None:
+        hyps = [one_line(text.detok(t)) for t in greedy_tokens(model, q_batches, max_len=max_len,
+                                                               on_batch=bar.update)]
+        hyp_file = hyp_dir / "greedy.quality.txt"
+        atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))
+        scores = corpus_scores(hyps, quality[1])
+        entry["quality"] = {"sentences": len(hyps), "bleu": scores["bleu"], "chrf": scores["chrf"],
+                            "hyp_file": str(hyp_file.relative_to(out_dir))}
+    else:  # the timed sentences are the quality set
+        entry["quality"] = {"sentences": len(sources), "bleu": entry["greedy"]["bleu"],
+                            "chrf": entry["greedy"]["chrf"], "hyp_file": entry["greedy"]["hyp_file"]}
     bar.close()
-    entry["truncated_sources"] = text.truncated
+    entry["truncated_sources"] = truncated
     for v in entry["greedy"]["by_batch_size"].values():
         v["seconds"] = sum(v["seconds"]) / len(v["seconds"])
     return entry, rows
@@ -254,7 +272,7 @@ def evaluate_teacher(distilled_dir: str | os.PathLike, sources: Sequence[str], r
     hyp_file = out_dir / "hyp" / "teacher" / "beam.txt"
     hyp_file.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))
-    entry.update(corpus_scores(hyps, refs), hyp_file=str(hyp_file.relative_to(out_dir)))
+    entry.update(corpus_scores(hyps, refs), hyp_file=str(hyp_file.relative_to(out_dir)), sentences=len(hyps))
     return entry
 
 
@@ -287,16 +305,21 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
                     settings: EvalSettings, out_dir: str | os.PathLike, *, data_info: dict | None = None,
                     overwrite: bool = True, plots: bool = True, command: str | None = None,
                     expect_tokenizer_hash: str | None = None, loaded: list | None = None,
-                    distilled_dir: str | os.PathLike | None = None) -> dict:
+                    distilled_dir: str | os.PathLike | None = None,
+                    quality: tuple[Sequence, Sequence] | None = None) -> dict:
     """Evaluate every (name, path) and write the report folder atomically. Returns the report dict.
     `loaded`: what load_inputs(inputs, settings) returned, if the caller already called it.
-    `distilled_dir`: a distillation corpus whose teacher is reported as a comparison point."""
+    `distilled_dir`: a distillation corpus whose teacher is reported as a comparison point.
+    `quality`: (sources, references) to score greedy output on (each checkpoint's and the teacher's BLEU/chrF,
+    the base comparison and the recommended run) when they are more than the timed `sources`; None: those."""
     from bpd_train.evaluation.report import add_comparisons, write_report
 
     if not sources:
         raise EvalError("no sentences to evaluate (empty split or max_sentences=0)")
     if len(sources) != len(refs):
         raise EvalError(f"{len(sources)} sources but {len(refs)} references")
+    if quality is not None and (not quality[0] or len(quality[0]) != len(quality[1])):
+        raise EvalError(f"{len(quality[0])} quality sources but {len(quality[1])} references")
     out_dir = Path(out_dir)
     info = data_info or {}
     if info.get("prompts"):  # prompt/response records: the sources are prompts already
@@ -316,16 +339,17 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
             entry, r = evaluate_loaded(loaded, name, sources, refs, settings, tmp,
                                        extra={"source_id": path.id, "input": str(path),
                                               "wandb": _wandb_ids(path, loaded.meta or {})},
-                                       langs=(info.get("src_lang"), info.get("tgt_lang")))
+                                       langs=(info.get("src_lang"), info.get("tgt_lang")), quality=quality)
             del loaded
             checkpoints.append(entry)
             rows += r
-        teacher = evaluate_teacher(distilled_dir, sources, refs, settings, tmp) if distilled_dir else None
+        q_src, q_refs = quality if quality is not None else (sources, refs)
+        teacher = evaluate_teacher(distilled_dir, q_src, q_refs, settings, tmp) if distilled_dir else None
         report = {
             "format": REPORT_FORMAT, "format_version": 1,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": time.time() - t0,
             "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-            "data": {**(data_info or {}), "sentences": len(sources)},
+            "data": {**(data_info or {}), "sentences": len(sources), "quality_sentences": len(q_src)},
             "settings": asdict(settings),
             "environment": {"device": _device_name(device), "cpu": cpu_model(), "engine": engine_name(),
                             "torch": torch.__version__, "threads": torch.get_num_threads(),
