@@ -48,7 +48,9 @@ def report_header(report: dict) -> str:
     command = str(report.get("command", "?")).replace(f"{ROOT}/", "")   # paths relative to the clone, not this machine's
     return (f"`{command}` — {cpu}, {env.get('threads')} thread(s), torch {env.get('torch')}, "
             f"{str(report.get('created', '?'))[:10]}; {d.get('name', 'corpus')} {d.get('split', '')}, "
-            f"{d.get('sentences')} sentences, {d.get('src_lang', '?')} → {d.get('tgt_lang', '?')}.")
+            f"{d.get('sentences')} sentences" + (f" timed, BLEU over {quality_sentences(report)}"
+                                                 if quality_sentences(report) else "") +
+            f", {d.get('src_lang', '?')} → {d.get('tgt_lang', '?')}.")
 
 
 def headline_table(report: dict) -> str:

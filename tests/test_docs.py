@@ -64,6 +64,7 @@ def test_headline_table_gives_bleu_over_the_quality_sentences():
     table = results.headline_table(report)
     assert "| BLEU, 1537 sentences (Δ base) | 6.68 | 8.04 (+1.36) |" in table
     assert "over 1537 sentences of the split; the cells, over the 80 that are timed" in table
+    assert "validation, 80 sentences timed, BLEU over 1537, en → fr." in results.report_header(report)
 
 
 def test_generator_writes_the_page_and_the_readme_block(tmp_path):
