@@ -104,6 +104,19 @@ def test_command_from_overrides():
     cmd = command_from_overrides(["experiment=smoke", "distill.worker_index=1", "distill.limit=5",
                                   "distill.action=run", "hydra.run.dir=x", "distill.teacher=/a b"])
     assert cmd == "python distill.py experiment=smoke distill.limit=5 'distill.teacher=/a b'"
+    assert command_from_overrides(["num_threads=1", "distill.limit=5"]) == "python distill.py distill.limit=5"
+
+
+def test_num_threads_is_one_override_for_every_entry_point():
+    """`num_threads=1` on make demo's command line goes to every stage: distill.py takes it as train.py and
+    evaluate.py do (distill.num_threads follows it unless set itself)."""
+    from bpd_train.pipeline import compose
+
+    for name in ("train", "evaluate", "distill"):
+        assert compose(name, ["num_threads=1"]).num_threads == 1
+    assert compose("distill", ["num_threads=1"]).distill.num_threads == 1
+    assert compose("distill", ["num_threads=1", "distill.num_threads=2"]).distill.num_threads == 2
+    assert compose("distill", []).distill.num_threads is None
 
 
 # ------------------------------------------------------------------------------------ verify / load

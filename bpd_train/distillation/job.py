@@ -30,7 +30,7 @@ ACTIONS = ("run", "verify", "plan", "status")
 # Overrides that differ between the workers of one corpus; the command stored in the manifest omits them.
 _WORKER_KEYS = ("distill.worker_index", "distill.num_workers", "distill.action", "distill.verify",
                 "distill.device", "distill.progress", "distill.overwrite", "distill.launcher", "distill.devices",
-                "distill.num_nodes", "distill.num_threads", "distill.precision", "hydra.")
+                "distill.num_nodes", "distill.num_threads", "distill.precision", "num_threads", "hydra.")
 
 
 def command_from_overrides(overrides: Sequence[str], program: str = "python distill.py") -> str:
