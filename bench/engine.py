@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from bpd_train.decoding import greedy  # noqa: E402
 from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
-from bpd_train.model.fastlinear import cpu_model, engine_name, native_kernels  # noqa: E402
-from bpd_train.model.packed import DecodeOptions  # noqa: E402
+from bpd_train.engine.fastlinear import cpu_model, engine_name, native_kernels  # noqa: E402
+from bpd_train.engine.packed import DecodeOptions  # noqa: E402
 
 SIZES = {
     "demo": dict(vocab_size=4000, d_model=128, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=512),
@@ -209,7 +209,7 @@ def bench_lm_decode(sizes, threads: int, dtypes, n_prompts: int = 8, max_len: in
     seconds / these. Random heads are rarely accepted (k-hat near 1): this measures the engine, not trained heads."""
     torch.set_num_threads(threads)
     from bpd_train.decoding import blockwise
-    from bpd_train.model.packed import weights_key
+    from bpd_train.engine.packed import weights_key
     rows = []
     for size in sizes:
         m = make_model(size, k)
@@ -314,7 +314,7 @@ def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: in
                 us = {row["rows"]: row["us"] for row in out if row["shape"] == f"{n}x{k}" and row["kernel"] == name}
                 print(f"kernel  {size:4s} {n:5d}x{k:<4d} threads={threads} {name:30s} "
                       + "  ".join(f"{r:3d} rows {us[r]:8.1f} us ({us[r] / us[1]:4.1f}x)" for r in rows), flush=True)
-    from bpd_train.model.fastlinear import amx
+    from bpd_train.engine.fastlinear import amx
     amx()   # back to what BPD_AMX says
     return out
 
@@ -326,13 +326,13 @@ class _engine:
         self.name = name
 
     def __enter__(self):
-        import bpd_train.model.fastlinear as fl
+        import bpd_train.engine.fastlinear as fl
         self.saved = (fl._ext, fl._ext_tried)
         if self.name == "torch":
             fl._ext, fl._ext_tried = None, True
 
     def __exit__(self, *exc):
-        import bpd_train.model.fastlinear as fl
+        import bpd_train.engine.fastlinear as fl
         fl._ext, fl._ext_tried = self.saved
 
 

@@ -77,7 +77,7 @@ def run(a) -> dict:
 
     from bpd_train.convert.hf import load_hf
     from bpd_train.model import BPDModel
-    from bpd_train.model.fastlinear import engine_name
+    from bpd_train.engine.fastlinear import engine_name
 
     torch.set_num_threads(a.threads[0])
     rows = []

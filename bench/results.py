@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from bpd_train.cli import exits_on_user_error  # noqa: E402
 from bpd_train.evaluation.report import quality, quality_sentences  # noqa: E402
 from bpd_train.io import atomic_write_bytes, atomic_write_text  # noqa: E402
-from bpd_train.model.fastlinear import cpu_model as machine_cpu  # noqa: E402  (for reports that did not record one)
+from bpd_train.engine.fastlinear import cpu_model as machine_cpu  # noqa: E402  (for reports that did not record one)
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 BLOCK = re.compile(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), re.S)

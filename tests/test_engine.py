@@ -1,4 +1,4 @@
-"""The CPU decode engine (model/fastlinear.py, model/packed.py): packed kernels, the weight cache, precision,
+"""The CPU decode engine (engine/fastlinear.py, engine/packed.py): packed kernels, the weight cache, precision,
 draft vocabulary and adaptive feeding — every variant keeps exact blockwise == greedy."""
 import copy
 
@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from bpd_train.decoding import Exact, beam_search, blockwise, greedy
-from bpd_train.model.fastlinear import PackedLinear, amx, bf16_compute, int8_compute, native_kernels
-from bpd_train.model.packed import DecodeOptions
+from bpd_train.engine.fastlinear import PackedLinear, amx, bf16_compute, int8_compute, native_kernels
+from bpd_train.engine.packed import DecodeOptions
 from tests.test_decoding import random_model, random_sources
 
 native = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
@@ -244,7 +244,7 @@ def test_adaptive_calibration_times_every_width_mid_sentence_on_a_scratch_cache(
 
     from bpd_train.decoding.blockwise import CALIB_LEAD
     from bpd_train.decoding.common import prepare_source, start_tokens
-    from bpd_train.model.packed import DecodeWeights
+    from bpd_train.engine.packed import DecodeWeights
 
     m = random_model(4, seed=5)
     src = random_sources(1, seed=5)
@@ -468,7 +468,7 @@ def test_native_kernels_run_on_the_threads_torch_is_given():
     "2 threads" run of our kernels used one). One parallel_for over 8 chunks uses 2 threads at 2, 1 at 1."""
     import os
 
-    from bpd_train.model.fastlinear import native_kernels
+    from bpd_train.engine.fastlinear import native_kernels
 
     ext = native_kernels()
     before = torch.get_num_threads()
@@ -490,7 +490,7 @@ def test_fused_proposals_in_one_transfer_take_the_same_steps(dtype, monkeypatch)
     import importlib
 
     bw = importlib.import_module("bpd_train.decoding.blockwise")
-    from bpd_train.model.packed import DecodeWeights
+    from bpd_train.engine.packed import DecodeWeights
 
     monkeypatch.setattr(DecodeWeights, "batch_block_steps", lambda *a, **kw: None)   # the Python step loop
     m = random_model(4, 7, eos_bias=1.0)
@@ -508,8 +508,8 @@ def test_fused_proposals_in_one_transfer_take_the_same_steps(dtype, monkeypatch)
 AVX2_CHECK = """
 import torch
 from bpd_train.decoding import blockwise, greedy
-from bpd_train.model.fastlinear import PackedLinear, engine_name
-from bpd_train.model.packed import DecodeOptions
+from bpd_train.engine.fastlinear import PackedLinear, engine_name
+from bpd_train.engine.packed import DecodeOptions
 from tests.test_decoding import random_model, random_sources
 assert engine_name() == "native-avx2", engine_name()
 import os, sys
@@ -595,7 +595,7 @@ def test_adaptive_calibrates_a_batch_as_a_batch_and_settles_on_greedy_per_bucket
 
     import numpy as np
 
-    from bpd_train.model.packed import DecodeWeights
+    from bpd_train.engine.packed import DecodeWeights
 
     bw = importlib.import_module("bpd_train.decoding.blockwise")
     m = _heads_that_never_pay()
@@ -685,7 +685,7 @@ def test_native_encoder_matches_torch_and_each_row_alone():
 def test_step_weights_are_checked_once_per_decoding_call():
     """Inside one decoding call the step weights are checked against the parameters once (the encoder,
     start_decoding and the decoders all ask); a parameter changed between calls still rebuilds them."""
-    import bpd_train.model.packed as packed
+    import bpd_train.engine.packed as packed
     from bpd_train.decoding.common import decoding_mode
 
     m = random_model(3, seed=1)

@@ -70,17 +70,31 @@ def test_the_pipeline_does_not_check_the_models_kind_itself():
     assert [h.split(":")[0] for h in hits] == ["bpd_train/api.py", "bpd_train/loading.py"], "\n".join(hits)
 
 
+def test_models_and_the_decode_engine_live_apart():
+    """bpd_train/model holds the model definitions (pure torch); the decode engine -- the step protocol, each
+    family's step weights, packed linears, the C++ kernels and native loops -- is bpd_train/engine. The models
+    reach the engine only through its step weights (engine/packed.py), never the kernels themselves."""
+    engine = sorted(p.relative_to(ROOT / "bpd_train" / "engine").as_posix()
+                    for p in (ROOT / "bpd_train" / "engine").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    assert engine == ["__init__.py", "csrc/linear.cpp", "fastlinear.py", "lm_packed.py", "packed.py", "step.py"]
+    model = ROOT / "bpd_train" / "model"
+    assert not (model / "csrc").exists()
+    for path in sorted(model.glob("*.py")):
+        imports = re.findall(r"from bpd_train\.engine\.(\w+) import", path.read_text(encoding="utf-8"))
+        assert set(imports) <= {"packed", "lm_packed"}, (path.name, imports)
+
+
 def test_both_families_decode_through_one_step_protocol():
-    """Every decoder calls a model's decode weights through model/step.py's DecodeStep; each family implements it
+    """Every decoder calls a model's decode weights through engine/step.py's DecodeStep; each family implements it
     once (DecodeWeights, LMDecodeWeights), every member defined on the class itself, not left to duck typing."""
     import inspect
 
     import torch
 
     from bpd_train.model import BPDConfig, BPDModel, LMConfig, LMModel
-    from bpd_train.model.lm_packed import LMDecodeWeights
-    from bpd_train.model.packed import DecodeWeights
-    from bpd_train.model.step import DecodeStep
+    from bpd_train.engine.lm_packed import LMDecodeWeights
+    from bpd_train.engine.packed import DecodeWeights
+    from bpd_train.engine.step import DecodeStep
 
     torch.manual_seed(0)
     models = {DecodeWeights: BPDModel(BPDConfig(vocab_size=11, d_model=16, n_heads=2, n_encoder_layers=1,

@@ -1,8 +1,8 @@
-"""Decoder-only models on the native CPU decode engine (model/lm_packed.py LMDecodeWeights, csrc/linear.cpp LM section):
-packed linears in fp32 / bf16 / int8, the native layer stack (RMSNorm, rotary with per-row positions, GQA, SwiGLU,
-biases) with row-exact attention, native greedy and exact blockwise loops (one row and a batch), draft vocabulary
-and proposal precision, several stop ids. Exact blockwise must give greedy's output of the same precision, token for
-token, on random models, random heads and random prompts of different lengths (left padding)."""
+"""Decoder-only models on the native CPU decode engine (engine/lm_packed.py LMDecodeWeights, engine/csrc/linear.cpp's
+LM section): packed linears in fp32 / bf16 / int8, the native layer stack (RMSNorm, rotary with per-row positions,
+GQA, SwiGLU, biases) with row-exact attention, native greedy and exact blockwise loops (one row and a batch), draft
+vocabulary and proposal precision, several stop ids. Exact blockwise must give greedy's output of the same
+precision, token for token, on random models, random heads and random prompts of different lengths (left padding)."""
 import itertools
 
 import numpy as np
@@ -11,9 +11,9 @@ import torch
 
 from bpd_train.decoding import beam_search, blockwise, greedy
 from bpd_train.model import LMConfig, LMModel
-from bpd_train.model.fastlinear import native_kernels
-from bpd_train.model.lm_packed import LMDecodeWeights
-from bpd_train.model.packed import DecodeOptions
+from bpd_train.engine.fastlinear import native_kernels
+from bpd_train.engine.lm_packed import LMDecodeWeights
+from bpd_train.engine.packed import DecodeOptions
 
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
 
@@ -263,7 +263,7 @@ def test_the_torch_engine_still_decodes_decoder_only_models_in_fp32(tmp_path):
     code = ("import torch, pytest\n"
             "from tests.test_lm_engine import lm, prompts\n"
             "from bpd_train.decoding import greedy, blockwise\n"
-            "from bpd_train.model.packed import DecodeOptions\n"
+            "from bpd_train.engine.packed import DecodeOptions\n"
             "m = lm(12, 'medusa', qkv_bias=True)\n"
             "src = prompts(3, 12)\n"
             "assert m.decode_weights().native_layers is None\n"

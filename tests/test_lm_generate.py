@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bpd_train.model.fastlinear import native_kernels
+from bpd_train.engine.fastlinear import native_kernels
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -111,7 +111,7 @@ def test_generate_cli_int8_draft_vocab_blockwise_equals_int8_greedy(bundle):
     from bpd_train.decoding import greedy
     from bpd_train.evaluation.decode import draft_vocabulary
     from bpd_train.loading import load
-    from bpd_train.model.packed import DecodeOptions
+    from bpd_train.engine.packed import DecodeOptions
 
     text = "\n".join(PROMPTS) + "\n"
     rc, out, err = _run(["--bundle", str(bundle), "--max-new-tokens", "8", "--dtype", "int8", "--draft-vocab", "30",

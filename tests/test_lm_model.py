@@ -5,7 +5,7 @@ import torch
 
 from bpd_train.decoding import Distance, Exact, TopK, beam_search, blockwise, greedy
 from bpd_train.model import LMConfig, LMModel, build_model, config_from_dict
-from bpd_train.model.fastlinear import native_kernels
+from bpd_train.engine.fastlinear import native_kernels
 
 PROMPTS = [[5, 6, 7, 8, 9, 3], [10, 11], [4], [7, 7, 1, 9]]
 
@@ -72,7 +72,7 @@ def test_blockwise_exact_equals_greedy_with_random_heads(heads):
 
 
 def test_draft_vocabulary_keeps_exact_output():
-    from bpd_train.model.packed import DecodeOptions
+    from bpd_train.engine.packed import DecodeOptions
     m = _model("medusa")
     want = greedy(m, PROMPTS, max_len=16).tokens
     m.decode_options = DecodeOptions(draft_vocab=tuple(range(6)))

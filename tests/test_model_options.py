@@ -104,7 +104,7 @@ def test_cached_decoding_matches_full_forward(name):
 
 @pytest.mark.parametrize("name", sorted(OPTIONS))
 def test_decoders_agree(name):
-    from bpd_train.model.fastlinear import native_kernels
+    from bpd_train.engine.fastlinear import native_kernels
     m = make(name, seed=2)
     if native_kernels() is not None:  # the one-call native step only where it implements the layer
         assert (m.decode_weights().native_layers is not None) == (name == "native-step")

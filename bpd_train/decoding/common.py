@@ -91,7 +91,7 @@ def row_limits(model: nn.Module, src: Tensor, max_len, reserve: int = 0) -> list
 @contextlib.contextmanager
 def decoding_mode(model: nn.Module) -> Iterator[None]:
     """Eval mode (no dropout) and no autograd for the duration; restores the caller's train/eval flag. The model's
-    step weights are checked against its parameters once for the duration (model/packed.py cached_step_weights):
+    step weights are checked against its parameters once for the duration (engine/packed.py cached_step_weights):
     nothing trains while a decoder runs."""
     was_training = model.training
     if was_training:  # eval()/train() walk every submodule: skip them when there is nothing to switch

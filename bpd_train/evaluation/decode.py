@@ -91,7 +91,7 @@ def set_decode_options(model, options) -> None:
 def decode_options(sp, eos_id: int, dtype: str = "fp32", draft_vocab=None, proposal_dtype=None):
     """DecodeOptions from config values (decode.dtype, decode.draft_vocab, decode.proposal_dtype); bad values are
     EvalErrors."""
-    from bpd_train.model.packed import DecodeOptions
+    from bpd_train.engine.packed import DecodeOptions
     try:
         return DecodeOptions(dtype=str(dtype), draft_vocab=draft_vocabulary(sp, draft_vocab, eos_id),
                              proposal_dtype=None if proposal_dtype in (None, "", "null") else str(proposal_dtype))

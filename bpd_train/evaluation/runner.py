@@ -29,7 +29,7 @@ from bpd_train.decoding.common import stop_ids
 from bpd_train.evaluation.metrics import agreement, corpus_scores, one_line
 from bpd_train.io import atomic_dir, atomic_write_text
 from bpd_train.loading import Source, load, resolve, run_checkpoints
-from bpd_train.model.fastlinear import cpu_model, engine_name
+from bpd_train.engine.fastlinear import cpu_model, engine_name
 
 REPORT_FORMAT = "bpd-train-eval-report"
 KEEP_PARAMS = 300_000_000
@@ -60,7 +60,7 @@ class EvalSettings:
         if self.block_sizes is not None:
             self.block_sizes = [int(b) for b in self.block_sizes]
         max_len_arg(self.max_len)
-        from bpd_train.model.fastlinear import check_dtype
+        from bpd_train.engine.fastlinear import check_dtype
         try:
             self.dtype = check_dtype(self.dtype)
         except ValueError as e:

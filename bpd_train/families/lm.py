@@ -1,6 +1,7 @@
 """The decoder-only family (the Llama / Qwen2 architecture): LMConfig / LMModel, `arch: lm` in its configs.
 
-  config, model     bpd_train/model/lm_config.py LMConfig, model/lm.py LMModel (decode steps: model/lm_packed.py LMDecodeWeights)
+  config, model     bpd_train/model/lm_config.py LMConfig, model/lm.py LMModel
+  decode steps      bpd_train/engine/lm_packed.py LMDecodeWeights
   data              bpd_train/data/lm/: prompt/response or chat records (records.py), or the translation corpus as
                     prompts; batches of tokens/targets (datamodule.py LMDataModule); tokenizer.json folders
                     (tokenizer.py) or the corpus's sentencepiece model behind SpmLMTokenizer

@@ -1,6 +1,7 @@
 """The encoder-decoder translation family (the paper's model): BPDConfig / BPDModel.
 
   config, model     bpd_train/model/config.py BPDConfig, model/transformer.py BPDModel (no `arch` in its configs)
+  decode steps      bpd_train/engine/packed.py DecodeWeights
   data              bpd_train/data/mt/: source/target pairs of a translation corpus (data/corpus.py) encoded and
                     filtered (processing.py), batches of src, tgt_in, tgt_out (datamodule.py BPDDataModule); the
                     corpus's sentencepiece model (data/tokenizer.py) or an imported model's (data/hf_tokenizer.py)

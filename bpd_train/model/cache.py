@@ -54,7 +54,7 @@ class DecoderState:
         self._positions = torch.arange(self.capacity, device=dev).clamp_(max=max_positions - 1)
         self._arange: dict[int, Tensor] = {}
         self._causal_mask: Tensor | None = None
-        self.weights = None  # model/packed.py DecodeWeights, set by BPDModel.start_decoding
+        self.weights = None  # engine/packed.py DecodeWeights, set by BPDModel.start_decoding
 
     @property
     def rows(self) -> int:

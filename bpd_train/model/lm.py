@@ -14,7 +14,7 @@ input, where an encoder-decoder model hands them BOS. A row with L prompt tokens
 front: a per-row key mask hides them and rotary positions count from the row's first real token, so every
 row decodes as it would alone.
 
-Decoding (model/lm_packed.py LMDecodeWeights) runs on the native CPU engine of model/fastlinear.py and csrc/linear.cpp where it is
+Decoding (engine/lm_packed.py LMDecodeWeights) runs on the native CPU engine (bpd_train/engine) where it is
 built: packed linears in fp32 / bf16 / int8, the layer stack in one C++ call with row-exact attention, native greedy
 and exact blockwise loops (one row and a batch), draft vocabulary and proposal precision, as the encoder-decoder
 model's DecodeWeights (docs/engine.md). Elsewhere (CUDA, BPD_DECODE_ENGINE=torch) it runs plain torch (F.linear,
@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from bpd_train.model.cache import DecoderState
 from bpd_train.model.heads import BPDHeads, MedusaHeads
 from bpd_train.model.lm_config import LMConfig
-from bpd_train.model.packed import DecodeOptions, cached_step_weights
+from bpd_train.engine.packed import DecodeOptions, cached_step_weights
 
 
 class RMSNorm(nn.Module):
@@ -209,7 +209,7 @@ class LMState(DecoderState):
 
 
 def _lm_step_weights():
-    from bpd_train.model.lm_packed import LMDecodeWeights   # the decode engine's side (imports this module)
+    from bpd_train.engine.lm_packed import LMDecodeWeights   # the decode engine's side (imports this module)
     return LMDecodeWeights
 
 

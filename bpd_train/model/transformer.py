@@ -19,7 +19,7 @@ from bpd_train.model.cache import DecoderState, Memory
 from bpd_train.model.config import BPDConfig
 from bpd_train.model.heads import BPDHeads
 from bpd_train.model.layers import DecoderLayer, EncoderLayer, decode_step, sinusoidal_table
-from bpd_train.model.packed import DecodeOptions, DecodeWeights, cached_step_weights
+from bpd_train.engine.packed import DecodeOptions, DecodeWeights, cached_step_weights
 
 
 class BPDModel(nn.Module):
@@ -104,7 +104,7 @@ class BPDModel(nn.Module):
                 layer_mask = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill_(
                     ~attn_mask, float("-inf"))
         w = self._native_decoding(x)
-        if w is not None:  # decoding on the CPU: the whole stack in one native call (model/packed.py)
+        if w is not None:  # decoding on the CPU: the whole stack in one native call (engine/packed.py)
             return Memory(w.encode(x, layer_mask), pad_mask, attn_mask)
         for layer in self.encoder_layers:
             x = layer(x, layer_mask)
@@ -245,7 +245,7 @@ class BPDModel(nn.Module):
         self_kv, mem_kv, mem_mask = state.self_kv, state.mem_kv, state.mem_mask
         g = state.mem_group
         native = state.weights.native_layers
-        if native is not None:  # the same steps in one C++ call (model/csrc/linear.cpp decode_layers)
+        if native is not None:  # the same steps in one C++ call (engine/csrc/linear.cpp decode_layers)
             return state.weights.ext.decode_layers(x, native, self_kv, mem_kv, mask, mem_mask, write.index, write.t,
                                                    kv_len, g)
         for i, w in enumerate(state.weights.layers):

@@ -1,7 +1,7 @@
-"""The weights one decode step of a decoder-only model reads: `LMDecodeWeights`, the `DecodeStep` of model/step.py
-for LMModel (model/lm.py), as model/packed.py's DecodeWeights is for the encoder-decoder BPDModel. The model
+"""The weights one decode step of a decoder-only model reads: `LMDecodeWeights`, the `DecodeStep` of engine/step.py
+for LMModel (model/lm.py), as engine/packed.py's DecodeWeights is for the encoder-decoder BPDModel. The model
 definition stays in model/lm.py; this module is the decode engine's side: packed linears, the native layer stack and
-the native loops (model/fastlinear.py, csrc/linear.cpp)."""
+the native loops (engine/fastlinear.py, csrc/linear.cpp)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bpd_train.model.fastlinear import PackedLinear
+from bpd_train.engine.fastlinear import PackedLinear
 from bpd_train.model.heads import MedusaHeads
-from bpd_train.model.packed import DecodeOptions
-from bpd_train.model.step import DecodeStep, cache_start, python_greedy_steps
+from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps
 
 
 def _stops(eos) -> Tensor:
@@ -21,11 +21,11 @@ def _stops(eos) -> Tensor:
 
 
 class LMDecodeWeights(DecodeStep):
-    """What decoders call per step (the DecodeWeights interface of model/packed.py) for a decoder-only model:
+    """What decoders call per step (the DecodeWeights interface of engine/packed.py) for a decoder-only model:
     head1, head1_argmax, propose, logits, final_norm, greedy_steps, block_steps, batch_block_steps, vocab_size,
     draft_ids, stats.
 
-    Where the native kernels run (CPU, fp32 weights; model/fastlinear.py) every linear of the step is a
+    Where the native kernels run (CPU, fp32 weights; engine/fastlinear.py) every linear of the step is a
     `PackedLinear` in `options.dtype` (fp32 / bf16 / int8: q/k/v with their biases, o, gate/up, down, the
     vocabulary projection, the heads' FFN or Medusa blocks; heads 2..k in `proposal_dtype` and over the draft
     vocabulary where set, head 1 always over the full vocabulary in `dtype`), and the layer stack is one native
@@ -36,7 +36,7 @@ class LMDecodeWeights(DecodeStep):
     Elsewhere (CUDA, BPD_DECODE_ENGINE=torch, no compiler) the step is LMModel's torch path in fp32."""
 
     def __init__(self, model: "LMModel", options: DecodeOptions):
-        from bpd_train.model.fastlinear import native_kernels
+        from bpd_train.engine.fastlinear import native_kernels
 
         self.model, self.options = model, options
         c = model.config

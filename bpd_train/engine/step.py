@@ -1,6 +1,6 @@
 """`DecodeStep`: what every decoder (greedy, beam search, blockwise, sampling) calls per step, whatever the model
-family. Each family implements it once, apart from its model definition: model/packed.py `DecodeWeights`
-(encoder-decoder BPDModel), model/lm_packed.py `LMDecodeWeights` (decoder-only LMModel). A model hands its own out
+family. Each family implements it once, apart from its model definition: engine/packed.py `DecodeWeights`
+(encoder-decoder BPDModel), engine/lm_packed.py `LMDecodeWeights` (decoder-only LMModel). A model hands its own out
 of `model.decode_weights()`, cached until a weight or `decode_options` changes.
 
 The native-loop members (greedy_steps, block_steps, batch_block_steps, multi_stop, last_seconds, stats) are what a
@@ -19,7 +19,7 @@ from torch import Tensor
 
 @runtime_checkable
 class DecodeStep(Protocol):
-    options: Any                    # model/packed.py DecodeOptions: dtype, draft_vocab, proposal_dtype
+    options: Any                    # engine/packed.py DecodeOptions: dtype, draft_vocab, proposal_dtype
     vocab_size: int
     draft_ids: Tensor | None        # the ids heads 2..k propose among (None: the full vocabulary)
     stats: dict                     # decoders' statistics kept with these weights (adaptive feeding's)

@@ -1,8 +1,8 @@
 """The weights one decode step of the encoder-decoder BPDModel reads, prepared once per weight version:
-`DecodeWeights`, that family's `DecodeStep` (model/step.py; model/lm_packed.py is the decoder-only one).
+`DecodeWeights`, that family's `DecodeStep` (engine/step.py; engine/lm_packed.py is the decoder-only one).
 
 Every decoder (greedy, beam search, blockwise) runs its decoder calls, vocabulary projections and BPD heads
-through the same DecodeWeights, so they share one arithmetic path (model/fastlinear.py) and exact blockwise
+through the same DecodeWeights, so they share one arithmetic path (engine/fastlinear.py) and exact blockwise
 decoding reproduces greedy decoding of the same precision. `BPDModel.decode_weights()` caches it and
 rebuilds it whenever a parameter changed (optimizer step, load_state_dict, .to(), a new dtype or draft
 vocabulary): the key holds every parameter's storage pointer and in-place version counter.
@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from bpd_train.model.fastlinear import PackedLinear, check_dtype
-from bpd_train.model.step import DecodeStep, cache_start, python_greedy_steps
+from bpd_train.engine.fastlinear import PackedLinear, check_dtype
+from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def _lin(mod: nn.Linear, dtype: str) -> PackedLinear:
 
 
 class DecodeWeights(DecodeStep):
-    """Decode-step weights of one BPDModel (see the module docstring; the DecodeStep of model/step.py). h below is
+    """Decode-step weights of one BPDModel (see the module docstring; the DecodeStep of engine/step.py). h below is
     the decoder output [...,D] before the final norm."""
 
     multi_stop = False   # one eos id ends a row

@@ -810,7 +810,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   return y.view(sizes);
 }
 
-// A packed linear layer as one object (what model/fastlinear.py PackedLinear holds), so that the fused
+// A packed linear layer as one object (what engine/fastlinear.py PackedLinear holds), so that the fused
 // step functions below can chain several of them without returning to Python between ops.
 struct Lin {
   torch::Tensor data;
