@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from bpd_train.engine.fastlinear import PackedLinear
 from bpd_train.model.heads import MedusaHeads
-from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.packed import DecodeOptions, draft_projection
 from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps
 
 
@@ -56,14 +56,7 @@ class LMDecodeWeights(DecodeStep):
         self.identity_p1 = heads is None or heads.identity_p1
         self.pdt = (options.proposal_dtype or dt) if self.identity_p1 else dt
         self.proj = PackedLinear(emb, None, dt)
-        self.draft_ids: Tensor | None = None
-        self.draft_proj: PackedLinear | None = None
-        if options.draft_vocab is not None:
-            ids = torch.tensor(options.draft_vocab, dtype=torch.long, device=emb.device)
-            if int(ids.max()) >= self.vocab_size or int(ids.min()) < 0:
-                raise ValueError(f"draft_vocab holds ids outside the vocabulary (size {self.vocab_size})")
-            self.draft_ids = ids
-            self.draft_proj = PackedLinear(emb.detach().index_select(0, ids), None, self.pdt)
+        self.draft_ids, self.draft_proj = draft_projection(emb, None, options.draft_vocab, self.pdt)
         self.prop_proj = self.draft_proj or (self.proj if self.pdt == dt or heads is None
                                              else PackedLinear(emb, None, self.pdt))
         self._props: dict[tuple[int, int], tuple] = {}

@@ -68,6 +68,19 @@ class StepWeights(NamedTuple):
     act: Callable[[Tensor], Tensor] = torch.relu
 
 
+def draft_projection(emb: Tensor, bias: Tensor | None, draft_vocab, dtype: str
+                     ) -> tuple[Tensor | None, PackedLinear | None]:
+    """The draft vocabulary's rows of the output projection (emb [V, d], bias [V] or None), packed in `dtype`:
+    (ids [D], projection), or (None, None) without a draft vocabulary. Heads 2..k propose among these ids only."""
+    if draft_vocab is None:
+        return None, None
+    ids = torch.tensor(draft_vocab, dtype=torch.long, device=emb.device)
+    if int(ids.max()) >= emb.shape[0] or int(ids.min()) < 0:
+        raise ValueError(f"draft_vocab holds ids outside the vocabulary (size {emb.shape[0]})")
+    return ids, PackedLinear(emb.detach().index_select(0, ids),
+                             bias.index_select(0, ids) if bias is not None else None, dtype)
+
+
 def _lin(mod: nn.Linear, dtype: str) -> PackedLinear:
     p = mod._parameters
     return PackedLinear(p["weight"], p["bias"], dtype)
@@ -120,15 +133,7 @@ class DecodeWeights(DecodeStep):
         self._slots: dict[tuple[int, int], tuple[PackedLinear, PackedLinear]] = {}
         self.stats: dict = {}  # decoders' statistics about these weights (e.g. heads' acceptance rates)
         self.last_seconds: float | None = None  # time of the last native loop call (greedy_steps / block_steps)
-        self.draft_ids: Tensor | None = None
-        self.draft_proj: PackedLinear | None = None
-        if options.draft_vocab is not None:
-            ids = torch.tensor(options.draft_vocab, dtype=torch.long, device=emb.device)
-            if int(ids.max()) >= self.vocab_size or int(ids.min()) < 0:
-                raise ValueError(f"draft_vocab holds ids outside the vocabulary (size {self.vocab_size})")
-            self.draft_ids = ids
-            self.draft_proj = PackedLinear(emb.detach().index_select(0, ids),
-                                           bias.index_select(0, ids) if bias is not None else None, self.pdt)
+        self.draft_ids, self.draft_proj = draft_projection(emb, bias, options.draft_vocab, self.pdt)
         # the projection proposals are made with: the draft's, else head 1's own unless proposals have their
         # own precision
         self.prop_proj = self.draft_proj or (self.proj if self.pdt == dt or heads is None
