@@ -406,6 +406,22 @@ def test_lazy_verification_takes_the_same_steps_whatever_the_group():
         assert steps > 0 and phases[1] > 0 and phases[4] > 0           # decoder linears, head 1 were timed
 
 
+def test_verification_groups_follow_the_projection_size_against_this_cpus_l2(monkeypatch):
+    # one row: a projection outside L2 is read again by every lazy pass (all positions in one pass), one inside
+    # costs its arithmetic (pairs); several rows: pairs unless the projection is memory-sized
+    from bpd_train.engine import fastlinear
+    from bpd_train.engine.packed import verify_groups
+
+    assert fastlinear.l2_bytes() >= 64 << 10                       # read from this machine (or the 1 MiB default)
+    demo = torch.randn(4000, 128)                                  # the demo's output projection: 2 MB in fp32
+    for l2, fp32, int8 in [(1280 << 10, 8, 2), (4 << 20, 2, 2), (256 << 10, 8, 8)]:
+        monkeypatch.setattr(fastlinear, "_L2", l2)
+        assert 4000 * 128 * 4 <= PackedLinear(demo).nbytes <= 4096 * 128 * 4     # (packed in blocks of 64 rows)
+        assert verify_groups(PackedLinear(demo)) == (fp32, 2), l2
+        assert verify_groups(PackedLinear(demo, dtype="int8"))[0] == int8, l2
+    assert verify_groups(PackedLinear(torch.randn(8200, 512)))[1] == 8          # 16.8 MB in fp32
+
+
 @native
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
 def test_batched_native_loop_takes_the_same_steps_whatever_the_group(dtype, monkeypatch):
@@ -422,7 +438,7 @@ def test_batched_native_loop_takes_the_same_steps_whatever_the_group(dtype, monk
         monkeypatch.setattr(type(w), "batch_block_steps", lambda *a, **kw: calls.append(1) or real(*a, **kw))
         got = []
         for group in (1, 2, 3, 8):
-            w.verify_group = group
+            w.batch_verify_group = group
             r = blockwise(m, src, max_len=(2.0, 12))
             got.append((r.tokens, r.calls, r.accepted_hist))
         assert calls, "the batched native loop did not run"

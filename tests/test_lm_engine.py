@@ -249,7 +249,7 @@ def test_lazy_verification_takes_the_same_steps_whatever_the_group():
         w = m.decode_weights()
         got = []
         for group in (1, 2, 3, 8):
-            w.verify_group = group
+            w.verify_group = w.batch_verify_group = group
             r = blockwise(m, src, max_len=20)
             got.append((r.tokens, r.calls, r.accepted_hist))
         assert all(g == got[0] for g in got) and got[0][0] == greedy(m, src, max_len=20).tokens

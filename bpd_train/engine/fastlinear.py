@@ -59,6 +59,28 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+_L2: int | None = None
+
+
+def l2_bytes() -> int:
+    """One core's L2 cache in bytes (Linux sysfs; 1 MiB where it cannot be read): a weight matrix larger than this
+    is read from L3 or memory on every pass over it, so a pass costs about the same for 1 row as for 8
+    (engine/packed.py verify_groups)."""
+    global _L2
+    if _L2 is None:
+        _L2 = 1 << 20
+        try:
+            for idx in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+                if (idx / "level").read_text().strip() == "2" and (idx / "type").read_text().strip() != "Instruction":
+                    size = (idx / "size").read_text().strip().upper()
+                    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+                    _L2 = int(size.rstrip("KMG")) * mult
+                    break
+        except (OSError, ValueError):
+            pass
+    return _L2
+
+
 def native_kernels():
     """The compiled kernel module, or None where it cannot be built (then decoding uses torch)."""
     global _ext, _ext_tried
@@ -190,6 +212,12 @@ class PackedLinear:
         else:  # int8 on torch: the same per-row quantisation, dequantised (correct, not faster)
             scale = (w.abs().amax(1) / 127.0).clamp_min(1e-30)
             self.weight = (torch.round(w / scale[:, None]).clamp(-127, 127) * scale[:, None]).contiguous()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a pass over the weights reads (packed data, or the torch weight)."""
+        w = self.data if self.data is not None else self.weight
+        return w.numel() * w.element_size()
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.lin is not None:

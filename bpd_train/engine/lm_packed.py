@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from bpd_train.engine.fastlinear import PackedLinear
 from bpd_train.model.heads import MedusaHeads
-from bpd_train.engine.packed import DecodeOptions, draft_projection
+from bpd_train.engine.packed import DecodeOptions, draft_projection, verify_groups
 from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps
 
 
@@ -60,7 +60,7 @@ class LMDecodeWeights(DecodeStep):
         self.prop_proj = self.draft_proj or (self.proj if self.pdt == dt or heads is None
                                              else PackedLinear(emb, None, self.pdt))
         self._props: dict[tuple[int, int], tuple] = {}
-        self.verify_group = 8 if emb.numel() * 4 > (16 << 20) else 2   # as DecodeWeights.verify_group
+        self.verify_group, self.batch_verify_group = verify_groups(self.proj)   # as DecodeWeights
         self.ext = ext
         self.native_layers = self.native_loop = None
         self.lin: list = []
@@ -210,7 +210,7 @@ class LMDecodeWeights(DecodeStep):
             state.lpad, state.cos, state.sin, state.base,
             torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)),
             _stops(stop_ids(model) if eos is None else eos),
-            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps), self.verify_group, w)
+            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps), self.batch_verify_group, w)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
 
     # the native loops end rows on any of several stop ids (decoding/blockwise.py asks)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from bpd_train.engine.fastlinear import PackedLinear, check_dtype
+from bpd_train.engine.fastlinear import PackedLinear, check_dtype, l2_bytes
 from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps
 
 
@@ -79,6 +79,20 @@ def draft_projection(emb: Tensor, bias: Tensor | None, draft_vocab, dtype: str
         raise ValueError(f"draft_vocab holds ids outside the vocabulary (size {emb.shape[0]})")
     return ids, PackedLinear(emb.detach().index_select(0, ids),
                              bias.index_select(0, ids) if bias is not None else None, dtype)
+
+
+def verify_groups(proj: PackedLinear) -> tuple[int, int]:
+    """Head 1's positions per pass in the native loops' lazy verification: (one row, several rows). Lazy passes
+    skip the positions after a rejected proposal, but each pass reads the whole output projection again. One row:
+    where the projection (in its packed precision) stays in one core's L2, a row costs its arithmetic (demo size
+    fp32 on a 2 MB L2: 2 rows cost one row's pass, 27 us, 4 rows 40 us), so positions go in pairs; where it does not
+    (the demo's 2 MB fp32 projection on a 1.25 MB L2: ~85 us a pass for 1 or 4 rows), every position of the block
+    goes in one pass. Several rows: each pass is 2+ rows per live row, so arithmetic dominates unless the projection
+    is read from memory (Transformer-base, 64 MB at V 32k: k = 8 in groups of 4 cost 6.8 ms where one pass is 3.3).
+    Measured with bench/engine.py --profile / --regimes."""
+    one = 8 if proj.nbytes > l2_bytes() else 2
+    several = 8 if proj.out_features * proj.in_features * 4 > (16 << 20) else 2
+    return one, several
 
 
 def _lin(mod: nn.Linear, dtype: str) -> PackedLinear:
@@ -139,12 +153,8 @@ class DecodeWeights(DecodeStep):
         self.prop_proj = self.draft_proj or (self.proj if self.pdt == dt or heads is None
                                              else PackedLinear(emb, bias, self.pdt))
 
-        # Head 1's logits in block_steps' lazy verification, this many positions per pass: where the projection
-        # is read from cache (demo size: 4000 x 128), 2 rows cost one row's pass (27 us) and more rows cost
-        # arithmetic (4 rows 40 us), so positions after a rejected proposal are not computed; read from memory
-        # (Transformer-base: 64 MB at V 32k) 8 rows cost ~1.2 one-row passes, and a second pass would cost a
-        # whole one (k = 8, groups of 4: 6.8 ms where one pass is 3.3). Measured with bench/engine.py --profile.
-        self.verify_group = 8 if emb.numel() * 4 > (16 << 20) else 2
+        # head 1's positions per pass of the loops' lazy verification, at batch 1 and at batch > 1
+        self.verify_group, self.batch_verify_group = verify_groups(self.proj)
         # greedy steps as one native call (greedy_steps): needs the native layers and head-1 argmax
         self.native_loop = None
         if self.native_layers is not None and self.identity_p1 and self.norm is not None and self.proj.lin is not None:
@@ -317,7 +327,7 @@ class DecodeWeights(DecodeStep):
             self.native_layers, state.self_kv, state.mem_kv, state.mem_mask, state.mem_group, state.base,
             torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)), nw, nb, eps, self.proj.lin, f1.lin,
             f2.lin, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos,
-            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps), self.verify_group, w)
+            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps), self.batch_verify_group, w)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
 
     def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
