@@ -60,7 +60,8 @@ class LMDecodeWeights(DecodeStep):
         self.prop_proj = self.draft_proj or (self.proj if self.pdt == dt or heads is None
                                              else PackedLinear(emb, None, self.pdt))
         self._props: dict[tuple[int, int], tuple] = {}
-        self.verify_group, self.batch_verify_group = verify_groups(self.proj)   # as DecodeWeights
+        self.verify_group: int | None = None        # as DecodeWeights: None = verify_groups'
+        self.batch_verify_group: int | None = None
         self.ext = ext
         self.native_layers = self.native_loop = None
         self.lin: list = []
@@ -192,7 +193,8 @@ class LMDecodeWeights(DecodeStep):
         toks, nc, nxt, hn, ended, self.last_seconds = self.ext.lm_block_steps(
             torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)), self.native_loop, prop, state.self_kv,
             state.lpad, state.cos, state.sin, state.base + state.lengths,
-            _stops(stop_ids(model) if eos is None else eos), int(room), int(max_steps), self.verify_group, w)
+            _stops(stop_ids(model) if eos is None else eos), int(room), int(max_steps),
+            self.verify_group or verify_groups(self.proj)[0], w)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
     def batch_block_steps(self, model, state, x: np.ndarray, lengths: np.ndarray, room: np.ndarray, max_steps: int,
@@ -210,7 +212,8 @@ class LMDecodeWeights(DecodeStep):
             state.lpad, state.cos, state.sin, state.base,
             torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)),
             _stops(stop_ids(model) if eos is None else eos),
-            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps), self.batch_verify_group, w)
+            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps),
+            self.batch_verify_group or verify_groups(self.proj)[1], w)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
 
     # the native loops end rows on any of several stop ids (decoding/blockwise.py asks)

@@ -84,12 +84,13 @@ def draft_projection(emb: Tensor, bias: Tensor | None, draft_vocab, dtype: str
 def verify_groups(proj: PackedLinear) -> tuple[int, int]:
     """Head 1's positions per pass in the native loops' lazy verification: (one row, several rows). Lazy passes
     skip the positions after a rejected proposal, but each pass reads the whole output projection again. One row:
-    where the projection (in its packed precision) stays in one core's L2, a row costs its arithmetic (demo size
-    fp32 on a 2 MB L2: 2 rows cost one row's pass, 27 us, 4 rows 40 us), so positions go in pairs; where it does not
-    (the demo's 2 MB fp32 projection on a 1.25 MB L2: ~85 us a pass for 1 or 4 rows), every position of the block
-    goes in one pass. Several rows: each pass is 2+ rows per live row, so arithmetic dominates unless the projection
-    is read from memory (Transformer-base, 64 MB at V 32k: k = 8 in groups of 4 cost 6.8 ms where one pass is 3.3).
-    Measured with bench/engine.py --profile / --regimes."""
+    where the projection (in its packed precision) stays in one core's L2, a row costs its arithmetic (the demo's
+    2 MB fp32 projection on a 2 MB L2: 2 rows cost one row's pass, 27 us, 4 rows 40 us), so positions go in pairs;
+    where it does not (the same on a 1.25 MB L2: ~85 us a pass for 1 or 4 rows), every position of the block goes
+    in one pass -- with 2 threads too (each reads half, but the decoder's weights stream through the same L2:
+    `both` / `self` 1.14 / 1.31x plain against 1.12 / 1.23x in pairs). Several rows: each pass is 2+ rows per live
+    row, so arithmetic dominates unless the projection is read from memory (Transformer-base, 64 MB at V 32k: k = 8
+    in groups of 4 cost 6.8 ms where one pass is 3.3). Measured with bench/engine.py --profile / --regimes."""
     one = 8 if proj.nbytes > l2_bytes() else 2
     several = 8 if proj.out_features * proj.in_features * 4 > (16 << 20) else 2
     return one, several
@@ -153,8 +154,9 @@ class DecodeWeights(DecodeStep):
         self.prop_proj = self.draft_proj or (self.proj if self.pdt == dt or heads is None
                                              else PackedLinear(emb, bias, self.pdt))
 
-        # head 1's positions per pass of the loops' lazy verification, at batch 1 and at batch > 1
-        self.verify_group, self.batch_verify_group = verify_groups(self.proj)
+        # head 1's positions per pass of the loops' lazy verification at batch 1 / batch > 1: None = verify_groups'
+        self.verify_group: int | None = None
+        self.batch_verify_group: int | None = None
         # greedy steps as one native call (greedy_steps): needs the native layers and head-1 argmax
         self.native_loop = None
         if self.native_layers is not None and self.identity_p1 and self.norm is not None and self.proj.lin is not None:
@@ -306,7 +308,7 @@ class DecodeWeights(DecodeStep):
             torch.from_numpy(x), self._emb_w, self._emb_scale, model.pe, state.max_positions, self.native_layers,
             state.self_kv, state.mem_kv, state.mem_mask, state.base + state.lengths, nw, nb, eps, self.proj.lin,
             f1.lin, f2.lin, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos, int(room),
-            int(max_steps), self.verify_group, w)
+            int(max_steps), self.verify_group or verify_groups(self.proj)[0], w)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
     def batch_block_steps(self, model: nn.Module, state, x: np.ndarray, lengths: np.ndarray, room: np.ndarray,
@@ -327,7 +329,8 @@ class DecodeWeights(DecodeStep):
             self.native_layers, state.self_kv, state.mem_kv, state.mem_mask, state.mem_group, state.base,
             torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)), nw, nb, eps, self.proj.lin, f1.lin,
             f2.lin, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos,
-            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps), self.batch_verify_group, w)
+            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps),
+            self.batch_verify_group or verify_groups(self.proj)[1], w)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
 
     def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:

@@ -25,8 +25,8 @@ class DecodeStep(Protocol):
     stats: dict                     # decoders' statistics kept with these weights (adaptive feeding's)
     last_seconds: float | None      # time of the last native loop call (what adaptive feeding compares)
     native_loop: Any                # None where the native loops do not run (CUDA, torch engine, own head 1)
-    verify_group: int               # head-1 positions per pass in the loops' lazy verification, batch 1
-    batch_verify_group: int         # the same at batch > 1 (engine/packed.py verify_groups)
+    verify_group: int | None        # head-1 positions per pass in the loops' lazy verification, batch 1
+    batch_verify_group: int | None  # the same at batch > 1 (None: engine/packed.py verify_groups decides)
     multi_stop: bool                # whether the native loops end rows on several stop ids
 
     def final_norm(self, h: Tensor) -> Tensor:
