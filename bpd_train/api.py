@@ -80,10 +80,11 @@ class Translator:
 
     def translate(self, sentences: Sequence[str], batch_size: int = 32, method: str = "blockwise",
                   accept: str = "exact", block_size: int | None = None, max_len=(1.5, 10), dtype: str = "fp32",
-                  src_lang: str | None = None, tgt_lang: str | None = None) -> Output:
+                  src_lang: str | None = None, tgt_lang: str | None = None, adaptive: bool | None = None) -> Output:
         """Translate `sentences` (a list of str). method: blockwise (default) | greedy; accept: exact (greedy's
         output) | top<N> | distance:<eps>; block_size: at most the model's k (default k); max_len: an int, or
-        (a, b) = a * source_len + b tokens per sentence; dtype: fp32 | bf16 | int8 decode-step weights.
+        (a, b) = a * source_len + b tokens per sentence; dtype: fp32 | bf16 | int8 decode-step weights; adaptive:
+        feed only proposals whose heads pay (output unchanged; None: on with the exact rule on the CPU).
         A decoder-only model translates with its prompt format ("English: ...\\nFrench:") given src_lang/tgt_lang."""
         from bpd_train.evaluation.decode import EvalError
 
@@ -92,14 +93,15 @@ class Translator:
             raise EvalError("a decoder-only model translates with src_lang and tgt_lang (its prompt format), or "
                             "answers prompts with .generate()")
         text = self.family.text_adapter(self.loaded, src_lang, tgt_lang, tokenizer=self._tokenizer)
-        return self._decode(text, sentences, batch_size, method, accept, block_size, max_len, dtype)
+        return self._decode(text, sentences, batch_size, method, accept, block_size, max_len, dtype, adaptive)
 
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[dict]], batch_size: int = 32,
                  method: str = "blockwise", accept: str = "exact", block_size: int | None = None,
                  max_new_tokens: int = 128, chat: bool = False,
-                 context_policy: str = "truncate_left") -> Output:
+                 context_policy: str = "truncate_left", adaptive: bool | None = None) -> Output:
         """A decoder-only model's answers to `prompts`: each prompt as it is, or (chat=True, or a list of
-        {"role", "content"} messages per prompt) rendered with the tokenizer's chat template."""
+        {"role", "content"} messages per prompt) rendered with the tokenizer's chat template. adaptive: as
+        translate()."""
         from bpd_train.evaluation.decode import EvalError
 
         if not self.family.prompted:
@@ -114,16 +116,17 @@ class Translator:
         if any(isinstance(p, list) for p in items) and not tok.has_chat_template:
             raise EvalError("chat prompts need a chat template; this model's tokenizer has none")
         text = self.family.text_adapter(self.loaded, context_policy=context_policy, tokenizer=tok)
-        return self._decode(text, items, batch_size, method, accept, block_size, int(max_new_tokens), "fp32")
+        return self._decode(text, items, batch_size, method, accept, block_size, int(max_new_tokens), "fp32",
+                            adaptive)
 
-    def _decode(self, text, sources, batch_size, method, accept, block_size, max_len, dtype) -> Output:
+    def _decode(self, text, sources, batch_size, method, accept, block_size, max_len, dtype, adaptive) -> Output:
         import torch
 
         from bpd_train.data.sampler import length_batches
         from bpd_train.decoding import blockwise, greedy
         from bpd_train.decoding.common import stop_ids
         from bpd_train.evaluation.decode import (EvalError, check_block_sizes, decode_options, max_len_arg,
-                                                 parse_rule, set_decode_options)
+                                                 parse_rule, serving_adaptive, set_decode_options)
         from bpd_train.evaluation.metrics import DecodeStats, one_line
 
         if method not in METHODS:
@@ -136,6 +139,7 @@ class Translator:
         rule, limit = parse_rule(accept), max_len_arg(list(max_len) if isinstance(max_len, tuple) else max_len)
         set_decode_options(self.model, decode_options(self._tokenizer, stop_ids(self.model), dtype))
         use_blockwise = method == "blockwise" and k > 1
+        adaptive = serving_adaptive(adaptive, rule, self.device)
         ids = [text.source_ids(s) if (not isinstance(s, str) or s.strip()) else None for s in sources]
         todo = [i for i, x in enumerate(ids) if x is not None]  # an empty input gives an empty output
         out_text, out_tokens = [""] * len(sources), [[] for _ in sources]
@@ -145,7 +149,7 @@ class Translator:
                 rows = [todo[j] for j in group]
                 src = text.batch([ids[i] for i in rows], self.device)
                 if use_blockwise:
-                    r = blockwise(self.model, src, block_size=k, accept=rule, max_len=limit)
+                    r = blockwise(self.model, src, block_size=k, accept=rule, max_len=limit, adaptive=adaptive)
                 else:
                     r = greedy(self.model, src, max_len=limit)
                 stats.add(r)
@@ -153,7 +157,8 @@ class Translator:
                     out_tokens[i] = list(toks)
                     out_text[i] = one_line(text.detok(toks))
         khat = stats.mean_accepted if use_blockwise else 1.0
-        return Output(out_text, out_tokens, khat, stats.calls, f"blockwise k={k} {accept}" if use_blockwise
+        return Output(out_text, out_tokens, khat, stats.calls,
+                      f"blockwise k={k} {accept}{' adaptive' if adaptive else ''}" if use_blockwise
                       else "greedy")
 
 

@@ -77,7 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--proposal-dtype", default=None, metavar="DTYPE",
                    help="heads 2..k and their projection alone in bf16 | int8: cheaper proposals, output unchanged "
                         "(head 1 verifies in --dtype)")
-    p.add_argument("--adaptive", action="store_true", help="feed only proposals whose heads pay (output unchanged)")
+    p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
+                   help="feed only proposals whose heads pay (output unchanged); default: on with --accept exact "
+                        "on the CPU, so no batch decodes slower than greedy; --no-adaptive feeds every proposal")
     p.add_argument("--errors", choices=("strict", "replace"), default="strict",
                    help="input that is not UTF-8: strict (default) leaves that line's output empty, translates the "
                         "rest and exits 2 naming the lines; replace translates it with U+FFFD for the bad bytes")
@@ -124,7 +126,7 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
     from bpd_train.decoding import blockwise, greedy
     from bpd_train.decoding.common import stop_ids
     from bpd_train.evaluation.decode import (EvalError, check_block_sizes, decode_options, max_len_arg, parse_rule,
-                                             set_decode_options)
+                                             serving_adaptive, set_decode_options)
     from bpd_train.data.sampler import length_batches
     from bpd_train.evaluation.metrics import DecodeStats, one_line
     from bpd_train.loading import load
@@ -157,6 +159,7 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
     except USER_ERRORS as e:
         return report(e, stderr)
     use_blockwise = not args.greedy and k > 1
+    adaptive = serving_adaptive(args.adaptive, rule, device)
     chat = args.chat  # only a prompted family got this far with --chat (_text)
     stats, n_sent, seconds = DecodeStats(), 0, 0.0
     with torch.inference_mode():
@@ -174,7 +177,7 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
                 src = text.batch([ids[j] for j in group], device)
                 t0 = time.perf_counter()
                 if use_blockwise:
-                    r = blockwise(model, src, block_size=k, accept=rule, max_len=max_len, adaptive=args.adaptive)
+                    r = blockwise(model, src, block_size=k, accept=rule, max_len=max_len, adaptive=adaptive)
                 else:
                     r = greedy(model, src, max_len=max_len)
                 if device.type == "cuda":
@@ -188,7 +191,7 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
             n_sent += len(lines)
             progress.written = n_sent
     if not args.quiet:
-        mode = f"blockwise k={k} {args.accept}" if use_blockwise else "greedy"
+        mode = f"blockwise k={k} {args.accept}{' adaptive' if adaptive else ''}" if use_blockwise else "greedy"
         khat = f"k̂={stats.mean_accepted:.2f}, " if use_blockwise else ""
         rate = f"{n_sent / seconds:.1f} sent/s, {stats.tokens / seconds:.1f} tok/s" if seconds > 0 else "no decoding"
         print(f"{loaded.family.verb} {n_sent} lines ({mode}, batch {args.batch_size}, {device.type}): {khat}"

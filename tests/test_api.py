@@ -32,7 +32,8 @@ def test_translate_matches_the_command_line(bundle):
     lines = [s for s, _ in read_pairs("validation", 9)]
     lines.insert(4, "   ")
     tr = Translator.from_pretrained(bundle, device="cpu")
-    out = tr.translate(lines, batch_size=3, max_len=(1, 5))
+    out = tr.translate(lines, batch_size=3, max_len=(1, 5), adaptive=False)
+    assert out.method == "blockwise k=4 exact"
     assert out.texts == _cli(bundle, lines, "--max-len", "1", "5", "--batch-size", "3")
     assert out.texts[4] == "" and all(out.texts[i] for i in range(len(lines)) if i != 4)
     greedy = tr.translate(lines, batch_size=1, method="greedy", max_len=(1, 5))
@@ -42,6 +43,29 @@ def test_translate_matches_the_command_line(bundle):
     assert top2.texts == _cli(bundle, lines, "--max-len", "1", "5", "--accept", "top2", "--block-size", "2")
     assert top2.method == "blockwise k=2 top2"
     assert len(tr.translate(lines[:2], dtype="bf16").texts) == 2
+
+
+def test_adaptive_feeding_by_default_where_it_cannot_change_the_output(bundle, monkeypatch):
+    # the exact rule on the CPU: heads that do not pay fall back to greedy steps (never slower than greedy at any
+    # batch); an approximate rule keeps every proposal (fewer would change what it accepts) unless asked
+    import bpd_train.decoding as decoding
+
+    lines = [s for s, _ in read_pairs("validation", 6)]
+    tr = Translator.from_pretrained(bundle, device="cpu")
+    plain = tr.translate(lines, batch_size=4, max_len=(1, 5), adaptive=False)
+    seen = []
+    real = decoding.blockwise
+    monkeypatch.setattr(decoding, "blockwise", lambda *a, **kw: seen.append(kw.get("adaptive")) or real(*a, **kw))
+    out = tr.translate(lines, batch_size=4, max_len=(1, 5))
+    assert out.texts == plain.texts and out.method == "blockwise k=4 exact adaptive" and set(seen) == {True}
+    seen.clear()
+    assert tr.translate(lines, accept="top2", max_len=(1, 5)).method == "blockwise k=4 top2" and set(seen) == {False}
+    seen.clear()
+    tr.translate(lines, accept="top2", max_len=(1, 5), adaptive=True)
+    assert set(seen) == {True}
+    monkeypatch.setattr(decoding, "blockwise", real)
+    assert _cli(bundle, lines, "--max-len", "1", "5", "--batch-size", "4") == plain.texts
+    assert _cli(bundle, lines, "--max-len", "1", "5", "--no-adaptive") == plain.texts
 
 
 def test_from_a_run_folder_too(bundle, tmp_path_factory):

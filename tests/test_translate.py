@@ -33,7 +33,7 @@ def test_round_trip_equals_greedy(bundle):
     assert rc == 0
     out_lines = blockwise_out.split("\n")[:-1]
     assert len(out_lines) == len(lines) and out_lines[3] == "" and all(out_lines[i] for i in (0, 1, 2, 4))
-    assert "k̂=" in err and "blockwise k=4 exact" in err and "sent/s" in err
+    assert "k̂=" in err and "blockwise k=4 exact adaptive" in err and "sent/s" in err
     rc, greedy_out, err = _run(args + ["--greedy", "--batch-size", "2"], text)
     assert rc == 0 and greedy_out == blockwise_out and "greedy" in err
     rc, int8_props_out, err = _run(args + ["--proposal-dtype", "int8", "--draft-vocab", "50", "--batch-size", "1"], text)
