@@ -60,7 +60,7 @@ class LMDecodeWeights(DecodeStep):
         self.prop_proj = self.draft_proj or (self.proj if self.pdt == dt or heads is None
                                              else PackedLinear(emb, None, self.pdt))
         self._props: dict[tuple[int, int], tuple] = {}
-        self.verify_group: int | None = None        # as DecodeWeights: None = verify_groups'
+        self.verify_group: int | None = None        # as DecodeWeights: None = verify_groups decides
         self.batch_verify_group: int | None = None
         self.ext = ext
         self.native_layers = self.native_loop = None

@@ -154,7 +154,7 @@ class DecodeWeights(DecodeStep):
         self.prop_proj = self.draft_proj or (self.proj if self.pdt == dt or heads is None
                                              else PackedLinear(emb, bias, self.pdt))
 
-        # head 1's positions per pass of the loops' lazy verification at batch 1 / batch > 1: None = verify_groups'
+        # head 1's positions per pass of the lazy verification, batch 1 / batch > 1 (None: verify_groups decides)
         self.verify_group: int | None = None
         self.batch_verify_group: int | None = None
         # greedy steps as one native call (greedy_steps): needs the native layers and head-1 argmax
