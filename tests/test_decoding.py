@@ -14,16 +14,20 @@ from bpd_train.engine.packed import DecodeWeights
 EOS = 2
 
 
-def random_model(k, seed, vocab=7, std=0.08, eos_bias=0.5, scale=2.5):
+def random_model(k, seed, vocab=7, std=0.08, eos_bias=0.5, scale=2.5, chain=False):
     """A random tiny model. Small head perturbations make heads 2..k often (not always) agree with head 1
     one step later, so multi-token blocks get accepted and rejected ones are rolled back. Scaling the
-    decoder weights makes outputs less repetitive; the EOS bias makes rows end at different places."""
+    decoder weights makes outputs less repetitive; the EOS bias makes rows end at different places.
+    chain: chained heads (config.head_chain), their token maps and FFN outputs perturbed alike."""
     torch.manual_seed(seed)
     cfg = BPDConfig(vocab_size=vocab, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=2, d_ff=32,
-                    block_size=k, dropout=0.0, max_positions=64)
+                    block_size=k, dropout=0.0, max_positions=64, head_chain=chain and k > 1)
     m = BPDModel(cfg).eval()
     with torch.no_grad():
-        if m.heads is not None:
+        if m.heads is not None and chain:
+            m.heads.w2.normal_(0, std)
+            m.heads.tok.normal_(0, 0.3)
+        elif m.heads is not None:
             m.heads.fc2.weight.normal_(0, std)
         for name, p in m.named_parameters():
             if name.startswith("decoder_layers") and p.dim() == 2:

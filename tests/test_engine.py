@@ -724,3 +724,57 @@ def test_step_weights_are_checked_once_per_decoding_call():
         assert blockwise(m, src, max_len=8).tokens == greedy(m, src, max_len=8).tokens
     finally:
         packed.weights_key = real
+
+
+@pytest.mark.parametrize("options", [DecodeOptions(), DecodeOptions(proposal_dtype="int8"),
+                                     DecodeOptions(dtype="int8", draft_vocab=(2, 3, 4, 5))])
+def test_chained_heads_keep_blockwise_equal_to_greedy_and_propose_alike_everywhere(options):
+    """Chained heads (config.head_chain): each head 2..k reads the previous head's token. Exact blockwise (native
+    block loop at batch 1, batched loop, adaptive) is greedy; the native proposal pass gives the Python pass's
+    tokens, and the decoders' head-1 token is what the chain starts from (None: computed, the same)."""
+    accepted = 0.0
+    for k, seed, batch in [(2, 1, 1), (4, 2, 5), (6, 3, 16), (8, 4, 1)]:
+        m = random_model(k, seed, eos_bias=1.5, chain=True)
+        m.decode_options = options
+        src = random_sources(batch, seed)
+        g = greedy(m, src, max_len=(1.5, 4))
+        r = blockwise(m, src, accept=Exact(), max_len=(1.5, 4))
+        assert r.tokens == g.tokens, f"k={k} seed={seed} {options}"
+        assert blockwise(m, src, max_len=(1.5, 4), adaptive=True).tokens == g.tokens
+        assert [blockwise(m, src[i:i + 1], max_len=(1.5, 4)).tokens[0] for i in range(batch)] == g.tokens
+        accepted = max(accepted, r.mean_accepted)
+        w = m.decode_weights()
+        h = torch.randn(40, m.config.d_model)
+        first = w.head1_argmax(h)
+        props = w.propose(h, 1, k, first)
+        assert props.shape == (40, k - 1) and torch.equal(w.propose(h, 1, k), props)
+        assert (w.chain is not None) == (native_kernels() is not None)
+        chain, w.chain = w.chain, None                                  # the Python pass
+        try:
+            assert torch.equal(w.propose(h, 1, k, first), props)
+            if k > 2:  # a later head alone, started from the previous head's token
+                assert torch.equal(w.propose(h, 2, k, props[:, 0]), props[:, 1:])
+        finally:
+            w.chain = chain
+        if options == DecodeOptions():  # the model's own chain (torch) proposes the same tokens
+            assert (m.heads_logits(h, 1, k).argmax(-1) == props).float().mean() > 0.95
+        # another head-1 token changes what the chain proposes (it really reads it)
+        assert not torch.equal(w.propose(h, 1, k, (first + 1) % m.config.vocab_size), props)
+    assert accepted > 1.2
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_chained_native_loops_take_the_same_steps_as_the_one_step_loops(dtype):
+    for k, seed, batch in [(4, 2, 4), (4, 3, 1), (8, 4, 1), (2, 5, 9)]:
+        m = random_model(k, seed, eos_bias=1.5, chain=True)
+        m.decode_options = DecodeOptions(dtype=dtype)
+        src = random_sources(batch, seed)
+        w = m.decode_weights()
+        b = blockwise(m, src, max_len=(1.5, 4))
+        loop, w.native_loop = w.native_loop, None                  # one step per call, through model.decode
+        try:
+            b1 = blockwise(m, src, max_len=(1.5, 4))
+        finally:
+            w.native_loop = loop
+        assert b.tokens == b1.tokens == greedy(m, src, max_len=(1.5, 4)).tokens, f"k={k} seed={seed}"
+        assert (b.calls, b.accepted_hist) == (b1.calls, b1.accepted_hist)

@@ -369,3 +369,65 @@ def test_self_kd_mixes_each_future_head_with_head1s_own_distribution_ahead(recom
     with pytest.raises(ValueError, match="self_kd_weight"):
         _module({"trainable": "all", "source": "gold"}, loss={"self_kd_weight": 1.5})
     assert _module({"trainable": "all", "source": "gold"}, loss={"self_kd_weight": 0.5}).self_kd_weight == 0.5
+
+
+def chained(k=4, vocab=23) -> BPDModel:
+    torch.manual_seed(0)
+    m = BPDModel(BPDConfig(vocab_size=vocab, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
+                           d_ff=32, dropout=0.0, block_size=k, head_chain=True))
+    for p in m.head_parameters():
+        if not p.any():
+            torch.nn.init.normal_(p, std=0.3)
+    return m
+
+
+@pytest.mark.parametrize("self_targets", [False, True])
+def test_chained_heads_learn_teacher_forced_on_the_token_before_their_own(self_targets):
+    """Head i reads the token before its target: the data's (head 1's own choices under self targets), shifted
+    by i-1 -- each head's loss is its CE given that token, and every head parameter (the token map too) learns."""
+    m, b = chained(), batch()
+    h = m.features(m.encode(b["src"]), b["tgt_in"])
+    y = b["tgt_out"]
+    loss, per = bpd_loss(m.head_logits, h, y, [0, 1, 2, 3], [0.25] * 4, PAD, recompute=False,
+                         self_targets=self_targets, chain=True)
+    series = m.head_logits(h, 0).argmax(-1).masked_fill(y.eq(PAD), PAD) if self_targets else y
+    for i in range(1, 4):
+        tgt = head_targets(series, i, PAD)
+        logits = m.head_logits(h, i, head_targets(series, i - 1, PAD))
+        want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=PAD)
+        assert torch.allclose(per[i], want, atol=1e-5), i
+        # not what the head gives on its own greedy chain
+        assert not torch.allclose(logits, m.head_logits(h, i))
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in m.head_parameters())
+
+
+def test_chained_head_stats_condition_on_the_targets_and_count_runs():
+    m, b = chained(), batch()
+    with torch.no_grad():
+        h = m.features(m.encode(b["src"]), b["tgt_in"])
+    y = b["tgt_out"]
+    st = head_stats(m.head_logits, h, y, 4, PAD, chain=True)
+    run = torch.ones_like(y, dtype=torch.bool)
+    acc = torch.zeros_like(y, dtype=torch.float64)
+    for i in range(4):
+        tgt = head_targets(y, i, PAD)
+        lg = m.head_logits(h, i, head_targets(y, i - 1, PAD)) if i else m.head_logits(h, 0)
+        hit = (lg.argmax(-1) == tgt) & tgt.ne(PAD)
+        assert st["correct"][i] == hit.sum()
+        run &= hit
+        acc += run
+    assert st["accepted_sum"].item() == acc[y.ne(PAD)].sum().item()
+
+
+def test_chained_config_needs_identity_p1_and_copy_weights_keeps_the_backbone():
+    from bpd_train.training.run import copy_weights
+
+    with pytest.raises(ValueError, match="head_chain needs identity_p1"):
+        BPDConfig(vocab_size=23, block_size=4, head_chain=True, identity_p1=False)
+    src, dst = tiny(), chained()
+    got = copy_weights(dst, src)                                   # BPD heads -> chained heads: backbone only
+    assert all(not n.startswith("heads.") for n in got["copied"]) and "heads.tok" in got["new"]
+    for n, t in src.state_dict().items():
+        if not n.startswith("heads."):
+            assert torch.equal(dst.state_dict()[n], t)

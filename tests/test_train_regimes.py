@@ -95,6 +95,24 @@ def test_frozen_keeps_backbone_bit_identical_and_greedy_unchanged(heads_art):
     assert greedy(frozen.model, src, max_len=30).tokens == greedy(base.model, src, max_len=30).tokens
 
 
+def test_chained_heads_train_on_a_frozen_backbone_and_decode_exactly(heads_art):
+    """model.head_chain=true: heads 2..k that read the token before their own train in the frozen regime from a
+    base (its backbone copied, the chained heads new), save, load back, and exact blockwise decoding is the base's
+    greedy output."""
+    from bpd_train.decoding import blockwise, greedy
+
+    art, corpus = heads_art
+    run_train("+regime=frozen", "experiment=smoke", "model.head_chain=true", "regime.run_subdir=heads/chain-k4",
+              artifacts=art)
+    run = corpus / "heads" / f"chain-k{K}"
+    meta = assert_run_folder(run, "frozen", K)
+    assert meta["model_config"]["head_chain"] is True
+    base, ch = load_model(corpus / "base"), load_model(run)
+    assert ch.model.chained and ch.model.heads.tok.abs().sum() > 0          # the token maps trained
+    src = val_sources(base.tokenizer_path)
+    assert blockwise(ch.model, src, max_len=30).tokens == greedy(base.model, src, max_len=30).tokens
+
+
 def test_finetune_trains_everything(heads_art):
     art, corpus = heads_art
     run_train("+regime=finetune", "experiment=smoke", "regime.head_loss=mean", artifacts=art)

@@ -346,6 +346,9 @@ def heads_tensors(model) -> tuple[dict[str, Tensor], dict[str, str]]:
     """The BPD heads file: tensors heads.fc1/fc2 in the transformers model's basis (they apply to its decoder
     states) and metadata (format, version, the full BPDConfig, the model-dimension permutation if any)."""
     c = model.config
+    if getattr(c, "head_chain", False):
+        raise ConvertError("chained heads (model.head_chain=true) have no transformers heads-file format; export "
+                           "this model as a bundle (export.format=bundle), which keeps them")
     tensors = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()
                if k.startswith("heads.")}
     meta = {"format": HEADS_FORMAT, "version": "1", "bpd_config": json.dumps(c.to_dict(), sort_keys=True),

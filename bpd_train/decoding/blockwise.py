@@ -306,7 +306,7 @@ class _Blockwise:
             return self.stretch(nxt[None, :1], out, orig, limit, length)
         if b <= fed:
             return nxt[None, :b], done
-        return np.concatenate([nxt[None, :1], self.w.propose(hn[None], 1, b).cpu().numpy()], axis=1), done
+        return np.concatenate([nxt[None, :1], self.w.propose(hn[None], 1, b, nxt[:1]).cpu().numpy()], axis=1), done
 
     def batch_native(self, x, out, orig, limit, length):
         """R > 1 rows, Exact: blockwise steps as one native call (DecodeWeights.batch_block_steps) until a row ends,
@@ -349,7 +349,7 @@ class _Blockwise:
             return self.stretch(nxt[:, :1], out, orig, limit, length)
         if b <= fed:
             return nxt[:, :b], done
-        return np.concatenate([nxt[:, :1], self.w.propose(hn, 1, b).cpu().numpy()], axis=1), done
+        return np.concatenate([nxt[:, :1], self.w.propose(hn, 1, b, nxt[:, 0]).cpu().numpy()], axis=1), done
 
     def calibrate(self, memory, limit: np.ndarray, steps: int = 8) -> None:
         """Time every step width once per set of weights and bucket of row counts: `steps` steps of each in the
@@ -382,7 +382,7 @@ class _Blockwise:
                 return
             tok = torch.from_numpy(got[:, -1:]).to(self.dev)
         x0 = tok.cpu().numpy()                                            # [R,1]
-        fed = {v: np.concatenate([x0, w.propose(h, 1, v).cpu().numpy()], axis=1) if h is not None else
+        fed = {v: np.concatenate([x0, w.propose(h, 1, v, x0[:, 0]).cpu().numpy()], axis=1) if h is not None else
                np.repeat(x0, v, axis=1) for v in range(2, kb + 1)}       # [R,v]
         best: dict[int, float] = {}
         for rep in range(5):
@@ -422,7 +422,7 @@ class _Blockwise:
         x, h1, length, done = self.greedy_steps(x, out, orig, limit, length, self.adapt.greedy_stretch(x.shape[0]))
         if not done.any():
             w = self.adapt.probe_width(x.shape[0])
-            x = np.concatenate([x, self.w.propose(h1, 1, w).cpu().numpy()], axis=1)
+            x = np.concatenate([x, self.w.propose(h1, 1, w, x[:, 0]).cpu().numpy()], axis=1)
         return x, done
 
     def greedy_steps(self, x, out, orig, limit, length, steps: int):
@@ -452,7 +452,7 @@ class _Blockwise:
         b = self._width(rows)
         if b == 1:
             return g.cpu().numpy()[:, None]
-        return torch.cat([g[:, None], self.w.propose(h, 1, b)], dim=1).cpu().numpy()
+        return torch.cat([g[:, None], self.w.propose(h, 1, b, g)], dim=1).cpu().numpy()
 
     def verify(self, x: np.ndarray, fused: bool):
         """One decoder call on the fed tokens x [R,b]. Returns the hidden states, head 1's argmax g [R,b],
@@ -470,7 +470,7 @@ class _Blockwise:
             ok = self.rule(x_dev[:, 1:], l1[:, :-1], g_dev[:, :-1]).cpu().numpy()
         top = None
         if fused:
-            top = self.w.propose(h, 1, self.kb)                         # [R,b,kb-1]
+            top = self.w.propose(h, 1, self.kb, g_dev)                  # [R,b,kb-1]
             both = torch.cat([g_dev[..., None], top], dim=-1).cpu().numpy()   # one device -> host copy per step
             g, top = both[..., 0], both[..., 1:]
         else:
@@ -494,5 +494,5 @@ class _Blockwise:
         if top is not None:                                             # computed in the verify step
             return np.concatenate([gn[:, None], top[np.arange(r), n, :b - 1]], axis=1)
         hn = h[:, int(n[0])] if r == 1 else h[torch.arange(r, device=self.dev), torch.from_numpy(n).to(self.dev)]
-        fut = self.w.propose(hn, 1, b).cpu().numpy()                    # [R,b-1]
+        fut = self.w.propose(hn, 1, b, gn).cpu().numpy()                # [R,b-1]
         return np.concatenate([gn[:, None], fut], axis=1)

@@ -149,8 +149,9 @@ class LMDecodeWeights(DecodeStep):
             return self.ext.lm_head1_argmax(h, self.native_layers)
         return self.head1(h).argmax(-1)
 
-    def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
-        """Argmax ids of heads lo..hi-1 (lo >= 1) [...,hi-lo], over the draft vocabulary when one is set."""
+    def propose(self, h: Tensor, lo: int, hi: int, first: Tensor | None = None) -> Tensor:
+        """Argmax ids of heads lo..hi-1 (lo >= 1) [...,hi-lo], over the draft vocabulary when one is set (first:
+        head 1's tokens, which only chained heads read; this family's heads do not)."""
         if self.native_layers is not None and lo >= 1:
             _, prop = self._head_lins(lo, hi)
             if prop is not None:

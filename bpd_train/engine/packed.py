@@ -24,6 +24,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bpd_train.engine.fastlinear import PackedLinear, check_dtype, l2_bytes
@@ -153,6 +154,20 @@ class DecodeWeights(DecodeStep):
         # own precision
         self.prop_proj = self.draft_proj or (self.proj if self.pdt == dt or heads is None
                                              else PackedLinear(emb, bias, self.pdt))
+        # chained heads (model/heads.py ChainHeads): per head 2..k its token map, FFN in and out, in the proposal
+        # precision, and the token embedding they read (self.chain: the same for the native kernels)
+        self.chained = bool(getattr(heads, "chained", False))
+        self.chain = None
+        if self.chained:
+            hp = heads._parameters
+            self._chain_lins = [(PackedLinear(hp["tok"][j], None, self.pdt), PackedLinear(hp["w1"][j], hp["b1"][j], self.pdt),
+                                 PackedLinear(hp["w2"][j], hp["b2"][j], self.pdt)) for j in range(self.k - 1)]
+            self._chain_emb = (model._modules["embed"]._parameters["weight"].detach(), float(model.embed_scale))
+            if self.ext is not None and all(lin.lin is not None for lins in self._chain_lins for lin in lins):
+                self.chain = self.ext.ChainProp([t.lin for t, _, _ in self._chain_lins],
+                                                [f1.lin for _, f1, _ in self._chain_lins],
+                                                [f2.lin for _, _, f2 in self._chain_lins],
+                                                self._chain_emb[0].float().contiguous(), self._chain_emb[1])
 
         # head 1's positions per pass of the lazy verification, batch 1 / batch > 1 (None: verify_groups decides)
         self.verify_group: int | None = None
@@ -229,13 +244,36 @@ class DecodeWeights(DecodeStep):
                                       PackedLinear(fc2["weight"][s0 * d:s1 * d], fc2["bias"][s0 * d:s1 * d], dt))
         return got
 
-    def states(self, h: Tensor, lo: int, hi: int) -> Tensor:
-        """h [...,D] -> pre-norm states of heads lo..hi-1 [...,hi-lo,D]."""
+    def _chain_states(self, h: Tensor, lo: int, hi: int, first: Tensor | None):
+        """Chained heads lo..hi-1 (lo >= 1), one after another: h [...,D], first [...] the token before head lo's
+        target (None: the model's own chain from head 1's argmax) -> (pre-norm states [...,hi-lo,D], their proposals
+        [...,hi-lo]); each head reads the previous one's proposal."""
+        if first is None:
+            first = self.head1_argmax(h) if lo == 1 else self._chain_states(h, 1, lo, None)[1][..., -1]
+        emb, scale = self._chain_emb
+        prev, states, ids = first, [], []
+        for i in range(lo, hi):
+            t, f1, f2 = self._chain_lins[i - 1]
+            x = h + t(F.embedding(prev, emb) * scale)
+            st = h + f2(torch.relu(f1(x)))
+            s = self.final_norm(st)
+            prev = self.prop_proj(s).argmax(-1)
+            if self.draft_proj is not None:
+                prev = self.draft_ids[prev]
+            states.append(st)
+            ids.append(prev)
+        return torch.stack(states, dim=-2), torch.stack(ids, dim=-1)
+
+    def states(self, h: Tensor, lo: int, hi: int, first: Tensor | None = None) -> Tensor:
+        """h [...,D] -> pre-norm states of heads lo..hi-1 [...,hi-lo,D] (chained heads: each given the previous
+        head's proposal; first: the token before head lo's target, see propose)."""
         parts = []
         if lo == 0 and self.identity_p1:
             parts.append(h.unsqueeze(-2))
             lo = 1
-        if lo < hi:
+        if lo < hi and self.chained:
+            parts.append(self._chain_states(h, lo, hi, first if not parts else None)[0])
+        elif lo < hi:
             f1, f2 = self._head_ffn(lo, hi)
             out = f2(torch.relu(f1(h)))
             parts.append(h.unsqueeze(-2) + out.view(*h.shape[:-1], hi - lo, self.d))
@@ -285,7 +323,12 @@ class DecodeWeights(DecodeStep):
         out, proposal projection, final norm weight, bias, eps), or None where they do not run this model."""
         if self.native_loop is None or self.heads is None or w < 2 or max_steps < 1:
             return None
-        f1, f2 = self._head_ffn(1, w)
+        if self.chained:
+            if self.chain is None:
+                return None
+            f1 = f2 = None
+        else:
+            f1, f2 = (lin.lin for lin in self._head_ffn(1, w))
         if self.prop_proj.lin is None:
             return None
         _, nw, nb, eps = self.norm
@@ -307,8 +350,8 @@ class DecodeWeights(DecodeStep):
         toks, nc, nxt, hn, ended, self.last_seconds = self.ext.block_steps(
             torch.from_numpy(x), self._emb_w, self._emb_scale, model.pe, state.max_positions, self.native_layers,
             state.self_kv, state.mem_kv, state.mem_mask, state.base + state.lengths, nw, nb, eps, self.proj.lin,
-            f1.lin, f2.lin, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos, int(room),
-            int(max_steps), self.verify_group or verify_groups(self.proj)[0], w)
+            f1, f2, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos, int(room),
+            int(max_steps), self.verify_group or verify_groups(self.proj)[0], w, self.chain)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
     def batch_block_steps(self, model: nn.Module, state, x: np.ndarray, lengths: np.ndarray, room: np.ndarray,
@@ -327,17 +370,27 @@ class DecodeWeights(DecodeStep):
         toks, nc, nxt, hn, ended, self.last_seconds = self.ext.batch_block_steps(
             torch.from_numpy(np.ascontiguousarray(x)), self._emb_w, self._emb_scale, model.pe, state.max_positions,
             self.native_layers, state.self_kv, state.mem_kv, state.mem_mask, state.mem_group, state.base,
-            torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)), nw, nb, eps, self.proj.lin, f1.lin,
-            f2.lin, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos,
+            torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)), nw, nb, eps, self.proj.lin, f1,
+            f2, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos,
             torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps),
-            self.batch_verify_group or verify_groups(self.proj)[1], w)
+            self.batch_verify_group or verify_groups(self.proj)[1], w, self.chain)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
 
-    def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
+    def propose(self, h: Tensor, lo: int, hi: int, first: Tensor | None = None) -> Tensor:
         """Argmax tokens of heads lo..hi-1 (lo >= 1): h [...,D] -> ids [...,hi-lo], over the draft vocabulary
-        when one is set. Proposals only decide what is verified, never the output."""
+        when one is set. Proposals only decide what is verified, never the output.
+        first [...]: the token before head lo's target (for lo = 1 head 1's token at h, which the decoders hold):
+        what chained heads start from (None: computed here); other heads ignore it."""
         proj = self.prop_proj
         ext = proj.native
+        if self.chained:
+            if self.chain is not None and lo == 1 and self.norm is not None and proj.lin is not None:
+                if first is None:
+                    first = self.head1_argmax(h)
+                _, w, b, eps = self.norm
+                return ext.propose_chain(h, torch.as_tensor(first, device=h.device), self.chain, hi - lo, w, b, eps, proj.lin,
+                                         self.draft_ids)
+            return self._chain_states(h, lo, hi, None if first is None else torch.as_tensor(first, device=h.device))[1]
         if ext is not None and lo >= 1 and self.norm is not None:
             f1, f2 = self._head_ffn(lo, hi)
             _, w, b, eps = self.norm

@@ -45,8 +45,9 @@ class DecodeStep(Protocol):
         """[...] head 1's argmax: greedy's token, the one blockwise verifies against."""
         ...
 
-    def propose(self, h: Tensor, lo: int, hi: int) -> Tensor:
-        """[..., hi - lo] heads lo..hi-1's argmax ids (proposals; over the draft vocabulary where set)."""
+    def propose(self, h: Tensor, lo: int, hi: int, first: Tensor | None = None) -> Tensor:
+        """[..., hi - lo] heads lo..hi-1's argmax ids (proposals; over the draft vocabulary where set). first [...]:
+        the token before head lo's target (head 1's token for lo = 1), which chained heads read (None: computed)."""
         ...
 
     def greedy_steps(self, model, state, tok: Tensor, room: np.ndarray, max_steps: int, eos=None):

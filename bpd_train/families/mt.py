@@ -25,6 +25,10 @@ class MTFamily(ModelFamily):
     verb = "translated"
     prompted = False
     distill_kind = "translation"
+    head_fields = ModelFamily.head_fields + ("head_chain",)  # heads 2..k chained on the token before their own
+
+    def bundle_heads(self, config) -> dict:
+        return {**super().bundle_heads(config), "chained": bool(config.head_chain)}
 
     # ------------------------------------------------------------------------------------------------ model
     @property

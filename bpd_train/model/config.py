@@ -22,6 +22,7 @@ class BPDConfig:
     block_size: int = 1          # k: number of BPD heads (1 = plain Transformer)
     head_d_hidden: int | None = None  # per-head hidden size of the BPD FFN (paper: d_hidden = d_ff); total k*head_d_hidden
     identity_p1: bool = True     # head 1 is the untouched original path
+    head_chain: bool = False     # heads 2..k also see the token before their own (model/heads.py ChainHeads)
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
@@ -55,6 +56,8 @@ class BPDConfig:
                 raise ValueError(f"d_model={self.d_model} is not divisible by {name}={h}")
         if self.block_size < 1:
             raise ValueError(f"block_size (k) must be >= 1, got {self.block_size}")
+        if self.head_chain and not self.identity_p1:
+            raise ValueError("head_chain needs identity_p1: head 1 is the model's own path, the others chain on it")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if self.pos_layout not in POS_LAYOUTS:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from bpd_train.model.cache import DecoderState, Memory
 from bpd_train.model.config import BPDConfig
-from bpd_train.model.heads import BPDHeads
+from bpd_train.model.heads import BPDHeads, ChainHeads
 from bpd_train.model.layers import DecoderLayer, EncoderLayer, decode_step, sinusoidal_table
 from bpd_train.engine.packed import DecodeOptions, DecodeWeights, cached_step_weights
 
@@ -51,8 +51,12 @@ class BPDModel(nn.Module):
         self.register_module("decoder_norm", nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.final_norm else None)
         self._init_backbone()
         # k = 1 is a plain Transformer: no head parameters at all.
-        self.heads = (BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout)
-                      if c.block_size > 1 else None)
+        if c.block_size == 1:
+            self.heads = None
+        elif c.head_chain:
+            self.heads = ChainHeads(c.d_model, c.block_size, c.head_hidden, c.dropout)
+        else:
+            self.heads = BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout)
         # how decoders run this model (precision, draft vocabulary) and the weights prepared for it
         self.decode_options = DecodeOptions()
         self._decode_cache: tuple | None = None
@@ -166,17 +170,33 @@ class BPDModel(nn.Module):
             s = norm(s)
         return F.linear(s, self.output_weight(), self._parameters["logits_bias"])
 
-    def head_logits(self, h: Tensor, i: int) -> Tensor:
-        """h [...,D] -> logits [...,V] of head i (0 = p1, predicts the next token; i predicts i+1 ahead)."""
+    @property
+    def chained(self) -> bool:
+        """Heads 2..k read the token before their own (config.head_chain): head_logits then takes it."""
+        return getattr(self._modules.get("heads"), "chained", False)
+
+    def embed_prev(self, prev: Tensor) -> Tensor:
+        """prev [...] token ids -> [...,D] what chained heads read of them: the decoder's (scaled) token embedding."""
+        return F.embedding(prev, self._modules["embed"]._parameters["weight"]) * self.embed_scale
+
+    def head_logits(self, h: Tensor, i: int, prev: Tensor | None = None) -> Tensor:
+        """h [...,D] -> logits [...,V] of head i (0 = p1, predicts the next token; i predicts i+1 ahead).
+        Chained heads (i >= 1) also read prev [...], the token before head i's target (teacher-forced in training);
+        None: the model's own chain, head i-1's argmax (head 1's for head 2)."""
         if not 0 <= i < self.config.block_size:
             raise IndexError(f"head {i} out of range for block_size={self.config.block_size}")
         heads = self._modules.get("heads")
         if i == 0 and (heads is None or heads.identity_p1):
             return self._project(h)
+        if getattr(heads, "chained", False):
+            if prev is None:
+                prev = self.head_logits(h, i - 1).argmax(-1)
+            return self._project(heads.state(h, i, self.embed_prev(prev)))
         return self._project(heads.state(h, i))
 
     def heads_logits(self, h: Tensor, lo: int = 0, hi: int | None = None) -> Tensor:
-        """h [...,D] -> logits of heads lo..hi-1 [...,hi-lo,V] (one FFN and one projection for all)."""
+        """h [...,D] -> logits of heads lo..hi-1 [...,hi-lo,V] (one FFN and one projection for all; chained heads
+        one after another, each given the previous head's argmax)."""
         k = self.config.block_size
         hi = k if hi is None else hi
         if not 0 <= lo < hi <= k:
@@ -184,6 +204,12 @@ class BPDModel(nn.Module):
         heads = self._modules.get("heads")
         if heads is None:
             return self._project(h).unsqueeze(-2)
+        if getattr(heads, "chained", False):
+            out, prev = [], None
+            for i in range(lo, hi):
+                out.append(self.head_logits(h, i, prev))
+                prev = out[-1].argmax(-1)
+            return torch.stack(out, dim=-2)
         if lo == 0 and heads.identity_p1:
             s = h.unsqueeze(-2) if hi == 1 else torch.cat([h.unsqueeze(-2), heads.states(h, 1, hi)], dim=-2)
         else:

@@ -96,7 +96,8 @@ def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.
              heads: Sequence[int], weights: Sequence[float], pad_id: int, label_smoothing: float = 0.0,
              recompute: bool = True, teacher_logits: torch.Tensor | None = None, kd_weight: float = 0.0,
              kd_temperature: float = 1.0, extras: dict[str, torch.Tensor] | None = None,
-             self_targets: bool = False, self_kd_weight: float = 0.0) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+             self_targets: bool = False, self_kd_weight: float = 0.0,
+             chain: bool = False) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Weighted sum over `heads` of each head's token-mean label-smoothed CE.
 
     head_logits(h, i) -> [B,T,V] (BPDModel.head_logits); h [B,T,D] is the decoder output.
@@ -108,6 +109,8 @@ def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.
     also learns the model's own (teacher-forced, detached) head-1 distribution at the position it looks ahead to,
     the soft labels of Medusa-2's self-distillation (on a model's own greedy output the CE target is that
     distribution's argmax).
+    chain: chained heads (model/heads.py ChainHeads): head_logits(h, i, prev) also takes the token before head i's
+    target, teacher-forced: the same series head i learns, shifted by i-1 (head 1's own choices under self_targets).
     Returns (loss, {head: detached per-head loss}); `extras`, if given, receives the detached token-mean "kd".
     """
     total = h.new_zeros((), dtype=torch.float32)
@@ -128,7 +131,9 @@ def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.
         if mu == 0:
             own_logits = None
     for i, w in zip(heads, weights):
-        tgt = head_targets(own if own is not None and i > 0 else tgt_out, i, pad_id)
+        series = own if own is not None and i > 0 else tgt_out
+        tgt = head_targets(series, i, pad_id)
+        prev = head_targets(series, i - 1, pad_id) if chain and i > 0 else None
         n = tgt.ne(pad_id).sum().clamp_min(1)
         kd = (i == 0 and lam > 0) or (i > 0 and own_logits is not None)
         if i > 0 and own_logits is not None:                            # head 1 at t+i, aligned with head i at t
@@ -139,8 +144,8 @@ def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.
         else:
             soft, share, t_kd = teacher_logits, lam, temp
 
-        def one_head(h_: torch.Tensor, i=i, tgt=tgt, kd=kd, soft=soft, t_kd=t_kd) -> torch.Tensor:
-            logits = head_logits(h_, i)
+        def one_head(h_: torch.Tensor, i=i, tgt=tgt, kd=kd, soft=soft, t_kd=t_kd, prev=prev) -> torch.Tensor:
+            logits = head_logits(h_, i) if prev is None else head_logits(h_, i, prev)
             ce = smoothed_ce_sum(logits, tgt, pad_id, label_smoothing)
             if not kd:
                 return ce
@@ -159,12 +164,14 @@ def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.
 
 @torch.no_grad()
 def head_stats(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.Tensor, tgt_out: torch.Tensor,
-               k: int, pad_id: int, label_smoothing: float = 0.0) -> dict[str, torch.Tensor]:
+               k: int, pad_id: int, label_smoothing: float = 0.0, chain: bool = False) -> dict[str, torch.Tensor]:
     """Teacher-forced sums for validation, reducible across ranks by addition.
 
     loss_sum[i], count[i], correct[i]: head i's summed loss, its non-pad targets, its top-1 hits.
     accepted_sum / positions: at every non-pad position, the number of consecutive heads from head 1 that are
     right (0..k), summed -- divided, a teacher-forced estimate of the mean accepted block size k̂.
+    chain: chained heads, each given the target before its own (it counts only where heads 1..i-1 were right, so
+    this is the token decoding gives it there).
     """
     loss_sum = torch.zeros(k, dtype=torch.float64, device=h.device)
     count = torch.zeros(k, dtype=torch.float64, device=h.device)
@@ -174,7 +181,7 @@ def head_stats(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torc
     for i in range(k):
         tgt = head_targets(tgt_out, i, pad_id)
         valid = tgt.ne(pad_id)
-        logits = head_logits(h, i)
+        logits = head_logits(h, i, head_targets(tgt_out, i - 1, pad_id)) if chain and i > 0 else head_logits(h, i)
         loss_sum[i] = smoothed_ce_sum(logits, tgt, pad_id, label_smoothing).double()
         hit = (logits.argmax(-1) == tgt) & valid
         count[i] = valid.sum()

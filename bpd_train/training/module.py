@@ -145,14 +145,19 @@ class BPDLightningModule(pl.LightningModule):
                                   teacher_logits=self.teacher_logits(batch) if kd else None,
                                   kd_weight=self.kd_weight if kd else 0.0, kd_temperature=self.kd_temperature,
                                   extras=extras, self_targets=self.self_targets,
-                                  self_kd_weight=self.self_kd_weight)
+                                  self_kd_weight=self.self_kd_weight, chain=getattr(self.model, "chained", False))
         self._kd_stat = extras.get("kd")
         if cfg.block_size > 1 and cfg.identity_p1 and heads == [0]:
             # Head 1 alone does not reach the BPD layer; a zero-weighted touch keeps DDP's gradient
             # reduction (and AdamW's step) the same whichever head was drawn. It runs the heads themselves on one
             # position rather than reading their parameters: under ZeRO-3 a parameter read outside a forward is
             # an empty shard, whose gradient DeepSpeed cannot reduce.
-            touch = self.model.heads.states(h[:, :1], 1, cfg.block_size)
+            heads_mod = self.model.heads
+            if getattr(heads_mod, "chained", False):
+                e = self.model.embed_prev(self._targets(batch)[:, :1])
+                touch = torch.stack([heads_mod.state(h[:, :1], i, e) for i in range(1, cfg.block_size)])
+            else:
+                touch = heads_mod.states(h[:, :1], 1, cfg.block_size)
             loss = loss + 0.0 * touch.sum()
         return loss, per_head
 
@@ -199,7 +204,7 @@ class BPDLightningModule(pl.LightningModule):
         cfg = self.model.config
         h = self._hidden(batch)
         stats = head_stats(self.model.head_logits, h, self._targets(batch), cfg.block_size, cfg.pad_id,
-                           float(self.loss_cfg.get("label_smoothing", 0.0)))
+                           float(self.loss_cfg.get("label_smoothing", 0.0)), chain=getattr(self.model, "chained", False))
         if self._val is None:
             self._val = stats
         else:

@@ -113,7 +113,8 @@ def _make_base_hint() -> str:
             for o in HydraConfig.get().overrides.task:
                 key = o.split("=", 1)[0].lstrip("+~")
                 if key == "regime" or key.startswith(("regime.", "hydra.", "callbacks.")) or key in (
-                        "ckpt_path", "model.block_size", "model.head_d_hidden", "model.identity_p1"):
+                        "ckpt_path", "model.block_size", "model.head_d_hidden", "model.identity_p1",
+                        "model.head_chain"):
                     continue
                 keep.append(o)
     except Exception:  # noqa: BLE001 - the hint is a courtesy

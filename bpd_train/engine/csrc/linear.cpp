@@ -849,6 +849,8 @@ struct Work {
   std::vector<float> y, big, a, o;           // decoder stack
   std::vector<float> x, logits, n1;          // loops: decoder input/output, head-1 logits, normed rows
   std::vector<float> hid, st, sy, plog;      // proposal pass
+  std::vector<float> ce, cx;                 // chained proposals: embedded previous tokens, head inputs
+  std::vector<int64_t> cprev;                // chained proposals: each row's previous token
   std::vector<int64_t> slot, pos, tok;
 };
 static Work& work() { thread_local Work w; return w; }
@@ -1432,6 +1434,81 @@ static void propose_raw(const float* h, int64_t M, int64_t d, const Lin& fc1, co
   tk.to(P_PROPOSE_PROJ);
 }
 
+// Chained heads (model/heads.py ChainHeads): head i reads the decoder state h and the embedding of the token before
+// its own -- head 1's token for head 2, then each head's own argmax for the next -- through its own FFN:
+// x = h + tok_i(emb[prev] * scale), state_i = h + fc2_i(relu(fc1_i(x))), logits = proj(layer_norm(state_i)).
+struct ChainProp {
+  std::vector<Lin> tok, fc1, fc2;            // heads 2..k: P_i (no bias), W1_i, W2_i
+  torch::Tensor emb;                         // [V][D] float32: the decoder's token embedding
+  float scale;
+  ChainProp(std::vector<Lin> t, std::vector<Lin> f1, std::vector<Lin> f2, torch::Tensor e, double s)
+      : tok(std::move(t)), fc1(std::move(f1)), fc2(std::move(f2)), emb(e.contiguous()), scale((float)s) {
+    TORCH_CHECK(tok.size() == fc1.size() && tok.size() == fc2.size(), "ChainProp: one tok, fc1, fc2 per head");
+    TORCH_CHECK(emb.scalar_type() == torch::kFloat32 && emb.dim() == 2, "ChainProp: emb must be float32 [V, D]");
+  }
+};
+
+// Chained heads 1..n_heads (0-based: head 1 predicts 2 ahead) at M positions h [M][D], first [M] the token before
+// head 1's target (head 0's, i.e. the base model's next token) -> argmax ids [M][n_heads] (draft ids mapped back).
+static void propose_chain_raw(const float* h, int64_t M, int64_t d, const ChainProp& c, const int64_t* first,
+                              int64_t n_heads, const float* nw, const float* nb, float eps, const Lin& proj,
+                              const int64_t* draft, int64_t* out) {
+  TORCH_CHECK(n_heads <= (int64_t)c.tok.size(), "propose: ", n_heads, " heads asked of ", c.tok.size(), " chained heads");
+  Work& ws = work();
+  Tick tk;
+  float* e = grow(ws.ce, M * d);
+  float* x = grow(ws.cx, M * d);
+  float* st = grow(ws.st, M * d);
+  float* y = grow(ws.sy, M * d);
+  float* logits = grow(ws.plog, M * proj.N);
+  int64_t* prev = grow(ws.cprev, M);
+  std::memcpy(prev, first, M * sizeof(int64_t));
+  const float* ew = c.emb.data_ptr<float>();
+  for (int64_t i = 0; i < n_heads; i++) {
+    const Lin &P = c.tok[i], &F1 = c.fc1[i], &F2 = c.fc2[i];
+    float* hid = grow(ws.hid, M * F1.N);
+    for (int64_t m = 0; m < M; m++) {
+      const float* er = ew + prev[m] * d;
+      for (int64_t j = 0; j < d; j++) e[m * d + j] = er[j] * c.scale;
+    }
+    lin_rows(P, e, x, M);
+    for (int64_t j = 0; j < M * d; j++) x[j] += h[j];
+    lin_rows(F1, x, hid, M);
+    for (int64_t j = 0; j < M * F1.N; j++) hid[j] = std::max(hid[j], 0.0f);
+    lin_rows(F2, hid, st, M);
+    for (int64_t j = 0; j < M * d; j++) st[j] += h[j];
+    norm_rows(st, y, M, d, nw, nb, eps);
+    tk.to(P_HEADS_FFN);
+    lin_rows(proj, y, logits, M);
+    for (int64_t m = 0; m < M; m++) {
+      const int64_t best = argmax_row(logits + m * proj.N, proj.N);
+      const int64_t id = draft ? draft[best] : best;
+      out[m * n_heads + i] = id;
+      prev[m] = id;
+    }
+    tk.to(P_PROPOSE_PROJ);
+  }
+}
+
+torch::Tensor propose_chain(const torch::Tensor& h_in, const torch::Tensor& first_in, const ChainProp& c,
+                            int64_t n_heads, const torch::Tensor& nw, const torch::Tensor& nb, double eps,
+                            const Lin& proj, c10::optional<torch::Tensor> draft_ids) {
+  const int64_t d = h_in.size(-1);
+  auto h_t = h_in.to(torch::kFloat32).contiguous();
+  const int64_t M = h_t.numel() / d;
+  auto first = first_in.to(torch::kLong).contiguous();
+  TORCH_CHECK(first.numel() == M, "propose_chain: one first token per position (", M, "), got ", first.numel());
+  auto shape = h_t.sizes().vec();
+  shape.back() = n_heads;
+  auto ids = torch::empty(shape, h_t.options().dtype(torch::kLong));
+  torch::Tensor dids;
+  if (draft_ids.has_value()) dids = draft_ids->to(torch::kLong).contiguous();
+  propose_chain_raw(h_t.data_ptr<float>(), M, d, c, first.data_ptr<int64_t>(), n_heads, nw.data_ptr<float>(),
+                    nb.data_ptr<float>(), (float)eps, proj, dids.defined() ? dids.data_ptr<int64_t>() : nullptr,
+                    ids.data_ptr<int64_t>());
+  return ids;
+}
+
 torch::Tensor propose(const torch::Tensor& h_in, const Lin& fc1, const Lin& fc2, int64_t n_heads,
                       const torch::Tensor& nw, const torch::Tensor& nb, double eps, const Lin& proj,
                       c10::optional<torch::Tensor> draft_ids) {
@@ -1464,8 +1541,8 @@ struct LoopModel {
   // x [M][d] in place; row m is cache row m / n, at slot[m]
   virtual void layers(float* x, int64_t M, int64_t n, const int64_t* slot) const = 0;
   virtual void head1(const float* h, int64_t M, int64_t* out) const = 0;
-  // heads 1..n_heads at M positions -> ids [M][n_heads]
-  virtual void propose(const float* h, int64_t M, int64_t n_heads, int64_t* out) const = 0;
+  // heads 1..n_heads at M positions -> ids [M][n_heads]; first [M]: head 1's token at each (chained heads read it)
+  virtual void propose(const float* h, int64_t M, int64_t n_heads, const int64_t* first, int64_t* out) const = 0;
 };
 
 static std::vector<int64_t> stop_list(const torch::Tensor& stops) {
@@ -1485,6 +1562,7 @@ struct EncDecLoop : LoopModel {
   const Lin* fc2 = nullptr;
   const Lin* draft = nullptr;
   const int64_t* dp = nullptr;
+  const ChainProp* chain = nullptr;           // chained heads instead of fc1 / fc2
   EncDecLoop(const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
              const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
              const c10::optional<torch::Tensor>& mem_mask, int64_t g, const torch::Tensor& nw_,
@@ -1497,8 +1575,9 @@ struct EncDecLoop : LoopModel {
   void embed(const int64_t* tok, const int64_t* slot, int64_t M, float* x) const override { emb.rows(tok, slot, M, x); }
   void layers(float* x, int64_t M, int64_t n, const int64_t* slot) const override { decode_raw(x, M, n, d, slot, ls, c); }
   void head1(const float* h, int64_t M, int64_t* out) const override { head1_ids(h, M, d, nw, nb, eps, proj, out); }
-  void propose(const float* h, int64_t M, int64_t n_heads, int64_t* out) const override {
-    propose_raw(h, M, d, *fc1, *fc2, n_heads, nw, nb, eps, *draft, dp, out);
+  void propose(const float* h, int64_t M, int64_t n_heads, const int64_t* first, int64_t* out) const override {
+    if (chain) propose_chain_raw(h, M, d, *chain, first, n_heads, nw, nb, eps, *draft, dp, out);
+    else propose_raw(h, M, d, *fc1, *fc2, n_heads, nw, nb, eps, *draft, dp, out);
   }
 };
 
@@ -1627,7 +1706,7 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, in
     x.assign(width, pad);
     x[0] = gn;
     if (!ended && width > 1) {
-      mdl.propose(hn.data(), 1, width - 1, prop.data());
+      mdl.propose(hn.data(), 1, width - 1, &gn, prop.data());
       for (int64_t j = 0; j < width - 1; j++) x[j + 1] = prop[j];
     }
     if (g_prof) g_prof_steps += 1;
@@ -1644,14 +1723,16 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, 
     torch::Tensor x_in, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
     const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
     c10::optional<torch::Tensor> mem_mask, int64_t t, const torch::Tensor& nw, const torch::Tensor& nb, double eps,
-    const Lin& proj, const Lin& fc1, const Lin& fc2, const Lin& draft_proj, c10::optional<torch::Tensor> draft_ids,
-    int64_t eos, int64_t room, int64_t max_steps, int64_t group, int64_t width) {
+    const Lin& proj, const Lin* fc1, const Lin* fc2, const Lin& draft_proj, c10::optional<torch::Tensor> draft_ids,
+    int64_t eos, int64_t room, int64_t max_steps, int64_t group, int64_t width, const ChainProp* chain) {
   const auto t_start = std::chrono::steady_clock::now();
   EncDecLoop mdl(embed, embed_scale, pe, max_positions, layers, self_kv, mem_kv, mem_mask, 1, nw, nb, eps, proj, eos);
   torch::Tensor dids;
   if (draft_ids.has_value()) dids = draft_ids->to(torch::kLong).contiguous();
-  mdl.fc1 = &fc1;
-  mdl.fc2 = &fc2;
+  TORCH_CHECK(chain != nullptr || (fc1 != nullptr && fc2 != nullptr), "blockwise steps: no proposal heads given");
+  mdl.fc1 = fc1;
+  mdl.fc2 = fc2;
+  mdl.chain = chain;
   mdl.draft = &draft_proj;
   mdl.dp = dids.defined() ? dids.data_ptr<int64_t>() : nullptr;
   return block_loop(mdl, x_in, t, room, max_steps, group, width, t_start);
@@ -1750,7 +1831,9 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
     if (width > 1 && !live.empty()) {
       const int64_t A = (int64_t)live.size();
       for (int64_t a = 0; a < A; a++) std::memcpy(hv.data() + a * d, hn.data() + live[a] * d, d * sizeof(float));
-      mdl.propose(hv.data(), A, width - 1, prop.data());
+      std::vector<int64_t> first(A);
+      for (int64_t a = 0; a < A; a++) first[a] = gnv[live[a]];
+      mdl.propose(hv.data(), A, width - 1, first.data(), prop.data());
       for (int64_t a = 0; a < A; a++)
         for (int64_t j = 0; j < width - 1; j++) x[live[a] * width + j + 1] = prop[a * (width - 1) + j];
     }
@@ -1768,15 +1851,17 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
     torch::Tensor x_in, const torch::Tensor& embed, double embed_scale, const torch::Tensor& pe, int64_t max_positions,
     const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
     c10::optional<torch::Tensor> mem_mask, int64_t g, int64_t t, torch::Tensor lengths, const torch::Tensor& nw,
-    const torch::Tensor& nb, double eps, const Lin& proj, const Lin& fc1, const Lin& fc2, const Lin& draft_proj,
+    const torch::Tensor& nb, double eps, const Lin& proj, const Lin* fc1, const Lin* fc2, const Lin& draft_proj,
     c10::optional<torch::Tensor> draft_ids, int64_t eos, torch::Tensor room_in, int64_t max_steps, int64_t group,
-    int64_t width) {
+    int64_t width, const ChainProp* chain) {
   const auto t_start = std::chrono::steady_clock::now();
   EncDecLoop mdl(embed, embed_scale, pe, max_positions, layers, self_kv, mem_kv, mem_mask, g, nw, nb, eps, proj, eos);
   torch::Tensor dids;
   if (draft_ids.has_value()) dids = draft_ids->to(torch::kLong).contiguous();
-  mdl.fc1 = &fc1;
-  mdl.fc2 = &fc2;
+  TORCH_CHECK(chain != nullptr || (fc1 != nullptr && fc2 != nullptr), "blockwise steps: no proposal heads given");
+  mdl.fc1 = fc1;
+  mdl.fc2 = fc2;
+  mdl.chain = chain;
   mdl.draft = &draft_proj;
   mdl.dp = dids.defined() ? dids.data_ptr<int64_t>() : nullptr;
   return batch_block_loop(mdl, x_in, t, lengths, room_in, max_steps, group, width, t_start);
@@ -2092,7 +2177,7 @@ struct LMLoop : LoopModel {
     lm_decode_raw(x, M, n, slot, net, c);
   }
   void head1(const float* h, int64_t M, int64_t* out) const override { lm_head1_ids(h, M, net, out); }
-  void propose(const float* h, int64_t M, int64_t n_heads, int64_t* out) const override {
+  void propose(const float* h, int64_t M, int64_t n_heads, const int64_t*, int64_t* out) const override {
     TORCH_CHECK(prop != nullptr, "propose: no proposal path given");
     lm_propose_raw(h, M, net, *prop, n_heads, out);
   }
@@ -2244,6 +2329,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("encode_layers", &encode_layers);
   m.def("memory_kv", &memory_kv);
   m.def("propose", &propose);
+  pybind11::class_<ChainProp>(m, "ChainProp")
+      .def(pybind11::init<std::vector<Lin>, std::vector<Lin>, std::vector<Lin>, torch::Tensor, double>());
+  m.def("propose_chain", &propose_chain);
   m.def("greedy_steps", &greedy_steps);
   m.def("block_steps", &block_steps);
   m.def("batch_block_steps", &batch_block_steps);
