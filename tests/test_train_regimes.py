@@ -110,7 +110,19 @@ def test_chained_heads_train_on_a_frozen_backbone_and_decode_exactly(heads_art):
     base, ch = load_model(corpus / "base"), load_model(run)
     assert ch.model.chained and ch.model.heads.tok.abs().sum() > 0          # the token maps trained
     src = val_sources(base.tokenizer_path)
-    assert blockwise(ch.model, src, max_len=30).tokens == greedy(base.model, src, max_len=30).tokens
+    want = greedy(base.model, src, max_len=30).tokens
+    assert blockwise(ch.model, src, max_len=30).tokens == want
+    # a bundle keeps them; the transformers heads file has no format for them and says so before writing anything
+    from bpd_train.convert.common import ConvertError
+    from bpd_train.convert.hf import to_hf
+    from bpd_train.export import export_checkpoint, load_bundle
+
+    bundle = export_checkpoint(run, art / "chain-bundle")
+    model, _, _ = load_bundle(bundle)
+    assert model.chained and blockwise(model, src, max_len=30).tokens == want
+    with pytest.raises(ConvertError, match="export.format=bundle"):
+        to_hf(ch.model, art / "chain-hf")
+    assert not (art / "chain-hf").exists()
 
 
 def test_finetune_trains_everything(heads_art):
