@@ -157,7 +157,7 @@ class _FakeWeights:
     def head1_argmax(self, h):
         return self.head1(h).argmax(-1)
 
-    def propose(self, h, lo, hi):
+    def propose(self, h, lo, hi, first=None):
         return self.m.heads_logits(h, lo, hi).argmax(-1)
 
     native_loop = None  # greedy stretches: DecodeWeights' one-step-at-a-time loop over this interface
