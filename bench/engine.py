@@ -51,7 +51,7 @@ LM_SIZES = {
 }
 
 
-def make_model(size: str, k: int = 8, head_hidden: int = 128, seed: int = 0):
+def make_model(size: str, k: int = 8, head_hidden: int = 128, seed: int = 0, chain: bool = False):
     torch.manual_seed(seed)
     if size in LM_SIZES:
         from bpd_train.model import LMConfig, LMModel
@@ -61,10 +61,15 @@ def make_model(size: str, k: int = 8, head_hidden: int = 128, seed: int = 0):
             with torch.no_grad():
                 torch.nn.init.normal_(m.heads.fc2.weight, std=0.02)
         return m
-    m = BPDModel(BPDConfig(**SIZES[size], block_size=k, head_d_hidden=head_hidden, dropout=0.0)).eval()
+    m = BPDModel(BPDConfig(**SIZES[size], block_size=k, head_d_hidden=head_hidden, dropout=0.0,
+                           head_chain=chain and k > 1)).eval()
     if m.heads is not None:  # random, but not zero-initialised future heads (real proposals, real cost)
         with torch.no_grad():
-            torch.nn.init.normal_(m.heads.fc2.weight, std=0.02)
+            if chain:
+                torch.nn.init.normal_(m.heads.w2, std=0.02)
+                torch.nn.init.normal_(m.heads.tok, std=0.02)
+            else:
+                torch.nn.init.normal_(m.heads.fc2.weight, std=0.02)
     return m
 
 
@@ -168,10 +173,10 @@ def step_costs(models: dict[int, BPDModel], options: DecodeOptions, reps: int = 
     return gms * 1e3, {k: statistics.median(times[k]) / gms for k in ks}, loop
 
 
-def bench_steps(sizes, threads, reps, profile=False, dtypes=("fp32",)):
+def bench_steps(sizes, threads, reps, profile=False, dtypes=("fp32",), chain=False):
     rows = []
     for size in sizes:
-        models = {k: make_model(size, k) for k in (2, 4, 8)}  # a k-wide step on a k-head model
+        models = {k: make_model(size, k, chain=chain) for k in (2, 4, 8)}  # a k-wide step on a k-head model
         draft = tuple(range(models[2].config.vocab_size // 4))
         for t, dt, engine in [(t, dt, e) for t in threads for dt in dtypes for e in ("native", "torch")]:
             torch.set_num_threads(t)
@@ -655,6 +660,7 @@ def main(argv=None) -> int:
                     help="only: one linear's cost per kernel family (fp32 / bf16 / int8, vdpbf16ps / VNNI / AMX) and rows")
     ap.add_argument("--dtype", nargs="+", default=["fp32"], choices=["fp32", "bf16", "int8"],
                     help="decode precision(s) (decode.dtype) for the step costs and --regimes")
+    ap.add_argument("--chain", action="store_true", help="step costs with chained heads (model.head_chain)")
     a = ap.parse_args(argv)
     if a.quick:
         a.threads, a.sizes, a.reps = [1], ["demo"], 5
@@ -676,7 +682,7 @@ def main(argv=None) -> int:
     print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}",
           flush=True)
     result = {"cpu": cpu_model(), "engine": engine_name(), "step_cost": bench_steps(a.sizes, a.threads, a.reps, a.profile,
-                                                                         a.dtype)}
+                                                                         a.dtype, a.chain)}
     lm_sizes = [s for s in a.sizes if s in LM_SIZES]
     if a.lm_decode and lm_sizes:
         result["lm_decode"] = bench_lm_decode(lm_sizes, a.threads[0], a.dtype, n_prompts=4 if a.quick else 8)
