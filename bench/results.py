@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bpd_train.cli import exits_on_user_error  # noqa: E402
-from bpd_train.evaluation.report import quality, quality_sentences  # noqa: E402
+from bpd_train.evaluation.report import cell_text, quality, quality_sentences  # noqa: E402
 from bpd_train.io import atomic_write_bytes, atomic_write_text  # noqa: E402
 from bpd_train.engine.fastlinear import cpu_model as machine_cpu  # noqa: E402  (for reports that did not record one)
 
@@ -50,7 +50,20 @@ def report_header(report: dict) -> str:
             f"{str(report.get('created', '?'))[:10]}; {d.get('name', 'corpus')} {d.get('split', '')}, "
             f"{d.get('sentences')} sentences" + (f" timed, BLEU over {quality_sentences(report)}"
                                                  if quality_sentences(report) else "") +
-            f", {d.get('src_lang', '?')} → {d.get('tgt_lang', '?')}.")
+            f", {d.get('src_lang', '?')} → {d.get('tgt_lang', '?')}" + decode_note(report) + ".")
+
+
+def decode_note(report: dict) -> str:
+    """How the heads runs decoded (the first one's settings; evaluate applies one setting to all): engine, precision,
+    proposals."""
+    dec = next((c.get("decode") for c in report.get("checkpoints", []) if c.get("k", 1) > 1 and c.get("decode")),
+               None)
+    if not dec:
+        return ""
+    over = f"a draft vocabulary of {dec['draft_vocab']} tokens" if dec.get("draft_vocab") else "the full vocabulary"
+    prec = f" in {dec['proposal_dtype']}" if dec.get("proposal_dtype") else ""
+    return (f"; {dec.get('engine', '?')} engine, {dec.get('dtype', 'fp32')} decoding, heads 2..k propose over "
+            f"{over}{prec}")
 
 
 def headline_table(report: dict) -> str:
@@ -74,13 +87,15 @@ def headline_table(report: dict) -> str:
         cells = []
         for c in cks:
             r = cell.get((c["name"], k, bs))
-            cells.append("–" if r is None else
-                         f"{_fmt(r['bleu'])} / {_fmt(r['mean_accepted'])} / {_fmt(r['speedup'])}×")
+            cells.append("–" if r is None else cell_text(r))
         lines.append(f"| {k}, {bs} | " + " | ".join(cells) + " |")
     agree = sorted({r["agreement"] for r in rows if r.get("agreement") is not None})
     note = ("Cells: BLEU / k̂ (mean accepted block size) / wall-clock speedup over greedy decoding of the same "
             "checkpoint; exact acceptance, agreement with greedy " +
             (f"{agree[0]:g}%" if len(agree) == 1 else f"{_fmt(agree[0], 1)}–{_fmt(agree[-1], 1)}%") + "." +
+            (" In brackets: the same decoding with adaptive feeding (proposals only while the heads pay, else "
+             "greedy steps; the same output), timed in the same run: what `translate` and `Translator` run on the "
+             "CPU." if any(r.get("adaptive_speedup") is not None for r in rows) else "") +
             (f" The BLEU row scores greedy output (which exact blockwise output equals) over {n} sentences of the "
              f"split; the cells, over the {report['data'].get('sentences')} that are timed, move by about a point "
              "between runs of the same regime." if n else ""))

@@ -137,7 +137,8 @@ class Translator:
         if block_size is not None and method == "blockwise":
             check_block_sizes([k], self.block_size, "this model")
         rule, limit = parse_rule(accept), max_len_arg(list(max_len) if isinstance(max_len, tuple) else max_len)
-        set_decode_options(self.model, decode_options(self._tokenizer, stop_ids(self.model), dtype))
+        set_decode_options(self.model, decode_options(self._tokenizer, stop_ids(self.model), dtype,
+                                                      device=self.device))
         use_blockwise = method == "blockwise" and k > 1
         adaptive = serving_adaptive(adaptive, rule, self.device)
         ids = [text.source_ids(s) if (not isinstance(s, str) or s.strip()) else None for s in sources]

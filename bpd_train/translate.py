@@ -72,11 +72,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="generate at most A*source_len + B tokens (default 1.5 10)")
     p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (default)")
     p.add_argument("--dtype", default="fp32", help="decode-step weights: fp32 (default) | bf16 | int8")
-    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                   help="heads 2..k propose among the N most frequent tokens (output unchanged)")
-    p.add_argument("--proposal-dtype", default=None, metavar="DTYPE",
+    p.add_argument("--draft-vocab", default="auto", metavar="N",
+                   help="heads 2..k propose among the N most frequent tokens (output unchanged); auto (default): a "
+                        "quarter of a vocabulary of 2048+ tokens; none: all of them")
+    p.add_argument("--proposal-dtype", default="auto", metavar="DTYPE",
                    help="heads 2..k and their projection alone in bf16 | int8: cheaper proposals, output unchanged "
-                        "(head 1 verifies in --dtype)")
+                        "(head 1 verifies in --dtype); auto (default): int8 on a CPU with the int8 kernels; none: "
+                        "--dtype")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="feed only proposals whose heads pay (output unchanged); default: on with --accept exact "
                         "on the CPU, so no batch decodes slower than greedy; --no-adaptive feeds every proposal")
@@ -155,7 +157,7 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
         max_len = max_len_arg(args.max_new_tokens if args.max_new_tokens is not None else list(args.max_len))
         text = _text(args, loaded, sp)
         set_decode_options(model, decode_options(sp, stop_ids(model), args.dtype, args.draft_vocab,
-                                                 args.proposal_dtype))
+                                                 args.proposal_dtype, device))
     except USER_ERRORS as e:
         return report(e, stderr)
     use_blockwise = not args.greedy and k > 1

@@ -75,6 +75,11 @@ def test_exact_agrees_with_greedy_and_rows_are_complete(evaluated):
         assert r["calls"] <= r["greedy_calls"] and r["speedup"] > 0
         if r["rule"] == "exact":
             assert r["agreement"] == 100.0 and r["bleu"] == r["greedy_bleu"]
+            # the serving paths' adaptive feeding, timed alongside on the CPU: the same output, its own speed
+            assert r["adaptive_agreement"] == 100.0 and r["adaptive_speedup"] > 0
+            assert 1.0 <= r["adaptive_mean_accepted"] <= r["k"]
+        else:  # adaptive feeding is the serving default for the exact rule only
+            assert "adaptive_speedup" not in r
     # results do not depend on the batch size
     by = {(r["k"], r["rule"], r["batch_size"]): r for r in rows}
     assert by[(4, "exact", 1)]["bleu"] == by[(4, "exact", 5)]["bleu"]
@@ -89,8 +94,10 @@ def test_report_files(evaluated):
     md = (out / "report.md").read_text()
     assert "## Exact acceptance, batch size 1" in md and "## TopK(2) acceptance, batch size 5" in md
     assert "| k | frozen-k4 | base |" in md
-    row4 = next(line for line in md.splitlines() if line.startswith("| 4 |"))
-    assert row4.count("×") == 1 and row4.endswith("| – |")  # the k=1 model has no k=4 cell
+    rows4 = [line for line in md.splitlines() if line.startswith("| 4 |")]
+    # tables exact / top2 at batch 1, then at batch 5: exact cells hold the adaptive speedup too
+    assert len(rows4) == 4 and all(r.endswith("| – |") for r in rows4)  # the k=1 model has no k=4 cell
+    assert [r.count("×") for r in rows4] == [2, 1, 2, 1] and "(adaptive " in rows4[0]
     for png in ("speedup_vs_k.png", "bleu_vs_khat.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert png in report["files"]["plots"]

@@ -174,7 +174,8 @@ def test_evaluate_on_chat_records_applies_the_template(bundle, tmp_path):
     assert report["data"]["chats"] == 4 and report["data"]["sentences"] == 4
     # proposals over a draft vocabulary in int8 (the decoder-only engine takes them): verification keeps greedy's output
     decode = report["checkpoints"][0]["decode"]
-    assert decode["draft_vocab"] == 30 and decode["proposal_dtype"] == "int8" and decode["engine"].startswith("native")
+    # draft_vocab as resolved: the 30 most frequent tokens and the stop id
+    assert decode["draft_vocab"] == 31 and decode["proposal_dtype"] == "int8" and decode["engine"].startswith("native")
     assert all(row["agreement"] == 100.0 for row in report["rows"] if row["rule"] == "exact") and report["rows"]
     loaded = load(bundle)
     tok = loaded.lm_tokenizer()

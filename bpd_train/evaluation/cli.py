@@ -152,8 +152,9 @@ def run_evaluate(cfg: DictConfig) -> Path:
     settings = EvalSettings(block_sizes=_plain(d.block_sizes), rules=_plain(d.rules), batch_sizes=_plain(e.batch_sizes),
                             max_len=_plain(d.max_len), warmup=int(e.warmup), device=str(e.device),
                             progress=bool(e.progress), dtype=str(d.get("dtype", "fp32")),
-                            draft_vocab=_plain(d.get("draft_vocab")), adaptive=_plain(d.get("adaptive", False)),
-                            proposal_dtype=_plain(d.get("proposal_dtype")),
+                            draft_vocab=_plain(d.get("draft_vocab", "auto")), adaptive=_plain(d.get("adaptive", False)),
+                            proposal_dtype=_plain(d.get("proposal_dtype", "auto")),
+                            adaptive_speedup=bool(e.get("adaptive_speedup", True)),
                             max_bleu_drop=float(e.get("max_bleu_drop", 1.0)))
     inputs = _plain(e.inputs)
     if isinstance(inputs, str):

@@ -20,12 +20,20 @@ class Decoded:
 class Comparison:
     greedy: Decoded
     blockwise: Decoded | None  # None: greedy only (a model without heads, or k = 1)
+    adaptive: Decoded | None = None  # blockwise with adaptive feeding too (compare(..., also_adaptive=True))
 
     @property
     def speedup(self) -> float:
-        if self.blockwise is None:
+        return self._over(self.blockwise)
+
+    @property
+    def adaptive_speedup(self) -> float | None:
+        return None if self.adaptive is None else self._over(self.adaptive)
+
+    def _over(self, d: Decoded | None) -> float:
+        if d is None:
             return 1.0
-        return self.greedy.seconds / self.blockwise.seconds if self.blockwise.seconds > 0 else float("nan")
+        return self.greedy.seconds / d.seconds if d.seconds > 0 else float("nan")
 
     @property
     def agreement(self) -> float:
@@ -54,15 +62,21 @@ class Batches:
 
 
 def compare(model, batches: Batches, *, k: int | None, rule, max_len, device=None, warmup: int = 1,
-            adaptive: bool | float = False, on_batch: Callable[[], None] | None = None) -> Comparison:
+            adaptive: bool | float = False, also_adaptive: bool = False,
+            on_batch: Callable[[], None] | None = None) -> Comparison:
     """Greedy and (when k > 1) blockwise with block size k and acceptance `rule` on every batch, alternating
-    which runs first (metrics.time_interleaved), so the speedup is a ratio measured in one run."""
+    which runs first (metrics.time_interleaved), so the speedup is a ratio measured in one run. also_adaptive:
+    blockwise with adaptive feeding as a third decoder in the same interleaved run (what the serving paths run on
+    the CPU with exact acceptance: evaluation/decode.py serving_adaptive)."""
     from bpd_train.decoding import blockwise, greedy
 
     fns = {"greedy": lambda src: greedy(model, src, max_len=max_len)}
     if k is not None and k > 1:
         fns["blockwise"] = lambda src: blockwise(model, src, block_size=k, accept=rule, max_len=max_len,
                                                  adaptive=adaptive)
+        if also_adaptive:
+            fns["adaptive"] = lambda src: blockwise(model, src, block_size=k, accept=rule, max_len=max_len,
+                                                    adaptive=True)
     timed = time_interleaved(fns, batches.tensors, device, warmup=warmup, on_batch=on_batch)
     out = {}
     for name, t in timed.items():
@@ -70,7 +84,7 @@ def compare(model, batches: Batches, *, k: int | None, rule, max_len, device=Non
         for r in t.results:
             stats.add(r)
         out[name] = Decoded(batches.scatter(t.results), stats, t.seconds)
-    return Comparison(out["greedy"], out.get("blockwise"))
+    return Comparison(out["greedy"], out.get("blockwise"), out.get("adaptive"))
 
 
 def greedy_tokens(model, batches: Batches, *, max_len, on_batch: Callable[[], None] | None = None) -> list[list[int]]:

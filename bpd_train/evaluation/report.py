@@ -12,7 +12,17 @@ from bpd_train.io import atomic_write_json, atomic_write_text
 NOTES = ("Cells: BLEU / k̂ / wall-clock speedup over greedy decoding of the same checkpoint. Row k = 1 is greedy "
          "decoding itself. k̂ = generated tokens per decoder call after the prefill call (per sentence, "
          "averaged over accepted blocks); speedup = greedy seconds ÷ blockwise seconds on the same batches, "
-         "greedy and blockwise alternating, after warm-up.")
+         "greedy and blockwise alternating, after warm-up. \"(adaptive a×)\": the same blockwise decoding with "
+         "adaptive feeding (proposals only while the heads pay, else greedy steps; the same output), timed in the "
+         "same run: what translate.py and Translator run on the CPU with exact acceptance.")
+
+
+def cell_text(r: dict) -> str:
+    """One table cell of a result row: 'BLEU / k̂ / speedup×', and the adaptive speedup where it was timed."""
+    out = f"{_fmt(r['bleu'])} / {_fmt(r['mean_accepted'])} / {_fmt(r['speedup'])}×"
+    if r.get("adaptive_speedup") is not None:
+        out += f" (adaptive {_fmt(r['adaptive_speedup'])}×)"
+    return out
 
 
 BEST_RULE = ("the fastest of: the base model (greedy, 1.00×) and every heads run whose exact blockwise decoding "
@@ -66,8 +76,7 @@ def table1(report: dict, rule: str, batch_size: int, checkpoints: Iterable[dict]
             if k == 1:
                 cells.append(f"{_fmt(c['greedy']['bleu'])} / 1.00 / 1.00×")
             elif (c["name"], k) in cell:
-                r = cell[(c["name"], k)]
-                cells.append(f"{_fmt(r['bleu'])} / {_fmt(r['mean_accepted'])} / {_fmt(r['speedup'])}×")
+                cells.append(cell_text(cell[(c["name"], k)]))
             else:
                 cells.append("–")
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
@@ -190,13 +199,14 @@ def comparison_markdown(report: dict) -> list[str]:
 
 def detail_table(rows: list[dict]) -> str:
     head = ("| checkpoint | k | rule | batch | BLEU | chrF | k̂ | calls | greedy calls | agreement % | greedy s | "
-            "blockwise s | speedup |")
-    lines = [head, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "blockwise s | speedup | adaptive |")
+    lines = [head, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['checkpoint']} | {r['k']} | {r.get('rule_label', r['rule'])} | {r['batch_size']} | "
                      f"{_fmt(r['bleu'])} | {_fmt(r['chrf'])} | {_fmt(r['mean_accepted'])} | {r['calls']} | "
                      f"{r['greedy_calls']} | {_fmt(r['agreement'], 1)} | {_fmt(r['greedy_seconds'], 3)} | "
-                     f"{_fmt(r['blockwise_seconds'], 3)} | {_fmt(r['speedup'])}× |")
+                     f"{_fmt(r['blockwise_seconds'], 3)} | {_fmt(r['speedup'])}× | "
+                     f"{_fmt(r.get('adaptive_speedup'))}{'×' if r.get('adaptive_speedup') is not None else ''} |")
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ from bpd_train.checkpoint import CheckpointError
 from bpd_train.data.sampler import length_batches
 from bpd_train.evaluation.compare import Batches, compare, greedy_tokens
 from bpd_train.evaluation.decode import (
-    EvalError, check_block_sizes, decode_options, max_len_arg, parse_rule, set_decode_options,
+    EvalError, check_block_sizes, decode_options, max_len_arg, parse_rule, serving_adaptive, set_decode_options,
 )
 from bpd_train.decoding.common import stop_ids
 from bpd_train.evaluation.metrics import agreement, corpus_scores, one_line
@@ -46,9 +46,12 @@ class EvalSettings:
     device: str = "auto"
     progress: bool = True
     dtype: str = "fp32"                           # decode-step weights: fp32 | bf16 | int8
-    draft_vocab: int | None = None                # heads 2..k propose among the N most frequent tokens
-    proposal_dtype: str | None = None             # heads 2..k and their projection: fp32 | bf16 | int8 (None: dtype)
+    draft_vocab: int | str | None = "auto"        # heads 2..k propose among the N most frequent tokens (auto: V/4)
+    proposal_dtype: str | None = "auto"           # heads 2..k and their projection: fp32 | bf16 | int8 (None: dtype;
+    #                                               auto: int8 on a CPU with int8 kernels; evaluation/decode.py)
     adaptive: bool | float = False                # feed only proposals whose heads pay (threshold)
+    adaptive_speedup: bool = True                 # exact rule on the CPU: also time adaptive feeding (what the
+    #                                               serving paths run there) in the same interleaved run
 
     def __post_init__(self) -> None:
         self.rules = [str(r) for r in (self.rules or [])]
@@ -158,8 +161,9 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     ks = check_block_sizes(settings.block_sizes, cfg.block_size, f"{name} ({loaded.source})")
     rules = [(r, parse_rule(r)) for r in settings.rules]
     text = loaded.family.text_adapter(loaded, langs[0], langs[1])
-    set_decode_options(model, decode_options(text.sp, stop_ids(model), settings.dtype, settings.draft_vocab,
-                                             settings.proposal_dtype))
+    options = decode_options(text.sp, stop_ids(model), settings.dtype, settings.draft_vocab, settings.proposal_dtype,
+                             device)
+    set_decode_options(model, options)
     src_ids = [text.source_ids(s) for s in sources]
     truncated = text.truncated  # of the timed sources
     max_len = max_len_arg(settings.max_len)
@@ -178,8 +182,11 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
 
     entry = {"name": name, "path": str(loaded.source), "regime": regime, "k": cfg.block_size,
              "identity_p1": cfg.identity_p1, "tokenizer_hash": loaded.tokenizer_hash, "truncated_sources": 0,
-             "greedy": {"by_batch_size": {}}, "decode": {"dtype": settings.dtype, "draft_vocab": settings.draft_vocab,
-                                                          "proposal_dtype": settings.proposal_dtype,
+             "greedy": {"by_batch_size": {}}, "decode": {"dtype": settings.dtype,
+                                                          # as resolved ("auto"): draft tokens, proposal precision
+                                                          "draft_vocab": len(options.draft_vocab)
+                                                          if options.draft_vocab else None,
+                                                          "proposal_dtype": options.proposal_dtype,
                                                           "adaptive": settings.adaptive, "engine": engine_name()},
              **(extra or {})}
     rows: list[dict] = []
@@ -188,8 +195,10 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
         batches = Batches.of(src_ids, bs, cfg.pad_id, device)
         for combo in combos or [None]:
             k, rname, rule = combo or (None, None, None)
+            also = (settings.adaptive_speedup and settings.adaptive is False and k is not None
+                    and serving_adaptive(None, rule, device) is True)
             c = compare(model, batches, k=k, rule=rule, max_len=max_len, device=device, warmup=settings.warmup,
-                        adaptive=settings.adaptive, on_batch=bar.update)
+                        adaptive=settings.adaptive, also_adaptive=also, on_batch=bar.update)
             g = c.greedy
             if greedy_ref is None:
                 greedy_ref = g.tokens
@@ -221,6 +230,10 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
                 "greedy_seconds": g.seconds, "blockwise_seconds": b.seconds, "speedup": c.speedup,
                 "hyp_file": str(hyp_file.relative_to(out_dir)),
             })
+            if c.adaptive is not None:  # the serving paths' decoding: the same output, its own speed and k-hat
+                rows[-1].update(adaptive_speedup=c.adaptive_speedup, adaptive_seconds=c.adaptive.seconds,
+                                adaptive_mean_accepted=c.adaptive.stats.mean_accepted,
+                                adaptive_agreement=agreement(c.adaptive.tokens, g.tokens))
     if q_batches is not None:
         hyps = [one_line(text.detok(t)) for t in greedy_tokens(model, q_batches, max_len=max_len,
                                                                on_batch=bar.update)]

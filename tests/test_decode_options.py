@@ -1,0 +1,65 @@
+"""decode.draft_vocab / decode.proposal_dtype = auto (the default of evaluate, translate and Translator): the cheapest
+proposals that keep the output, resolved per tokenizer and machine."""
+from __future__ import annotations
+
+import pytest
+
+from bpd_train.engine.fastlinear import int8_compute
+from bpd_train.evaluation.decode import EvalError, decode_options, draft_vocabulary, proposal_precision
+
+
+class Ranked:
+    """A sentencepiece-like processor: piece i scores -i (so ids rank in order), ids 0-2 are control pieces."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def get_piece_size(self):
+        return self.size
+
+    def get_score(self, i):
+        return -float(i)
+
+    def is_control(self, i):
+        return i < 3
+
+    def is_unknown(self, i):
+        return False
+
+    def is_unused(self, i):
+        return False
+
+
+def test_auto_draft_vocabulary_is_a_quarter_of_a_large_vocabulary():
+    ids = draft_vocabulary(Ranked(4000), "auto", eos_id=2)
+    # the 1000 best-ranked pieces (ids 3..1002), plus the stop id
+    assert ids == tuple([2] + list(range(3, 1003)))
+    assert draft_vocabulary(Ranked(4000), "auto", eos_id=2) == draft_vocabulary(Ranked(4000), 1000, eos_id=2)
+    # a small vocabulary: proposals over all of it
+    assert draft_vocabulary(Ranked(1000), "auto", eos_id=2) is None
+    for off in (None, "null", "none", 0):
+        assert draft_vocabulary(Ranked(4000), off, eos_id=2) is None
+    with pytest.raises(EvalError, match="draft_vocab must be a number"):
+        draft_vocabulary(Ranked(4000), "many", eos_id=2)
+
+
+def test_auto_draft_vocabulary_without_a_token_ranking_is_the_full_vocabulary():
+    class Unranked:
+        vocab_size = 5000
+
+    assert draft_vocabulary(Unranked(), "auto", eos_id=2) is None
+    with pytest.raises(EvalError, match="no token ranking"):
+        draft_vocabulary(Unranked(), 100, eos_id=2)
+
+
+def test_auto_proposal_precision_is_int8_on_a_cpu_with_int8_kernels_only():
+    assert proposal_precision("auto", "fp32", "cpu") == ("int8" if int8_compute() else None)
+    assert proposal_precision("auto", "bf16", "cpu") == ("int8" if int8_compute() else None)
+    assert proposal_precision("auto", "int8", "cpu") is None          # already int8
+    assert proposal_precision("auto", "fp32", "cuda") is None         # no native kernels there
+    assert proposal_precision("bf16", "fp32", "cuda") == "bf16"       # an explicit choice is kept
+    assert proposal_precision(None, "fp32", "cpu") is None
+    opts = decode_options(Ranked(4000), 2)                            # every entry point's default
+    assert len(opts.draft_vocab) == 1001 and opts.proposal_dtype == proposal_precision("auto", "fp32", "cpu")
+    with pytest.raises(EvalError, match="dtype"):
+        decode_options(Ranked(4000), 2, proposal_dtype="int4")
