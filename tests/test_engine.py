@@ -602,6 +602,34 @@ def test_adaptive_probes_back_off_then_return_when_a_head_pays():
 
 
 @native
+def test_adaptive_batch_of_fewer_rows_borrows_a_larger_batchs_calibration():
+    """A batch smaller than one already calibrated (the last batch of a file, rows that ended) is priced by the
+    larger batch's calibration instead of paying a calibration of its own; one row is always calibrated itself."""
+    from bpd_train.engine.packed import DecodeWeights
+
+    m = _heads_that_never_pay()
+    big, small = random_sources(8, seed=7), random_sources(3, seed=8)
+    calls = []
+    real_batch = DecodeWeights.batch_block_steps
+
+    def spy(self, model, state, x, lengths, room, max_steps, width=None, eos=None):
+        calls.append((x.shape[0], eos))
+        return real_batch(self, model, state, x, lengths, room, max_steps, width=width, eos=eos)
+
+    DecodeWeights.batch_block_steps = spy
+    try:
+        assert blockwise(m, big, max_len=12, adaptive=True).tokens == greedy(m, big, max_len=12).tokens
+        ad = next(iter(m.decode_weights().stats.values()))
+        assert ad.calibrated_rows == {ad.bucket(8)} and any(e == -1 for _, e in calls)
+        calls.clear()
+        assert blockwise(m, small, max_len=12, adaptive=True).tokens == greedy(m, small, max_len=12).tokens
+    finally:
+        DecodeWeights.batch_block_steps = real_batch
+    assert not any(e == -1 for _, e in calls)              # no calibration run for 3 rows
+    assert ad.calibrated(ad.bucket(3)) == ad.bucket(8) and ad.calibrated(1) is None
+    assert ad.cost(2, ad.bucket(3)) == ad.cost(2, ad.bucket(8))
+
+
 def test_adaptive_calibrates_a_batch_as_a_batch_and_settles_on_greedy_per_bucket():
     """A batch is priced by its own calibration (every width timed over the batch's rows, on a scratch cache) and
     keeps its own probe schedule: a head that pays for one row does not make the batch probe again. Where no width
@@ -629,11 +657,18 @@ def test_adaptive_calibrates_a_batch_as_a_batch_and_settles_on_greedy_per_bucket
         assert blockwise(m, src, max_len=12, adaptive=True).tokens == want.tokens      # calibrates bucket 2
     finally:
         DecodeWeights.batch_block_steps = real_batch
-    assert {s for s, e in seen if e == -1} == {(3, 2), (3, 3), (3, 4)}   # every width, over the 3 rows
+    # widths timed over the 3 rows, in order, up to the first that would not pay even if every proposal were
+    # accepted (the optimistic prior: E[w] = w); wider ones are priced as that one, per proposal
+    timed = sorted({s[1] for s, e in seen if e == -1})
+    top = timed[-1]
+    assert {s[0] for s, e in seen if e == -1} == {3} and timed == list(range(2, top + 1))
     ad = next(iter(m.decode_weights().stats.values()))
     b = ad.bucket(3)
     assert b in ad.calibrated_rows and sorted(v for v, c in ad.calib if c == b) == [1, 2, 3, 4]
     assert all(ad.calib[(v, b)] > 1.0 for v in (2, 3, 4))  # a wider step over 3 rows costs more than a greedy one
+    if top < 4:
+        assert ad.calib[(top, b)] * ad.BATCH_MARGIN > top
+        assert all(ad.calib[(v, b)] == pytest.approx(ad.calib[(top, b)] * v / top) for v in range(top + 1, 5))
     ad.offered, ad.accepted = [1, 100, 100, 100], [1, 1, 1, 1]
     ad._best.clear()
     assert ad.width(3) == 1

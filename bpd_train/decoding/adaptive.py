@@ -89,7 +89,7 @@ class Adaptive:
         size at batch 1 (the blockwise loop's bookkeeping, and a cache kb slots longer, whose layout moved greedy's
         own time by 1-3% either way), more at batch 32 (per-row cache writes where greedy's rows stay aligned).
         Rows that leave a batch do not bring the loop back: its last few rows are a small share of its time."""
-        return (self.threshold is None and self.bucket(rows) in self.calibrated_rows and self.width(rows) == 1
+        return (self.threshold is None and self.calibrated(self.bucket(rows)) is not None and self.width(rows) == 1
                 and self.probes(rows).interval >= horizon)
 
     def width(self, rows: int = 1) -> int:
@@ -100,7 +100,9 @@ class Adaptive:
             w = self._best[b] = self._choose(b)
         return w
 
-    def _choose(self, b: int) -> int:
+    def gains(self) -> list[float]:
+        """[E[1], E[2], ...]: expected tokens of a w-wide step from the acceptance counts (threshold mode: only the
+        widths whose heads all reach the threshold)."""
         rate, chain, gain = 1.0, 1.0, [1.0]
         for j in range(1, self.kb):
             # a head judged fewer than 8 times (its predecessors are rarely accepted) is assumed no better
@@ -111,9 +113,25 @@ class Adaptive:
                 break
             chain *= rate
             gain.append(gain[-1] + chain)              # gain[w-1] = E[w]
+        return gain
+
+    def calibrated(self, b: int) -> int | None:
+        """The bucket whose calibration prices steps over rows of bucket b: b itself, or for several rows the nearest
+        larger calibrated bucket (a batch's rows leave as they end, and a batch of 16 after batches of 32 would
+        otherwise pay a calibration of its own: ~0.3 s at demo size, a pass over 80 sentences at batch 32). A wide
+        step over fewer rows costs at most as many greedy steps as over more rows, so the borrowed price is a
+        cautious one."""
+        if b in self.calibrated_rows:
+            return b
+        if b > 1:
+            return min((c for c in self.calibrated_rows if c > b), default=None)
+        return None
+
+    def _choose(self, b: int) -> int:
+        gain = self.gains()
         if self.threshold is not None:
             return len(gain)
-        if b not in self.calibrated_rows and (
+        if self.calibrated(b) is None and (
                 self.wide_steps > self.REFRESH or (1, b) not in self.seconds and self.wide_steps > self.REFRESH // 8):
             return 1  # time greedy steps again (a stale or missing greedy cost could lock wider steps in)
         best, best_rate = 1, self.MARGIN if b == 1 else self.BATCH_MARGIN
@@ -133,7 +151,8 @@ class Adaptive:
         return max(self._cost(w, b), 1.0 + self.FLOOR * w)
 
     def _cost(self, w: int, b: int) -> float:
-        got = self.calib.get((w, b))
+        c = self.calibrated(b)
+        got = self.calib.get((w, c)) if c is not None else None
         if got is not None:
             # the calibration alone: the decoders' own timings compare unlike steps (a probe is one step after a
             # greedy stretch, the heads' weights cold; wide runs and greedy stretches sit at other positions)

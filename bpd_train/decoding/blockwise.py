@@ -170,8 +170,9 @@ class _Blockwise:
             key = ("adaptive", kb, self.threshold)
             self.adapt = Adaptive(kb, self.threshold) if stats is None else stats.setdefault(
                 key, Adaptive(kb, self.threshold))
-            if self.native_block and self.threshold is None and \
-                    self.adapt.bucket(orig.size) not in self.adapt.calib_tried:
+            b = self.adapt.bucket(orig.size)
+            if self.native_block and self.threshold is None and b not in self.adapt.calib_tried and \
+                    self.adapt.calibrated(b) is None:
                 self.calibrate(memory, limit)
         # a proposal vocabulary of N tokens: one-pass (fused) proposing while it is cheap
         vocab = len(self.w.draft_ids) if self.w.draft_ids is not None else self.w.vocab_size
@@ -385,10 +386,11 @@ class _Blockwise:
         fed = {v: np.concatenate([x0, w.propose(h, 1, v, x0[:, 0]).cpu().numpy()], axis=1) if h is not None else
                np.repeat(x0, v, axis=1) for v in range(2, kb + 1)}       # [R,v]
         best: dict[int, float] = {}
+        gain, top = ad.gains(), kb
         for rep in range(5):
             if rep >= 2 and sum(best.values()) * steps > 0.005:
                 break  # 5 rounds where a round takes < 5 ms (small models, noisy timings), else 2
-            for width in range(1, kb + 1):
+            for width in range(1, top + 1):
                 st.lengths = lead
                 if width == 1:
                     w.greedy_steps(model, st, tok[:, 0], room, steps, eos=-1)
@@ -404,8 +406,16 @@ class _Blockwise:
                 if t is None:
                     return
                 best[width] = min(best.get(width, t), t)
+                if rows > 1 and width > 1 and gain[min(width, len(gain)) - 1] * best[1] < ad.BATCH_MARGIN * best[width]:
+                    # over several rows a step's cost grows about linearly with its width and the expected tokens
+                    # less than linearly: once a width does not pay, no wider one will, and timing them was most
+                    # of the calibration (k = 4 at batch 32: widths 3 and 4 are 7 of the 10 greedy-step units)
+                    top = width
+                    break
         for width, t in best.items():   # (the decoders' own timings of each width are kept apart: see _cost)
             ad.calib[(width, b)] = t / best[1]
+        for width in range(top + 1, kb + 1):  # not timed: priced as the last width timed, per proposal
+            ad.calib[(width, b)] = ad.calib[(top, b)] * width / top
         ad.calibrated_rows.add(b)
         ad._best.clear()
 
