@@ -208,3 +208,26 @@ def test_greedy_only(tiny, tmp_path):
                              tmp_path / "g", plots=False)
     assert report["rows"] == [] and report["checkpoints"][0]["greedy"]["hyp_file"] == "hyp/frozen-k4/greedy.txt"
     assert "## Greedy decoding, batch size 4" in (tmp_path / "g" / "report.md").read_text()
+
+
+def test_timing_repeats_passes_until_min_seconds_and_keeps_the_first_passs_results():
+    import time as _time
+
+    from bpd_train.evaluation.metrics import time_interleaved
+
+    calls = []
+
+    def slow(batch):
+        _time.sleep(0.005)
+        calls.append(batch)
+        return batch * 10
+
+    fns = {"a": slow, "b": lambda batch: batch}
+    out = time_interleaved(fns, [1, 2, 3], warmup=1, min_seconds=0.05)
+    assert out["a"].passes == out["b"].passes >= 4               # 3 x 5 ms a pass: 4 passes reach 50 ms
+    assert out["a"].seconds >= 0.05 and out["a"].results == [10, 20, 30] and out["b"].results == [1, 2, 3]
+    assert len(calls) == 1 + 3 * out["a"].passes                  # the warm-up batch, then whole passes
+    one = time_interleaved(fns, [1, 2, 3], warmup=0)              # default: one pass
+    assert one["a"].passes == 1 and one["a"].results == [10, 20, 30]
+    capped = time_interleaved(fns, [1], warmup=0, min_seconds=10.0, max_passes=3)
+    assert capped["a"].passes == 3

@@ -155,6 +155,7 @@ def run_evaluate(cfg: DictConfig) -> Path:
                             draft_vocab=_plain(d.get("draft_vocab", "auto")), adaptive=_plain(d.get("adaptive", False)),
                             proposal_dtype=_plain(d.get("proposal_dtype", "auto")),
                             adaptive_speedup=bool(e.get("adaptive_speedup", True)),
+                            min_seconds=float(e.get("min_seconds") or 0.0),
                             max_bleu_drop=float(e.get("max_bleu_drop", 1.0)))
     inputs = _plain(e.inputs)
     if isinstance(inputs, str):

@@ -13,7 +13,8 @@ from bpd_train.evaluation.metrics import DecodeStats, agreement, pad_batch, time
 class Decoded:
     tokens: list[list[int]]   # one per source, in the sources' order
     stats: DecodeStats
-    seconds: float            # timed batches only (after warm-up)
+    seconds: float            # timed batches only (after warm-up), every timed pass
+    passes: int = 1           # timed passes over the batches (stats and tokens: the first)
 
 
 @dataclass
@@ -63,11 +64,12 @@ class Batches:
 
 def compare(model, batches: Batches, *, k: int | None, rule, max_len, device=None, warmup: int = 1,
             adaptive: bool | float = False, also_adaptive: bool = False,
-            on_batch: Callable[[], None] | None = None) -> Comparison:
+            on_batch: Callable[[], None] | None = None, min_seconds: float = 0.0) -> Comparison:
     """Greedy and (when k > 1) blockwise with block size k and acceptance `rule` on every batch, alternating
     which runs first (metrics.time_interleaved), so the speedup is a ratio measured in one run. also_adaptive:
     blockwise with adaptive feeding as a third decoder in the same interleaved run (what the serving paths run on
-    the CPU with exact acceptance: evaluation/decode.py serving_adaptive)."""
+    the CPU with exact acceptance: evaluation/decode.py serving_adaptive). min_seconds: timed passes over the batches
+    until each decoder ran that long (metrics.time_interleaved)."""
     from bpd_train.decoding import blockwise, greedy
 
     fns = {"greedy": lambda src: greedy(model, src, max_len=max_len)}
@@ -77,13 +79,13 @@ def compare(model, batches: Batches, *, k: int | None, rule, max_len, device=Non
         if also_adaptive:
             fns["adaptive"] = lambda src: blockwise(model, src, block_size=k, accept=rule, max_len=max_len,
                                                     adaptive=True)
-    timed = time_interleaved(fns, batches.tensors, device, warmup=warmup, on_batch=on_batch)
+    timed = time_interleaved(fns, batches.tensors, device, warmup=warmup, on_batch=on_batch, min_seconds=min_seconds)
     out = {}
     for name, t in timed.items():
         stats = DecodeStats()
         for r in t.results:
             stats.add(r)
-        out[name] = Decoded(batches.scatter(t.results), stats, t.seconds)
+        out[name] = Decoded(batches.scatter(t.results), stats, t.seconds, t.passes)
     return Comparison(out["greedy"], out.get("blockwise"), out.get("adaptive"))
 
 

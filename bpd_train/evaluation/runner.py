@@ -50,6 +50,7 @@ class EvalSettings:
     proposal_dtype: str | None = "auto"           # heads 2..k and their projection: fp32 | bf16 | int8 (None: dtype;
     #                                               auto: int8 on a CPU with int8 kernels; evaluation/decode.py)
     adaptive: bool | float = False                # feed only proposals whose heads pay (threshold)
+    min_seconds: float = 0.0                      # timed passes over the sentences until each decoder ran this long
     adaptive_speedup: bool = True                 # exact rule on the CPU: also time adaptive feeding (what the
     #                                               serving paths run there) in the same interleaved run
 
@@ -198,7 +199,8 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
             also = (settings.adaptive_speedup and settings.adaptive is False and k is not None
                     and serving_adaptive(None, rule, device) is True)
             c = compare(model, batches, k=k, rule=rule, max_len=max_len, device=device, warmup=settings.warmup,
-                        adaptive=settings.adaptive, also_adaptive=also, on_batch=bar.update)
+                        adaptive=settings.adaptive, also_adaptive=also, on_batch=bar.update,
+                        min_seconds=settings.min_seconds)
             g = c.greedy
             if greedy_ref is None:
                 greedy_ref = g.tokens
@@ -210,7 +212,7 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
             by_bs = entry["greedy"]["by_batch_size"].setdefault(str(bs), {
                 "calls": g.stats.calls, "prefill_calls": g.stats.prefill_calls, "seconds": [],
                 "same_output_as_first_batch_size": agreement(g.tokens, greedy_ref) == 100.0})
-            by_bs["seconds"].append(g.seconds)
+            by_bs["seconds"].append(g.seconds / g.passes)
             if c.blockwise is None:
                 continue
             b = c.blockwise
@@ -227,11 +229,13 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
                 "tokens_per_call": b.stats.tokens / max(1, b.stats.calls + b.stats.prefill_calls),
                 "accepted_hist": b.stats.to_dict()["accepted_hist"], "tokens": b.stats.tokens,
                 "greedy_tokens": g.stats.tokens, "agreement": c.agreement,
-                "greedy_seconds": g.seconds, "blockwise_seconds": b.seconds, "speedup": c.speedup,
+                # seconds per pass over the sentences (timed_passes of them, interleaved)
+                "greedy_seconds": g.seconds / g.passes, "blockwise_seconds": b.seconds / b.passes,
+                "speedup": c.speedup, "timed_passes": g.passes,
                 "hyp_file": str(hyp_file.relative_to(out_dir)),
             })
             if c.adaptive is not None:  # the serving paths' decoding: the same output, its own speed and k-hat
-                rows[-1].update(adaptive_speedup=c.adaptive_speedup, adaptive_seconds=c.adaptive.seconds,
+                rows[-1].update(adaptive_speedup=c.adaptive_speedup, adaptive_seconds=c.adaptive.seconds / c.adaptive.passes,
                                 adaptive_mean_accepted=c.adaptive.stats.mean_accepted,
                                 adaptive_agreement=agreement(c.adaptive.tokens, g.tokens))
     if q_batches is not None:
