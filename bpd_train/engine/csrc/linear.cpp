@@ -153,18 +153,21 @@ static inline void half_block(const float* x, int64_t K, const W* w, float* out 
 // each block of 64 weight rows as 4 sub-blocks of 16 ([4][K][16], pack()), and the kernels run S sub-blocks at a
 // time over their rows: R*S*2 accumulators + R activations + the weight vectors <= 16 registers, every weight
 // stream read front to back (passes over the strided lanes of a [K][64] block ran at L3 latency: the demo's
-// decoder linears got slower). Rows arrive pre-broadcast where there are several (run_mode: [M][K][8] floats), a
-// plain load per row and k: a vbroadcastss per row and k took FMA-unit slots (demo-size projection, 4 rows:
-// 226 -> 154 us). Output lane (i, n) is still x[i,k] * w[n,k] accumulated over k = 0..K-1 in order, one FMA each,
-// from zero: bit-identical to the AVX-512 build and whatever the number of rows.
-constexpr int XW = 8;        // floats per activation in the buffer the kernels read (pre-broadcast)
+// decoder linears got slower). Each row's activation is broadcast from memory per k (vbroadcastss ymm, m32: a load,
+// no FMA-unit slot on Intel since Haswell and on AMD Zen). Rows pre-broadcast into an [M][K][8] buffer instead were
+// 1.4-2x slower at 4-8 rows on an AMD EPYC (Zen 4) running this build (the buffer outgrew L1 at K = 512: the demo's
+// fc2 at 4 rows 14 us vs 7.3); an earlier measurement on an AVX2-only EPYC had favoured the buffer (4 rows of the
+// demo's projection 226 -> 154 us) with the broadcast from a register. Output lane (i, n) is still x[i,k] * w[n,k]
+// accumulated over k = 0..K-1 in order, one FMA each, from zero: bit-identical to the AVX-512 build and whatever the
+// number of rows.
+constexpr int XW = 1;        // floats per activation in the buffer the kernels read
 constexpr int SB = 16;       // weight rows per sub-block
 static inline __m256 w8(const float* p) { return _mm256_loadu_ps(p); }
 static inline __m256 w8(const uint16_t* p) { return bf8(p); }
 static inline __m256 w8(const int8_t* p) { return i8x8(p); }
 
-// R rows times sub-blocks s0..s0+S-1 of one packed block; XB: rows pre-broadcast (else one plain row, broadcast here)
-template <int R, int S, typename W, bool XB = true>
+// R rows ([R][K]) times sub-blocks s0..s0+S-1 of one packed block
+template <int R, int S, typename W>
 static inline void subs(const float* x, int64_t K, const W* w, float* out, int s0) {
   __m256 acc[R][S][2];
   for (int i = 0; i < R; i++)
@@ -173,7 +176,7 @@ static inline void subs(const float* x, int64_t K, const W* w, float* out, int s
   for (int s = 0; s < S; s++) ws[s] = w + (int64_t)(s0 + s) * SB * K;
   for (int64_t k = 0; k < K; k++) {
     __m256 xb[R];
-    for (int i = 0; i < R; i++) xb[i] = XB ? _mm256_loadu_ps(x + (i * K + k) * XW) : _mm256_broadcast_ss(x + k);
+    for (int i = 0; i < R; i++) xb[i] = _mm256_broadcast_ss(x + i * K + k);
     for (int s = 0; s < S; s++) {
       for (int h = 0; h < 2; h++) {
         const __m256 wv = w8(ws[s] + k * SB + h * 8);
@@ -193,10 +196,10 @@ static inline void block(const float* xe, int64_t K, const W* w, float* out /* [
   for (int s0 = 0; s0 < NB / SB; s0 += S) subs<R, S>(xe, K, w, out, s0);
 }
 
-// A lone row (M = 1: greedy, the proposals) as it comes: one broadcast per 8 FMAs costs less than the buffer
+// A lone row (M = 1: greedy, the proposals): all four sub-blocks in one pass
 template <typename W>
 static inline void block_one(const float* x, int64_t K, const W* w, float* out) {
-  subs<1, 4, W, false>(x, K, w, out, 0);
+  subs<1, 4, W>(x, K, w, out, 0);
 }
 
 // 5-8 rows: 4 rows, then the rest (the block's bytes are in L1/L2 by then)
@@ -463,7 +466,7 @@ static inline void amx_i8_block(const uint32_t* x, int64_t Kp, const int8_t* w, 
 // pairs), which is also the activation row stride (in X) and the block stride / NB (in W elements, times Wk).
 template <typename W> struct FmaKern {
   using X = float; using WT = W;
-  static constexpr int xw = XW;                          // X elements per activation (AVX2: pre-broadcast)
+  static constexpr int xw = XW;                          // X elements per activation
   static int64_t stride(int64_t K) { return NB * K; }   // W elements per packed block
 #if defined(__AVX512F__)
   template <int R> static void blk(const X* x, int64_t K, const W* w, float* o, const W*) { block<R>(x, K, w, o); }
@@ -557,7 +560,7 @@ static void run(const typename Kern::X* x, const typename Kern::WT* w, const flo
           case 3: Kern::template blk<3>(xm, K, wb, out, next); r = 3; break;
           case 2: Kern::template blk<2>(xm, K, wb, out, next); r = 2; break;
           default:
-            if (M == 1) Kern::one(xm, K, wb, out, next);   // (AVX2: not pre-broadcast, see run_mode)
+            if (M == 1) Kern::one(xm, K, wb, out, next);
             else Kern::template blk<1>(xm, K, wb, out, next);
             r = 1;
         }
@@ -666,14 +669,6 @@ std::vector<torch::Tensor> pack(torch::Tensor w, int64_t mode) {
 static void run_mode(int64_t mode, const float* xp, const torch::Tensor& packed, const float* sp, const float* bp,
                      float* yp, int64_t M, int64_t N, int64_t K) {
   if (M <= 0) return;
-#if !defined(__AVX512F__)
-  if (M > 1 && (mode == F32 || mode == BF16 || mode == I8)) {   // the AVX2 kernels read activations pre-broadcast
-    thread_local std::vector<float> xe;
-    if ((int64_t)xe.size() < M * K * XW) xe.resize(M * K * XW);
-    for (int64_t i = 0; i < M * K; i++) _mm256_storeu_ps(xe.data() + i * XW, _mm256_broadcast_ss(xp + i));
-    xp = xe.data();
-  }
-#endif
   if (mode == F32) run<FmaKern<float>>(xp, packed.data_ptr<float>(), nullptr, bp, yp, M, N, K);
   else if (mode == BF16) run<FmaKern<uint16_t>>(xp, (const uint16_t*)packed.data_ptr<int16_t>(), nullptr, bp, yp, M, N, K);
   else if (mode == I8) run<FmaKern<int8_t>>(xp, packed.data_ptr<int8_t>(), sp, bp, yp, M, N, K);
