@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from bpd_train.decoding import Exact, beam_search, blockwise, greedy
 from bpd_train.engine.fastlinear import PackedLinear, amx, bf16_compute, int8_compute, native_kernels
 from bpd_train.engine.packed import DecodeOptions
+from bpd_train.model import BPDConfig, BPDModel
 from tests.test_decoding import random_model, random_sources
 
 native = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
@@ -546,6 +547,9 @@ for dt in ("fp32", "bf16", "int8"):
         g = greedy(m, src, max_len=(1.5, 4))
         assert blockwise(m, src, max_len=(1.5, 4)).tokens == g.tokens, (dt, k, seed)
         assert blockwise(m, src, max_len=(1.5, 4), adaptive=True).tokens == g.tokens, (dt, k, seed)
+from tests.test_engine import test_every_head_size_gives_a_token_the_same_bits_in_any_block_and_matches_torch as heads
+for d in (16, 48, 64, 128, 256):                     # attention's unrolled and run-time head sizes
+    heads(d, 2)
 print("ok")
 """
 
@@ -555,7 +559,7 @@ print("ok")
 def test_avx2_kernels_built_on_this_cpu_are_row_exact(tmp_path):
     """BPD_NATIVE_MARCH=haswell builds the AVX2 kernels (the AVX2-only CPUs' engine) on any x86 CPU: every row the
     same bits whatever the batch, and exact blockwise == greedy in each precision, with the batched native loop;
-    int8 compute gives the bits of this CPU's own build."""
+    attention at every head size as on this CPU's build; int8 compute gives the bits of this CPU's own build."""
     import os
     import subprocess
     import sys
@@ -730,6 +734,40 @@ def test_native_encoder_matches_torch_and_each_row_alone():
     for layer in post.encoder_layers:
         layer.pre_norm = False
     assert post.decode_weights().native_encoder is None
+
+
+@native
+@pytest.mark.parametrize("d_model, n_heads", [(16, 2), (32, 2), (48, 2), (64, 2), (128, 2), (256, 2)])
+def test_every_head_size_gives_a_token_the_same_bits_in_any_block_and_matches_torch(d_model, n_heads):
+    """Attention has unrolled code for head sizes 16/32/64/128 and run-time loops for the others (here 8, 24):
+    a token's decoder output is bit-identical fed alone or inside blocks of 2..5 tokens (blockwise verification),
+    in every row of a padded batch, and its head-1 logits match the torch path's (teacher forcing) to rounding."""
+    from bpd_train.decoding.common import decoding_mode
+
+    torch.manual_seed(d_model)
+    m = BPDModel(BPDConfig(vocab_size=40, d_model=d_model, n_heads=n_heads, n_encoder_layers=1, n_decoder_layers=2,
+                           d_ff=2 * d_model, block_size=2, dropout=0.0, max_positions=64)).eval()
+    src = random_sources(5, seed=d_model, vocab=40, max_src=21)
+    toks = torch.randint(3, 40, (5, 12))
+    with decoding_mode(m):
+        mem = m.encode(src)
+        one = m.start_decoding(mem, 16)
+        h_one = []
+        for j in range(12):
+            h_one.append(m.decode(one, toks[:, j:j + 1]))
+            one.lengths += 1
+        h_one = torch.cat(h_one, 1)
+        blk = m.start_decoding(mem, 16)
+        h_blk = []
+        for lo, hi in [(0, 2), (2, 7), (7, 10), (10, 12)]:
+            h_blk.append(m.decode(blk, toks[:, lo:hi]))
+            blk.lengths += hi - lo
+        assert torch.equal(torch.cat(h_blk, 1), h_one)
+        logits = m.decode_weights().head1(h_one)                 # [R,12,V]
+    tgt = torch.cat([torch.full((5, 1), m.config.bos_id), toks], 1)
+    with torch.no_grad():                                        # the torch path
+        ref = m(src, tgt[:, 1:])[:, :, 0]
+    assert torch.allclose(logits, ref, atol=2e-4, rtol=1e-4)
 
 
 @native
