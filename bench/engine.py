@@ -523,11 +523,12 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
 
 
 def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: int = 2, n_sent: int = 80,
-                  draft_vocab: int = 1000, dtype: str = "fp32"):
+                  draft_vocab: int = 1000, dtype: str = "fp32", rules=()):
     """Trained runs (e.g. make demo's heads/*-k4, or make demo-lm's) on the bundled validation sources: greedy vs
     exact blockwise (plain, adaptive, and both with the draft vocabulary), every decoder on the same batches, taking
     turns by chunks of ~1/8 of them (order reversed every chunk), the first pass a warm-up; speedup = greedy seconds / decoder seconds,
-    greedy of the same `dtype`; with dtype bf16 / int8 also greedy fp32 and every decoder's speedup over it. A
+    greedy of the same `dtype`; with dtype bf16 / int8 also greedy fp32 and every decoder's speedup over it; `rules`
+    (e.g. top2, distance:1): also blockwise under those acceptance rules (draft vocabulary, int8 proposals). A
     decoder-only run is prompted with each English source as its prompt-format translation into French (what
     make demo-lm trains and evaluates); its family's text adapter makes the ids either way."""
     import copy
@@ -564,6 +565,8 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
                f"draft {draft_vocab} adaptive": lambda s: blockwise(md, s, max_len=ml, adaptive=True),
                f"draft {draft_vocab} int8 proposals": lambda s: blockwise(mp, s, max_len=ml),
                f"draft {draft_vocab} int8 proposals adaptive": lambda s: blockwise(mp, s, max_len=ml, adaptive=True)}
+        for rule in rules:
+            fns[f"draft {draft_vocab} int8 proposals {rule}"] = lambda s, r=rule: blockwise(mp, s, max_len=ml, accept=r)
         if mf is not None:
             fns["greedy fp32"] = lambda s: greedy(mf, s, max_len=ml)
 
@@ -656,6 +659,9 @@ def main(argv=None) -> int:
                          "artifacts/demo/bible_en_fr/heads/*-k4, at --batch sizes")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32], help="batch sizes for --regimes")
     ap.add_argument("--passes", type=int, default=2, help="timed passes for --regimes (after one warm-up)")
+    ap.add_argument("--rules", nargs="+", default=[], metavar="RULE",
+                    help="--regimes: also blockwise under these acceptance rules (e.g. top2 distance:1; output may "
+                         "differ from greedy's), with the draft vocabulary and int8 proposals")
     ap.add_argument("--kernels", action="store_true",
                     help="only: one linear's cost per kernel family (fp32 / bf16 / int8, vdpbf16ps / VNNI / AMX) and rows")
     ap.add_argument("--dtype", nargs="+", default=["fp32"], choices=["fp32", "bf16", "int8"],
@@ -675,7 +681,8 @@ def main(argv=None) -> int:
         print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}, "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
         rows = [r for dt in a.dtype
-                for r in bench_regimes(a.regimes, threads=a.threads[0], batch_sizes=a.batch, reps=a.passes, dtype=dt)]
+                for r in bench_regimes(a.regimes, threads=a.threads[0], batch_sizes=a.batch, reps=a.passes, dtype=dt,
+                                           rules=tuple(a.rules))]
         print(json.dumps({"cpu": cpu_model(), "engine": engine_name(), "torch": torch.__version__,
                           "date": time.strftime("%Y-%m-%d", time.gmtime()), "command": _command(argv), "regimes": rows}))
         return 0

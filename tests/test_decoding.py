@@ -165,7 +165,7 @@ class _FakeWeights:
     def greedy_steps(self, model, state, tok, room, max_steps):
         return DecodeWeights.greedy_steps(self, model, state, tok, room, max_steps)
 
-    def block_steps(self, model, state, x, room, max_steps, width=None):
+    def block_steps(self, model, state, x, room, max_steps, width=None, rule=None):
         return None  # no native blockwise loop: the decoder runs its Python steps
 
 

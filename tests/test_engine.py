@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bpd_train.decoding import Exact, beam_search, blockwise, greedy
+from bpd_train.decoding import Distance, Exact, TopK, beam_search, blockwise, greedy
 from bpd_train.engine.fastlinear import PackedLinear, amx, bf16_compute, int8_compute, native_kernels
 from bpd_train.engine.packed import DecodeOptions
 from bpd_train.model import BPDConfig, BPDModel
@@ -254,9 +254,9 @@ def test_adaptive_calibration_times_every_width_mid_sentence_on_a_scratch_cache(
     seen = []
     real = DecodeWeights.block_steps
 
-    def spy(self, model, state, x, room, max_steps, eos=None, width=None):
+    def spy(self, model, state, x, room, max_steps, eos=None, width=None, **kw):
         seen.append((int(state.lengths), x.tolist(), eos))
-        return real(self, model, state, x, room, max_steps, eos=eos, width=width)
+        return real(self, model, state, x, room, max_steps, eos=eos, width=width, **kw)
 
     DecodeWeights.block_steps = spy
     try:
@@ -363,24 +363,30 @@ def test_adaptive_blockwise_equals_greedy_on_random_models(adaptive):
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
 def test_native_loops_take_the_same_steps_as_the_one_step_loops(dtype):
-    # greedy's and blockwise's native loops (DecodeWeights.greedy_steps / block_steps) against the same decoders
-    # with the loops switched off: same tokens, same decoder calls, same accepted blocks (in every precision:
-    # bf16 / int8 compute kernels must be as row-exact as fp32's)
+    # greedy's and blockwise's native loops (DecodeWeights.greedy_steps / block_steps / batch_block_steps) against
+    # the same decoders with the loops switched off: same tokens, same decoder calls, same accepted blocks (in every
+    # precision: bf16 / int8 compute kernels must be as row-exact as fp32's), for every rule the loops know
+    loose = 0
     for k, seed, batch in [(1, 1, 1), (4, 2, 4), (4, 3, 1), (8, 4, 1), (2, 5, 9)]:
         m = random_model(k, seed, eos_bias=1.5)
         m.decode_options = DecodeOptions(dtype=dtype)
         src = random_sources(batch, seed)
         w = m.decode_weights()
-        g, b = greedy(m, src, max_len=(1.5, 4)), blockwise(m, src, max_len=(1.5, 4))
+        rules = (Exact(), TopK(2), Distance(1))
+        g, b = greedy(m, src, max_len=(1.5, 4)), [blockwise(m, src, accept=a, max_len=(1.5, 4)) for a in rules]
         assert (w.native_loop is not None) == (native_kernels() is not None)
         loop, w.native_loop = w.native_loop, None                  # one step per call, through model.decode
         try:
-            g1, b1 = greedy(m, src, max_len=(1.5, 4)), blockwise(m, src, max_len=(1.5, 4))
+            g1 = greedy(m, src, max_len=(1.5, 4))
+            b1 = [blockwise(m, src, accept=a, max_len=(1.5, 4)) for a in rules]
         finally:
             w.native_loop = loop
-        assert g.tokens == g1.tokens == b.tokens == b1.tokens, f"k={k} seed={seed}"
+        assert g.tokens == g1.tokens == b[0].tokens == b1[0].tokens, f"k={k} seed={seed}"
         assert (g.calls, g.accepted_hist) == (g1.calls, g1.accepted_hist)
-        assert (b.calls, b.accepted_hist) == (b1.calls, b1.accepted_hist)
+        for a, r, r1 in zip(rules, b, b1):
+            assert (r.tokens, r.calls, r.accepted_hist) == (r1.tokens, r1.calls, r1.accepted_hist), f"{a} k={k}"
+        loose += sum(r.tokens != g.tokens for r in b[1:])
+    assert loose > 0                                                # (the loose rules did change some output)
 
 
 @native
@@ -616,9 +622,9 @@ def test_adaptive_batch_of_fewer_rows_borrows_a_larger_batchs_calibration():
     calls = []
     real_batch = DecodeWeights.batch_block_steps
 
-    def spy(self, model, state, x, lengths, room, max_steps, width=None, eos=None):
+    def spy(self, model, state, x, lengths, room, max_steps, width=None, eos=None, **kw):
         calls.append((x.shape[0], eos))
-        return real_batch(self, model, state, x, lengths, room, max_steps, width=width, eos=eos)
+        return real_batch(self, model, state, x, lengths, room, max_steps, width=width, eos=eos, **kw)
 
     DecodeWeights.batch_block_steps = spy
     try:
@@ -652,9 +658,9 @@ def test_adaptive_calibrates_a_batch_as_a_batch_and_settles_on_greedy_per_bucket
     seen = []
     real_batch = DecodeWeights.batch_block_steps
 
-    def spy(self, model, state, x, lengths, room, max_steps, width=None, eos=None):
+    def spy(self, model, state, x, lengths, room, max_steps, width=None, eos=None, **kw):
         seen.append((x.shape, eos))
-        return real_batch(self, model, state, x, lengths, room, max_steps, width=width, eos=eos)
+        return real_batch(self, model, state, x, lengths, room, max_steps, width=width, eos=eos, **kw)
 
     DecodeWeights.batch_block_steps = spy
     try:

@@ -17,6 +17,9 @@ from torch import Tensor
 
 class AcceptanceRule:
     label = "?"  # how reports name the rule
+    # (top_n, dist_eps) for the engine's native loops (engine/csrc/linear.cpp LoopModel::accepts), the same verdicts
+    # on the same logits; None: a rule they do not know (blockwise takes Python steps)
+    native: tuple[int, float] | None = None
 
     def __call__(self, proposals: Tensor, logits: Tensor, argmax: Tensor) -> Tensor:  # pragma: no cover
         raise NotImplementedError
@@ -27,6 +30,7 @@ class Exact(AcceptanceRule):
     """Accept a proposal iff it is head 1's argmax: the output is exactly greedy decoding's."""
 
     label = "Exact"
+    native = (0, -1.0)
 
     def __call__(self, proposals: Tensor, logits: Tensor, argmax: Tensor) -> Tensor:
         return proposals == argmax
@@ -46,6 +50,10 @@ class TopK(AcceptanceRule):
     def label(self) -> str:
         return f"TopK({self.n})"
 
+    @property
+    def native(self) -> tuple[int, float]:
+        return int(self.n), -1.0
+
     def __call__(self, proposals: Tensor, logits: Tensor, argmax: Tensor) -> Tensor:
         chosen = logits.gather(-1, proposals.unsqueeze(-1))
         return (logits > chosen).sum(-1) < self.n
@@ -64,6 +72,10 @@ class Distance(AcceptanceRule):
     @property
     def label(self) -> str:
         return f"Distance({self.eps:g})"
+
+    @property
+    def native(self) -> tuple[int, float]:
+        return 0, float(self.eps)
 
     def __call__(self, proposals: Tensor, logits: Tensor, argmax: Tensor) -> Tensor:
         return (proposals - argmax).abs() <= self.eps

@@ -25,10 +25,10 @@ measured cost of a step of that width, relative to a greedy step; see decoding/a
 stretches, the greedy decoder's own native loop, while no width pays; a threshold in (0, 1) instead feeds
 proposals whose heads are accepted at least that often. The output is the same either way.
 
-Where the native kernels run the model (engine/packed.py DecodeWeights), one row with the Exact rule runs
-whole runs of steps in one C++ call (DecodeWeights.block_steps: verify, accept, propose, no Python in
-between), and greedy stretches likewise (DecodeWeights.greedy_steps); other cases take the Python steps
-below. Both take the same steps (tested).
+Where the native kernels run the model (engine/packed.py DecodeWeights), the Exact, TopK and Distance rules
+(without min_block) run whole runs of steps in one C++ call (DecodeWeights.block_steps for one row,
+batch_block_steps for a batch: verify, accept, propose, no Python in between), and greedy stretches likewise
+(DecodeWeights.greedy_steps); other cases take the Python steps below. Both take the same steps (tested).
 
 Per-step bookkeeping (acceptance prefix, EOS, max_len, output) runs vectorised in numpy on the host: a few
 microseconds, where dozens of tiny tensor ops would cost more than the decoder call at batch 1.
@@ -147,9 +147,11 @@ class _Blockwise:
         self.eos = stop_ids(model)
         self.adaptive, self.threshold = adaptive, threshold
         self.adapt = None
-        # Exact: whole runs of steps in one native call (DecodeWeights.block_steps / batch_block_steps) where it
-        # can; the encoder-decoder loops end rows on one EOS id, the decoder-only ones on several (see run)
-        self.native_block = self.exact and min_block == 1
+        # whole runs of steps in one native call (DecodeWeights.block_steps / batch_block_steps) where it can:
+        # a rule the native loops know (Exact, TopK, Distance) without a minimum block; the encoder-decoder loops
+        # end rows on one EOS id, the decoder-only ones on several (see run)
+        self.native_rule = getattr(rule, "native", None)
+        self.native_block = self.native_rule is not None and min_block == 1
 
     def run(self, src, max_len) -> DecodeResult:
         model, kb, eos = self.model, self.kb, self.eos
@@ -226,7 +228,7 @@ class _Blockwise:
 
     def step(self, x, out, orig, limit, length):
         """The next steps, in the first mode that applies: a greedy stretch (adaptive mode fed no proposal), the
-        native loops (Exact: one row, or a batch), else one verify-accept-propose step in Python."""
+        native loops (one row, or a batch; a rule they know), else one verify-accept-propose step in Python."""
         if x.shape[1] == 1 and self.adapt is not None:
             # no proposal fed (rows just left during a greedy stretch): go on with the stretch, not with a
             # one-token verify step through Python
@@ -272,7 +274,7 @@ class _Blockwise:
         return min(self.kb, self.adapt.width(rows))
 
     def block_native(self, x, out, orig, limit, length, width: int | None = None):
-        """One row, Exact: blockwise steps as one native call, the same steps as the Python loop (verify,
+        """One row: blockwise steps as one native call, the same steps as the Python loop (verify,
         accept, propose) without its per-step overhead; adaptive mode re-decides the width after each run of
         steps (Adaptive.run_length; after every step while probing).
         width: the prefill (x = [[BOS]]): its step comes first in the same call, then blocks of this width.
@@ -287,7 +289,7 @@ class _Blockwise:
             ad.chunk = ad.run_length() if ad.width(1) == fed else 1
             ad.last_fed, steps = fed, ad.chunk + prefill
         got = self.w.block_steps(self.model, self.state, x[0], int(limit[0] - length[0]), steps,
-                                 **({"width": width} if prefill else {}))
+                                 rule=self.native_rule, **({"width": width} if prefill else {}))
         if got is None:
             self.native_block = False
             return None
@@ -310,7 +312,7 @@ class _Blockwise:
         return np.concatenate([nxt[None, :1], self.w.propose(hn[None], 1, b, nxt[:1]).cpu().numpy()], axis=1), done
 
     def batch_native(self, x, out, orig, limit, length):
-        """R > 1 rows, Exact: blockwise steps as one native call (DecodeWeights.batch_block_steps) until a row ends,
+        """R > 1 rows: blockwise steps as one native call (DecodeWeights.batch_block_steps) until a row ends,
         at most 16 steps (adaptive too at the width the costs chose, 1 while probing): the Python loop's steps
         without its per-step overhead (numpy bookkeeping, tensor round trips). Returns (next fed tokens [R,b],
         done [R]), or None where the native kernels do not run this model."""
@@ -323,7 +325,8 @@ class _Blockwise:
             ad.last_fed, steps = fed, ad.chunk
         self.state.lengths = length
         native = getattr(self.w, "batch_block_steps", None)
-        got = native(self.model, self.state, x, length, limit - length, steps) if native is not None else None
+        got = native(self.model, self.state, x, length, limit - length, steps,
+                     rule=self.native_rule) if native is not None else None
         if got is None:
             self.native_block = False
             return None

@@ -182,8 +182,9 @@ class LMDecodeWeights(DecodeStep):
             return None
         return self._head_lins(1, w)[1]
 
-    def block_steps(self, model, state, x: np.ndarray, room: int, max_steps: int, eos=None, width: int | None = None):
-        """DecodeWeights.block_steps (same contract) for one row: exact blockwise steps as one native call, or None
+    def block_steps(self, model, state, x: np.ndarray, room: int, max_steps: int, eos=None, width: int | None = None,
+                    rule: tuple[int, float] = (0, -1.0)):
+        """DecodeWeights.block_steps (same contract) for one row: blockwise steps as one native call, or None
         where the native kernels do not run this model."""
         from bpd_train.decoding.common import stop_ids
 
@@ -195,11 +196,11 @@ class LMDecodeWeights(DecodeStep):
             torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)), self.native_loop, prop, state.self_kv,
             state.lpad, state.cos, state.sin, state.base + state.lengths,
             _stops(stop_ids(model) if eos is None else eos), int(room), int(max_steps),
-            self.verify_group or verify_groups(self.proj)[0], w)
+            self.verify_group or verify_groups(self.proj)[0], w, *rule)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
     def batch_block_steps(self, model, state, x: np.ndarray, lengths: np.ndarray, room: np.ndarray, max_steps: int,
-                          width: int | None = None, eos=None):
+                          width: int | None = None, eos=None, rule: tuple[int, float] = (0, -1.0)):
         """DecodeWeights.batch_block_steps (same contract) for R rows in per-row cache mode, or None where the
         native kernels do not run this model."""
         from bpd_train.decoding.common import stop_ids
@@ -214,7 +215,7 @@ class LMDecodeWeights(DecodeStep):
             torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)),
             _stops(stop_ids(model) if eos is None else eos),
             torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps),
-            self.batch_verify_group or verify_groups(self.proj)[1], w)
+            self.batch_verify_group or verify_groups(self.proj)[1], w, *rule)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
 
     # the native loops end rows on any of several stop ids (decoding/blockwise.py asks)

@@ -335,9 +335,10 @@ class DecodeWeights(DecodeStep):
         return f1, f2, self.prop_proj, nw, nb, eps
 
     def block_steps(self, model: nn.Module, state, x: np.ndarray, room: int, max_steps: int, eos: int | None = None,
-                    width: int | None = None):
-        """Exact blockwise steps for one row in uniform cache mode, as one native call (decoding/blockwise.py
-        at batch 1; see csrc/linear.cpp block_steps): x [w] the fed tokens (x0 + w-1 proposals). Returns
+                    width: int | None = None, rule: tuple[int, float] = (0, -1.0)):
+        """Blockwise steps for one row in uniform cache mode, as one native call (decoding/blockwise.py at batch 1;
+        see csrc/linear.cpp block_steps): x [w] the fed tokens (x0 + w-1 proposals); rule: the acceptance rule's
+        `native` (top_n, dist_eps), Exact by default. Returns
         (tokens gained [T], per step (accepted n, gained c) [s,2], next fed tokens [w], decoder output at the
         last accepted position [D], ended), or None where the native kernels do not run this model. Sets
         `last_seconds` (the native loop's own time, as greedy_steps). width: the block fed from the second step
@@ -351,12 +352,13 @@ class DecodeWeights(DecodeStep):
             torch.from_numpy(x), self._emb_w, self._emb_scale, model.pe, state.max_positions, self.native_layers,
             state.self_kv, state.mem_kv, state.mem_mask, state.base + state.lengths, nw, nb, eps, self.proj.lin,
             f1, f2, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos, int(room),
-            int(max_steps), self.verify_group or verify_groups(self.proj)[0], w, self.chain)
+            int(max_steps), self.verify_group or verify_groups(self.proj)[0], w, self.chain, *rule)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
     def batch_block_steps(self, model: nn.Module, state, x: np.ndarray, lengths: np.ndarray, room: np.ndarray,
-                          max_steps: int, width: int | None = None, eos: int | None = None):
-        """Exact blockwise steps for R rows in per-row cache mode, as one native call (decoding/blockwise.py at
+                          max_steps: int, width: int | None = None, eos: int | None = None,
+                          rule: tuple[int, float] = (0, -1.0)):
+        """Blockwise steps (rule: as block_steps) for R rows in per-row cache mode, as one native call (decoding/blockwise.py at
         batch > 1; csrc/linear.cpp batch_block_steps): x [R,w] the fed tokens, lengths [R] each row's cached tokens
         (after `state.base`), room [R]. Stops after the step in which a row ends. Returns (tokens [R,T] of which
         the first counts[r] are row r's, per row and step (n, c) [R,s,2], next fed tokens [R,width], decoder
@@ -373,7 +375,7 @@ class DecodeWeights(DecodeStep):
             torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)), nw, nb, eps, self.proj.lin, f1,
             f2, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos,
             torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps),
-            self.batch_verify_group or verify_groups(self.proj)[1], w, self.chain)
+            self.batch_verify_group or verify_groups(self.proj)[1], w, self.chain, *rule)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
 
     def propose(self, h: Tensor, lo: int, hi: int, first: Tensor | None = None) -> Tensor:

@@ -1657,7 +1657,32 @@ struct LoopModel {
   virtual void embed(const int64_t* tok, const int64_t* slot, int64_t M, float* x) const = 0;
   // x [M][d] in place; row m is cache row m / n, at slot[m]
   virtual void layers(float* x, int64_t M, int64_t n, const int64_t* slot) const = 0;
+  // head 1's argmax at M positions; its logits stay in work().logits ([M][vocab()]) until the next call
   virtual void head1(const float* h, int64_t M, int64_t* out) const = 0;
+  virtual int64_t vocab() const = 0;
+  // the acceptance rule (decoding/acceptance.py, set by the entry points): Exact; TopK(n) for top_n >= 1 (fewer
+  // than n of head 1's logits strictly above the proposal's); Distance(eps) for dist_eps >= 0 (|p - g| <= eps)
+  int64_t top_n = 0;
+  double dist_eps = -1.0;
+  void set_rule(int64_t n, double eps) {
+    TORCH_CHECK(n >= 0 && !(n > 0 && eps >= 0), "blockwise steps: one rule: top_n >= 1 or dist_eps >= 0 or neither");
+    top_n = n;
+    dist_eps = eps;
+  }
+  // is proposal p accepted where head 1's token is g and row `row` of the last head1 call holds its logits
+  bool accepts(int64_t p, int64_t g, int64_t row) const {
+    if (top_n > 0) {
+      const int64_t V = vocab();
+      if (p < 0 || p >= V) return false;
+      const float* l = work().logits.data() + row * V;
+      const float lp = l[p];
+      int64_t above = 0;
+      for (int64_t v = 0; v < V; v++) above += l[v] > lp;
+      return above < top_n;
+    }
+    if (dist_eps >= 0) return std::fabs((double)(p - g)) <= dist_eps;
+    return p == g;
+  }
   // heads 1..n_heads at M positions -> ids [M][n_heads]; first [M]: head 1's token at each (chained heads read it)
   virtual void propose(const float* h, int64_t M, int64_t n_heads, const int64_t* first, int64_t* out) const = 0;
 };
@@ -1692,6 +1717,7 @@ struct EncDecLoop : LoopModel {
   void embed(const int64_t* tok, const int64_t* slot, int64_t M, float* x) const override { emb.rows(tok, slot, M, x); }
   void layers(float* x, int64_t M, int64_t n, const int64_t* slot) const override { decode_raw(x, M, n, d, slot, ls, c); }
   void head1(const float* h, int64_t M, int64_t* out) const override { head1_ids(h, M, d, nw, nb, eps, proj, out); }
+  int64_t vocab() const override { return proj.N; }
   void propose(const float* h, int64_t M, int64_t n_heads, const int64_t* first, int64_t* out) const override {
     if (chain) propose_chain_raw(h, M, d, *chain, first, n_heads, nw, nb, eps, *draft, dp, out);
     else propose_raw(h, M, d, *fc1, *fc2, n_heads, nw, nb, eps, *draft, dp, out);
@@ -1765,14 +1791,15 @@ std::tuple<torch::Tensor, torch::Tensor, double> greedy_steps(
   return greedy_loop(mdl, tok, first_slots(tok.size(0), t, lengths), room, max_steps, t_start);
 }
 
-// Exact blockwise steps for ONE row in uniform cache mode (decoding/blockwise.py at batch 1, Exact rule), in
-// one call with no ATen op or allocation per step: feed x (x0 + w-1 proposals) at slots t.., verify, accept
-// the longest prefix of proposals head 1 agrees with (nothing after a stop id), then heads 1..w-1 propose at the
-// accepted position. x0 itself is never taken for a stop: it is the token accepted last (or, in a decoder-only
-// model's prefill, the prompt's last token, which may well be an end-of-turn id). Verification is lazy: head 1's logits are computed `group` positions at a time, and only
-// as far as proposals are accepted (a rejected proposal makes the positions after it irrelevant), so a step
-// whose first proposal fails projects `group` rows, not w. Each row's logits are computed by the same
-// instructions whatever the group, so the tokens are those of the one-step loop and of greedy decoding.
+// Blockwise steps for ONE row in uniform cache mode (decoding/blockwise.py at batch 1; the Exact, TopK or Distance
+// rule, LoopModel::accepts), in one call with no ATen op or allocation per step: feed x (x0 + w-1 proposals) at
+// slots t.., verify, accept the longest prefix of proposals the rule passes against head 1 (nothing after a stop
+// id), then heads 1..w-1 propose at the accepted position. x0 itself is never taken for a stop: it is the token
+// accepted last (or, in a decoder-only model's prefill, the prompt's last token, which may well be an end-of-turn
+// id). Verification is lazy: head 1's logits are computed `group` positions at a time, and only as far as
+// proposals are accepted (a rejected proposal makes the positions after it irrelevant), so a step whose first
+// proposal fails projects `group` rows, not w. Each row's logits are computed by the same instructions whatever the
+// group, so the tokens are those of the one-step loop (and, Exact, of greedy decoding).
 // Stops after `max_steps` steps or the step in which the row ends (a stop id, or `room` tokens used up).
 // x may be narrower than `width`, the block fed from the second step on (the prefill feeds BOS alone: its
 // head-1 token and proposals come out of the same loop, not out of a Python step).
@@ -1799,14 +1826,15 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, in
     tk.to(P_EMBED);
     mdl.layers(h.data(), w, w, slot.data());
     tk = Tick();
-    int64_t n = 0, done = 0;
+    int64_t n = 0, done = 0, first = 0;                    // first: the position of the last head1 call's row 0
     for (;;) {
       if (n >= done) {                                     // head 1 at the next `group` positions
         const int64_t rows = std::min(group, w - done);
         mdl.head1(h.data() + done * d, rows, gh.data() + done);
+        first = done;
         done += rows;
       }
-      if (n < w - 1 && x[n + 1] == gh[n] && (n == 0 || !mdl.stop(x[n]))) n++;
+      if (n < w - 1 && mdl.accepts(x[n + 1], gh[n], n - first) && (n == 0 || !mdl.stop(x[n]))) n++;
       else break;
     }
     tk.to(P_VERIFY);
@@ -1841,9 +1869,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, 
     const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
     c10::optional<torch::Tensor> mem_mask, int64_t t, const torch::Tensor& nw, const torch::Tensor& nb, double eps,
     const Lin& proj, const Lin* fc1, const Lin* fc2, const Lin& draft_proj, c10::optional<torch::Tensor> draft_ids,
-    int64_t eos, int64_t room, int64_t max_steps, int64_t group, int64_t width, const ChainProp* chain) {
+    int64_t eos, int64_t room, int64_t max_steps, int64_t group, int64_t width, const ChainProp* chain, int64_t top_n,
+    double dist_eps) {
   const auto t_start = std::chrono::steady_clock::now();
   EncDecLoop mdl(embed, embed_scale, pe, max_positions, layers, self_kv, mem_kv, mem_mask, 1, nw, nb, eps, proj, eos);
+  mdl.set_rule(top_n, dist_eps);
   torch::Tensor dids;
   if (draft_ids.has_value()) dids = draft_ids->to(torch::kLong).contiguous();
   TORCH_CHECK(chain != nullptr || (fc1 != nullptr && fc2 != nullptr), "blockwise steps: no proposal heads given");
@@ -1855,14 +1885,14 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, 
   return block_loop(mdl, x_in, t, room, max_steps, group, width, t_start);
 }
 
-// Exact blockwise steps for R rows in per-row cache mode (decoding/blockwise.py at batch > 1, Exact rule): the
+// Blockwise steps for R rows in per-row cache mode (decoding/blockwise.py at batch > 1, any rule accepts()): the
 // batched block_steps. Row r feeds x[r] (its last accepted token + w-1 proposals) at slots t + lengths[r] ..; head 1
 // verifies lazily, `group` positions of every row still accepting at a time (rows whose proposal was rejected are
 // not projected further); each row accepts its longest agreeing prefix (nothing after a stop id) and gains n+1 tokens
 // (capped by its room); heads 1..width-1 propose at every live row's accepted position. All rows take the same
 // steps: the loop stops after `max_steps` steps or after the step in which a row ends, so the caller drops finished
 // rows where its Python loop would. Each token's decoder output, head-1 logits and proposals are computed by the
-// same instructions as in greedy_steps / block_steps (rows are independent), so the output is greedy's.
+// same instructions as in greedy_steps / block_steps (rows are independent), so with Exact the output is greedy's.
 // Returns (tokens gained per row [R, max_steps*width] (the first counts[r] valid), per row and step (n, c) [R, s, 2],
 // next fed tokens [R, width], decoder output at each row's last accepted position [R, D], ended [R], seconds).
 static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, double> batch_block_loop(
@@ -1915,7 +1945,9 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
         const int64_t* xr = x.data() + r * w;
         for (int64_t j = 0; j < cols; j++) gh[r * w + done + j] = prop[a * cols + j];
         int64_t m = n[r];
-        while (m < done + cols && m < w - 1 && xr[m + 1] == gh[r * w + m] && (m == 0 || !mdl.stop(xr[m]))) m++;
+        while (m < done + cols && m < w - 1 && mdl.accepts(xr[m + 1], gh[r * w + m], a * cols + m - done) &&
+               (m == 0 || !mdl.stop(xr[m])))
+          m++;
         n[r] = m;
         if (m == done + cols && m < w) nact.push_back(r);   // head 1 is needed at position m: the next group
       }
@@ -1970,9 +2002,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
     c10::optional<torch::Tensor> mem_mask, int64_t g, int64_t t, torch::Tensor lengths, const torch::Tensor& nw,
     const torch::Tensor& nb, double eps, const Lin& proj, const Lin* fc1, const Lin* fc2, const Lin& draft_proj,
     c10::optional<torch::Tensor> draft_ids, int64_t eos, torch::Tensor room_in, int64_t max_steps, int64_t group,
-    int64_t width, const ChainProp* chain) {
+    int64_t width, const ChainProp* chain, int64_t top_n, double dist_eps) {
   const auto t_start = std::chrono::steady_clock::now();
   EncDecLoop mdl(embed, embed_scale, pe, max_positions, layers, self_kv, mem_kv, mem_mask, g, nw, nb, eps, proj, eos);
+  mdl.set_rule(top_n, dist_eps);
   torch::Tensor dids;
   if (draft_ids.has_value()) dids = draft_ids->to(torch::kLong).contiguous();
   TORCH_CHECK(chain != nullptr || (fc1 != nullptr && fc2 != nullptr), "blockwise steps: no proposal heads given");
@@ -2294,6 +2327,7 @@ struct LMLoop : LoopModel {
     lm_decode_raw(x, M, n, slot, net, c);
   }
   void head1(const float* h, int64_t M, int64_t* out) const override { lm_head1_ids(h, M, net, out); }
+  int64_t vocab() const override { return net.proj.N; }
   void propose(const float* h, int64_t M, int64_t n_heads, const int64_t*, int64_t* out) const override {
     TORCH_CHECK(prop != nullptr, "propose: no proposal path given");
     lm_propose_raw(h, M, net, *prop, n_heads, out);
@@ -2358,20 +2392,22 @@ std::tuple<torch::Tensor, torch::Tensor, double> lm_greedy_steps(
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, double> lm_block_steps(
     torch::Tensor x_in, const LMNet& net, const LMProp& prop, const torch::Tensor& self_kv, const torch::Tensor& lpad,
     const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, const torch::Tensor& stops, int64_t room,
-    int64_t max_steps, int64_t group, int64_t width) {
+    int64_t max_steps, int64_t group, int64_t width, int64_t top_n, double dist_eps) {
   const auto t_start = std::chrono::steady_clock::now();
   LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
   mdl.prop = &prop;
+  mdl.set_rule(top_n, dist_eps);
   return block_loop(mdl, x_in, t, room, max_steps, group, width, t_start);
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, double> lm_batch_block_steps(
     torch::Tensor x_in, const LMNet& net, const LMProp& prop, const torch::Tensor& self_kv, const torch::Tensor& lpad,
     const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, torch::Tensor lengths, const torch::Tensor& stops,
-    torch::Tensor room, int64_t max_steps, int64_t group, int64_t width) {
+    torch::Tensor room, int64_t max_steps, int64_t group, int64_t width, int64_t top_n, double dist_eps) {
   const auto t_start = std::chrono::steady_clock::now();
   LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
   mdl.prop = &prop;
+  mdl.set_rule(top_n, dist_eps);
   return batch_block_loop(mdl, x_in, t, lengths, room, max_steps, group, width, t_start);
 }
 
