@@ -35,8 +35,11 @@ class Adaptive:
     COST_PRIOR = (0.5, 0.5)    # cost(w) ~ 1 + 0.5 (w - 1) + 0.5 (proposal pass) until measured: cautious (a k = 4
     #                            step measured 1.1 greedy steps at base size, 2-5 at demo size with native loops)
     REFRESH = 512              # steps at width > 1 after which greedy steps are timed again
-    MARGIN = 1.05             # a width > 1 must promise 5% more tokens per second than greedy steps
-    BATCH_MARGIN = 1.15       # ... 15% over several rows: rows ending (each a return to Python and a cache reorder)
+    MARGIN = 1.15             # a width > 1 must promise 15% more tokens per second than greedy steps: at 5%, heads
+    #                           that barely pay (the demo's `frozen`, E[2] 1.28) were fed 2-wide blocks in half the
+    #                           runs on the AVX2 build, whose calibration priced them 1.10-1.16 greedy steps (1.27-1.53
+    #                           in the others) and which decoded 0.82-0.93x of greedy
+    BATCH_MARGIN = 1.15       # ... 15% over several rows too: rows ending (each a return to Python and a cache reorder)
     #                           and ragged lengths cost the batch loop what a calibration on aligned rows does not
     #                           see (the demo's `self` at 32 rows: 2-wide steps priced ~5% ahead of greedy left
     #                           the batch 3-7% behind it; at 1.15 it decodes greedily there, 1.02-1.15x, noisy)
