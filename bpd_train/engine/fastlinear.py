@@ -130,6 +130,12 @@ def native_kernels():
     return _ext
 
 
+def loaded_kernels():
+    """The kernel module if this process has already loaded it, else None (never starts a build: for callers that
+    only use it to go faster, e.g. on a GPU model that never needed the CPU kernels)."""
+    return _ext if _ext_tried else None
+
+
 def engine_name() -> str:
     """What CPU decoding runs on in this process: "native-amx" (AVX-512 kernels, and AMX tiles for bf16 and int8
     compute), "native-avx512", "native-avx2" or "torch"."""

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bpd_train.engine.fastlinear import PackedLinear, check_dtype, l2_bytes
+from bpd_train.engine.fastlinear import PackedLinear, check_dtype, l2_bytes, loaded_kernels
 from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps
 
 
@@ -425,6 +425,12 @@ def cached_step_weights(model: nn.Module, build):
 def weights_key(model: nn.Module, options: DecodeOptions) -> tuple:
     """Changes whenever any parameter's storage or in-place version does (training steps, load_state_dict,
     .to()), or the options do."""
+    ext = loaded_kernels()
+    if ext is not None:
+        try:
+            return options, ext.param_states(model)
+        except Exception:  # a parameter the native walk does not read (no storage, not a tensor): walk in Python
+            pass
     out: list = [options]
     _param_states(model, out)
     return tuple(out)
