@@ -208,12 +208,14 @@ class DecodeWeights(DecodeStep):
         return (layers, (norm.weight, norm.bias, norm.eps) if norm is not None else (None, None, 0.0),
                 [lin.lin for lin in kv], model.decoder_layers[0].cross_attn.n_heads)
 
-    def encode(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        """The encoder stack on the native kernels (BPDModel.encode at inference): x [B,S,d] the embedded sources,
-        mask [B,1,1,S] additive or None -> [B,S,d] after the final norm."""
+    def encode_ids(self, model: nn.Module, src: Tensor) -> Tensor:
+        """The encoder stack on the native kernels (BPDModel.encode at inference): src [B,S] ids, right-padded
+        with pad_id -> [B,S,d] after the final norm. The embedding (as BPDModel._embed rounds it) and the padding
+        mask are computed there too."""
         layers, (nw, nb, eps), _, _ = self.native_encoder
-        m = mask.reshape(x.shape[0], x.shape[1]) if mask is not None else None
-        return self.ext.encode_layers(x, layers, m, nw, nb, eps)
+        table = model.src_embed if model.src_embed is not None else model.embed
+        return self.ext.encode_ids(src, table._parameters["weight"], float(model.embed_scale), model.pe,
+                                   int(model.config.pad_id), layers, nw, nb, eps)
 
     def memory_kv(self, out: Tensor) -> Tensor:
         """Every decoder layer's cross-attention keys and values of the encoder output out [B,S,d] -> [L,2,B,H,S,Dh]."""

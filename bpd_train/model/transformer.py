@@ -99,6 +99,9 @@ class BPDModel(nn.Module):
             raise ValueError(f"source length {s} exceeds max_positions={self.config.max_positions}")
         pad_mask = src != self.config.pad_id                      # [B,S]
         attn_mask = pad_mask[:, None, None, :]                    # [B,1,1,S]
+        w = self._native_decoding(src.device, self._modules["embed"]._parameters["weight"].dtype)
+        if w is not None:  # decoding on the CPU: embedding and the whole stack in one native call (engine/packed.py)
+            return Memory(w.encode_ids(self, src), pad_mask, attn_mask)
         x = self._embed(src, slice(0, s), source=True)
         layer_mask = attn_mask
         if not torch.is_grad_enabled():  # decoding: same math, cheaper attention
@@ -107,21 +110,18 @@ class BPDModel(nn.Module):
             else:  # additive float mask once, rather than SDPA converting the bool mask in every layer
                 layer_mask = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill_(
                     ~attn_mask, float("-inf"))
-        w = self._native_decoding(x)
-        if w is not None:  # decoding on the CPU: the whole stack in one native call (engine/packed.py)
-            return Memory(w.encode(x, layer_mask), pad_mask, attn_mask)
         for layer in self.encoder_layers:
             x = layer(x, layer_mask)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
         return Memory(x, pad_mask, attn_mask)
 
-    def _native_decoding(self, x: Tensor):
+    def _native_decoding(self, device: torch.device, dtype: torch.dtype):
         """The decode weights where a decoder runs this model on the native kernels (inside a decoder's
         decoding_mode, fp32 on the CPU, an encoder they implement), else None: training, validation (whose sharded
         strategies gather each layer's weights only around its own forward) and other devices keep the torch path."""
         if getattr(self, "_decode_call", None) is None or not torch.is_inference_mode_enabled() \
-                or x.device.type != "cpu" or x.dtype != torch.float32:
+                or device.type != "cpu" or dtype != torch.float32:
             return None
         w = self.decode_weights()
         return w if getattr(w, "native_encoder", None) is not None else None
@@ -226,7 +226,7 @@ class BPDModel(nn.Module):
         `capacity` decoder tokens per row. Cross-attention K/V are computed here, once."""
         out = memory.out
         b, s, d = out.shape
-        w = self._native_decoding(out)
+        w = self._native_decoding(out.device, out.dtype)
         if w is not None:
             mem_kv = w.memory_kv(out)                                            # [layers,2,B,H,S,Dh]
         else:

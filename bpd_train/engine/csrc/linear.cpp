@@ -26,6 +26,7 @@
 #include <tuple>
 #include <chrono>
 #include <vector>
+#include <limits>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -1422,19 +1423,9 @@ struct EncLayer {
 // ~2.5 ms through torch). x [B,S,d] the embedded sources; mask [B,S] additive (0 / -inf on padding) or none. Every
 // query attends over all S keys (minus padding). The encoder is the same for every decoder, so its rounding (not
 // torch's) is what greedy, blockwise and beam decoding all read.
-torch::Tensor encode_layers(torch::Tensor x_in, const std::vector<EncLayer>& layers, c10::optional<torch::Tensor> mask,
-                            c10::optional<torch::Tensor> fnw, c10::optional<torch::Tensor> fnb, double feps) {
-  TORCH_CHECK(x_in.dim() == 3, "encode_layers: x must be [B,S,d]");
-  const int64_t B = x_in.size(0), S = x_in.size(1), d = x_in.size(2), M = B * S;
-  auto x_t = x_in.to(torch::kFloat32).contiguous().clone();
-  float* x = x_t.data_ptr<float>();
-  torch::Tensor mk;
-  const float* mm = nullptr;
-  if (mask.has_value()) {
-    mk = mask->to(torch::kFloat32).contiguous();
-    TORCH_CHECK(mk.numel() == M, "encode_layers: mask must be [B,S]");
-    mm = mk.data_ptr<float>();
-  }
+static void encode_raw(float* x, int64_t B, int64_t S, int64_t d, const float* mm, const std::vector<EncLayer>& layers,
+                       const c10::optional<torch::Tensor>& fnw, const c10::optional<torch::Tensor>& fnb, double feps) {
+  const int64_t M = B * S;
   Work& ws = work();
   int64_t ff = 0;
   for (const auto& w : layers) ff = std::max(ff, w.f1.N);
@@ -1474,6 +1465,47 @@ torch::Tensor encode_layers(torch::Tensor x_in, const std::vector<EncLayer>& lay
     norm_rows(x, y, M, d, fnw->data_ptr<float>(), fnb->data_ptr<float>(), (float)feps);
     std::memcpy(x, y, M * d * sizeof(float));
   }
+}
+
+// The encoder from the source ids [B,S] (right-padded with pad_id): the embedding as BPDModel._embed computes it
+// (table[id] * scale, then + pe[position], two roundings) and the padding mask (none where nothing is padded, as
+// BPDModel.encode passes), so a batch-1 call skips the ~6 ATen ops (and their Python) around the encoder.
+torch::Tensor encode_ids(torch::Tensor ids_in, torch::Tensor table, double scale, torch::Tensor pe, int64_t pad_id,
+                         const std::vector<EncLayer>& layers, c10::optional<torch::Tensor> fnw,
+                         c10::optional<torch::Tensor> fnb, double feps) {
+  TORCH_CHECK(ids_in.dim() == 2, "encode_ids: ids must be [B,S]");
+  TORCH_CHECK(table.is_contiguous() && pe.is_contiguous() && table.scalar_type() == torch::kFloat32 &&
+              pe.scalar_type() == torch::kFloat32 && pe.size(1) == table.size(1), "encode_ids: fp32 tables");
+  const auto ids_t = ids_in.to(torch::kLong).contiguous();
+  const int64_t* ids = ids_t.data_ptr<int64_t>();
+  const int64_t B = ids_t.size(0), S = ids_t.size(1), d = table.size(1), V = table.size(0);
+  TORCH_CHECK(S <= pe.size(0), "encode_ids: source longer than the position table");
+  auto x_t = torch::empty({B, S, d}, table.options());
+  float* x = x_t.data_ptr<float>();
+  const float* e = table.data_ptr<float>();
+  const float* pp = pe.data_ptr<float>();
+  const float sc = (float)scale;
+  bool padded = false;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t j = 0; j < S; j++) {
+      const int64_t id = ids[b * S + j];
+      TORCH_CHECK(id >= 0 && id < V, "encode_ids: token id ", id, " outside the vocabulary of ", V);
+      padded |= id == pad_id;
+      const float* er = e + id * d;
+      const float* pr = pp + j * d;
+      float* xr = x + (b * S + j) * d;
+      for (int64_t i = 0; i < d; i++) {
+        const float v = er[i] * sc;
+        xr[i] = v + pr[i];
+      }
+    }
+  std::vector<float> mask;
+  if (padded) {
+    mask.assign(B * S, 0.0f);
+    for (int64_t i = 0; i < B * S; i++)
+      if (ids[i] == pad_id) mask[i] = -std::numeric_limits<float>::infinity();
+  }
+  encode_raw(x, B, S, d, padded ? mask.data() : nullptr, layers, fnw, fnb, feps);
   return x_t;
 }
 
@@ -2519,7 +2551,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<EncLayer>(m, "EncLayer")
       .def(pybind11::init<int64_t, double, torch::Tensor, torch::Tensor, Lin, Lin, torch::Tensor, torch::Tensor, Lin,
                           Lin>());
-  m.def("encode_layers", &encode_layers);
+  m.def("encode_ids", &encode_ids);
   m.def("memory_kv", &memory_kv);
   m.def("propose", &propose);
   pybind11::class_<ChainProp>(m, "ChainProp")
