@@ -134,6 +134,36 @@ def test_decode_weights_are_rebuilt_when_weights_change():
     assert m.decode_weights().options.dtype == "bf16"
 
 
+@pytest.mark.parametrize("walk", ["native", "python"])
+def test_weights_key_changes_with_every_kind_of_parameter_change(monkeypatch, walk):
+    """The key the packed weights are cached under (read natively where the kernels are loaded, else in Python)
+    changes with an in-place update, a new parameter object, a replaced submodule and a dtype change; it does not
+    change while nothing does."""
+    from bpd_train.engine import packed
+    if walk == "python":
+        monkeypatch.setattr(packed, "loaded_kernels", lambda: None)
+    elif native_kernels() is None:
+        pytest.skip("native decode kernels not built on this machine")
+    m = random_model(4, seed=3)
+    opts = m.decode_options
+    key = packed.weights_key(m, opts)
+    assert isinstance(key[1], bytes) == (walk == "native")
+    assert packed.weights_key(m, opts) == key
+    keys = [key]
+    with torch.no_grad():
+        m.decoder_layers[1].ffn.fc2.bias.add_(1.0)                      # in place (optimizer step)
+    keys.append(packed.weights_key(m, opts))
+    fc1 = m.decoder_layers[0].ffn.fc1
+    fc1.weight = torch.nn.Parameter(fc1.weight.detach().clone())          # a new parameter, same values
+    keys.append(packed.weights_key(m, opts))
+    m.decoder_layers[0].ffn.fc1 = copy.deepcopy(fc1)                      # a replaced submodule
+    keys.append(packed.weights_key(m, opts))
+    m.to(torch.float64)
+    keys.append(packed.weights_key(m, opts))
+    assert len(set(keys)) == len(keys)
+    assert packed.weights_key(m, DecodeOptions(dtype="bf16")) != keys[-1]
+
+
 @pytest.mark.parametrize("options", [DecodeOptions(dtype="bf16"), DecodeOptions(dtype="int8"),
                                      DecodeOptions(draft_vocab=(2, 3, 4)), DecodeOptions(dtype="int8", draft_vocab=(2, 3, 4, 5)),
                                      DecodeOptions(proposal_dtype="int8"), DecodeOptions(proposal_dtype="bf16"),

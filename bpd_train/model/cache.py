@@ -49,12 +49,19 @@ class DecoderState:
         self.max_positions = max_positions
         self.lengths: int | np.ndarray | Tensor = 0
         self.base = 0  # slots holding the decoder prefix, before every row's tokens
-        dev = self_kv.device
-        # decoder position of every cache slot; slots past max_positions only ever hold tokens beyond max_len
-        self._positions = torch.arange(self.capacity, device=dev).clamp_(max=max_positions - 1)
+        self._slot_positions: Tensor | None = None
         self._arange: dict[int, Tensor] = {}
         self._causal_mask: Tensor | None = None
         self.weights = None  # engine/packed.py DecodeWeights, set by BPDModel.start_decoding
+
+    @property
+    def _positions(self) -> Tensor:
+        """The decoder position of every cache slot (slots past max_positions only ever hold tokens beyond max_len);
+        built on first use: the native decode loops never ask."""
+        if self._slot_positions is None:
+            self._slot_positions = torch.arange(self.capacity, device=self.self_kv.device).clamp_(
+                max=self.max_positions - 1)
+        return self._slot_positions
 
     @property
     def rows(self) -> int:
