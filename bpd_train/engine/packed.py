@@ -208,10 +208,10 @@ class DecodeWeights(DecodeStep):
         return (layers, (norm.weight, norm.bias, norm.eps) if norm is not None else (None, None, 0.0),
                 [lin.lin for lin in kv], model.decoder_layers[0].cross_attn.n_heads)
 
-    def encode_ids(self, model: nn.Module, src: Tensor) -> Tensor:
+    def encode_ids(self, model: nn.Module, src: Tensor) -> tuple[Tensor, bool]:
         """The encoder stack on the native kernels (BPDModel.encode at inference): src [B,S] ids, right-padded
-        with pad_id -> [B,S,d] after the final norm. The embedding (as BPDModel._embed rounds it) and the padding
-        mask are computed there too."""
+        with pad_id -> ([B,S,d] after the final norm, whether any row is padded). The embedding (as
+        BPDModel._embed rounds it) and the padding mask are computed there too."""
         layers, (nw, nb, eps), _, _ = self.native_encoder
         table = model.src_embed if model.src_embed is not None else model.embed
         return self.ext.encode_ids(src, table._parameters["weight"], float(model.embed_scale), model.pe,

@@ -98,10 +98,11 @@ class BPDModel(nn.Module):
         if s > self.config.max_positions:
             raise ValueError(f"source length {s} exceeds max_positions={self.config.max_positions}")
         pad_mask = src != self.config.pad_id                      # [B,S]
-        attn_mask = pad_mask[:, None, None, :]                    # [B,1,1,S]
         w = self._native_decoding(src.device, self._modules["embed"]._parameters["weight"].dtype)
         if w is not None:  # decoding on the CPU: embedding and the whole stack in one native call (engine/packed.py)
-            return Memory(w.encode_ids(self, src), pad_mask, attn_mask)
+            out, padded = w.encode_ids(self, src)
+            return Memory(out, pad_mask, pad_mask[:, None, None, :] if padded else None)
+        attn_mask = pad_mask[:, None, None, :]                    # [B,1,1,S]
         x = self._embed(src, slice(0, s), source=True)
         layer_mask = attn_mask
         if not torch.is_grad_enabled():  # decoding: same math, cheaper attention

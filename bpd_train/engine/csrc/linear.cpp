@@ -1470,7 +1470,8 @@ static void encode_raw(float* x, int64_t B, int64_t S, int64_t d, const float* m
 // The encoder from the source ids [B,S] (right-padded with pad_id): the embedding as BPDModel._embed computes it
 // (table[id] * scale, then + pe[position], two roundings) and the padding mask (none where nothing is padded, as
 // BPDModel.encode passes), so a batch-1 call skips the ~6 ATen ops (and their Python) around the encoder.
-torch::Tensor encode_ids(torch::Tensor ids_in, torch::Tensor table, double scale, torch::Tensor pe, int64_t pad_id,
+// Returns (encoder output [B,S,d], whether any source is padded).
+std::tuple<torch::Tensor, bool> encode_ids(torch::Tensor ids_in, torch::Tensor table, double scale, torch::Tensor pe, int64_t pad_id,
                          const std::vector<EncLayer>& layers, c10::optional<torch::Tensor> fnw,
                          c10::optional<torch::Tensor> fnb, double feps) {
   TORCH_CHECK(ids_in.dim() == 2, "encode_ids: ids must be [B,S]");
@@ -1506,7 +1507,7 @@ torch::Tensor encode_ids(torch::Tensor ids_in, torch::Tensor table, double scale
       if (ids[i] == pad_id) mask[i] = -std::numeric_limits<float>::infinity();
   }
   encode_raw(x, B, S, d, padded ? mask.data() : nullptr, layers, fnw, fnb, feps);
-  return x_t;
+  return {x_t, padded};
 }
 
 // Each decoder layer's cross-attention keys and values of the encoder output (BPDModel.start_decoding): out
