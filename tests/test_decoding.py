@@ -3,6 +3,7 @@ bad inputs."""
 import collections
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -353,3 +354,40 @@ def test_decoders_on_cuda_match_cpu():
     assert greedy(mc, src.cuda(), max_len=20).tokens == cpu
     assert blockwise(mc, src.cuda(), max_len=20).tokens == cpu
     assert beam_search(mc, src, beam_size=2, max_len=20).tokens == beam_search(m.cpu(), src, beam_size=2, max_len=20).tokens
+
+
+@pytest.mark.parametrize("copy", ["native", "torch"])
+@pytest.mark.parametrize("uniform", [True, False])
+def test_cache_reorder_copies_only_moved_rows_and_every_row_follows_its_index(uniform, copy, monkeypatch):
+    """DecoderState.reorder: after keeping rows `index` (keep_rows' order, a plain sorted subset, a permutation
+    with repeats as beam search makes), row i holds row index[i]'s filled cache prefix, memory and length; with
+    keep_rows' order only the rows that changed place are copied, in place."""
+    from bpd_train.decoding.common import keep_rows
+    from bpd_train.engine import fastlinear
+    from bpd_train.model.cache import DecoderState
+
+    if copy == "torch":
+        monkeypatch.setattr(fastlinear, "loaded_kernels", lambda: None)
+    elif fastlinear.native_kernels() is None:
+        pytest.skip("native decode kernels not built on this machine")
+    g = torch.Generator().manual_seed(0)
+    rows, cap, S = 7, 9, 5
+    done = np.array([0, 1, 0, 0, 1, 0, 1], dtype=bool)
+    for index in (keep_rows(done), np.flatnonzero(~done), np.array([3, 3, 0, 6, 1, 2, 5])):
+        self_kv = torch.randn(2, 2, rows, 3, cap, 4, generator=g)
+        mem_kv = torch.randn(2, 2, rows, 3, S, 4, generator=g)
+        mask = torch.zeros(rows, 1, 1, S).masked_fill_(torch.rand(rows, 1, 1, S, generator=g) < 0.3, float("-inf"))
+        st = DecoderState(self_kv.clone(), mem_kv.clone(), mask.clone(), max_positions=64)
+        lengths = np.array([5, 2, 6, 4, 3, 6, 1], dtype=np.int64)
+        st.lengths = 6 if uniform else lengths.copy()
+        before = st.self_kv.data_ptr()
+        st.reorder(torch.from_numpy(index))
+        t = 6
+        assert st.self_kv.shape[2] == st.mem_kv.shape[2] == len(index) and st.self_kv.data_ptr() == before
+        for i, r in enumerate(index):
+            assert torch.equal(st.self_kv[:, :, i, :, :t], self_kv[:, :, r, :, :t])
+            assert torch.equal(st.mem_kv[:, :, i], mem_kv[:, :, r]) and torch.equal(st.mem_mask[i], mask[r])
+            if not uniform:
+                assert st.lengths[i] == lengths[r]
+    # keep_rows moves one row per finished row inside the new batch: rows 0, 2, 3 stay, row 5 takes row 1's place
+    assert keep_rows(done).tolist() == [0, 5, 2, 3]

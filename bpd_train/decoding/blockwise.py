@@ -42,8 +42,8 @@ import torch
 
 from bpd_train.decoding.acceptance import Exact, make_acceptance
 from bpd_train.decoding.adaptive import Adaptive
-from bpd_train.decoding.common import (decoding_mode, is_stop, parse_max_len, start_rows, start_tokens, stop_ids,
-                                         trim)
+from bpd_train.decoding.common import (decoding_mode, is_stop, keep_rows, parse_max_len, start_rows, start_tokens,
+                                       stop_ids, trim)
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
 
@@ -186,7 +186,7 @@ class _Blockwise:
         while True:
             if done.any():                                             # finished rows leave the batch
                 out_len[orig[done]] = length[done]
-                keep = np.flatnonzero(~done)
+                keep = keep_rows(done)
                 if keep.size == 0:
                     break
                 state.lengths = length

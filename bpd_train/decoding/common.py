@@ -128,6 +128,22 @@ def decoding_mode(model: nn.Module) -> Iterator[None]:
             model.train()
 
 
+def keep_rows(done: np.ndarray) -> np.ndarray:
+    """The rows that go on decoding (done[r] False), in the order that moves the fewest cache rows: a row that
+    stays within the new batch keeps its place, and each finished row's place is taken by a row from past the new
+    end, so DecoderState.reorder copies one row per finished row (in order, every row after the first finished one
+    moved: at batch 32 the copies were ~10% of greedy decoding's time). Rows are independent, so their order changes
+    no output; decoders index their per-row bookkeeping with the same array."""
+    keep = np.flatnonzero(~done)
+    m = keep.size
+    holes = np.flatnonzero(done[:m])               # places in the new batch whose row ended
+    if holes.size:
+        tail = keep[keep >= m]                     # as many rows past the new end as there are holes
+        keep = np.arange(m)
+        keep[holes] = tail
+    return keep
+
+
 def start_tokens(model: nn.Module, state, rows: int, device) -> Tensor:
     """[R,1] every decoder's first input: BOS, unless the model says otherwise with `start_tokens(state)` (a
     decoder-only model starts from each prompt's last token, its prompt prefix already in the cache)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bpd_train.decoding.common import decoding_mode, is_stop, start_rows, start_tokens, stop_ids, trim
+from bpd_train.decoding.common import decoding_mode, is_stop, keep_rows, start_rows, start_tokens, stop_ids, trim
 from bpd_train.decoding.result import DecodeResult
 
 
@@ -34,7 +34,7 @@ def greedy(model, src, max_len=(2.0, 10)) -> DecodeResult:
             done = is_stop(nxt_np, stop) | (limit <= step)
             if done.any():
                 out_len[orig[done]] = step
-                keep = np.flatnonzero(~done)
+                keep = keep_rows(done)
                 if keep.size == 0:
                     break
                 idx = torch.from_numpy(keep).to(dev)

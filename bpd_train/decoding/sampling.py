@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from bpd_train.decoding.common import decoding_mode, is_stop, start_rows, start_tokens, stop_ids, trim
+from bpd_train.decoding.common import decoding_mode, is_stop, keep_rows, start_rows, start_tokens, stop_ids, trim
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
 
@@ -52,7 +52,7 @@ def sample(model, src, max_len=(2.0, 10), temperature: float = 1.0, seed: int = 
             done = is_stop(nxt_np, stop) | (limit <= step + 1)
             if done.any():
                 out_len[orig[done]] = step + 1
-                keep = np.flatnonzero(~done)
+                keep = keep_rows(done)
                 if keep.size == 0:
                     break
                 idx = torch.from_numpy(keep).to(dev)
