@@ -363,11 +363,11 @@ def test_cache_reorder_copies_only_moved_rows_and_every_row_follows_its_index(un
     with repeats as beam search makes), row i holds row index[i]'s filled cache prefix, memory and length; with
     keep_rows' order only the rows that changed place are copied, in place."""
     from bpd_train.decoding.common import keep_rows
-    from bpd_train.engine import fastlinear
+    from bpd_train.engine import fastlinear, packed
     from bpd_train.model.cache import DecoderState
 
     if copy == "torch":
-        monkeypatch.setattr(fastlinear, "loaded_kernels", lambda: None)
+        monkeypatch.setattr(packed, "loaded_kernels", lambda: None)
     elif fastlinear.native_kernels() is None:
         pytest.skip("native decode kernels not built on this machine")
     g = torch.Generator().manual_seed(0)

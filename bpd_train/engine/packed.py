@@ -424,6 +424,22 @@ def cached_step_weights(model: nn.Module, build):
     return cached[1]
 
 
+def copy_rows(x: Tensor, dim: int, dst: np.ndarray, src: np.ndarray, limit_dim: int = -1, limit: int = -1) -> None:
+    """x's rows dst[i] (along dim) = its rows src[i], in place, the first `limit` entries along limit_dim only where
+    limit >= 0; no dst row is a src row. One native call on the CPU where the kernels are loaded (a handful of torch
+    ops per row otherwise)."""
+    ext = loaded_kernels()
+    if ext is not None and x.device.type == "cpu":
+        ext.copy_rows(x, dim, dst.tolist(), src.tolist(), limit_dim, limit)
+        return
+    for d, s in zip(dst.tolist(), src.tolist()):
+        a, b = x.select(dim, d), x.select(dim, s)
+        if limit >= 0:
+            ld = limit_dim - (limit_dim > dim)
+            a, b = a.narrow(ld, 0, limit), b.narrow(ld, 0, limit)
+        a.copy_(b)
+
+
 def weights_key(model: nn.Module, options: DecodeOptions) -> tuple:
     """Changes whenever any parameter's storage or in-place version does (training steps, load_state_dict,
     .to()), or the options do."""

@@ -115,21 +115,22 @@ class DecoderState:
         place and every row that moves comes from past the new end, so no copy overwrites a row another one reads:
         only those rows are copied, in place (one row per finished row; at batch 32 gathering every row's cache
         was ~10% of greedy decoding's time). False where idx is not of that form."""
+        from bpd_train.engine.packed import copy_rows
         m = idx.size
         dst = np.flatnonzero(idx != np.arange(m))
         src = idx[dst]
         if dst.size and src.min() < m:
             return False
         if dst.size and t:
-            _copy_rows(self.self_kv, 2, dst, src, 4, t)
+            copy_rows(self.self_kv, 2, dst, src, 4, t)
         self.self_kv = self.self_kv[:, :, :m]
         if self.mem_kv is None or self.mem_group != 1:
             self._reorder_memory(torch.from_numpy(idx))
             return True
         if dst.size:
-            _copy_rows(self.mem_kv, 2, dst, src)
+            copy_rows(self.mem_kv, 2, dst, src)
             if self.mem_mask is not None:
-                _copy_rows(self.mem_mask, 0, dst, src)
+                copy_rows(self.mem_mask, 0, dst, src)
         self.mem_kv = self.mem_kv[:, :, :m]
         if self.mem_mask is not None:
             self.mem_mask = self.mem_mask[:m]
@@ -222,19 +223,3 @@ class DecoderState:
         return a
 
 
-
-def _copy_rows(x: Tensor, dim: int, dst: np.ndarray, src: np.ndarray, limit_dim: int = -1, limit: int = -1) -> None:
-    """x's rows dst[i] (along dim) = its rows src[i], in place, the first `limit` entries along limit_dim only where
-    limit >= 0; no dst row is a src row. One native call on the CPU where the kernels are loaded (a handful of torch
-    ops per row otherwise)."""
-    from bpd_train.engine.fastlinear import loaded_kernels
-    ext = loaded_kernels()
-    if ext is not None and x.device.type == "cpu":
-        ext.copy_rows(x, dim, dst.tolist(), src.tolist(), limit_dim, limit)
-        return
-    for d, s in zip(dst.tolist(), src.tolist()):
-        a, b = x.select(dim, d), x.select(dim, s)
-        if limit >= 0:
-            ld = limit_dim - (limit_dim > dim)
-            a, b = a.narrow(ld, 0, limit), b.narrow(ld, 0, limit)
-        a.copy_(b)
