@@ -10,7 +10,7 @@ from bpd_train.decoding import Distance, Exact, TopK, beam_search, blockwise, gr
 from bpd_train.engine.fastlinear import PackedLinear, amx, bf16_compute, int8_compute, native_kernels
 from bpd_train.engine.packed import DecodeOptions
 from bpd_train.model import BPDConfig, BPDModel
-from tests.test_decoding import random_model, random_sources
+from tests.test_decoding import EOS, random_model, random_sources
 
 native = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
 
@@ -353,6 +353,37 @@ def test_adaptive_settled_on_greedy_runs_greedy_itself():
         bw._Blockwise.run = real
 
 
+@native
+def test_adaptive_settled_on_greedy_counts_the_shortest_row_of_a_padded_batch():
+    """In a padded batch the horizon (steps before a row must end) is the shortest row's: a probe due after it is
+    no reason to leave greedy's loop, though it falls within the padded width's horizon (the first, torch-free
+    bound); a probe due before it is."""
+    import importlib
+
+    bw = importlib.import_module("bpd_train.decoding.blockwise")
+    m = _heads_that_never_pay()
+    src = torch.tensor([[5, 6, EOS, 0, 0, 0, 0, 0, 0], [3, 4, 5, 6, 3, 4, 5, 6, EOS]])   # 3 and 9 tokens
+    ml = (1.0, 2)                                            # horizons: 5 (shortest row), 11 (padded width)
+    blockwise(m, src, max_len=ml, adaptive=True)             # calibrates for 2 rows
+    ad = next(iter(m.decode_weights().stats.values()))
+    ad.offered, ad.accepted = [1, 100, 100, 100], [1, 1, 1, 1]
+    ad._best.clear()
+    assert ad.calibrated(ad.bucket(2)) is not None and ad.width(2) == 1
+    runs = []
+    real = bw._Blockwise.run
+    bw._Blockwise.run = lambda self, *a: runs.append(1) or real(self, *a)
+    try:
+        ad.probes(2).interval = 8                            # 5 <= 8 < 11: greedy() itself
+        got, want = blockwise(m, src, max_len=ml, adaptive=True), greedy(m, src, max_len=ml)
+        assert runs == [] and (got.tokens, got.calls) == (want.tokens, want.calls)
+        assert ad.probes(2).interval == 16                   # the stretch it stands for, counted
+        ad.probes(2).interval = 4                            # a probe before the shortest row ends: the loop
+        got = blockwise(m, src, max_len=ml, adaptive=True)
+        assert runs == [1] and got.tokens == want.tokens
+    finally:
+        bw._Blockwise.run = real
+
+
 def test_beam_search_runs_on_the_engine_in_every_precision():
     m = random_model(1, seed=9)
     src = random_sources(3, seed=9)
@@ -563,7 +594,7 @@ import torch
 from bpd_train.decoding import blockwise, greedy
 from bpd_train.engine.fastlinear import PackedLinear, engine_name
 from bpd_train.engine.packed import DecodeOptions
-from tests.test_decoding import random_model, random_sources
+from tests.test_decoding import EOS, random_model, random_sources
 assert engine_name() == "native-avx2", engine_name()
 import os, sys
 torch.manual_seed(0)
