@@ -384,6 +384,29 @@ def test_adaptive_settled_on_greedy_counts_the_shortest_row_of_a_padded_batch():
         bw._Blockwise.run = real
 
 
+@native
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_greedy_runs_a_batch_to_its_end_in_one_native_call(dtype, monkeypatch):
+    """Greedy's native loop drops finished rows itself (the last row's cache moved into each freed place) and returns
+    once every row has ended: the same tokens, calls and row steps as the loop that returned to Python at every row's
+    end and reordered the cache there, on a padded batch whose rows end at different steps (EOS and max_len)."""
+    from bpd_train.engine.packed import DecodeWeights
+
+    m = random_model(4, seed=42, eos_bias=0.5)
+    m.decode_options = DecodeOptions(dtype=dtype)
+    src = torch.cat([random_sources(9, seed=11), torch.zeros(9, 3, dtype=torch.long)], 1)
+    calls = []
+    real = DecodeWeights.greedy_to_end
+    monkeypatch.setattr(DecodeWeights, "greedy_to_end", lambda self, *a: calls.append(1) or real(self, *a))
+    got = greedy(m, src, max_len=(1.5, 3))
+    assert calls == [1]
+    lens = [len(t) for t in got.tokens]
+    assert len(set(lens)) > 2                                # rows ended at several steps
+    monkeypatch.setattr(DecodeWeights, "greedy_to_end", lambda self, *a: None)
+    want = greedy(m, src, max_len=(1.5, 3))                  # a native call per row end, cache reorders between
+    assert (got.tokens, got.calls, got.accepted_hist) == (want.tokens, want.calls, want.accepted_hist)
+
+
 def test_beam_search_runs_on_the_engine_in_every_precision():
     m = random_model(1, seed=9)
     src = random_sources(3, seed=9)

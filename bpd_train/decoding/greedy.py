@@ -20,6 +20,14 @@ def greedy(model, src, max_len=(2.0, 10)) -> DecodeResult:
         state = model.start_decoding(model.encode(src), cap)
         w = state.weights
         tok = start_tokens(model, state, orig.size, dev)[:, 0]   # [R] BOS, or an LM's last prompt tokens
+        to_end = getattr(w, "greedy_to_end", None)
+        got = to_end(model, state, tok, limit, cap) if to_end is not None else None
+        if got is not None:   # the whole batch in one native call, finished rows leaving inside it
+            toks, steps = got
+            out[orig, :toks.shape[1]] = toks
+            out_len[orig] = steps
+            return DecodeResult(tokens=trim(out.tolist(), out_len.tolist(), stop), calls=toks.shape[1] - 1,
+                                prefill_calls=1, mean_accepted=1.0, accepted_hist=_hist(int((steps - 1).sum())))
         calls = row_steps = step = 0
         while True:
             # steps until one row ends (one native call where the kernels are built: DecodeWeights.greedy_steps)
@@ -42,5 +50,8 @@ def greedy(model, src, max_len=(2.0, 10)) -> DecodeResult:
                 nxt_np, orig, limit = nxt_np[keep], orig[keep], limit[keep]
             tok = torch.from_numpy(nxt_np).to(dev)
         tokens = trim(out.tolist(), out_len.tolist(), stop)
-    return DecodeResult(tokens=tokens, calls=calls, prefill_calls=1, mean_accepted=1.0,
-                        accepted_hist={1: row_steps} if row_steps else {})
+    return DecodeResult(tokens=tokens, calls=calls, prefill_calls=1, mean_accepted=1.0, accepted_hist=_hist(row_steps))
+
+
+def _hist(row_steps: int) -> dict[int, int]:
+    return {1: row_steps} if row_steps else {}

@@ -1257,15 +1257,20 @@ static AttnScratch attn_scratch(int64_t nq, int64_t klen) {
 // [L,2,R/G,H,S,Dh], additive memory mask [R/G,S] or none.
 struct Cache {
   float* kv;
-  const float* mk;
-  const float* mm;
-  int64_t ks[6], ms[6], cap, S, g;
+  float* mk;
+  float* mm;
+  int64_t ks[6], ms[6], kn[6], mn[6], cap, S, g;
   torch::Tensor mask_keep;
   Cache(const torch::Tensor& self_kv, const torch::Tensor& mem_kv, const c10::optional<torch::Tensor>& mem_mask,
         int64_t g_) : g(g_) {
     TORCH_CHECK(self_kv.scalar_type() == torch::kFloat32 && mem_kv.scalar_type() == torch::kFloat32,
                 "decode: float32 caches only");
-    for (int i = 0; i < 6; i++) { ks[i] = self_kv.stride(i); ms[i] = mem_kv.stride(i); }
+    for (int i = 0; i < 6; i++) {
+      ks[i] = self_kv.stride(i);
+      ms[i] = mem_kv.stride(i);
+      kn[i] = self_kv.size(i);
+      mn[i] = mem_kv.size(i);
+    }
     TORCH_CHECK(ks[5] == 1 && ms[5] == 1, "decode: caches must be contiguous in the head dimension");
     kv = self_kv.data_ptr<float>();
     mk = mem_kv.data_ptr<float>();
@@ -1277,6 +1282,23 @@ struct Cache {
       TORCH_CHECK(mask_keep.numel() == mem_kv.size(2) * S, "decode: memory mask must be [R/G,1,1,S]");
       mm = mask_keep.data_ptr<float>();
     }
+  }
+  // row dst of the caches = row src (self cache: its first `filled` slots), rows not sharing memory (g == 1)
+  void move_row(int64_t dst, int64_t src, int64_t filled) const {
+    TORCH_CHECK(g == 1, "move_row: rows share memory rows");
+    auto rows = [](float* base, const int64_t* st, const int64_t* n, int64_t dst, int64_t src, int64_t slots) {
+      for (int64_t a = 0; a < n[0]; a++)
+        for (int64_t b = 0; b < n[1]; b++)
+          for (int64_t hh = 0; hh < n[3]; hh++) {
+            float* to = base + a * st[0] + b * st[1] + dst * st[2] + hh * st[3];
+            const float* from = base + a * st[0] + b * st[1] + src * st[2] + hh * st[3];
+            if (st[4] == n[5]) std::memcpy(to, from, slots * n[5] * sizeof(float));
+            else for (int64_t j = 0; j < slots; j++) std::memcpy(to + j * st[4], from + j * st[4], n[5] * sizeof(float));
+          }
+    };
+    rows(kv, ks, kn, dst, src, filled);
+    rows(mk, ms, mn, dst, src, S);
+    if (mm) std::memcpy(mm + dst * S, mm + src * S, S * sizeof(float));
   }
 };
 
@@ -1718,6 +1740,9 @@ struct LoopModel {
   }
   // heads 1..n_heads at M positions -> ids [M][n_heads]; first [M]: head 1's token at each (chained heads read it)
   virtual void propose(const float* h, int64_t M, int64_t n_heads, const int64_t* first, int64_t* out) const = 0;
+  // cache row dst = cache row src (its first `filled` self-cache slots), for loops that drop finished rows
+  // themselves; false where this model's cache cannot (the caller then returns when a row ends)
+  virtual bool move_row(int64_t, int64_t, int64_t) const { return false; }
 };
 
 static std::vector<int64_t> stop_list(const torch::Tensor& stops) {
@@ -1751,6 +1776,11 @@ struct EncDecLoop : LoopModel {
   void layers(float* x, int64_t M, int64_t n, const int64_t* slot) const override { decode_raw(x, M, n, d, slot, ls, c); }
   void head1(const float* h, int64_t M, int64_t* out) const override { head1_ids(h, M, d, nw, nb, eps, proj, out); }
   int64_t vocab() const override { return proj.N; }
+  bool move_row(int64_t dst, int64_t src, int64_t filled) const override {
+    if (c.g != 1) return false;
+    c.move_row(dst, src, filled);
+    return true;
+  }
   void propose(const float* h, int64_t M, int64_t n_heads, const int64_t* first, int64_t* out) const override {
     if (chain) propose_chain_raw(h, M, d, *chain, first, n_heads, nw, nb, eps, *draft, dp, out);
     else propose_raw(h, M, d, *fc1, *fc2, n_heads, nw, nb, eps, *draft, dp, out);
@@ -1764,38 +1794,69 @@ struct EncDecLoop : LoopModel {
 // DecodeWeights.head1_argmax run, in the same order, so the tokens are those of the one-step path.
 // slot: each row's first slot. Returns (tokens [R, steps] int64, decoder output of the last step [R, D] before the
 // final norm, seconds the steps took: what adaptive blockwise compares step widths by, without the Python call).
+// to_end: run until every row has ended (or max_steps), finished rows leaving the loop's rows as they end (the
+// last row's cache moved into each freed place, LoopModel::move_row): one call for a whole batch where returning
+// at every row's end cost a Python round trip and a cache reorder each (~9% of greedy's time at batch 32, demo
+// size). The caches are left rearranged: the caller drops the state. Rows are independent (every row runs the same
+// instructions whatever its place or its batch mates), so the tokens are the same. Returns (tokens [R, steps],
+// each row's steps [R] int64, seconds).
 static std::tuple<torch::Tensor, torch::Tensor, double> greedy_loop(
     const LoopModel& mdl, const torch::Tensor& tok, std::vector<int64_t> slot, const torch::Tensor& room,
-    int64_t max_steps, std::chrono::steady_clock::time_point t_start) {
+    int64_t max_steps, std::chrono::steady_clock::time_point t_start, bool to_end = false) {
   const int64_t r = tok.size(0), d = mdl.d;
   TORCH_CHECK(room.numel() == r && room.scalar_type() == torch::kLong, "greedy_steps: room must be int64 [R]");
   auto rm = room.contiguous();
-  const int64_t* roomp = rm.data_ptr<int64_t>();
+  std::vector<int64_t> rooms(rm.data_ptr<int64_t>(), rm.data_ptr<int64_t>() + r);
   auto tk0 = tok.to(torch::kLong).contiguous();
-  std::vector<int64_t> x(tk0.data_ptr<int64_t>(), tk0.data_ptr<int64_t>() + r), nxt(r);
-  auto out = torch::empty({r, std::max<int64_t>(max_steps, 0)}, tk0.options());
+  std::vector<int64_t> x(tk0.data_ptr<int64_t>(), tk0.data_ptr<int64_t>() + r), nxt(r), id(r), fin(r, 0);
+  for (int64_t i = 0; i < r; i++) id[i] = i;
+  auto out = torch::zeros({r, std::max<int64_t>(max_steps, 0)}, tk0.options());
   int64_t* outp = out.data_ptr<int64_t>();
+  auto ends = torch::zeros({r}, tk0.options());
+  int64_t* endp = ends.data_ptr<int64_t>();
   auto last = torch::empty({r, d}, torch::TensorOptions().dtype(torch::kFloat32));
   std::vector<float> h(r * d);
-  int64_t s = 0;
+  int64_t s = 0, act = r;                        // act: rows still decoding (the first act of x, slot, id, ...)
   Tick tk;
-  while (s < max_steps) {
-    mdl.embed(x.data(), slot.data(), r, h.data());
+  while (s < max_steps && act > 0) {
+    mdl.embed(x.data(), slot.data(), act, h.data());
     tk.to(P_EMBED);
-    mdl.layers(h.data(), r, 1, slot.data());
+    mdl.layers(h.data(), act, 1, slot.data());
     tk = Tick();
-    mdl.head1(h.data(), r, nxt.data());
+    mdl.head1(h.data(), act, nxt.data());
     tk.to(P_VERIFY);
     bool ended = false;
-    for (int64_t i = 0; i < r; i++) {
-      outp[i * max_steps + s] = nxt[i];
-      ended |= mdl.stop(nxt[i]) || roomp[i] <= s + 1;
+    for (int64_t i = 0; i < act; i++) {
+      outp[id[i] * max_steps + s] = nxt[i];
+      fin[i] = mdl.stop(nxt[i]) || rooms[i] <= s + 1;
+      ended |= fin[i] != 0;
       slot[i] += 1;
     }
     s += 1;
-    x = nxt;
     if (g_prof) g_prof_steps += 1;
-    if (ended) break;
+    if (!to_end) {
+      x = nxt;
+      if (ended) break;
+      continue;
+    }
+    for (int64_t i = 0; i < act; i++) x[i] = nxt[i];
+    for (int64_t i = 0; i < act;) {              // finished rows leave: the last row takes each freed place
+      if (!fin[i]) { i++; continue; }
+      endp[id[i]] = s;
+      act -= 1;
+      if (i == act) break;
+      mdl.move_row(i, act, slot[act]);
+      x[i] = x[act];
+      slot[i] = slot[act];
+      id[i] = id[act];
+      rooms[i] = rooms[act];
+      fin[i] = fin[act];
+    }
+  }
+  if (to_end) {
+    for (int64_t i = 0; i < act; i++) endp[id[i]] = s;   // max_steps reached
+    return {out.narrow(1, 0, s), ends,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()};
   }
   if (s > 0) std::memcpy(last.data_ptr<float>(), h.data(), r * d * sizeof(float));
   return {out.narrow(1, 0, s), last, std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()};
@@ -1817,11 +1878,12 @@ std::tuple<torch::Tensor, torch::Tensor, double> greedy_steps(
     const std::vector<StepLayer>& layers, const torch::Tensor& self_kv, const torch::Tensor& mem_kv,
     c10::optional<torch::Tensor> mem_mask, int64_t g, int64_t t, c10::optional<torch::Tensor> lengths,
     const torch::Tensor& nw, const torch::Tensor& nb, double eps, const Lin& proj, int64_t eos, torch::Tensor room,
-    int64_t max_steps) {
+    int64_t max_steps, bool to_end) {
   const auto t_start = std::chrono::steady_clock::now();
+  TORCH_CHECK(!to_end || g == 1, "greedy_steps: to_end needs rows that do not share memory rows");
   const EncDecLoop mdl(embed, embed_scale, pe, max_positions, layers, self_kv, mem_kv, mem_mask, g, nw, nb, eps, proj,
                        eos);
-  return greedy_loop(mdl, tok, first_slots(tok.size(0), t, lengths), room, max_steps, t_start);
+  return greedy_loop(mdl, tok, first_slots(tok.size(0), t, lengths), room, max_steps, t_start, to_end);
 }
 
 // Blockwise steps for ONE row in uniform cache mode (decoding/blockwise.py at batch 1; the Exact, TopK or Distance
