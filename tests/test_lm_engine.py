@@ -127,8 +127,8 @@ def test_exact_blockwise_equals_greedy_of_the_same_precision(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_native_loops_take_the_same_steps_as_the_one_step_loops(dtype, monkeypatch):
-    # greedy_steps / block_steps / batch_block_steps against the Python steps over the same native pieces (the loops
-    # switched off): same tokens, same decoder calls, same accepted blocks
+    # greedy_to_end / block_steps / batch_block_steps against the Python steps over the same native pieces (the
+    # loops switched off): same tokens, same decoder calls, same accepted blocks (greedy's rows leave inside its call)
     for i, (heads, batch) in enumerate([("bpd", 1), ("medusa", 1), ("bpd", 4), ("medusa", 6)]):
         m = lm(20 + i, heads, qkv_bias=i % 2 == 0, tie=i < 2)
         m.decode_options = DecodeOptions(dtype=dtype)
@@ -137,7 +137,7 @@ def test_native_loops_take_the_same_steps_as_the_one_step_loops(dtype, monkeypat
         assert w.native_loop is not None
         calls = {"block": 0, "batch": 0, "greedy": 0}
         cls = type(w)
-        for name, attr in [("block", "block_steps"), ("batch", "batch_block_steps"), ("greedy", "greedy_steps")]:
+        for name, attr in [("block", "block_steps"), ("batch", "batch_block_steps"), ("greedy", "greedy_to_end")]:
             real = getattr(cls, attr)
             monkeypatch.setattr(cls, attr, lambda *a, _r=real, _n=name, **kw: calls.__setitem__(_n, calls[_n] + 1)
                                 or _r(*a, **kw))

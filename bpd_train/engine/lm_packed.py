@@ -173,9 +173,22 @@ class LMDecodeWeights(DecodeStep):
             t, per_row = cache_start(state)
             toks, h, self.last_seconds = self.ext.lm_greedy_steps(
                 tok, net, state.self_kv, state.lpad, state.cos, state.sin, t, per_row, _stops(eos),
-                torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps))
+                torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps), False)
             return toks.numpy(), h
         return python_greedy_steps(self, model, state, tok, room, max_steps, eos)
+
+    def greedy_to_end(self, model, state, tok: Tensor, room, max_steps: int):
+        """DecodeWeights.greedy_to_end (same contract): every row to its end in one native call, or None."""
+        from bpd_train.decoding.common import stop_ids
+
+        net = self.native_loop
+        if net is None or max_steps < 1:
+            return None
+        t, per_row = cache_start(state)
+        toks, ends, self.last_seconds = self.ext.lm_greedy_steps(
+            tok, net, state.self_kv, state.lpad, state.cos, state.sin, t, per_row, _stops(stop_ids(model)),
+            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps), True)
+        return toks.numpy(), ends.numpy()
 
     def _block_prop(self, w: int, max_steps: int):
         if self.native_loop is None or self.heads is None or w < 2 or max_steps < 1:

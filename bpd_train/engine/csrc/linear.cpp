@@ -1253,6 +1253,18 @@ static AttnScratch attn_scratch(int64_t nq, int64_t klen) {
   return {grow(sc, QB * (klen + 2 * L)), grow(qp, nq), grow(op, nq), grow(ln, nq)};
 }
 
+// Cache row dst = cache row src of a [L,2,R,H,slots,Dh] cache (strides st, sizes n), its first `slots` slots
+static void move_cache_row(float* base, const int64_t* st, const int64_t* n, int64_t dst, int64_t src, int64_t slots) {
+  for (int64_t a = 0; a < n[0]; a++)
+    for (int64_t b = 0; b < n[1]; b++)
+      for (int64_t hh = 0; hh < n[3]; hh++) {
+        float* to = base + a * st[0] + b * st[1] + dst * st[2] + hh * st[3];
+        const float* from = base + a * st[0] + b * st[1] + src * st[2] + hh * st[3];
+        if (st[4] == n[5]) std::memcpy(to, from, slots * n[5] * sizeof(float));
+        else for (int64_t j = 0; j < slots; j++) std::memcpy(to + j * st[4], from + j * st[4], n[5] * sizeof(float));
+      }
+}
+
 // The cache a decode step reads and writes (model/cache.py layout): self [L,2,R,H,cap,Dh], memory
 // [L,2,R/G,H,S,Dh], additive memory mask [R/G,S] or none.
 struct Cache {
@@ -1286,18 +1298,8 @@ struct Cache {
   // row dst of the caches = row src (self cache: its first `filled` slots), rows not sharing memory (g == 1)
   void move_row(int64_t dst, int64_t src, int64_t filled) const {
     TORCH_CHECK(g == 1, "move_row: rows share memory rows");
-    auto rows = [](float* base, const int64_t* st, const int64_t* n, int64_t dst, int64_t src, int64_t slots) {
-      for (int64_t a = 0; a < n[0]; a++)
-        for (int64_t b = 0; b < n[1]; b++)
-          for (int64_t hh = 0; hh < n[3]; hh++) {
-            float* to = base + a * st[0] + b * st[1] + dst * st[2] + hh * st[3];
-            const float* from = base + a * st[0] + b * st[1] + src * st[2] + hh * st[3];
-            if (st[4] == n[5]) std::memcpy(to, from, slots * n[5] * sizeof(float));
-            else for (int64_t j = 0; j < slots; j++) std::memcpy(to + j * st[4], from + j * st[4], n[5] * sizeof(float));
-          }
-    };
-    rows(kv, ks, kn, dst, src, filled);
-    rows(mk, ms, mn, dst, src, S);
+    move_cache_row(kv, ks, kn, dst, src, filled);
+    move_cache_row(mk, ms, mn, dst, src, S);
     if (mm) std::memcpy(mm + dst * S, mm + src * S, S * sizeof(float));
   }
 };
@@ -1845,7 +1847,7 @@ static std::tuple<torch::Tensor, torch::Tensor, double> greedy_loop(
       endp[id[i]] = s;
       act -= 1;
       if (i == act) break;
-      mdl.move_row(i, act, slot[act]);
+      TORCH_CHECK(mdl.move_row(i, act, slot[act]), "greedy_steps: to_end on a cache whose rows cannot move");
       x[i] = x[act];
       slot[i] = slot[act];
       id[i] = id[act];
@@ -2210,14 +2212,17 @@ struct LMProp {
 // KV cache [layers,2,R,G,cap,Dh] (model/lm.py LMState), each row's pad slots lpad [R], rotary tables [cap, Dh]
 struct LMCache {
   float* kv;
-  int64_t ks[6], cap, rope_n, dh;
-  std::vector<int64_t> lpad;
+  int64_t ks[6], kn[6], cap, rope_n, dh;
+  mutable std::vector<int64_t> lpad;            // (move_row rearranges it with the rows)
   torch::Tensor cos_keep, sin_keep;
   const float* cos;
   const float* sin;
   LMCache(const torch::Tensor& self_kv, const torch::Tensor& lp, const torch::Tensor& cos_t, const torch::Tensor& sin_t) {
     TORCH_CHECK(self_kv.scalar_type() == torch::kFloat32, "decode: float32 caches only");
-    for (int i = 0; i < 6; i++) ks[i] = self_kv.stride(i);
+    for (int i = 0; i < 6; i++) {
+      ks[i] = self_kv.stride(i);
+      kn[i] = self_kv.size(i);
+    }
     TORCH_CHECK(ks[5] == 1, "decode: caches must be contiguous in the head dimension");
     kv = self_kv.data_ptr<float>();
     cap = self_kv.size(4);
@@ -2231,6 +2236,11 @@ struct LMCache {
     rope_n = cos_keep.size(0);
     cos = cos_keep.data_ptr<float>();
     sin = sin_keep.data_ptr<float>();
+  }
+  // row dst = row src: its first `filled` slots and its left padding
+  void move_row(int64_t dst, int64_t src, int64_t filled) const {
+    move_cache_row(kv, ks, kn, dst, src, filled);
+    lpad[dst] = lpad[src];
   }
 };
 
@@ -2423,6 +2433,10 @@ struct LMLoop : LoopModel {
   }
   void head1(const float* h, int64_t M, int64_t* out) const override { lm_head1_ids(h, M, net, out); }
   int64_t vocab() const override { return net.proj.N; }
+  bool move_row(int64_t dst, int64_t src, int64_t filled) const override {
+    c.move_row(dst, src, filled);
+    return true;
+  }
   void propose(const float* h, int64_t M, int64_t n_heads, const int64_t*, int64_t* out) const override {
     TORCH_CHECK(prop != nullptr, "propose: no proposal path given");
     lm_propose_raw(h, M, net, *prop, n_heads, out);
@@ -2478,10 +2492,10 @@ torch::Tensor lm_propose(const torch::Tensor& h, const LMNet& net, const LMProp&
 std::tuple<torch::Tensor, torch::Tensor, double> lm_greedy_steps(
     torch::Tensor tok, const LMNet& net, const torch::Tensor& self_kv, const torch::Tensor& lpad,
     const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, c10::optional<torch::Tensor> lengths,
-    const torch::Tensor& stops, torch::Tensor room, int64_t max_steps) {
+    const torch::Tensor& stops, torch::Tensor room, int64_t max_steps, bool to_end) {
   const auto t_start = std::chrono::steady_clock::now();
   const LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
-  return greedy_loop(mdl, tok, first_slots(tok.size(0), t, lengths), room, max_steps, t_start);
+  return greedy_loop(mdl, tok, first_slots(tok.size(0), t, lengths), room, max_steps, t_start, to_end);
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, double> lm_block_steps(
