@@ -337,17 +337,23 @@ class _Blockwise:
             ad.last_fed, steps = fed, ad.chunk
         self.state.lengths = length
         native = getattr(self.w, "batch_block_steps", None)
+        if ad is None and native is not None and self.state.mem_group == 1:
+            # a fixed width: every row to its end in one call, finished rows leaving inside it (as greedy's)
+            got = native(self.model, self.state, x, length, limit - length, int((limit - length).max()),
+                         rule=self.native_rule, to_end=True)
+            if got is not None:
+                toks, hist, s, cnt = got
+                self._write(out, orig, length, toks, cnt)
+                self.calls += s
+                self.hist[:hist.size] += hist
+                return x[:, :1], np.ones(r, dtype=bool)
         got = native(self.model, self.state, x, length, limit - length, steps,
                      rule=self.native_rule) if native is not None else None
         if got is None:
             self.native_block = False
             return None
         toks, nc, nxt, hn, ended = got
-        cnt = nc[:, :, 1].sum(1)                                          # tokens gained per row
-        cols = np.arange(toks.shape[1])
-        keep = cols[None, :] < cnt[:, None]
-        out[np.broadcast_to(orig[:, None], keep.shape)[keep], (length[:, None] + cols[None, :])[keep]] = toks[keep]
-        length += cnt
+        self._write(out, orig, length, toks, nc[:, :, 1].sum(1))
         s = nc.shape[1]
         self.calls += s
         self.hist += np.bincount(nc[:, :, 1].ravel(), minlength=self.kb + 1)
@@ -366,6 +372,15 @@ class _Blockwise:
         if b <= fed:
             return nxt[:, :b], done
         return np.concatenate([nxt[:, :1], self.w.propose(hn, 1, b, nxt[:, 0]).cpu().numpy()], axis=1), done
+
+    @staticmethod
+    def _write(out, orig, length, toks, cnt) -> None:
+        """Rows' gained tokens toks [R,T] (the first cnt[r] of row r) into out after each row's length; length
+        advances."""
+        cols = np.arange(toks.shape[1])
+        keep = cols[None, :] < cnt[:, None]
+        out[np.broadcast_to(orig[:, None], keep.shape)[keep], (length[:, None] + cols[None, :])[keep]] = toks[keep]
+        length += cnt
 
     def calibrate(self, memory, limit: np.ndarray, steps: int = 8) -> None:
         """Time every step width once per set of weights and bucket of row counts: `steps` steps of each in the

@@ -213,9 +213,10 @@ class LMDecodeWeights(DecodeStep):
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
     def batch_block_steps(self, model, state, x: np.ndarray, lengths: np.ndarray, room: np.ndarray, max_steps: int,
-                          width: int | None = None, eos=None, rule: tuple[int, float] = (0, -1.0)):
-        """DecodeWeights.batch_block_steps (same contract) for R rows in per-row cache mode, or None where the
-        native kernels do not run this model."""
+                          width: int | None = None, eos=None, rule: tuple[int, float] = (0, -1.0),
+                          to_end: bool = False):
+        """DecodeWeights.batch_block_steps (same contract, to_end too) for R rows in per-row cache mode, or None
+        where the native kernels do not run this model."""
         from bpd_train.decoding.common import stop_ids
 
         w = x.shape[1] if width is None else int(width)
@@ -228,7 +229,9 @@ class LMDecodeWeights(DecodeStep):
             torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)),
             _stops(stop_ids(model) if eos is None else eos),
             torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps),
-            self.batch_verify_group or verify_groups(self.proj)[1], w, *rule)
+            self.batch_verify_group or verify_groups(self.proj)[1], w, *rule, bool(to_end))
+        if to_end:
+            return toks.numpy(), nc.numpy(), int(nxt[0]), ended.numpy()
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
 
     # the native loops end rows on any of several stop ids (decoding/blockwise.py asks)

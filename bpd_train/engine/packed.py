@@ -376,13 +376,17 @@ class DecodeWeights(DecodeStep):
 
     def batch_block_steps(self, model: nn.Module, state, x: np.ndarray, lengths: np.ndarray, room: np.ndarray,
                           max_steps: int, width: int | None = None, eos: int | None = None,
-                          rule: tuple[int, float] = (0, -1.0)):
+                          rule: tuple[int, float] = (0, -1.0), to_end: bool = False):
         """Blockwise steps (rule: as block_steps) for R rows in per-row cache mode, as one native call (decoding/blockwise.py at
         batch > 1; csrc/linear.cpp batch_block_steps): x [R,w] the fed tokens, lengths [R] each row's cached tokens
         (after `state.base`), room [R]. Stops after the step in which a row ends. Returns (tokens [R,T] of which
         the first counts[r] are row r's, per row and step (n, c) [R,s,2], next fed tokens [R,width], decoder
         output at each row's last accepted position [R,D], ended [R] bool), or None where the native kernels do
-        not run this model. Sets `last_seconds`."""
+        not run this model. Sets `last_seconds`.
+        to_end: run until every row has ended (or `max_steps`), finished rows leaving inside the call as in
+        greedy_to_end (rows must not share memory rows; the state's caches are left rearranged: drop it after).
+        Returns (tokens [R,T] of which the first counts[r] are row r's, histogram [w+1] of the tokens each row
+        gained per step, steps, counts [R])."""
         w = x.shape[1] if width is None else int(width)
         parts = self._block_parts(w, max_steps)
         if parts is None:
@@ -394,7 +398,9 @@ class DecodeWeights(DecodeStep):
             torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)), nw, nb, eps, self.proj.lin, f1,
             f2, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos,
             torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps),
-            self.batch_verify_group or verify_groups(self.proj)[1], w, self.chain, *rule)
+            self.batch_verify_group or verify_groups(self.proj)[1], w, self.chain, *rule, bool(to_end))
+        if to_end:
+            return toks.numpy(), nc.numpy(), int(nxt[0]), ended.numpy()
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
 
     def propose(self, h: Tensor, lo: int, hi: int, first: Tensor | None = None) -> Tensor:

@@ -1994,10 +1994,12 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, 
 // next fed tokens [R, width], decoder output at each row's last accepted position [R, D], ended [R], seconds).
 static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, double> batch_block_loop(
     const LoopModel& mdl, torch::Tensor x_in, int64_t t, torch::Tensor lengths, torch::Tensor room_in,
-    int64_t max_steps, int64_t group, int64_t width, std::chrono::steady_clock::time_point t_start) {
+    int64_t max_steps, int64_t group, int64_t width, std::chrono::steady_clock::time_point t_start,
+    bool to_end = false) {
   auto xt = x_in.to(torch::kLong).contiguous();
   TORCH_CHECK(xt.dim() == 2, "batch_block_steps: x must be [R, w]");
-  const int64_t R = xt.size(0), d = mdl.d;
+  const int64_t R0 = xt.size(0), d = mdl.d;
+  int64_t R = R0;                                 // rows still decoding (to_end: the first R of the per-row arrays)
   const int64_t pad = mdl.stops.empty() ? -1 : mdl.stops[0];
   int64_t w = xt.size(1);
   group = std::max<int64_t>(1, group);
@@ -2008,8 +2010,9 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
   TORCH_CHECK(lt.numel() == R && rt.numel() == R, "batch_block_steps: lengths and room must be [R]");
   std::vector<int64_t> x(xt.data_ptr<int64_t>(), xt.data_ptr<int64_t>() + R * w), len(lt.data_ptr<int64_t>(),
       lt.data_ptr<int64_t>() + R), room(rt.data_ptr<int64_t>(), rt.data_ptr<int64_t>() + R);
-  std::vector<int64_t> slot(R * wm), gh(R * wm), n(R), cnt(R, 0), act, nact, prop(R * wm), live;
-  std::vector<int64_t> nc;
+  std::vector<int64_t> slot(R * wm), gh(R * wm), n(R), cnt(R, 0), act, nact, prop(R * wm), live, id(R);
+  std::vector<int64_t> nc, hist(wm + 1, 0);       // (to_end: tokens gained per row and step, counted)
+  for (int64_t r = 0; r < R; r++) id[r] = r;
   auto lopt = torch::TensorOptions().dtype(torch::kLong);
   const int64_t tw = std::max<int64_t>(max_steps, 0) * wm;
   auto toks = torch::zeros({R, std::max<int64_t>(tw, 1)}, lopt);
@@ -2018,7 +2021,7 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
   std::vector<int64_t> ended(R, 0);
   bool any_ended = false;
   int64_t s = 0;
-  for (; s < max_steps && !any_ended; s++) {
+  for (; s < max_steps && !any_ended && R > 0; s++) {
     Tick tk;
     for (int64_t r = 0; r < R; r++)
       for (int64_t j = 0; j < w; j++) slot[r * w + j] = t + len[r] + j;
@@ -2058,14 +2061,18 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
       const int64_t m = n[r], gn = gh[r * w + m];
       const bool eos_in = m > 0 && mdl.stop(xr[m]);
       const int64_t cn = std::min<int64_t>(m + 1 - (eos_in ? 1 : 0), room[r]);
-      for (int64_t j = 0; j < cn; j++) tp[r * tw + cnt[r] + j] = j < m ? xr[j + 1] : gn;
-      cnt[r] += cn;
-      nc.push_back(m);
-      nc.push_back(cn);
+      for (int64_t j = 0; j < cn; j++) tp[id[r] * tw + cnt[id[r]] + j] = j < m ? xr[j + 1] : gn;
+      cnt[id[r]] += cn;
+      if (to_end) {
+        hist[cn] += 1;
+      } else {
+        nc.push_back(m);
+        nc.push_back(cn);
+      }
       room[r] -= cn;
       len[r] += cn;
       ended[r] = (eos_in || mdl.stop(gn) || room[r] <= 0) ? 1 : 0;
-      any_ended |= ended[r] != 0;
+      any_ended |= ended[r] != 0 && !to_end;
       std::memcpy(hn.data() + r * d, h.data() + (r * w + m) * d, d * sizeof(float));
       prop[r] = gn;                                        // (prop reused: head 1's tokens until x is rebuilt)
       if (!ended[r]) live.push_back(r);
@@ -2084,6 +2091,24 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
         for (int64_t j = 0; j < width - 1; j++) x[live[a] * width + j + 1] = prop[a * (width - 1) + j];
     }
     if (g_prof) g_prof_steps += 1;
+    if (to_end) {                                  // finished rows leave: the last row takes each freed place
+      for (int64_t r = 0; r < R;) {
+        if (!ended[r]) { r++; continue; }
+        R -= 1;
+        if (r == R) break;
+        TORCH_CHECK(mdl.move_row(r, R, t + len[R]), "batch_block_steps: to_end on a cache whose rows cannot move");
+        std::memcpy(x.data() + r * width, x.data() + R * width, width * sizeof(int64_t));
+        len[r] = len[R];
+        room[r] = room[R];
+        id[r] = id[R];
+        ended[r] = ended[R];
+      }
+    }
+  }
+  if (to_end) {   // (tokens [R0, T] of which the first counts[r] are row r's, histogram of tokens per step, counts)
+    return {toks.narrow(1, 0, std::max<int64_t>(tw, 1)), torch::tensor(hist, lopt), torch::tensor(std::vector<int64_t>{s}, lopt),
+            torch::empty({0}, torch::TensorOptions().dtype(torch::kFloat32)), torch::tensor(cnt, lopt),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()};
   }
   auto ncv = torch::from_blob(nc.data(), {s, R, 2}, lopt).permute({1, 0, 2}).clone(at::MemoryFormat::Contiguous);
   auto xo = torch::from_blob(x.data(), {R, w}, lopt).clone();
@@ -2099,7 +2124,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
     c10::optional<torch::Tensor> mem_mask, int64_t g, int64_t t, torch::Tensor lengths, const torch::Tensor& nw,
     const torch::Tensor& nb, double eps, const Lin& proj, const Lin* fc1, const Lin* fc2, const Lin& draft_proj,
     c10::optional<torch::Tensor> draft_ids, int64_t eos, torch::Tensor room_in, int64_t max_steps, int64_t group,
-    int64_t width, const ChainProp* chain, int64_t top_n, double dist_eps) {
+    int64_t width, const ChainProp* chain, int64_t top_n, double dist_eps, bool to_end) {
   const auto t_start = std::chrono::steady_clock::now();
   EncDecLoop mdl(embed, embed_scale, pe, max_positions, layers, self_kv, mem_kv, mem_mask, g, nw, nb, eps, proj, eos);
   mdl.set_rule(top_n, dist_eps);
@@ -2111,7 +2136,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
   mdl.chain = chain;
   mdl.draft = &draft_proj;
   mdl.dp = dids.defined() ? dids.data_ptr<int64_t>() : nullptr;
-  return batch_block_loop(mdl, x_in, t, lengths, room_in, max_steps, group, width, t_start);
+  return batch_block_loop(mdl, x_in, t, lengths, room_in, max_steps, group, width, t_start, to_end);
 }
 
 // ==== decoder-only (Llama / Qwen2 / Mistral-style) models: model/lm.py LMModel ====
@@ -2512,12 +2537,13 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, double> lm_batch_block_steps(
     torch::Tensor x_in, const LMNet& net, const LMProp& prop, const torch::Tensor& self_kv, const torch::Tensor& lpad,
     const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, torch::Tensor lengths, const torch::Tensor& stops,
-    torch::Tensor room, int64_t max_steps, int64_t group, int64_t width, int64_t top_n, double dist_eps) {
+    torch::Tensor room, int64_t max_steps, int64_t group, int64_t width, int64_t top_n, double dist_eps,
+    bool to_end) {
   const auto t_start = std::chrono::steady_clock::now();
   LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
   mdl.prop = &prop;
   mdl.set_rule(top_n, dist_eps);
-  return batch_block_loop(mdl, x_in, t, lengths, room, max_steps, group, width, t_start);
+  return batch_block_loop(mdl, x_in, t, lengths, room, max_steps, group, width, t_start, to_end);
 }
 
 // per-phase seconds and steps since the last reset (phases: embed, decoder linears, decoder attention, decoder
