@@ -109,6 +109,65 @@ def test_packed_linear_thread_count_does_not_change_results(dtype):
     assert torch.equal(one, two)
 
 
+@native
+def test_screened_argmax_is_the_fp32_argmax_whatever_the_ties():
+    """Head 1's argmax through the int8 screen (an int8 pass with a proven error bound, the outputs that can win
+    computed in fp32) is the fp32 projection's argmax: the first largest logit, ties and 1-ulp differences included,
+    for ragged shapes, with and without a bias, and for rows the screen cannot quantise (non-finite)."""
+    ext = native_kernels()
+    hits = 0
+    for n, k, with_bias in [(4000, 128, True), (1000, 130, False), (77, 16, True), (300, 512, False)]:
+        torch.manual_seed(n + k)
+        w = torch.randn(n, k) * 0.05
+        b = torch.randn(n) * 0.1 if with_bias else None
+        w[7] = w[3]                                                  # an exact tie: the first index wins
+        w[11] = w[3]
+        w[11, 0] = torch.nextafter(w[3, 0], torch.tensor(1.0))       # 1 ulp apart in one weight
+        w[20] = w[3] * (1 + 2 ** -20)                                # the same int8 copy, a slightly larger logit
+        if b is not None:
+            b[7] = b[11] = b[20] = b[3]
+        full = PackedLinear(w, b, "fp32")
+        scr = PackedLinear(w, b, "fp32", screen=True)
+        assert scr.lin.screened() and not full.lin.screened()
+        nw, nb = torch.rand(k) + 0.5, torch.randn(k) * 0.1
+        x = torch.randn(3000, k) * 2
+        x[:300] = w[3] * 30 + torch.randn(300, k) * 0.05            # rows aimed at the near-ties
+        x[300] = float("inf")
+        got = ext.norm_project_argmax(x, nw, nb, 1e-5, scr.lin)
+        logits = full.lin(ext.layer_norm(x, nw, nb, 1e-5))
+        assert torch.equal(got, ext.norm_project_argmax(x, nw, nb, 1e-5, full.lin))
+        fin = torch.isfinite(logits).all(1)
+        assert torch.equal(got[fin], logits[fin].argmax(-1)) and fin.sum() == len(x) - 1
+        hits += int((got[:300] == 20).sum())
+    assert hits > 0                                                  # (the aimed rows did hit the near-tie)
+
+
+@native
+def test_screened_projection_changes_no_token_and_no_step(monkeypatch):
+    """fp32 decoding reads head 1 (and full-vocabulary fp32 proposals) through the int8 screen; BPD_SCREEN=0 turns
+    it off. Greedy, exact and top-2 blockwise, chained heads, batch 1 and 6: the same tokens, calls and accepted
+    blocks either way, encoder-decoder and decoder-only."""
+    from tests.test_lm_engine import lm, prompts
+    cases = [(random_model(4, 5, vocab=300), random_sources(6, 5)),
+             (random_model(4, 6, vocab=50, chain=True), random_sources(6, 6)),
+             (lm(3, vocab=40), prompts(6, 3, vocab=40))]
+    for m, src in cases:
+        runs = []
+        for screen in ("1", "0"):
+            monkeypatch.setenv("BPD_SCREEN", screen)
+            mm = copy.deepcopy(m)
+            assert mm.decode_weights().proj.lin.screened() == (screen == "1")
+            got = []
+            for rows in (src, src[:1]):
+                got.append(greedy(mm, rows, max_len=20).tokens)
+                for rule in (Exact(), TopK(2)):
+                    r = blockwise(mm, rows, accept=rule, max_len=20)
+                    got.append((r.tokens, r.calls, r.accepted_hist))
+            runs.append(got)
+        assert runs[0] == runs[1]
+        assert runs[0][1][0] == runs[0][0]                          # (exact blockwise is greedy)
+
+
 def test_decode_weights_are_rebuilt_when_weights_change():
     m = random_model(4, seed=3)
     src = random_sources(4, seed=3)
@@ -510,6 +569,9 @@ def test_verification_groups_follow_the_projection_size_against_this_cpus_l2(mon
         assert 4000 * 128 * 4 <= PackedLinear(demo).nbytes <= 4096 * 128 * 4     # (packed in blocks of 64 rows)
         assert verify_groups(PackedLinear(demo)) == (fp32, 2), l2
         assert verify_groups(PackedLinear(demo, dtype="int8"))[0] == int8, l2
+        monkeypatch.delenv("BPD_SCREEN", raising=False)
+        if native_kernels() is not None:                           # screened: a pass reads the int8 copy
+            assert verify_groups(PackedLinear(demo, screen=True))[0] == int8, l2
     assert verify_groups(PackedLinear(torch.randn(8200, 512)))[1] == 8          # 16.8 MB in fp32
 
 
@@ -640,6 +702,8 @@ for dt in ("fp32", "bf16", "int8"):
 from tests.test_engine import test_every_head_size_gives_a_token_the_same_bits_in_any_block_and_matches_torch as heads
 for d in (16, 48, 64, 128, 256):                     # attention's unrolled and run-time head sizes
     heads(d, 2)
+from tests.test_engine import test_screened_argmax_is_the_fp32_argmax_whatever_the_ties as screened
+screened()                                           # the AVX2 packing of the exact rows
 print("ok")
 """
 
@@ -649,7 +713,8 @@ print("ok")
 def test_avx2_kernels_built_on_this_cpu_are_row_exact(tmp_path):
     """BPD_NATIVE_MARCH=haswell builds the AVX2 kernels (the AVX2-only CPUs' engine) on any x86 CPU: every row the
     same bits whatever the batch, and exact blockwise == greedy in each precision, with the batched native loop;
-    attention at every head size as on this CPU's build; int8 compute gives the bits of this CPU's own build."""
+    attention at every head size as on this CPU's build; the screened argmax is the fp32 argmax; int8 compute gives
+    the bits of this CPU's own build."""
     import os
     import subprocess
     import sys

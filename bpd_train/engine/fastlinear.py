@@ -186,9 +186,9 @@ def check_dtype(dtype: str) -> str:
 class PackedLinear:
     """y = x . W^T + b for decoding, with W packed once (see the module docstring)."""
 
-    __slots__ = ("out_features", "in_features", "mode", "data", "scale", "bias", "weight", "native", "lin")
+    __slots__ = ("out_features", "in_features", "mode", "data", "scale", "bias", "weight", "native", "lin", "screened")
 
-    def __init__(self, weight: Tensor, bias: Tensor | None = None, dtype: str = "fp32"):
+    def __init__(self, weight: Tensor, bias: Tensor | None = None, dtype: str = "fp32", screen: bool = False):
         dtype = check_dtype(dtype)
         w = weight.detach()
         self.out_features, self.in_features = w.shape
@@ -197,6 +197,7 @@ class PackedLinear:
         ext = native_kernels() if w.device.type == "cpu" and w.dtype == torch.float32 else None
         self.native = ext
         self.data = self.scale = self.weight = self.lin = None
+        self.screened = False
         if ext is not None:
             if (dtype == "bf16" and bf16_compute()) or (dtype == "int8" and int8_compute()):
                 self.mode = _COMPUTE_MODE[dtype]
@@ -209,6 +210,11 @@ class PackedLinear:
             self.scale = packed[1] if len(packed) > 1 else None
             # the C++ object the fused step functions chain (DecodeWeights.head1_argmax / propose)
             self.lin = ext.Lin(self.data, self.scale, self.bias, self.out_features, self.in_features, self.mode)
+            if screen and self.mode == _MODE["fp32"] and ext.i8_dot() and _on("BPD_SCREEN"):
+                # an output projection's argmax (head 1) read through an int8 copy and a proven error bound, the
+                # few outputs that can win computed in fp32: the same ids and bits (csrc/linear.cpp Screen)
+                self.lin.add_screen(w.float().contiguous())
+                self.screened = True
         elif dtype == "fp32":
             self.weight = w
         elif dtype == "bf16":
@@ -224,6 +230,11 @@ class PackedLinear:
         """Bytes a pass over the weights reads (packed data, or the torch weight)."""
         w = self.data if self.data is not None else self.weight
         return w.numel() * w.element_size()
+
+    @property
+    def argmax_bytes(self) -> int:
+        """Bytes an argmax pass reads: the int8 copy where the projection is screened, else `nbytes`."""
+        return self.out_features * self.in_features if self.screened else self.nbytes
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.lin is not None:

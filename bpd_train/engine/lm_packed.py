@@ -55,7 +55,7 @@ class LMDecodeWeights(DecodeStep):
         self.medusa = isinstance(heads, MedusaHeads)
         self.identity_p1 = heads is None or heads.identity_p1
         self.pdt = (options.proposal_dtype or dt) if self.identity_p1 else dt
-        self.proj = PackedLinear(emb, None, dt)
+        self.proj = PackedLinear(emb, None, dt, screen=True)
         self.draft_ids, self.draft_proj = draft_projection(emb, None, options.draft_vocab, self.pdt)
         self.prop_proj = self.draft_proj or (self.proj if self.pdt == dt or heads is None
                                              else PackedLinear(emb, None, self.pdt))

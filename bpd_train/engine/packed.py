@@ -91,8 +91,9 @@ def verify_groups(proj: PackedLinear) -> tuple[int, int]:
     in one pass -- with 2 threads too (each reads half, but the decoder's weights stream through the same L2:
     `both` / `self` 1.14 / 1.31x plain against 1.12 / 1.23x in pairs). Several rows: each pass is 2+ rows per live
     row, so arithmetic dominates unless the projection is read from memory (Transformer-base, 64 MB at V 32k: k = 8
-    in groups of 4 cost 6.8 ms where one pass is 3.3). Measured with bench/engine.py --profile / --regimes."""
-    one = 8 if proj.nbytes > l2_bytes() else 2
+    in groups of 4 cost 6.8 ms where one pass is 3.3). Measured with bench/engine.py --profile / --regimes. A
+    screened fp32 projection (PackedLinear(screen=True)) reads its int8 copy per pass, a quarter of the fp32 bytes."""
+    one = 8 if proj.argmax_bytes > l2_bytes() else 2
     several = 8 if proj.out_features * proj.in_features * 4 > (16 << 20) else 2
     return one, several
 
@@ -138,7 +139,7 @@ class DecodeWeights(DecodeStep):
         emb = model.output_weight()
         self.vocab_size = emb.shape[0]
         bias = model.decode_logits_bias()
-        self.proj = PackedLinear(emb, bias, dt)
+        self.proj = PackedLinear(emb, bias, dt, screen=True)
         heads = model._modules.get("heads")
         self.k = model.config.block_size
         self.d = model.config.d_model

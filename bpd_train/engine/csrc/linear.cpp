@@ -26,6 +26,7 @@
 #include <tuple>
 #include <chrono>
 #include <vector>
+#include <memory>
 #include <limits>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -808,14 +809,44 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
 
 // A packed linear layer as one object (what engine/fastlinear.py PackedLinear holds), so that the fused
 // step functions below can chain several of them without returning to Python between ops.
+struct Screen;
 struct Lin {
   torch::Tensor data;
   c10::optional<torch::Tensor> scale, bias;
   int64_t N, K, mode;
+  std::shared_ptr<const Screen> screen;   // fp32 output projections: int8 screening of the argmax (screened_ids)
   Lin(torch::Tensor d, c10::optional<torch::Tensor> s, c10::optional<torch::Tensor> b, int64_t n, int64_t k, int64_t md)
       : data(std::move(d)), scale(std::move(s)), bias(std::move(b)), N(n), K(k), mode(md) {}
   torch::Tensor operator()(const torch::Tensor& x) const { return linear(x, data, scale, bias, N, K, mode); }
+  void add_screen(const torch::Tensor& w);
 };
+
+// An argmax over an fp32 projection's outputs without computing every output in fp32. An int8 copy of the weights
+// (the I8D kernels: int8 activations x int8 weights) gives every output n an approximation a_n with a proven bound
+// |z_n - a_n| <= E_n on its distance from the fp32 kernel's own result z_n (int8 rounding of the activation and of
+// the weights, the fp32 FMA chain's rounding, the roundings of a_n itself; see screened_ids). Only the outputs whose
+// a_n + E_n reaches max_m (a_m - E_m) can be the argmax; those are computed exactly as the fp32 kernel computes them
+// (the same FMA chain, in order, from zero; then the bias), and the first largest wins: the fp32 argmax, the same id
+// and the same logit bits, for a quarter of the weight bytes read plus a few exact rows.
+struct Screen {
+  Lin q;                        // the int8-compute copy (mode I8D), bias included
+  torch::Tensor w1, ew;         // per output: sum_k |w_nk| and max_k |w_nk - s_n q_nk|, float, rounded up
+};
+
+void Lin::add_screen(const torch::Tensor& w) {
+  TORCH_CHECK(mode == F32 && BPD_I8_DOT, "add_screen: screens fp32 projections, on builds with int8 kernels");
+  TORCH_CHECK(w.dim() == 2 && w.size(0) == N && w.size(1) == K && w.scalar_type() == torch::kFloat32,
+              "add_screen: w must be the float32 [N, K] weight this projection packed");
+  auto wc = w.contiguous();
+  auto pk = pack(wc, I8D);
+  // the int8 weights exactly as pack() rounded them (same float ops), then the bounds in double
+  auto q = torch::round(wc / pk[1].unsqueeze(1)).clamp_(-127, 127).to(torch::kDouble);
+  auto wd = wc.to(torch::kDouble);
+  const double up = 1.0 + 1e-6;                // float rounding of the double sums (2^-24 relative) covered
+  auto w1 = (wd.abs().sum(1) * up).to(torch::kFloat32).contiguous();
+  auto ew = ((wd - q * pk[1].to(torch::kDouble).unsqueeze(1)).abs().amax(1) * up).to(torch::kFloat32).contiguous();
+  screen = std::make_shared<const Screen>(Screen{Lin(pk[0], pk[1], bias, N, K, I8D), w1, ew});
+}
 
 static void lin_rows(const Lin& L, const float* x, float* y, int64_t M) {
   const float* bp = L.bias.has_value() ? L.bias->data_ptr<float>() : nullptr;
@@ -844,9 +875,11 @@ struct Tick {
 struct Work {
   std::vector<float> y, big, a, o;           // decoder stack
   std::vector<float> x, logits, n1;          // loops: decoder input/output, head-1 logits, normed rows
+  std::vector<float> shi;                    // screened argmax: each output's upper bound
   std::vector<float> hid, st, sy, plog;      // proposal pass
   std::vector<float> ce, cx;                 // chained proposals: embedded previous tokens, head inputs
   std::vector<int64_t> cprev;                // chained proposals: each row's previous token
+  std::vector<int64_t> pids;                 // proposals: argmax ids before the draft map
   std::vector<int64_t> slot, pos, tok;
 };
 static Work& work() { thread_local Work w; return w; }
@@ -906,15 +939,24 @@ static inline int64_t argmax_row(const float* l, int64_t V) {
   return best;
 }
 
-// head 1's next token at M decoder outputs h [M][D]: argmax of proj(layer_norm(h)) (greedy, exact verification)
-static void head1_ids(const float* h, int64_t M, int64_t D, const float* nw, const float* nb, float eps, const Lin& proj,
-                      int64_t* out) {
-  Work& ws = work();
-  float* y = grow(ws.n1, M * D);
-  float* l = grow(ws.logits, M * proj.N);
-  norm_rows(h, y, M, D, nw, nb, eps);
+static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* out, std::vector<float>& buf);
+
+// argmax of proj(y) for M rows y [M][K], logits in buf: through proj's screen where it has one and the logits are
+// not wanted (full: the caller reads all of them from buf afterwards, e.g. a top-n acceptance rule)
+static void project_ids(const float* y, int64_t M, const Lin& proj, int64_t* out, bool full, std::vector<float>& buf) {
+  if (proj.screen && !full) return screened_ids(y, M, proj, out, buf);
+  float* l = grow(buf, M * proj.N);
   lin_rows(proj, y, l, M);
   for (int64_t m = 0; m < M; m++) out[m] = argmax_row(l + m * proj.N, proj.N);
+}
+
+// head 1's next token at M decoder outputs h [M][D]: argmax of proj(layer_norm(h)) (greedy, exact verification)
+static void head1_ids(const float* h, int64_t M, int64_t D, const float* nw, const float* nb, float eps, const Lin& proj,
+                      int64_t* out, bool full = false) {
+  Work& ws = work();
+  float* y = grow(ws.n1, M * D);
+  norm_rows(h, y, M, D, nw, nb, eps);
+  project_ids(y, M, proj, out, full, ws.logits);
 }
 
 torch::Tensor layer_norm(const torch::Tensor& h, const torch::Tensor& nw, const torch::Tensor& nb, double eps) {
@@ -1040,6 +1082,123 @@ static inline vf vsub(vf a, vf b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_su
 static inline vf vmul(vf a, vf b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 static inline vf vdiv(vf a, vf b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
 #endif
+
+// the fp32 projection's output n for one row x [K], as its kernel computes it (one FMA per k, in order, from zero;
+// then the bias): the packed block of n's 64 outputs holds w_nk at [k][n % 64] (AVX-512), [n % 64 / 16][k][n % 16]
+// (AVX2)
+static inline float exact_output(const Lin& p, const float* x, int64_t n) {
+  const int64_t K = p.K, j = n % NB;
+  const float* w = p.data.data_ptr<float>() + (n / NB) * NB * K;
+#if defined(__AVX512F__)
+  const float* c = w + j;
+  constexpr int64_t st = NB;
+#else
+  const float* c = w + (j / SB) * SB * K + j % SB;
+  constexpr int64_t st = SB;
+#endif
+  float acc = 0.0f;
+  for (int64_t k = 0; k < K; k++) acc = std::fma(x[k], c[k * st], acc);
+  if (p.bias.has_value()) acc += p.bias->data_ptr<float>()[n];
+  return acc;
+}
+
+#if defined(__AVX512F__)
+static inline vf vabs(vf a) { return _mm512_abs_ps(a); }
+static inline uint32_t vge(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+#else
+static inline vf vabs(vf a) {
+  const __m256 m = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  return {_mm256_and_ps(a.lo, m), _mm256_and_ps(a.hi, m)};
+}
+static inline uint32_t vge(vf a, vf b) {
+  return (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GE_OQ)) |
+         ((uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_GE_OQ)) << 8);
+}
+#endif
+
+// argmax of proj(y) for M rows y [M][K] through proj's int8 screen (struct Screen): the fp32 argmax exactly.
+// Per row, with x the row, amax = max |x_k|, the I8D kernel's quantisation q_k = round(x_k * 127 / amax), rs = amax /
+// 127, and D_n = sum_k q_k q_nk (exact integers), a_n = D_n rs s_n + b_n in fp32 and the fp32 result
+// z_n = fl(sum_k x_k w_nk) + b_n:
+//   |sum x w - rs s D| <= ex sum|w_n| + rs sum|q| max|w_n - s_n q_n|       (int8 rounding; ex = max_k |x_k - rs q_k|)
+//   |fl(sum x w) - sum x w| <= (K + 2) u amax sum|w_n| (+1%)                  (K FMAs, then the bias' addition)
+//   the roundings of a_n (int -> float, two products, the bias): <= 8 u (|a_n| + |b_n|)
+// E_n is their sum, widened by 0.1% for its own fp32 arithmetic. Rows with a non-finite input take the full path.
+static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* out, std::vector<float>& buf) {
+  const Screen& sc = *proj.screen;
+  const int64_t N = proj.N, K = proj.K;
+  Work& ws = work();
+  float* a = grow(buf, M * N);
+  lin_rows(sc.q, y, a, M);
+  float* hi = grow(ws.shi, N);
+  const float* w1 = sc.w1.data_ptr<float>();
+  const float* ew = sc.ew.data_ptr<float>();
+  const float* bias = proj.bias.has_value() ? proj.bias->data_ptr<float>() : nullptr;
+  constexpr float u = 0x1p-24f;
+  for (int64_t m = 0; m < M; m++) {
+    const float* x = y + m * K;
+    const float* am = a + m * N;
+    // the row's quantisation, by run_mode's I8D steps (the same bytes)
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t k = 0; k < K; k++) { finite &= std::isfinite(x[k]); amax = std::max(amax, std::fabs(x[k])); }
+    if (!finite) {
+      float* l = grow(ws.big, N);
+      lin_rows(proj, x, l, 1);
+      out[m] = argmax_row(l, N);
+      continue;
+    }
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f, rs = amax / 127.0f;
+    float ex = 0.0f;
+    double q1 = 0.0;
+    for (int64_t k = 0; k < K; k++) {
+      const float q = std::min(127.0f, std::max(-127.0f, std::nearbyint(x[k] * inv)));
+      q1 += std::fabs(q);
+      ex = std::max(ex, std::fabs(x[k] - rs * q));
+    }
+    const float cx = ex * 1.0001f + amax * (4.0f + 1.01f * (float)(K + 2)) * u;   // per unit of sum |w_n|
+    const float cq = (float)(rs * q1 * 1.0001);                                     // per unit of max |w_n - s q_n|
+    const vf vcx = vbcast(&cx), vcq = vbcast(&cq);
+    const float c8 = 8.0f * u, g = 1.001f, t = 1e-30f;
+    const vf v8 = vbcast(&c8), vg = vbcast(&g), vt = vbcast(&t);
+    const float ninf = -INFINITY;
+    vf lov = vbcast(&ninf);
+    int64_t n = 0;
+    for (; n + L <= N; n += L) {
+      const vf av = vload(am + n);
+      vf mag = vabs(av);
+      if (bias) mag = vadd(mag, vabs(vload(bias + n)));
+      vf e = vfma(vload(w1 + n), vcx, vmul(vload(ew + n), vcq));
+      e = vfma(vfma(mag, v8, e), vg, vt);
+      lov = vmax(lov, vsub(av, e));
+      vstore(hi + n, vadd(av, e));
+    }
+    float lo = hmax(lov);
+    for (; n < N; n++) {
+      const float mag = std::fabs(am[n]) + (bias ? std::fabs(bias[n]) : 0.0f);
+      const float e = (w1[n] * cx + ew[n] * cq + mag * c8) * g + t;
+      lo = std::max(lo, am[n] - e);
+      hi[n] = am[n] + e;
+    }
+    // the candidates, in order: the first largest exact output
+    int64_t best = -1;
+    float bz = 0.0f;
+    const vf vlo = vbcast(&lo);
+    for (n = 0; n + L <= N; n += L) {
+      for (uint32_t bits = vge(vload(hi + n), vlo); bits; bits &= bits - 1) {
+        const int64_t c = n + __builtin_ctz(bits);
+        const float z = exact_output(proj, x, c);
+        if (best < 0 || z > bz) { best = c; bz = z; }
+      }
+    }
+    for (; n < N; n++) {
+      if (!(hi[n] >= lo)) continue;
+      const float z = exact_output(proj, x, n);
+      if (best < 0 || z > bz) { best = n; bz = z; }
+    }
+    out[m] = best;
+  }
+}
 
 // For each query a: out_a[0..dh) = softmax_j(q_a.k_j * scale + mask_j) v_j over slots j < len_a (keys/values
 // `stride` floats apart, shared by the nq queries: one cache row and head). Up to QB queries go through the slots
@@ -1592,7 +1751,7 @@ static void propose_raw(const float* h, int64_t M, int64_t d, const Lin& fc1, co
   float* hid = grow(ws.hid, M * fc1.N);
   float* st = grow(ws.st, M * n_heads * d);
   float* y = grow(ws.sy, M * n_heads * d);
-  float* logits = grow(ws.plog, M * n_heads * proj.N);
+  int64_t* ids = grow(ws.pids, M * n_heads);
   lin_rows(fc1, h, hid, M);
   for (int64_t i = 0; i < M * fc1.N; i++) hid[i] = std::max(hid[i], 0.0f);
   lin_rows(fc2, hid, st, M);                                                 // [M][n_heads][D]
@@ -1600,11 +1759,8 @@ static void propose_raw(const float* h, int64_t M, int64_t d, const Lin& fc1, co
     for (int64_t i = 0; i < n_heads * d; i++) st[m * n_heads * d + i] += h[m * d + i % d];
   norm_rows(st, y, M * n_heads, d, nw, nb, eps);
   tk.to(P_HEADS_FFN);
-  lin_rows(proj, y, logits, M * n_heads);
-  for (int64_t m = 0; m < M * n_heads; m++) {
-    const int64_t best = argmax_row(logits + m * proj.N, proj.N);
-    out[m] = draft ? draft[best] : best;
-  }
+  project_ids(y, M * n_heads, proj, ids, false, ws.plog);
+  for (int64_t m = 0; m < M * n_heads; m++) out[m] = draft ? draft[ids[m]] : ids[m];
   tk.to(P_PROPOSE_PROJ);
 }
 
@@ -1634,7 +1790,7 @@ static void propose_chain_raw(const float* h, int64_t M, int64_t d, const ChainP
   float* x = grow(ws.cx, M * d);
   float* st = grow(ws.st, M * d);
   float* y = grow(ws.sy, M * d);
-  float* logits = grow(ws.plog, M * proj.N);
+  int64_t* ids = grow(ws.pids, M);
   int64_t* prev = grow(ws.cprev, M);
   std::memcpy(prev, first, M * sizeof(int64_t));
   const float* ew = c.emb.data_ptr<float>();
@@ -1653,9 +1809,9 @@ static void propose_chain_raw(const float* h, int64_t M, int64_t d, const ChainP
     for (int64_t j = 0; j < M * d; j++) st[j] += h[j];
     norm_rows(st, y, M, d, nw, nb, eps);
     tk.to(P_HEADS_FFN);
-    lin_rows(proj, y, logits, M);
+    project_ids(y, M, proj, ids, false, ws.plog);
     for (int64_t m = 0; m < M; m++) {
-      const int64_t best = argmax_row(logits + m * proj.N, proj.N);
+      const int64_t best = ids[m];
       const int64_t id = draft ? draft[best] : best;
       out[m * n_heads + i] = id;
       prev[m] = id;
@@ -1776,7 +1932,9 @@ struct EncDecLoop : LoopModel {
   }
   void embed(const int64_t* tok, const int64_t* slot, int64_t M, float* x) const override { emb.rows(tok, slot, M, x); }
   void layers(float* x, int64_t M, int64_t n, const int64_t* slot) const override { decode_raw(x, M, n, d, slot, ls, c); }
-  void head1(const float* h, int64_t M, int64_t* out) const override { head1_ids(h, M, d, nw, nb, eps, proj, out); }
+  void head1(const float* h, int64_t M, int64_t* out) const override {
+    head1_ids(h, M, d, nw, nb, eps, proj, out, top_n > 0);
+  }
   int64_t vocab() const override { return proj.N; }
   bool move_row(int64_t dst, int64_t src, int64_t filled) const override {
     if (c.g != 1) return false;
@@ -2379,14 +2537,12 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
   }
 }
 
-static void lm_head1_ids(const float* h, int64_t M, const LMNet& net, int64_t* out) {
+static void lm_head1_ids(const float* h, int64_t M, const LMNet& net, int64_t* out, bool full = false) {
   Work& ws = work();
   const int64_t d = net.d;
   float* y = grow(ws.n1, M * d);
-  float* l = grow(ws.logits, M * net.proj.N);
   rms_rows(h, y, M, d, net.nw.data_ptr<float>(), (float)net.eps);
-  lin_rows(net.proj, y, l, M);
-  for (int64_t m = 0; m < M; m++) out[m] = argmax_row(l + m * net.proj.N, net.proj.N);
+  project_ids(y, M, net.proj, out, full, ws.logits);
 }
 
 // heads 1..n_heads at M positions h [M][d] -> ids [M][n_heads]
@@ -2425,13 +2581,10 @@ static void lm_propose_raw(const float* h, int64_t M, const LMNet& net, const LM
     }
   }
   tk.to(P_HEADS_FFN);
-  float* logits = grow(ws.plog, M * n_heads * p.proj.N);
-  lin_rows(p.proj, y, logits, M * n_heads);
+  int64_t* ids = grow(ws.pids, M * n_heads);
+  project_ids(y, M * n_heads, p.proj, ids, false, ws.plog);
   const int64_t* dp = p.draft.defined() ? p.draft.data_ptr<int64_t>() : nullptr;
-  for (int64_t m = 0; m < M * n_heads; m++) {
-    const int64_t best = argmax_row(logits + m * p.proj.N, p.proj.N);
-    out[m] = dp ? dp[best] : best;
-  }
+  for (int64_t m = 0; m < M * n_heads; m++) out[m] = dp ? dp[ids[m]] : ids[m];
   tk.to(P_PROPOSE_PROJ);
 }
 
@@ -2456,7 +2609,7 @@ struct LMLoop : LoopModel {
   void layers(float* x, int64_t M, int64_t n, const int64_t* slot) const override {
     lm_decode_raw(x, M, n, slot, net, c);
   }
-  void head1(const float* h, int64_t M, int64_t* out) const override { lm_head1_ids(h, M, net, out); }
+  void head1(const float* h, int64_t M, int64_t* out) const override { lm_head1_ids(h, M, net, out, top_n > 0); }
   int64_t vocab() const override { return net.proj.N; }
   bool move_row(int64_t dst, int64_t src, int64_t filled) const override {
     c.move_row(dst, src, filled);
@@ -2662,7 +2815,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<Lin>(m, "Lin")
       .def(pybind11::init<torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t,
                           int64_t>())
-      .def("__call__", &Lin::operator());
+      .def("__call__", &Lin::operator())
+      .def("add_screen", &Lin::add_screen, "screen this fp32 projection's argmax with an int8 copy of w [N, K]")
+      .def("screened", [](const Lin& l) { return (bool)l.screen; });
   m.def("layer_norm", &layer_norm);
   m.def("norm_project_argmax", &norm_project_argmax);
   pybind11::class_<StepLayer>(m, "StepLayer")
