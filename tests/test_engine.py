@@ -133,7 +133,14 @@ def test_screened_argmax_is_the_fp32_argmax_whatever_the_ties():
         x = torch.randn(3000, k) * 2
         x[:300] = w[3] * 30 + torch.randn(300, k) * 0.05            # rows aimed at the near-ties
         x[300] = float("inf")
-        got = ext.norm_project_argmax(x, nw, nb, 1e-5, scr.lin)
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(2)                                 # rows split over threads, alone in one
+            got = ext.norm_project_argmax(x, nw, nb, 1e-5, scr.lin)
+            torch.set_num_threads(1)
+            assert torch.equal(got, ext.norm_project_argmax(x, nw, nb, 1e-5, scr.lin))
+        finally:
+            torch.set_num_threads(threads)
         logits = full.lin(ext.layer_norm(x, nw, nb, 1e-5))
         assert torch.equal(got, ext.norm_project_argmax(x, nw, nb, 1e-5, full.lin))
         fin = torch.isfinite(logits).all(1)
