@@ -116,7 +116,7 @@ def test_screened_argmax_is_the_fp32_argmax_whatever_the_ties():
     for ragged shapes, with and without a bias, and for rows the screen cannot quantise (non-finite)."""
     ext = native_kernels()
     hits = 0
-    for n, k, with_bias in [(4000, 128, True), (1000, 130, False), (77, 16, True), (300, 512, False)]:
+    for n, k, with_bias in [(4000, 128, True), (1000, 130, False), (77, 16, True), (300, 512, False), (5000, 24, True)]:
         torch.manual_seed(n + k)
         w = torch.randn(n, k) * 0.05
         b = torch.randn(n) * 0.1 if with_bias else None

@@ -839,12 +839,18 @@ void Lin::add_screen(const torch::Tensor& w) {
               "add_screen: w must be the float32 [N, K] weight this projection packed");
   auto wc = w.contiguous();
   auto pk = pack(wc, I8D);
-  // the int8 weights exactly as pack() rounded them (same float ops), then the bounds in double
-  auto q = torch::round(wc / pk[1].unsqueeze(1)).clamp_(-127, 127).to(torch::kDouble);
-  auto wd = wc.to(torch::kDouble);
+  // the int8 weights exactly as pack() rounded them (same float ops), then the bounds in double, a slice of rows at
+  // a time (a large vocabulary's projection in double would be twice its fp32 size)
+  auto w1 = torch::empty({N}, wc.options()), ew = torch::empty({N}, wc.options());
   const double up = 1.0 + 1e-6;                // float rounding of the double sums (2^-24 relative) covered
-  auto w1 = (wd.abs().sum(1) * up).to(torch::kFloat32).contiguous();
-  auto ew = ((wd - q * pk[1].to(torch::kDouble).unsqueeze(1)).abs().amax(1) * up).to(torch::kFloat32).contiguous();
+  for (int64_t r0 = 0; r0 < N; r0 += 4096) {
+    const int64_t r = std::min<int64_t>(4096, N - r0);
+    auto ws = wc.narrow(0, r0, r), ss = pk[1].narrow(0, r0, r).unsqueeze(1);
+    auto q = torch::round(ws / ss).clamp_(-127, 127).to(torch::kDouble);
+    auto wd = ws.to(torch::kDouble);
+    w1.narrow(0, r0, r).copy_(wd.abs().sum(1) * up);
+    ew.narrow(0, r0, r).copy_((wd - q * ss.to(torch::kDouble)).abs().amax(1) * up);
+  }
   screen = std::make_shared<const Screen>(Screen{Lin(pk[0], pk[1], bias, N, K, I8D), w1, ew});
 }
 
