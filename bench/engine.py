@@ -281,6 +281,38 @@ def kernel_families():
     return fams
 
 
+def bench_argmax(size: str, n: int, k: int, threads: int, rows, reps: int) -> list[dict]:
+    """Head 1's argmax (layer norm, output projection, argmax) over an n x k fp32 projection, every logit in fp32
+    against the int8 screen (csrc/linear.cpp Screen: the same ids). Random weights and activations: a trained model's
+    logits are less flat, so fewer tokens reach the fp32 pass than here."""
+    ext = native_kernels()
+    torch.manual_seed(0)
+    w = torch.randn(n, k) * 0.05
+    p = ext.pack(w, 0)
+    full, scr = ext.Lin(p[0], None, None, n, k, 0), ext.Lin(p[0], None, None, n, k, 0)
+    scr.add_screen(w)
+    nw, nb = torch.ones(k), torch.zeros(k)
+    out = []
+    for r in rows:
+        x = torch.randn(r, k)
+        assert torch.equal(ext.norm_project_argmax(x, nw, nb, 1e-5, full), ext.norm_project_argmax(x, nw, nb, 1e-5, scr))
+        best = {"argmax fp32": float("inf"), "argmax fp32, int8 screen": float("inf")}
+        inner = max(1, int(2e6 // (n * k * r)))
+        for _ in range(reps):
+            for name, lin in (("argmax fp32", full), ("argmax fp32, int8 screen", scr)):
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    ext.norm_project_argmax(x, nw, nb, 1e-5, lin)
+                best[name] = min(best[name], (time.perf_counter() - t0) / inner * 1e6)
+        out += [dict(size=size, shape=f"{n}x{k}", threads=threads, kernel=name, rows=r, us=round(us, 1))
+                for name, us in best.items()]
+    for name in ("argmax fp32", "argmax fp32, int8 screen"):
+        us = {row["rows"]: row["us"] for row in out if row["kernel"] == name}
+        print(f"kernel  {size:4s} {n:5d}x{k:<4d} threads={threads} {name:30s} "
+              + "  ".join(f"{r:3d} rows {us[r]:8.1f} us ({us[r] / us[1]:4.1f}x)" for r in rows), flush=True)
+    return out
+
+
 def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: int = 30):
     """Cost of one packed linear per kernel family and number of activation rows (1: a greedy step at batch 1; k: a
     blockwise verification; 32 / 4 x 32: greedy / blockwise at batch 32), interleaved, min of `reps`: microseconds
@@ -319,6 +351,7 @@ def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: in
                 us = {row["rows"]: row["us"] for row in out if row["shape"] == f"{n}x{k}" and row["kernel"] == name}
                 print(f"kernel  {size:4s} {n:5d}x{k:<4d} threads={threads} {name:30s} "
                       + "  ".join(f"{r:3d} rows {us[r]:8.1f} us ({us[r] / us[1]:4.1f}x)" for r in rows), flush=True)
+        out += bench_argmax(size, *KERNEL_SHAPES[size][0], threads, rows, reps)
     from bpd_train.engine.fastlinear import amx
     amx()   # back to what BPD_AMX says
     return out

@@ -1013,3 +1013,19 @@ def test_chained_native_loops_take_the_same_steps_as_the_one_step_loops(dtype):
             w.native_loop = loop
         assert b.tokens == b1.tokens == greedy(m, src, max_len=(1.5, 4)).tokens, f"k={k} seed={seed}"
         assert (b.calls, b.accepted_hist) == (b1.calls, b1.accepted_hist)
+
+
+@native
+def test_engine_bench_times_the_screened_argmax_against_the_full_one():
+    # bench/engine.py --kernels: head 1's argmax, fp32 against the int8 screen, same ids checked before timing
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "engine.py"
+    spec = importlib.util.spec_from_file_location("bpd_bench_engine", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.bench_argmax("demo", 300, 40, 1, (1, 4), 2)
+    assert {(r["kernel"], r["rows"]) for r in rows} == {(k, n) for k in ("argmax fp32", "argmax fp32, int8 screen")
+                                                        for n in (1, 4)}
+    assert all(r["us"] > 0 and r["shape"] == "300x40" for r in rows)
