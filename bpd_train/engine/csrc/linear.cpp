@@ -882,6 +882,7 @@ struct Work {
   std::vector<float> y, big, a, o;           // decoder stack
   std::vector<float> x, logits, n1;          // loops: decoder input/output, head-1 logits, normed rows
   std::vector<float> shi;                    // screened argmax: each output's upper bound
+  std::vector<int64_t> scand;                // screened argmax: the outputs that can win
   std::vector<float> hid, st, sy, plog;      // proposal pass
   std::vector<float> ce, cx;                 // chained proposals: embedded previous tokens, head inputs
   std::vector<int64_t> cprev;                // chained proposals: each row's previous token
@@ -1189,21 +1190,25 @@ static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* ou
       lo = std::max(lo, am[n] - e);
       hi[n] = am[n] + e;
     }
-    // the candidates, in order: the first largest exact output
-    int64_t best = -1;
-    float bz = 0.0f;
+    // the candidates, in order; more than N / 64 of them (flat logits: an untrained model, a random one) cost more
+    // one by one than the fp32 pass over every output, which then gives the row's logits instead (the same bits)
+    std::vector<int64_t>& cand = tw.scand;
+    cand.clear();
     const vf vlo = vbcast(&lo);
-    for (n = 0; n + L <= N; n += L) {
-      for (uint32_t bits = vge(vload(hi + n), vlo); bits; bits &= bits - 1) {
-        const int64_t c = n + __builtin_ctz(bits);
-        const float z = exact_output(proj, x, c);
-        if (best < 0 || z > bz) { best = c; bz = z; }
-      }
+    for (n = 0; n + L <= N; n += L)
+      for (uint32_t bits = vge(vload(hi + n), vlo); bits; bits &= bits - 1) cand.push_back(n + __builtin_ctz(bits));
+    for (; n < N; n++) if (hi[n] >= lo) cand.push_back(n);
+    if ((int64_t)cand.size() > std::max<int64_t>(8, N / 64)) {
+      float* l = grow(tw.big, N);
+      lin_rows(proj, x, l, 1);
+      out[m] = argmax_row(l, N);
+      continue;
     }
-    for (; n < N; n++) {
-      if (!(hi[n] >= lo)) continue;
-      const float z = exact_output(proj, x, n);
-      if (best < 0 || z > bz) { best = n; bz = z; }
+    int64_t best = -1;                                   // the first largest exact output
+    float bz = 0.0f;
+    for (int64_t c : cand) {
+      const float z = exact_output(proj, x, c);
+      if (best < 0 || z > bz) { best = c; bz = z; }
     }
     out[m] = best;
   }
