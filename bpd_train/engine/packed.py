@@ -78,8 +78,8 @@ def draft_projection(emb: Tensor, bias: Tensor | None, draft_vocab, dtype: str
     ids = torch.tensor(draft_vocab, dtype=torch.long, device=emb.device)
     if int(ids.max()) >= emb.shape[0] or int(ids.min()) < 0:
         raise ValueError(f"draft_vocab holds ids outside the vocabulary (size {emb.shape[0]})")
-    return ids, PackedLinear(emb.detach().index_select(0, ids),
-                             bias.index_select(0, ids) if bias is not None else None, dtype)
+    return ids, PackedLinear(emb.detach().index_select(0, ids),   # (proposals read only its argmax: screened in fp32)
+                             bias.index_select(0, ids) if bias is not None else None, dtype, screen=True)
 
 
 def verify_groups(proj: PackedLinear) -> tuple[int, int]:
