@@ -151,6 +151,8 @@ def test_screened_argmax_is_the_fp32_argmax_whatever_the_ties():
         assert torch.equal(got[fin], logits[fin].argmax(-1)) and fin.sum() == len(x) - 1
         hits += int((got[:300] == 20).sum())
     assert hits > 0                                                  # (the aimed rows did hit the near-tie)
+    w[5, 3] = float("nan")                                           # no bound holds: not screened
+    assert not PackedLinear(w, None, "fp32", screen=True).screened
 
 
 @native

@@ -214,7 +214,7 @@ class PackedLinear:
                 # an output projection's argmax (head 1) read through an int8 copy and a proven error bound, the
                 # few outputs that can win computed in fp32: the same ids and bits (csrc/linear.cpp Screen)
                 self.lin.add_screen(w.float().contiguous())
-                self.screened = True
+                self.screened = self.lin.screened()   # (not where a weight is inf / NaN)
         elif dtype == "fp32":
             self.weight = w
         elif dtype == "bf16":

@@ -838,6 +838,7 @@ void Lin::add_screen(const torch::Tensor& w) {
   TORCH_CHECK(w.dim() == 2 && w.size(0) == N && w.size(1) == K && w.scalar_type() == torch::kFloat32,
               "add_screen: w must be the float32 [N, K] weight this projection packed");
   auto wc = w.contiguous();
+  if (!torch::isfinite(wc).all().item<bool>()) return;   // non-finite weights: no bound holds, every logit in fp32
   auto pk = pack(wc, I8D);
   // the int8 weights exactly as pack() rounded them (same float ops), then the bounds in double, a slice of rows at
   // a time (a large vocabulary's projection in double would be twice its fp32 size)
@@ -1198,7 +1199,7 @@ static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* ou
     for (n = 0; n + L <= N; n += L)
       for (uint32_t bits = vge(vload(hi + n), vlo); bits; bits &= bits - 1) cand.push_back(n + __builtin_ctz(bits));
     for (; n < N; n++) if (hi[n] >= lo) cand.push_back(n);
-    if ((int64_t)cand.size() > std::max<int64_t>(8, N / 64)) {
+    if (cand.empty() || (int64_t)cand.size() > std::max<int64_t>(8, N / 64)) {   // (empty: only if a bound is NaN)
       float* l = grow(tw.big, N);
       lin_rows(proj, x, l, 1);
       out[m] = argmax_row(l, N);
