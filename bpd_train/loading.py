@@ -9,6 +9,9 @@ Every stage loads through here: head regimes' init_from (training/run.py), the d
   hf       `hf:<folder or hub id>[@<src_lang>:<tgt_lang>]`, a transformers Marian / M2M100 / NLLB checkpoint
            (bpd_train/convert/hf.py), safetensors or torch.load(weights_only=True); NLLB / M2M100 need the
            languages, e.g. hf:facebook/nllb-200-distilled-600M@eng_Latn:deu_Latn
+  gguf     `gguf:<file>`, a llama.cpp model file (Llama / Qwen2 architectures, bpd_train/convert/gguf.py), checked
+           against its size, then read with the gguf package and dequantized to fp32; its tokenizer is written
+           once into a cache folder
 A run folder (what train.py writes) resolves to its best checkpoint, else its last (RUN_CANDIDATES), else the
 newest checkpoints/*.ckpt; any of those may be a file or a Lightning DeepSpeed folder.
 
@@ -284,9 +287,27 @@ def _hf_id(src: Source) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def _resolve_gguf(text: str) -> Source:
+    from bpd_train.convert.gguf import GGUFError
+
+    p = Path(text).expanduser()
+    if not p.is_file():
+        raise GGUFError(f"gguf:{text}: no such file (gguf:<path to a .gguf model file>)")
+    return Source("gguf", p, "gguf:" + text, spec="gguf:" + str(p.resolve()))
+
+
+def read_gguf(src: Source, map_location) -> Read:
+    """A decoder-only model from a GGUF file; its tokenizer folder is the file's tokenizer, written once."""
+    from bpd_train.convert.gguf import load_gguf
+
+    model, tok, meta = load_gguf(src.path, map_location=map_location, file_hash=src.id)
+    return Read(model, tok.folder, None, meta, tok.meta())
+
+
 READERS: dict[str, Callable[[Source, Any], Read]] = {"ckpt": read_ckpt, "zero": read_zero, "bundle": read_bundle,
-                                                     "hf": read_hf}
+                                                     "hf": read_hf, "gguf": read_gguf}
 PREFIXES["hf:"] = _resolve_hf
+PREFIXES["gguf:"] = _resolve_gguf
 IDS["hf"] = _hf_id
 
 

@@ -141,7 +141,7 @@ def imported_regime(meta: dict, cfg) -> str | None:
     """An imported model without heads (`hf:<folder>`, or a bundle exported from one) is the base model of its
     report: every heads run trained from it starts there, and the best-run rule holds them to its BLEU."""
     source = meta.get("source") or (meta.get("training") or {}).get("source") or ""
-    imported = source == "hf" or str(source).startswith("hf:")
+    imported = source in ("hf", "gguf") or str(source).startswith(("hf:", "gguf:"))
     return "base" if imported and int(cfg.block_size) == 1 else None
 
 
