@@ -14,12 +14,13 @@ import torch
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
-from _gguf_files import SPECIALS, bpe, hf_model, write_gguf  # noqa: E402
+from _gguf_files import SPECIALS, TEXT, bpe, hf_model, write_gguf  # noqa: E402
 from bpd_train.convert.gguf import GGUFError, check_gguf, load_gguf  # noqa: E402
 from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
 
 PROMPTS = ["the quick brown fox", "hello world, how are", "12345 and 678", "le renard brun jumps over the lazy dog"]
 MAX_NEW = 16
+TEXT_WORDS = TEXT.split()
 
 
 @pytest.fixture(autouse=True)
@@ -274,3 +275,50 @@ def test_the_real_smollm2_file_matches_transformers(tmp_path):
             gen = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=32, eos_token_id=eos,
                               pad_token_id=eos)[0, len(ids):].tolist()
         assert greedy(loaded.model, [ids], max_len=32).tokens[0] == _cut(gen, eos), q
+
+
+@pytest.mark.slow
+def test_the_entry_points_take_a_gguf_model(files, tmp_path):
+    """distill.py teacher=gguf:<file> (the model answers the prompts), train.py +regime=distill from
+    regime.init_from=gguf:<file> with Medusa heads on those answers (the backbone and greedy output unchanged),
+    export.py export.format=vllm and =hf from that run."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT, offline_env, run_train
+
+    from bpd_train.loading import load
+
+    words = TEXT_WORDS
+    rec = tmp_path / "records.jsonl"
+    rec.write_text("".join(json.dumps({"prompt": " ".join(words[i:i + 5]), "response": " ".join(words[i + 5:i + 8])})
+                           + "\n" for i in range(0, 40, 2)))
+    art, spec = tmp_path / "art", f"gguf:{files['llama']}"
+    env = offline_env(BPD_CACHE=str(tmp_path / "cache"))
+    data = [f"data.lm.files={{train:{rec},validation:{rec}}}", "data.name=chat"]
+    r = subprocess.run([sys.executable, "distill.py", "experiment=smoke_lm", f"teacher={spec}", *data,
+                        "distill.beam_size=1", "distill.limit=null", f"paths.artifacts={art}",
+                        f"hydra.run.dir={tmp_path / 'hd'}"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    manifest = next(art.glob("chat/distill/*/manifest.json"))
+    assert json.loads(manifest.read_text())["complete"]
+    run_train("+regime=distill", "experiment=smoke_lm", f"regime.init_from={spec}", *data, "model.block_size=3",
+              "model.heads=medusa", f"regime.distilled_dir={manifest.parent}", "data.max_tokens=256",
+              "trainer.max_steps=4", "trainer.val_check_interval=2", artifacts=art, env=env)
+    run = next(art.glob("chat/heads/distill-k3"))
+    base, trained = load(spec), load(run)
+    sb, st = base.model.state_dict(), trained.model.state_dict()
+    assert all(torch.equal(sb[n], st[n]) for n in sb), "the frozen backbone moved"
+    prompts = base.tokenizer().encode(PROMPTS)
+    assert greedy(trained.model, prompts, max_len=MAX_NEW).tokens == greedy(base.model, prompts, max_len=MAX_NEW).tokens
+    for fmt in ("vllm", "hf"):
+        r = subprocess.run([sys.executable, "export.py", f"export.checkpoint={run}", f"export.format={fmt}",
+                            f"export.output_dir={tmp_path / fmt}", "experiment=smoke_lm", "data.name=chat",
+                            f"paths.artifacts={art}", f"hydra.run.dir={tmp_path / ('he' + fmt)}"], cwd=REPO_ROOT,
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, (fmt, r.stderr[-3000:])
+    assert (tmp_path / "vllm" / "config.json").is_file()
+    back = load(f"hf:{tmp_path / 'hf'}")
+    assert back.config.block_size == 3 and back.config.heads == "medusa"
