@@ -78,6 +78,14 @@ class ModelFamily(ABC):
     def features(self, model, batch: dict) -> Any:
         """[B, T, d] the backbone's hidden states at every target position of a training batch."""
 
+    # whether feature_rows names the ids that alone decide each row's hidden states (a frozen backbone's states
+    # can then be cached per row: training/feature_cache.py)
+    row_features = False
+
+    def feature_rows(self, batch: dict) -> Any:
+        """[B, T] those ids, right-padded with the config's pad_id (families with row_features)."""
+        raise NotImplementedError(f"the {self.name} family has no per-row features")
+
     @abstractmethod
     def targets(self, batch: dict) -> Any:
         """[B, T] the next-token targets of a training batch (padding: the config's pad_id)."""

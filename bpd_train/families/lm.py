@@ -69,6 +69,11 @@ class LMFamily(ModelFamily):
     def features(self, model, batch: dict):
         return model.features(batch["tokens"])
 
+    row_features = True  # causal: a row's states depend on its own tokens only, never on its right padding
+
+    def feature_rows(self, batch: dict):
+        return batch["tokens"]
+
     def targets(self, batch: dict):
         return batch["targets"]
 

@@ -15,6 +15,7 @@ import torch
 from bpd_train.checkpoint import CKPT_META_KEY
 from bpd_train.families import family_of
 from bpd_train.model import build_model
+from bpd_train.training.feature_cache import FeatureCache
 from bpd_train.training.losses import bpd_loss, check_p1_weight, head_stats, head_weights, kd_settings
 from bpd_train.training.optim import build_optimizer, param_groups
 from bpd_train.training.regimes import Regime
@@ -73,6 +74,14 @@ class BPDLightningModule(pl.LightningModule):
         object.__setattr__(self, "_teacher", None)
         # fp32 values of the frozen parameters where the strategy keeps none (keep_frozen_fp32); plain attribute
         object.__setattr__(self, "_frozen_fp32", None)
+        # the frozen backbone's hidden states per training row, reused across epochs (training/feature_cache.py):
+        # where the backbone is frozen and has no dropout, and the family names a batch's rows
+        gb = float(self.regime.feature_cache_gb)
+        cache = None
+        if self.regime.freeze_backbone and gb > 0 and self.family.row_features \
+                and float(getattr(cfg, "dropout", 0.0) or 0.0) == 0.0:
+            cache = FeatureCache(cfg.pad_id, int(gb * 2**30))
+        object.__setattr__(self, "_feature_cache", cache)
         self._val: dict[str, torch.Tensor] | None = None
         self._kd_stat: torch.Tensor | None = None  # the last step's KL term, for the log
 
@@ -122,9 +131,11 @@ class BPDLightningModule(pl.LightningModule):
 
     def _features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.regime.freeze_backbone and self.training:
-            # The frozen backbone needs no graph: only the heads' FFN gets gradients. Its hidden states are
-            # recomputed per batch, never stored.
+            # The frozen backbone needs no graph: only the heads get gradients. Its hidden states come from the
+            # feature cache once a row has been seen (where there is one), else they are computed here.
             with torch.no_grad():
+                if self._feature_cache is not None:
+                    return self._feature_cache.features(self.family.feature_rows(batch), lambda: self._hidden(batch))
                 return self._hidden(batch)
         return self._hidden(batch)
 

@@ -37,6 +37,7 @@ class Regime:
     run_subdir: str = "base"
     distilled_dir: str | None = None
     paper_name: str | None = None
+    feature_cache_gb: float = 0.0   # frozen backbone: keep each row's hidden states (up to this many GiB) for reuse
 
     def __post_init__(self) -> None:
         if self.trainable not in TRAINABLE:

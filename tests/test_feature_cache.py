@@ -1,0 +1,121 @@
+"""The frozen backbone's hidden states cached per training row (training/feature_cache.py): a batch whose rows
+were all seen is assembled from the cache with the states a fresh forward gives, whatever the batch's padding;
+the regime module uses it only where the backbone is frozen, dropout-free and decoder-only, and the loss and the
+heads' gradients are the recomputed ones."""
+import torch
+
+from bpd_train.model.lm import LMModel
+from bpd_train.model.lm_config import LMConfig
+from bpd_train.training.feature_cache import FeatureCache
+from bpd_train.training.module import BPDLightningModule
+
+PAD = -1
+
+
+def _lm(k=3, dropout=0.0) -> LMModel:
+    torch.manual_seed(0)
+    return LMModel(LMConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, block_size=k,
+                            heads="medusa", dropout=dropout)).eval()
+
+
+def _rows(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 40, (n,), generator=g).tolist() for n in lengths]
+
+
+def _batch(rows, width=None):
+    t = width or max(map(len, rows))
+    out = torch.full((len(rows), t), PAD, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = torch.tensor(r)
+    return out
+
+
+def test_rows_come_back_from_the_cache_whatever_the_batch():
+    model = _lm()
+    rows = _rows([5, 9, 3, 7])
+    cache = FeatureCache(PAD, 1 << 30)
+    first = _batch(rows[:2])
+    with torch.no_grad():
+        h = cache.features(first, lambda: model.features(first))
+    assert cache.misses == 1 and cache.hits == 0 and len(cache.rows) == 2
+    # the same rows in another order and width (more padding): a hit, equal to a fresh forward where it is real
+    again = _batch([rows[1], rows[0]], width=12)
+    calls = []
+    got = cache.features(again, lambda: calls.append(1))
+    assert not calls and cache.hits == 1
+    with torch.no_grad():
+        fresh = model.features(again)
+    for i, r in enumerate([rows[1], rows[0]]):
+        assert torch.allclose(got[i, :len(r)], fresh[i, :len(r)], atol=1e-5)
+        assert torch.equal(got[i, len(r):], torch.zeros_like(got[i, len(r):]))
+    assert torch.equal(got[1, :5], h[0, :5])
+    # one unseen row: the whole batch is computed (and the new row kept)
+    mixed = _batch([rows[0], rows[2]])
+    with torch.no_grad():
+        cache.features(mixed, lambda: model.features(mixed))
+    assert cache.misses == 2 and len(cache.rows) == 3
+    # a different row of the same length is another key
+    other = _batch([[(t + 1) % 40 for t in rows[2]]])
+    with torch.no_grad():
+        cache.features(other, lambda: model.features(other))
+    assert cache.misses == 3 and len(cache.rows) == 4
+
+
+def test_the_budget_caps_what_is_kept():
+    model = _lm()
+    rows = _rows([8, 8, 8])
+    per_row = 8 * 32 * 4
+    cache = FeatureCache(PAD, 2 * per_row)
+    b = _batch(rows)
+    with torch.no_grad():
+        cache.features(b, lambda: model.features(b))
+    assert len(cache.rows) == 2 and cache.bytes == 2 * per_row
+
+
+def _module(dropout=0.0, gb=1.0, trainable="heads"):
+    cfg = _lm(dropout=dropout).config.to_dict()
+    reg = {"name": "t", "block_size": 3, "head_loss": "mean", "trainable": trainable, "init_from": "x",
+           "feature_cache_gb": gb}
+    optim = {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2},
+             "schedule": {"name": "constant", "warmup_steps": 0}}
+    return BPDLightningModule(cfg, reg, optim, {}, seed=3)
+
+
+def _lm_batch(rows):
+    tokens = _batch([r[:-1] for r in rows])
+    targets = torch.full_like(tokens, PAD)
+    for i, r in enumerate(rows):
+        targets[i, 1:len(r) - 1] = torch.tensor(r[2:])   # a one-token prompt, then the response
+    return {"tokens": tokens, "targets": targets, "prompts": [r[:1] for r in rows]}
+
+
+def test_the_module_trains_the_same_from_the_cache():
+    m = _module()
+    assert m._feature_cache is not None
+    with torch.no_grad():  # heads that do something, so the gradients compared below are not all zero
+        for p in m.model.head_parameters():
+            p.normal_(0, 0.2)
+    m.train()
+    rows = _rows([6, 9, 4], seed=1)
+    grads = []
+    for width in (None, 14):                         # computed, then from the cache in a wider batch
+        b = _lm_batch(rows)
+        if width:
+            pad = width - b["tokens"].shape[1]
+            b = {"tokens": torch.nn.functional.pad(b["tokens"], (0, pad), value=PAD),
+                 "targets": torch.nn.functional.pad(b["targets"], (0, pad), value=PAD), "prompts": b["prompts"]}
+        loss, _ = m.compute_loss(b, [1, 2], [0.5, 0.5])
+        loss.backward()
+        grads.append((loss.item(), [p.grad.clone() for p in m.model.head_parameters()]))
+        m.zero_grad()
+    assert m._feature_cache.hits == 1 and m._feature_cache.misses == 1
+    assert abs(grads[0][0] - grads[1][0]) < 1e-5
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads[0][1], grads[1][1]))
+    assert any(float(g.abs().sum()) > 0 for g in grads[0][1])
+
+
+def test_no_cache_where_states_can_change():
+    assert _module(dropout=0.1)._feature_cache is None        # dropout: the states differ per pass
+    assert _module(gb=0)._feature_cache is None               # switched off
+    assert _module(trainable="all")._feature_cache is None    # the backbone trains
