@@ -20,12 +20,11 @@ struct StepLayer {
 
 // ---- the decoder stack for a decode step, without ATen ops ----
 // model/layers.py decode_step (pre-norm, ReLU) for every layer in one call, on raw buffers: at decoding sizes
-// the ~25 ATen ops per layer (dispatch, allocation, SDPA's setup) cost far more than their arithmetic (demo
-// size: ~230 us of dispatch for ~0.7 M multiply-adds per token). Every row is computed by the same code
-// whatever the batch or the number of tokens fed: layer norm, the packed linears and attention (each query's
-// own arithmetic, slots in order), so a token's decoder output is bit-identical alone (greedy) or inside a block
-// (blockwise verification) — which torch's SDPA did not guarantee (~1e-7 apart). Results differ from the
-// torch path (model/layers.py) by rounding only.
+// the ATen ops of a layer (dispatch, allocation, SDPA's setup) cost far more than their arithmetic. Every row is
+// computed by the same code whatever the batch or the number of tokens fed: layer norm, the packed linears and
+// attention (each query's own arithmetic, slots in order), so a token's decoder output is bit-identical alone
+// (greedy) or inside a block (blockwise verification) — which torch's SDPA did not guarantee. Results differ from
+// the torch path (model/layers.py) by rounding only.
 
 // Cache row dst = cache row src of a [L,2,R,H,slots,Dh] cache (strides st, sizes n), its first `slots` slots
 static void move_cache_row(float* base, const int64_t* st, const int64_t* n, int64_t dst, int64_t src, int64_t slots) {
@@ -217,10 +216,9 @@ struct EncLayer {
 };
 
 // model/transformer.py encode at inference (pre-norm ReLU layers, then the final norm where there is one) on raw
-// buffers: at batch 1 the encoder's ~20 ATen ops per layer cost more than its arithmetic (demo size, 25 tokens:
-// ~2.5 ms through torch). x [B,S,d] the embedded sources; mask [B,S] additive (0 / -inf on padding) or none. Every
-// query attends over all S keys (minus padding). The encoder is the same for every decoder, so its rounding (not
-// torch's) is what greedy, blockwise and beam decoding all read.
+// buffers: at batch 1 the encoder's ATen ops cost more than its arithmetic. x [B,S,d] the embedded sources; mask
+// [B,S] additive (0 / -inf on padding) or none. Every query attends over all S keys (minus padding). The encoder is
+// the same for every decoder, so its rounding (not torch's) is what greedy, blockwise and beam decoding all read.
 static void encode_raw(float* x, int64_t B, int64_t S, int64_t d, const float* mm, const std::vector<EncLayer>& layers,
                        const c10::optional<torch::Tensor>& fnw, const c10::optional<torch::Tensor>& fnb, double feps) {
   const int64_t M = B * S;
@@ -267,7 +265,7 @@ static void encode_raw(float* x, int64_t B, int64_t S, int64_t d, const float* m
 
 // The encoder from the source ids [B,S] (right-padded with pad_id): the embedding as BPDModel._embed computes it
 // (table[id] * scale, then + pe[position], two roundings) and the padding mask (none where nothing is padded, as
-// BPDModel.encode passes), so a batch-1 call skips the ~6 ATen ops (and their Python) around the encoder.
+// BPDModel.encode passes), so a batch-1 call skips the ATen ops (and their Python) around the encoder.
 // Returns (encoder output [B,S,d], whether any source is padded).
 std::tuple<torch::Tensor, bool> encode_ids(torch::Tensor ids_in, torch::Tensor table, double scale, torch::Tensor pe, int64_t pad_id,
                          const std::vector<EncLayer>& layers, c10::optional<torch::Tensor> fnw,

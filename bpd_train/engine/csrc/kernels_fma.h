@@ -32,8 +32,7 @@ static inline void block(const float* x, int64_t K, const W* w, float* out /* [R
 
 // 5-8 rows: the same per-lane FMA chain, on one half of the block at a time (R x 2 accumulators), so every
 // weight is read from memory once for up to 8 rows. With 4-row passes an 8-row block read each weight block
-// twice, and the first pass waited on memory while the second waited on the FMA units (Transformer-base at
-// k = 8: the decoder and projection cost ~1.5x a 1-row pass instead of ~1.1x).
+// twice, and the first pass waited on memory while the second waited on the FMA units.
 template <int R, typename W>
 static inline void half_block(const float* x, int64_t K, const W* w, float* out /* [R][NB] */, const W* next) {
   constexpr int NH = NV / 2;
@@ -66,17 +65,15 @@ static inline void half_block(const float* x, int64_t K, const W* w, float* out 
 
 #else  // AVX2
 // 16 ymm registers cannot hold the AVX-512 form's R x 4 accumulators of 16 lanes (8 ymm per row, plus 8 for the kept
-// weights): everything spilled, and on an AVX2-only EPYC a 4-row pass cost 2.7x a 1-row pass. So AVX2 builds pack
+// weights): everything spilled, and a 4-row pass cost several 1-row passes. So AVX2 builds pack
 // each block of 64 weight rows as 4 sub-blocks of 16 ([4][K][16], pack()), and the kernels run S sub-blocks at a
 // time over their rows: R*S*2 accumulators + R activations + the weight vectors <= 16 registers, every weight
 // stream read front to back (passes over the strided lanes of a [K][64] block ran at L3 latency: the demo's
 // decoder linears got slower). Each row's activation is broadcast from memory per k (vbroadcastss ymm, m32: a load,
-// no FMA-unit slot on Intel since Haswell and on AMD Zen). Rows pre-broadcast into an [M][K][8] buffer instead were
-// 1.4-2x slower at 4-8 rows on an AMD EPYC (Zen 4) running this build (the buffer outgrew L1 at K = 512: the demo's
-// fc2 at 4 rows 14 us vs 7.3); an earlier measurement on an AVX2-only EPYC had favoured the buffer (4 rows of the
-// demo's projection 226 -> 154 us) with the broadcast from a register. Output lane (i, n) is still x[i,k] * w[n,k]
-// accumulated over k = 0..K-1 in order, one FMA each, from zero: bit-identical to the AVX-512 build and whatever the
-// number of rows.
+// no FMA-unit slot on Intel since Haswell and on AMD Zen), not from an [M][K][8] buffer of pre-broadcast rows,
+// which outgrows L1 at 4-8 rows (docs/experiments.md, the CPU decoding engine). Output lane (i, n) is still
+// x[i,k] * w[n,k] accumulated over k = 0..K-1 in order, one FMA each, from zero: bit-identical to the AVX-512 build
+// and whatever the number of rows.
 constexpr int XW = 1;        // floats per activation in the buffer the kernels read
 constexpr int SB = 16;       // weight rows per sub-block
 static inline __m256 w8(const float* p) { return _mm256_loadu_ps(p); }

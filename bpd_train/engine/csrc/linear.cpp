@@ -1,9 +1,9 @@
 // Few-row linear layers for CPU decoding: y[M,N] = x[M,K] . W[N,K]^T (+ b), with W prepacked once.
 //
-// Why our own kernel: a decode step multiplies 1..k*rows activation rows by every weight matrix. On the
-// CPUs we measured, BLAS/oneDNN fp32 GEMM with so few rows runs well below the memory bound and its cost
-// grows with the number of rows, so a k-token blockwise call costs 2-4 one-token calls. Here W is packed
-// into [N/64][K][64] blocks read in one linear stream (the hardware prefetcher's best case); each block is
+// Why our own kernel: a decode step multiplies 1..k*rows activation rows by every weight matrix. BLAS/oneDNN
+// fp32 GEMM with so few rows runs well below the memory bound and its cost grows with the number of rows, so a
+// k-token blockwise call costs several one-token calls (docs/experiments.md, the CPU decoding engine). Here W is
+// packed into [N/64][K][64] blocks read in one linear stream (the hardware prefetcher's best case); each block is
 // multiplied by up to 4 activation rows at once (16 vector accumulators, no horizontal sums), so k rows cost
 // about what one row costs until the core runs out of FMA throughput. (AVX2 builds: [N/64][4][K][16], see the
 // AVX2 kernels below: 16 ymm registers hold a quarter of what 32 zmm registers do.)
@@ -67,8 +67,8 @@ void set_amx(bool on) {
 }
 
 // model/cache.py DecoderState reorder's common case: rows dst[i] of x (along dim) = rows src[i], the first `limit`
-// entries along limit_dim only (limit < 0: all), in place; no dst row is a src row. A few ATen calls per row from
-// here cost microseconds where the same ops from Python (plus the index bookkeeping) cost ~0.4 ms per reorder.
+// entries along limit_dim only (limit < 0: all), in place; no dst row is a src row. One call from Python instead of
+// a few ATen calls (and their index bookkeeping) per row.
 void copy_rows(torch::Tensor x, int64_t dim, const std::vector<int64_t>& dst, const std::vector<int64_t>& src,
                int64_t limit_dim, int64_t limit) {
   TORCH_CHECK(dst.size() == src.size(), "copy_rows: dst and src differ in length");
@@ -86,9 +86,8 @@ void copy_rows(torch::Tensor x, int64_t dim, const std::vector<int64_t>& dst, co
 
 // A module tree's parameter states, the key under which packed decode weights stay valid (engine/packed.py
 // weights_key): per parameter in registration order (the same walk as nn.Module.named_parameters without its
-// dedup) its data pointer, in-place version and whether it is on the CPU, as bytes. The Python walk over a
-// demo-size model's 40 modules costs ~0.25 ms of a ~4 ms batch-1 call once a decode has evicted the interpreter's
-// working set; here it is a few microseconds. Anything unexpected (a parameter that is not a tensor, a tensor
+// dedup) its data pointer, in-place version and whether it is on the CPU, as bytes: the same walk as the Python one,
+// without the interpreter's cost per module. Anything unexpected (a parameter that is not a tensor, a tensor
 // without storage) raises, and the caller walks in Python.
 static void param_states_walk(PyObject* mod, std::vector<int64_t>& out, int depth) {
   TORCH_CHECK(depth < 1000, "module tree too deep");

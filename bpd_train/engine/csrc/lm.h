@@ -32,8 +32,7 @@ static inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
 
 // act[i] = silu(g[i]) * u[i] (SwiGLU): the scalar path's operations (v / (1 + exp(-v)), then times u) with exp
 // vectorised (vexp, ~1 ulp; the tail past whole vectors: std::exp): the same per element whatever the row or the
-// number of rows, so rows stay exact. act may be g itself. A scalar std::exp per element made SwiGLU's activation
-// most of a decoder-only step's "norms/residuals" time at demo size.
+// number of rows, so rows stay exact. act may be g itself.
 static inline void silu_gate(const float* g, const float* u, float* act, int64_t f) {
   const float one = 1.0f;
   const vf ones = vbcast(&one);

@@ -106,9 +106,9 @@ struct EncDecLoop : LoopModel {
 // final norm, seconds the steps took: what adaptive blockwise compares step widths by, without the Python call).
 // to_end: run until every row has ended (or max_steps), finished rows leaving the loop's rows as they end (the
 // last row's cache moved into each freed place, LoopModel::move_row): one call for a whole batch where returning
-// at every row's end cost a Python round trip and a cache reorder each (~9% of greedy's time at batch 32, demo
-// size). The caches are left rearranged: the caller drops the state. Rows are independent (every row runs the same
-// instructions whatever its place or its batch mates), so the tokens are the same. Returns (tokens [R, steps],
+// at every row's end cost a Python round trip and a cache reorder each. The caches are left rearranged: the caller
+// drops the state. Rows are independent (every row runs the same instructions whatever its place or its batch
+// mates), so the tokens are the same. Returns (tokens [R, steps],
 // each row's steps [R] int64, seconds).
 static std::tuple<torch::Tensor, torch::Tensor, double> greedy_loop(
     const LoopModel& mdl, const torch::Tensor& tok, std::vector<int64_t> slot, const torch::Tensor& room,

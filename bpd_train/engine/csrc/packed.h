@@ -131,7 +131,7 @@ static void run_mode(int64_t mode, const float* xp, const torch::Tensor& packed,
     for (int64_t m = 0; m < M; m++) {
       const float* xr = xp + m * K;
       // 16 lanes at a time with the scalar loop's steps (max is exact in any order; one multiply, round to nearest
-      // even, clamp), so the same bytes: at demo size the scalar loop cost more than the int8 dot products
+      // even, clamp), so the same bytes: the scalar loop could cost more than the int8 dot products
       int64_t k = 0;
       float amax = 0.0f;
 #if defined(__AVX512F__)

@@ -75,8 +75,8 @@ static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* ou
   const float* ew = sc.ew.data_ptr<float>();
   const float* bias = proj.bias.has_value() ? proj.bias->data_ptr<float>() : nullptr;
   constexpr float u = 0x1p-24f;
-  // rows on the threads torch is given (a row's work is its own): ~1 us a row at the demo's V = 4000, which at
-  // batch 32 and k = 4 is 128 rows a step
+  // rows on the threads torch is given (a row's work is its own): a k-row verification at batch 32 screens
+  // many rows a step
   at::parallel_for(0, M, std::max<int64_t>(1, (int64_t)(1 << 14) / std::max<int64_t>(1, N)), [&](int64_t m0, int64_t m1) {
   Work& tw = work();
   float* hi = grow(tw.shi, N);

@@ -21,8 +21,8 @@ struct Tick {
   }
 };
 
-// Scratch buffers reused by every step (per thread): a decode step at demo size is ~100 us, and a dozen
-// allocations per step were a measurable part of it.
+// Scratch buffers reused by every step (per thread): a small model's decode step is short enough that a dozen
+// allocations per step showed in its time.
 struct Work {
   std::vector<float> y, big, a, o;           // decoder stack
   std::vector<float> x, logits, n1;          // loops: decoder input/output, head-1 logits, normed rows

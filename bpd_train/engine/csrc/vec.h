@@ -52,8 +52,7 @@ static inline vf wload(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
 }
 // Pins a loaded weight vector in a register. Without it GCC folds the load into every FMA that uses it (a
-// memory operand per FMA): a 4-row block then issued 16 vector loads per k instead of 4 and ran at ~60% of the
-// FMA units' rate (demo-size projection, 4 rows: 49 -> ~39 us).
+// memory operand per FMA): a 4-row block then issues 16 vector loads per k instead of 4 and the FMA units wait.
 static inline void keep(vf& v) { asm("" : "+v"(v)); }  // (on a local: on an array element GCC stores it)
 #define BPD_NATIVE_ISA "avx512"
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -103,7 +102,7 @@ static inline float dot(const float* a, const float* b, int64_t n) {
 
 // exp of 16 lanes: 2^n e^r with n = round(x log2 e), r = x - n ln 2 (two-part ln 2), e^r by its degree-6 Taylor
 // polynomial (|r| <= 0.35: ~1 ulp); lanes under -87.3 (e^x below FLT_MIN, masked slots at -inf) give 0.
-// Vectorised, where std::exp per slot was ~1/3 of attention's time at demo size.
+// Vectorised: a std::exp per attention slot or SwiGLU element dominated those phases.
 #if defined(__AVX512F__)
 static inline vf vexp(vf x) {
   const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
