@@ -52,7 +52,7 @@ static inline vf wload(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
 }
 // Pins a loaded weight vector in a register. Without it GCC folds the load into every FMA that uses it (a
-// memory operand per FMA): a 4-row block then issues 16 vector loads per k instead of 4 and the FMA units wait.
+// memory operand per FMA): a 4-row block then needs 16 vector loads per k instead of 4 and the FMA units wait.
 static inline void keep(vf& v) { asm("" : "+v"(v)); }  // (on a local: on an array element GCC stores it)
 #define BPD_NATIVE_ISA "avx512"
 #elif defined(__AVX2__) && defined(__FMA__)
