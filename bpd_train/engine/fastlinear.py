@@ -81,6 +81,14 @@ def l2_bytes() -> int:
     return _L2
 
 
+def source_digest(csrc: Path, flags: list[str]) -> str:
+    """8 hex digits over every source in `csrc` (each file's name and bytes, headers included), the checkout's path
+    and the compiler flags: part of the extension's name, so a change to any of them builds it anew."""
+    parts = sorted(p for p in csrc.iterdir() if p.suffix in (".cpp", ".h"))
+    blob = b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in parts)
+    return hashlib.sha1(blob + str(csrc.resolve()).encode() + " ".join(flags).encode()).hexdigest()[:8]
+
+
 def native_kernels():
     """The compiled kernel module, or None where it cannot be built (then decoding uses torch)."""
     global _ext, _ext_tried
@@ -111,10 +119,7 @@ def native_kernels():
             # other kernel families)
             march = os.environ.get("BPD_NATIVE_MARCH", "native").strip() or "native"
             flags = ["-O3", f"-march={march}", "-ffp-contract=off", "-fopenmp"]
-            parts = sorted(p for p in csrc.iterdir() if p.suffix in (".cpp", ".h"))
-            digest = hashlib.sha1(b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in parts)
-                                  + str(src.resolve()).encode() + " ".join(flags).encode()).hexdigest()[:8]
-            name = f"bpd_decode_{_cpu_tag()}_{digest}"
+            name = f"bpd_decode_{_cpu_tag()}_{source_digest(csrc, flags)}"
             build = Path(_get_build_directory(name, verbose=False))
             lock = build / "lock"
             if lock.exists() and time.time() - lock.stat().st_mtime > 600:
