@@ -1,8 +1,8 @@
 """Packed linear layers for decoding: the one place that decides how a decode step multiplies by a weight.
 
 `PackedLinear(weight, bias, dtype)` is built once per weight version and called like F.linear. On a CPU with
-AVX2/AVX-512 it uses our kernel (csrc/linear.cpp, compiled on first use with the system C++ compiler and
-cached in TORCH_EXTENSIONS_DIR): fp32, bf16 or int8 weights, every output row computed the same way
+AVX2/AVX-512 it uses our kernel (csrc/: linear.cpp and the parts it includes, compiled on first use with the system
+C++ compiler and cached in TORCH_EXTENSIONS_DIR): fp32, bf16 or int8 weights, every output row computed the same way
 whatever the number of rows (so greedy and blockwise see bit-identical logits). Elsewhere (CUDA, no
 compiler, other CPUs, BPD_DECODE_ENGINE=torch) it is F.linear on a weight of the requested precision.
 
@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 
 DTYPES = ("fp32", "bf16", "int8")
 _MODE = {"fp32": 0, "bf16": 1, "int8": 2}
-_COMPUTE_MODE = {"bf16": 3, "int8": 4}   # csrc/linear.cpp BF16D / I8D: activations in that precision too
-_BF16_AMX = 5                            # csrc/linear.cpp BF16A: bf16 x bf16 on AMX tiles, every row count
+_COMPUTE_MODE = {"bf16": 3, "int8": 4}   # csrc/vec.h Mode BF16D / I8D: activations in that precision too
+_BF16_AMX = 5                            # csrc/vec.h Mode BF16A: bf16 x bf16 on AMX tiles, every row count
 _lock = threading.Lock()
 _ext = None
 _ext_tried = False
@@ -81,6 +81,14 @@ def l2_bytes() -> int:
     return _L2
 
 
+def source_digest(csrc: Path, flags: list[str]) -> str:
+    """8 hex digits over every source in `csrc` (each file's name and bytes, headers included), the checkout's path
+    and the compiler flags: part of the extension's name, so a change to any of them builds it anew."""
+    parts = sorted(p for p in csrc.iterdir() if p.suffix in (".cpp", ".h"))
+    blob = b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in parts)
+    return hashlib.sha1(blob + str(csrc.resolve()).encode() + " ".join(flags).encode()).hexdigest()[:8]
+
+
 def native_kernels():
     """The compiled kernel module, or None where it cannot be built (then decoding uses torch)."""
     global _ext, _ext_tried
@@ -94,25 +102,24 @@ def native_kernels():
             return None
         if os.uname().machine not in ("x86_64", "AMD64"):
             return None
-        src = Path(__file__).with_name("csrc") / "linear.cpp"
+        csrc = Path(__file__).with_name("csrc")
+        src = csrc / "linear.cpp"                      # one translation unit: it includes every other part
         try:
             from torch.utils.cpp_extension import load
             from torch.utils.cpp_extension import _get_build_directory
-            # CPU flags, source and checkout in the name: a build for another CPU or an older source is never
-            # loaded, and two checkouts never rebuild into (and wait on the lock of) one folder
+            # CPU flags, sources (every file in csrc/, headers included) and checkout in the name: a build for
+            # another CPU or an older source is never loaded, and two checkouts never rebuild into (and wait on the
+            # lock of) one folder
             # -ffp-contract=off: no multiply and add merged into one FMA behind our back, so the native embedding
             # (embed * scale, then + pe) rounds twice as BPDModel.decode's torch ops do; the kernels' FMAs are explicit.
             # -fopenmp: at::parallel_for is header code that runs on OpenMP only where the extension is built with it;
-            # without it the kernels run on one thread whatever torch.set_num_threads says (4000 x 128, 32 rows:
-            # 1.19 ms at 1 thread, 0.61 ms at 2 with it, no change without)
+            # without it the kernels run on one thread whatever torch.set_num_threads says
             # BPD_NATIVE_MARCH (default native): build for an older instruction set on this CPU, e.g. "haswell" for
             # the AVX2 kernels, "skylake-avx512" for AVX-512 without bf16 / VNNI / AMX (tests and benchmarks of the
             # other kernel families)
             march = os.environ.get("BPD_NATIVE_MARCH", "native").strip() or "native"
             flags = ["-O3", f"-march={march}", "-ffp-contract=off", "-fopenmp"]
-            digest = hashlib.sha1(src.read_bytes() + str(src.resolve()).encode() + " ".join(flags).encode()
-                                  ).hexdigest()[:8]
-            name = f"bpd_decode_{_cpu_tag()}_{digest}"
+            name = f"bpd_decode_{_cpu_tag()}_{source_digest(csrc, flags)}"
             build = Path(_get_build_directory(name, verbose=False))
             lock = build / "lock"
             if lock.exists() and time.time() - lock.stat().st_mtime > 600:
@@ -212,7 +219,7 @@ class PackedLinear:
             self.lin = ext.Lin(self.data, self.scale, self.bias, self.out_features, self.in_features, self.mode)
             if screen and self.mode == _MODE["fp32"] and ext.i8_dot() and _on("BPD_SCREEN"):
                 # an output projection's argmax (head 1) read through an int8 copy and a proven error bound, the
-                # few outputs that can win computed in fp32: the same ids and bits (csrc/linear.cpp Screen)
+                # few outputs that can win computed in fp32: the same ids and bits (csrc/screen.h)
                 self.lin.add_screen(w.float().contiguous())
                 self.screened = self.lin.screened()   # (not where a weight is inf / NaN)
         elif dtype == "fp32":

@@ -1,7 +1,7 @@
 """The weights one decode step of a decoder-only model reads: `LMDecodeWeights`, the `DecodeStep` of engine/step.py
 for LMModel (model/lm.py), as engine/packed.py's DecodeWeights is for the encoder-decoder BPDModel. The model
 definition stays in model/lm.py; this module is the decode engine's side: packed linears, the native layer stack and
-the native loops (engine/fastlinear.py, csrc/linear.cpp)."""
+the native loops (engine/fastlinear.py, csrc/lm.h)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,14 +10,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bpd_train.engine.fastlinear import PackedLinear
-from bpd_train.model.heads import MedusaHeads
 from bpd_train.engine.packed import DecodeOptions, draft_projection, verify_groups
-from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps
+from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps, stop_array
 
 
 def _stops(eos) -> Tensor:
     """The stop id(s) as the native loops take them: int64 [n]."""
-    return torch.as_tensor(np.atleast_1d(np.asarray(eos, dtype=np.int64)))
+    return torch.from_numpy(stop_array(eos))
 
 
 class LMDecodeWeights(DecodeStep):
@@ -29,16 +28,21 @@ class LMDecodeWeights(DecodeStep):
     `PackedLinear` in `options.dtype` (fp32 / bf16 / int8: q/k/v with their biases, o, gate/up, down, the
     vocabulary projection, the heads' FFN or Medusa blocks; heads 2..k in `proposal_dtype` and over the draft
     vocabulary where set, head 1 always over the full vocabulary in `dtype`), and the layer stack is one native
-    call (csrc/linear.cpp lm_decode_layers: RMSNorm, rotary, GQA attention one query at a time over the row's cache
+    call (csrc/lm.h lm_decode_layers: RMSNorm, rotary, GQA attention one query at a time over the row's cache
     slots, SwiGLU), so a row's decoder output is bit-identical alone or in a block: exact blockwise decoding
     returns greedy's output of the same precision. Greedy and exact blockwise (one row and a batch) then run as
     native loops (lm_greedy_steps / lm_block_steps / lm_batch_block_steps; any of the model's stop ids ends a row).
-    Elsewhere (CUDA, BPD_DECODE_ENGINE=torch, no compiler) the step is LMModel's torch path in fp32."""
+    Elsewhere (CUDA, BPD_DECODE_ENGINE=torch, no compiler) the step is LMModel's torch path in fp32.
 
-    def __init__(self, model: "LMModel", options: DecodeOptions):
+    What the engine does not look up in the model is given: `medusa`, whether the heads are Medusa heads (else BPD
+    heads, or none), and `stops`, the id or ids that end a row where a caller passes no `eos` (model/lm.py builds
+    these step weights)."""
+
+    def __init__(self, model: nn.Module, options: DecodeOptions, *, medusa: bool, stops):
         from bpd_train.engine.fastlinear import native_kernels
 
         self.model, self.options = model, options
+        self.stops = stop_array(stops)
         c = model.config
         dt = options.dtype
         emb = model.output_weight()
@@ -52,7 +56,7 @@ class LMDecodeWeights(DecodeStep):
         self.last_seconds: float | None = None
         heads = model._modules.get("heads")
         self.heads = heads
-        self.medusa = isinstance(heads, MedusaHeads)
+        self.medusa = heads is not None and bool(medusa)
         self.identity_p1 = heads is None or heads.identity_p1
         self.pdt = (options.proposal_dtype or dt) if self.identity_p1 else dt
         self.proj = PackedLinear(emb, None, dt, screen=True)
@@ -163,11 +167,9 @@ class LMDecodeWeights(DecodeStep):
 
     # ---- loops ----
     def greedy_steps(self, model, state, tok: Tensor, room, max_steps: int, eos=None):
-        """DecodeWeights.greedy_steps (same contract); a row ends on any of the model's stop ids (decoding/common.py
-        stop_ids: LMConfig.eos_ids where a checkpoint lists several). One native call where the kernels run."""
-        from bpd_train.decoding.common import stop_ids
-
-        eos = stop_ids(model) if eos is None else eos
+        """DecodeWeights.greedy_steps (same contract); a row ends on any of the stop ids (`stops` where eos is None:
+        LMConfig.eos_ids where a checkpoint lists several). One native call where the kernels run."""
+        eos = self.stops if eos is None else eos
         net = self.native_loop
         if net is not None and max_steps > 0:
             t, per_row = cache_start(state)
@@ -179,14 +181,12 @@ class LMDecodeWeights(DecodeStep):
 
     def greedy_to_end(self, model, state, tok: Tensor, room, max_steps: int):
         """DecodeWeights.greedy_to_end (same contract): every row to its end in one native call, or None."""
-        from bpd_train.decoding.common import stop_ids
-
         net = self.native_loop
         if net is None or max_steps < 1:
             return None
         t, per_row = cache_start(state)
         toks, ends, self.last_seconds = self.ext.lm_greedy_steps(
-            tok, net, state.self_kv, state.lpad, state.cos, state.sin, t, per_row, _stops(stop_ids(model)),
+            tok, net, state.self_kv, state.lpad, state.cos, state.sin, t, per_row, _stops(self.stops),
             torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps), True)
         return toks.numpy(), ends.numpy()
 
@@ -199,8 +199,6 @@ class LMDecodeWeights(DecodeStep):
                     rule: tuple[int, float] = (0, -1.0)):
         """DecodeWeights.block_steps (same contract) for one row: blockwise steps as one native call, or None
         where the native kernels do not run this model."""
-        from bpd_train.decoding.common import stop_ids
-
         w = x.shape[0] if width is None else int(width)
         prop = self._block_prop(w, max_steps)
         if prop is None:
@@ -208,7 +206,7 @@ class LMDecodeWeights(DecodeStep):
         toks, nc, nxt, hn, ended, self.last_seconds = self.ext.lm_block_steps(
             torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)), self.native_loop, prop, state.self_kv,
             state.lpad, state.cos, state.sin, state.base + state.lengths,
-            _stops(stop_ids(model) if eos is None else eos), int(room), int(max_steps),
+            _stops(self.stops if eos is None else eos), int(room), int(max_steps),
             self.verify_group or verify_groups(self.proj)[0], w, *rule)
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
@@ -217,8 +215,6 @@ class LMDecodeWeights(DecodeStep):
                           to_end: bool = False):
         """DecodeWeights.batch_block_steps (same contract, to_end too) for R rows in per-row cache mode, or None
         where the native kernels do not run this model."""
-        from bpd_train.decoding.common import stop_ids
-
         w = x.shape[1] if width is None else int(width)
         prop = self._block_prop(w, max_steps)
         if prop is None:
@@ -227,7 +223,7 @@ class LMDecodeWeights(DecodeStep):
             torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)), self.native_loop, prop, state.self_kv,
             state.lpad, state.cos, state.sin, state.base,
             torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)),
-            _stops(stop_ids(model) if eos is None else eos),
+            _stops(self.stops if eos is None else eos),
             torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps),
             self.batch_verify_group or verify_groups(self.proj)[1], w, *rule, bool(to_end))
         if to_end:

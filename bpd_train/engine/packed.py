@@ -85,14 +85,13 @@ def draft_projection(emb: Tensor, bias: Tensor | None, draft_vocab, dtype: str
 def verify_groups(proj: PackedLinear) -> tuple[int, int]:
     """Head 1's positions per pass in the native loops' lazy verification: (one row, several rows). Lazy passes
     skip the positions after a rejected proposal, but each pass reads the whole output projection again. One row:
-    where the projection (in its packed precision) stays in one core's L2, a row costs its arithmetic (the demo's
-    2 MB fp32 projection on a 2 MB L2: 2 rows cost one row's pass, 27 us, 4 rows 40 us), so positions go in pairs;
-    where it does not (the same on a 1.25 MB L2: ~85 us a pass for 1 or 4 rows), every position of the block goes
-    in one pass -- with 2 threads too (each reads half, but the decoder's weights stream through the same L2:
-    `both` / `self` 1.14 / 1.31x plain against 1.12 / 1.23x in pairs). Several rows: each pass is 2+ rows per live
-    row, so arithmetic dominates unless the projection is read from memory (Transformer-base, 64 MB at V 32k: k = 8
-    in groups of 4 cost 6.8 ms where one pass is 3.3). Measured with bench/engine.py --profile / --regimes. A
-    screened fp32 projection (PackedLinear(screen=True)) reads its int8 copy per pass, a quarter of the fp32 bytes."""
+    where the projection (in its packed precision) stays in one core's L2, a row costs its arithmetic, so positions
+    go in pairs; where it does not, a pass costs about the same for 1 row as for 4, so every position of the block
+    goes in one pass -- with 2 threads too (each reads half, but the decoder's weights stream through the same L2).
+    Several rows: each pass is 2+ rows per live row, so arithmetic dominates unless the projection is read from
+    memory (larger than 16 MB). The measurements: docs/experiments.md (the CPU decoding engine; bench/engine.py
+    --profile / --regimes). A screened fp32 projection (PackedLinear(screen=True)) reads its int8 copy per pass, a
+    quarter of the fp32 bytes."""
     one = 8 if proj.argmax_bytes > l2_bytes() else 2
     several = 8 if proj.out_features * proj.in_features * 4 > (16 << 20) else 2
     return one, several
@@ -324,8 +323,8 @@ class DecodeWeights(DecodeStep):
 
     def greedy_to_end(self, model: nn.Module, state, tok: Tensor, room: np.ndarray, max_steps: int):
         """greedy_steps until every row has ended (or `max_steps`), in one native call that drops finished rows
-        itself (the last row's cache moved into each freed place): at batch 32 returning to Python at every row's
-        end and reordering the cache there cost ~9% of greedy decoding's time at demo size. Returns (tokens [R,s]
+        itself (the last row's cache moved into each freed place), where returning to Python at every row's end and
+        reordering the cache there would cost a round trip each. Returns (tokens [R,s]
         numpy, each row's steps [R] numpy: its tokens, the last a stop id where it ended on one), or None where the
         native loop does not run this model or its rows share memory rows (then use greedy_steps). The state's
         caches are left rearranged: drop it after."""
@@ -357,7 +356,7 @@ class DecodeWeights(DecodeStep):
     def block_steps(self, model: nn.Module, state, x: np.ndarray, room: int, max_steps: int, eos: int | None = None,
                     width: int | None = None, rule: tuple[int, float] = (0, -1.0)):
         """Blockwise steps for one row in uniform cache mode, as one native call (decoding/blockwise.py at batch 1;
-        see csrc/linear.cpp block_steps): x [w] the fed tokens (x0 + w-1 proposals); rule: the acceptance rule's
+        see csrc/loops.h block_steps): x [w] the fed tokens (x0 + w-1 proposals); rule: the acceptance rule's
         `native` (top_n, dist_eps), Exact by default. Returns
         (tokens gained [T], per step (accepted n, gained c) [s,2], next fed tokens [w], decoder output at the
         last accepted position [D], ended), or None where the native kernels do not run this model. Sets
@@ -379,7 +378,7 @@ class DecodeWeights(DecodeStep):
                           max_steps: int, width: int | None = None, eos: int | None = None,
                           rule: tuple[int, float] = (0, -1.0), to_end: bool = False):
         """Blockwise steps (rule: as block_steps) for R rows in per-row cache mode, as one native call (decoding/blockwise.py at
-        batch > 1; csrc/linear.cpp batch_block_steps): x [R,w] the fed tokens, lengths [R] each row's cached tokens
+        batch > 1; csrc/loops.h batch_block_steps): x [R,w] the fed tokens, lengths [R] each row's cached tokens
         (after `state.base`), room [R]. Stops after the step in which a row ends. Returns (tokens [R,T] of which
         the first counts[r] are row r's, per row and step (n, c) [R,s,2], next fed tokens [R,width], decoder
         output at each row's last accepted position [R,D], ended [R] bool), or None where the native kernels do
@@ -433,7 +432,7 @@ def cached_step_weights(model: nn.Module, build):
     """model.decode_weights() for either family: the cached step weights for `model.decode_options`, rebuilt (by
     `build(model, options)`) only when a parameter or the options changed. Inside one decoding call
     (decoding/common.py decoding_mode, which sets `model._decode_call`) the check runs once: walking every
-    parameter cost ~40-110 us at demo size, and the encoder, start_decoding and the decoders each ask."""
+    parameter is not free, and the encoder, start_decoding and the decoders each ask."""
     call = getattr(model, "_decode_call", None)
     cached = model._decode_cache
     if cached is not None and call is not None and cached[2] is call:
@@ -479,9 +478,8 @@ def weights_key(model: nn.Module, options: DecodeOptions) -> tuple:
 
 
 def _param_states(module: nn.Module, out: list) -> None:
-    # a plain walk over the module dicts: model.parameters() (generators, memo sets) cost ~0.5 ms per decode
-    # call at demo size, a few % of a whole sentence at batch 1; shared parameters just appear twice here.
-    # is_cpu, not device.type (a device object per parameter: half of this walk's time at demo size)
+    # a plain walk over the module dicts, cheaper than model.parameters() (generators, memo sets); shared
+    # parameters just appear twice here. is_cpu, not device.type (which builds a device object per parameter)
     for p in module._parameters.values():
         if p is not None:
             out.append((p.data_ptr(), p._version, p.is_cpu))

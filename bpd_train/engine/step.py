@@ -67,9 +67,8 @@ class DecodeStep(Protocol):
 def python_greedy_steps(w: DecodeStep, model, state, tok: Tensor, room: np.ndarray, max_steps: int, eos):
     """DecodeStep.greedy_steps where the native loop does not run (CUDA, the torch engine): one decoder call and
     head-1 argmax per step through model.decode and w.head1_argmax, the same steps and returns as the native loop
-    (both families' step weights fall back to it)."""
-    from bpd_train.decoding.common import is_stop
-
+    (both families' step weights fall back to it). eos: the id or ids that end a row (stop_array)."""
+    stops = stop_array(eos)
     w.last_seconds = None
     lengths = state.lengths
     steps, h = [], None
@@ -81,10 +80,16 @@ def python_greedy_steps(w: DecodeStep, model, state, tok: Tensor, room: np.ndarr
         g = nxt.cpu().numpy()
         steps.append(g)
         x = nxt[:, None]
-        if (is_stop(g, eos) | (room <= s + 1)).any():
+        if (np.isin(g, stops) | (room <= s + 1)).any():
             break
     state.lengths = lengths
     return (np.stack(steps, axis=1) if steps else np.zeros((tok.shape[0], 0), dtype=np.int64)), h
+
+
+def stop_array(eos) -> np.ndarray:
+    """The id or ids that end a row (an int, or a sequence or array of ints, as the caller gives them) as one int64
+    array [n]: what the native loops take (as a tensor) and the Python steps test against."""
+    return np.atleast_1d(np.asarray(eos, dtype=np.int64))
 
 
 def cache_start(state) -> tuple[int, Tensor | None]:

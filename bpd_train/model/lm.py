@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from bpd_train.model.cache import DecoderState
 from bpd_train.model.heads import BPDHeads, MedusaHeads
 from bpd_train.model.lm_config import LMConfig
+from bpd_train.engine.lm_packed import LMDecodeWeights
 from bpd_train.engine.packed import DecodeOptions, cached_step_weights
 
 
@@ -208,9 +209,12 @@ class LMState(DecoderState):
         return pos, write, kv_len, mask
 
 
-def _lm_step_weights():
-    from bpd_train.engine.lm_packed import LMDecodeWeights   # the decode engine's side (imports this module)
-    return LMDecodeWeights
+def _lm_step_weights(model: "LMModel", options: DecodeOptions) -> LMDecodeWeights:
+    """The decode engine's step weights for `model`, given what the engine does not look up in a model: whether the
+    heads are Medusa heads, and the ids that end a row (eos_ids where the config lists several, else eos_id: the
+    rule of decoding/common.py stop_ids)."""
+    c = model.config
+    return LMDecodeWeights(model, options, medusa=isinstance(model.heads, MedusaHeads), stops=c.eos_ids or c.eos_id)
 
 
 class LMModel(nn.Module):
@@ -393,5 +397,5 @@ class LMModel(nn.Module):
         state["_decode_cache"] = None
         return state
 
-    def decode_weights(self) -> "LMDecodeWeights":
-        return cached_step_weights(self, _lm_step_weights())
+    def decode_weights(self) -> LMDecodeWeights:
+        return cached_step_weights(self, _lm_step_weights)

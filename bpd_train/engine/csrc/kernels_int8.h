@@ -1,0 +1,114 @@
+// The int8-compute kernels: u8 activations times int8 weights, exact int32 sums (vpdpbusd on AVX512_VNNI, vpmaddwd
+// on AVX2: the same integers).
+// A part of the decode extension's one translation unit: linear.cpp includes every part in order, and
+// fastlinear.py compiles linear.cpp alone.
+#pragma once
+#include "vec.h"
+
+namespace {
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define BPD_I8_DOT 1
+// int8 compute: x is one row of 4 u8 per uint32 ([R][K4]), w one block: NB int32 initial accumulators, then
+// [K4][NB][4] int8. Lane (i, n) sums exact integer products (no rounding), converted to float once at the end.
+template <int R>
+static inline void block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out /* [R][NB] */) {
+  __m512i acc[R][NV];
+  for (int j = 0; j < NV; j++) {
+    const __m512i c = _mm512_loadu_si512((const void*)(w + j * 4 * L));
+    for (int i = 0; i < R; i++) acc[i][j] = c;
+  }
+  const int8_t* wb = w + 4 * NB;
+  for (int64_t p = 0; p < K4; p++) {
+    const int8_t* wk = wb + p * 4 * NB;
+    __m512i wv[NV];
+    for (int j = 0; j < NV; j++) { __m512i t = _mm512_loadu_si512((const void*)(wk + j * 4 * L)); asm("" : "+v"(t)); wv[j] = t; }
+    for (int i = 0; i < R; i++) {
+      const __m512i xv = _mm512_set1_epi32((int)x[i * K4 + p]);
+      for (int j = 0; j < NV; j++) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, wv[j]);
+    }
+  }
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < NV; j++) _mm512_storeu_ps(out + i * NB + j * L, _mm512_cvtepi32_ps(acc[i][j]));
+}
+template <int R>
+static inline void half_block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out, const int8_t* next) {
+  constexpr int NH = NV / 2;
+  const char* pf = (const char*)next;
+  constexpr int64_t CH = NB * 4 / 2;   // prefetched bytes per iteration
+  for (int hb = 0; hb < 2; hb++) {
+    __m512i acc[R][NH];
+    for (int j = 0; j < NH; j++) {
+      const __m512i c = _mm512_loadu_si512((const void*)(w + (hb * NH + j) * 4 * L));
+      for (int i = 0; i < R; i++) acc[i][j] = c;
+    }
+    const int8_t* wh = w + 4 * NB + hb * NH * 4 * L;
+    for (int64_t p = 0; p < K4; p++) {
+      const int8_t* wk = wh + p * 4 * NB;
+      if (pf) {
+        const char* q = pf + (hb * K4 + p) * CH;
+        for (int64_t b = 0; b < CH; b += 64) _mm_prefetch(q + b, _MM_HINT_T1);
+      }
+      __m512i wv[NH];
+      for (int j = 0; j < NH; j++) { __m512i t = _mm512_loadu_si512((const void*)(wk + j * 4 * L)); asm("" : "+v"(t)); wv[j] = t; }
+      for (int i = 0; i < R; i++) {
+        const __m512i xv = _mm512_set1_epi32((int)x[i * K4 + p]);
+        for (int j = 0; j < NH; j++) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, wv[j]);
+      }
+    }
+    for (int i = 0; i < R; i++)
+      for (int j = 0; j < NH; j++) _mm512_storeu_ps(out + i * NB + hb * NH * L + j * L, _mm512_cvtepi32_ps(acc[i][j]));
+  }
+}
+#elif defined(__AVX2__)
+#define BPD_I8_DOT 1
+#define BPD_I8_AVX2 1
+// int8 compute on AVX2 (no VNNI): the same u8 activations (q + 128) and the same int8 weights and initial
+// accumulators, the weights' k-quads split into pairs ([K/4][2][64][2], pack()), multiplied as int16 with vpmaddwd
+// (u8 and s8 widened: a pair's sum fits an int32 lane, no saturation, unlike vpmaddubsw's int16) and added in int32.
+// Integer sums are exact in any order, so every output is the VNNI kernels' integer, converted to float once: int8
+// compute gives the same bits on AVX2 and AVX-512 CPUs. One row: all 64 outputs in one pass (8 accumulators, the
+// weights read once, in order); two rows: 32 outputs per pass.
+template <int RR, int NO>
+static inline void pass_id2(const uint32_t* x, int64_t K4, const int8_t* w, int j0, float* out /* [RR][NB] */) {
+  constexpr int NA = NO / 8;
+  const int32_t* head = (const int32_t*)w;               // -128 x column sums: the u8 offset's correction
+  const int8_t* wb = w + 4 * NB;
+  __m256i acc[RR][NA];
+  for (int a = 0; a < RR; a++)
+    for (int c = 0; c < NA; c++) acc[a][c] = _mm256_loadu_si256((const __m256i*)(head + j0 + 8 * c));
+  for (int64_t p = 0; p < K4; p++) {
+    for (int hp = 0; hp < 2; hp++) {                      // k pairs (0, 1) and (2, 3) of the quad
+      const int8_t* wh = wb + p * 4 * NB + hp * 2 * NB + j0 * 2;
+      __m256i xv[RR];
+      for (int a = 0; a < RR; a++) {
+        const uint32_t u = x[a * K4 + p] >> (16 * hp);
+        xv[a] = _mm256_set1_epi32((int)((u & 0xffu) | ((u & 0xff00u) << 8)));   // two u8 as two int16
+      }
+      for (int c = 0; c < NA; c++) {
+        const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(wh + 16 * c)));   // 8 outputs x 2 k
+        for (int a = 0; a < RR; a++) acc[a][c] = _mm256_add_epi32(acc[a][c], _mm256_madd_epi16(xv[a], wv));
+      }
+    }
+  }
+  for (int a = 0; a < RR; a++)
+    for (int c = 0; c < NA; c++) _mm256_storeu_ps(out + a * NB + j0 + 8 * c, _mm256_cvtepi32_ps(acc[a][c]));
+}
+template <int R>
+static inline void block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out /* [R][NB] */) {
+  for (int i = 0; i + 1 < R; i += 2)
+    for (int j0 = 0; j0 < NB; j0 += 32) pass_id2<2, 32>(x + i * K4, K4, w, j0, out + i * NB);
+  if (R & 1) pass_id2<1, NB>(x + (R - 1) * K4, K4, w, 0, out + (R - 1) * NB);
+}
+template <int R>
+static inline void half_block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out, const int8_t*) {
+  block_id<R>(x, K4, w, out);
+}
+#else
+#define BPD_I8_DOT 0
+#endif
+#ifndef BPD_I8_AVX2
+#define BPD_I8_AVX2 0
+#endif
+
+}  // namespace

@@ -1,0 +1,407 @@
+// The decoder-only (Llama-style) model's native pieces: RMSNorm, rotary positions, grouped-query attention, SwiGLU,
+// its proposal heads, its LoopModel (LMLoop) and entry points.
+// A part of the decode extension's one translation unit: linear.cpp includes every part in order, and
+// fastlinear.py compiles linear.cpp alone.
+#pragma once
+#include "loops.h"
+
+// ==== decoder-only (Llama / Qwen2 / Mistral-style) models: model/lm.py LMModel ====
+// The layer stack of one decode step on raw buffers, as decode_raw is for the encoder-decoder stack: RMSNorm,
+// q/k/v (one packed linear, optional biases), rotary positions (rotate-half layout, per-row positions = slot -
+// lpad), grouped-query attention over the row's cache slots lpad..slot (each query's arithmetic its own), output projection,
+// SwiGLU (gate and up in one packed linear, then down). Every row is computed by the same code whatever the batch
+// or the number of tokens fed, so a token's decoder output is bit-identical alone (greedy) or inside a block
+// (blockwise verification). Results differ from the torch path (LMModel._run) by rounding only.
+
+// y = weight * (x * rsqrt(mean(x^2) + eps)) per row (statistics in double, summed in a fixed order)
+static void rms_rows(const float* x, float* y, int64_t M, int64_t D, const float* w, float eps) {
+  thread_local std::vector<double> tmp;
+  if ((int64_t)tmp.size() < D) tmp.resize(D);
+  double* t = tmp.data();
+  for (int64_t m = 0; m < M; m++) {
+    const float* xr = x + m * D;
+    float* yr = y + m * D;
+    for (int64_t i = 0; i < D; i++) t[i] = (double)xr[i] * (double)xr[i];
+    const double ms = sum8(t, D) / (double)D;
+    const float inv = (float)(1.0 / std::sqrt(ms + (double)eps));
+    for (int64_t i = 0; i < D; i++) yr[i] = w[i] * (xr[i] * inv);
+  }
+}
+
+static inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
+
+// act[i] = silu(g[i]) * u[i] (SwiGLU): the scalar path's operations (v / (1 + exp(-v)), then times u) with exp
+// vectorised (vexp, ~1 ulp; the tail past whole vectors: std::exp): the same per element whatever the row or the
+// number of rows, so rows stay exact. act may be g itself.
+static inline void silu_gate(const float* g, const float* u, float* act, int64_t f) {
+  const float one = 1.0f;
+  const vf ones = vbcast(&one);
+  int64_t i = 0;
+  for (; i + L <= f; i += L) {
+    const vf v = vload(g + i);
+    vstore(act + i, vmul(vdiv(v, vadd(ones, vexp(vsub(vzero(), v)))), vload(u + i)));
+  }
+  for (; i < f; i++) act[i] = silu(g[i]) * u[i];
+}
+
+// x[i] += silu(t[i]) over one row of n (a residual head layer), exp vectorised as in silu_gate
+static inline void silu_add(const float* t, float* x, int64_t n) {
+  const float one = 1.0f;
+  const vf ones = vbcast(&one);
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const vf v = vload(t + i);
+    vstore(x + i, vadd(vload(x + i), vdiv(v, vadd(ones, vexp(vsub(vzero(), v))))));
+  }
+  for (; i < n; i++) x[i] += silu(t[i]);
+}
+
+// One decoder-only layer's decode-step weights (model/lm.py Layer).
+struct LMLayer {
+  int64_t n_heads, n_kv, dh;
+  double eps;
+  torch::Tensor n1w, n2w;
+  Lin qkv, o, gate_up, down;
+  LMLayer(int64_t h, int64_t g, int64_t dh_, double e, torch::Tensor a, Lin l1, Lin l2, torch::Tensor b, Lin l3,
+          Lin l4)
+      : n_heads(h), n_kv(g), dh(dh_), eps(e), n1w(a.contiguous()), n2w(b.contiguous()), qkv(l1), o(l2), gate_up(l3),
+        down(l4) {
+    TORCH_CHECK(qkv.N == (h + 2 * g) * dh && o.K == h * dh && gate_up.N == 2 * down.K, "LMLayer: shapes disagree");
+  }
+};
+
+// The whole step's weights: layers, token embedding, final RMSNorm, the vocabulary projection (head 1).
+struct LMNet {
+  std::vector<LMLayer> layers;
+  torch::Tensor embed, nw;
+  double eps;
+  Lin proj;
+  int64_t d;
+  LMNet(std::vector<LMLayer> l, torch::Tensor e, torch::Tensor w, double ep, Lin p)
+      : layers(std::move(l)), embed(e.contiguous()), nw(w.contiguous()), eps(ep), proj(p), d(e.size(1)) {
+    TORCH_CHECK(embed.scalar_type() == torch::kFloat32 && nw.scalar_type() == torch::kFloat32,
+                "LMNet: float32 embedding and norm");
+  }
+};
+
+// The proposal path for heads 1..n_heads: kind 0 = BPD heads (lins = {fc1, fc2 rows of those heads}: state_i =
+// h + fc2(relu(fc1(h)))[i], then the final norm), kind 1 = Medusa heads (lins[i * n_layers + l]: x = norm(h),
+// x += silu(W_il x + b_il) per layer); then `proj` (the draft vocabulary's rows where one is set, ids mapped back).
+struct LMProp {
+  int64_t kind, n_heads, n_layers;
+  std::vector<Lin> lins;
+  Lin proj;
+  torch::Tensor draft;
+  LMProp(int64_t k, int64_t nh, int64_t nl, std::vector<Lin> l, Lin p, c10::optional<torch::Tensor> ids)
+      : kind(k), n_heads(nh), n_layers(nl), lins(std::move(l)), proj(p) {
+    if (ids.has_value()) draft = ids->to(torch::kLong).contiguous();
+    TORCH_CHECK(kind == 0 ? lins.size() == 2 : (int64_t)lins.size() == nh * nl, "LMProp: wrong number of linears");
+  }
+};
+
+// KV cache [layers,2,R,G,cap,Dh] (model/lm.py LMState), each row's pad slots lpad [R], rotary tables [cap, Dh]
+struct LMCache {
+  float* kv;
+  int64_t ks[6], kn[6], cap, rope_n, dh;
+  mutable std::vector<int64_t> lpad;            // (move_row rearranges it with the rows)
+  torch::Tensor cos_keep, sin_keep;
+  const float* cos;
+  const float* sin;
+  LMCache(const torch::Tensor& self_kv, const torch::Tensor& lp, const torch::Tensor& cos_t, const torch::Tensor& sin_t) {
+    TORCH_CHECK(self_kv.scalar_type() == torch::kFloat32, "decode: float32 caches only");
+    for (int i = 0; i < 6; i++) {
+      ks[i] = self_kv.stride(i);
+      kn[i] = self_kv.size(i);
+    }
+    TORCH_CHECK(ks[5] == 1, "decode: caches must be contiguous in the head dimension");
+    kv = self_kv.data_ptr<float>();
+    cap = self_kv.size(4);
+    dh = self_kv.size(5);
+    auto l = lp.to(torch::kLong).contiguous();
+    TORCH_CHECK(l.numel() == self_kv.size(2), "decode: lpad must be [R]");
+    lpad.assign(l.data_ptr<int64_t>(), l.data_ptr<int64_t>() + l.numel());
+    cos_keep = cos_t.to(torch::kFloat32).contiguous();
+    sin_keep = sin_t.to(torch::kFloat32).contiguous();
+    TORCH_CHECK(cos_keep.size(-1) == dh && sin_keep.sizes() == cos_keep.sizes(), "decode: rotary tables [n, Dh]");
+    rope_n = cos_keep.size(0);
+    cos = cos_keep.data_ptr<float>();
+    sin = sin_keep.data_ptr<float>();
+  }
+  // row dst = row src: its first `filled` slots and its left padding
+  void move_row(int64_t dst, int64_t src, int64_t filled) const {
+    move_cache_row(kv, ks, kn, dst, src, filled);
+    lpad[dst] = lpad[src];
+  }
+};
+
+// x*cos + rotate_half(x)*sin for n_h heads of dh at one position (the torch path's three roundings)
+static inline void rope(float* x, int64_t n_h, int64_t dh, const float* c, const float* s) {
+  const int64_t half = dh / 2;
+  thread_local std::vector<float> tmp;
+  float* t = grow(tmp, dh);
+  for (int64_t hh = 0; hh < n_h; hh++) {
+    float* v = x + hh * dh;
+    for (int64_t i = 0; i < dh; i++) {
+      const float r = i < half ? -v[i + half] : v[i - half];
+      const float a = v[i] * c[i];
+      const float b = r * s[i];
+      t[i] = a + b;
+    }
+    std::memcpy(v, t, dh * sizeof(float));
+  }
+}
+
+// x [M][d] (embedded tokens, in place -> output before the final norm); row m is cache row m / n at slot[m]. A query
+// at slot p of row r sees slots lpad[r]..p (a pad slot, in a prefill, sees itself only: its output is never read).
+static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, const LMNet& net, const LMCache& c) {
+  Work& ws = work();
+  const int64_t d = net.d;
+  int64_t wide = 0, hd = 0, max_slot = 0;
+  for (const auto& w : net.layers) {
+    wide = std::max(wide, std::max(w.qkv.N, w.gate_up.N));
+    hd = std::max(hd, w.n_heads * w.dh);
+  }
+  for (int64_t m = 0; m < M; m++) max_slot = std::max(max_slot, slot[m]);
+  TORCH_CHECK(max_slot < c.cap, "KV cache capacity ", c.cap, " exceeded (needs ", max_slot + 1, ")");
+  float* y = grow(ws.y, M * d);
+  float* big = grow(ws.big, M * wide);
+  float* a = grow(ws.a, M * std::max(hd, d));
+  float* o = grow(ws.o, M * d);
+  const int64_t* ks = c.ks;
+  Tick tk;
+  for (size_t li = 0; li < net.layers.size(); li++) {
+    const LMLayer& w = net.layers[li];
+    const int64_t h = w.n_heads, g = w.n_kv, dh = w.dh, qn = w.qkv.N, rep = h / g;
+    TORCH_CHECK(dh == c.dh, "decode: head size disagrees with the cache");
+    const float scale = (float)(1.0 / std::sqrt((double)dh));
+    rms_rows(x, y, M, d, w.n1w.data_ptr<float>(), (float)w.eps);
+    tk.to(P_DEC_OTHER);
+    lin_rows(w.qkv, y, big, M);                                               // [M][q H*Dh | k G*Dh | v G*Dh]
+    tk.to(P_DEC_LIN);
+    float* kl = c.kv + li * ks[0];
+    for (int64_t m = 0; m < M; m++) {
+      const int64_t row = m / n;
+      const int64_t pos = std::min(std::max<int64_t>(slot[m] - c.lpad[row], 0), c.rope_n - 1);
+      float* q = big + m * qn;
+      rope(q, h + g, dh, c.cos + pos * dh, c.sin + pos * dh);                 // q and k heads
+      for (int64_t gg = 0; gg < g; gg++) {
+        std::memcpy(kl + row * ks[2] + gg * ks[3] + slot[m] * ks[4], q + (h + gg) * dh, dh * sizeof(float));
+        std::memcpy(kl + ks[1] + row * ks[2] + gg * ks[3] + slot[m] * ks[4], q + (h + g + gg) * dh, dh * sizeof(float));
+      }
+    }
+    const int64_t kmax = max_slot + 1, R = M / n;
+    // one task per cache row and KV head: its n queries x `rep` query heads attend together, in runs that share
+    // their first key (a prefill's pad slots each see only themselves)
+    at::parallel_for(0, R * g, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, n * rep * kmax * dh)),
+                     [&](int64_t lo, int64_t hi) {
+      const AttnScratch buf = attn_scratch(n * rep, kmax);
+      float* scp = buf.sc;
+      const float** qs = buf.q;
+      float** os = buf.out;
+      int64_t* lens = buf.len;
+      for (int64_t i = lo; i < hi; i++) {
+        const int64_t row = i / g, gg = i % g;
+        int64_t cnt = 0, run_start = -1;
+        auto flush = [&]() {
+          if (cnt == 0) return;
+          const float* base = kl + row * ks[2] + gg * ks[3] + run_start * ks[4];
+          attend(cnt, qs, lens, base, base + ks[1], ks[4], nullptr, scale, os, dh, scp);
+          cnt = 0;
+        };
+        for (int64_t j = 0; j < n; j++) {
+          const int64_t m = row * n + j;
+          const int64_t start = slot[m] >= c.lpad[row] ? c.lpad[row] : slot[m];
+          if (start != run_start) { flush(); run_start = start; }
+          for (int64_t hh = gg * rep; hh < (gg + 1) * rep; hh++) {
+            qs[cnt] = big + m * qn + hh * dh;
+            os[cnt] = a + m * h * dh + hh * dh;
+            lens[cnt] = slot[m] + 1 - start;
+            cnt++;
+          }
+        }
+        flush();
+      }
+    });
+    tk.to(P_DEC_ATT);
+    lin_rows(w.o, a, o, M);
+    tk.to(P_DEC_LIN);
+    for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
+    rms_rows(x, y, M, d, w.n2w.data_ptr<float>(), (float)w.eps);
+    tk.to(P_DEC_OTHER);
+    lin_rows(w.gate_up, y, big, M);                                           // [M][gate F | up F]
+    tk.to(P_DEC_LIN);
+    const int64_t f = w.down.K;
+    for (int64_t m = 0; m < M; m++) {
+      float* gu = big + m * 2 * f;
+      float* act = big + m * f;   // in place: row m's outputs overwrite its own or earlier rows' consumed inputs
+      silu_gate(gu, gu + f, act, f);
+    }
+    tk.to(P_DEC_OTHER);
+    lin_rows(w.down, big, o, M);
+    tk.to(P_DEC_LIN);
+    for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
+    tk.to(P_DEC_OTHER);
+  }
+}
+
+static void lm_head1_ids(const float* h, int64_t M, const LMNet& net, int64_t* out, bool full = false) {
+  Work& ws = work();
+  const int64_t d = net.d;
+  float* y = grow(ws.n1, M * d);
+  rms_rows(h, y, M, d, net.nw.data_ptr<float>(), (float)net.eps);
+  project_ids(y, M, net.proj, out, full, ws.logits);
+}
+
+// heads 1..n_heads at M positions h [M][d] -> ids [M][n_heads]
+static void lm_propose_raw(const float* h, int64_t M, const LMNet& net, const LMProp& p, int64_t n_heads,
+                           int64_t* out) {
+  TORCH_CHECK(n_heads == p.n_heads, "propose: ", n_heads, " heads asked of a proposal path for ", p.n_heads);
+  Work& ws = work();
+  const int64_t d = net.d;
+  const float* nw = net.nw.data_ptr<float>();
+  const float eps = (float)net.eps;
+  Tick tk;
+  float* st = grow(ws.st, M * n_heads * d);
+  float* y = grow(ws.sy, M * n_heads * d);
+  if (p.kind == 0) {
+    const Lin& fc1 = p.lins[0];
+    const Lin& fc2 = p.lins[1];
+    float* hid = grow(ws.hid, M * fc1.N);
+    lin_rows(fc1, h, hid, M);
+    for (int64_t i = 0; i < M * fc1.N; i++) hid[i] = std::max(hid[i], 0.0f);
+    lin_rows(fc2, hid, st, M);                                               // [M][n_heads][D]
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t i = 0; i < n_heads * d; i++) st[m * n_heads * d + i] += h[m * d + i % d];
+    rms_rows(st, y, M * n_heads, d, nw, eps);
+  } else {
+    float* nrm = grow(ws.hid, M * d + M * d);
+    float* xi = nrm + M * d;
+    rms_rows(h, nrm, M, d, nw, eps);
+    for (int64_t hh = 0; hh < n_heads; hh++) {
+      std::memcpy(xi, nrm, M * d * sizeof(float));
+      for (int64_t l = 0; l < p.n_layers; l++) {
+        float* t = st;                                                       // scratch [M][d]
+        lin_rows(p.lins[hh * p.n_layers + l], xi, t, M);
+        for (int64_t m = 0; m < M; m++) silu_add(t + m * d, xi + m * d, d);   // per row: the same split for every row
+      }
+      for (int64_t m = 0; m < M; m++) std::memcpy(y + (m * n_heads + hh) * d, xi + m * d, d * sizeof(float));
+    }
+  }
+  tk.to(P_HEADS_FFN);
+  int64_t* ids = grow(ws.pids, M * n_heads);
+  project_ids(y, M * n_heads, p.proj, ids, false, ws.plog);
+  const int64_t* dp = p.draft.defined() ? p.draft.data_ptr<int64_t>() : nullptr;
+  for (int64_t m = 0; m < M * n_heads; m++) out[m] = dp ? dp[ids[m]] : ids[m];
+  tk.to(P_PROPOSE_PROJ);
+}
+
+struct LMLoop : LoopModel {
+  const LMNet& net;
+  const LMCache c;
+  const LMProp* prop = nullptr;
+  LMLoop(const LMNet& n, const torch::Tensor& self_kv, const torch::Tensor& lpad, const torch::Tensor& cos,
+         const torch::Tensor& sin, const torch::Tensor& stop_ids)
+      : net(n), c(self_kv, lpad, cos, sin) {
+    d = n.d;
+    stops = stop_list(stop_ids);
+  }
+  void embed(const int64_t* tok, const int64_t*, int64_t M, float* x) const override {
+    const float* e = net.embed.data_ptr<float>();
+    const int64_t V = net.embed.size(0);
+    for (int64_t m = 0; m < M; m++) {
+      TORCH_CHECK(tok[m] >= 0 && tok[m] < V, "decode: token id ", tok[m], " outside the vocabulary");
+      std::memcpy(x + m * d, e + tok[m] * d, d * sizeof(float));
+    }
+  }
+  void layers(float* x, int64_t M, int64_t n, const int64_t* slot) const override {
+    lm_decode_raw(x, M, n, slot, net, c);
+  }
+  void head1(const float* h, int64_t M, int64_t* out) const override { lm_head1_ids(h, M, net, out, top_n > 0); }
+  int64_t vocab() const override { return net.proj.N; }
+  bool move_row(int64_t dst, int64_t src, int64_t filled) const override {
+    c.move_row(dst, src, filled);
+    return true;
+  }
+  void propose(const float* h, int64_t M, int64_t n_heads, const int64_t*, int64_t* out) const override {
+    TORCH_CHECK(prop != nullptr, "propose: no proposal path given");
+    lm_propose_raw(h, M, net, *prop, n_heads, out);
+  }
+};
+
+// tokens [R,n] at cache slots [R,n] (each row's own) -> decoder output [R,n,D] before the final norm (LMModel.decode
+// and its prefill on the native path)
+torch::Tensor lm_decode_layers(const torch::Tensor& tokens, const LMNet& net, const torch::Tensor& self_kv,
+                               const torch::Tensor& lpad, const torch::Tensor& cos, const torch::Tensor& sin,
+                               const torch::Tensor& slots) {
+  TORCH_CHECK(tokens.dim() == 2 && slots.sizes() == tokens.sizes(), "lm_decode_layers: tokens and slots [R,n]");
+  const int64_t r = tokens.size(0), n = tokens.size(1), M = r * n;
+  auto tk = tokens.to(torch::kLong).contiguous();
+  auto sl = slots.to(torch::kLong).contiguous();
+  LMLoop mdl(net, self_kv, lpad, cos, sin, torch::empty({0}, torch::kLong));
+  auto x = torch::empty({r, n, net.d}, torch::TensorOptions().dtype(torch::kFloat32));
+  mdl.embed(tk.data_ptr<int64_t>(), nullptr, M, x.data_ptr<float>());
+  if (M > 0) mdl.layers(x.data_ptr<float>(), M, n, sl.data_ptr<int64_t>());
+  return x;
+}
+
+torch::Tensor rms_norm(const torch::Tensor& h, const torch::Tensor& w, double eps) {
+  auto x = h.to(torch::kFloat32).contiguous();
+  auto y = torch::empty_like(x);
+  const int64_t d = x.size(-1);
+  auto wc = w.contiguous();
+  rms_rows(x.data_ptr<float>(), y.data_ptr<float>(), x.numel() / d, d, wc.data_ptr<float>(), (float)eps);
+  return y;
+}
+
+// head 1's next token: argmax of proj(rms_norm(h)), h [...,D] -> ids [...]
+torch::Tensor lm_head1_argmax(const torch::Tensor& h, const LMNet& net) {
+  auto x = h.to(torch::kFloat32).contiguous();
+  auto shape = x.sizes().vec();
+  shape.pop_back();
+  auto ids = torch::empty(shape, x.options().dtype(torch::kLong));
+  lm_head1_ids(x.data_ptr<float>(), x.numel() / net.d, net, ids.data_ptr<int64_t>());
+  return ids;
+}
+
+// heads' proposals h [...,D] -> ids [..., n_heads]
+torch::Tensor lm_propose(const torch::Tensor& h, const LMNet& net, const LMProp& p) {
+  auto x = h.to(torch::kFloat32).contiguous();
+  auto shape = x.sizes().vec();
+  shape.back() = p.n_heads;
+  auto ids = torch::empty(shape, x.options().dtype(torch::kLong));
+  lm_propose_raw(x.data_ptr<float>(), x.numel() / net.d, net, p, p.n_heads, ids.data_ptr<int64_t>());
+  return ids;
+}
+
+// greedy_steps for a decoder-only model: a row ends on any of `stops`
+std::tuple<torch::Tensor, torch::Tensor, double> lm_greedy_steps(
+    torch::Tensor tok, const LMNet& net, const torch::Tensor& self_kv, const torch::Tensor& lpad,
+    const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, c10::optional<torch::Tensor> lengths,
+    const torch::Tensor& stops, torch::Tensor room, int64_t max_steps, bool to_end) {
+  const auto t_start = std::chrono::steady_clock::now();
+  const LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
+  return greedy_loop(mdl, tok, first_slots(tok.size(0), t, lengths), room, max_steps, t_start, to_end);
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, double> lm_block_steps(
+    torch::Tensor x_in, const LMNet& net, const LMProp& prop, const torch::Tensor& self_kv, const torch::Tensor& lpad,
+    const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, const torch::Tensor& stops, int64_t room,
+    int64_t max_steps, int64_t group, int64_t width, int64_t top_n, double dist_eps) {
+  const auto t_start = std::chrono::steady_clock::now();
+  LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
+  mdl.prop = &prop;
+  mdl.set_rule(top_n, dist_eps);
+  return block_loop(mdl, x_in, t, room, max_steps, group, width, t_start);
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, double> lm_batch_block_steps(
+    torch::Tensor x_in, const LMNet& net, const LMProp& prop, const torch::Tensor& self_kv, const torch::Tensor& lpad,
+    const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, torch::Tensor lengths, const torch::Tensor& stops,
+    torch::Tensor room, int64_t max_steps, int64_t group, int64_t width, int64_t top_n, double dist_eps,
+    bool to_end) {
+  const auto t_start = std::chrono::steady_clock::now();
+  LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
+  mdl.prop = &prop;
+  mdl.set_rule(top_n, dist_eps);
+  return batch_block_loop(mdl, x_in, t, lengths, room, max_steps, group, width, t_start, to_end);
+}
