@@ -11,7 +11,7 @@ What maps where (the names are llama.cpp's, the targets transformers' Llama / Qw
 convert/hf_lm.py turns into LMConfig and our state dict):
 
   general.architecture            llama (also Mistral and SmolLM files) | qwen2
-  <arch>.embedding_length, .feed_forward_length, .block_count, .context_length, .attention.head_count(_kv),
+  <architecture>.embedding_length, .feed_forward_length, .block_count, .context_length, .attention.head_count(_kv),
   .attention.key_length, .rope.freq_base, .rope.scaling.type/factor (linear), .attention.layer_norm_rms_epsilon
   token_embd / output / output_norm / blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate,
   ffn_up, ffn_down}     (llama: q and k rows un-permuted back from llama.cpp's rotary layout)
@@ -240,40 +240,40 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
 def hf_config_of_gguf(reader: GGUFFile, tensor_names: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config.json, generation_config.json) of the transformers model this file holds."""
     path = reader.path
-    arch = _field(reader, "general.architecture")
-    if arch not in ARCHITECTURES:
-        raise GGUFError(f"{path}: architecture {arch!r} is not supported (bpd-train reads GGUF files of "
+    family = _field(reader, "general.architecture")
+    if family not in ARCHITECTURES:
+        raise GGUFError(f"{path}: architecture {family!r} is not supported (bpd-train reads GGUF files of "
                         f"{', '.join(ARCHITECTURES)}; Mistral and SmolLM files are llama)")
-    cls, model_type = ARCHITECTURES[arch]
+    cls, model_type = ARCHITECTURES[family]
     if "rope_freqs.weight" in tensor_names:
         raise GGUFError(f"{path}: rope_freqs (Llama 3.1-style rope scaling stored as a tensor) is not supported")
-    d = _require(reader, f"{arch}.embedding_length")
-    heads = _require(reader, f"{arch}.attention.head_count")
-    kv = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", d // max(heads, 1)))
-    if int(_field(reader, f"{arch}.attention.value_length", head_dim)) != head_dim:
+    d = _require(reader, f"{family}.embedding_length")
+    heads = _require(reader, f"{family}.attention.head_count")
+    kv = int(_field(reader, f"{family}.attention.head_count_kv", heads))
+    head_dim = int(_field(reader, f"{family}.attention.key_length", d // max(heads, 1)))
+    if int(_field(reader, f"{family}.attention.value_length", head_dim)) != head_dim:
         raise GGUFError(f"{path}: keys and values of different widths are not supported")
-    if int(_field(reader, f"{arch}.rope.dimension_count", head_dim)) != head_dim:
+    if int(_field(reader, f"{family}.rope.dimension_count", head_dim)) != head_dim:
         raise GGUFError(f"{path}: partial rotary embeddings (rope.dimension_count < head size) are not supported")
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    vocab = int(_field(reader, f"{arch}.vocab_size", len(tokens)) or 0)
+    vocab = int(_field(reader, f"{family}.vocab_size", len(tokens)) or 0)
     hf: dict[str, Any] = {
         "architectures": [cls], "model_type": model_type, "vocab_size": vocab, "hidden_size": d,
-        "intermediate_size": _require(reader, f"{arch}.feed_forward_length"),
-        "num_hidden_layers": _require(reader, f"{arch}.block_count"), "num_attention_heads": heads,
+        "intermediate_size": _require(reader, f"{family}.feed_forward_length"),
+        "num_hidden_layers": _require(reader, f"{family}.block_count"), "num_attention_heads": heads,
         "num_key_value_heads": kv, "head_dim": head_dim, "hidden_act": "silu",
-        "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 2048)),
-        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        "rms_norm_eps": float(_require(reader, f"{arch}.attention.layer_norm_rms_epsilon", float)),
+        "max_position_embeddings": int(_field(reader, f"{family}.context_length", 2048)),
+        "rope_theta": float(_field(reader, f"{family}.rope.freq_base", 10000.0)),
+        "rms_norm_eps": float(_require(reader, f"{family}.attention.layer_norm_rms_epsilon", float)),
         "tie_word_embeddings": "output.weight" not in tensor_names,
     }
-    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    scaling = _field(reader, f"{family}.rope.scaling.type")
     if scaling not in (None, "none"):
         if scaling != "linear":
             raise GGUFError(f"{path}: rope scaling {scaling!r} is not supported (none or linear)")
-        hf["rope_scaling"] = {"rope_type": "linear", "factor": float(_require(reader, f"{arch}.rope.scaling.factor",
+        hf["rope_scaling"] = {"rope_type": "linear", "factor": float(_require(reader, f"{family}.rope.scaling.factor",
                                                                                float))}
-    if arch == "llama":
+    if family == "llama":
         hf["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
         hf["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_names
     else:
