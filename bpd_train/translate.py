@@ -63,6 +63,12 @@ def _chunks(lines: Iterable[str | None], n: int) -> Iterator[list[str | None]]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: its decode options are DecodeSettings fields of the same names (decode_settings), each
+    also a Translator option (docs/api.md)."""
     p = argparse.ArgumentParser(prog="python -m bpd_train.translate", description=__doc__.split("\n\n")[0])
     p.add_argument("--bundle", required=True, help="bundle folder written by export.py (a checkpoint or run folder "
                                                    "loads too)")
@@ -99,7 +105,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="a prompt longer than the context: keep its newest tokens (default, counted) or stop "
                          "with an error")
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
-    return p.parse_args(argv)
+    return p
 
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
@@ -155,17 +161,20 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
     chat = args.chat  # only a prompted family got this far with --chat (_text)
     stats, n_sent, seconds = DecodeStats(), 0, 0.0
     source = _Lines(stdin, args.errors, progress)
-    for lines in _chunks(source, args.batch_size):
-        items = [[{"role": "user", "content": s}] if chat and s is not None and s.strip() else s for s in lines]
-        try:
-            out = decode_texts(decoder, text, items, stats, where=lambda i: f"line {n_sent + i + 1}")
-        except USER_ERRORS as e:  # an LM prompt too long under --context-policy refuse
-            return report(e, stderr)
-        seconds += out.seconds
-        stdout.write("".join(o + "\n" for o in out.texts))
-        stdout.flush()
-        n_sent += len(lines)
-        progress.written = n_sent
+    # (the whole stream under one context: a Ctrl-C that another thread took while stdin ended is raised at its
+    # exit at the latest, a Python call, rather than after the command returned)
+    with torch.inference_mode():
+        for lines in _chunks(source, args.batch_size):
+            items = [[{"role": "user", "content": s}] if chat and s is not None and s.strip() else s for s in lines]
+            try:
+                out = decode_texts(decoder, text, items, stats, where=lambda i: f"line {n_sent + i + 1}")
+            except USER_ERRORS as e:  # an LM prompt too long under --context-policy refuse
+                return report(e, stderr)
+            seconds += out.seconds
+            stdout.write("".join(o + "\n" for o in out.texts))
+            stdout.flush()
+            n_sent += len(lines)
+            progress.written = n_sent
     if not args.quiet:
         khat = f"k̂={stats.mean_accepted:.2f}, " if decoder.blockwise else ""
         rate = f"{n_sent / seconds:.1f} sent/s, {stats.tokens / seconds:.1f} tok/s" if seconds > 0 else "no decoding"
