@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from typing import Iterable, Iterator, TextIO
 
 from bpd_train.decoding.settings import DEFAULT_MAX_LEN, DecodeError, DecodeSettings
@@ -161,8 +160,8 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
     chat = args.chat  # only a prompted family got this far with --chat (_text)
     stats, n_sent, seconds = DecodeStats(), 0, 0.0
     source = _Lines(stdin, args.errors, progress)
-    # (the whole stream under one context: a Ctrl-C that another thread took while stdin ended is raised at its
-    # exit at the latest, a Python call, rather than after the command returned)
+    # one context around the whole stream: a Ctrl-C that another thread received is raised in this thread at its
+    # next Python call, here the context's exit at the latest, so inside main() even when stdin ends meanwhile
     with torch.inference_mode():
         for lines in _chunks(source, args.batch_size):
             items = [[{"role": "user", "content": s}] if chat and s is not None and s.strip() else s for s in lines]

@@ -163,7 +163,8 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     rules = [(r, parse_rule(r)) for r in settings.rules]
     text = loaded.family.text_adapter(loaded, langs[0], langs[1])
     base = settings.decode_settings()
-    options = prepare(model, text.sp, base, device).model.decode_options  # as resolved for this tokenizer, device
+    prepare(model, text.sp, base, device)  # sets the decode options, resolved for this tokenizer and device
+    options = model.decode_options
     src_ids = [text.source_ids(s) for s in sources]
     truncated = text.truncated  # of the timed sources
     max_len = base.max_len
