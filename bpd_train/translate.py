@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from typing import Iterable, Iterator, TextIO
+
+from bpd_train.decoding.settings import DEFAULT_MAX_LEN, DecodeError, DecodeSettings
 
 
 class _Lines:
@@ -61,6 +62,12 @@ def _chunks(lines: Iterable[str | None], n: int) -> Iterator[list[str | None]]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: its decode options are DecodeSettings fields of the same names (decode_settings), each
+    also a Translator option (docs/api.md)."""
     p = argparse.ArgumentParser(prog="python -m bpd_train.translate", description=__doc__.split("\n\n")[0])
     p.add_argument("--bundle", required=True, help="bundle folder written by export.py (a checkpoint or run folder "
                                                    "loads too)")
@@ -68,8 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--accept", default="exact", help="acceptance rule: exact | top<N> (e.g. top2) | distance:<eps>")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     p.add_argument("--greedy", action="store_true", help="plain greedy decoding (no blockwise)")
-    p.add_argument("--max-len", type=float, nargs=2, default=(1.5, 10), metavar=("A", "B"),
-                   help="generate at most A*source_len + B tokens (default 1.5 10)")
+    p.add_argument("--max-len", type=float, nargs=2, default=DEFAULT_MAX_LEN, metavar=("A", "B"),
+                   help="generate at most A*source_len + B tokens (default {} {})".format(*DEFAULT_MAX_LEN))
     p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (default)")
     p.add_argument("--dtype", default="fp32", help="decode-step weights: fp32 (default) | bf16 | int8")
     p.add_argument("--draft-vocab", default="auto", metavar="N",
@@ -97,7 +104,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="a prompt longer than the context: keep its newest tokens (default, counted) or stop "
                          "with an error")
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
-    return p.parse_args(argv)
+    return p
 
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
@@ -125,80 +132,55 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
     import torch
 
     from bpd_train.cli import USER_ERRORS, report
-    from bpd_train.decoding import blockwise, greedy
-    from bpd_train.decoding.common import stop_ids
-    from bpd_train.evaluation.decode import (EvalError, check_block_sizes, decode_options, max_len_arg, parse_rule,
-                                             serving_adaptive, set_decode_options)
-    from bpd_train.data.sampler import length_batches
-    from bpd_train.evaluation.metrics import DecodeStats, one_line
+    from bpd_train.decoding.result import DecodeStats
+    from bpd_train.decoding.serving import decode_texts, prepare
     from bpd_train.loading import load
 
     try:
         if args.batch_size < 1:
-            raise EvalError(f"--batch-size must be >= 1, got {args.batch_size}")
+            raise DecodeError(f"--batch-size must be >= 1, got {args.batch_size}")
         auto = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(auto if args.device == "auto" else args.device)
         if args.max_new_tokens is not None and args.max_new_tokens < 1:
-            raise EvalError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+            raise DecodeError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
         if not all(math.isfinite(v) for v in args.max_len):
-            raise EvalError(f"--max-len takes two finite numbers A B (at most A*source_len + B tokens), got "
-                            f"{' '.join(map(str, args.max_len))}")
+            raise DecodeError(f"--max-len takes two finite numbers A B (at most A*source_len + B tokens), got "
+                              f"{' '.join(map(str, args.max_len))}")
+        settings = decode_settings(args)
         if args.input is not None:
             stdin = _input_file(args.input)
             data = stdin.getvalue()
             progress.total = data.count(b"\n") + (not data.endswith(b"\n"))
         loaded = load(args.bundle, map_location=device)  # bpd_train/loading.py: a bundle (or any other source)
         model, sp = loaded.model, loaded.tokenizer()
-        cfg = model.config
-        k = cfg.block_size if args.block_size is None else args.block_size
-        if args.block_size is not None and not args.greedy:
-            check_block_sizes([k], cfg.block_size, f"bundle {args.bundle}")
-        rule = parse_rule(args.accept)
-        max_len = max_len_arg(args.max_new_tokens if args.max_new_tokens is not None else list(args.max_len))
         text = _text(args, loaded, sp)
-        set_decode_options(model, decode_options(sp, stop_ids(model), args.dtype, args.draft_vocab,
-                                                 args.proposal_dtype, device))
+        decoder = prepare(model, sp, settings, device, where=f"bundle {args.bundle}")
     except USER_ERRORS as e:
         return report(e, stderr)
-    use_blockwise = not args.greedy and k > 1
-    adaptive = serving_adaptive(args.adaptive, rule, device)
     chat = args.chat  # only a prompted family got this far with --chat (_text)
     stats, n_sent, seconds = DecodeStats(), 0, 0.0
+    source = _Lines(stdin, args.errors, progress)
+    # one context around the whole stream: a Ctrl-C that another thread received is raised in this thread at its
+    # next Python call, here the context's exit at the latest, so inside main() even when stdin ends meanwhile
     with torch.inference_mode():
-        source = _Lines(stdin, args.errors, progress)
         for lines in _chunks(source, args.batch_size):
-            out = [""] * len(lines)
-            todo = [i for i, s in enumerate(lines) if s is not None and s.strip()]
-            ids = []
-            for i in todo:
-                try:
-                    ids.append(text.source_ids([{"role": "user", "content": lines[i]}] if chat else lines[i]))
-                except USER_ERRORS as e:  # an LM prompt too long under --context-policy refuse
-                    return report(f"line {n_sent + i + 1}: {e}", stderr)
-            for group in length_batches([len(x) for x in ids], args.batch_size):
-                src = text.batch([ids[j] for j in group], device)
-                t0 = time.perf_counter()
-                if use_blockwise:
-                    r = blockwise(model, src, block_size=k, accept=rule, max_len=max_len, adaptive=adaptive)
-                else:
-                    r = greedy(model, src, max_len=max_len)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                seconds += time.perf_counter() - t0
-                stats.add(r)
-                for j, toks in zip(group, r.tokens):
-                    out[todo[j]] = one_line(text.detok(toks))
-            stdout.write("".join(o + "\n" for o in out))
+            items = [[{"role": "user", "content": s}] if chat and s is not None and s.strip() else s for s in lines]
+            try:
+                out = decode_texts(decoder, text, items, stats, where=lambda i: f"line {n_sent + i + 1}")
+            except USER_ERRORS as e:  # an LM prompt too long under --context-policy refuse
+                return report(e, stderr)
+            seconds += out.seconds
+            stdout.write("".join(o + "\n" for o in out.texts))
             stdout.flush()
             n_sent += len(lines)
             progress.written = n_sent
     if not args.quiet:
-        mode = f"blockwise k={k} {args.accept}{' adaptive' if adaptive else ''}" if use_blockwise else "greedy"
-        khat = f"k̂={stats.mean_accepted:.2f}, " if use_blockwise else ""
+        khat = f"k̂={stats.mean_accepted:.2f}, " if decoder.blockwise else ""
         rate = f"{n_sent / seconds:.1f} sent/s, {stats.tokens / seconds:.1f} tok/s" if seconds > 0 else "no decoding"
-        print(f"{loaded.family.verb} {n_sent} lines ({mode}, batch {args.batch_size}, {device.type}): {khat}"
+        print(f"{loaded.family.verb} {n_sent} lines ({decoder.label}, batch {args.batch_size}, {device.type}): {khat}"
               f"decoder calls={stats.calls}, {rate}, {seconds:.2f}s decoding"
-              + (f", {text.truncated} source(s) truncated to {cfg.max_positions} positions" if text.truncated else ""),
+              + (f", {text.truncated} source(s) truncated to {model.config.max_positions} positions"
+                 if text.truncated else ""),
               file=stderr)
     if source.replaced:
         print(f"warning: {source.replaced} input line(s) were not valid UTF-8; bad bytes were read as U+FFFD",
@@ -208,6 +190,14 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
         return report(f"{len(source.bad)} input line(s) are not valid UTF-8: {where}; their output lines are empty, "
                       "every other line was translated. Fix the input encoding or pass --errors replace", stderr)
     return 0
+
+
+def decode_settings(args: argparse.Namespace) -> DecodeSettings:
+    """The command line's decode options as the DecodeSettings Translator takes (each option is one of its
+    fields; --greedy is method=greedy, --max-new-tokens replaces --max-len)."""
+    given = {name: getattr(args, name) for name in DecodeSettings.names() if name in vars(args)}
+    return DecodeSettings(**{**given, "method": "greedy" if args.greedy else "blockwise",
+                             "max_len": args.max_new_tokens if args.max_new_tokens is not None else list(args.max_len)})
 
 
 def _input_file(path: str):
@@ -227,21 +217,19 @@ def _input_file(path: str):
 def _text(args, loaded, tok):
     """The family's text adapter with this command line's options (--chat, --langs, --context-policy: only for a
     family that takes prompts; the family refuses them otherwise)."""
-    from bpd_train.evaluation.decode import EvalError
-
     fam = loaded.family
     fam.check_text_options(chat=args.chat, langs=bool(args.langs), context_policy=args.context_policy != "truncate_left",
                            what=str(args.bundle))
     if args.chat and args.langs:
-        raise EvalError("--chat and --langs exclude each other: a line is either a chat message or a source sentence")
+        raise DecodeError("--chat and --langs exclude each other: a line is either a chat message or a source sentence")
     if args.chat and not tok.has_chat_template:
-        raise EvalError(f"--chat: the tokenizer of {args.bundle} has no chat template; give plain prompts (without "
+        raise DecodeError(f"--chat: the tokenizer of {args.bundle} has no chat template; give plain prompts (without "
                         "--chat)")
     src = tgt = None
     if args.langs:
         src, _, tgt = args.langs.partition(":")
         if not src or not tgt:
-            raise EvalError(f"--langs takes SRC:TGT language codes (e.g. en:fr), got {args.langs!r}")
+            raise DecodeError(f"--langs takes SRC:TGT language codes (e.g. en:fr), got {args.langs!r}")
     return fam.text_adapter(loaded, src, tgt, context_policy=args.context_policy, tokenizer=tok)
 
 

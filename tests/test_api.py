@@ -114,3 +114,79 @@ def test_lm_generate(tmp_path_factory):
     assert tr.texts == _greedy_reference(lm_bundle, lambda tok: [tok.encode("English: hello world\nFrench:")], 8)
     with pytest.raises(ValueError, match="src_lang and tgt_lang"):
         lm.translate(["hello world"])
+
+
+def test_draft_vocabulary_and_int8_proposals_can_be_turned_off(bundle):
+    # the options reach the model (each call sets its own), and proposals never change the exact output
+    lines = [s for s, _ in read_pairs("validation", 6)]
+    tr = Translator.from_pretrained(bundle, device="cpu")
+    plain = tr.translate(lines, max_len=(1, 5), draft_vocab=None, proposal_dtype=None)
+    opts = tr.model.decode_options
+    assert opts.draft_vocab is None and opts.proposal_dtype is None and opts.dtype == "fp32"
+    draft = tr.translate(lines, max_len=(1, 5), draft_vocab=50, proposal_dtype="int8")
+    opts = tr.model.decode_options
+    assert len(opts.draft_vocab) in (50, 51) and opts.proposal_dtype == "int8"
+    assert draft.tokens == plain.tokens == tr.translate(lines, method="greedy", max_len=(1, 5)).tokens
+    assert _cli(bundle, lines, "--max-len", "1", "5", "--draft-vocab", "none", "--proposal-dtype", "none") \
+        == plain.texts
+    tr.translate(lines[:1], max_len=(1, 5), draft_vocab=None, proposal_dtype=None)
+    assert tr.model.decode_options.draft_vocab is None  # not reset to "auto" by the next call
+
+
+def test_the_command_line_and_translator_take_the_same_options():
+    """Every option of `python -m bpd_train.translate` is a Translator option, and every DecodeSettings field is one
+    of both (a new option added to one and not the other fails here)."""
+    import inspect
+
+    from bpd_train.decoding.settings import DEFAULT_MAX_LEN, DecodeSettings
+    from bpd_train.translate import parser
+
+    translate = inspect.signature(Translator.translate).parameters
+    generate = inspect.signature(Translator.generate).parameters
+    from_pretrained = inspect.signature(Translator.from_pretrained).parameters
+    io_only = {"help", "errors", "input", "quiet"}  # how lines are read and reported: a stream's concern only
+    where = {"bundle": (from_pretrained, "spec"), "device": (from_pretrained, "device"),
+             "greedy": (translate, "method"), "langs": (translate, "src_lang"), "chat": (generate, "chat"),
+             "max_new_tokens": (generate, "max_new_tokens"), "context_policy": (generate, "context_policy")}
+    for action in parser()._actions:
+        if action.dest in io_only:
+            continue
+        params, name = where.get(action.dest, (translate, action.dest))
+        assert name in params, f"--{action.dest.replace('_', '-')} has no Translator option {name}"
+        if action.dest in DecodeSettings.names():
+            assert action.dest in generate or action.dest == "max_len"
+    for name in DecodeSettings.names():
+        assert name in translate and (name in generate or name == "max_len"), name
+    # one max_len default: the command line's, Translator's, the decoders' and the settings'
+    from bpd_train.decoding import blockwise, greedy
+    from bpd_train.evaluation.runner import EvalSettings
+
+    assert tuple(parser().parse_args(["--bundle", "x"]).max_len) == DEFAULT_MAX_LEN == translate["max_len"].default
+    assert DecodeSettings().max_len == DEFAULT_MAX_LEN == tuple(EvalSettings().max_len)
+    for fn in (greedy, blockwise):
+        assert inspect.signature(fn).parameters["max_len"].default == DEFAULT_MAX_LEN
+
+
+def test_lm_generate_in_int8(tmp_path_factory):
+    """generate() takes the decode precision (and the proposal options) like translate(): int8 blockwise answers
+    what int8 greedy does."""
+    pytest.importorskip("transformers")
+    from test_lm_generate import PROMPTS, _bundle
+
+    from bpd_train.decoding import greedy
+    from bpd_train.engine.fastlinear import native_kernels
+    from bpd_train.engine.packed import DecodeOptions
+    from bpd_train.loading import load
+
+    if not native_kernels():
+        pytest.skip("the torch path decodes decoder-only models in fp32 only")
+    lm_bundle = _bundle(tmp_path_factory.mktemp("api-lm-int8"), chat_template=False)
+    lm = Translator.from_pretrained(lm_bundle, device="cpu")
+    out = lm.generate(PROMPTS, max_new_tokens=8, dtype="int8", draft_vocab=30, proposal_dtype="bf16")
+    assert lm.model.decode_options.dtype == "int8" and len(lm.model.decode_options.draft_vocab) == 31
+    loaded = load(lm_bundle)
+    tok = loaded.lm_tokenizer()
+    loaded.model.decode_options = DecodeOptions(dtype="int8")
+    want = [tok.decode(t).strip() for t in greedy(loaded.model, tok.encode(PROMPTS), max_len=8).tokens]
+    assert out.texts == want and any(want)
+    assert out.texts == lm.generate(PROMPTS, max_new_tokens=8, dtype="int8", method="greedy").texts

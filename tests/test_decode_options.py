@@ -63,3 +63,38 @@ def test_auto_proposal_precision_is_int8_on_a_cpu_with_int8_kernels_only():
     assert len(opts.draft_vocab) == 1001 and opts.proposal_dtype == proposal_precision("auto", "fp32", "cpu")
     with pytest.raises(EvalError, match="dtype"):
         decode_options(Ranked(4000), 2, proposal_dtype="int4")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"method": "beam"}, "method='beam': expected one of blockwise, greedy"),
+    ({"accept": "sometimes"}, "accept='sometimes': unknown acceptance rule 'sometimes': use exact, top<N>"),
+    ({"dtype": "fp16"}, "dtype='fp16': expected one of fp32, bf16, int8"),
+    ({"proposal_dtype": "fp8"}, "proposal_dtype='fp8': expected one of fp32, bf16, int8, auto or none"),
+    ({"draft_vocab": -3}, "draft_vocab must be a positive number of tokens (or null for all), got -3"),
+    ({"draft_vocab": "many"}, "draft_vocab must be a number of tokens, auto or null, got 'many'"),
+    ({"adaptive": 2}, "adaptive=2: expected true, false, None (auto) or a threshold in (0, 1)"),
+    ({"block_size": 0}, "block_size=0: expected an int >= 1"),
+    ({"batch_size": 0}, "batch_size must be an int >= 1, got 0"),
+    ({"max_len": [1, float("inf")]}, "max_len [a, b] takes finite numbers"),
+    ({"max_len": "long"}, "max_len must be an int or [a, b]"),
+])
+def test_bad_settings_are_one_error_naming_the_field_value_and_choices(kwargs, message):
+    from bpd_train.decoding.settings import DecodeError, DecodeSettings
+
+    with pytest.raises(DecodeError) as e:
+        DecodeSettings(**kwargs)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    assert isinstance(e.value, EvalError) and isinstance(e.value, ValueError)  # what callers catch
+
+
+def test_settings_are_normalised_once():
+    from bpd_train.decoding.settings import DEFAULT_MAX_LEN, DecodeSettings
+
+    s = DecodeSettings(dtype="INT8", draft_vocab="none", proposal_dtype="null", adaptive="false", max_len=[2, 3])
+    assert (s.dtype, s.draft_vocab, s.proposal_dtype, s.adaptive, s.max_len) == ("int8", None, None, False, (2, 3))
+    d = DecodeSettings()
+    assert (d.draft_vocab, d.proposal_dtype, d.adaptive, d.max_len) == ("auto", "auto", None, DEFAULT_MAX_LEN)
+    assert d.adaptive_on("cpu") is True and d.adaptive_on("cuda") is False
+    assert DecodeSettings(accept="top2").adaptive_on("cpu") is False and d.replace(adaptive=0.5).adaptive_on("cpu") == 0.5
+    opts = DecodeSettings(draft_vocab=None, proposal_dtype=None).options(Ranked(4000), 2, "cpu")
+    assert opts.draft_vocab is None and opts.proposal_dtype is None

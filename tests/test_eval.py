@@ -153,6 +153,30 @@ def test_bad_inputs(tiny, tmp_path):
     assert not any((tmp_path / d).exists() for d in "abc")
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"dtype": "fp16"}, "dtype='fp16': expected one of fp32, bf16, int8"),
+    ({"proposal_dtype": "fp8"}, "proposal_dtype='fp8': expected"),
+    ({"draft_vocab": "many"}, "draft_vocab must be a number of tokens"),
+    ({"adaptive": 1.5}, "adaptive=1.5: expected"),
+    ({"adaptive": None}, "adaptive=None: expected true, false or a threshold"),
+    ({"max_len": [1, float("nan")]}, "max_len [a, b] takes finite numbers"),
+])
+def test_decode_settings_are_checked_as_translate_checks_them(kwargs, message):
+    # the evaluator's decode fields are a DecodeSettings (decoding/settings.py), checked before any model loads
+    with pytest.raises(EvalError) as e:
+        EvalSettings(**kwargs)
+    assert str(e.value).startswith(message)
+
+
+def test_the_evaluator_decodes_with_the_serving_settings():
+    from bpd_train.decoding.settings import DecodeSettings
+
+    s = EvalSettings(dtype="INT8", draft_vocab=30, proposal_dtype=None, max_len=[1, 4], adaptive="false")
+    assert s.dtype == "int8" and s.adaptive is False and s.max_len == [1, 4]  # the report keeps what was asked
+    assert s.decode_settings(accept="top2") == DecodeSettings(accept="top2", dtype="int8", draft_vocab=30,
+                                                              proposal_dtype=None, max_len=(1, 4), adaptive=False)
+
+
 def test_expand_inputs_names(tiny):
     got = expand_inputs([str(Path(tiny["run"]).parent / "*"), str(tiny["base"]), str(tiny["ckpt"])])
     assert [n for n, _ in got] == ["frozen-k4", "base", "frozen-k4/last"]

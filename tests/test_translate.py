@@ -102,3 +102,12 @@ def test_non_utf8_input_keeps_every_other_line(bundle):
             assert err.getvalue().count("error:") == 1
         else:
             assert rc == 0 and lines[2] != "" and "1 input line(s) were not valid UTF-8" in err.getvalue()
+
+
+def test_bad_decode_settings_are_one_line_naming_the_option(bundle):
+    # checked once (decoding/settings.py DecodeSettings), before the bundle loads: the same words as Translator's
+    for args, message in ((["--dtype", "fp16"], "dtype='fp16': expected one of fp32, bf16, int8"),
+                          (["--adaptive", "--accept", "top0"], "accept='top0': "),
+                          (["--draft-vocab", "lots"], "draft_vocab must be a number of tokens, auto or null")):
+        rc, out, err = _run(["--bundle", str(bundle), *args], "hello\n")
+        assert rc == 2 and out == "" and err.count("\n") == 1 and err.startswith(f"error: {message}"), err

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bpd_train.decoding.common import decoding_mode, is_stop, prepare_source, row_limits, start_tokens, stop_ids
+from bpd_train.decoding.common import (DEFAULT_MAX_LEN, decoding_mode, is_stop, prepare_source, row_limits,
+                                       start_tokens, stop_ids)
 from bpd_train.decoding.result import DecodeResult
 
 
@@ -42,7 +43,7 @@ class BeamSearchPolicy:
         return top_s, top_i // v, top_i % v
 
 
-def beam_search(model, src, beam_size: int = 4, length_penalty: float = 0.6, max_len=(2.0, 10),
+def beam_search(model, src, beam_size: int = 4, length_penalty: float = 0.6, max_len=DEFAULT_MAX_LEN,
                 policy: BeamSearchPolicy | None = None) -> DecodeResult:
     """Best hypothesis per source by length-normalised log-probability. `scores` holds those scores.
 

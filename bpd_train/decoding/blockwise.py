@@ -42,8 +42,8 @@ import torch
 
 from bpd_train.decoding.acceptance import Exact, make_acceptance
 from bpd_train.decoding.adaptive import Adaptive
-from bpd_train.decoding.common import (decoding_mode, is_stop, keep_rows, parse_max_len, start_rows, start_tokens,
-                                       stop_ids, trim)
+from bpd_train.decoding.common import (DEFAULT_MAX_LEN, decoding_mode, is_stop, keep_rows, parse_max_len, start_rows,
+                                       start_tokens, stop_ids, trim)
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
 
@@ -77,7 +77,7 @@ def _accept_rows(x, g, ok, min_block, eos, room):
 
 
 def blockwise(model, src, block_size: int | None = None, accept=None, min_block: int = 1,
-              max_len=(2.0, 10), adaptive: bool | float = False) -> DecodeResult:
+              max_len=DEFAULT_MAX_LEN, adaptive: bool | float = False) -> DecodeResult:
     """Decode with blocks of up to `block_size` tokens per decoder call (default: the model's k).
 
     accept: Exact() (default; output identical to greedy), TopK(n), Distance(eps), or their config

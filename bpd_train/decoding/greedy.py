@@ -4,11 +4,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bpd_train.decoding.common import decoding_mode, is_stop, keep_rows, start_rows, start_tokens, stop_ids, trim
+from bpd_train.decoding.common import (DEFAULT_MAX_LEN, decoding_mode, is_stop, keep_rows, start_rows, start_tokens,
+                                       stop_ids, trim)
 from bpd_train.decoding.result import DecodeResult
 
 
-def greedy(model, src, max_len=(2.0, 10)) -> DecodeResult:
+def greedy(model, src, max_len=DEFAULT_MAX_LEN) -> DecodeResult:
     """Head-1 argmax, one token per decoder call. Finished rows leave the batch (their cache rows are
     dropped), so results do not depend on batch mates and a batch costs what its longest row costs."""
     stop = stop_ids(model)

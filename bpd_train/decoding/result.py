@@ -1,6 +1,7 @@
 """What every decoder returns."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 
@@ -37,3 +38,38 @@ class DecodeResult:
             accepted_hist=dict(sorted(hist.items())),
             scores=scores,
         )
+
+
+@dataclass
+class DecodeStats:
+    """Accumulates DecodeResults over batches. k̂ counts per-row accepted blocks (from accepted_hist when the
+    decoder reports it, else tokens/calls), decoder calls exclude the encoder and the prefill call."""
+
+    calls: int = 0
+    prefill_calls: int = 0
+    hist: Counter = field(default_factory=Counter)
+    generated: float = 0.0
+    sentences: int = 0
+    tokens: int = 0
+
+    def add(self, r) -> None:
+        calls = int(getattr(r, "calls", 0) or 0)
+        self.calls += calls
+        self.prefill_calls += int(getattr(r, "prefill_calls", 0) or 0)
+        hist = getattr(r, "accepted_hist", None) or {}
+        self.hist.update({int(k): int(v) for k, v in hist.items()})
+        self.generated += float(getattr(r, "mean_accepted", 0.0) or 0.0) * calls
+        self.sentences += len(r.tokens)
+        self.tokens += sum(len(t) for t in r.tokens)
+
+    @property
+    def mean_accepted(self) -> float:
+        if self.hist:
+            n = sum(self.hist.values())
+            return sum(k * v for k, v in self.hist.items()) / n if n else 0.0
+        return self.generated / self.calls if self.calls else 0.0
+
+    def to_dict(self) -> dict:
+        return {"calls": self.calls, "prefill_calls": self.prefill_calls, "mean_accepted": self.mean_accepted,
+                "accepted_hist": {str(k): v for k, v in sorted(self.hist.items())}, "sentences": self.sentences,
+                "tokens": self.tokens}

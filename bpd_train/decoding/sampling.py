@@ -12,12 +12,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from bpd_train.decoding.common import decoding_mode, is_stop, keep_rows, start_rows, start_tokens, stop_ids, trim
+from bpd_train.decoding.common import (DEFAULT_MAX_LEN, decoding_mode, is_stop, keep_rows, start_rows, start_tokens,
+                                       stop_ids, trim)
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
 
 
-def sample(model, src, max_len=(2.0, 10), temperature: float = 1.0, seed: int = 0,
+def sample(model, src, max_len=DEFAULT_MAX_LEN, temperature: float = 1.0, seed: int = 0,
            row_seeds: Sequence[int] | None = None) -> DecodeResult:
     """One token per decoder call drawn from head 1's softmax(logits / temperature)."""
     t = float(temperature)

@@ -81,7 +81,7 @@ def _load_prompts(cfg: DictConfig, files: dict, split: str, max_sentences: int |
     for i, rec in enumerate(ds):
         msgs = rec.get("messages")
         if msgs:  # a chat: the messages before the last assistant turn are the prompt (rendered by the
-            #       model's chat template, evaluation/decode.py LMText), that turn the reference
+            #       model's chat template, decoding/text.py LMText), that turn the reference
             last = msgs[-1] if isinstance(msgs[-1], dict) else {}
             if last.get("role") != "assistant" or not str(last.get("content") or "").strip():
                 raise EvalError(f"{files[split]} record {i}: a chat to evaluate must end with a non-empty assistant "

@@ -2,17 +2,13 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
-
-def one_line(text: str) -> str:
-    """Hypothesis/reference files hold one sentence per line: no line breaks inside, no surrounding spaces
-    (the sacrebleu CLI strips them too), so the files score exactly like the in-memory lists."""
-    return " ".join(str(text).splitlines()).strip()
+from bpd_train.decoding.result import DecodeStats  # noqa: F401 - re-exported: evaluation's callers import it here
+from bpd_train.decoding.text import one_line, pad_batch  # noqa: F401 - pad_batch re-exported
 
 
 def corpus_scores(hyps: Sequence[str], refs: Sequence[str]) -> dict:
@@ -37,41 +33,6 @@ def agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> float:
     if not a:
         return 100.0
     return 100.0 * sum(list(x) == list(y) for x, y in zip(a, b)) / len(a)
-
-
-@dataclass
-class DecodeStats:
-    """Accumulates DecodeResults over batches. k̂ counts per-row accepted blocks (from accepted_hist when the
-    decoder reports it, else tokens/calls), decoder calls exclude the encoder and the prefill call."""
-
-    calls: int = 0
-    prefill_calls: int = 0
-    hist: Counter = field(default_factory=Counter)
-    generated: float = 0.0
-    sentences: int = 0
-    tokens: int = 0
-
-    def add(self, r) -> None:
-        calls = int(getattr(r, "calls", 0) or 0)
-        self.calls += calls
-        self.prefill_calls += int(getattr(r, "prefill_calls", 0) or 0)
-        hist = getattr(r, "accepted_hist", None) or {}
-        self.hist.update({int(k): int(v) for k, v in hist.items()})
-        self.generated += float(getattr(r, "mean_accepted", 0.0) or 0.0) * calls
-        self.sentences += len(r.tokens)
-        self.tokens += sum(len(t) for t in r.tokens)
-
-    @property
-    def mean_accepted(self) -> float:
-        if self.hist:
-            n = sum(self.hist.values())
-            return sum(k * v for k, v in self.hist.items()) / n if n else 0.0
-        return self.generated / self.calls if self.calls else 0.0
-
-    def to_dict(self) -> dict:
-        return {"calls": self.calls, "prefill_calls": self.prefill_calls, "mean_accepted": self.mean_accepted,
-                "accepted_hist": {str(k): v for k, v in sorted(self.hist.items())}, "sentences": self.sentences,
-                "tokens": self.tokens}
 
 
 def synchronize(device: torch.device | str | None) -> None:
@@ -124,13 +85,3 @@ def time_interleaved(fns: dict[str, Callable], batches: Sequence, device=None, w
                     min(t.seconds for t in out.values()) >= min_seconds:
                 break
     return out
-
-
-def pad_batch(seqs: Iterable[Sequence[int]], pad_id: int, device=None) -> torch.Tensor:
-    seqs = [list(s) for s in seqs]
-    width = max((len(s) for s in seqs), default=0)
-    out = torch.full((len(seqs), max(width, 1)), pad_id, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            out[i, :len(s)] = torch.tensor(s, dtype=torch.long)
-    return out.to(device) if device is not None else out

@@ -22,11 +22,11 @@ import torch
 from bpd_train.checkpoint import CheckpointError
 from bpd_train.data.sampler import length_batches
 from bpd_train.evaluation.compare import Batches, compare, greedy_tokens
-from bpd_train.evaluation.decode import (
-    EvalError, check_block_sizes, decode_options, max_len_arg, parse_rule, serving_adaptive, set_decode_options,
-)
-from bpd_train.decoding.common import stop_ids
-from bpd_train.evaluation.metrics import agreement, corpus_scores, one_line
+from bpd_train.decoding.serving import prepare
+from bpd_train.decoding.settings import DEFAULT_MAX_LEN, DecodeSettings, check_block_sizes, parse_rule
+from bpd_train.decoding.text import one_line
+from bpd_train.evaluation.decode import EvalError
+from bpd_train.evaluation.metrics import agreement, corpus_scores
 from bpd_train.io import atomic_dir, atomic_write_text
 from bpd_train.loading import Source, load, resolve, run_checkpoints
 from bpd_train.engine.fastlinear import cpu_model, engine_name
@@ -40,7 +40,7 @@ class EvalSettings:
     block_sizes: list[int] | None = None          # None: the model's k and every smaller even k
     rules: list[str] = field(default_factory=lambda: ["exact", "top2"])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 32])
-    max_len: list | int = field(default_factory=lambda: [1.5, 10])   # a*src_len + b, or a fixed int
+    max_len: list | int = field(default_factory=lambda: list(DEFAULT_MAX_LEN))   # a*src_len + b, or a fixed int
     warmup: int = 1                               # untimed batches per decoder before timing
     max_bleu_drop: float = 1.0                    # the recommended run may lose at most this much base BLEU
     device: str = "auto"
@@ -48,7 +48,7 @@ class EvalSettings:
     dtype: str = "fp32"                           # decode-step weights: fp32 | bf16 | int8
     draft_vocab: int | str | None = "auto"        # heads 2..k propose among the N most frequent tokens (auto: V/4)
     proposal_dtype: str | None = "auto"           # heads 2..k and their projection: fp32 | bf16 | int8 (None: dtype;
-    #                                               auto: int8 on a CPU with int8 kernels; evaluation/decode.py)
+    #                                               auto: int8 on a CPU with int8 kernels; decoding/settings.py)
     adaptive: bool | float = False                # feed only proposals whose heads pay (threshold)
     min_seconds: float = 0.0                      # timed passes over the sentences until each decoder ran this long
     adaptive_speedup: bool = True                 # exact rule on the CPU: also time adaptive feeding (what the
@@ -63,19 +63,19 @@ class EvalSettings:
             raise EvalError(f"batch_sizes must be a non-empty list of positive ints, got {self.batch_sizes}")
         if self.block_sizes is not None:
             self.block_sizes = [int(b) for b in self.block_sizes]
-        max_len_arg(self.max_len)
-        from bpd_train.engine.fastlinear import check_dtype
-        try:
-            self.dtype = check_dtype(self.dtype)
-        except ValueError as e:
-            raise EvalError(str(e)) from e
-        if isinstance(self.adaptive, str):
-            self.adaptive = {"true": True, "false": False}.get(self.adaptive.lower(), self.adaptive)
-        if not isinstance(self.adaptive, bool) and not 0.0 < float(self.adaptive) < 1.0:
-            raise EvalError(f"adaptive must be true, false or a threshold in (0, 1), got {self.adaptive!r}")
+        base = self.decode_settings()  # the decode fields checked once, before any decoding
+        if base.adaptive is None:
+            raise EvalError(f"adaptive={self.adaptive!r}: expected true, false or a threshold in (0, 1) (the serving "
+                            "paths' automatic choice is timed too: evaluate.adaptive_speedup)")
+        self.dtype, self.adaptive = base.dtype, base.adaptive
         self.max_bleu_drop = float(self.max_bleu_drop)
         if not self.max_bleu_drop >= 0:
             raise EvalError(f"max_bleu_drop must be a BLEU difference >= 0, got {self.max_bleu_drop}")
+
+    def decode_settings(self, **changes) -> DecodeSettings:
+        """The DecodeSettings every combination starts from (its rule, block size and batch size are the grid's)."""
+        return DecodeSettings(max_len=self.max_len, dtype=self.dtype, draft_vocab=self.draft_vocab,
+                              proposal_dtype=self.proposal_dtype, adaptive=self.adaptive, **changes)
 
     def torch_device(self) -> torch.device:
         if self.device in (None, "auto"):
@@ -162,12 +162,12 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     ks = check_block_sizes(settings.block_sizes, cfg.block_size, f"{name} ({loaded.source})")
     rules = [(r, parse_rule(r)) for r in settings.rules]
     text = loaded.family.text_adapter(loaded, langs[0], langs[1])
-    options = decode_options(text.sp, stop_ids(model), settings.dtype, settings.draft_vocab, settings.proposal_dtype,
-                             device)
-    set_decode_options(model, options)
+    base = settings.decode_settings()
+    prepare(model, text.sp, base, device)  # sets the decode options, resolved for this tokenizer and device
+    options = model.decode_options
     src_ids = [text.source_ids(s) for s in sources]
     truncated = text.truncated  # of the timed sources
-    max_len = max_len_arg(settings.max_len)
+    max_len = base.max_len
     hyp_dir = out_dir / "hyp" / _safe(name)
     hyp_dir.mkdir(parents=True, exist_ok=True)
     meta = loaded.meta or {}
@@ -197,7 +197,7 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
         for combo in combos or [None]:
             k, rname, rule = combo or (None, None, None)
             also = (settings.adaptive_speedup and settings.adaptive is False and k is not None
-                    and serving_adaptive(None, rule, device) is True)
+                    and base.replace(accept=rule, adaptive=None).adaptive_on(device) is True)
             c = compare(model, batches, k=k, rule=rule, max_len=max_len, device=device, warmup=settings.warmup,
                         adaptive=settings.adaptive, also_adaptive=also, on_batch=bar.update,
                         min_seconds=settings.min_seconds)

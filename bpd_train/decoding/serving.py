@@ -1,0 +1,103 @@
+"""Run a DecodeSettings over texts: the one decode path of Translator, the translate command line and the evaluator.
+
+    decoder = prepare(model, tokenizer, settings, device)   # block size checked, decode options set on the model
+    out = decode_texts(decoder, text, sources)              # text: the family's adapter (decoding/text.py)
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from bpd_train import decoding
+from bpd_train.data.sampler import length_batches
+from bpd_train.decoding.common import stop_ids
+from bpd_train.decoding.result import DecodeResult, DecodeStats
+from bpd_train.decoding.settings import DecodeError, DecodeSettings, set_decode_options
+from bpd_train.decoding.text import one_line
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """A DecodeSettings resolved for one model on one device (see `prepare`); call it on a padded source batch."""
+
+    model: torch.nn.Module
+    settings: DecodeSettings
+    device: torch.device
+    k: int                      # the block size blockwise decoding runs with
+    adaptive: bool | float      # adaptive feeding as resolved for the device
+
+    @property
+    def blockwise(self) -> bool:
+        """Blockwise decoding (a model with heads, method blockwise); else greedy."""
+        return self.settings.method == "blockwise" and self.k > 1
+
+    @property
+    def label(self) -> str:
+        """How it decodes, as reports and the command line's summary name it."""
+        if not self.blockwise:
+            return "greedy"
+        return f"blockwise k={self.k} {self.settings.accept}{' adaptive' if self.adaptive else ''}"
+
+    def __call__(self, src) -> DecodeResult:
+        s = self.settings
+        if self.blockwise:  # (looked up on the package: tests watch the decoders there)
+            return decoding.blockwise(self.model, src, block_size=self.k, accept=s.rule, max_len=s.max_len,
+                                      adaptive=self.adaptive)
+        return decoding.greedy(self.model, src, max_len=s.max_len)
+
+
+def prepare(model, tokenizer, settings: DecodeSettings, device, where: str = "this model") -> Decoder:
+    """Check `settings` against the model (block size at most its k) and set its decode options (draft vocabulary
+    and proposal precision resolved for this tokenizer and device). `where` names the model in errors."""
+    k = settings.k(int(model.config.block_size), where)
+    set_decode_options(model, settings.options(tokenizer, stop_ids(model), device))
+    return Decoder(model, settings, torch.device(device), k, settings.adaptive_on(device))
+
+
+@dataclass
+class Decoded:
+    """decode_texts's answer: one text and one id list per source, in input order."""
+
+    texts: list[str]
+    tokens: list[list[int]]
+    stats: DecodeStats          # decoder calls, k̂ and tokens over every batch
+    seconds: float              # time spent decoding (CUDA synchronised), tokenizing excluded
+
+
+def decode_texts(decoder: Decoder, text, sources: Sequence, stats: DecodeStats | None = None,
+                 where: Callable[[int], str] | None = None) -> Decoded:
+    """Decode `sources` (sentences, prompts or chats, as the text adapter reads them) in batches of the settings'
+    batch size, grouped by length. None or a blank string gives an empty output. `stats`: added to (and returned);
+    `where(i)`: names source i in the error a source that cannot be read gives (e.g. "line 3")."""
+    device = decoder.device
+    ids = {}
+    for i, s in enumerate(sources):
+        if s is None or (isinstance(s, str) and not s.strip()):
+            continue
+        try:
+            ids[i] = text.source_ids(s)
+        except ValueError as e:
+            if where is None:
+                raise
+            raise DecodeError(f"{where(i)}: {e}") from None
+    todo = list(ids)
+    out_text, out_tokens = [""] * len(sources), [[] for _ in sources]
+    stats = DecodeStats() if stats is None else stats
+    seconds = 0.0
+    with torch.inference_mode():
+        for group in length_batches([len(ids[i]) for i in todo], decoder.settings.batch_size):
+            rows = [todo[j] for j in group]
+            src = text.batch([ids[i] for i in rows], device)
+            t0 = time.perf_counter()
+            r = decoder(src)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds += time.perf_counter() - t0
+            stats.add(r)
+            for i, toks in zip(rows, r.tokens):
+                out_tokens[i] = list(toks)
+                out_text[i] = one_line(text.detok(toks))
+    return Decoded(out_text, out_tokens, stats, seconds)
