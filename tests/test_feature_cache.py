@@ -119,3 +119,37 @@ def test_no_cache_where_states_can_change():
     assert _module(dropout=0.1)._feature_cache is None        # dropout: the states differ per pass
     assert _module(gb=0)._feature_cache is None               # switched off
     assert _module(trainable="all")._feature_cache is None    # the backbone trains
+
+
+def test_draft_vocabulary_loss_is_the_cross_entropy_over_the_lowest_ids():
+    """loss.draft_vocab = N: heads 2..k's loss is the CE of their logits over ids < N, targets >= N ignored."""
+    import torch.nn.functional as F
+
+    m = BPDLightningModule(_lm().config.to_dict(), {"name": "t", "block_size": 3, "head_loss": "mean",
+                                                    "trainable": "heads", "init_from": "x"},
+                           {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
+                           {"draft_vocab": 24, "recompute": False}, seed=3)
+    with torch.no_grad():
+        for p in m.model.head_parameters():
+            p.normal_(0, 0.2)
+    m.train()
+    b = _lm_batch(_rows([7, 10, 5], seed=2))
+    loss, per_head = m.compute_loss(b, [1, 2], [0.5, 0.5])
+    with torch.no_grad():
+        h = m.model.features(b["tokens"])
+        want = []
+        for i in (1, 2):
+            logits = m.model.heads_logits(h, i, i + 1).squeeze(-2)[..., :24]
+            t = torch.full_like(b["targets"], PAD)
+            t[:, :-i] = b["targets"][:, i:]
+            t[t >= 24] = PAD
+            want.append(F.cross_entropy(logits.reshape(-1, 24), t.reshape(-1), ignore_index=PAD))
+    assert abs(loss.item() - 0.5 * (want[0] + want[1]).item()) < 1e-5
+    assert (b["targets"] >= 24).any()  # some targets fall outside and are ignored
+    import pytest
+    for bad in ({"draft_vocab": 0.5e9}, {"draft_vocab": 24, "self_kd_weight": 0.5}):
+        with pytest.raises(ValueError, match="draft_vocab"):
+            BPDLightningModule(_lm().config.to_dict(), {"name": "t", "block_size": 3, "trainable": "heads",
+                                                        "init_from": "x"}, {}, bad, seed=3)
+    with pytest.raises(ValueError, match="frozen"):
+        BPDLightningModule(_lm().config.to_dict(), {"name": "t", "block_size": 3}, {}, {"draft_vocab": 24}, seed=3)

@@ -11,6 +11,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import torch.nn.functional as F
 
 from bpd_train.checkpoint import CKPT_META_KEY
 from bpd_train.families import family_of
@@ -55,8 +56,19 @@ class BPDLightningModule(pl.LightningModule):
         self.self_kd_weight = float(self.loss_cfg.get("self_kd_weight") or 0.0)
         if not 0.0 <= self.self_kd_weight <= 1.0:
             raise ValueError(f"loss.self_kd_weight must be in [0, 1], got {self.self_kd_weight}")
+        # loss.draft_vocab = N: heads 2..k learn to choose among the N lowest ids only, the draft vocabulary they
+        # propose from when decoding (decode.draft_vocab); a softmax over N ids instead of the whole vocabulary
+        self.draft_vocab = int(self.loss_cfg.get("draft_vocab") or 0)
         self.seed = int(seed)
         cfg = self.model.config
+        if self.draft_vocab:
+            if not 0 < self.draft_vocab <= cfg.vocab_size:
+                raise ValueError(f"loss.draft_vocab={self.draft_vocab}: the number of lowest ids heads 2..k choose "
+                                 f"among, 1..{cfg.vocab_size} (or null: every id)")
+            if not self.regime.freeze_backbone or self.kd_weight > 0 or self.self_kd_weight > 0 \
+                    or getattr(self.model, "chained", False) or not hasattr(self.model, "head_states"):
+                raise ValueError("loss.draft_vocab trains heads 2..k alone on a frozen decoder-only backbone "
+                                 "(regimes frozen, distill), without kd_weight / self_kd_weight")
         if self.regime.freeze_backbone:
             for p in self.model.backbone_parameters():
                 p.requires_grad_(False)
@@ -150,7 +162,12 @@ class BPDLightningModule(pl.LightningModule):
         h = self._features(batch)
         kd = self.kd_weight > 0 and 0 in heads
         extras: dict[str, torch.Tensor] = {}
-        loss, per_head = bpd_loss(self.model.head_logits, h, self._targets(batch), heads, weights, cfg.pad_id,
+        head_logits, targets = self.model.head_logits, self._targets(batch)
+        if self.draft_vocab:  # heads 2..k only (head 1 does not train on a frozen backbone): the lowest ids
+            w = self.model.output_weight()[:self.draft_vocab]
+            head_logits = lambda x, i: F.linear(self.model.head_states(x, i, i + 1).squeeze(-2), w)  # noqa: E731
+            targets = targets.masked_fill(targets >= self.draft_vocab, cfg.pad_id)
+        loss, per_head = bpd_loss(head_logits, h, targets, heads, weights, cfg.pad_id,
                                   float(self.loss_cfg.get("label_smoothing", 0.0)),
                                   bool(self.loss_cfg.get("recompute", True)),
                                   teacher_logits=self.teacher_logits(batch) if kd else None,
