@@ -14,10 +14,19 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
 .PHONY: install test test-fast test-long test-all test-slurm demo smoke demo-lm smoke-lm results bench clean
 
-$(VENV)/.installed: pyproject.toml
+# CPU torch by default: PyPI's Linux torch is the CUDA build (GBs), so torch comes first from the CPU wheel index
+# (TORCH_INDEX=https://download.pytorch.org/whl/cu128 for a GPU), then the project with constraints.txt, which pins
+# every dependency to the versions the tests run with (pyproject.toml gives ranges) and leaves that torch in place.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_VERSION := $(shell sed -n "s/^torch==//p" constraints.txt)
+PIP_INSTALL = $(PYTHON) -m pip install -q -c constraints.txt
+
+$(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
-	$(PYTHON) -m pip install -q -e '.[dev]'
+	$(PYTHON) -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null || \
+	  $(PIP_INSTALL) torch --index-url $(TORCH_INDEX)
+	$(PIP_INSTALL) -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed
