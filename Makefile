@@ -3,7 +3,8 @@
 # make test-all  — both (what CI runs)
 # make demo   — the whole BPD experiment in miniature on the bundled corpus
 # make demo-lm — the same for a decoder-only (Llama-architecture) model trained from scratch (docs/decoder-only.md)
-# make results — docs/results.md and README.md's results block from make demo's evaluation report
+# make results — docs/results.md and README.md's results block from make demo's evaluation report (the only
+#                target that changes tracked files; make demo writes its page under artifacts/demo/results/)
 PY ?= python3
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
@@ -54,13 +55,20 @@ test-slurm: install
 	$(PYTHON) -m pytest -q -m slurm $(PYTEST_ARGS)
 
 # Every stage is skipped when its artifact is complete, so rerunning resumes. K=6 etc. changes the block size.
+# demo and smoke end with their results page under artifacts/<experiment>/results/ (results.md and plots); nothing
+# tracked changes: `make results` writes make demo's into docs/results.md and README.md. (The LM chains' report:
+# artifacts/<experiment>/bible_en_fr/eval/demo-k<K>/report.md.)
 K ?= 4
+report = artifacts/$(1)/bible_en_fr/eval/demo-k$(K)/report.json
+page = $(PYTHON) bench/results.py --report $(call report,$(1)) --docs artifacts/$(1)/results
+
 demo: install
 	$(PYTHON) -m bpd_train.pipeline --experiment demo --k $(K)
-	$(MAKE) --no-print-directory results K=$(K)
+	$(call page,demo)
 
 smoke: install
 	$(PYTHON) -m bpd_train.pipeline --experiment smoke --k $(K)
+	$(call page,smoke)
 
 demo-lm: install
 	$(PYTHON) -m bpd_train.pipeline --experiment demo-lm --k $(K)
@@ -70,7 +78,9 @@ smoke-lm: install
 
 # The headline table is generated, never edited: tests/test_docs.py fails when README.md and docs/results.md differ.
 results: install
-	$(PYTHON) bench/results.py --report artifacts/demo/bible_en_fr/eval/demo-k$(K)/report.json --readme
+	@test -f $(call report,demo) || { echo "error: no $(call report,demo): run make demo first (make smoke's" \
+	  "page is artifacts/smoke/results/results.md)" >&2; exit 2; }
+	$(PYTHON) bench/results.py --report $(call report,demo) --readme
 
 bench: install
 	$(PYTHON) bench/decode.py

@@ -202,9 +202,11 @@ def _group_error(e: Exception, conf: Path) -> str:
     return str(e).split("\n\n")[0]
 
 
-def check_config(config_name: str, argv: list[str], command: str) -> None:
+def check_config(config_name: str, argv: list[str], command: str, environment: bool = True) -> None:
     """Refuse, with one line naming the closest valid key, what Hydra would ignore, crash on or explain in a page:
-    unknown keys (with or without `+`), wrong value types, unknown config group options. Exits 2; returns if fine."""
+    unknown keys (with or without `+`), wrong value types, unknown config group options, values the code would
+    refuse; with `environment`, also a corpus path that is not there and a GPU trainer on a machine without one.
+    Exits 2; returns if fine."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -259,8 +261,9 @@ def check_config(config_name: str, argv: list[str], command: str) -> None:
                 fail(str(e).split("\n\n")[0] + hint)
             check_values(config_name, composed, hint)
             _note_outputs(composed)
-            check_data_path(config_name, composed, hint)
-            if config_name == "train" and not any(a in ("-m", "--multirun") for a in argv):
+            if environment:
+                check_data_path(config_name, composed, hint)
+            if environment and config_name == "train" and not any(a in ("-m", "--multirun") for a in argv):
                 check_device(composed, [o.key_or_group for o in mine])
     finally:
         GlobalHydra.instance().clear()
