@@ -325,3 +325,29 @@ def test_regime_lists_name_every_regime():
         head = "\n".join((ROOT / name).read_text(encoding="utf-8").splitlines()[:4])
         missing = [r for r in regime_names() if not re.search(rf"\b{r}\b", head)]
         assert not missing, f"{name}'s header lists no {missing}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def test_links_between_pages_resolve():
+    """Every relative link of README.md and docs/*.md names a file of the repository, and its #anchor a heading."""
+    bad = []
+    for page in DOCS:
+        text = page.read_text(encoding="utf-8")
+        text = re.sub(r"```.*?```", "", text, flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                bad.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md":
+                heads = {_slug(h) for h in re.findall(r"^#+\s+(.*)$", dest.read_text(encoding="utf-8"), re.M)}
+                if anchor not in heads:
+                    bad.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not bad, bad
