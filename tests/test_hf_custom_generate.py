@@ -86,6 +86,9 @@ def test_custom_generate_on_a_plain_load_and_heads_not_first_head(tmp_path):
     with pytest.raises(ValueError, match="greedy output"):
         plain.generate(input_ids=ids, max_new_tokens=4, do_sample=True, custom_generate=str(folder),
                        trust_remote_code=True)
+    with pytest.raises(ValueError, match="repetition_penalty"):  # would change greedy's choices: refused
+        plain.generate(input_ids=ids, max_new_tokens=4, repetition_penalty=1.3, custom_generate=str(folder),
+                       trust_remote_code=True)
 
 
 def test_generate_file_needs_only_torch_safetensors_transformers():

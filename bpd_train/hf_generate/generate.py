@@ -72,6 +72,13 @@ class Heads:
         return norm(h.unsqueeze(0) + out[first:first + self.k - 1])
 
 
+# generation options that change greedy decoding's choices, with the value that leaves them alone
+_GREEDY_AS_IS: dict[str, Any] = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "bad_words_ids": None,
+                                 "suppress_tokens": None, "begin_suppress_tokens": None, "forced_bos_token_id": None,
+                                 "forced_eos_token_id": None, "min_length": 0, "min_new_tokens": None,
+                                 "sequence_bias": None, "encoder_repetition_penalty": 1.0}
+
+
 def _crop(cache: Any, keep: int) -> None:
     extra = cache.get_seq_length() - keep
     if extra > 0:
@@ -101,6 +108,10 @@ def generate(*args: Any, model: Any = None, input_ids: torch.Tensor | None = Non
     gc = generation_config if generation_config is not None else model.generation_config
     if kwargs.get("do_sample", getattr(gc, "do_sample", False)) or int(kwargs.get("num_beams", 1) or 1) != 1:
         raise ValueError("blockwise decoding with heads gives the greedy output: use do_sample=False, num_beams=1")
+    changed = [k for k, plain in _GREEDY_AS_IS.items()
+               if kwargs.get(k, getattr(gc, k, plain)) not in (plain, None) and kwargs.get(k, getattr(gc, k, plain))]
+    if changed:  # options transformers applies to the logits: this decoder reads them as they are
+        raise ValueError(f"blockwise decoding with heads runs plain greedy decoding; not supported: {changed}")
     if max_new_tokens is None:
         max_new_tokens = getattr(gc, "max_new_tokens", None)
     if max_new_tokens is None:
