@@ -86,11 +86,13 @@ def discard_run_folder(cfg: Any = None) -> None:
         for d in (out / ".hydra", out):
             if d.is_dir():
                 d.rmdir()
+        # empty folders above it go too: inside paths.outputs, or up to the first folder this run created for it
         outputs = cfg.get("paths", {}).get("outputs") if cfg is not None else None
-        # empty folders above it go too, up to paths.outputs, or up to the first folder this run created for it
-        stop = _NEW_OUTPUTS.parent if _NEW_OUTPUTS else Path(str(outputs)).resolve() if outputs else None
+        root = Path(str(outputs)).resolve() if outputs else None
         parent = out.parent
-        while stop is not None and stop in parent.parents and not any(parent.iterdir()):
+        while not any(parent.iterdir()) and (
+                (_NEW_OUTPUTS is not None and (parent == _NEW_OUTPUTS or _NEW_OUTPUTS in parent.parents))
+                or (_NEW_OUTPUTS is None and root is not None and root in parent.parents)):
             parent.rmdir()
             parent = parent.parent
     except Exception:  # the error line is printed already: a failed cleanup must not replace it with a traceback
