@@ -3,7 +3,8 @@
 # make test-all  — both (what CI runs)
 # make demo   — the whole BPD experiment in miniature on the bundled corpus
 # make demo-lm — the same for a decoder-only (Llama-architecture) model trained from scratch (docs/decoder-only.md)
-# make results — docs/results.md and README.md's results block from make demo's evaluation report
+# make results — docs/results.md and README.md's results block from make demo's evaluation report (the only
+#                target that changes tracked files; make demo writes its page under artifacts/demo/results/)
 PY ?= python3
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
@@ -14,10 +15,19 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
 .PHONY: install test test-fast test-long test-all test-slurm demo smoke demo-lm smoke-lm results bench clean
 
-$(VENV)/.installed: pyproject.toml
+# CPU torch by default: PyPI's Linux torch is the CUDA build (GBs), so torch comes first from the CPU wheel index
+# (TORCH_INDEX=https://download.pytorch.org/whl/cu128 for a GPU), then the project with constraints.txt, which pins
+# every dependency to the versions the tests run with (pyproject.toml gives ranges) and leaves that torch in place.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_VERSION := $(shell sed -n "s/^torch==//p" constraints.txt)
+PIP_INSTALL = $(PYTHON) -m pip install -q -c constraints.txt
+
+$(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
-	$(PYTHON) -m pip install -q -e '.[dev]'
+	$(PYTHON) -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null || \
+	  $(PIP_INSTALL) torch --index-url $(TORCH_INDEX)
+	$(PIP_INSTALL) -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -45,13 +55,20 @@ test-slurm: install
 	$(PYTHON) -m pytest -q -m slurm $(PYTEST_ARGS)
 
 # Every stage is skipped when its artifact is complete, so rerunning resumes. K=6 etc. changes the block size.
+# demo and smoke end with their results page under artifacts/<experiment>/results/ (results.md and plots); nothing
+# tracked changes: `make results` writes make demo's into docs/results.md and README.md. (The LM chains' report:
+# artifacts/<experiment>/bible_en_fr/eval/demo-k<K>/report.md.)
 K ?= 4
+report = artifacts/$(1)/bible_en_fr/eval/demo-k$(K)/report.json
+page = $(PYTHON) bench/results.py --report $(call report,$(1)) --docs artifacts/$(1)/results
+
 demo: install
 	$(PYTHON) -m bpd_train.pipeline --experiment demo --k $(K)
-	$(MAKE) --no-print-directory results K=$(K)
+	$(call page,demo)
 
 smoke: install
 	$(PYTHON) -m bpd_train.pipeline --experiment smoke --k $(K)
+	$(call page,smoke)
 
 demo-lm: install
 	$(PYTHON) -m bpd_train.pipeline --experiment demo-lm --k $(K)
@@ -61,7 +78,9 @@ smoke-lm: install
 
 # The headline table is generated, never edited: tests/test_docs.py fails when README.md and docs/results.md differ.
 results: install
-	$(PYTHON) bench/results.py --report artifacts/demo/bible_en_fr/eval/demo-k$(K)/report.json --readme
+	@test -f $(call report,demo) || { echo "error: no $(call report,demo): run make demo first (make smoke's" \
+	  "page is artifacts/smoke/results/results.md)" >&2; exit 2; }
+	$(PYTHON) bench/results.py --report $(call report,demo) --readme
 
 bench: install
 	$(PYTHON) bench/decode.py

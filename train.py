@@ -1,5 +1,6 @@
 # python train.py +regime=base experiment=smoke      then: python train.py +regime=frozen experiment=smoke
-# Regimes (conf/regime/): base, frozen [Regular], finetune [Fine Tuning], distill [Distillation], both [Both].
+# Regimes (conf/regime/): base, frozen [Regular], finetune [Fine Tuning], distill [Distillation], both [Both],
+# self (heads on the model's own greedy output).
 # Resume: ckpt_path=last. Configs: conf/train.yaml. Work happens in bpd_train/training/run.py.
 import sys
 

@@ -1,7 +1,21 @@
-"""bpd-train: train Blockwise Parallel Decoding heads and decode several tokens per step, exactly."""
+"""bpd-train: train Blockwise Parallel Decoding heads and decode several tokens per step, exactly.
+
+The public names: `Translator` and `Output` (text in, text out; docs/api.md), `load_bundle` (a bundle's model,
+tokenizer and metadata), `corpus_name`, `REPO_ROOT`, `INSTALLED`, `work_root`. The first three import torch, so
+they load on first use; `import bpd_train` alone stays light (the commands check their configs before torch).
+"""
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ below imports them on first use
+    from bpd_train.api import Output, Translator
+    from bpd_train.bundle import load_bundle
 
 __version__ = "0.1.0"
+__all__ = ["INSTALLED", "REPO_ROOT", "Output", "Translator", "corpus_name", "load_bundle", "work_root",
+           "__version__"]
 
 # Where conf/ and the bundled corpus (data/) are: the clone (an editable install), or the copies a wheel ships in
 # bpd_train/_root (bpd_train/_build.py). INSTALLED: no clone around, so runs write under the working directory.
@@ -51,7 +65,7 @@ def _register_resolvers() -> None:
 _register_resolvers()
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # `from bpd_train import load_bundle` (or Translator) without importing torch for every `import bpd_train`
     if name == "load_bundle":
         from bpd_train.bundle import load_bundle

@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from pathlib import Path
-from typing import Callable, NoReturn, TextIO, TypeVar
+from typing import Any, Callable, NoReturn, TextIO, TypeVar
 
 EXIT_USER_ERROR = 2
 
@@ -43,16 +44,59 @@ def fail(message: str) -> NoReturn:
 
 
 def exits_on_user_error(fn: F) -> F:
-    """Decorator for a command's main function: a user error becomes one line and exit status 2."""
+    """Decorator for a command's main function: a user error becomes one line and exit status 2, and the Hydra run
+    folder this run made (outputs/<job>/<time>/) is removed again."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as e:
-            sys.exit(report(e))
+            status = report(e)
+            discard_run_folder(args[0] if args else None)
+            sys.exit(status)
 
     return wrapper  # type: ignore[return-value]
+
+
+_STARTED = time.time()  # near enough this process's start: the module is imported before Hydra starts
+_NEW_OUTPUTS: Path | None = None  # the first folder of paths.outputs that did not exist before this run
+_HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
+
+
+def discard_run_folder(cfg: Any = None) -> None:
+    """Remove the folder Hydra made for this run (a single run, not a sweep) when it holds only what Hydra wrote
+    there in this process (.hydra/ and the job's log), then the folders left empty above it inside paths.outputs.
+    A folder holding anything else, or files older than this process (a requeued SLURM job's), stays."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
+            return
+        out = Path(str(HydraConfig.get().runtime.output_dir)).resolve()
+        files = [p for p in out.rglob("*") if not p.is_dir()]
+        hydra_files = {out / rel for rel in _HYDRA_FILES}
+        if any(p not in hydra_files and not (p.parent == out and p.suffix == ".log") for p in files):
+            return
+        if any(p.stat().st_mtime < _STARTED - 1 for p in files):
+            return
+        for p in files:
+            p.unlink()
+        for d in (out / ".hydra", out):
+            if d.is_dir():
+                d.rmdir()
+        # empty folders above it go too: inside paths.outputs, or up to the first folder this run created for it
+        outputs = cfg.get("paths", {}).get("outputs") if cfg is not None else None
+        root = Path(str(outputs)).resolve() if outputs else None
+        parent = out.parent
+        while not any(parent.iterdir()) and (
+                (_NEW_OUTPUTS is not None and (parent == _NEW_OUTPUTS or _NEW_OUTPUTS in parent.parents))
+                or (_NEW_OUTPUTS is None and root is not None and root in parent.parents)):
+            parent.rmdir()
+            parent = parent.parent
+    except Exception:  # the error line is printed already: a failed cleanup must not replace it with a traceback
+        return
 
 
 # --- config overrides: checked before Hydra starts, so a typo is one line naming the closest valid key ----------
@@ -160,9 +204,11 @@ def _group_error(e: Exception, conf: Path) -> str:
     return str(e).split("\n\n")[0]
 
 
-def check_config(config_name: str, argv: list[str], command: str) -> None:
+def check_config(config_name: str, argv: list[str], command: str, environment: bool = True) -> None:
     """Refuse, with one line naming the closest valid key, what Hydra would ignore, crash on or explain in a page:
-    unknown keys (with or without `+`), wrong value types, unknown config group options. Exits 2; returns if fine."""
+    unknown keys (with or without `+`), wrong value types, unknown config group options, values the code would
+    refuse; with `environment`, also a corpus path that is not there and a GPU trainer on a machine without one.
+    Exits 2; returns if fine."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -212,11 +258,112 @@ def check_config(config_name: str, argv: list[str], command: str) -> None:
                     if err:
                         fail(err + hint)
             try:  # anything else Hydra refuses (e.g. '+' on a key that exists) as one line too
-                compose(config_name, overrides=[o.input_line for o in mine])
+                composed = compose(config_name, overrides=[o.input_line for o in mine])
             except Exception as e:
                 fail(str(e).split("\n\n")[0] + hint)
+            check_values(config_name, composed, hint)
+            _note_outputs(composed)
+            if environment:
+                check_data_path(config_name, composed, hint)
+            if environment and config_name == "train" and not any(a in ("-m", "--multirun") for a in argv):
+                check_device(composed, [o.key_or_group for o in mine])
     finally:
         GlobalHydra.instance().clear()
+
+
+# --- values: checked on the composed config, so a run is refused in a second, before torch, Lightning or a model
+# or corpus is loaded. The code that reads each key keeps its own tuple (named beside it); tests/test_config_values.py
+# checks that the two agree.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.format": ("hf", "jsonl", "tsv", "parallel_text"),          # bpd_train.data.corpus.FORMATS
+    "data.on_bad_line": ("error", "skip"),                           # bpd_train.data.corpus.load_corpus
+    "loss.head_loss": ("random", "mean", "weighted"),                # bpd_train.training.losses.HEAD_LOSSES
+    "regime.head_loss": ("random", "mean", "weighted"),              # (its default is ${loss.head_loss})
+    "regime.trainable": ("all", "heads"),                            # bpd_train.training.regimes.TRAINABLE
+    "regime.source": ("gold", "distilled", "mixed", "self"),         # bpd_train.training.regimes.SOURCES
+    "optim.schedule.name": ("inverse_sqrt", "cosine", "constant"),   # bpd_train.training.optim.SCHEDULES
+    "model.heads": ("bpd", "medusa"),                                # bpd_train.model.lm_config.HEAD_TYPES
+    "progress_bar": ("tqdm", "rich", "none"),                        # bpd_train.training.trainer.callbacks
+    "decode.dtype": ("fp32", "bf16", "int8"),                        # bpd_train.engine.fastlinear.DTYPES
+    "export.format": ("bundle", "hf", "vllm"),                       # bpd_train.export.FORMATS
+    "distill.action": ("run", "verify", "plan", "status"),           # bpd_train.distillation.job.ACTIONS
+}
+
+
+def _value(cfg: Any, key: str) -> object:
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.select(cfg, key, default=_MISSING)
+    except Exception:  # an interpolation only Hydra's runtime resolves (${hydra:...}, ${now:...}): the run decides
+        return _MISSING
+
+
+def _note_outputs(cfg: Any) -> None:
+    # the first folder on the way to paths.outputs that does not exist yet: Hydra will make it for this run
+    global _NEW_OUTPUTS
+    outputs = _value(cfg, "paths.outputs")
+    if not isinstance(outputs, str):
+        return
+    new = Path(outputs).expanduser().resolve()
+    if new.exists():
+        return
+    while not new.parent.exists():
+        new = new.parent
+    _NEW_OUTPUTS = new
+
+
+def check_values(config_name: str, cfg: Any, hint: str = "") -> None:
+    """One line naming the key, the value and the choices for a value the code would refuse later."""
+    for key, choices in CHOICES.items():
+        value = _value(cfg, key)
+        if value is _MISSING or value is None or str(value) in choices:
+            continue
+        guess = _closest(str(value), list(choices))
+        fail(f"{key}={value}: not a choice; choose one of {', '.join(choices)}"
+             f"{f' (did you mean {key}={guess}?)' if guess else ''}{hint}")
+    want = _value(cfg, "evaluate.bleu_sentences")
+    if want is not _MISSING and want is not None and str(want).lower() != "all" and not (
+            isinstance(want, int) and not isinstance(want, bool) and want > 0):
+        fail(f"evaluate.bleu_sentences must be `all`, null or a positive number of sentences, got {want!r}{hint}")
+
+
+def check_data_path(config_name: str, cfg: Any, hint: str = "") -> None:
+    """A corpus on disk that is not there: named now, not after the accelerator, the tokenizer and the model."""
+    fmt, path = _value(cfg, "data.format"), _value(cfg, "data.path")
+    if fmt is _MISSING or str(fmt) == "hf" or path is _MISSING:
+        return
+    if path is None:
+        if config_name in ("train", "distill", "evaluate") and _value(cfg, "data.lm.files") in (None, _MISSING):
+            fail(f"data.path is not set: data.format={fmt} reads the corpus from data.path=DIR (a folder of split "
+                 f"files, or one train file){hint}")
+        return
+    if not Path(str(path)).expanduser().exists():
+        fail(f"data.path={path}: no such file or folder{hint}")
+
+
+def cuda_device_visible() -> bool | None:
+    """Whether this machine shows a CUDA (or ROCm) device, read without importing torch: False where surely none
+    (CUDA_VISIBLE_DEVICES empty or -1; Linux without NVIDIA, ROCm or WSL device nodes), None where it cannot tell."""
+    import glob
+
+    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return False
+    if not sys.platform.startswith("linux"):
+        return None
+    return bool(glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd") or os.path.exists("/dev/dxg"))
+
+
+def check_device(cfg: Any, keys: list[str]) -> None:
+    """trainer=gpu is the default (written for a GPU or a cluster): on a machine without one, say in one line what
+    to add instead of failing after the data and the model are loaded."""
+    acc = _value(cfg, "trainer.accelerator")
+    if str(acc) not in ("gpu", "cuda") or cuda_device_visible() is not False:
+        return
+    chosen = ("trainer=gpu (the default)" if not any(k == "trainer" or k.startswith("trainer.") for k in keys)
+              else f"trainer.accelerator={acc}")
+    fail(f"{chosen} but this machine has no CUDA device: add experiment=smoke or experiment=demo (CPU-sized "
+         f"presets), or trainer=cpu to train this config on the CPU")
 
 
 # --- --help: what a new user needs first (regimes, experiments, the options people change), then the config ----

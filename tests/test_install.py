@@ -1,12 +1,15 @@
-"""`pip install .` (not editable) works from any directory: a wheel built from this tree carries the configs and the
-bundled corpus, its console scripts run the smoke chain (train base, train heads, export, translate) from an
-empty directory, and config typos are still one line. The fresh venv reuses this environment's packages (a .pth
-line; no download), so only bpd-train itself comes from the wheel."""
+"""An install from a source distribution works from any directory: `python -m build --sdist` carries the configs
+and the bundled corpus (MANIFEST.in), a wheel built from that sdist ships them (bpd_train/_build.py), its console
+scripts run the smoke chain (train base, train heads, export, translate) from an empty directory, and config typos
+are still one line. The fresh venv reuses this environment's packages (a .pth line; no download), so only
+bpd-train itself comes from the wheel, and the wheel's requirements must admit them (torch 2.13 among them)."""
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -16,20 +19,52 @@ from conftest import REPO_ROOT, offline_env
 pytestmark = pytest.mark.slow
 
 
+def _source_tree(dest: Path) -> None:
+    """A copy of what a clone holds (tracked and untracked files, not ignored ones): an in-tree build leaves build/
+    and *.egg-info in the checkout."""
+    try:
+        names = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO_ROOT,
+                               capture_output=True, check=True).stdout.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: no list of the clone's files")
+    for name in filter(None, names):
+        src = REPO_ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def _sdist(src: Path, out: Path) -> Path:
+    """`python -m build --sdist --no-isolation` (the dev extra installs `build`); without it, the same PEP 517 hook
+    of setuptools that build calls."""
+    try:
+        import build  # noqa: F401
+
+        cmd = [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(out), str(src)]
+    except ImportError:
+        cmd = [sys.executable, "-c", f"from setuptools import build_meta; build_meta.build_sdist({str(out)!r})"]
+    out.mkdir()
+    r = subprocess.run(cmd, cwd=src, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    (sdist,) = out.glob("bpd_train-*.tar.gz")
+    return sdist
+
+
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("install")
-    # built from a copy of what the wheel needs: an in-tree build leaves build/ and *.egg-info in the checkout
     src = tmp / "src"
     src.mkdir()
-    for rel in ("pyproject.toml", "README.md", "bpd_train", "conf", "data"):
-        if (REPO_ROOT / rel).is_dir():
-            shutil.copytree(REPO_ROOT / rel, src / rel, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(REPO_ROOT / rel, src / rel)
+    _source_tree(src)
+    sdist = _sdist(src, tmp / "dist")
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    for needed in ("LICENSE", "conf/train.yaml", "conf/experiment/smoke.yaml", "data/README.md",
+                   "data/bible-en-fr/train.jsonl.gz", "bpd_train/py.typed", "bpd_train/engine/csrc/linear.cpp"):
+        assert needed in names, f"the sdist lacks {needed}"
     wheels = tmp / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(wheels), str(src)], check=True, capture_output=True, timeout=300, cwd=tmp)
+                    str(wheels), str(sdist)], check=True, capture_output=True, timeout=300, cwd=tmp)
     (wheel,) = wheels.glob("bpd_train-*.whl")
     env_dir = tmp / "venv"
     base = getattr(sys, "_base_executable", sys.executable)
@@ -41,6 +76,24 @@ def venv(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "pip", "--python", str(env_dir / "bin" / "python"), "install", "-q",
                     "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True, timeout=300)
     return env_dir / "bin"
+
+
+def test_wheel_requirements_admit_the_tested_versions(venv):
+    """The installed wheel's ranges hold for the versions this environment runs (constraints.txt's), torch 2.13."""
+    from packaging.requirements import Requirement
+
+    r = subprocess.run([str(venv / "python"), "-c", "from importlib import metadata; "
+                        "print('\\n'.join(metadata.requires('bpd-train')))"], capture_output=True, text=True,
+                       timeout=120, env=offline_env())
+    assert r.returncode == 0, r.stderr
+    reqs = [Requirement(line) for line in r.stdout.splitlines() if line.strip()]
+    core = [q for q in reqs if q.marker is None]
+    assert {q.name for q in core} >= {"torch", "lightning", "hydra-core"}
+    for q in core:
+        have = metadata.version(q.name)
+        assert q.specifier.contains(have, prereleases=True), f"{q} does not admit the installed {q.name} {have}"
+    (torch_req,) = [q for q in core if q.name == "torch"]
+    assert torch_req.specifier.contains("2.13.0") and not torch_req.specifier.contains("2.14.0")
 
 
 def _run(bin_dir, cwd, *cmd, stdin=None):

@@ -191,7 +191,7 @@ def resolve(path_or_id: str | Path) -> tuple[Path, str | None]:
         if _offline():
             raise ConvertError(f"{ident} is not a local folder and not in the hub cache, and HF_HUB_OFFLINE=1 "
                                "forbids downloading it: download it where the network allows "
-                               f"(huggingface-cli download {ident}) and pass that folder") from None
+                               f"(hf download {ident}) and pass that folder") from None
         raise ConvertError(f"cannot fetch {ident} from the Hugging Face hub ({type(e).__name__}: "
                            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
     return folder, ident
