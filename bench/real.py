@@ -72,6 +72,8 @@ def compare(a, b, prompts, new: int, reps: int, batch: int, tag: str) -> dict:
     ta = tb = 0.0
     toks = calls = 0
     same = True
+    greedy(a, prompts[:batch], max_len=new)  # warm-up: packed weights, caches, threads
+    blockwise(b, prompts[:batch], accept=Exact(), max_len=new)
     for i in range(0, len(prompts), batch):
         rows = prompts[i:i + batch]
         for _ in range(reps):
@@ -147,6 +149,9 @@ def vs_transformers(spec: str, model, prompts, new: int, threads: int) -> dict:
                                                            dtype=torch.float32).eval()
     model.decode_options = DecodeOptions(dtype="fp32")
     eos = model.config.eos_id
+    greedy(model, prompts[:1], max_len=new)  # warm-up
+    with torch.no_grad():
+        hf.generate(torch.tensor([prompts[0]]), do_sample=False, max_new_tokens=8, pad_token_id=eos)
     tn = th = 0.0
     toks, same = 0, True
     for p in prompts:
