@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 
-from bpd_train import __version__
+from bpd_train._version import __version__
 from bpd_train.checkpoint import CheckpointError
 from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, outside, sha256_file, umask
 from bpd_train.families import family_of
+from bpd_train.model import build_model, config_from_dict
 from bpd_train.model.config import BPDConfig
 
 BUNDLE_FORMAT = "bpd-train-bundle"
@@ -273,8 +274,6 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from bpd_train.model import build_model, config_from_dict
-
     path = Path(path)
     config = read_bundle_config(path)
     for name in (CONFIG, WEIGHTS, TOKENIZER, TOKENIZER_DIR, CARD, MANIFEST):  # tokenizer/'s files: tokenizer_files
@@ -376,8 +375,6 @@ def check_buildable(config, state: dict[str, torch.Tensor], where: str, optional
     allocates beyond the weights (the position table) must stay in proportion. One BundleError line otherwise.
     `optional`: name prefixes the state may lack (fresh heads)."""
     import dataclasses
-
-    from bpd_train.model import build_model
 
     weights = sum(t.numel() * t.element_size() for t in state.values())
     positions = int(config.max_positions)

@@ -37,6 +37,7 @@ from bpd_train.convert.common import (HEADS_FILE, HEADS_FORMAT, ConvertError, ch
                                       folder_file, read_configs, read_heads_file, read_json, read_safetensors,
                                       read_weights, resolve, write_hf_folder)
 from bpd_train.model.config import BPDConfig
+from bpd_train.model.transformer import BPDModel
 
 SUPPORTED = {"MarianMTModel": "marian", "M2M100ForConditionalGeneration": "m2m_100",
              "PegasusForConditionalGeneration": "pegasus"}
@@ -427,7 +428,6 @@ def load_hf(path_or_id: str | Path, *, block_size: int | None = None, head_d_hid
     are loaded), else 1. M2M100/NLLB need src_lang and tgt_lang (or the tokenizer_config.json's) when the
     tokenizer is loaded: the target language is forced as the decoder's first token."""
     from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError
-    from bpd_train.model import BPDModel
 
     folder, hub_id = resolve(path_or_id)
     hf = read_json(folder / "config.json")
@@ -491,3 +491,16 @@ def load_hf(path_or_id: str | Path, *, block_size: int | None = None, head_d_hid
             "architecture": (hf.get("architectures") or [None])[0], "heads_loaded": heads_loaded,
             "tokenizer": tok.meta() if tok is not None else None}
     return model, tok, meta
+
+
+# ----------------------------------------------------------------------------------------------- loading's hf: reader
+def claims_hf(folder: Path) -> bool:
+    """The encoder-decoder family is asked last and takes every other folder (load_hf refuses what it cannot read)."""
+    return True
+
+
+def read_hf(src, map_location) -> tuple:
+    """An `hf:` loading.Source of the encoder-decoder family (its options: src_lang, tgt_lang) -> loading.Read's
+    fields (model, tokenizer path, recorded tokenizer hash, meta, tokenizer meta)."""
+    model, tok, meta = load_hf(src.path, block_size=None, map_location=map_location, **dict(src.options))
+    return model, src.path, None, meta, tok.meta()

@@ -28,7 +28,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bpd_train.convert.common import ConvertError, check_buildable, read_configs, read_json, read_weights, resolve
+from bpd_train.bundle import TOKENIZER
+from bpd_train.convert.common import (HEADS_FILE, HEADS_FORMAT, ConvertError, check_buildable, folder_file,
+                                      read_configs, read_heads_file, read_json, read_weights, resolve,
+                                      write_hf_folder)
+from bpd_train.model.lm import LMModel, rope_frequencies
 from bpd_train.model.lm_config import ROPE_SCALING, LMConfig
 
 log = logging.getLogger(__name__)
@@ -192,7 +196,6 @@ def state_from_hf_lm(sd: dict[str, Tensor], c: LMConfig) -> dict[str, Tensor]:
         if not torch.equal(sd["lm_head.weight"], out["embed.weight"]):
             raise ConvertError("tie_word_embeddings is true but lm_head.weight differs from the token embedding")
         used.add("lm_head.weight")
-    from bpd_train.model.lm import rope_frequencies
     for name in [n for n in sd if n.endswith("rotary_emb.inv_freq")]:
         dh = c.dh
         ours = rope_frequencies(dh, c.rope_theta, c.rope_scaling)
@@ -267,7 +270,6 @@ def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = N
     sentencepiece tokenizer.model of a model trained here from scratch). Atomic: complete or absent."""
     import json
 
-    from bpd_train.convert.common import HEADS_FORMAT, write_hf_folder
 
     cfg, gen = hf_config_of_lm(model.config)
     heads = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items() if k.startswith("heads.")}
@@ -282,7 +284,6 @@ def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = N
 
 def read_lm_heads(folder: Path) -> tuple[LMConfig, dict[str, Tensor]] | None:
     """bpd_heads.safetensors written by to_hf_lm -> (the LMConfig it was trained with, heads tensors)."""
-    from bpd_train.convert.common import HEADS_FILE, read_heads_file
 
     got = read_heads_file(folder, "lm_config")
     if got is None:
@@ -303,7 +304,6 @@ def load_hf_lm(folder_or_id: str | Path, *, block_size: int | None = None, heads
     (heads: bpd | medusa, default bpd)."""
     from bpd_train.data.hf_tokenizer import TokenizerError
     from bpd_train.data.lm.tokenizer import LMTokenizer
-    from bpd_train.model.lm import LMModel
 
     folder, hub_id = resolve(folder_or_id)
     hf = read_json(folder / "config.json")
@@ -342,3 +342,23 @@ def load_hf_lm(folder_or_id: str | Path, *, block_size: int | None = None, heads
             "heads_loaded": bool(same and config.block_size > 1),
             "tokenizer": tok.meta() if tok is not None else None}
     return model, tok, meta
+
+
+# ----------------------------------------------------------------------------------------------- loading's hf: reader
+def claims_hf(folder: Path) -> bool:
+    """Whether an `hf:` folder holds a checkpoint of the decoder-only family (Llama / Qwen2 / Mistral)."""
+    return family_of(folder) is not None
+
+
+def read_hf(src, map_location) -> tuple:
+    """An `hf:` loading.Source of the decoder-only family -> loading.Read's fields (model, tokenizer path, recorded
+    tokenizer hash, meta, tokenizer meta)."""
+    if src.options:
+        raise ConvertError(f"{src.given}: a decoder-only model takes no @<src_lang>:<tgt_lang>")
+    if not (src.path / "tokenizer.json").is_file() and (src.path / TOKENIZER).is_file():
+        # exported by export.format=hf from a model trained here from scratch: the corpus's sentencepiece model
+        tok = folder_file(src.path, TOKENIZER)
+        model, _, meta = load_hf_lm(src.path, block_size=None, map_location=map_location, tokenizer=False)
+        return model, tok, None, meta, None
+    model, tok, meta = load_hf_lm(src.path, block_size=None, map_location=map_location)
+    return model, src.path, None, meta, tok.meta()

@@ -6,7 +6,7 @@
                     filtered (processing.py), batches of src, tgt_in, tgt_out (datamodule.py BPDDataModule); the
                     corpus's sentencepiece model (data/tokenizer.py) or an imported model's (data/hf_tokenizer.py)
   text adapter      evaluation/decode.py SpmText: sentence -> pieces + EOS, padded with pad_id
-  transformers      convert/hf.py: Marian, M2M100 / NLLB, Pegasus (for export)
+  transformers      convert/hf.py: Marian, M2M100 / NLLB, Pegasus (for export); its HFFormat in convert/__init__
   bundles           tokenizer.model, or an imported model's tokenizer/ folder (HFTokenizer with its languages)
   distillation      beam search over the corpus's source sentences (distillation/job.py)
 """
@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from bpd_train.families.base import ModelFamily, register
+from bpd_train.model.config import BPDConfig
+from bpd_train.model.layers import DecoderLayer, EncoderLayer
+from bpd_train.model.transformer import BPDModel
 
 
 class MTFamily(ModelFamily):
@@ -31,23 +34,9 @@ class MTFamily(ModelFamily):
         return {**super().bundle_heads(config), "chained": bool(config.head_chain)}
 
     # ------------------------------------------------------------------------------------------------ model
-    @property
-    def config_class(self):
-        from bpd_train.model.config import BPDConfig
-
-        return BPDConfig
-
-    @property
-    def model_class(self):
-        from bpd_train.model.transformer import BPDModel
-
-        return BPDModel
-
-    @property
-    def layer_classes(self):
-        from bpd_train.model.layers import DecoderLayer, EncoderLayer
-
-        return (EncoderLayer, DecoderLayer)
+    config_class = BPDConfig
+    model_class = BPDModel
+    layer_classes = (EncoderLayer, DecoderLayer)
 
     def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any, block_size: int):
         return self.config_class(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
@@ -134,22 +123,6 @@ class MTFamily(ModelFamily):
         want = {"vocab_size": config.vocab_size, "pad_id": config.pad_id, "bos_id": config.bos_id,
                 "eos_id": config.eos_id}
         return have, want
-
-    # ------------------------------------------------------------------------------------------------ transformers
-    def claims_hf(self, folder: Path) -> bool:
-        return True  # asked last: whatever the decoder-only family does not take (convert/hf.py refuses the rest)
-
-    def read_hf(self, src, map_location):
-        from bpd_train.convert.hf import load_hf
-        from bpd_train.loading import Read
-
-        model, tok, meta = load_hf(src.path, block_size=None, map_location=map_location, **dict(src.options))
-        return Read(model, src.path, None, meta, tok.meta())
-
-    def to_hf(self, model, out_dir, *, files=None, overwrite: bool = False) -> Path:
-        from bpd_train.convert.hf import to_hf
-
-        return to_hf(model, out_dir, files=files, overwrite=overwrite)
 
     # ------------------------------------------------------------------------------------------------ distillation
     def check_distill(self, beam_size: int, temperature: float) -> None:
