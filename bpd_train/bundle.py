@@ -23,6 +23,7 @@ import torch
 
 from bpd_train._version import __version__
 from bpd_train.checkpoint import CheckpointError
+from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_files, tokenizer_folder_hash
 from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, outside, sha256_file, umask
 from bpd_train.families import family_of
 from bpd_train.model import build_model, config_from_dict
@@ -118,8 +119,6 @@ def write_bundle(model, tokenizer_path: str | os.PathLike, out_dir: str | os.Pat
 
 def _folder_tokenizer(folder: Path, cfg, meta: dict | None) -> tuple[list[str], str, dict]:
     """An imported model's tokenizer folder -> (its file names, hash, what config.json records)."""
-    from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_files, tokenizer_folder_hash
-
     try:
         _, special = family_of(cfg).folder_tokenizer(folder, cfg, meta)
         return tokenizer_files(folder), tokenizer_folder_hash(folder), special
@@ -283,7 +282,6 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
     folder = config["tokenizer"].get("file") == TOKENIZER_DIR
     tok_path = path / (TOKENIZER_DIR if folder else TOKENIZER)
     if folder:
-        from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_folder_hash
         try:
             tok_hash = tokenizer_folder_hash(tok_path)
         except TokenizerError as e:
@@ -338,8 +336,6 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
 
 def _bundle_hf_tokenizer(folder: Path, meta: dict, cfg):
     """A bundle's tokenizer/ folder, as its model's family reads it (checked against the model's vocabulary)."""
-    from bpd_train.data.hf_tokenizer import TokenizerError
-
     try:
         return family_of(cfg).folder_tokenizer(folder, cfg, meta)[0]
     except TokenizerError as e:

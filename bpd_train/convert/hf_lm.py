@@ -21,6 +21,7 @@ Every tensor of the checkpoint must land somewhere: a name the map does not know
 """
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from bpd_train.bundle import TOKENIZER
 from bpd_train.convert.common import (HEADS_FILE, HEADS_FORMAT, ConvertError, check_buildable, folder_file,
                                       read_configs, read_heads_file, read_json, read_weights, resolve,
                                       write_hf_folder)
+from bpd_train.data.hf_tokenizer import TokenizerError
+from bpd_train.data.lm.tokenizer import LMTokenizer
 from bpd_train.model.lm import LMModel, rope_frequencies
 from bpd_train.model.lm_config import ROPE_SCALING, LMConfig
 
@@ -268,15 +271,11 @@ def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = N
     model.safetensors), its heads in bpd_heads.safetensors (LMConfig in the metadata; load_hf_lm reads them
     back), and the tokenizer files of tokenizer_folder (or `files`: name in the folder -> file to copy, e.g. the
     sentencepiece tokenizer.model of a model trained here from scratch). Atomic: complete or absent."""
-    import json
-
-
     cfg, gen = hf_config_of_lm(model.config)
     heads = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items() if k.startswith("heads.")}
     meta = {"format": HEADS_FORMAT, "version": "1", "lm_config": json.dumps(model.config.to_dict(), sort_keys=True)}
     copies: dict[str, Path] = {}
     if tokenizer_folder is not None:
-        from bpd_train.data.lm.tokenizer import LMTokenizer
         copies = {name: Path(tokenizer_folder) / name for name in LMTokenizer(tokenizer_folder).files()}
     copies.update({name: Path(src) for name, src in (files or {}).items()})
     return write_hf_folder(out_dir, cfg, gen, state_to_hf_lm(model), heads or None, meta, copies, overwrite)
@@ -302,9 +301,6 @@ def load_hf_lm(folder_or_id: str | Path, *, block_size: int | None = None, heads
     block_size None: the heads saved beside the checkpoint (bpd_heads.safetensors, as to_hf_lm writes them) are
     loaded with their k and type, else k = 1. Any other k (or head type) adds fresh, zero-initialised heads
     (heads: bpd | medusa, default bpd)."""
-    from bpd_train.data.hf_tokenizer import TokenizerError
-    from bpd_train.data.lm.tokenizer import LMTokenizer
-
     folder, hub_id = resolve(folder_or_id)
     hf = read_json(folder / "config.json")
     fam = family_of(hf)

@@ -115,7 +115,7 @@ class ModelFamily(ABC):
     @abstractmethod
     def text_adapter(self, loaded, src_lang: str | None = None, tgt_lang: str | None = None,
                      context_policy: str = "truncate_left"):
-        """The text adapter the decoders' callers use (evaluation/decode.py SpmText or LMText): source text ->
+        """The text adapter the decoders' callers use (decoding/text.py SpmText or LMText): source text ->
         ids, a batch of ids -> the padded tensor, output ids -> text."""
 
     def check_text_options(self, *, chat: bool = False, langs: bool = False, context_policy: bool = False,

@@ -5,7 +5,7 @@
   data              bpd_train/data/lm/: prompt/response or chat records (records.py), or the translation corpus as
                     prompts; batches of tokens/targets (datamodule.py LMDataModule); tokenizer.json folders
                     (tokenizer.py) or the corpus's sentencepiece model behind SpmLMTokenizer
-  text adapter      evaluation/decode.py LMText: a prompt, a prompt-format translation or a chat -> ids
+  text adapter      decoding/text.py LMText: a prompt, a prompt-format translation or a chat -> ids
   transformers      convert/hf_lm.py: Llama, Qwen2, Mistral (no sliding window); its HFFormat in convert/__init__
   bundles           tokenizer.model, or the model's tokenizer/ folder (RunLMTokenizer); the heads' type recorded
   distillation      the model answers the prompts itself, greedily or sampled (distillation/self_lm.py)
@@ -15,6 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bpd_train.data.distilled import DistillError
+from bpd_train.data.lm.tokenizer import RunLMTokenizer
+from bpd_train.decoding.text import LMText
 from bpd_train.families.base import ModelFamily, register
 from bpd_train.model.lm import Layer, LMModel
 from bpd_train.model.lm_config import LMConfig
@@ -78,8 +81,6 @@ class LMFamily(ModelFamily):
         """The LMTokenizer interface (data/lm/records.py, distillation/self_lm, the decoders): the model's own tokenizer.json
         folder, or the corpus's sentencepiece model it was trained from scratch with."""
         if loaded.own_tokenizer:
-            from bpd_train.data.lm.tokenizer import RunLMTokenizer
-
             return RunLMTokenizer(loaded.tokenizer_path, hash=loaded.tokenizer_hash)
         from bpd_train.data.lm.datamodule import SpmLMTokenizer
         from bpd_train.data.tokenizer import Tokenizer
@@ -91,8 +92,6 @@ class LMFamily(ModelFamily):
 
     def text_adapter(self, loaded, src_lang: str | None = None, tgt_lang: str | None = None,
                      context_policy: str = "truncate_left", tokenizer: Any = None):
-        from bpd_train.evaluation.decode import LMText
-
         tok = tokenizer if tokenizer is not None else self.tokenizer(loaded)
         return LMText(tok, src_lang, tgt_lang, loaded.config.max_positions, context_policy=context_policy)
 
@@ -101,8 +100,6 @@ class LMFamily(ModelFamily):
         return {**super().bundle_heads(config), "type": config.heads}
 
     def folder_tokenizer(self, folder: Path, config, meta: dict | None):
-        from bpd_train.data.lm.tokenizer import RunLMTokenizer
-
         tok = RunLMTokenizer(folder)
         tok.check_model(config.vocab_size)
         return tok, {"vocab_size": config.vocab_size, "pad_id": config.pad_id, "bos_id": config.bos_id,
@@ -121,8 +118,6 @@ class LMFamily(ModelFamily):
 
     # ------------------------------------------------------------------------------------------------ distillation
     def check_distill(self, beam_size: int, temperature: float) -> None:
-        from bpd_train.data.distilled import DistillError
-
         if int(beam_size) != 1:
             raise DistillError(f"a decoder-only teacher answers greedily (or samples with distill.temperature > 0): "
                                f"set distill.beam_size=1 (got {beam_size})")

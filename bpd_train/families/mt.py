@@ -5,7 +5,7 @@
   data              bpd_train/data/mt/: source/target pairs of a translation corpus (data/corpus.py) encoded and
                     filtered (processing.py), batches of src, tgt_in, tgt_out (datamodule.py BPDDataModule); the
                     corpus's sentencepiece model (data/tokenizer.py) or an imported model's (data/hf_tokenizer.py)
-  text adapter      evaluation/decode.py SpmText: sentence -> pieces + EOS, padded with pad_id
+  text adapter      decoding/text.py SpmText: sentence -> pieces + EOS, padded with pad_id
   transformers      convert/hf.py: Marian, M2M100 / NLLB, Pegasus (for export); its HFFormat in convert/__init__
   bundles           tokenizer.model, or an imported model's tokenizer/ folder (HFTokenizer with its languages)
   distillation      beam search over the corpus's source sentences (distillation/job.py)
@@ -15,6 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bpd_train.data.distilled import DistillError
+from bpd_train.data.hf_tokenizer import HFTokenizer, ModelTokenizer
+from bpd_train.decoding.settings import DecodeError
+from bpd_train.decoding.text import SpmText
 from bpd_train.families.base import ModelFamily, register
 from bpd_train.model.config import BPDConfig
 from bpd_train.model.layers import DecoderLayer, EncoderLayer
@@ -77,8 +81,6 @@ class MTFamily(ModelFamily):
     def tokenizer(self, loaded):
         """sentencepiece, or an imported model's HFTokenizer (the same methods, the model's ids)."""
         if loaded.own_tokenizer:
-            from bpd_train.data.hf_tokenizer import HFTokenizer
-
             m = loaded.tokenizer_meta or {}
             return HFTokenizer(loaded.tokenizer_path, src_lang=m.get("src_lang"), tgt_lang=m.get("tgt_lang"))
         import sentencepiece as spm
@@ -86,30 +88,22 @@ class MTFamily(ModelFamily):
         return spm.SentencePieceProcessor(model_file=str(loaded.tokenizer_path))
 
     def data_tokenizer(self, loaded):
-        from bpd_train.data.hf_tokenizer import ModelTokenizer
-
         return ModelTokenizer.for_model(loaded.tokenizer(), loaded.config, hash=loaded.tokenizer_hash)
 
     def text_adapter(self, loaded, src_lang: str | None = None, tgt_lang: str | None = None,
                      context_policy: str = "truncate_left", tokenizer: Any = None):
-        from bpd_train.evaluation.decode import SpmText
-
         cfg = loaded.config
         return SpmText(tokenizer if tokenizer is not None else loaded.tokenizer(), cfg.eos_id, cfg.pad_id,
                        cfg.max_positions)
 
     def check_text_options(self, *, chat: bool = False, langs: bool = False, context_policy: bool = False,
                            what: str = "this model") -> None:
-        from bpd_train.evaluation.decode import EvalError
-
         given = [f for f, on in (("--chat", chat), ("--langs", langs), ("--context-policy", context_policy)) if on]
         if given:
-            raise EvalError(f"{', '.join(given)}: only for decoder-only (LM) bundles; {what} is a translation model")
+            raise DecodeError(f"{', '.join(given)}: only for decoder-only (LM) bundles; {what} is a translation model")
 
     # ------------------------------------------------------------------------------------------------ bundles
     def folder_tokenizer(self, folder: Path, config, meta: dict | None):
-        from bpd_train.data.hf_tokenizer import HFTokenizer
-
         meta = dict(meta or {})
         tok = HFTokenizer(folder, src_lang=meta.get("src_lang"), tgt_lang=meta.get("tgt_lang"))
         tok.check_model(config.vocab_size, config.source_vocab_size)
@@ -126,8 +120,6 @@ class MTFamily(ModelFamily):
 
     # ------------------------------------------------------------------------------------------------ distillation
     def check_distill(self, beam_size: int, temperature: float) -> None:
-        from bpd_train.data.distilled import DistillError
-
         if temperature != 0:
             raise DistillError(f"distill.temperature={temperature}: sampling (> 0) is for decoder-only teachers; "
                                "0 = greedy")
@@ -138,8 +130,6 @@ class MTFamily(ModelFamily):
         return load_corpus(cfg.data)
 
     def check_teacher_ids(self, loaded) -> None:
-        from bpd_train.data.distilled import DistillError
-
         mc = loaded.config
         sp = loaded.tokenizer()
         n = sp.get_piece_size()
