@@ -95,6 +95,24 @@ def test_the_model_imports_nothing_from_the_layers_above_it():
     assert not bad, "\n".join(bad)
 
 
+ROOT_UTILITIES = ("io.py", "max_len.py", "scoring.py", "configs.py", "_version.py")
+LAYERS = ("engine", "model", "decoding", "data", "families", "loading", "convert", "bundle", "checkpoint", "zero",
+          "training", "evaluation", "distillation", "api", "translate", "cli", "commands", "pipeline", "export")
+
+
+def test_the_root_utilities_import_no_layer():
+    """The small modules at the package root sit under every layer (max_len and the BLEU scorer are shared by data/,
+    decoding/ and evaluation/ through them), so they import none of the layers."""
+    bad = []
+    for name in ROOT_UTILITIES:
+        path = PKG / name
+        for line, mod in imported_modules(path.read_text(encoding="utf-8"), _module_name(path)):
+            parts = mod.split(".")
+            if parts[0] == "bpd_train" and len(parts) > 1 and parts[1] in LAYERS:
+                bad.append(f"bpd_train/{name}:{line}: imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
 # ---------------------------------------------------------------------------------------------- the import graph
 # The most function-local imports of the package's own modules allowed; lower it as imports move to module level.
 MAX_LOCAL_OWN_IMPORTS = 85

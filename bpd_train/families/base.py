@@ -6,8 +6,9 @@ encoder-decoder translation model; `families/lm.py`: the decoder-only language m
 add a third.
 
 `family_of(x)` reads a config's `arch` key (with `bpd_train.model.config_arch`, the one reader): it takes a family
-name, a saved config dict, a config dataclass, a Hydra node, a model or a LoadedModel and returns the family object. A config without `arch`
-belongs to the encoder-decoder family (the configs and checkpoints written before there was a second family).
+name, a saved config dict, a config dataclass, a Hydra node, a model or a LoadedModel and returns the family object.
+A config without `arch` belongs to the encoder-decoder family (the configs and checkpoints written before there was
+a second family).
 """
 from __future__ import annotations
 
@@ -158,7 +159,7 @@ class ModelFamily(ABC):
 
 
 # ---------------------------------------------------------------------------------------------------- registry
-_FAMILIES: dict[str, ModelFamily] = {}
+_FAMILIES: dict[str, ModelFamily] = {}  # filled by families/lm.py and mt.py, which families/__init__.py imports
 
 
 def register(family: ModelFamily) -> ModelFamily:
@@ -166,26 +167,21 @@ def register(family: ModelFamily) -> ModelFamily:
     return family
 
 
-def _load() -> dict[str, ModelFamily]:
-    return _FAMILIES  # filled by families/lm.py and families/mt.py, which families/__init__.py imports
-
-
 def families() -> list[ModelFamily]:
     """Every family, in the order an `hf:` folder is offered to them (the most specific first)."""
-    fams = _load()
+    fams = _FAMILIES
     return sorted(fams.values(), key=lambda f: f.arch is None)
 
 
 def get_family(name: str) -> ModelFamily:
-    fams = _load()
+    fams = _FAMILIES
     if name not in fams:
         raise ValueError(f"unknown model family {name!r}; known: {', '.join(sorted(fams))}")
     return fams[name]
 
 
 def family_of(x: Any) -> ModelFamily:
-    """The family of a family name, a saved model config (dict, Hydra node or dataclass), a model or a LoadedModel.
-    The one place that reads `arch`."""
+    """The family of a family name, a saved model config (dict, Hydra node or dataclass), a model or a LoadedModel."""
     if isinstance(x, ModelFamily):
         return x
     if isinstance(x, str):
@@ -195,8 +191,8 @@ def family_of(x: Any) -> ModelFamily:
     if not isinstance(x, Mapping) and hasattr(x, "config"):  # a model
         x = x.config
     arch = config_arch(x) if x is not None else None
-    for fam in _load().values():
+    for fam in _FAMILIES.values():
         if fam.arch == arch:
             return fam
     raise ValueError(f"unknown model arch {arch!r}; known: "
-                     + ", ".join(repr(f.arch) for f in _load().values()))
+                     + ", ".join(repr(f.arch) for f in _FAMILIES.values()))
