@@ -1,4 +1,4 @@
-"""Input checks and bookkeeping shared by the decoders, and the one max_len type."""
+"""Input checks and bookkeeping shared by the decoders, and their max_len default (the type: bpd_train/max_len.py)."""
 from __future__ import annotations
 
 import contextlib
