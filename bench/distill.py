@@ -20,7 +20,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bpd_train.distillation.job import translate_ids  # noqa: E402
+from bpd_train.decoding.batched import translate_ids  # noqa: E402
 from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
 
 

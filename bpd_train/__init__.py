@@ -9,11 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bpd_train._version import __version__
+
 if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ below imports them on first use
     from bpd_train.api import Output, Translator
     from bpd_train.bundle import load_bundle
 
-__version__ = "0.1.0"
 __all__ = ["INSTALLED", "REPO_ROOT", "Output", "Translator", "corpus_name", "load_bundle", "work_root",
            "__version__"]
 

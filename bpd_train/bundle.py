@@ -21,10 +21,12 @@ from pathlib import Path
 
 import torch
 
-from bpd_train import __version__
+from bpd_train._version import __version__
 from bpd_train.checkpoint import CheckpointError
+from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_files, tokenizer_folder_hash
 from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, outside, sha256_file, umask
 from bpd_train.families import family_of
+from bpd_train.model import build_model, config_from_dict
 from bpd_train.model.config import BPDConfig
 
 BUNDLE_FORMAT = "bpd-train-bundle"
@@ -117,8 +119,6 @@ def write_bundle(model, tokenizer_path: str | os.PathLike, out_dir: str | os.Pat
 
 def _folder_tokenizer(folder: Path, cfg, meta: dict | None) -> tuple[list[str], str, dict]:
     """An imported model's tokenizer folder -> (its file names, hash, what config.json records)."""
-    from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_files, tokenizer_folder_hash
-
     try:
         _, special = family_of(cfg).folder_tokenizer(folder, cfg, meta)
         return tokenizer_files(folder), tokenizer_folder_hash(folder), special
@@ -273,8 +273,6 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from bpd_train.model import build_model, config_from_dict
-
     path = Path(path)
     config = read_bundle_config(path)
     for name in (CONFIG, WEIGHTS, TOKENIZER, TOKENIZER_DIR, CARD, MANIFEST):  # tokenizer/'s files: tokenizer_files
@@ -284,7 +282,6 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
     folder = config["tokenizer"].get("file") == TOKENIZER_DIR
     tok_path = path / (TOKENIZER_DIR if folder else TOKENIZER)
     if folder:
-        from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_folder_hash
         try:
             tok_hash = tokenizer_folder_hash(tok_path)
         except TokenizerError as e:
@@ -339,8 +336,6 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
 
 def _bundle_hf_tokenizer(folder: Path, meta: dict, cfg):
     """A bundle's tokenizer/ folder, as its model's family reads it (checked against the model's vocabulary)."""
-    from bpd_train.data.hf_tokenizer import TokenizerError
-
     try:
         return family_of(cfg).folder_tokenizer(folder, cfg, meta)[0]
     except TokenizerError as e:
@@ -376,8 +371,6 @@ def check_buildable(config, state: dict[str, torch.Tensor], where: str, optional
     allocates beyond the weights (the position table) must stay in proportion. One BundleError line otherwise.
     `optional`: name prefixes the state may lack (fresh heads)."""
     import dataclasses
-
-    from bpd_train.model import build_model
 
     weights = sum(t.numel() * t.element_size() for t in state.values())
     positions = int(config.max_positions)

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, NoReturn, TextIO, TypeVar
 
+from bpd_train.configs import config_dir, regime_names  # noqa: F401 - config_dir re-exported (commands.py)
+
 EXIT_USER_ERROR = 2
 
 # Every error class of ours derives from ValueError (CheckpointError, BundleError, TrainError, DistillError,
@@ -100,18 +102,6 @@ def discard_run_folder(cfg: Any = None) -> None:
 
 
 # --- config overrides: checked before Hydra starts, so a typo is one line naming the closest valid key ----------
-
-def config_dir() -> Path:
-    """The folder of Hydra configs: the clone's conf/, or the copy an installed wheel ships (bpd_train/_build.py)."""
-    from bpd_train import REPO_ROOT
-
-    return REPO_ROOT / "conf"
-
-
-def regime_names() -> list[str]:
-    """The regimes `+regime=` can pick: conf/regime/*.yaml (conf/regime/_*.yaml hold what several share)."""
-    return sorted(p.stem for p in (config_dir() / "regime").glob("*.yaml") if not p.stem.startswith("_"))
-
 
 def check_argv(argv: list[str]) -> None:
     """Before Hydra starts (and makes an output folder), and before Lightning is imported: a training run must

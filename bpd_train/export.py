@@ -15,6 +15,7 @@ from typing import Any
 from bpd_train.bundle import BundleError, check_output_dir, load_bundle
 from bpd_train.bundle import write_bundle as export_bundle
 from bpd_train.checkpoint import CheckpointError
+from bpd_train.convert import hf_format
 from bpd_train.loading import LoadedModel, Source, load, resolve
 
 __all__ = ["BundleError", "export_bundle", "export_checkpoint", "export_hf", "export_vllm", "load_bundle",
@@ -72,7 +73,7 @@ def export_hf(source: str | os.PathLike | Source, out_dir: str | os.PathLike, *,
     else:
         files = {"tokenizer.model": loaded.tokenizer_path}
     # the family's transformers layout (Marian / Pegasus, Llama / Qwen2), which the hf: import reads back
-    return loaded.family.to_hf(loaded.model, out_dir, files=files, overwrite=overwrite)
+    return hf_format(loaded.family).write(loaded.model, out_dir, files=files, overwrite=overwrite)
 
 
 def export_vllm(source: str | os.PathLike | Source, out_dir: str | os.PathLike, *, dtype: str = "float32",

@@ -36,7 +36,14 @@ import torch
 
 from bpd_train.bundle import TOKENIZER, WEIGHTS, check_buildable, check_state_shapes, is_bundle, load_bundle
 from bpd_train.checkpoint import CheckpointError, checkpoint_meta, model_state, read_checkpoint
+from bpd_train.convert import hf_format_of
+from bpd_train.convert.common import folder_file
+from bpd_train.convert.common import resolve as resolve_hf
+from bpd_train.convert.gguf import GGUFError, load_gguf
+from bpd_train.data.hf_tokenizer import tokenizer_folder_hash
+from bpd_train.families import family_of, get_family
 from bpd_train.io import sha256_file
+from bpd_train.model import build_model, config_from_dict
 from bpd_train.zero import consolidate_zero, find_zero_dir, model_states_file, zero_tag_dir
 
 # Where a run folder keeps an imported model's tokenizer files (a native run has tokenizer.model).
@@ -89,8 +96,6 @@ class LoadedModel:
     @property
     def family(self):
         """The model's family (bpd_train/families): what every stage asks instead of checking the model's kind."""
-        from bpd_train.families import family_of
-
         return family_of(self.model.config)
 
     @property
@@ -102,8 +107,6 @@ class LoadedModel:
     def lm_tokenizer(self):
         """The decoder-only family's tokenizer (the LMTokenizer interface) for this model; for a decoder-only model
         the same as tokenizer()."""
-        from bpd_train.families import get_family
-
         return get_family("lm").tokenizer(self)
 
     @property
@@ -212,8 +215,6 @@ def _find_tokenizer(start: Path, levels: int, meta: dict, where: Path) -> Path:
 
 
 def _build(meta: dict, state: dict, where: str):
-    from bpd_train.model import build_model, config_from_dict
-
     try:
         config = config_from_dict(dict(meta["model_config"]))  # its family's config (bpd_train/families)
     except (TypeError, ValueError) as e:
@@ -253,8 +254,6 @@ _LANGS = re.compile(r"^(?P<where>.+)@(?P<src>[\w-]+):(?P<tgt>[\w-]+)$")
 
 
 def _resolve_hf(text: str) -> Source:
-    from bpd_train.convert.common import resolve as resolve_hf
-
     where, options = text, ()
     m = _LANGS.match(text)
     if m and not Path(text).expanduser().is_dir():
@@ -265,18 +264,14 @@ def _resolve_hf(text: str) -> Source:
 
 
 def read_hf(src: Source, map_location) -> Read:
-    """The family whose import claims the folder reads it (families/lm.py: Llama / Qwen2 / Mistral; families/mt.py:
-    Marian / M2M100 / NLLB)."""
-    from bpd_train.families import hf_family
-
-    return hf_family(src.path).read_hf(src, map_location)
+    """The family whose transformers adapter claims the folder reads it (convert/hf_lm.py: Llama / Qwen2 / Mistral;
+    convert/hf.py: Marian / M2M100 / NLLB)."""
+    return Read(*hf_format_of(src.path).read(src, map_location))
 
 
 def _hf_id(src: Source) -> str:
     """sha256 over config.json and the weight files: the same weights give the same id wherever the folder is."""
     import hashlib
-
-    from bpd_train.convert.common import folder_file
 
     h = hashlib.sha256()
     names = ["config.json", *sorted(p.name for p in src.path.iterdir()
@@ -288,8 +283,6 @@ def _hf_id(src: Source) -> str:
 
 
 def _resolve_gguf(text: str) -> Source:
-    from bpd_train.convert.gguf import GGUFError
-
     p = Path(text).expanduser()
     if not p.is_file():
         raise GGUFError(f"gguf:{text}: no such file (gguf:<path to a .gguf model file>)")
@@ -298,8 +291,6 @@ def _resolve_gguf(text: str) -> Source:
 
 def read_gguf(src: Source, map_location) -> Read:
     """A decoder-only model from a GGUF file; its tokenizer folder is the file's tokenizer, written once."""
-    from bpd_train.convert.gguf import load_gguf
-
     model, tok, meta = load_gguf(src.path, map_location=map_location, file_hash=src.id)
     return Read(model, tok.folder, None, meta, tok.meta())
 
@@ -318,8 +309,6 @@ def tokenizer_hash(path: str | os.PathLike) -> str:
     p = Path(path)
     if not p.is_dir():
         return sha256_file(p)
-    from bpd_train.data.hf_tokenizer import tokenizer_folder_hash
-
     return tokenizer_folder_hash(p)
 
 

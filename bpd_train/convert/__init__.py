@@ -1,6 +1,41 @@
 """Conversions between this project's models and other formats: transformers checkpoints of the encoder-decoder
-family (hf.py) and the decoder-only family (hf_lm.py), on what both share (common.py); vLLM Medusa heads
-(vllm_medusa.py)."""
-from bpd_train.convert.hf import ConvertError, from_hf, load_hf, to_hf
+family (hf.py) and the decoder-only family (hf_lm.py), on what both share (common.py); GGUF files (gguf.py); vLLM
+Medusa heads (vllm_medusa.py)."""
+from __future__ import annotations
 
-__all__ = ["ConvertError", "from_hf", "load_hf", "to_hf"]
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from bpd_train.convert import hf, hf_lm
+from bpd_train.convert.hf import ConvertError, from_hf, load_hf, to_hf
+from bpd_train.families import ModelFamily, families
+
+
+@dataclass(frozen=True)
+class HFFormat:
+    """A family's transformers adapter: which `hf:` folders it reads, how, and how it writes one (export.format=hf)."""
+
+    claims: Callable[[Path], bool]
+    read: Callable[[Any, Any], tuple]   # (loading.Source, map_location) -> loading.Read's fields
+    write: Callable[..., Path]          # (model, out_dir, *, files, overwrite) -> the folder written
+
+
+HF_FORMATS: dict[str, HFFormat] = {"lm": HFFormat(hf_lm.claims_hf, hf_lm.read_hf, hf_lm.to_hf_lm),
+                                   "mt": HFFormat(hf.claims_hf, hf.read_hf, hf.to_hf)}
+
+
+def hf_format(family: ModelFamily) -> HFFormat:
+    """A family's transformers adapter."""
+    return HF_FORMATS[family.name]
+
+
+def hf_format_of(folder: str | Path) -> HFFormat:
+    """The adapter that reads a transformers folder: the families are asked the most specific first."""
+    for fam in families():
+        if hf_format(fam).claims(Path(folder)):
+            return hf_format(fam)
+    raise AssertionError("the encoder-decoder family claims every other folder")
+
+
+__all__ = ["ConvertError", "HFFormat", "HF_FORMATS", "from_hf", "hf_format", "hf_format_of", "load_hf", "to_hf"]

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bpd_train.bundle import BundleError
+from bpd_train.bundle import check_buildable as check
 from bpd_train.io import atomic_dir, outside
 
 HEADS_FILE = "bpd_heads.safetensors"
@@ -28,9 +30,6 @@ class ConvertError(ValueError):
 def check_buildable(config, state: dict[str, Tensor], folder: Path) -> None:
     """config.json's sizes against the weights, before the model is allocated (bundle.check_buildable); heads
     that are not in the checkpoint start fresh."""
-    from bpd_train.bundle import BundleError
-    from bpd_train.bundle import check_buildable as check
-
     try:
         check(config, state, where=f"{Path(folder) / 'config.json'} and the weights", optional=("heads.",))
     except BundleError as e:

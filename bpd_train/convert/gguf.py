@@ -31,7 +31,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bpd_train.bundle import BundleError, check_buildable
 from bpd_train.convert.common import ConvertError
+from bpd_train.convert.hf_lm import config_from_hf_lm, state_from_hf_lm
+from bpd_train.data.hf_tokenizer import TokenizerError
+from bpd_train.data.lm.tokenizer import LMTokenizer
+from bpd_train.io import atomic_dir, sha256_file
+from bpd_train.model.lm import LMModel
 
 log = logging.getLogger(__name__)
 
@@ -416,8 +422,6 @@ def cache_root() -> Path:
 
 def tokenizer_folder(reader: GGUFFile, file_hash: str) -> Path:
     """The file's tokenizer as a folder (tokenizer.json, tokenizer_config.json), written once per file content."""
-    from bpd_train.io import atomic_dir
-
     folder = cache_root() / file_hash.removeprefix("sha256:")[:24]
     files = tokenizer_files(reader)
     if folder.is_dir() and all((folder / n).is_file() and (folder / n).read_text(encoding="utf-8") == text
@@ -435,12 +439,6 @@ def load_gguf(path: str | os.PathLike, *, block_size: int | None = None, heads: 
               tokenizer: bool = True, dropout: float | None = None, map_location="cpu", file_hash: str | None = None):
     """`gguf:<file>` -> (LMModel in eval mode, LMTokenizer or None, meta), as load_hf_lm does for a folder: k = 1
     unless block_size asks for fresh, zero-initialised heads (heads: bpd | medusa)."""
-    from bpd_train.convert.hf_lm import config_from_hf_lm, state_from_hf_lm
-    from bpd_train.data.hf_tokenizer import TokenizerError
-    from bpd_train.data.lm.tokenizer import LMTokenizer
-    from bpd_train.io import sha256_file
-    from bpd_train.model.lm import LMModel
-
     path = Path(path)
     reader = open_gguf(path)
     names = set(reader.tensors)
@@ -458,8 +456,6 @@ def load_gguf(path: str | os.PathLike, *, block_size: int | None = None, heads: 
                                    identity_p1=identity_p1, dropout=dropout)
     except ConvertError as e:
         raise GGUFError(f"{path}: {e}") from None
-    from bpd_train.bundle import BundleError, check_buildable
-
     state, types = state_of_gguf(reader, hf)
     log.info("%s: %d tensors (%s) dequantized to fp32", path.name, len(state),
              ", ".join(f"{n} {k}" for k, n in sorted(types.items())))

@@ -36,7 +36,10 @@ from torch import Tensor
 from bpd_train.convert.common import (HEADS_FILE, HEADS_FORMAT, ConvertError, check_buildable,  # noqa: F401
                                       folder_file, read_configs, read_heads_file, read_json, read_safetensors,
                                       read_weights, resolve, write_hf_folder)
+from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError, tokenizer_files
 from bpd_train.model.config import BPDConfig
+from bpd_train.model.layers import sinusoidal_table
+from bpd_train.model.transformer import BPDModel
 
 SUPPORTED = {"MarianMTModel": "marian", "M2M100ForConditionalGeneration": "m2m_100",
              "PegasusForConditionalGeneration": "pegasus"}
@@ -188,7 +191,6 @@ def state_from_hf(sd: dict[str, Tensor], config: BPDConfig) -> dict[str, Tensor]
     for side in ("encoder", "decoder"):  # older Marian files store the (fixed) position table: it must be ours
         table = sd.get(f"model.{side}.embed_positions.weight")
         if table is not None:
-            from bpd_train.model.layers import sinusoidal_table
             n = min(table.shape[0], config.max_positions)
             ours = sinusoidal_table(n, config.d_model, config.pos_layout, config.pos_offset)
             if table.shape[1] != config.d_model or not torch.allclose(table[:n].float(), ours, atol=1e-4):
@@ -364,8 +366,6 @@ EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", HE
 
 def is_hf_export(path: str | Path) -> bool:
     """A folder `to_hf` wrote and nothing else (its files, tokenizer files): the only kind overwrite replaces."""
-    from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_files
-
     path = Path(path)
     try:
         names = {p.name for p in path.iterdir()}
@@ -426,9 +426,6 @@ def load_hf(path_or_id: str | Path, *, block_size: int | None = None, head_d_hid
     block_size: k heads; None takes the k of a bpd_heads.safetensors beside the checkpoint (its trained heads
     are loaded), else 1. M2M100/NLLB need src_lang and tgt_lang (or the tokenizer_config.json's) when the
     tokenizer is loaded: the target language is forced as the decoder's first token."""
-    from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError
-    from bpd_train.model import BPDModel
-
     folder, hub_id = resolve(path_or_id)
     hf = read_json(folder / "config.json")
     fam = family(hf)
@@ -491,3 +488,16 @@ def load_hf(path_or_id: str | Path, *, block_size: int | None = None, head_d_hid
             "architecture": (hf.get("architectures") or [None])[0], "heads_loaded": heads_loaded,
             "tokenizer": tok.meta() if tok is not None else None}
     return model, tok, meta
+
+
+# ----------------------------------------------------------------------------------------------- loading's hf: reader
+def claims_hf(folder: Path) -> bool:
+    """The encoder-decoder family is asked last and takes every other folder (load_hf refuses what it cannot read)."""
+    return True
+
+
+def read_hf(src, map_location) -> tuple:
+    """An `hf:` loading.Source of the encoder-decoder family (its options: src_lang, tgt_lang) -> loading.Read's
+    fields (model, tokenizer path, recorded tokenizer hash, meta, tokenizer meta)."""
+    model, tok, meta = load_hf(src.path, block_size=None, map_location=map_location, **dict(src.options))
+    return model, src.path, None, meta, tok.meta()

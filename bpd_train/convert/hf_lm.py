@@ -21,6 +21,7 @@ Every tensor of the checkpoint must land somewhere: a name the map does not know
 """
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bpd_train.convert.common import ConvertError, check_buildable, read_configs, read_json, read_weights, resolve
+from bpd_train.bundle import TOKENIZER
+from bpd_train.convert.common import (HEADS_FILE, HEADS_FORMAT, ConvertError, check_buildable, folder_file,
+                                      read_configs, read_heads_file, read_json, read_weights, resolve,
+                                      write_hf_folder)
+from bpd_train.data.hf_tokenizer import TokenizerError
+from bpd_train.data.lm.tokenizer import LMTokenizer
+from bpd_train.model.lm import LMModel, rope_frequencies
 from bpd_train.model.lm_config import ROPE_SCALING, LMConfig
 
 log = logging.getLogger(__name__)
@@ -192,7 +199,6 @@ def state_from_hf_lm(sd: dict[str, Tensor], c: LMConfig) -> dict[str, Tensor]:
         if not torch.equal(sd["lm_head.weight"], out["embed.weight"]):
             raise ConvertError("tie_word_embeddings is true but lm_head.weight differs from the token embedding")
         used.add("lm_head.weight")
-    from bpd_train.model.lm import rope_frequencies
     for name in [n for n in sd if n.endswith("rotary_emb.inv_freq")]:
         dh = c.dh
         ours = rope_frequencies(dh, c.rope_theta, c.rope_scaling)
@@ -265,16 +271,11 @@ def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = N
     model.safetensors), its heads in bpd_heads.safetensors (LMConfig in the metadata; load_hf_lm reads them
     back), and the tokenizer files of tokenizer_folder (or `files`: name in the folder -> file to copy, e.g. the
     sentencepiece tokenizer.model of a model trained here from scratch). Atomic: complete or absent."""
-    import json
-
-    from bpd_train.convert.common import HEADS_FORMAT, write_hf_folder
-
     cfg, gen = hf_config_of_lm(model.config)
     heads = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items() if k.startswith("heads.")}
     meta = {"format": HEADS_FORMAT, "version": "1", "lm_config": json.dumps(model.config.to_dict(), sort_keys=True)}
     copies: dict[str, Path] = {}
     if tokenizer_folder is not None:
-        from bpd_train.data.lm.tokenizer import LMTokenizer
         copies = {name: Path(tokenizer_folder) / name for name in LMTokenizer(tokenizer_folder).files()}
     copies.update({name: Path(src) for name, src in (files or {}).items()})
     return write_hf_folder(out_dir, cfg, gen, state_to_hf_lm(model), heads or None, meta, copies, overwrite)
@@ -282,7 +283,6 @@ def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = N
 
 def read_lm_heads(folder: Path) -> tuple[LMConfig, dict[str, Tensor]] | None:
     """bpd_heads.safetensors written by to_hf_lm -> (the LMConfig it was trained with, heads tensors)."""
-    from bpd_train.convert.common import HEADS_FILE, read_heads_file
 
     got = read_heads_file(folder, "lm_config")
     if got is None:
@@ -301,10 +301,6 @@ def load_hf_lm(folder_or_id: str | Path, *, block_size: int | None = None, heads
     block_size None: the heads saved beside the checkpoint (bpd_heads.safetensors, as to_hf_lm writes them) are
     loaded with their k and type, else k = 1. Any other k (or head type) adds fresh, zero-initialised heads
     (heads: bpd | medusa, default bpd)."""
-    from bpd_train.data.hf_tokenizer import TokenizerError
-    from bpd_train.data.lm.tokenizer import LMTokenizer
-    from bpd_train.model.lm import LMModel
-
     folder, hub_id = resolve(folder_or_id)
     hf = read_json(folder / "config.json")
     fam = family_of(hf)
@@ -342,3 +338,23 @@ def load_hf_lm(folder_or_id: str | Path, *, block_size: int | None = None, heads
             "heads_loaded": bool(same and config.block_size > 1),
             "tokenizer": tok.meta() if tok is not None else None}
     return model, tok, meta
+
+
+# ----------------------------------------------------------------------------------------------- loading's hf: reader
+def claims_hf(folder: Path) -> bool:
+    """Whether an `hf:` folder holds a checkpoint of the decoder-only family (Llama / Qwen2 / Mistral)."""
+    return family_of(folder) is not None
+
+
+def read_hf(src, map_location) -> tuple:
+    """An `hf:` loading.Source of the decoder-only family -> loading.Read's fields (model, tokenizer path, recorded
+    tokenizer hash, meta, tokenizer meta)."""
+    if src.options:
+        raise ConvertError(f"{src.given}: a decoder-only model takes no @<src_lang>:<tgt_lang>")
+    if not (src.path / "tokenizer.json").is_file() and (src.path / TOKENIZER).is_file():
+        # exported by export.format=hf from a model trained here from scratch: the corpus's sentencepiece model
+        tok = folder_file(src.path, TOKENIZER)
+        model, _, meta = load_hf_lm(src.path, block_size=None, map_location=map_location, tokenizer=False)
+        return model, tok, None, meta, None
+    model, tok, meta = load_hf_lm(src.path, block_size=None, map_location=map_location)
+    return model, src.path, None, meta, tok.meta()

@@ -29,13 +29,12 @@ from torch import Tensor
 
 from bpd_train.convert.common import ConvertError
 from bpd_train.io import atomic_dir
+from bpd_train.model.heads import MedusaHeads
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def medusa_config(model, draft_vocab: Sequence[int] | None = None) -> dict[str, Any]:
-    from bpd_train.model.heads import MedusaHeads
-
     c = model.config
     heads = getattr(model, "heads", None)
     if not isinstance(heads, MedusaHeads):

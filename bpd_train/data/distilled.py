@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from bpd_train.io import atomic_write_json, atomic_write_text, sha256_file, stale_temp_files
+from bpd_train.max_len import max_len_json, parse_max_len
+from bpd_train.scoring import corpus_scores
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -46,9 +48,7 @@ class DistillError(ValueError):
 
 
 def canonical_max_len(max_len: Any) -> int | list[float]:
-    """decoding's MaxLen of at least one token, as the manifest stores it (JSON-stable: tuples become lists)."""
-    from bpd_train.decoding.common import max_len_json, parse_max_len  # (torch: only when distilling)
-
+    """A MaxLen of at least one token, as the manifest stores it (JSON-stable: tuples become lists)."""
     try:
         return max_len_json(parse_max_len(max_len, minimum=1))
     except ValueError as e:
@@ -317,9 +317,7 @@ def verify_corpus(out_dir: str | os.PathLike, *, bleu: bool = True) -> dict[str,
 
 
 def teacher_bleu(hyps: list[str], refs: list[str]) -> dict[str, Any]:
-    """The teacher's scores as the manifest records them, from the one BLEU/chrF scorer (evaluation.metrics)."""
-    from bpd_train.evaluation.metrics import corpus_scores
-
+    """The teacher's scores as the manifest records them, from the one BLEU/chrF scorer (bpd_train/scoring.py)."""
     s = corpus_scores(hyps, refs)
     return {"bleu": round(s["bleu"], 4), "bleu_signature": s["bleu_signature"], "chrf": round(s["chrf"], 4),
             "chrf_signature": s["chrf_signature"], "num_sentences": len(hyps)}

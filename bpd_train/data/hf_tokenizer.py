@@ -22,6 +22,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from bpd_train.io import outside, sha256_file
+
 # transformers' M2M100Tokenizer FAIRSEQ_LANGUAGE_CODES (the order fixes the language token ids)
 M2M100_LANGUAGE_CODES = {
     "m2m100": [
@@ -44,8 +46,6 @@ class TokenizerError(ValueError):
 def inside(folder: Path, name: str) -> Path:
     """folder/name, refused when a link (or the name) leads outside the folder: a model's tokenizer files are
     read, hashed and copied into bundles, so nothing outside what the user pointed at may be among them."""
-    from bpd_train.io import outside
-
     why = outside(folder, name)
     if why is not None:
         raise TokenizerError(f"refusing to read outside the model folder: {why}")
@@ -129,8 +129,6 @@ def tokenizer_folder_hash(folder: str | Path) -> str:
     """sha256 over the tokenizer files' names and hashes: the same for the model's folder, a run folder's or a
     bundle's copy."""
     import hashlib
-
-    from bpd_train.io import sha256_file
 
     folder = Path(folder)
     h = hashlib.sha256()

@@ -8,12 +8,7 @@ import torch
 
 from bpd_train.data.lm.records import CONTEXT_POLICIES, LMDataError, prompt_of, translation_prompt
 from bpd_train.decoding.settings import DecodeError
-
-
-def one_line(text: str) -> str:
-    """Hypothesis/reference files hold one sentence per line: no line breaks inside, no surrounding spaces
-    (the sacrebleu CLI strips them too), so the files score exactly like the in-memory lists."""
-    return " ".join(str(text).splitlines()).strip()
+from bpd_train.scoring import one_line  # noqa: F401 - re-exported: the decoders' callers import it here
 
 
 def pad_batch(seqs: Iterable[Sequence[int]], pad_id: int, device=None) -> torch.Tensor:

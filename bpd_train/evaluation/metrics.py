@@ -8,22 +8,8 @@ from typing import Callable, Sequence
 import torch
 
 from bpd_train.decoding.result import DecodeStats  # noqa: F401 - re-exported: evaluation's callers import it here
-from bpd_train.decoding.text import one_line, pad_batch  # noqa: F401 - pad_batch re-exported
-
-
-def corpus_scores(hyps: Sequence[str], refs: Sequence[str]) -> dict:
-    """BLEU and chrF on detokenized text (sacrebleu defaults: 13a tokenization, mixed case) + their signatures."""
-    from sacrebleu.metrics import BLEU, CHRF
-
-    if len(hyps) != len(refs):
-        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
-    hyps = [one_line(h) for h in hyps]
-    refs = [one_line(r) for r in refs]
-    bleu, chrf = BLEU(), CHRF()
-    b = bleu.corpus_score(hyps, [refs])
-    c = chrf.corpus_score(hyps, [refs])
-    return {"bleu": float(b.score), "chrf": float(c.score), "bleu_signature": str(bleu.get_signature()),
-            "chrf_signature": str(chrf.get_signature()), "bleu_detail": str(b)}
+from bpd_train.decoding.text import pad_batch  # noqa: F401 - re-exported
+from bpd_train.scoring import corpus_scores, one_line  # noqa: F401 - re-exported: the one scorer
 
 
 def agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> float:

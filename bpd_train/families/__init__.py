@@ -4,6 +4,7 @@
     >>> family_of({"arch": "lm"}).name, family_of({}).name
     ('lm', 'mt')
 """
-from bpd_train.families.base import ModelFamily, families, family_of, get_family, hf_family, register
+from bpd_train.families import lm, mt  # noqa: F401 - each module registers its family
+from bpd_train.families.base import ModelFamily, families, family_of, get_family, register
 
-__all__ = ["ModelFamily", "families", "family_of", "get_family", "hf_family", "register"]
+__all__ = ["ModelFamily", "families", "family_of", "get_family", "register"]

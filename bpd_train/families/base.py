@@ -5,9 +5,10 @@ which kind of model it is. Each family implements this class once, in its own mo
 encoder-decoder translation model; `families/lm.py`: the decoder-only language model); docs/families.md says how to
 add a third.
 
-`family_of(x)` is the one place that reads a config's `arch` key: it takes a family name, a saved config dict, a
-config dataclass, a Hydra node, a model or a LoadedModel and returns the family object. A config without `arch`
-belongs to the encoder-decoder family (the configs and checkpoints written before there was a second family).
+`family_of(x)` reads a config's `arch` key (with `bpd_train.model.config_arch`, the one reader): it takes a family
+name, a saved config dict, a config dataclass, a Hydra node, a model or a LoadedModel and returns the family object.
+A config without `arch` belongs to the encoder-decoder family (the configs and checkpoints written before there was
+a second family).
 """
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Mapping
 
+from bpd_train.model import config_arch
+
 
 class ModelFamily(ABC):
     """One model family. Subclasses set the class attributes and implement the abstract methods; the methods with
     a body are what both families share. Imports of heavy modules (datasets, Lightning, tokenizers) stay inside the
-    methods, so `import bpd_train.families` is cheap and `bpd_train.model` may use it."""
+    methods. A family reads model/ and data/; loading, convert and bundle read the families, never the reverse
+    (each family's transformers adapter is its HFFormat in convert/__init__.py)."""
 
     name: str                   # "mt" | "lm": how docs and messages name the family
     arch: str | None            # the `arch` its saved configs carry (None: they carry none)
@@ -112,7 +116,7 @@ class ModelFamily(ABC):
     @abstractmethod
     def text_adapter(self, loaded, src_lang: str | None = None, tgt_lang: str | None = None,
                      context_policy: str = "truncate_left"):
-        """The text adapter the decoders' callers use (evaluation/decode.py SpmText or LMText): source text ->
+        """The text adapter the decoders' callers use (decoding/text.py SpmText or LMText): source text ->
         ids, a batch of ids -> the padded tensor, output ids -> text."""
 
     def check_text_options(self, *, chat: bool = False, langs: bool = False, context_policy: bool = False,
@@ -133,19 +137,7 @@ class ModelFamily(ABC):
     def tokenizer_ids(self, tok, config) -> tuple[dict[str, int], dict[str, int]]:
         """(ids a bundle's own tokenizer folder gives, the ids the config must have for them): they must agree."""
 
-    # ------------------------------------------------------------------------------------------------ transformers
-    @abstractmethod
-    def claims_hf(self, folder: Path) -> bool:
-        """Whether an `hf:` folder holds a checkpoint of this family (families are asked in FAMILIES order)."""
-
-    @abstractmethod
-    def read_hf(self, src, map_location):
-        """An `hf:` Source of this family -> loading.Read."""
-
-    @abstractmethod
-    def to_hf(self, model, out_dir, *, files=None, overwrite: bool = False) -> Path:
-        """The model as a transformers checkpoint folder (with bpd_heads.safetensors), read back by read_hf."""
-
+    # ------------------------------------------------------------------------------------------------ export
     def medusa_draft_problem(self, config) -> str | None:
         """Why this model cannot be exported as vLLM Medusa heads (export.format=vllm), or None."""
         return self.title
@@ -167,7 +159,7 @@ class ModelFamily(ABC):
 
 
 # ---------------------------------------------------------------------------------------------------- registry
-_FAMILIES: dict[str, ModelFamily] = {}
+_FAMILIES: dict[str, ModelFamily] = {}  # filled by families/lm.py and mt.py, which families/__init__.py imports
 
 
 def register(family: ModelFamily) -> ModelFamily:
@@ -175,38 +167,21 @@ def register(family: ModelFamily) -> ModelFamily:
     return family
 
 
-def _load() -> dict[str, ModelFamily]:
-    if not _FAMILIES:
-        from bpd_train.families import lm, mt  # noqa: F401 - each module registers its family
-
-    return _FAMILIES
-
-
 def families() -> list[ModelFamily]:
     """Every family, in the order an `hf:` folder is offered to them (the most specific first)."""
-    fams = _load()
+    fams = _FAMILIES
     return sorted(fams.values(), key=lambda f: f.arch is None)
 
 
 def get_family(name: str) -> ModelFamily:
-    fams = _load()
+    fams = _FAMILIES
     if name not in fams:
         raise ValueError(f"unknown model family {name!r}; known: {', '.join(sorted(fams))}")
     return fams[name]
 
 
-def _arch(x: Any) -> str | None:
-    """The `arch` of a config dict, a config dataclass or a Hydra node (None when it has none)."""
-    if isinstance(x, Mapping):  # a dict or a Hydra DictConfig
-        a = x.get("arch")
-    else:
-        a = getattr(x, "arch", None)
-    return None if a is None or str(a) in ("", "None") else str(a)
-
-
 def family_of(x: Any) -> ModelFamily:
-    """The family of a family name, a saved model config (dict, Hydra node or dataclass), a model or a LoadedModel.
-    The one place that reads `arch`."""
+    """The family of a family name, a saved model config (dict, Hydra node or dataclass), a model or a LoadedModel."""
     if isinstance(x, ModelFamily):
         return x
     if isinstance(x, str):
@@ -215,17 +190,9 @@ def family_of(x: Any) -> ModelFamily:
         x = x.model
     if not isinstance(x, Mapping) and hasattr(x, "config"):  # a model
         x = x.config
-    arch = _arch(x) if x is not None else None
-    for fam in _load().values():
+    arch = config_arch(x) if x is not None else None
+    for fam in _FAMILIES.values():
         if fam.arch == arch:
             return fam
     raise ValueError(f"unknown model arch {arch!r}; known: "
-                     + ", ".join(repr(f.arch) for f in _load().values()))
-
-
-def hf_family(folder: str | Path) -> ModelFamily:
-    """The family whose import reads this transformers folder."""
-    for fam in families():
-        if fam.claims_hf(Path(folder)):
-            return fam
-    raise AssertionError("the encoder-decoder family claims every other folder")
+                     + ", ".join(repr(f.arch) for f in _FAMILIES.values()))

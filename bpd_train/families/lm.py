@@ -5,8 +5,8 @@
   data              bpd_train/data/lm/: prompt/response or chat records (records.py), or the translation corpus as
                     prompts; batches of tokens/targets (datamodule.py LMDataModule); tokenizer.json folders
                     (tokenizer.py) or the corpus's sentencepiece model behind SpmLMTokenizer
-  text adapter      evaluation/decode.py LMText: a prompt, a prompt-format translation or a chat -> ids
-  transformers      convert/hf_lm.py: Llama, Qwen2, Mistral (no sliding window)
+  text adapter      decoding/text.py LMText: a prompt, a prompt-format translation or a chat -> ids
+  transformers      convert/hf_lm.py: Llama, Qwen2, Mistral (no sliding window); its HFFormat in convert/__init__
   bundles           tokenizer.model, or the model's tokenizer/ folder (RunLMTokenizer); the heads' type recorded
   distillation      the model answers the prompts itself, greedily or sampled (distillation/self_lm.py)
 """
@@ -15,7 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bpd_train.data.distilled import DistillError
+from bpd_train.data.lm.tokenizer import RunLMTokenizer
+from bpd_train.decoding.text import LMText
 from bpd_train.families.base import ModelFamily, register
+from bpd_train.model.lm import Layer, LMModel
+from bpd_train.model.lm_config import LMConfig
 
 
 class LMFamily(ModelFamily):
@@ -29,23 +34,9 @@ class LMFamily(ModelFamily):
     head_fields = ModelFamily.head_fields + ("heads", "medusa_layers")  # the head type: bpd | medusa
 
     # ------------------------------------------------------------------------------------------------ model
-    @property
-    def config_class(self):
-        from bpd_train.model.lm_config import LMConfig
-
-        return LMConfig
-
-    @property
-    def model_class(self):
-        from bpd_train.model.lm import LMModel
-
-        return LMModel
-
-    @property
-    def layer_classes(self):
-        from bpd_train.model.lm import Layer
-
-        return (Layer,)
+    config_class = LMConfig
+    model_class = LMModel
+    layer_classes = (Layer,)
 
     def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any, block_size: int):
         # pad_id stays LMConfig's sentinel (-1): padding is never a vocabulary id in this family
@@ -90,8 +81,6 @@ class LMFamily(ModelFamily):
         """The LMTokenizer interface (data/lm/records.py, distillation/self_lm, the decoders): the model's own tokenizer.json
         folder, or the corpus's sentencepiece model it was trained from scratch with."""
         if loaded.own_tokenizer:
-            from bpd_train.data.lm.tokenizer import RunLMTokenizer
-
             return RunLMTokenizer(loaded.tokenizer_path, hash=loaded.tokenizer_hash)
         from bpd_train.data.lm.datamodule import SpmLMTokenizer
         from bpd_train.data.tokenizer import Tokenizer
@@ -103,8 +92,6 @@ class LMFamily(ModelFamily):
 
     def text_adapter(self, loaded, src_lang: str | None = None, tgt_lang: str | None = None,
                      context_policy: str = "truncate_left", tokenizer: Any = None):
-        from bpd_train.evaluation.decode import LMText
-
         tok = tokenizer if tokenizer is not None else self.tokenizer(loaded)
         return LMText(tok, src_lang, tgt_lang, loaded.config.max_positions, context_policy=context_policy)
 
@@ -113,8 +100,6 @@ class LMFamily(ModelFamily):
         return {**super().bundle_heads(config), "type": config.heads}
 
     def folder_tokenizer(self, folder: Path, config, meta: dict | None):
-        from bpd_train.data.lm.tokenizer import RunLMTokenizer
-
         tok = RunLMTokenizer(folder)
         tok.check_model(config.vocab_size)
         return tok, {"vocab_size": config.vocab_size, "pad_id": config.pad_id, "bos_id": config.bos_id,
@@ -125,33 +110,7 @@ class LMFamily(ModelFamily):
         ids = {"vocab_size": config.vocab_size, "bos_id": config.bos_id, "eos_id": config.eos_id}
         return ids, dict(ids)
 
-    # ------------------------------------------------------------------------------------------------ transformers
-    def claims_hf(self, folder: Path) -> bool:
-        from bpd_train.convert.hf_lm import family_of as hf_architecture
-
-        return hf_architecture(folder) is not None  # Llama / Qwen2 / Mistral
-
-    def read_hf(self, src, map_location):
-        from bpd_train.bundle import TOKENIZER
-        from bpd_train.convert.common import ConvertError, folder_file
-        from bpd_train.convert.hf_lm import load_hf_lm
-        from bpd_train.loading import Read
-
-        if src.options:
-            raise ConvertError(f"{src.given}: a decoder-only model takes no @<src_lang>:<tgt_lang>")
-        if not (src.path / "tokenizer.json").is_file() and (src.path / TOKENIZER).is_file():
-            # exported by export.format=hf from a model trained here from scratch: the corpus's sentencepiece model
-            tok = folder_file(src.path, TOKENIZER)
-            model, _, meta = load_hf_lm(src.path, block_size=None, map_location=map_location, tokenizer=False)
-            return Read(model, tok, None, meta, None)
-        model, tok, meta = load_hf_lm(src.path, block_size=None, map_location=map_location)
-        return Read(model, src.path, None, meta, tok.meta())
-
-    def to_hf(self, model, out_dir, *, files=None, overwrite: bool = False) -> Path:
-        from bpd_train.convert.hf_lm import to_hf_lm  # the Llama / Qwen2 layout; load_hf_lm reads the heads back
-
-        return to_hf_lm(model, out_dir, files=files, overwrite=overwrite)
-
+    # ------------------------------------------------------------------------------------------------ export
     def medusa_draft_problem(self, config) -> str | None:
         if getattr(config, "heads", None) != "medusa" or config.block_size < 2:
             return f"heads={config.heads}, k={config.block_size}"
@@ -159,8 +118,6 @@ class LMFamily(ModelFamily):
 
     # ------------------------------------------------------------------------------------------------ distillation
     def check_distill(self, beam_size: int, temperature: float) -> None:
-        from bpd_train.data.distilled import DistillError
-
         if int(beam_size) != 1:
             raise DistillError(f"a decoder-only teacher answers greedily (or samples with distill.temperature > 0): "
                                f"set distill.beam_size=1 (got {beam_size})")

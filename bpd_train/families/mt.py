@@ -5,8 +5,8 @@
   data              bpd_train/data/mt/: source/target pairs of a translation corpus (data/corpus.py) encoded and
                     filtered (processing.py), batches of src, tgt_in, tgt_out (datamodule.py BPDDataModule); the
                     corpus's sentencepiece model (data/tokenizer.py) or an imported model's (data/hf_tokenizer.py)
-  text adapter      evaluation/decode.py SpmText: sentence -> pieces + EOS, padded with pad_id
-  transformers      convert/hf.py: Marian, M2M100 / NLLB, Pegasus (for export)
+  text adapter      decoding/text.py SpmText: sentence -> pieces + EOS, padded with pad_id
+  transformers      convert/hf.py: Marian, M2M100 / NLLB, Pegasus (for export); its HFFormat in convert/__init__
   bundles           tokenizer.model, or an imported model's tokenizer/ folder (HFTokenizer with its languages)
   distillation      beam search over the corpus's source sentences (distillation/job.py)
 """
@@ -15,7 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bpd_train.data.distilled import DistillError
+from bpd_train.data.hf_tokenizer import HFTokenizer, ModelTokenizer
+from bpd_train.decoding.settings import DecodeError
+from bpd_train.decoding.text import SpmText
 from bpd_train.families.base import ModelFamily, register
+from bpd_train.model.config import BPDConfig
+from bpd_train.model.layers import DecoderLayer, EncoderLayer
+from bpd_train.model.transformer import BPDModel
 
 
 class MTFamily(ModelFamily):
@@ -31,23 +38,9 @@ class MTFamily(ModelFamily):
         return {**super().bundle_heads(config), "chained": bool(config.head_chain)}
 
     # ------------------------------------------------------------------------------------------------ model
-    @property
-    def config_class(self):
-        from bpd_train.model.config import BPDConfig
-
-        return BPDConfig
-
-    @property
-    def model_class(self):
-        from bpd_train.model.transformer import BPDModel
-
-        return BPDModel
-
-    @property
-    def layer_classes(self):
-        from bpd_train.model.layers import DecoderLayer, EncoderLayer
-
-        return (EncoderLayer, DecoderLayer)
+    config_class = BPDConfig
+    model_class = BPDModel
+    layer_classes = (EncoderLayer, DecoderLayer)
 
     def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any, block_size: int):
         return self.config_class(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
@@ -88,8 +81,6 @@ class MTFamily(ModelFamily):
     def tokenizer(self, loaded):
         """sentencepiece, or an imported model's HFTokenizer (the same methods, the model's ids)."""
         if loaded.own_tokenizer:
-            from bpd_train.data.hf_tokenizer import HFTokenizer
-
             m = loaded.tokenizer_meta or {}
             return HFTokenizer(loaded.tokenizer_path, src_lang=m.get("src_lang"), tgt_lang=m.get("tgt_lang"))
         import sentencepiece as spm
@@ -97,30 +88,22 @@ class MTFamily(ModelFamily):
         return spm.SentencePieceProcessor(model_file=str(loaded.tokenizer_path))
 
     def data_tokenizer(self, loaded):
-        from bpd_train.data.hf_tokenizer import ModelTokenizer
-
         return ModelTokenizer.for_model(loaded.tokenizer(), loaded.config, hash=loaded.tokenizer_hash)
 
     def text_adapter(self, loaded, src_lang: str | None = None, tgt_lang: str | None = None,
                      context_policy: str = "truncate_left", tokenizer: Any = None):
-        from bpd_train.evaluation.decode import SpmText
-
         cfg = loaded.config
         return SpmText(tokenizer if tokenizer is not None else loaded.tokenizer(), cfg.eos_id, cfg.pad_id,
                        cfg.max_positions)
 
     def check_text_options(self, *, chat: bool = False, langs: bool = False, context_policy: bool = False,
                            what: str = "this model") -> None:
-        from bpd_train.evaluation.decode import EvalError
-
         given = [f for f, on in (("--chat", chat), ("--langs", langs), ("--context-policy", context_policy)) if on]
         if given:
-            raise EvalError(f"{', '.join(given)}: only for decoder-only (LM) bundles; {what} is a translation model")
+            raise DecodeError(f"{', '.join(given)}: only for decoder-only (LM) bundles; {what} is a translation model")
 
     # ------------------------------------------------------------------------------------------------ bundles
     def folder_tokenizer(self, folder: Path, config, meta: dict | None):
-        from bpd_train.data.hf_tokenizer import HFTokenizer
-
         meta = dict(meta or {})
         tok = HFTokenizer(folder, src_lang=meta.get("src_lang"), tgt_lang=meta.get("tgt_lang"))
         tok.check_model(config.vocab_size, config.source_vocab_size)
@@ -135,26 +118,8 @@ class MTFamily(ModelFamily):
                 "eos_id": config.eos_id}
         return have, want
 
-    # ------------------------------------------------------------------------------------------------ transformers
-    def claims_hf(self, folder: Path) -> bool:
-        return True  # asked last: whatever the decoder-only family does not take (convert/hf.py refuses the rest)
-
-    def read_hf(self, src, map_location):
-        from bpd_train.convert.hf import load_hf
-        from bpd_train.loading import Read
-
-        model, tok, meta = load_hf(src.path, block_size=None, map_location=map_location, **dict(src.options))
-        return Read(model, src.path, None, meta, tok.meta())
-
-    def to_hf(self, model, out_dir, *, files=None, overwrite: bool = False) -> Path:
-        from bpd_train.convert.hf import to_hf
-
-        return to_hf(model, out_dir, files=files, overwrite=overwrite)
-
     # ------------------------------------------------------------------------------------------------ distillation
     def check_distill(self, beam_size: int, temperature: float) -> None:
-        from bpd_train.data.distilled import DistillError
-
         if temperature != 0:
             raise DistillError(f"distill.temperature={temperature}: sampling (> 0) is for decoder-only teachers; "
                                "0 = greedy")
@@ -165,8 +130,6 @@ class MTFamily(ModelFamily):
         return load_corpus(cfg.data)
 
     def check_teacher_ids(self, loaded) -> None:
-        from bpd_train.data.distilled import DistillError
-
         mc = loaded.config
         sp = loaded.tokenizer()
         n = sp.get_piece_size()

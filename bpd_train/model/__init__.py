@@ -1,28 +1,46 @@
 """Pure-torch model: configs, encoder-decoder Transformer and decoder-only LM with BPD heads, decoding KV cache."""
+from typing import Any, Mapping
+
 from bpd_train.model.cache import DecoderState, Memory
 from bpd_train.model.config import BPDConfig
 from bpd_train.model.lm import LMModel
 from bpd_train.model.lm_config import LMConfig
 from bpd_train.model.transformer import BPDModel
 
+# Each saved config's `arch` and its config and model classes (None: the encoder-decoder, whose configs carry no
+# arch); bpd_train/families names the same classes per family.
+ARCHS: dict = {"lm": (LMConfig, LMModel), None: (BPDConfig, BPDModel)}
+
+
+def config_arch(x: Any) -> "str | None":
+    """The `arch` of a config dict, a config dataclass or a Hydra node (None when it has none)."""
+    if isinstance(x, Mapping):  # a dict or a Hydra DictConfig
+        a = x.get("arch")
+    else:
+        a = getattr(x, "arch", None)
+    return None if a is None or str(a) in ("", "None") else str(a)
+
+
+def _classes(config: Any) -> tuple:
+    arch = config_arch(config)
+    if arch not in ARCHS:
+        raise ValueError(f"unknown model arch {arch!r}; known: " + ", ".join(repr(a) for a in ARCHS))
+    return ARCHS[arch]
+
 
 def config_from_dict(d: dict) -> "BPDConfig | LMConfig":
-    """A saved model config -> its family's dataclass (bpd_train/families: `arch: lm` is the decoder-only family,
-    no arch the encoder-decoder)."""
-    from bpd_train.families import family_of
-
+    """A saved model config -> its family's dataclass (`arch: lm` is the decoder-only family, no arch the
+    encoder-decoder)."""
     d = dict(d)
-    return family_of(d).config_from_dict(d)
+    return _classes(d)[0].from_dict(d)
 
 
 def build_model(config: "BPDConfig | LMConfig | dict"):
     """The model of a config (or a saved config dict) of either family."""
-    from bpd_train.families import family_of
-
     if isinstance(config, dict):
         config = config_from_dict(config)
-    return family_of(config).build(config)
+    return _classes(config)[1](config)
 
 
-__all__ = ["BPDConfig", "BPDModel", "DecoderState", "LMConfig", "LMModel", "Memory", "build_model",
-           "config_from_dict"]
+__all__ = ["ARCHS", "BPDConfig", "BPDModel", "DecoderState", "LMConfig", "LMModel", "Memory", "build_model",
+           "config_arch", "config_from_dict"]

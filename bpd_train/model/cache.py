@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bpd_train.engine.packed import copy_rows
+
 
 @dataclass
 class Memory:
@@ -115,7 +117,6 @@ class DecoderState:
         place and every row that moves comes from past the new end, so no copy overwrites a row another one reads:
         only those rows are copied, in place (one row per finished row; at batch 32 gathering every row's cache
         was ~10% of greedy decoding's time). False where idx is not of that form."""
-        from bpd_train.engine.packed import copy_rows
         m = idx.size
         dst = np.flatnonzero(idx != np.arange(m))
         src = idx[dst]

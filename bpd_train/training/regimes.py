@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from bpd_train.configs import regime_names
 from bpd_train.training.losses import HEAD_LOSSES
 
 TRAINABLE = ("all", "heads")
@@ -19,8 +20,7 @@ SOURCES = ("gold", "distilled", "mixed", "self")
 
 
 def available_regimes() -> list[str]:
-    from bpd_train.cli import regime_names
-
+    """The regimes `+regime=` can pick (conf/regime)."""
     return regime_names()
 
 

@@ -24,8 +24,10 @@ from datasets import Dataset
 import torch
 from torch.utils.data import DataLoader
 
+from bpd_train.data import distilled
 from bpd_train.data.corpus import _get, load_corpus
 from bpd_train.data.batches import TokenBatchesDataModule
+from bpd_train.data.hf_tokenizer import TokenizerError
 from bpd_train.data.lm.records import (CONTEXT_POLICIES, LMDataError, LMEncoder, ResponseTooLong, collate_lm,
                                        load_lm_jsonl)
 from bpd_train.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, get_tokenizer
@@ -56,8 +58,6 @@ class SpmLMTokenizer:
         return self.sp.decode([int(i) for i in ids if not skip_special_tokens or int(i) > EOS_ID])
 
     def render_chat(self, messages, add_generation_prompt: bool = True, **extra) -> str:
-        from bpd_train.data.hf_tokenizer import TokenizerError
-
         raise TokenizerError(f"the sentencepiece model {self.path} has no chat template: give the data as plain "
                              "prompt/response records")
 
@@ -116,8 +116,6 @@ class LMDataModule(TokenBatchesDataModule):
         """The model's own responses: distill.py's corpus (regime.distilled_dir, else the corpus's one complete
         distilled corpus; its manifest's tokenizer must be this run's), or a folder of *.jsonl records without a
         manifest (responses made elsewhere). Prompts the model answered with nothing are left out, counted."""
-        from bpd_train.data import distilled
-
         folder = self.distilled_dir
         if folder is None:
             try:

@@ -28,6 +28,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from bpd_train.data.hf_tokenizer import TokenizerError
+
 log = logging.getLogger(__name__)
 
 LANGUAGE_NAMES = {"en": "English", "fr": "French", "de": "German", "es": "Spanish", "it": "Italian",
@@ -59,7 +61,6 @@ def split_record(record: Mapping[str, Any], tok, src_lang: str | None = None,
         msgs = list(record["messages"])
         if not msgs or not isinstance(msgs[-1], Mapping) or not str(msgs[-1].get("content", "")).strip():
             raise LMDataError(f"{where}: the chat's last message (the response) is missing or empty")
-        from bpd_train.data.hf_tokenizer import TokenizerError
         try:
             prompt = tok.render_chat(msgs[:-1], add_generation_prompt=True)
             full = tok.render_chat(msgs, add_generation_prompt=False)
@@ -98,7 +99,6 @@ def prompt_of(record: Mapping[str, Any], tok, src_lang: str | None = None, tgt_l
             msgs = msgs[:-1]
         if not msgs:
             raise LMDataError(f"{where}: the chat has no messages before the response")
-        from bpd_train.data.hf_tokenizer import TokenizerError
         try:
             return tok.render_chat(msgs, add_generation_prompt=True), True
         except TokenizerError as e:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bpd_train.data.hf_tokenizer import TokenizerError, _read_json, inside  # noqa: F401  (one JSON reader)
+from bpd_train.data.hf_tokenizer import tokenizer_folder_hash
 from bpd_train.io import sha256_file
 
 
@@ -157,8 +158,6 @@ class RunLMTokenizer(LMTokenizer):
 
     def __init__(self, folder: str | Path, hash: str | None = None):
         super().__init__(folder)
-        from bpd_train.data.hf_tokenizer import tokenizer_folder_hash
-
         self.json_path, self.path = self.path, self.folder
         self.hash = hash or tokenizer_folder_hash(self.folder)
         self.meta = LMTokenizer.meta(self)

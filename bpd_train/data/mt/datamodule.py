@@ -14,6 +14,7 @@ from datasets import Dataset, concatenate_datasets
 import torch
 from torch.utils.data import DataLoader
 
+from bpd_train.data import distilled
 from bpd_train.data.batches import ResumableDataLoader, TokenBatchesDataModule  # noqa: F401 - importable here
 from bpd_train.data.corpus import _get, load_corpus
 from bpd_train.data.mt.processing import collate, tokenize_split
@@ -71,8 +72,6 @@ class BPDDataModule(TokenBatchesDataModule):
     def _load_train_source(self) -> Dataset | None:
         if self.source == "gold":
             return None
-        from bpd_train.data import distilled  # owned by the distillation part; imported lazily
-
         folder = self.distilled_dir or distilled.find_distilled_corpus(self.corpus_artifacts_dir)
         want = distilled.read_manifest(folder).get("tokenizer_hash")
         if want and want != self.tokenizer.hash:
