@@ -262,7 +262,7 @@ def evaluate_teacher(distilled_dir: str | os.PathLike, sources: Sequence[str], r
     sources it re-translated (the corpus manifest) and, while its checkpoint exists, its beam search (the manifest's
     beam, alpha and max_len) on these evaluation sources, which is the number a regime's BLEU can be set against."""
     from bpd_train.data.distilled import read_manifest
-    from bpd_train.distillation.job import translate_ids
+    from bpd_train.decoding.batched import translate_ids
     from bpd_train.loading import load as load_any
 
     m = read_manifest(distilled_dir)
