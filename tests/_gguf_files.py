@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from _lm_tiny import randomize
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -45,17 +47,7 @@ def hf_model(arch: str, vocab: int, *, d: int = 32, d_ff: int = 64, layers: int 
     cfg = (transformers.LlamaConfig if arch == "llama" else transformers.Qwen2Config)(**kw)
     torch.manual_seed(seed)
     model = cls(cfg).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.35)
-            elif name.endswith("bias"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            else:
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
-        model.get_output_embeddings().weight[eos] *= 1.6
-    return model
+    return randomize(model, seed, eos)
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:

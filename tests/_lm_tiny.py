@@ -30,3 +30,21 @@ def make_tokenizer(folder, bos: bool, chat_template: bool = True) -> int:
         cfg["bos_token"] = "<s>"
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     return len(vocab)
+
+
+def randomize(model, seed, eos):
+    """transformers initialises with std 0.02 (every logit ~0): wider weights give peaked, diverse outputs,
+    and a stronger EOS row gives outputs of different lengths."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.35)
+            elif name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            else:  # RMSNorm weights
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+        model.get_output_embeddings().weight[eos] *= 1.6
+    return model

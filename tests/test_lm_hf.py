@@ -12,26 +12,10 @@ tokenizers = pytest.importorskip("tokenizers")
 from bpd_train.convert.hf import ConvertError  # noqa: E402
 from bpd_train.convert.hf_lm import family_of, load_hf_lm  # noqa: E402
 from bpd_train.decoding import Distance, Exact, TopK, blockwise, greedy  # noqa: E402
-from _lm_tiny import WORDS, make_tokenizer  # noqa: E402
+from _lm_tiny import WORDS, make_tokenizer, randomize as _randomize  # noqa: E402
 
 PROMPTS = ["the quick brown fox", "hello", "a stitch in time saves nine and the lazy dog", "how are"]
 MAX_NEW = 16
-
-
-def _randomize(model, seed, eos):
-    """transformers initialises with std 0.02 (every logit ~0): wider weights give peaked, diverse outputs,
-    and a stronger EOS row gives outputs of different lengths."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.35)
-            elif name.endswith("bias"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            else:  # RMSNorm weights
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
-        model.get_output_embeddings().weight[eos] *= 1.6
-    return model
 
 
 @pytest.fixture(scope="module")
