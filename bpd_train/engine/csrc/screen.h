@@ -14,7 +14,8 @@
 // and the same logit bits, for a quarter of the weight bytes read plus a few exact rows.
 struct Screen {
   Lin q;                        // the int8-compute copy (mode I8D), bias included
-  torch::Tensor w1, ew;         // per output: sum_k |w_nk| and max_k |w_nk - s_n q_nk|, float, rounded up
+  torch::Tensor w1, w2, e2;     // per output: sum_k |w_nk|, ||w_n||_2 and ||w_n - s_n q_n||_2, float, rounded up
+  torch::Tensor w;              // the fp32 weight [N, K], row-major: a candidate's exact output reads one row
 };
 
 void Lin::add_screen(const torch::Tensor& w) {
@@ -26,7 +27,7 @@ void Lin::add_screen(const torch::Tensor& w) {
   auto pk = pack(wc, I8D);
   // the int8 weights exactly as pack() rounded them (same float ops), then the bounds in double, a slice of rows at
   // a time (a large vocabulary's projection in double would be twice its fp32 size)
-  auto w1 = torch::empty({N}, wc.options()), ew = torch::empty({N}, wc.options());
+  auto w1 = torch::empty({N}, wc.options()), w2 = torch::empty({N}, wc.options()), e2 = torch::empty({N}, wc.options());
   const double up = 1.0 + 1e-6;                // float rounding of the double sums (2^-24 relative) covered
   for (int64_t r0 = 0; r0 < N; r0 += 4096) {
     const int64_t r = std::min<int64_t>(4096, N - r0);
@@ -34,35 +35,44 @@ void Lin::add_screen(const torch::Tensor& w) {
     auto q = torch::round(ws / ss).clamp_(-127, 127).to(torch::kDouble);
     auto wd = ws.to(torch::kDouble);
     w1.narrow(0, r0, r).copy_(wd.abs().sum(1) * up);
-    ew.narrow(0, r0, r).copy_((wd - q * ss.to(torch::kDouble)).abs().amax(1) * up);
+    w2.narrow(0, r0, r).copy_(wd.square().sum(1).sqrt() * up);
+    e2.narrow(0, r0, r).copy_((wd - q * ss.to(torch::kDouble)).square().sum(1).sqrt() * up);
   }
-  screen = std::make_shared<const Screen>(Screen{Lin(pk[0], pk[1], bias, N, K, I8D), w1, ew});
+  screen = std::make_shared<const Screen>(Screen{Lin(pk[0], pk[1], bias, N, K, I8D), w1, w2, e2, wc});
 }
 
 // the fp32 projection's output n for one row x [K], as its kernel computes it (one FMA per k, in order, from zero;
-// then the bias): the packed block of n's 64 outputs holds w_nk at [k][n % 64] (AVX-512), [n % 64 / 16][k][n % 16]
-// (AVX2)
-static inline float exact_output(const Lin& p, const float* x, int64_t n) {
-  const int64_t K = p.K, j = n % NB;
-  const float* w = p.data.data_ptr<float>() + (n / NB) * NB * K;
-#if defined(__AVX512F__)
-  const float* c = w + j;
-  constexpr int64_t st = NB;
-#else
-  const float* c = w + (j / SB) * SB * K + j % SB;
-  constexpr int64_t st = SB;
-#endif
-  float acc = 0.0f;
-  for (int64_t k = 0; k < K; k++) acc = std::fma(x[k], c[k * st], acc);
-  if (p.bias.has_value()) acc += p.bias->data_ptr<float>()[n];
-  return acc;
+// then the bias), from the row-major weight: one contiguous row per output (the packed layout puts consecutive k of
+// one output a cache line apart). Four outputs at a time, four independent FMA chains.
+static void exact_outputs(const Lin& p, const float* x, const int64_t* n, int64_t count, float* z) {
+  const int64_t K = p.K;
+  const float* w = p.screen->w.data_ptr<float>();
+  const float* b = p.bias.has_value() ? p.bias->data_ptr<float>() : nullptr;
+  int64_t c = 0;
+  for (; c + 4 <= count; c += 4) {
+    const float *w0 = w + n[c] * K, *w1 = w + n[c + 1] * K, *w2 = w + n[c + 2] * K, *w3 = w + n[c + 3] * K;
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    for (int64_t k = 0; k < K; k++) {
+      a0 = std::fma(x[k], w0[k], a0); a1 = std::fma(x[k], w1[k], a1);
+      a2 = std::fma(x[k], w2[k], a2); a3 = std::fma(x[k], w3[k], a3);
+    }
+    z[c] = a0; z[c + 1] = a1; z[c + 2] = a2; z[c + 3] = a3;
+  }
+  for (; c < count; c++) {
+    const float* wr = w + n[c] * K;
+    float a = 0.0f;
+    for (int64_t k = 0; k < K; k++) a = std::fma(x[k], wr[k], a);
+    z[c] = a;
+  }
+  if (b)
+    for (c = 0; c < count; c++) z[c] += b[n[c]];
 }
 
 // argmax of proj(y) for M rows y [M][K] through proj's int8 screen (struct Screen): the fp32 argmax exactly.
 // Per row, with x the row, amax = max |x_k|, the I8D kernel's quantisation q_k = round(x_k * 127 / amax), rs = amax /
 // 127, and D_n = sum_k q_k q_nk (exact integers), a_n = D_n rs s_n + b_n in fp32 and the fp32 result
 // z_n = fl(sum_k x_k w_nk) + b_n:
-//   |sum x w - rs s D| <= ex sum|w_n| + rs sum|q| max|w_n - s_n q_n|       (int8 rounding; ex = max_k |x_k - rs q_k|)
+//   |sum x w - rs s D| <= ||x - rs q|| ||w_n|| + rs ||q|| ||w_n - s_n q_n||   (int8 rounding; Cauchy-Schwarz, 2-norms)
 //   |fl(sum x w) - sum x w| <= (K + 2) u amax sum|w_n| (+1%)                  (K FMAs, then the bias' addition)
 //   the roundings of a_n (int -> float, two products, the bias): <= 8 u (|a_n| + |b_n|)
 // E_n is their sum, widened by 0.1% for its own fp32 arithmetic. Rows with a non-finite input take the full path.
@@ -72,7 +82,8 @@ static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* ou
   float* a = grow(buf, M * N);
   lin_rows(sc.q, y, a, M);
   const float* w1 = sc.w1.data_ptr<float>();
-  const float* ew = sc.ew.data_ptr<float>();
+  const float* w2 = sc.w2.data_ptr<float>();
+  const float* e2 = sc.e2.data_ptr<float>();
   const float* bias = proj.bias.has_value() ? proj.bias->data_ptr<float>() : nullptr;
   constexpr float u = 0x1p-24f;
   // rows on the threads torch is given (a row's work is its own): a k-row verification at batch 32 screens
@@ -94,16 +105,17 @@ static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* ou
       continue;
     }
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f, rs = amax / 127.0f;
-    float ex = 0.0f;
-    double q1 = 0.0;
+    double ex2 = 0.0, q2 = 0.0;                          // ||x - rs q||^2 and ||q||^2 (exact enough in double)
     for (int64_t k = 0; k < K; k++) {
       const float q = std::min(127.0f, std::max(-127.0f, std::nearbyint(x[k] * inv)));
-      q1 += std::fabs(q);
-      ex = std::max(ex, std::fabs(x[k] - rs * q));
+      const double d = (double)x[k] - (double)rs * (double)q;
+      ex2 += d * d;
+      q2 += (double)q * (double)q;
     }
-    const float cx = ex * 1.0001f + amax * (4.0f + 1.01f * (float)(K + 2)) * u;   // per unit of sum |w_n|
-    const float cq = (float)(rs * q1 * 1.0001);                                     // per unit of max |w_n - s q_n|
-    const vf vcx = vbcast(&cx), vcq = vbcast(&cq);
+    const float cx = (float)(std::sqrt(ex2) * 1.0001);                              // per unit of ||w_n||
+    const float cq = (float)(rs * std::sqrt(q2) * 1.0001);                          // per unit of ||w_n - s q_n||
+    const float cf = amax * (4.0f + 1.01f * (float)(K + 2)) * u;                    // per unit of sum |w_n|
+    const vf vcx = vbcast(&cx), vcq = vbcast(&cq), vcf = vbcast(&cf);
     const float c8 = 8.0f * u, g = 1.001f, t = 1e-30f;
     const vf v8 = vbcast(&c8), vg = vbcast(&g), vt = vbcast(&t);
     const float ninf = -INFINITY;
@@ -113,7 +125,8 @@ static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* ou
       const vf av = vload(am + n);
       vf mag = vabs(av);
       if (bias) mag = vadd(mag, vabs(vload(bias + n)));
-      vf e = vfma(vload(w1 + n), vcx, vmul(vload(ew + n), vcq));
+      vf e = vfma(vload(w2 + n), vcx, vmul(vload(e2 + n), vcq));
+      e = vfma(vload(w1 + n), vcf, e);
       e = vfma(vfma(mag, v8, e), vg, vt);
       lov = vmax(lov, vsub(av, e));
       vstore(hi + n, vadd(av, e));
@@ -121,30 +134,30 @@ static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* ou
     float lo = hmax(lov);
     for (; n < N; n++) {
       const float mag = std::fabs(am[n]) + (bias ? std::fabs(bias[n]) : 0.0f);
-      const float e = (w1[n] * cx + ew[n] * cq + mag * c8) * g + t;
+      const float e = (w2[n] * cx + e2[n] * cq + w1[n] * cf + mag * c8) * g + t;
       lo = std::max(lo, am[n] - e);
       hi[n] = am[n] + e;
     }
-    // the candidates, in order; more than N / 64 of them (flat logits: an untrained model, a random one) cost more
-    // one by one than the fp32 pass over every output, which then gives the row's logits instead (the same bits)
+    // the candidates, in order; more than N / 16 of them (flat logits: an untrained model, a random one) cost more
+    // one row at a time than the fp32 pass over every output, which then gives the row's logits (the same bits)
     std::vector<int64_t>& cand = tw.scand;
     cand.clear();
     const vf vlo = vbcast(&lo);
     for (n = 0; n + L <= N; n += L)
       for (uint32_t bits = vge(vload(hi + n), vlo); bits; bits &= bits - 1) cand.push_back(n + __builtin_ctz(bits));
     for (; n < N; n++) if (hi[n] >= lo) cand.push_back(n);
-    if (cand.empty() || (int64_t)cand.size() > std::max<int64_t>(8, N / 64)) {   // (empty: only if a bound is NaN)
+    if (cand.empty() || (int64_t)cand.size() > std::max<int64_t>(8, N / 16)) {   // (empty: only if a bound is NaN)
       float* l = grow(tw.big, N);
       lin_rows(proj, x, l, 1);
       out[m] = argmax_row(l, N);
       continue;
     }
+    float* z = grow(tw.scz, cand.size());
+    exact_outputs(proj, x, cand.data(), (int64_t)cand.size(), z);
     int64_t best = -1;                                   // the first largest exact output
     float bz = 0.0f;
-    for (int64_t c : cand) {
-      const float z = exact_output(proj, x, c);
-      if (best < 0 || z > bz) { best = c; bz = z; }
-    }
+    for (size_t c = 0; c < cand.size(); c++)
+      if (best < 0 || z[c] > bz) { best = cand[c]; bz = z[c]; }
     out[m] = best;
   }
   });
