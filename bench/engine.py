@@ -81,7 +81,7 @@ def step_costs(models: dict[int, BPDModel], options: DecodeOptions, reps: int = 
     """(greedy step ms, {k: blockwise step / greedy step}, the same for the native loops: {"greedy_ms", k: ...})
     at batch 1, steps interleaved. One step through Python (model.decode + head-1 argmax + proposals), and per
     step of the native loops the decoders run (DecodeWeights.greedy_steps / block_steps, `loop_steps` steps
-    per call). profile: also print where a native-loop step's time goes (csrc/linear.cpp profile()).
+    per call). profile: also print where a native-loop step's time goes (csrc/step.h's profile, read by profile()).
     A loop's blockwise step verifies lazily (head 1 only as far as proposals are accepted): random heads
     rarely agree, so these steps mostly pay one verification pass; each accepted pair of proposals adds one.
     models: {k: a model with block_size k} (same backbone size): a k-wide step runs on a k-head model, whose
@@ -283,7 +283,7 @@ def kernel_families():
 
 def bench_argmax(size: str, n: int, k: int, threads: int, rows, reps: int) -> list[dict]:
     """Head 1's argmax (layer norm, output projection, argmax) over an n x k fp32 projection, every logit in fp32
-    against the int8 screen (csrc/linear.cpp Screen: the same ids). Random weights and activations: a trained model's
+    against the int8 screen (csrc/screen.h Screen: the same ids). Random weights and activations: a trained model's
     logits are less flat, so fewer tokens reach the fp32 pass than here."""
     ext = native_kernels()
     torch.manual_seed(0)

@@ -73,8 +73,8 @@ class Adaptive:
 
     def run_length(self) -> int:
         """Steps per native call at the chosen width (one row), before the width is decided again: 8 until the heads
-        were judged 64 times (useless heads are dropped within a few steps), then 32 (at 8 a call, the demo's `self`
-        decoded 10% slower than plain blockwise at the same width: each call's Python and cold start)."""
+        were judged 64 times (useless heads are dropped within a few steps), then 32 (at 8 a call, each call's Python and
+        cold start made the demo's `self` decode slower than plain blockwise at the same width)."""
         return 32 if self.offered[1] > 64 else 8
 
     def probes(self, rows: int = 1) -> "Probes":
@@ -121,7 +121,7 @@ class Adaptive:
     def calibrated(self, b: int) -> int | None:
         """The bucket whose calibration prices steps over rows of bucket b: b itself, or for several rows the nearest
         larger calibrated bucket (a batch's rows leave as they end, and a batch of 16 after batches of 32 would
-        otherwise pay a calibration of its own: ~0.3 s at demo size, a pass over 80 sentences at batch 32). A wide
+        otherwise pay a calibration of its own, as long as a pass over the sentences at batch 32). A wide
         step over fewer rows costs at most as many greedy steps as over more rows, so the borrowed price is a
         cautious one."""
         if b in self.calibrated_rows:

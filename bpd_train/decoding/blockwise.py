@@ -123,8 +123,8 @@ def _settled_on_greedy(model, kb: int, src, max_len) -> bool:
     probe schedule. The step weights are read from the model's cache unchecked: stale ones at worst send one call
     down greedy's loop, whose tokens are the same.
     The horizon (the steps before the shortest row must end) is first bounded from the padded width alone: torch
-    ops on the source cost ~0.2 ms here at batch 1, right after a decode (the interpreter's and torch's code out of
-    the caches; ~4% of a demo sentence), and a controller settled on greedy probes far less often than any row's
+    ops on the source are dear here at batch 1, right after a decode (the interpreter's and torch's code out of
+    the caches), and a controller settled on greedy probes far less often than any row's
     horizon, so the exact shortest row is counted only when the bound does not settle it."""
     cached = getattr(model, "_decode_cache", None)
     stats = getattr(cached[1], "stats", None) if cached else None
@@ -451,8 +451,8 @@ class _Blockwise:
 
     def _seconds(self, t0: float) -> float:
         """What the steps just run cost: the native loop's own time where it ran (a probe runs one step per call,
-        and the Python call around it, charged to that one step, made every wider step look ~50 us dearer than
-        it is at demo size: adaptive mode then never left greedy), else the time since t0."""
+        and the Python call around it, charged to that one step, made every wider step look dearer than it
+        is at demo size: adaptive mode then never left greedy), else the time since t0."""
         got = getattr(self.w, "last_seconds", None)
         return got if got is not None else perf_counter() - t0
 

@@ -242,7 +242,7 @@ def run_worker(job: Job, worker: Worker, device=None) -> dict[str, Any]:
         return stats
     import torch
 
-    if d.get("num_threads"):  # CPU: oversubscribed cores make OpenMP spin (30x slower on a busy 2-core box)
+    if d.get("num_threads"):  # CPU: on oversubscribed cores OpenMP threads spin waiting for each other
         torch.set_num_threads(int(d.num_threads))
     device = torch.device(device) if device is not None else _device(job.cfg, worker)
     amp = _amp_dtype(job.cfg, device)
