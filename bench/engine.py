@@ -483,7 +483,7 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
     import gzip
 
     from bpd_train.decoding import blockwise
-    from bpd_train.evaluation.decode import draft_vocabulary
+    from bpd_train.decoding.settings import draft_vocabulary
     from bpd_train.export import load_bundle
     torch.set_num_threads(threads)
     m, sp, _ = load_bundle(bundle)
@@ -569,7 +569,7 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
 
     from bpd_train.decoding import blockwise
     from bpd_train.decoding.common import decoding_mode, start_rows, stop_ids
-    from bpd_train.evaluation.decode import draft_vocabulary
+    from bpd_train.decoding.settings import draft_vocabulary
     from bpd_train.loading import load
     torch.set_num_threads(threads)
     with gzip.open(ROOT / "data" / "bible-en-fr" / "validation.jsonl.gz", "rt", encoding="utf-8") as f:

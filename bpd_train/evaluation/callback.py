@@ -139,7 +139,7 @@ class BlockwiseEval(Callback):
     @torch.no_grad()
     def evaluate(self, trainer, pl_module, model=None) -> dict[str, float]:
         from bpd_train.evaluation.compare import Batches, compare
-        from bpd_train.evaluation.decode import max_len_arg, parse_rule
+        from bpd_train.decoding.settings import max_len_arg, parse_rule
         from bpd_train.evaluation.metrics import corpus_scores
 
         model = pl_module.model if model is None else model

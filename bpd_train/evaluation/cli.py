@@ -40,7 +40,7 @@ def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[
     """Sources and references of a split (evenly spaced subset when max_sentences is set)."""
     from bpd_train.data import load_corpus
     from bpd_train.data.sampler import evenly_spaced
-    from bpd_train.evaluation.decode import EvalError
+    from bpd_train.decoding.settings import DecodeError as EvalError
 
     src, tgt = str(cfg.data.src_lang), str(cfg.data.tgt_lang)
     files = (cfg.data.get("lm") or {}).get("files")
@@ -65,7 +65,7 @@ def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[
 def _load_prompts(cfg: DictConfig, files: dict, split: str, max_sentences: int | None):
     from bpd_train.data.lm.records import load_lm_jsonl
     from bpd_train.data.sampler import evenly_spaced
-    from bpd_train.evaluation.decode import EvalError
+    from bpd_train.decoding.settings import DecodeError as EvalError
 
     if not files.get(split):
         raise EvalError(f"data.lm.files has no {split!r} split (has: {', '.join(k for k, v in files.items() if v)})")
@@ -103,7 +103,7 @@ def quality_split(cfg: DictConfig, timed: int, info: dict) -> tuple[list, list] 
     the timed ones (evaluate.max_sentences): `all` (the whole split) or N evenly spaced; null = the timed ones.
     BLEU over 80 sentences moves by about a point between runs of the same regime; greedy decoding (which exact
     blockwise output equals) of a whole split at the largest batch size costs seconds."""
-    from bpd_train.evaluation.decode import EvalError
+    from bpd_train.decoding.settings import DecodeError as EvalError
 
     want = cfg.evaluate.get("bleu_sentences")
     if want is None or str(want).lower() in ("null", "none"):

@@ -68,7 +68,7 @@ def compare(model, batches: Batches, *, k: int | None, rule, max_len, device=Non
     """Greedy and (when k > 1) blockwise with block size k and acceptance `rule` on every batch, alternating
     which runs first (metrics.time_interleaved), so the speedup is a ratio measured in one run. also_adaptive:
     blockwise with adaptive feeding as a third decoder in the same interleaved run (what the serving paths run on
-    the CPU with exact acceptance: evaluation/decode.py serving_adaptive). min_seconds: timed passes over the batches
+    the CPU with exact acceptance: decoding/settings.py DecodeSettings.adaptive_on). min_seconds: timed passes over the batches
     until each decoder ran that long (metrics.time_interleaved)."""
     from bpd_train.decoding import blockwise, greedy
 

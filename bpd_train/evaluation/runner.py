@@ -25,7 +25,7 @@ from bpd_train.evaluation.compare import Batches, compare, greedy_tokens
 from bpd_train.decoding.serving import prepare
 from bpd_train.decoding.settings import DEFAULT_MAX_LEN, DecodeSettings, check_block_sizes, parse_rule
 from bpd_train.decoding.text import one_line
-from bpd_train.evaluation.decode import EvalError
+from bpd_train.decoding.settings import DecodeError as EvalError
 from bpd_train.evaluation.metrics import agreement, corpus_scores
 from bpd_train.io import atomic_dir, atomic_write_text
 from bpd_train.loading import Source, load, resolve, run_checkpoints
