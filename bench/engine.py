@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bpd_train.decoding import greedy  # noqa: E402
-from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
 from bpd_train.engine.fastlinear import cpu_model, engine_name, native_kernels  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions  # noqa: E402
+from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
 
 SIZES = {
     "demo": dict(vocab_size=4000, d_model=128, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=512),
@@ -104,7 +104,7 @@ def step_costs(models: dict[int, BPDModel], options: DecodeOptions, reps: int = 
         st = states[ks[0]]
         w = st.weights
 
-        def greedy_step(x=torch.tensor([[5]])):
+        def greedy_step(x=torch.tensor([[5]])):  # noqa: B008 - one tensor for every call, made once
             st.lengths = cached
             h = m.decode(st, x)
             w.head1_argmax(h[:, 0]).cpu().numpy()
@@ -559,7 +559,8 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
                   draft_vocab: int = 1000, dtype: str = "fp32", rules=()):
     """Trained runs (e.g. make demo's heads/*-k4, or make demo-lm's) on the bundled validation sources: greedy vs
     exact blockwise (plain, adaptive, and both with the draft vocabulary), every decoder on the same batches, taking
-    turns by chunks of ~1/8 of them (order reversed every chunk), the first pass a warm-up; speedup = greedy seconds / decoder seconds,
+    turns by chunks of ~1/8 of them (order reversed every chunk), the first pass a warm-up; speedup = greedy seconds /
+    decoder seconds,
     greedy of the same `dtype`; with dtype bf16 / int8 also greedy fp32 and every decoder's speedup over it; `rules`
     (e.g. top2, distance:1): also blockwise under those acceptance rules (draft vocabulary, int8 proposals). A
     decoder-only run is prompted with each English source as its prompt-format translation into French (what

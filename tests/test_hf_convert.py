@@ -9,7 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses:UserWarning")
 
-from bpd_train.convert.hf import ConvertError, HEADS_FILE, from_hf, load_hf, to_hf  # noqa: E402
+from bpd_train.convert.hf import HEADS_FILE, ConvertError, from_hf, load_hf, to_hf  # noqa: E402
 from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError  # noqa: E402
 from bpd_train.decoding import Exact, beam_search, blockwise, greedy  # noqa: E402
 

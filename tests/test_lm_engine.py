@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from bpd_train.decoding import Distance, TopK, beam_search, blockwise, greedy
-from bpd_train.model import LMConfig, LMModel
 from bpd_train.engine.fastlinear import native_kernels
 from bpd_train.engine.lm_packed import LMDecodeWeights
 from bpd_train.engine.packed import DecodeOptions
+from bpd_train.model import LMConfig, LMModel
 
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
 

@@ -20,8 +20,8 @@ class Adaptive:
     next proposals) relative to a greedy step, per bucket of row counts (a k-row step costs little more than a
     1-row one where weight reads dominate, several times more where arithmetic does: small cached models,
     large batches). Widths not yet measured use COST_PRIOR's shape, scaled to what was measured. A width > 1
-    must beat greedy by MARGIN (timing noise; BATCH_MARGIN over several rows). Threshold mode (a float): feed proposal j while a_1..a_j all
-    reach the threshold (the rule before costs were measured).
+    must beat greedy by MARGIN (timing noise; BATCH_MARGIN over several rows). Threshold mode (a float): feed
+    proposal j while a_1..a_j all reach the threshold (the rule before costs were measured).
 
     While the width is 1 the decoder runs plain greedy steps (no heads at all, the greedy decoder's own
     native loop) and probes every head once after `interval` of them; the interval doubles after each probe

@@ -42,8 +42,17 @@ import torch
 
 from bpd_train.decoding.acceptance import Exact, make_acceptance
 from bpd_train.decoding.adaptive import Adaptive
-from bpd_train.decoding.common import (DEFAULT_MAX_LEN, decoding_mode, is_stop, keep_rows, parse_max_len, start_rows,
-                                       start_tokens, stop_ids, trim)
+from bpd_train.decoding.common import (
+    DEFAULT_MAX_LEN,
+    decoding_mode,
+    is_stop,
+    keep_rows,
+    parse_max_len,
+    start_rows,
+    start_tokens,
+    stop_ids,
+    trim,
+)
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
 

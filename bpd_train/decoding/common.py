@@ -5,7 +5,6 @@ import contextlib
 from typing import Iterator, NamedTuple, Union
 
 import numpy as np
-
 import torch
 from torch import Tensor, nn
 

@@ -52,7 +52,7 @@ def time_interleaved(fns: dict[str, Callable], batches: Sequence, device=None, w
         out = {n: Timed() for n in names}
         i = 0
         while True:
-            for j, batch in enumerate(batches):
+            for batch in batches:
                 order = names if i % 2 == 0 else names[::-1]
                 i += 1
                 for n in order:

@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bpd_train.engine.packed import DecodeOptions, DecodeWeights, cached_step_weights
 from bpd_train.model.cache import DecoderState, Memory
 from bpd_train.model.config import BPDConfig
 from bpd_train.model.heads import BPDHeads, ChainHeads
 from bpd_train.model.layers import DecoderLayer, EncoderLayer, decode_step, sinusoidal_table
-from bpd_train.engine.packed import DecodeOptions, DecodeWeights, cached_step_weights
 
 
 class BPDModel(nn.Module):
