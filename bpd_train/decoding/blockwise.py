@@ -118,7 +118,7 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
         raise ValueError("adaptive feeding and min_block > 1 do not combine (min_block forces proposals in)")
     if kb == 1:
         # a 1-wide block proposes nothing: greedy decoding, on greedy's own loop (the same tokens, calls and
-        # histogram; the blockwise steps cost ~2x per token there, and adaptive feeding had no width to probe)
+        # histogram; the blockwise steps cost more per token there, and adaptive feeding had no width to probe)
         return greedy(model, src, max_len)
     if adaptive and threshold is None and _settled_on_greedy(model, kb, src, max_len):
         return greedy(model, src, max_len)        # what the greedy stretch would have run, on greedy's own loop
@@ -395,15 +395,15 @@ class _Blockwise:
         """Time every step width once per set of weights and bucket of row counts: `steps` steps of each in the
         native loops on a scratch cache for these rows, best of 5 rounds (2 where a round takes over 5 ms),
         interleaved. Probes alone priced widths badly: a probe is one step after a greedy stretch (cold caches, the
-        call around it), timed ~1.2-2x a step in a run of steps, and one such timing kept a width out for good (the
+        call around it), timed dearer than a step in a run of steps, and one such timing kept a width out for good (the
         demo's `both` never left greedy steps). A batch is timed as a batch: on a CPU without AMX tiles a k-wide
         step over 32 rows costs about k greedy steps (arithmetic), over one row far less (weight reads).
         Every width starts where decoding mostly is: after CALIB_LEAD of the sentences' own greedy tokens (fewer
         where a token limit is lower), fed head 1's token and the heads' own proposals there, as a probe is. Timed
         from BOS with rejected proposals, a wide step's attention ran over a near-empty cache and its verification
         stopped at the first position, so wide steps looked cheaper than in decoding; timed at half of the first
-        sentence's limit, the price depended on that sentence (the demo's `finetune`, a 4-wide step with the draft
-        vocabulary: 1.57 greedy steps from a short first sentence, 2.01 from a long one)."""
+        sentence's limit, the price depended on that sentence (the demo's `finetune`: a 4-wide step with the draft
+        vocabulary priced far dearer from a long first sentence than from a short one)."""
         ad, w, model, kb = self.adapt, self.w, self.model, self.kb
         rows = int(limit.shape[0])
         b = ad.bucket(rows)

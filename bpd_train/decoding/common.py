@@ -101,7 +101,7 @@ def keep_rows(done: np.ndarray) -> np.ndarray:
     """The rows that go on decoding (done[r] False), in the order that moves the fewest cache rows: a row that
     stays within the new batch keeps its place, and each finished row's place is taken by a row from past the new
     end, so DecoderState.reorder copies one row per finished row (in order, every row after the first finished one
-    moved: at batch 32 the copies were ~10% of greedy decoding's time). Rows are independent, so their order changes
+    moved: at batch 32 the copies were a sizeable share of greedy decoding's time). Rows are independent, so their order changes
     no output; decoders index their per-row bookkeeping with the same array."""
     keep = np.flatnonzero(~done)
     m = keep.size
