@@ -1,3 +1,4 @@
+# make lint   — ruff check and ruff format --check (pyproject.toml [tool.ruff]); CI runs it before the tests
 # make test   — create .venv if missing, install with dev extras, run the test suite (offline), ~10 min on 2 cores
 # make test-long — the multi-process and end-to-end chains (2-rank DDP/ZeRO/FSDP, SLURM, pipelines, wheel install)
 # make test-all  — both (what CI runs)
@@ -13,7 +14,7 @@ export HF_DATASETS_OFFLINE := 1
 export WANDB_MODE := offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
-.PHONY: install install-real test test-fast test-long test-all test-slurm demo smoke demo-lm smoke-lm results bench clean
+.PHONY: install install-real lint test test-fast test-long test-all test-slurm demo smoke demo-lm smoke-lm results bench clean
 
 # CPU torch by default: PyPI's Linux torch is the CUDA build (GBs), so torch comes first from the CPU wheel index
 # (TORCH_INDEX=https://download.pytorch.org/whl/cu128 for a GPU), then the project with constraints.txt, which pins
@@ -42,6 +43,12 @@ install-real: install
 # pipeline stay on one worker), about a third faster than one process on 2 cores. PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 2
 XDIST = -n $(PYTEST_WORKERS) $(if $(filter 0,$(PYTEST_WORKERS)),,--dist loadfile)
+
+LINT_PATHS = bpd_train tests bench *.py
+
+lint: install
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 
 # Tests marked `slow` (several processes or a whole chain of commands each) and `slurm` run in test-long.
 test: install

@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bpd_train.decoding import greedy  # noqa: E402
-from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
 from bpd_train.engine.fastlinear import cpu_model, engine_name, native_kernels  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions  # noqa: E402
+from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
 
 SIZES = {
     "demo": dict(vocab_size=4000, d_model=128, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=512),
@@ -81,7 +81,7 @@ def step_costs(models: dict[int, BPDModel], options: DecodeOptions, reps: int = 
     """(greedy step ms, {k: blockwise step / greedy step}, the same for the native loops: {"greedy_ms", k: ...})
     at batch 1, steps interleaved. One step through Python (model.decode + head-1 argmax + proposals), and per
     step of the native loops the decoders run (DecodeWeights.greedy_steps / block_steps, `loop_steps` steps
-    per call). profile: also print where a native-loop step's time goes (csrc/linear.cpp profile()).
+    per call). profile: also print where a native-loop step's time goes (csrc/step.h's profile, read by profile()).
     A loop's blockwise step verifies lazily (head 1 only as far as proposals are accepted): random heads
     rarely agree, so these steps mostly pay one verification pass; each accepted pair of proposals adds one.
     models: {k: a model with block_size k} (same backbone size): a k-wide step runs on a k-head model, whose
@@ -104,7 +104,7 @@ def step_costs(models: dict[int, BPDModel], options: DecodeOptions, reps: int = 
         st = states[ks[0]]
         w = st.weights
 
-        def greedy_step(x=torch.tensor([[5]])):
+        def greedy_step(x=torch.tensor([[5]])):  # noqa: B008 - one tensor for every call, made once
             st.lengths = cached
             h = m.decode(st, x)
             w.head1_argmax(h[:, 0]).cpu().numpy()
@@ -283,7 +283,7 @@ def kernel_families():
 
 def bench_argmax(size: str, n: int, k: int, threads: int, rows, reps: int) -> list[dict]:
     """Head 1's argmax (layer norm, output projection, argmax) over an n x k fp32 projection, every logit in fp32
-    against the int8 screen (csrc/linear.cpp Screen: the same ids). Random weights and activations: a trained model's
+    against the int8 screen (csrc/screen.h Screen: the same ids). Random weights and activations: a trained model's
     logits are less flat, so fewer tokens reach the fp32 pass than here."""
     ext = native_kernels()
     torch.manual_seed(0)
@@ -483,7 +483,7 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
     import gzip
 
     from bpd_train.decoding import blockwise
-    from bpd_train.evaluation.decode import draft_vocabulary
+    from bpd_train.decoding.settings import draft_vocabulary
     from bpd_train.export import load_bundle
     torch.set_num_threads(threads)
     m, sp, _ = load_bundle(bundle)
@@ -559,7 +559,8 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
                   draft_vocab: int = 1000, dtype: str = "fp32", rules=()):
     """Trained runs (e.g. make demo's heads/*-k4, or make demo-lm's) on the bundled validation sources: greedy vs
     exact blockwise (plain, adaptive, and both with the draft vocabulary), every decoder on the same batches, taking
-    turns by chunks of ~1/8 of them (order reversed every chunk), the first pass a warm-up; speedup = greedy seconds / decoder seconds,
+    turns by chunks of ~1/8 of them (order reversed every chunk), the first pass a warm-up; speedup = greedy seconds /
+    decoder seconds,
     greedy of the same `dtype`; with dtype bf16 / int8 also greedy fp32 and every decoder's speedup over it; `rules`
     (e.g. top2, distance:1): also blockwise under those acceptance rules (draft vocabulary, int8 proposals). A
     decoder-only run is prompted with each English source as its prompt-format translation into French (what
@@ -569,7 +570,7 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
 
     from bpd_train.decoding import blockwise
     from bpd_train.decoding.common import decoding_mode, start_rows, stop_ids
-    from bpd_train.evaluation.decode import draft_vocabulary
+    from bpd_train.decoding.settings import draft_vocabulary
     from bpd_train.loading import load
     torch.set_num_threads(threads)
     with gzip.open(ROOT / "data" / "bible-en-fr" / "validation.jsonl.gz", "rt", encoding="utf-8") as f:

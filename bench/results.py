@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bpd_train.cli import exits_on_user_error  # noqa: E402
+from bpd_train.engine.fastlinear import cpu_model as machine_cpu  # noqa: E402  (for reports that did not record one)
 from bpd_train.evaluation.report import cell_text, quality, quality_sentences  # noqa: E402
 from bpd_train.io import atomic_write_bytes, atomic_write_text  # noqa: E402
-from bpd_train.engine.fastlinear import cpu_model as machine_cpu  # noqa: E402  (for reports that did not record one)
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 BLOCK = re.compile(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), re.S)
@@ -44,7 +44,8 @@ def _fmt(x, nd=2) -> str:
 def report_header(report: dict) -> str:
     env, d = report.get("environment", {}), report.get("data", {})
     cpu = env.get("cpu")
-    cpu = f"CPU {cpu}" if cpu else f"CPU {machine_cpu()} (read when this page was generated; the report names {env.get('device')})"
+    cpu = f"CPU {cpu}" if cpu else (f"CPU {machine_cpu()} (read when this page was generated; the report names "
+                                    f"{env.get('device')})")
     command = str(report.get("command", "?")).replace(f"{ROOT}/", "")   # paths relative to the clone, not this machine's
     return (f"`{command}` — {cpu}, {env.get('threads')} thread(s), torch {env.get('torch')}, "
             f"{str(report.get('created', '?'))[:10]}; {d.get('name', 'corpus')} {d.get('split', '')}, "

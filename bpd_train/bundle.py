@@ -24,8 +24,8 @@ import torch
 from bpd_train._version import __version__
 from bpd_train.checkpoint import CheckpointError
 from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_files, tokenizer_folder_hash
-from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, outside, sha256_file, umask
 from bpd_train.families import family_of
+from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, outside, sha256_file, umask
 from bpd_train.model import build_model, config_from_dict
 from bpd_train.model.config import BPDConfig
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bpd_train import INSTALLED, REPO_ROOT
-from bpd_train.data.distilled import read_manifest
+from bpd_train.data.distilled import DistillError, read_manifest
 
 HEAD_REGIMES = ("frozen", "finetune", "distill", "both", "self")
 PAPER_REGIMES = HEAD_REGIMES[:4]  # the default; `self` (not in the paper) where an experiment lists it
@@ -106,8 +106,6 @@ def distilled_dir(common: list[str], teacher: Path | None) -> Path:
     """The folder distill.py writes for these overrides (and teacher): what distill/both train on and the report's
     teacher, named explicitly so that other corpora under distill/ (an earlier teacher's) never get in the way."""
     from bpd_train.distillation.job import prepare
-
-    from bpd_train.data.distilled import DistillError
 
     overrides = [*common, *([f"teacher={teacher}"] if teacher else [])]
     try:

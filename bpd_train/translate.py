@@ -18,6 +18,8 @@ import math
 import sys
 from typing import Iterable, Iterator, TextIO
 
+from bpd_train.cli import USER_ERRORS, report
+from bpd_train.decoding.result import DecodeStats
 from bpd_train.decoding.settings import DEFAULT_MAX_LEN, DecodeError, DecodeSettings
 
 
@@ -131,8 +133,6 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     import torch
 
-    from bpd_train.cli import USER_ERRORS, report
-    from bpd_train.decoding.result import DecodeStats
     from bpd_train.decoding.serving import decode_texts, prepare
     from bpd_train.loading import load
 

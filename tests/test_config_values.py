@@ -27,7 +27,8 @@ def _run(script, *args, tmp, **env):
 
 CASES = {
     "bleu_sentences not a number": ("evaluate.py", ["evaluate.bleu_sentences=abc"],
-                                    r"^error: evaluate\.bleu_sentences must be `all`, null or a positive number of sentences, got 'abc'"),
+                                    r"^error: evaluate\.bleu_sentences must be `all`, null or a positive number of "
+                                    r"sentences, got 'abc'"),
     "bleu_sentences zero": ("evaluate.py", ["evaluate.bleu_sentences=0"], r"evaluate\.bleu_sentences must be .*, got 0;"),
     "data format": ("train.py", ["+regime=base", "experiment=smoke", "data.format=csv"],
                     r"^error: data\.format=csv: not a choice; choose one of hf, jsonl, tsv, parallel_text"),

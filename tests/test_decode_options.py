@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from bpd_train.decoding.settings import DecodeError as EvalError
+from bpd_train.decoding.settings import decode_options, draft_vocabulary, proposal_precision
 from bpd_train.engine.fastlinear import int8_compute
-from bpd_train.evaluation.decode import EvalError, decode_options, draft_vocabulary, proposal_precision
 
 
 class Ranked:

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from bpd_train.decoding import Distance, Exact, TopK, beam_search, blockwise, greedy
-from bpd_train.model import BPDConfig, BPDModel
 from bpd_train.engine.packed import DecodeWeights
+from bpd_train.model import BPDConfig, BPDModel
 
 EOS = 2
 

@@ -4,9 +4,20 @@ import json
 import pytest
 
 from bpd_train.data.distilled import (
-    DistillError, TeacherSettings, check_compatible, find_distilled_corpus, load_distilled_corpus, new_manifest,
-    plan_shards, read_manifest, remove_stale_temps, shard_is_done, shards_for_worker, verify_corpus,
-    write_manifest, write_shard,
+    DistillError,
+    TeacherSettings,
+    check_compatible,
+    find_distilled_corpus,
+    load_distilled_corpus,
+    new_manifest,
+    plan_shards,
+    read_manifest,
+    remove_stale_temps,
+    shard_is_done,
+    shards_for_worker,
+    verify_corpus,
+    write_manifest,
+    write_shard,
 )
 from bpd_train.data.sampler import length_batches as token_batches
 from bpd_train.distillation.job import command_from_overrides

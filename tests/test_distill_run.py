@@ -17,12 +17,15 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from bpd_train.checkpoint import write_checkpoint
-from bpd_train.loading import load as load_model
 from bpd_train.data.distilled import (
-    DistillError, find_distilled_corpus, load_distilled_corpus, read_manifest,
+    DistillError,
+    find_distilled_corpus,
+    load_distilled_corpus,
+    read_manifest,
 )
 from bpd_train.distillation import run
 from bpd_train.io import sha256_file
+from bpd_train.loading import load as load_model
 from bpd_train.model import BPDConfig, BPDModel
 
 REPO = Path(__file__).resolve().parent.parent
@@ -174,7 +177,7 @@ def test_two_ranks_equal_one_process(teacher, reference, tmp_path):
     procs = [run_cli(ov, tmp_path, env=offline_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r)), wait=False)
              for r in range(2)]
     results = [p.communicate(timeout=300) for p in procs]
-    for p, (o, e) in zip(procs, results):
+    for p, (_, e) in zip(procs, results):
         assert p.returncode == 0, e[-3000:]
     summaries = [json.loads(o.strip().splitlines()[-1]) for o, _ in results]
     assert sorted(s["worker"] for s in summaries) == [0, 1]

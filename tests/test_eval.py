@@ -10,7 +10,8 @@ import pytest
 from _eval_tiny import build_tiny, read_pairs
 
 from bpd_train.checkpoint import CheckpointError
-from bpd_train.evaluation.decode import EvalError, default_block_sizes, parse_rule
+from bpd_train.decoding.settings import DecodeError as EvalError
+from bpd_train.decoding.settings import default_block_sizes, parse_rule
 from bpd_train.evaluation.runner import EvalSettings, evaluate_inputs, expand_inputs
 
 SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
@@ -26,9 +27,9 @@ def evaluated(tiny, tmp_path_factory):
     """One evaluation of a k=4 run and a plain (k=1) model on 8 validation sentences, batch sizes 1 and 5.
     Half of the references are replaced by the model's own greedy output, so BLEU is a real number in (0, 100)
     even though the tiny model is untrained."""
-    from bpd_train.loading import load as load_model
     from bpd_train.decoding import greedy
-    from bpd_train.evaluation.decode import SpmText
+    from bpd_train.decoding.text import SpmText
+    from bpd_train.loading import load as load_model
 
     pairs = read_pairs("validation", 8)
     sources = [s for s, _ in pairs]

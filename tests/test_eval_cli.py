@@ -104,8 +104,8 @@ def test_nothing_trained_says_what_to_run(tmp_path):
 
 def test_export_real_lightning_checkpoint(smoke_base, tmp_path):
     """A checkpoint as Lightning writes it (optimizer states, loops, hparams) -> bundle with identical logits."""
-    from bpd_train.loading import load as load_model
     from bpd_train.export import export_checkpoint, load_bundle
+    from bpd_train.loading import load as load_model
 
     _, base_run = smoke_base
     src = load_model(base_run)

@@ -8,8 +8,8 @@ import torch
 from _eval_tiny import build_tiny
 
 from bpd_train.checkpoint import CheckpointError
-from bpd_train.loading import load as load_model
 from bpd_train.export import BundleError, export_checkpoint, load_bundle
+from bpd_train.loading import load as load_model
 
 
 @pytest.fixture(scope="session")

@@ -42,9 +42,9 @@ def _logits(model, vocab):
 def test_zero_export_matches_lightning_consolidation(zero_run, tmp_path):
     from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
-    from bpd_train.loading import load as load_model
     from bpd_train.export import export_checkpoint, load_bundle
     from bpd_train.loading import load as load_any
+    from bpd_train.loading import load as load_model
     from bpd_train.model import BPDModel
 
     corpus, run = zero_run
@@ -87,8 +87,9 @@ def test_broken_zero_folder_is_one_clear_error(zero_run, tmp_path):
 
 def test_head_regime_starts_from_a_zero_run(zero_run):
     # init_from accepts a DeepSpeed run folder (consolidated on the fly); before, it stopped with "no checkpoint".
-    from bpd_train.loading import load as load_model
     from conftest import run_train
+
+    from bpd_train.loading import load as load_model
 
     corpus, run = zero_run
     run_train("+regime=finetune", "experiment=smoke", f"regime.init_from={run}", "trainer.max_steps=1",

@@ -93,10 +93,10 @@ def test_both_families_decode_through_one_step_protocol():
 
     import torch
 
-    from bpd_train.model import BPDConfig, BPDModel, LMConfig, LMModel
     from bpd_train.engine.lm_packed import LMDecodeWeights
     from bpd_train.engine.packed import DecodeWeights
     from bpd_train.engine.step import DecodeStep
+    from bpd_train.model import BPDConfig, BPDModel, LMConfig, LMModel
 
     torch.manual_seed(0)
     models = {DecodeWeights: BPDModel(BPDConfig(vocab_size=11, d_model=16, n_heads=2, n_encoder_layers=1,

@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from _gguf_files import SPECIALS, TEXT, bpe, hf_model, write_gguf  # noqa: E402
+
 from bpd_train.convert.gguf import GGUFError, check_gguf, load_gguf  # noqa: E402
 from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
 

@@ -9,7 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses:UserWarning")
 
-from bpd_train.convert.hf import ConvertError, HEADS_FILE, from_hf, load_hf, to_hf  # noqa: E402
+from bpd_train.convert.hf import HEADS_FILE, ConvertError, from_hf, load_hf, to_hf  # noqa: E402
 from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError  # noqa: E402
 from bpd_train.decoding import Exact, beam_search, blockwise, greedy  # noqa: E402
 
@@ -139,7 +139,8 @@ def test_tokenizer_ids_match_transformers(folders, fam):
     if fam == "m2m100":
         assert ours.tgt_lang_id == ttok.get_lang_id("de") == ours.bos_id()
     # a stand-in for the sentencepiece processor the evaluation code uses (ids are the model's)
-    from bpd_train.evaluation.decode import SpmText, draft_vocabulary
+    from bpd_train.decoding.settings import draft_vocabulary
+    from bpd_train.decoding.text import SpmText
     text = SpmText(ours, ours.eos_id(), ours.pad_id())
     assert text.source_ids(SOURCES[1]) == ttok(SOURCES[1])["input_ids"]
     assert ours.encode(SOURCES[:2]) == [ttok(t)["input_ids"][:-1] for t in SOURCES[:2]]

@@ -116,11 +116,11 @@ def test_written_where_the_export_is(tmp_path):
 
 def test_docs_block_runs(tmp_path):
     """docs/decoder-only.md's block on transformers' generate runs as written."""
+    from conftest import REPO_ROOT
+
     from bpd_train.convert.hf_lm import to_hf_lm
     from bpd_train.model.lm import LMModel
     from bpd_train.model.lm_config import LMConfig
-
-    from conftest import REPO_ROOT
 
     text = (REPO_ROOT / "docs" / "decoder-only.md").read_text(encoding="utf-8")
     code = text.split("## transformers' own `generate()` with the heads", 1)[1].split("```python\n", 1)[1]

@@ -179,8 +179,8 @@ def test_marian_frozen_train_bundle_translate(marian, tmp_path):
 
 def test_marian_evaluate_and_distill(marian, tmp_path):
     """evaluate.py evaluate.inputs=[hf:...] and distill.py teacher=hf:... (its tokenizer, its special ids)."""
-    from bpd_train.distillation.job import run as distill
     from bpd_train.data.distilled import load_distilled_corpus
+    from bpd_train.distillation.job import run as distill
     from bpd_train.evaluation.cli import run_evaluate
 
     folder = marian["folder"]

@@ -8,8 +8,8 @@ import torch
 pytest.importorskip("tokenizers")
 
 from _lm_tiny import make_tokenizer  # noqa: E402
-from bpd_train.data.lm.records import (IGNORE, LMDataError, LMEncoder, collate_lm, load_lm_jsonl,  # noqa: E402
-                                    translation_prompt)
+
+from bpd_train.data.lm.records import IGNORE, LMDataError, LMEncoder, collate_lm, load_lm_jsonl, translation_prompt  # noqa: E402
 from bpd_train.data.lm.tokenizer import LMTokenizer  # noqa: E402
 
 
@@ -100,8 +100,8 @@ def test_jsonl_through_datasets(tmp_path):
 
 
 def test_self_distillation_responses(toks):
-    from bpd_train.distillation.self_lm import distilled_record, prompt_ids, respond_ids
     from bpd_train.decoding import greedy
+    from bpd_train.distillation.self_lm import distilled_record, prompt_ids, respond_ids
     from bpd_train.model import LMConfig, LMModel
     tok = toks["qwen"]
     torch.manual_seed(0)

@@ -1,8 +1,8 @@
-"""Decoder-only models on the native CPU decode engine (engine/lm_packed.py LMDecodeWeights, engine/csrc/linear.cpp's
-LM section): packed linears in fp32 / bf16 / int8, the native layer stack (RMSNorm, rotary with per-row positions,
-GQA, SwiGLU, biases) with row-exact attention, native greedy and exact blockwise loops (one row and a batch), draft
-vocabulary and proposal precision, several stop ids. Exact blockwise must give greedy's output of the same
-precision, token for token, on random models, random heads and random prompts of different lengths (left padding)."""
+"""Decoder-only models on the native CPU decode engine (engine/lm_packed.py LMDecodeWeights, engine/csrc/lm.h): packed
+linears in fp32 / bf16 / int8, the native layer stack (RMSNorm, rotary with per-row positions, GQA, SwiGLU, biases) with
+row-exact attention, native greedy and exact blockwise loops (one row and a batch), draft vocabulary and proposal
+precision, several stop ids. Exact blockwise must give greedy's output of the same precision, token for token, on random
+models, random heads and random prompts of different lengths (left padding)."""
 import itertools
 
 import numpy as np
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from bpd_train.decoding import Distance, TopK, beam_search, blockwise, greedy
-from bpd_train.model import LMConfig, LMModel
 from bpd_train.engine.fastlinear import native_kernels
 from bpd_train.engine.lm_packed import LMDecodeWeights
 from bpd_train.engine.packed import DecodeOptions
+from bpd_train.model import LMConfig, LMModel
 
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
 

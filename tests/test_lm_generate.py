@@ -109,9 +109,9 @@ def test_generate_cli_int8_draft_vocab_blockwise_equals_int8_greedy(bundle):
     """--dtype / --draft-vocab / --proposal-dtype on a decoder-only bundle: blockwise in int8 with proposals over the
     30 lowest non-special ids (a BPE vocabulary's most frequent) answers what int8 greedy does."""
     from bpd_train.decoding import greedy
-    from bpd_train.evaluation.decode import draft_vocabulary
-    from bpd_train.loading import load
+    from bpd_train.decoding.settings import draft_vocabulary
     from bpd_train.engine.packed import DecodeOptions
+    from bpd_train.loading import load
 
     text = "\n".join(PROMPTS) + "\n"
     rc, out, err = _run(["--bundle", str(bundle), "--max-new-tokens", "8", "--dtype", "int8", "--draft-vocab", "30",

@@ -9,10 +9,12 @@ import torch
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
+from _lm_tiny import WORDS, make_tokenizer  # noqa: E402
+from _lm_tiny import randomize as _randomize  # noqa: E402
+
 from bpd_train.convert.hf import ConvertError  # noqa: E402
 from bpd_train.convert.hf_lm import family_of, load_hf_lm  # noqa: E402
 from bpd_train.decoding import Distance, Exact, TopK, blockwise, greedy  # noqa: E402
-from _lm_tiny import WORDS, make_tokenizer, randomize as _randomize  # noqa: E402
 
 PROMPTS = ["the quick brown fox", "hello", "a stitch in time saves nine and the lazy dog", "how are"]
 MAX_NEW = 16
@@ -207,6 +209,7 @@ def test_tokenizer_matches_transformers(folders):
 
 def test_refusals(folders, tmp_path):
     import shutil
+
     from safetensors.torch import load_file, save_file
 
     f = tmp_path / "m"

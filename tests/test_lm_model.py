@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from bpd_train.decoding import Distance, Exact, TopK, beam_search, blockwise, greedy
-from bpd_train.model import LMConfig, LMModel, build_model, config_from_dict
 from bpd_train.engine.fastlinear import native_kernels
+from bpd_train.model import LMConfig, LMModel, build_model, config_from_dict
 
 PROMPTS = [[5, 6, 7, 8, 9, 3], [10, 11], [4], [7, 7, 1, 9]]
 

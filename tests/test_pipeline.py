@@ -13,14 +13,16 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from bpd_train.evaluation.report import choose_best
 from conftest import REPO_ROOT, copy_smoke_base, offline_env
+
+from bpd_train.evaluation.report import choose_best
 
 
 def run_pipeline(art, *args):
     cmd = [sys.executable, "-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "frozen,distill,self", *args,
            f"paths.artifacts={art}", f"paths.outputs={art.parent / 'outputs'}", "distill.limit=64",
-           "pipeline.teacher_steps=50", "pipeline.self_from=distill", "pipeline.regime_overrides={distill: ['steps.heads=12'], self: ['steps.heads=8']}", "evaluate.max_sentences=12"]
+           "pipeline.teacher_steps=50", "pipeline.self_from=distill",
+           "pipeline.regime_overrides={distill: ['steps.heads=12'], self: ['steps.heads=8']}", "evaluate.max_sentences=12"]
     r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     return r.stdout

@@ -6,7 +6,6 @@ import inspect
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 

@@ -21,7 +21,13 @@ from conftest import REPO_ROOT, offline_env
 
 from bpd_train.data import distilled
 from bpd_train.data.distilled import (
-    DistillError, TeacherSettings, load_distilled_corpus, new_manifest, read_manifest, verify_corpus, write_manifest,
+    DistillError,
+    TeacherSettings,
+    load_distilled_corpus,
+    new_manifest,
+    read_manifest,
+    verify_corpus,
+    write_manifest,
     write_shard,
 )
 from bpd_train.export import export_checkpoint, load_bundle

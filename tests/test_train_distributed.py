@@ -10,9 +10,10 @@ import sys
 import pytest
 import torch
 
+from conftest import REPO_ROOT, copy_smoke_base, offline_env, run_train
+
 from bpd_train.checkpoint import read_checkpoint
 from bpd_train.training.module import mix_seed
-from conftest import REPO_ROOT, copy_smoke_base, offline_env, run_train
 
 K = 4
 

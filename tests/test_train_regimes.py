@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import REPO_ROOT, offline_env, run_train
+
 from bpd_train.checkpoint import read_checkpoint, write_checkpoint
 from bpd_train.loading import load as load_model
-from conftest import REPO_ROOT, offline_env, run_train
 
 K = 4  # experiment=smoke's model.block_size
 

@@ -7,8 +7,9 @@ import shutil
 import pytest
 import torch
 
-from bpd_train.checkpoint import read_checkpoint
 from conftest import run_train
+
+from bpd_train.checkpoint import read_checkpoint
 
 
 @pytest.mark.slow

@@ -218,7 +218,7 @@ def _walk(c: _Cursor, sizes, qtypes) -> dict[str, Any]:
             raise GGUFError(f"{path}: tensor {name} offset {offset} is not aligned to {alignment}")
         tensors[name] = (dims, qtype, offset, nbytes)
     data = -(-c.pos // alignment) * alignment
-    for name, (dims, qtype, offset, nbytes) in tensors.items():
+    for name, (_, _, offset, nbytes) in tensors.items():
         if data + offset + nbytes > c.size:
             raise GGUFError(f"{path}: tensor {name} (offset {offset}, {nbytes} bytes) runs past the end of the "
                             f"file ({c.size} bytes): truncated or damaged")

@@ -30,9 +30,19 @@ import torch
 from torch import Tensor
 
 from bpd_train.bundle import TOKENIZER
-from bpd_train.convert.common import (HEADS_FILE, HEADS_FORMAT, ConvertError, check_buildable, folder_file,
-                                      read_configs, read_heads_file, read_json, read_weights, resolve,
-                                      write_hf_folder)
+from bpd_train.convert.common import (
+    HEADS_FILE,
+    HEADS_FORMAT,
+    ConvertError,
+    check_buildable,
+    folder_file,
+    read_configs,
+    read_heads_file,
+    read_json,
+    read_weights,
+    resolve,
+    write_hf_folder,
+)
 from bpd_train.data.hf_tokenizer import TokenizerError
 from bpd_train.data.lm.tokenizer import LMTokenizer
 from bpd_train.model.lm import LMModel, rope_frequencies

@@ -17,7 +17,7 @@ from torch import Tensor
 
 class AcceptanceRule:
     label = "?"  # how reports name the rule
-    # (top_n, dist_eps) for the engine's native loops (engine/csrc/linear.cpp LoopModel::accepts), the same verdicts
+    # (top_n, dist_eps) for the engine's native loops (engine/csrc/loops.h LoopModel::accepts), the same verdicts
     # on the same logits; None: a rule they do not know (blockwise takes Python steps)
     native: tuple[int, float] | None = None
 

@@ -20,30 +20,29 @@ class Adaptive:
     next proposals) relative to a greedy step, per bucket of row counts (a k-row step costs little more than a
     1-row one where weight reads dominate, several times more where arithmetic does: small cached models,
     large batches). Widths not yet measured use COST_PRIOR's shape, scaled to what was measured. A width > 1
-    must beat greedy by MARGIN (timing noise; BATCH_MARGIN over several rows). Threshold mode (a float): feed proposal j while a_1..a_j all
-    reach the threshold (the rule before costs were measured).
+    must beat greedy by MARGIN (timing noise; BATCH_MARGIN over several rows). Threshold mode (a float): feed
+    proposal j while a_1..a_j all reach the threshold (the rule before costs were measured).
 
     While the width is 1 the decoder runs plain greedy steps (no heads at all, the greedy decoder's own
     native loop) and probes every head once after `interval` of them; the interval doubles after each probe
     that fails (8, 16, ... 64 steps) and starts again at 8 once a head pays. After LONG_AFTER probes in a row
     have failed at the 64-step cap, the cap is 8x that (512 steps): a probe of a width that does not pay costs
-    its extra step time (1.5-3 greedy steps at demo size on an AVX2 CPU), ~2-4% of greedy's speed once every 64
-    steps, ~0.3% once every 512. Each bucket of row counts keeps its own schedule (Probes): at batch 32 a wide
+    its extra step time, a few % of greedy's speed once every 64 steps and a fraction of that once every 512.
+    Each bucket of row counts keeps its own schedule (Probes): at batch 32 a wide
     step costs ~k greedy steps on a CPU without AMX, while the last row of the same batch may gain from it, and
     one schedule shared by both probed the batch every 8 steps whenever the last rows' wide steps paid."""
 
-    COST_PRIOR = (0.5, 0.5)    # cost(w) ~ 1 + 0.5 (w - 1) + 0.5 (proposal pass) until measured: cautious (a k = 4
-    #                            step measured 1.1 greedy steps at base size, 2-5 at demo size with native loops)
+    COST_PRIOR = (0.5, 0.5)    # cost(w) ~ 1 + 0.5 (w - 1) + 0.5 (proposal pass) until measured: cautious between
+    #                            the cheap wide steps of large models and the dear ones of small models
     REFRESH = 512              # steps at width > 1 after which greedy steps are timed again
-    MARGIN = 1.15             # a width > 1 must promise 15% more tokens per second than greedy steps: at 5%, heads
-    #                           that barely pay (the demo's `frozen`, E[2] 1.28) were fed 2-wide blocks in half the
-    #                           runs on the AVX2 build, whose calibration priced them 1.10-1.16 greedy steps (1.27-1.53
-    #                           in the others) and which decoded 0.82-0.93x of greedy
+    MARGIN = 1.15             # a width > 1 must promise 15% more tokens per second than greedy steps: with a
+    #                           smaller margin, heads that barely pay (the demo's `frozen`) were fed 2-wide blocks in
+    #                           some runs, where the calibration's noise priced them under greedy, and decoded slower
     BATCH_MARGIN = 1.15       # ... 15% over several rows too: rows ending (each a return to Python and a cache reorder)
     #                           and ragged lengths cost the batch loop what a calibration on aligned rows does not
-    #                           see (the demo's `self` at 32 rows: 2-wide steps priced ~5% ahead of greedy left
-    #                           the batch 3-7% behind it; at 1.15 it decodes greedily there, 1.02-1.15x, noisy)
-    FLOOR = 0.05               # a w-wide step costs at least 1 + 0.05 w greedy steps (base size, k = 4: 1.2 measured)
+    #                           see (the demo's `self` at 32 rows: 2-wide steps priced a little ahead of greedy left
+    #                           the batch behind it)
+    FLOOR = 0.05               # a w-wide step costs at least 1 + 0.05 w greedy steps
     LONG_AFTER = 8             # failed probes at the cap after which the cap grows 8x
 
     def __init__(self, kb: int, threshold: float | None = None, probe: int = 8, max_interval: int = 64):
@@ -61,7 +60,7 @@ class Adaptive:
         self.calib_tried: set[int] = set()            # rows buckets _Blockwise.calibrate ran for (or gave up on)
         # (width, rows bucket) -> cost in greedy steps from that calibration: widths and greedy timed alike,
         # interleaved. Preferred to the decoders' own timings, which compare unlike steps: greedy stretches
-        # right after the encoder (cold caches, ~1.5x a warm step at demo size) against rare wide steps, so
+        # right after the encoder (cold caches, dearer than a warm step) against rare wide steps, so
         # every width once looked cheaper than it was and regimes whose heads never pay fed 2-wide blocks
         self.calib: dict[tuple[int, int], float] = {}
         self.calibrated_rows: set[int] = set()
@@ -73,8 +72,8 @@ class Adaptive:
 
     def run_length(self) -> int:
         """Steps per native call at the chosen width (one row), before the width is decided again: 8 until the heads
-        were judged 64 times (useless heads are dropped within a few steps), then 32 (at 8 a call, the demo's `self`
-        decoded 10% slower than plain blockwise at the same width: each call's Python and cold start)."""
+        were judged 64 times (useless heads are dropped within a few steps), then 32 (at 8 a call, each call's Python and
+        cold start made the demo's `self` decode slower than plain blockwise at the same width)."""
         return 32 if self.offered[1] > 64 else 8
 
     def probes(self, rows: int = 1) -> "Probes":
@@ -88,9 +87,9 @@ class Adaptive:
     def settled_on_greedy(self, horizon: int, rows: int = 1) -> bool:
         """Whether a call on `rows` rows would run greedy steps only until its first row ends (within `horizon`
         steps): every width was timed for this many rows, none pays, and the next probe is further away than
-        `horizon`. blockwise() then runs greedy() itself: the stretch cost the same native calls plus ~2-4% at demo
-        size at batch 1 (the blockwise loop's bookkeeping, and a cache kb slots longer, whose layout moved greedy's
-        own time by 1-3% either way), more at batch 32 (per-row cache writes where greedy's rows stay aligned).
+        `horizon`. blockwise() then runs greedy() itself: the stretch cost the same native calls plus a few % at
+        batch 1 (the blockwise loop's bookkeeping, and a cache kb slots longer, whose layout moved greedy's own time
+        either way), more at batch 32 (per-row cache writes where greedy's rows stay aligned).
         Rows that leave a batch do not bring the loop back: its last few rows are a small share of its time."""
         return (self.threshold is None and self.calibrated(self.bucket(rows)) is not None and self.width(rows) == 1
                 and self.probes(rows).interval >= horizon)
@@ -121,7 +120,7 @@ class Adaptive:
     def calibrated(self, b: int) -> int | None:
         """The bucket whose calibration prices steps over rows of bucket b: b itself, or for several rows the nearest
         larger calibrated bucket (a batch's rows leave as they end, and a batch of 16 after batches of 32 would
-        otherwise pay a calibration of its own: ~0.3 s at demo size, a pass over 80 sentences at batch 32). A wide
+        otherwise pay a calibration of its own, as long as a pass over the sentences at batch 32). A wide
         step over fewer rows costs at most as many greedy steps as over more rows, so the borrowed price is a
         cautious one."""
         if b in self.calibrated_rows:
@@ -224,7 +223,7 @@ class Adaptive:
     def probe_width(self, rows: int) -> int:
         """Width of the next probe: widths not yet timed first, then every width in turn. Probing only the full
         width left narrower ones priced by extrapolation from one noisy timing: on the demo's `both` a 2-wide
-        step (~1.4 greedy steps, E[2] ~1.7 tokens) was never tried, and adaptive mode ran greedy throughout."""
+        step that would have paid was never tried, and adaptive mode ran greedy throughout."""
         if self.threshold is not None:
             return self.kb
         b = self.bucket(rows)

@@ -13,8 +13,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bpd_train.decoding.common import (DEFAULT_MAX_LEN, decoding_mode, is_stop, prepare_source, row_limits,
-                                       start_tokens, stop_ids)
+from bpd_train.decoding.common import (
+    DEFAULT_MAX_LEN,
+    decoding_mode,
+    is_stop,
+    prepare_source,
+    row_limits,
+    start_tokens,
+    stop_ids,
+)
 from bpd_train.decoding.result import DecodeResult
 
 

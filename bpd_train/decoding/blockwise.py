@@ -42,8 +42,17 @@ import torch
 
 from bpd_train.decoding.acceptance import Exact, make_acceptance
 from bpd_train.decoding.adaptive import Adaptive
-from bpd_train.decoding.common import (DEFAULT_MAX_LEN, decoding_mode, is_stop, keep_rows, parse_max_len, start_rows,
-                                       start_tokens, stop_ids, trim)
+from bpd_train.decoding.common import (
+    DEFAULT_MAX_LEN,
+    decoding_mode,
+    is_stop,
+    keep_rows,
+    parse_max_len,
+    start_rows,
+    start_tokens,
+    stop_ids,
+    trim,
+)
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
 
@@ -109,7 +118,7 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
         raise ValueError("adaptive feeding and min_block > 1 do not combine (min_block forces proposals in)")
     if kb == 1:
         # a 1-wide block proposes nothing: greedy decoding, on greedy's own loop (the same tokens, calls and
-        # histogram; the blockwise steps cost ~2x per token there, and adaptive feeding had no width to probe)
+        # histogram; the blockwise steps cost more per token there, and adaptive feeding had no width to probe)
         return greedy(model, src, max_len)
     if adaptive and threshold is None and _settled_on_greedy(model, kb, src, max_len):
         return greedy(model, src, max_len)        # what the greedy stretch would have run, on greedy's own loop
@@ -123,8 +132,8 @@ def _settled_on_greedy(model, kb: int, src, max_len) -> bool:
     probe schedule. The step weights are read from the model's cache unchecked: stale ones at worst send one call
     down greedy's loop, whose tokens are the same.
     The horizon (the steps before the shortest row must end) is first bounded from the padded width alone: torch
-    ops on the source cost ~0.2 ms here at batch 1, right after a decode (the interpreter's and torch's code out of
-    the caches; ~4% of a demo sentence), and a controller settled on greedy probes far less often than any row's
+    ops on the source are dear here at batch 1, right after a decode (the interpreter's and torch's code out of
+    the caches), and a controller settled on greedy probes far less often than any row's
     horizon, so the exact shortest row is counted only when the bound does not settle it."""
     cached = getattr(model, "_decode_cache", None)
     stats = getattr(cached[1], "stats", None) if cached else None
@@ -386,15 +395,15 @@ class _Blockwise:
         """Time every step width once per set of weights and bucket of row counts: `steps` steps of each in the
         native loops on a scratch cache for these rows, best of 5 rounds (2 where a round takes over 5 ms),
         interleaved. Probes alone priced widths badly: a probe is one step after a greedy stretch (cold caches, the
-        call around it), timed ~1.2-2x a step in a run of steps, and one such timing kept a width out for good (the
+        call around it), timed dearer than a step in a run of steps, and one such timing kept a width out for good (the
         demo's `both` never left greedy steps). A batch is timed as a batch: on a CPU without AMX tiles a k-wide
         step over 32 rows costs about k greedy steps (arithmetic), over one row far less (weight reads).
         Every width starts where decoding mostly is: after CALIB_LEAD of the sentences' own greedy tokens (fewer
         where a token limit is lower), fed head 1's token and the heads' own proposals there, as a probe is. Timed
         from BOS with rejected proposals, a wide step's attention ran over a near-empty cache and its verification
         stopped at the first position, so wide steps looked cheaper than in decoding; timed at half of the first
-        sentence's limit, the price depended on that sentence (the demo's `finetune`, a 4-wide step with the draft
-        vocabulary: 1.57 greedy steps from a short first sentence, 2.01 from a long one)."""
+        sentence's limit, the price depended on that sentence (the demo's `finetune`: a 4-wide step with the draft
+        vocabulary priced far dearer from a long first sentence than from a short one)."""
         ad, w, model, kb = self.adapt, self.w, self.model, self.kb
         rows = int(limit.shape[0])
         b = ad.bucket(rows)
@@ -451,8 +460,8 @@ class _Blockwise:
 
     def _seconds(self, t0: float) -> float:
         """What the steps just run cost: the native loop's own time where it ran (a probe runs one step per call,
-        and the Python call around it, charged to that one step, made every wider step look ~50 us dearer than
-        it is at demo size: adaptive mode then never left greedy), else the time since t0."""
+        and the Python call around it, charged to that one step, made every wider step look dearer than it
+        is at demo size: adaptive mode then never left greedy), else the time since t0."""
         got = getattr(self.w, "last_seconds", None)
         return got if got is not None else perf_counter() - t0
 

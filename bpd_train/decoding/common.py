@@ -5,7 +5,6 @@ import contextlib
 from typing import Iterator, NamedTuple, Union
 
 import numpy as np
-
 import torch
 from torch import Tensor, nn
 
@@ -15,8 +14,8 @@ DEFAULT_MAX_LEN: MaxLen = (1.5, 10)   # every decoder's and entry point's defaul
 
 
 def model_device(model: nn.Module) -> torch.device:
-    """The device of the model's first parameter (depth first, as model.parameters() orders them; its generator
-    and memo set cost ~20 us of a batch-1 call), else of its first buffer, else the CPU."""
+    """The device of the model's first parameter (depth first, as model.parameters() orders them, without its
+    generator and memo set: a measurable part of a batch-1 call), else of its first buffer, else the CPU."""
     stack = [model]
     while stack:
         mod = stack.pop()
@@ -35,8 +34,8 @@ def prepare_source(model: nn.Module, src) -> Tensor:
 
 
 def _source(model: nn.Module, src) -> tuple[Tensor, np.ndarray]:
-    """(prepare_source's tensor, each row's non-padding token count [B] int64). Lists are laid out in numpy (a
-    batch-1 call spends ~0.1 ms on this bookkeeping through torch ops, a few % of a demo-size sentence)."""
+    """(prepare_source's tensor, each row's non-padding token count [B] int64). Lists are laid out in numpy (through
+    torch ops this bookkeeping was a measurable part of a batch-1 call)."""
     cfg = model.config
     if isinstance(src, Tensor):
         if src.dim() != 2:
@@ -102,7 +101,7 @@ def keep_rows(done: np.ndarray) -> np.ndarray:
     """The rows that go on decoding (done[r] False), in the order that moves the fewest cache rows: a row that
     stays within the new batch keeps its place, and each finished row's place is taken by a row from past the new
     end, so DecoderState.reorder copies one row per finished row (in order, every row after the first finished one
-    moved: at batch 32 the copies were ~10% of greedy decoding's time). Rows are independent, so their order changes
+    moved: at batch 32 the copies were a sizeable share of greedy decoding's time). Rows are independent, so their order changes
     no output; decoders index their per-row bookkeeping with the same array."""
     keep = np.flatnonzero(~done)
     m = keep.size

@@ -1,11 +1,18 @@
 """Greedy decoding with the KV cache: the reference every other decoder is checked against."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from bpd_train.decoding.common import (DEFAULT_MAX_LEN, decoding_mode, is_stop, keep_rows, start_rows, start_tokens,
-                                       stop_ids, trim)
+from bpd_train.decoding.common import (
+    DEFAULT_MAX_LEN,
+    decoding_mode,
+    is_stop,
+    keep_rows,
+    start_rows,
+    start_tokens,
+    stop_ids,
+    trim,
+)
 from bpd_train.decoding.result import DecodeResult
 
 

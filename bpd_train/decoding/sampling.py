@@ -9,11 +9,18 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 import torch
 
-from bpd_train.decoding.common import (DEFAULT_MAX_LEN, decoding_mode, is_stop, keep_rows, start_rows, start_tokens,
-                                       stop_ids, trim)
+from bpd_train.decoding.common import (
+    DEFAULT_MAX_LEN,
+    decoding_mode,
+    is_stop,
+    keep_rows,
+    start_rows,
+    start_tokens,
+    stop_ids,
+    trim,
+)
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
 

@@ -17,11 +17,22 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bpd_train.data.distilled import (
-    DEFAULT_COMMAND, DistillError, TeacherSettings, canonical_max_len, check_compatible, new_manifest,
-    our_files, read_manifest, remove_stale_temps, shard_is_done, shards_for_worker, verify_corpus, write_manifest,
+    DEFAULT_COMMAND,
+    DistillError,
+    TeacherSettings,
+    canonical_max_len,
+    check_compatible,
+    new_manifest,
+    our_files,
+    read_manifest,
+    remove_stale_temps,
+    shard_is_done,
+    shards_for_worker,
+    verify_corpus,
+    write_manifest,
     write_shard,
 )
-from bpd_train.distillation.workers import Worker, detect_worker
+from bpd_train.distillation.workers import Worker, detect_worker, worker_device
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +217,6 @@ def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
 def _device(cfg, worker: Worker):
     import torch
 
-    from bpd_train.distillation.workers import worker_device
-
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return torch.device(worker_device(cfg.distill.get("device", "auto"), worker, gpus))
 
@@ -242,7 +251,7 @@ def run_worker(job: Job, worker: Worker, device=None) -> dict[str, Any]:
         return stats
     import torch
 
-    if d.get("num_threads"):  # CPU: oversubscribed cores make OpenMP spin (30x slower on a busy 2-core box)
+    if d.get("num_threads"):  # CPU: on oversubscribed cores OpenMP threads spin waiting for each other
         torch.set_num_threads(int(d.num_threads))
     device = torch.device(device) if device is not None else _device(job.cfg, worker)
     amp = _amp_dtype(job.cfg, device)
@@ -282,8 +291,8 @@ def _translation_shards(job: Job, worker: Worker, todo: list[dict], model, stats
         hyps = translate_ids(model, sources, beam_size=int(m["beam_size"]), length_penalty=float(m["length_penalty"]),
                              max_len=m["max_len"], max_tokens=int(d.max_tokens), max_sentences=int(d.max_sentences),
                              device=device, progress=bar, amp_dtype=amp)
-        records = [{"id": i, "translation": {src_lang: s, tgt_lang: sp.decode([t for t in toks if t not in specials])}, "teacher_ids": toks,
-                    "teacher_score": score, "gold": g}
+        records = [{"id": i, "translation": {src_lang: s, tgt_lang: sp.decode([t for t in toks if t not in specials])},
+                    "teacher_ids": toks, "teacher_score": score, "gold": g}
                    for i, s, g, (toks, score) in zip(ids, srcs, golds, hyps)]
         write_shard(job.out_dir / shard["file"], records)
         dt = time.perf_counter() - ts
@@ -462,4 +471,4 @@ def _done(out_dir: Path, m: dict, **extra) -> dict[str, Any]:
             "teacher_bleu": bleu.get("bleu"), **extra}
 
 
-__all__ = ["run", "prepare", "run_worker", "translate_ids", "Job", "DEFAULT_COMMAND"]
+__all__ = ["run", "prepare", "run_worker", "translate_ids", "Job", "DEFAULT_COMMAND"]  # noqa: F822 - module __getattr__

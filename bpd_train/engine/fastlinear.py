@@ -10,8 +10,8 @@ Precision (`dtype`): "fp32" (default), "bf16" (weights rounded to bfloat16; on a
 activations are rounded to bfloat16 too and the kernels multiply with vdpbf16ps, twice the fp32 FMA rate, see
 `bf16_compute`; elsewhere activations stay fp32), "int8" (weights quantised per output row, each activation
 row quantised to int8 with its own scale; the kernels multiply with vpdpbusd on AVX512_VNNI, with vpmaddwd on AVX2,
-the same integer sums either way, see `int8_compute`; BPD_INT8_COMPUTE=0: weight-only int8, activations fp32). Exact blockwise decoding equals greedy decoding of the
-same precision.
+the same integer sums either way, see `int8_compute`; BPD_INT8_COMPUTE=0: weight-only int8, activations fp32).
+Exact blockwise decoding equals greedy decoding of the same precision.
 """
 from __future__ import annotations
 
@@ -105,8 +105,7 @@ def native_kernels():
         csrc = Path(__file__).with_name("csrc")
         src = csrc / "linear.cpp"                      # one translation unit: it includes every other part
         try:
-            from torch.utils.cpp_extension import load
-            from torch.utils.cpp_extension import _get_build_directory
+            from torch.utils.cpp_extension import _get_build_directory, load
             # CPU flags, sources (every file in csrc/, headers included) and checkout in the name: a build for
             # another CPU or an older source is never loaded, and two checkouts never rebuild into (and wait on the
             # lock of) one folder

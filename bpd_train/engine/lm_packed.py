@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bpd_train.engine.fastlinear import PackedLinear
+from bpd_train.engine.fastlinear import PackedLinear, native_kernels
 from bpd_train.engine.packed import DecodeOptions, draft_projection, verify_groups
 from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps, stop_array
 
@@ -39,8 +39,6 @@ class LMDecodeWeights(DecodeStep):
     these step weights)."""
 
     def __init__(self, model: nn.Module, options: DecodeOptions, *, medusa: bool, stops):
-        from bpd_train.engine.fastlinear import native_kernels
-
         self.model, self.options = model, options
         self.stops = stop_array(stops)
         c = model.config

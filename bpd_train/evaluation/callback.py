@@ -13,7 +13,12 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from bpd_train.data.sampler import evenly_spaced
+from bpd_train.decoding.settings import max_len_arg, parse_rule
+from bpd_train.evaluation.compare import Batches, compare
+from bpd_train.evaluation.metrics import corpus_scores
 from bpd_train.families import family_of
+from bpd_train.model import build_model
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +56,6 @@ def _decoding_model(trainer, model):
     on rank 0 a plain fp32 copy of the gathered weights (inside the model every module call would re-shard them),
     on the other ranks None. Gathering
     is a collective, so every rank must call this."""
-    from bpd_train.model import build_model
-
     ctx = _gather_context(trainer, model)
     if ctx is None:
         if all(p.dtype == torch.float32 for p in model.parameters()):
@@ -98,8 +101,6 @@ class BlockwiseEval(Callback):
         return tok
 
     def _collect(self, trainer, tok, cfg) -> tuple[list[list[int]], list[str]]:
-        from bpd_train.data.sampler import evenly_spaced
-
         dm = getattr(trainer, "datamodule", None)
         if dm is not None and hasattr(dm, "val_dataloader"):
             loader = dm.val_dataloader()
@@ -138,10 +139,6 @@ class BlockwiseEval(Callback):
 
     @torch.no_grad()
     def evaluate(self, trainer, pl_module, model=None) -> dict[str, float]:
-        from bpd_train.evaluation.compare import Batches, compare
-        from bpd_train.evaluation.decode import max_len_arg, parse_rule
-        from bpd_train.evaluation.metrics import corpus_scores
-
         model = pl_module.model if model is None else model
         cfg = model.config
         tok = self._tokenizer(trainer, pl_module)

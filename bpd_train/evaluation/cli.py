@@ -9,6 +9,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from bpd_train.data.distilled import DistillError, find_distilled_corpus, read_manifest
+from bpd_train.data.lm.records import load_lm_jsonl
+from bpd_train.data.sampler import evenly_spaced
+from bpd_train.decoding.settings import DecodeError as EvalError
+
 log = logging.getLogger(__name__)
 
 
@@ -39,8 +44,6 @@ def corpus_dir(cfg: DictConfig) -> Path:
 def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[list[str], list[str], dict]:
     """Sources and references of a split (evenly spaced subset when max_sentences is set)."""
     from bpd_train.data import load_corpus
-    from bpd_train.data.sampler import evenly_spaced
-    from bpd_train.evaluation.decode import EvalError
 
     src, tgt = str(cfg.data.src_lang), str(cfg.data.tgt_lang)
     files = (cfg.data.get("lm") or {}).get("files")
@@ -63,10 +66,6 @@ def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[
 
 
 def _load_prompts(cfg: DictConfig, files: dict, split: str, max_sentences: int | None):
-    from bpd_train.data.lm.records import load_lm_jsonl
-    from bpd_train.data.sampler import evenly_spaced
-    from bpd_train.evaluation.decode import EvalError
-
     if not files.get(split):
         raise EvalError(f"data.lm.files has no {split!r} split (has: {', '.join(k for k, v in files.items() if v)})")
     ds = load_lm_jsonl({split: files[split]})[split]
@@ -103,8 +102,6 @@ def quality_split(cfg: DictConfig, timed: int, info: dict) -> tuple[list, list] 
     the timed ones (evaluate.max_sentences): `all` (the whole split) or N evenly spaced; null = the timed ones.
     BLEU over 80 sentences moves by about a point between runs of the same regime; greedy decoding (which exact
     blockwise output equals) of a whole split at the largest batch size costs seconds."""
-    from bpd_train.evaluation.decode import EvalError
-
     want = cfg.evaluate.get("bleu_sentences")
     if want is None or str(want).lower() in ("null", "none"):
         return None
@@ -128,8 +125,6 @@ def quality_split(cfg: DictConfig, timed: int, info: dict) -> tuple[list, list] 
 def distilled_corpus(cfg: DictConfig) -> Path | None:
     """evaluate.distilled: auto = the corpus's one complete distilled training corpus, when there is exactly one
     (its teacher becomes a comparison point); a folder; or null/false for none."""
-    from bpd_train.data.distilled import DistillError, find_distilled_corpus, read_manifest
-
     want = cfg.evaluate.get("distilled", "auto")
     if want is None or str(want).lower() in ("false", "none", "null", ""):
         return None

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from bpd_train.data.sampler import length_batches
+from bpd_train.decoding import blockwise, greedy
 from bpd_train.evaluation.metrics import DecodeStats, agreement, pad_batch, time_interleaved
 
 
@@ -68,10 +69,8 @@ def compare(model, batches: Batches, *, k: int | None, rule, max_len, device=Non
     """Greedy and (when k > 1) blockwise with block size k and acceptance `rule` on every batch, alternating
     which runs first (metrics.time_interleaved), so the speedup is a ratio measured in one run. also_adaptive:
     blockwise with adaptive feeding as a third decoder in the same interleaved run (what the serving paths run on
-    the CPU with exact acceptance: evaluation/decode.py serving_adaptive). min_seconds: timed passes over the batches
+    the CPU with exact acceptance: decoding/settings.py DecodeSettings.adaptive_on). min_seconds: timed passes over the batches
     until each decoder ran that long (metrics.time_interleaved)."""
-    from bpd_train.decoding import blockwise, greedy
-
     fns = {"greedy": lambda src: greedy(model, src, max_len=max_len)}
     if k is not None and k > 1:
         fns["blockwise"] = lambda src: blockwise(model, src, block_size=k, accept=rule, max_len=max_len,
@@ -93,8 +92,6 @@ def greedy_tokens(model, batches: Batches, *, max_len, on_batch: Callable[[], No
     """Greedy decoding of every batch, untimed: the output whose BLEU evaluate.py reports over more sentences than
     it times (evaluate.bleu_sentences). Exact blockwise output is this output, token for token."""
     import torch
-
-    from bpd_train.decoding import greedy
 
     results = []
     with torch.inference_mode():

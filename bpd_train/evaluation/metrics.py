@@ -40,8 +40,8 @@ def time_interleaved(fns: dict[str, Callable], batches: Sequence, device=None, w
     """Run every fn on every batch, alternating which goes first per batch (so drift, caches and clock boosts hit
     all of them alike), after `warmup` untimed batches each. Returns per-fn total seconds and per-batch results
     (the results of the first timed pass, in batch order). min_seconds: more timed passes over all the batches
-    until every fn has run that long in all (at most max_passes): a pass over 80 sentences at batch 32 takes
-    ~0.15 s at demo size, where one pass's ratio moved by 20% between runs."""
+    until every fn has run that long in all (at most max_passes): one short pass is too noisy to compare by
+    (docs/experiments.md, *Timing noise*)."""
     names = list(fns)
     batches = list(batches)
     with torch.inference_mode():
@@ -52,7 +52,7 @@ def time_interleaved(fns: dict[str, Callable], batches: Sequence, device=None, w
         out = {n: Timed() for n in names}
         i = 0
         while True:
-            for j, batch in enumerate(batches):
+            for batch in batches:
                 order = names if i % 2 == 0 else names[::-1]
                 i += 1
                 for n in order:

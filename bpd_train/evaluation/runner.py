@@ -20,16 +20,27 @@ from typing import Sequence
 import torch
 
 from bpd_train.checkpoint import CheckpointError
+from bpd_train.data.distilled import read_manifest
 from bpd_train.data.sampler import length_batches
-from bpd_train.evaluation.compare import Batches, compare, greedy_tokens
+from bpd_train.decoding.batched import translate_ids
 from bpd_train.decoding.serving import prepare
-from bpd_train.decoding.settings import DEFAULT_MAX_LEN, DecodeSettings, check_block_sizes, parse_rule
+from bpd_train.decoding.settings import (
+    DEFAULT_MAX_LEN,
+    DecodeSettings,
+    check_block_sizes,
+    parse_rule,
+)
+from bpd_train.decoding.settings import (
+    DecodeError as EvalError,
+)
 from bpd_train.decoding.text import one_line
-from bpd_train.evaluation.decode import EvalError
+from bpd_train.engine.fastlinear import cpu_model, engine_name
+from bpd_train.evaluation.compare import Batches, compare, greedy_tokens
 from bpd_train.evaluation.metrics import agreement, corpus_scores
+from bpd_train.evaluation.report import add_comparisons, write_report
 from bpd_train.io import atomic_dir, atomic_write_text
 from bpd_train.loading import Source, load, resolve, run_checkpoints
-from bpd_train.engine.fastlinear import cpu_model, engine_name
+from bpd_train.loading import load as load_any
 
 REPORT_FORMAT = "bpd-train-eval-report"
 KEEP_PARAMS = 300_000_000
@@ -261,10 +272,6 @@ def evaluate_teacher(distilled_dir: str | os.PathLike, sources: Sequence[str], r
     """The distillation teacher as a comparison point for the runs trained on its output: its BLEU on the training
     sources it re-translated (the corpus manifest) and, while its checkpoint exists, its beam search (the manifest's
     beam, alpha and max_len) on these evaluation sources, which is the number a regime's BLEU can be set against."""
-    from bpd_train.data.distilled import read_manifest
-    from bpd_train.decoding.batched import translate_ids
-    from bpd_train.loading import load as load_any
-
     m = read_manifest(distilled_dir)
     train = m.get("teacher_bleu") or {}
     entry = {"corpus": str(distilled_dir), "teacher_id": m.get("teacher_id"), "teacher_path": m.get("teacher_path"),
@@ -280,7 +287,6 @@ def evaluate_teacher(distilled_dir: str | os.PathLike, sources: Sequence[str], r
         entry["missing"] = str(e)
         return entry
     model = loaded.model.to(settings.torch_device()).eval()
-    cfg = model.config
     text = loaded.family.text_adapter(loaded)
     out = translate_ids(model, [text.source_ids(s) for s in sources], beam_size=int(m["beam_size"]),
                         length_penalty=float(m["length_penalty"]), max_len=m["max_len"], max_tokens=8192,
@@ -329,8 +335,6 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
     `distilled_dir`: a distillation corpus whose teacher is reported as a comparison point.
     `quality`: (sources, references) to score greedy output on (each checkpoint's and the teacher's BLEU/chrF,
     the base comparison and the recommended run) when they are more than the timed `sources`; None: those."""
-    from bpd_train.evaluation.report import add_comparisons, write_report
-
     if not sources:
         raise EvalError("no sentences to evaluate (empty split or max_sentences=0)")
     if len(sources) != len(refs):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bpd_train.data.distilled import DistillError
+from bpd_train.data.lm.records import load_lm_jsonl
 from bpd_train.data.lm.tokenizer import RunLMTokenizer
 from bpd_train.decoding.text import LMText
 from bpd_train.families.base import ModelFamily, register
@@ -136,8 +137,6 @@ class LMFamily(ModelFamily):
         files = _get(_get(cfg.data, "lm") or {}, "files")
         if files is None:
             return load_corpus(cfg.data)
-        from bpd_train.data.lm.records import load_lm_jsonl
-
         return load_lm_jsonl({k: v for k, v in dict(files).items() if v})
 
     def check_teacher_ids(self, loaded) -> None:

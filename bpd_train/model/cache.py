@@ -116,7 +116,7 @@ class DecoderState:
         """reorder's common case, finished rows leaving (decoding/common.py keep_rows): rows that stay keep their
         place and every row that moves comes from past the new end, so no copy overwrites a row another one reads:
         only those rows are copied, in place (one row per finished row; at batch 32 gathering every row's cache
-        was ~10% of greedy decoding's time). False where idx is not of that form."""
+        was a sizeable share of greedy decoding's time). False where idx is not of that form."""
         m = idx.size
         dst = np.flatnonzero(idx != np.arange(m))
         src = idx[dst]

@@ -1,5 +1,6 @@
-"""Transformer building blocks (pre-norm, or post-norm for imported Marian models). Each block has a full-sequence path (training) and a cached
-single-call path (decoding) that must give the same numbers; the cache itself lives in cache.py."""
+"""Transformer building blocks (pre-norm, or post-norm for imported Marian models). Each block has a full-sequence
+path (training) and a cached single-call path (decoding) that must give the same numbers; the cache itself lives in
+cache.py."""
 from __future__ import annotations
 
 import math

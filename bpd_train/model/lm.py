@@ -33,11 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bpd_train.engine.lm_packed import LMDecodeWeights
+from bpd_train.engine.packed import DecodeOptions, cached_step_weights
 from bpd_train.model.cache import DecoderState
 from bpd_train.model.heads import BPDHeads, MedusaHeads
 from bpd_train.model.lm_config import LMConfig
-from bpd_train.engine.lm_packed import LMDecodeWeights
-from bpd_train.engine.packed import DecodeOptions, cached_step_weights
 
 
 class RMSNorm(nn.Module):

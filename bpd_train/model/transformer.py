@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bpd_train.engine.packed import DecodeOptions, DecodeWeights, cached_step_weights
 from bpd_train.model.cache import DecoderState, Memory
 from bpd_train.model.config import BPDConfig
 from bpd_train.model.heads import BPDHeads, ChainHeads
 from bpd_train.model.layers import DecoderLayer, EncoderLayer, decode_step, sinusoidal_table
-from bpd_train.engine.packed import DecodeOptions, DecodeWeights, cached_step_weights
 
 
 class BPDModel(nn.Module):
@@ -272,7 +272,7 @@ class BPDModel(nn.Module):
         self_kv, mem_kv, mem_mask = state.self_kv, state.mem_kv, state.mem_mask
         g = state.mem_group
         native = state.weights.native_layers
-        if native is not None:  # the same steps in one C++ call (engine/csrc/linear.cpp decode_layers)
+        if native is not None:  # the same steps in one C++ call (engine/csrc/encdec.h decode_layers)
             return state.weights.ext.decode_layers(x, native, self_kv, mem_kv, mask, mem_mask, write.index, write.t,
                                                    kv_len, g)
         for i, w in enumerate(state.weights.layers):

@@ -12,7 +12,7 @@ import time
 import torch
 from lightning.pytorch import Callback
 
-__all__ = ["Throughput", "KillAtStep", "BlockwiseEval"]
+__all__ = ["Throughput", "KillAtStep", "BlockwiseEval"]  # noqa: F822 - BlockwiseEval: module __getattr__
 
 
 class Throughput(Callback):

@@ -19,13 +19,23 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from bpd_train.checkpoint import CheckpointError, checkpoint_meta, read_checkpoint
-from bpd_train.io import atomic_write_bytes, atomic_write_text
+from bpd_train.data.distilled import DistillError, find_self_corpus
+from bpd_train.data.hf_tokenizer import tokenizer_files
 from bpd_train.families import family_of
-from bpd_train.model import BPDModel
+from bpd_train.io import atomic_write_bytes, atomic_write_text
+from bpd_train.model import BPDModel, config_from_dict
+from bpd_train.training.losses import kd_settings
 from bpd_train.training.module import BPDLightningModule
 from bpd_train.training.regimes import Regime, available_regimes
-from bpd_train.training.trainer import (TrainError, _is_rank_zero, check_accelerator, default_root_dir, enable_tf32,
-                                      make_trainer, plain)
+from bpd_train.training.trainer import (
+    TrainError,
+    _is_rank_zero,
+    check_accelerator,
+    default_root_dir,
+    enable_tf32,
+    make_trainer,
+    plain,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +99,6 @@ def make_datamodule(cfg: DictConfig, regime: Regime, tokenizer: Any = None, fami
 def self_corpus(cfg: DictConfig, regime: Regime) -> Regime:
     """Regime source `self`: the regime, reading the corpus of its init_from model's own greedy output (made by
     `distill.py teacher=<init_from> distill.beam_size=1`; regime.distilled_dir, when set, must be one)."""
-    from bpd_train.data.distilled import DistillError, find_self_corpus
     from bpd_train.loading import resolve
 
     try:
@@ -236,7 +245,6 @@ def build_module(cfg: DictConfig, regime: Regime, tokenizer, resume: str | None 
             raise TrainError(str(e)) from None
         check_tokenizer(resume, meta.get("tokenizer_hash"), "this run", tokenizer.path, tokenizer.hash,
                         error=TrainError)
-        from bpd_train.model import config_from_dict
 
         model_cfg = config_from_dict(dict(meta["model_config"]))
     elif init_from:
@@ -273,8 +281,6 @@ def kd_teacher(cfg: DictConfig, regime: Regime, tokenizer, init: Any = None) -> 
 def check_kd_settings(cfg: DictConfig) -> None:
     """loss.kd_* before anything loads. The KD teacher lives outside the module tree, which FSDP and DeepSpeed
     shard, cast and wrap; only single-device and DDP runs are supported (each rank keeps a full frozen copy)."""
-    from bpd_train.training.losses import kd_settings
-
     loss = cfg.get("loss") or {}
     try:
         lam, _ = kd_settings(loss)
@@ -313,8 +319,6 @@ def write_run_folder(cfg: DictConfig, run_dir: Path, tokenizer) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     src = Path(tokenizer.path)
     if src.is_dir():
-        from bpd_train.data.hf_tokenizer import tokenizer_files
-
         copies = [(src / name, run_dir / TOKENIZER_DIR / name) for name in tokenizer_files(src)]
         (run_dir / TOKENIZER_DIR).mkdir(exist_ok=True)
     else:

@@ -131,7 +131,7 @@ def make_callbacks(cfg: DictConfig, run_dir: Path, has_logger: bool) -> list[pl.
         cbs.append(RichProgressBar())
     elif bar == "tqdm":
         cbs.append(TQDMProgressBar(refresh_rate=max(1, int(os.environ.get("BPD_PROGRESS_REFRESH", 1)))))
-    for name, c in (cfg.get("callbacks") or {}).items():
+    for c in (cfg.get("callbacks") or {}).values():
         if c is None or "_target_" not in c:
             continue
         cbs.append(instantiate(c))

@@ -34,6 +34,9 @@ from lightning.pytorch.strategies import DeepSpeedStrategy  # noqa: E402
 from lightning.pytorch.strategies.ddp import DDPStrategy  # noqa: E402
 from omegaconf import DictConfig, open_dict  # noqa: E402
 
+import bpd_train  # noqa: E402
+from bpd_train.cli import check_argv, exits_on_user_error  # noqa: E402
+
 
 class CPUDeepSpeedStrategy(DeepSpeedStrategy):
     """Lightning's DeepSpeedStrategy with its CUDA-only checks removed; use with accelerator=cpu (32-true, or
@@ -108,10 +111,6 @@ def train_zero_cpu(cfg: DictConfig, stage: int = 2, devices: int = 1, max_steps:
 def main(argv: list[str] | None = None) -> None:
     """python -m bpd_train.training.zero_cpu [--stage 2] [--devices 1] <train.py overrides...>"""
     from hydra import compose, initialize_config_dir
-
-    import bpd_train
-    from bpd_train.cli import exits_on_user_error
-    from bpd_train.cli import check_argv
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--stage", type=int, default=None,
