@@ -291,3 +291,18 @@ def test_export_hf_writes_custom_generate_and_overwrites_only_its_own(tmp_path):
         shutil.rmtree(out / "custom_generate")
         (out / "custom_generate").write_text("not a folder")
         assert not is_hf_export(out)
+
+
+def test_models_docs_block_runs(tmp_path):
+    """docs/models.md's block on transformers' generate for a translation export runs as written."""
+    from bpd_train.convert.hf import to_hf
+
+    from conftest import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+    code = text.split("## Export (`to_hf`) and the heads file", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    folder = to_hf(_mt_model("marian", "small"), tmp_path / "hf")
+    ids, mask = _sources()
+    scope = {"folder": folder, "ids": ids, "mask": mask}
+    exec(compile(code, "docs/models.md#export-to_hf-and-the-heads-file", "exec"), scope)
+    assert scope["out"].shape[0] == len(SOURCES) and scope["model"].bpd_stats["tokens"] > 0
