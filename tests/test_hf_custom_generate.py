@@ -306,3 +306,18 @@ def test_models_docs_block_runs(tmp_path):
     scope = {"folder": folder, "ids": ids, "mask": mask}
     exec(compile(code, "docs/models.md#export-to_hf-and-the-heads-file", "exec"), scope)
     assert scope["out"].shape[0] == len(SOURCES) and scope["model"].bpd_stats["tokens"] > 0
+
+
+def test_what_generate_does_not_return_is_refused(tmp_path):
+    """Options asking for what this generate() does not produce (scores, a dict, several sequences) are refused in
+    one line rather than silently dropped; their unset values pass."""
+    from transformers import AutoModelForCausalLM
+
+    _, folder = _export(tmp_path, "bpd", "small")
+    hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    ids = torch.tensor([PROMPTS[0]])
+    for opt in ({"return_dict_in_generate": True}, {"output_scores": True}, {"num_return_sequences": 2}):
+        with pytest.raises(ValueError, match=next(iter(opt))):
+            hf.generate(input_ids=ids, max_new_tokens=4, **opt)
+    out = hf.generate(input_ids=ids, max_new_tokens=4, output_scores=False, logits_processor=None, pad_token_id=0)
+    assert out.shape == (1, len(PROMPTS[0]) + 4) or hf.bpd_stats["tokens"] < 4

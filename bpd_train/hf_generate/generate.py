@@ -84,7 +84,13 @@ class Heads:
 _GREEDY_AS_IS: dict[str, Any] = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "suppress_tokens": None,
                                  "begin_suppress_tokens": None, "forced_eos_token_id": None, "min_length": 0,
                                  "min_new_tokens": None, "sequence_bias": None, "encoder_repetition_penalty": 1.0,
-                                 "encoder_no_repeat_ngram_size": 0}
+                                 "encoder_no_repeat_ngram_size": 0, "guidance_scale": 1.0,
+                                 "exponential_decay_length_penalty": None, "watermarking_config": None,
+                                 "stop_strings": None, "token_healing": False}
+# what this function does not return or does not do: asked for, it is refused rather than silently left out
+_NOT_HERE = ("return_dict_in_generate", "output_scores", "output_logits", "output_attentions", "output_hidden_states",
+             "streamer", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "assistant_model",
+             "decoder_input_ids", "inputs_embeds", "negative_prompt_ids")
 
 
 def _crop(cache: Any, keep: int) -> None:
@@ -102,6 +108,11 @@ def _eos_ids(generation_config: Any, kwargs: dict) -> set[int]:
 
 def _option(name: str, gc: Any, kwargs: dict, plain: Any = None) -> Any:
     return kwargs.get(name, getattr(gc, name, plain))
+
+
+def _given(value: Any) -> bool:
+    """An option set to something (None, False and an empty list are its unset values)."""
+    return value is not None and value is not False and not (isinstance(value, (list, tuple)) and not value)
 
 
 def _banned(gc: Any, kwargs: dict) -> list[int]:
@@ -142,10 +153,9 @@ def generate(*args: Any, model: Any = None, input_ids: torch.Tensor | None = Non
     as_is = dict(_GREEDY_AS_IS, **({} if encdec else {"forced_bos_token_id": None}))
     changed = [k for k, plain in as_is.items() if _option(k, gc, kwargs, plain) not in (plain, None)
                and _option(k, gc, kwargs, plain)]
-    for k in ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "assistant_model",
-              "decoder_input_ids", "inputs_embeds"):
-        if kwargs.get(k):
-            changed.append(k)
+    changed += [k for k in _NOT_HERE if _given(_option(k, gc, kwargs))]
+    if int(_option("num_return_sequences", gc, kwargs, 1) or 1) != 1:
+        changed.append("num_return_sequences")
     if changed:  # options transformers applies to the logits: this decoder reads them as they are
         raise ValueError(f"blockwise decoding with heads runs plain greedy decoding; not supported: {changed}")
     banned = _banned(gc, kwargs)
