@@ -321,3 +321,6 @@ def test_what_generate_does_not_return_is_refused(tmp_path):
             hf.generate(input_ids=ids, max_new_tokens=4, **opt)
     out = hf.generate(input_ids=ids, max_new_tokens=4, output_scores=False, logits_processor=None, pad_token_id=0)
     assert out.shape == (1, len(PROMPTS[0]) + 4) or hf.bpd_stats["tokens"] < 4
+    plain = AutoModelForCausalLM.from_pretrained(folder).eval()  # max_length (prompt included) as transformers reads it
+    want = plain.generate(input_ids=ids, max_length=9, do_sample=False, pad_token_id=0)
+    assert torch.equal(hf.generate(input_ids=ids, max_length=9, pad_token_id=0), want)

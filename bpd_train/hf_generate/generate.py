@@ -159,10 +159,11 @@ def generate(*args: Any, model: Any = None, input_ids: torch.Tensor | None = Non
     if changed:  # options transformers applies to the logits: this decoder reads them as they are
         raise ValueError(f"blockwise decoding with heads runs plain greedy decoding; not supported: {changed}")
     banned = _banned(gc, kwargs)
-    if max_new_tokens is None:
+    if max_new_tokens is None and "max_length" not in kwargs:
         max_new_tokens = getattr(gc, "max_new_tokens", None)
     if max_new_tokens is None:  # max_length counts the prompt, or the decoder start token
-        max_new_tokens = max(int(getattr(gc, "max_length", 20) or 20) - (1 if encdec else input_ids.shape[1]), 0)
+        max_length = int(_option("max_length", gc, kwargs, 20) or 20)
+        max_new_tokens = max(max_length - (1 if encdec else input_ids.shape[1]), 0)
     eos = _eos_ids(gc, kwargs)
     pad = _option("pad_token_id", gc, kwargs)
     pad = pad if pad is not None else (min(eos) if eos else 0)
