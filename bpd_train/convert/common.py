@@ -120,7 +120,6 @@ def write_hf_folder(out_dir: str | Path, cfg: dict, gen: dict, weights: dict[str
     folder appears complete or not at all; overwrite replaces what `replaceable` accepts (io.atomic_dir)."""
     from safetensors.torch import save_file
 
-
     copies = dict(copies)
     if heads is not None:
         copies[CUSTOM_GENERATE] = TEMPLATE

@@ -38,8 +38,8 @@ from torch import Tensor
 from bpd_train.convert.common import (HEADS_FILE, HEADS_FORMAT, ConvertError, check_buildable,  # noqa: F401
                                       folder_file, read_configs, read_heads_file, read_json, read_safetensors,
                                       read_weights, resolve, write_hf_folder)
-from bpd_train.hf_generate import CUSTOM_GENERATE
 from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError, tokenizer_files
+from bpd_train.hf_generate import CUSTOM_GENERATE
 from bpd_train.model.config import BPDConfig
 from bpd_train.model.layers import sinusoidal_table
 from bpd_train.model.transformer import BPDModel
@@ -379,14 +379,25 @@ def _ours_generate_dir(path: Path) -> bool:
     return gen.name in names and gen.is_file() and not gen.is_symlink() and names <= {gen.name, "__pycache__"}
 
 
+def _heads_key(path: Path) -> str | None:
+    """The metadata key of the config in a folder's heads file (bpd_config, lm_config), read without its tensors."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(folder_file(path, HEADS_FILE)), framework="pt") as f:
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError, RuntimeError):  # absent or damaged: read_heads tells which
+        return None
+    return "lm_config" if "lm_config" in meta else "bpd_config" if "bpd_config" in meta else None
+
+
 def is_hf_export(path: str | Path) -> bool:
     """A folder export.format=hf wrote (`to_hf` or `to_hf_lm`) and nothing else (its files, custom_generate/,
     tokenizer files): the only kind overwrite replaces."""
     path = Path(path)
     try:
         names = {p.name for p in path.iterdir()}
-        meta, _ = read_safetensors(folder_file(path, HEADS_FILE)) if HEADS_FILE in names else ({}, {})
-        if "lm_config" in meta:  # a decoder-only export (to_hf_lm); else ours (to_hf) or an error
+        if _heads_key(path) == "lm_config":  # a decoder-only export (to_hf_lm); else ours (to_hf) or an error
             read_heads_file(path, "lm_config")
         else:
             read_heads(path)
