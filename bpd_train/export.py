@@ -1,6 +1,7 @@
 """Export: a run, checkpoint, ZeRO folder, bundle or hf:... -> a bundle folder (the format itself is
 bpd_train/bundle.py), or with export.format=hf a transformers checkpoint folder (bpd_train/convert/hf.py `to_hf`:
-the backbone for transformers' from_pretrained, the heads in bpd_heads.safetensors, the tokenizer files).
+the backbone for transformers' from_pretrained, the heads in bpd_heads.safetensors, custom_generate/generate.py
+for transformers' generate() with the heads, the tokenizer files).
 
 `python export.py` runs `run_export`. The model is loaded through bpd_train/loading.py like every other stage;
 `load_bundle`, `BundleError` and `export_bundle` stay importable from here (the names users and the README use).
@@ -58,8 +59,10 @@ def export_checkpoint(source: str | os.PathLike | Source, out_dir: str | os.Path
 
 def export_hf(source: str | os.PathLike | Source, out_dir: str | os.PathLike, *, overwrite: bool = False,
               tag: str | None = None) -> Path:
-    """Any model source -> a transformers checkpoint folder (fp32) with bpd_heads.safetensors and the tokenizer
-    files: an imported model's own, or this project's tokenizer.model (read back by HFTokenizer kind spm).
+    """Any model source -> a transformers checkpoint folder (fp32) with bpd_heads.safetensors, beside it
+    custom_generate/generate.py (with which transformers' own generate() decodes blockwise with the heads;
+    bpd_train/hf_generate), and the tokenizer files: an imported model's own, or this project's tokenizer.model
+    (read back by HFTokenizer kind spm).
     `overwrite` replaces only a folder that an earlier export.format=hf wrote."""
     from bpd_train.convert.hf import check_hf_output_dir
     from bpd_train.data.hf_tokenizer import tokenizer_files

@@ -1,7 +1,10 @@
-"""transformers' own generate() decodes with the heads of a decoder-only export: custom_generate/generate.py
-(bpd_train/hf_generate) beside an `export.format=hf` folder gives exactly transformers' greedy output (do_sample=False,
-a plain load of the same folder), with as many forward passes per row as bpd-train's own blockwise decoder makes
-decoder calls (plus the prompt's): the heads propose what bpd-train's heads propose."""
+"""transformers' own generate() decodes with the heads of an `export.format=hf` folder, for both families:
+custom_generate/generate.py (bpd_train/hf_generate), which the export writes beside bpd_heads.safetensors, gives
+exactly transformers' greedy output (do_sample=False, a plain load of the same folder), with as many decoder forward
+passes per row as bpd-train's own blockwise decoder makes decoder calls (with its prefill): the heads propose what
+bpd-train's heads propose. Decoder-only (Llama / Qwen2 folders) and encoder-decoder (Marian, Pegasus for this
+project's own translation models, M2M100 with its forced target-language token)."""
+import json
 import shutil
 
 import pytest
@@ -15,7 +18,6 @@ MAX_NEW = 20
 
 def _export(tmp_path, kind: str, init: str, identity_p1: bool = True):
     from bpd_train.convert.hf_lm import to_hf_lm
-    from bpd_train.hf_generate import write_custom_generate
     from bpd_train.model.lm import LMModel
     from bpd_train.model.lm_config import LMConfig
 
@@ -30,7 +32,7 @@ def _export(tmp_path, kind: str, init: str, identity_p1: bool = True):
             if init != "zero":
                 p.normal_(0, {"small": 0.02, "random": 0.3}[init])
     out = to_hf_lm(model, tmp_path / f"{kind}-{init}")
-    write_custom_generate(out)
+    assert (out / "custom_generate" / "generate.py").is_file()  # written with the heads
     return model, out
 
 
@@ -63,7 +65,7 @@ def test_generate_with_heads_is_transformers_greedy(tmp_path, kind, init):
         r = blockwise(model, [p], max_len=MAX_NEW)
         out = hf.generate(input_ids=torch.tensor([p]), max_new_tokens=MAX_NEW, pad_token_id=0)
         assert out[0, len(p):].tolist()[:len(r.tokens[0])] == r.tokens[0]
-        assert hf.bpd_stats["passes"] == r.calls + 1, (hf.bpd_stats, r.calls)  # + the prompt's pass
+        assert hf.bpd_stats["passes"] == r.calls + r.prefill_calls, (hf.bpd_stats, r.calls)  # + the prompt's
         total += hf.bpd_stats["passes"]
     if init == "zero":
         assert total < len(PROMPTS) * MAX_NEW / 2  # heads accepted: fewer passes than tokens
@@ -133,3 +135,192 @@ def test_docs_block_runs(tmp_path):
     scope = {"folder": folder, "ids": ids, "mask": mask}
     exec(compile(code, "docs/decoder-only.md#transformers-own-generate-with-the-heads", "exec"), scope)
     assert scope["out"].shape[0] == len(PROMPTS) and scope["model"].bpd_stats["tokens"] > 0
+
+
+# ------------------------------------------------------------------------------------------- encoder-decoder
+SOURCES = [[5, 6, 7, 8, 9, 2], [11, 12, 2], [13, 14, 15, 16, 17, 18, 19, 20, 2], [21, 22, 23, 2]]
+MT_FAMILIES = {  # BPDConfig options -> the transformers architecture to_hf writes
+    "marian": dict(pre_norm=False, final_norm=False, pos_layout="marian", logits_bias=True, norm_eps=1e-5,
+                   activation="swish", pad_id=39, bos_id=39, eos_id=2, unk_id=1, suppress_ids=(39,)),
+    "pegasus": dict(pad_id=0, bos_id=1, eos_id=2, unk_id=3),  # this project's own models (permuted)
+    "m2m_100": dict(pos_layout="fairseq", pos_offset=2, norm_eps=1e-5, pad_id=1, eos_id=2, unk_id=3, bos_id=30,
+                    decoder_prefix=(2,)),  # forced target-language token 30 after the decoder start </s>
+}
+ARCH = {"marian": "MarianMTModel", "pegasus": "PegasusForConditionalGeneration",
+        "m2m_100": "M2M100ForConditionalGeneration"}
+
+
+def _mt_model(fam: str, init: str, k: int = 4, vocab: int = 40):
+    """A tiny random translation model of the family's architecture, heads as in _export."""
+    from bpd_train.model import BPDConfig, BPDModel
+
+    torch.manual_seed(0)
+    cfg = BPDConfig(vocab_size=vocab, d_model=32, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=32,
+                    block_size=k, dropout=0.0, max_positions=64, **MT_FAMILIES[fam])
+    model = BPDModel(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # wide layers, small (tied) embeddings: outputs that do not just repeat the last token
+        for name, p in model.named_parameters():
+            if not name.startswith("heads."):
+                std = (0.1 if "embed" in name else 0.5) if p.dim() == 2 else 0.1
+                one = 1.0 if "norm" in name and name.endswith("weight") else 0.0
+                p.copy_(one + std * torch.randn(p.shape, generator=g))
+        if cfg.suppress_ids:
+            model.logits_bias[list(cfg.suppress_ids)] += 3.0  # what suppression keeps out would often win
+        for p in model.head_parameters():
+            if init != "zero" and p.dim() == 2:
+                p.normal_(0, {"small": 0.05, "random": 0.3}[init])
+    return model
+
+
+def _sources():
+    width = max(map(len, SOURCES))
+    ids = torch.tensor([s + [0] * (width - len(s)) for s in SOURCES])  # right padding, as translation tokenizers
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in SOURCES])
+    return ids, mask
+
+
+@pytest.mark.parametrize("fam,init", [("marian", "zero"), ("marian", "small"), ("pegasus", "small"),
+                                      ("m2m_100", "zero"), ("m2m_100", "random")])
+def test_translation_generate_with_heads_is_transformers_greedy(tmp_path, fam, init):
+    from transformers import AutoModelForSeq2SeqLM
+
+    from bpd_train.convert.hf import to_hf
+    from bpd_train.decoding import blockwise
+
+    model = _mt_model(fam, init)
+    folder = to_hf(model, tmp_path / fam)
+    assert json.loads((folder / "config.json").read_text())["architectures"] == [ARCH[fam]]
+    assert (folder / "custom_generate" / "generate.py").is_file()
+    ids, mask = _sources()
+    plain = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        want = plain.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW)
+    got = plain.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, custom_generate=str(folder),
+                         trust_remote_code=True)
+    assert torch.equal(got, want)
+    if fam == "m2m_100":
+        assert (want[:, 1] == 30).all()  # the forced language token, as transformers puts it
+    if fam == "marian":  # the pad (favoured by the logits bias) is never generated: bad_words_ids, as opus-mt's
+        assert all(39 not in row[1:row.index(2) + 1 if 2 in row else None] for row in want.tolist())
+    # the same decoder passes as bpd-train's blockwise decoder, row by row
+    hf = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    forced = 1 if fam == "m2m_100" else 0
+    total, tokens = 0, 0
+    for s in SOURCES:
+        r = blockwise(model, torch.tensor([s]), max_len=MAX_NEW - forced)
+        out = hf.generate(input_ids=torch.tensor([s]), max_new_tokens=MAX_NEW)[0, 1 + forced:].tolist()
+        assert out[:len(r.tokens[0])] == r.tokens[0]
+        assert hf.bpd_stats["passes"] == r.calls + r.prefill_calls, (hf.bpd_stats, r.calls, r.prefill_calls)
+        total += hf.bpd_stats["passes"]
+        tokens += hf.bpd_stats["tokens"]
+    if init == "zero":
+        assert total < tokens  # heads accepted where the output repeats: fewer passes than tokens
+
+
+def test_translation_heads_that_are_right_decode_in_blocks(tmp_path):
+    """Heads that propose exactly the model's next tokens (a model whose output is one token, repeated, and heads
+    that equal head 1): every proposal is accepted, k tokens a pass."""
+    from transformers import MarianMTModel
+
+    from bpd_train.convert.hf import to_hf
+
+    model = _mt_model("marian", "zero", k=4)
+    with torch.no_grad():
+        model.logits_bias[7] = 50.0  # the model's greedy output: 7 7 7 ...
+    folder = to_hf(model, tmp_path / "m")
+    hf = MarianMTModel.from_pretrained(folder, trust_remote_code=True).eval()
+    out = hf.generate(input_ids=torch.tensor([SOURCES[0]]), max_new_tokens=17)
+    assert out[0, 1:].tolist() == [7] * 17
+    assert hf.bpd_stats == {"passes": 1 + 4, "tokens": 17}  # 1 + 4*4: one token, then four blocks of k=4
+
+
+def test_generate_refuses_what_is_not_greedy(tmp_path):
+    from transformers import AutoModelForSeq2SeqLM
+
+    from bpd_train.convert.hf import to_hf
+
+    folder = to_hf(_mt_model("marian", "small"), tmp_path / "m")
+    hf = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    ids, mask = _sources()
+    with pytest.raises(ValueError, match="greedy output"):
+        hf.generate(input_ids=ids, attention_mask=mask, num_beams=2)
+    with pytest.raises(ValueError, match="single tokens"):
+        hf.generate(input_ids=ids, attention_mask=mask, bad_words_ids=[[5, 6]])
+
+
+# ------------------------------------------------------------------------------------ export.format=hf, overwrite
+def test_export_hf_writes_custom_generate_and_overwrites_only_its_own(tmp_path):
+    """export.format=hf (export_hf) of either family writes custom_generate/; an earlier export is replaced with
+    overwrite, a folder with anything of the user's in it (custom_generate/ included) never is."""
+    import sentencepiece as spm
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    from bpd_train.convert.hf import is_hf_export, to_hf
+    from bpd_train.convert.hf_lm import to_hf_lm
+    from bpd_train.export import export_hf
+
+    texts = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine", "hello world"]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts * 20), model_prefix=str(tmp_path / "tokenizer"),
+                                   vocab_size=32, model_type="unigram", character_coverage=1.0, pad_id=0, bos_id=1,
+                                   eos_id=2, unk_id=3, minloglevel=2)
+    sp = {"tokenizer.model": tmp_path / "tokenizer.model"}
+    mt_src = to_hf(_mt_model("pegasus", "small", vocab=32), tmp_path / "mt-src", files=sp)
+    lm_model, lm_src = _export(tmp_path, "medusa", "small")
+    lm_src = to_hf_lm(lm_model, lm_src, files=sp, overwrite=True)  # with the tokenizer file hf: needs
+    for name, src, auto, (ids, mask) in [("mt", mt_src, AutoModelForSeq2SeqLM, _sources()),
+                                         ("lm", lm_src, AutoModelForCausalLM, _padded(PROMPTS))]:
+        out = export_hf(f"hf:{src}", tmp_path / f"{name}-out")
+        assert (out / "custom_generate" / "generate.py").is_file() and is_hf_export(out)
+        plain = auto.from_pretrained(out).eval()
+        want = plain.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
+                              pad_token_id=0)
+        got = plain.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, pad_token_id=0,
+                             custom_generate=str(out), trust_remote_code=True)
+        assert torch.equal(got, want)
+        with pytest.raises(FileExistsError, match="overwrite"):
+            export_hf(f"hf:{src}", out)
+        (out / "custom_generate" / "__pycache__").mkdir()  # as running the file from there leaves it
+        assert export_hf(f"hf:{src}", out, overwrite=True) == out
+        for foreign in (out / "notes.txt", out / "custom_generate" / "helper.py"):
+            foreign.write_text("mine")
+            with pytest.raises(FileExistsError, match="not a folder export.format=hf wrote"):
+                export_hf(f"hf:{src}", out, overwrite=True)
+            assert foreign.read_text() == "mine"
+            foreign.unlink()
+        shutil.rmtree(out / "custom_generate")
+        (out / "custom_generate").write_text("not a folder")
+        assert not is_hf_export(out)
+
+
+def test_models_docs_block_runs(tmp_path):
+    """docs/models.md's block on transformers' generate for a translation export runs as written."""
+    from bpd_train.convert.hf import to_hf
+
+    from conftest import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+    code = text.split("## Export (`to_hf`) and the heads file", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    folder = to_hf(_mt_model("marian", "small"), tmp_path / "hf")
+    ids, mask = _sources()
+    scope = {"folder": folder, "ids": ids, "mask": mask}
+    exec(compile(code, "docs/models.md#export-to_hf-and-the-heads-file", "exec"), scope)
+    assert scope["out"].shape[0] == len(SOURCES) and scope["model"].bpd_stats["tokens"] > 0
+
+
+def test_what_generate_does_not_return_is_refused(tmp_path):
+    """Options asking for what this generate() does not produce (scores, a dict, several sequences) are refused in
+    one line rather than silently dropped; their unset values pass."""
+    from transformers import AutoModelForCausalLM
+
+    _, folder = _export(tmp_path, "bpd", "small")
+    hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    ids = torch.tensor([PROMPTS[0]])
+    for opt in ({"return_dict_in_generate": True}, {"output_scores": True}, {"num_return_sequences": 2}):
+        with pytest.raises(ValueError, match=next(iter(opt))):
+            hf.generate(input_ids=ids, max_new_tokens=4, **opt)
+    out = hf.generate(input_ids=ids, max_new_tokens=4, output_scores=False, logits_processor=None, pad_token_id=0)
+    assert out.shape == (1, len(PROMPTS[0]) + 4) or hf.bpd_stats["tokens"] < 4
+    plain = AutoModelForCausalLM.from_pretrained(folder).eval()  # max_length (prompt included) as transformers reads it
+    want = plain.generate(input_ids=ids, max_length=9, do_sample=False, pad_token_id=0)
+    assert torch.equal(hf.generate(input_ids=ids, max_length=9, pad_token_id=0), want)

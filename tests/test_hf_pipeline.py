@@ -96,7 +96,7 @@ def test_native_model_exported_as_hf_imports_back_and_trains_heads(marian, tmp_p
     run_export(_compose("export", ["experiment=smoke", f"export.checkpoint={tiny['base']}", "export.format=hf",
                                    f"export.output_dir={out}", f"paths.artifacts={tmp_path}/art"]))
     assert {p.name for p in out.iterdir()} == {"config.json", "generation_config.json", "model.safetensors",
-                                              "bpd_heads.safetensors", "tokenizer.model"}
+                                              "bpd_heads.safetensors", "custom_generate", "tokenizer.model"}
     assert json.loads((out / "config.json").read_text())["architectures"] == ["PegasusForConditionalGeneration"]
     imported = load(f"hf:{out}")
     assert imported.own_tokenizer and imported.config == native.config

@@ -2,7 +2,8 @@
 decoder-only models): reading a checkpoint folder (configs, weights: safetensors, sharded or not, or
 pytorch_model.bin with weights_only=True) without leaving it, resolving hub ids, checking a config against the
 weights before anything is allocated, and the export folder both write (config.json, generation_config.json,
-model.safetensors, the heads in bpd_heads.safetensors, tokenizer files), read back by read_heads_file.
+model.safetensors, the heads in bpd_heads.safetensors with custom_generate/generate.py, tokenizer files),
+read back by read_heads_file.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from bpd_train.bundle import BundleError
 from bpd_train.bundle import check_buildable as check
+from bpd_train.hf_generate import CUSTOM_GENERATE, TEMPLATE
 from bpd_train.io import atomic_dir, outside
 
 HEADS_FILE = "bpd_heads.safetensors"
@@ -113,10 +115,17 @@ def write_hf_folder(out_dir: str | Path, cfg: dict, gen: dict, weights: dict[str
                     overwrite: bool, replaceable=None) -> Path:
     """What to_hf and to_hf_lm write: config.json, generation_config.json, model.safetensors, the heads in
     bpd_heads.safetensors (None: no such file; a translation model always writes it, with its config, even without
-    heads) and `copies` (name in the folder -> file), atomically: the folder
-    appears complete or not at all; overwrite replaces what `replaceable` accepts (io.atomic_dir)."""
+    heads) with custom_generate/generate.py beside them (bpd_train/hf_generate: transformers' own generate() then
+    decodes with the heads), and `copies` (name in the folder, which may name a subfolder -> file), atomically: the
+    folder appears complete or not at all; overwrite replaces what `replaceable` accepts (io.atomic_dir)."""
     from safetensors.torch import save_file
 
+    copies = dict(copies)
+    if heads is not None:
+        copies[CUSTOM_GENERATE] = TEMPLATE
+    for name in copies:
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise ConvertError(f"refusing to write {name!r} outside the export folder")
     with atomic_dir(out_dir, overwrite=overwrite, replaceable=replaceable) as tmp:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
@@ -124,6 +133,7 @@ def write_hf_folder(out_dir: str | Path, cfg: dict, gen: dict, weights: dict[str
         if heads is not None:
             save_file(heads, str(tmp / HEADS_FILE), metadata=heads_meta)
         for name, f in copies.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(f, tmp / name)
     return Path(out_dir)
 

@@ -20,8 +20,10 @@ computed in float64: the transformers copy of a native model agrees to ~1e-5 in 
 importing the export back restores the original weights exactly (bpd_heads.safetensors keeps the config).
 
 Export (`to_hf`) writes such a model back as a transformers folder (config.json, generation_config.json,
-model.safetensors) plus its BPD heads in `bpd_heads.safetensors` (format in docs/HF_IMPORT.md), and copies
-the tokenizer files when given. `load_hf(path_or_id)` -> (model, tokenizer, meta) is the `hf:` source. Reading
+model.safetensors) plus its BPD heads in `bpd_heads.safetensors` (tensors heads.* in the transformers model's
+basis, the BPDConfig in the metadata; see `heads_tensors`) with custom_generate/generate.py, with which
+transformers' own generate() decodes blockwise (bpd_train/hf_generate; docs/models.md), and copies the tokenizer
+files when given. `load_hf(path_or_id)` -> (model, tokenizer, meta) is the `hf:` source. Reading
 folders and weights, hub ids and the export folder are convert/common.py's, shared with convert/hf_lm.py.
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ from bpd_train.convert.common import (HEADS_FILE, HEADS_FORMAT, ConvertError, ch
                                       folder_file, read_configs, read_heads_file, read_json, read_safetensors,
                                       read_weights, resolve, write_hf_folder)
 from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError, tokenizer_files
+from bpd_train.hf_generate import CUSTOM_GENERATE
 from bpd_train.model.config import BPDConfig
 from bpd_train.model.layers import sinusoidal_table
 from bpd_train.model.transformer import BPDModel
@@ -362,18 +365,49 @@ def heads_tensors(model) -> tuple[dict[str, Tensor], dict[str, str]]:
 
 
 EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", HEADS_FILE)
+_GENERATE_DIR = CUSTOM_GENERATE.split("/")[0]
+
+
+def _ours_generate_dir(path: Path) -> bool:
+    """custom_generate/ as write_hf_folder writes it: a real folder holding generate.py (and Python's byte-code
+    cache, should the file have been run from there), nothing else."""
+    d = path / _GENERATE_DIR
+    if d.is_symlink() or not d.is_dir():
+        return False
+    names = {p.name for p in d.iterdir()}
+    gen = d / Path(CUSTOM_GENERATE).name
+    return gen.name in names and gen.is_file() and not gen.is_symlink() and names <= {gen.name, "__pycache__"}
+
+
+def _heads_key(path: Path) -> str | None:
+    """The metadata key of the config in a folder's heads file (bpd_config, lm_config), read without its tensors."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(folder_file(path, HEADS_FILE)), framework="pt") as f:
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError, RuntimeError):  # absent or damaged: read_heads tells which
+        return None
+    return "lm_config" if "lm_config" in meta else "bpd_config" if "bpd_config" in meta else None
 
 
 def is_hf_export(path: str | Path) -> bool:
-    """A folder `to_hf` wrote and nothing else (its files, tokenizer files): the only kind overwrite replaces."""
+    """A folder export.format=hf wrote (`to_hf` or `to_hf_lm`) and nothing else (its files, custom_generate/,
+    tokenizer files): the only kind overwrite replaces."""
     path = Path(path)
     try:
         names = {p.name for p in path.iterdir()}
-        read_heads(path)  # a bpd-train heads file, or an error
-        tok = set(tokenizer_files(path)) if names - set(EXPORT_FILES) else set()
+        if _heads_key(path) == "lm_config":  # a decoder-only export (to_hf_lm); else ours (to_hf) or an error
+            read_heads_file(path, "lm_config")
+        else:
+            read_heads(path)
+        if _GENERATE_DIR in names and not _ours_generate_dir(path):
+            return False
+        rest = names - set(EXPORT_FILES) - {_GENERATE_DIR}
+        tok = set(tokenizer_files(path)) if rest else set()
     except (OSError, ValueError, TokenizerError):
         return False
-    return HEADS_FILE in names and names <= set(EXPORT_FILES) | tok
+    return HEADS_FILE in names and rest <= tok
 
 
 def check_hf_output_dir(out_dir: str | Path, overwrite: bool) -> None:

@@ -43,6 +43,7 @@ from bpd_train.convert.common import (
     resolve,
     write_hf_folder,
 )
+from bpd_train.convert.hf import is_hf_export
 from bpd_train.data.hf_tokenizer import TokenizerError
 from bpd_train.data.lm.tokenizer import LMTokenizer
 from bpd_train.model.lm import LMModel, rope_frequencies
@@ -288,7 +289,8 @@ def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = N
     if tokenizer_folder is not None:
         copies = {name: Path(tokenizer_folder) / name for name in LMTokenizer(tokenizer_folder).files()}
     copies.update({name: Path(src) for name, src in (files or {}).items()})
-    return write_hf_folder(out_dir, cfg, gen, state_to_hf_lm(model), heads or None, meta, copies, overwrite)
+    return write_hf_folder(out_dir, cfg, gen, state_to_hf_lm(model), heads or None, meta, copies, overwrite,
+                           replaceable=is_hf_export)
 
 
 def read_lm_heads(folder: Path) -> tuple[LMConfig, dict[str, Tensor]] | None:

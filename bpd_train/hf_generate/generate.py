@@ -1,8 +1,9 @@
 """Exact blockwise decoding with bpd-train heads inside transformers' own `generate()` (its `custom_generate`
-mechanism). bpd-train's `export.format=hf` of a decoder-only model writes this file as custom_generate/generate.py
-beside config.json, model.safetensors and bpd_heads.safetensors; then
+mechanism). bpd-train's `export.format=hf` writes this file as custom_generate/generate.py beside config.json,
+model.safetensors and bpd_heads.safetensors, for both model families (decoder-only Llama / Qwen2 folders and
+encoder-decoder Marian / Pegasus / M2M100 translation folders); then
 
-    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)   # or MarianMTModel, ...
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=64)
 
 decodes with the heads: each forward pass checks the heads' last proposals against the model's own next tokens
@@ -12,10 +13,11 @@ and makes new ones, so the output is the model's greedy output (what `do_sample=
 Self-contained: torch, safetensors and transformers only (bpd-train need not be installed). Heads: bpd (the paper's
 FFN heads) and medusa (residual SiLU blocks), as bpd_train/model/heads.py computes them. Rows are decoded one at a
 time with a KV cache that is cut back to the accepted tokens after every pass. After a call, `model.bpd_stats`
-holds {"passes": forward passes, "tokens": tokens generated} over the batch.
+holds {"passes": decoder forward passes, "tokens": tokens generated} over the batch.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from typing import Any
@@ -38,7 +40,8 @@ def _heads_file(model: Any) -> str:
 
 
 class Heads:
-    """The k-1 proposing heads of a bpd-train export, read from bpd_heads.safetensors."""
+    """The k-1 proposing heads of a bpd-train export, read from bpd_heads.safetensors (metadata lm_config for a
+    decoder-only model, bpd_config for a translation model; both hold block_size and identity_p1)."""
 
     def __init__(self, path: str, device: torch.device, dtype: torch.dtype):
         from safetensors import safe_open
@@ -46,19 +49,24 @@ class Heads:
         with safe_open(path, framework="pt") as f:
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k).to(device=device, dtype=dtype) for k in f.keys()}
-        if meta.get("format") != HEADS_FORMAT or "lm_config" not in meta:
-            raise ValueError(f"{path} is not the heads file of a bpd-train decoder-only export")
-        cfg = json.loads(meta["lm_config"])
+        key = "lm_config" if "lm_config" in meta else "bpd_config"
+        if meta.get("format") != HEADS_FORMAT or key not in meta:
+            raise ValueError(f"{path} is not the heads file of a bpd-train export")
+        cfg = json.loads(meta[key])
+        if cfg.get("head_chain"):
+            raise ValueError(f"{path}: chained heads are not supported here")
         self.k = int(cfg["block_size"])
         self.kind = cfg.get("heads", "bpd")
         self.identity_p1 = bool(cfg.get("identity_p1", True))
         self.t = {k[len("heads."):]: v for k, v in tensors.items() if k.startswith("heads.")}
         if self.kind not in ("bpd", "medusa"):
             raise ValueError(f"{path}: heads of kind {self.kind!r}; this decoder knows bpd and medusa")
+        if self.k > 1 and not self.t:
+            raise ValueError(f"{path} says block_size {self.k} but holds no heads")
 
     def states(self, h: torch.Tensor, norm: Any) -> torch.Tensor:
-        """h [D]: the last layer's output before the final norm -> [k-1, D], what the vocabulary projection reads
-        for heads 2..k (the tokens 2..k positions ahead)."""
+        """h [D]: the last decoder layer's output before the final norm (if any) -> [k-1, D], what the vocabulary
+        projection reads for heads 2..k (the tokens 2..k positions ahead)."""
         d = h.shape[-1]
         if self.kind == "medusa":
             x = norm(h).unsqueeze(0).expand(self.k - 1, d)
@@ -73,10 +81,16 @@ class Heads:
 
 
 # generation options that change greedy decoding's choices, with the value that leaves them alone
-_GREEDY_AS_IS: dict[str, Any] = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "bad_words_ids": None,
-                                 "suppress_tokens": None, "begin_suppress_tokens": None, "forced_bos_token_id": None,
-                                 "forced_eos_token_id": None, "min_length": 0, "min_new_tokens": None,
-                                 "sequence_bias": None, "encoder_repetition_penalty": 1.0}
+_GREEDY_AS_IS: dict[str, Any] = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "suppress_tokens": None,
+                                 "begin_suppress_tokens": None, "forced_eos_token_id": None, "min_length": 0,
+                                 "min_new_tokens": None, "sequence_bias": None, "encoder_repetition_penalty": 1.0,
+                                 "encoder_no_repeat_ngram_size": 0, "guidance_scale": 1.0,
+                                 "exponential_decay_length_penalty": None, "watermarking_config": None,
+                                 "stop_strings": None, "token_healing": False}
+# what this function does not return or does not do: asked for, it is refused rather than silently left out
+_NOT_HERE = ("return_dict_in_generate", "output_scores", "output_logits", "output_attentions", "output_hidden_states",
+             "streamer", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "assistant_model",
+             "decoder_input_ids", "inputs_embeds", "negative_prompt_ids")
 
 
 def _crop(cache: Any, keep: int) -> None:
@@ -92,55 +106,118 @@ def _eos_ids(generation_config: Any, kwargs: dict) -> set[int]:
     return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
 
 
+def _option(name: str, gc: Any, kwargs: dict, plain: Any = None) -> Any:
+    return kwargs.get(name, getattr(gc, name, plain))
+
+
+def _given(value: Any) -> bool:
+    """An option set to something (None, False and an empty list are its unset values)."""
+    return value is not None and value is not False and not (isinstance(value, (list, tuple)) and not value)
+
+
+def _banned(gc: Any, kwargs: dict) -> list[int]:
+    """bad_words_ids of single tokens (opus-mt bans its pad so): never generated, as transformers' greedy does."""
+    words = _option("bad_words_ids", gc, kwargs) or []
+    if any(len(w) != 1 for w in words):
+        raise ValueError("blockwise decoding with heads supports bad_words_ids of single tokens only")
+    return sorted({int(w[0]) for w in words})
+
+
+def _state_hook(decoder: Any, seen: list) -> Any:
+    """Record the last decoder layer's output: the state (before the final norm, if any) the heads read."""
+    def hook(_m: Any, _a: Any, out: Any) -> None:
+        seen.append(out[0] if isinstance(out, (tuple, list)) else out)
+    return decoder.layers[-1].register_forward_hook(hook)
+
+
 @torch.no_grad()
 def generate(*args: Any, model: Any = None, input_ids: torch.Tensor | None = None,
              attention_mask: torch.Tensor | None = None, generation_config: Any = None,
              max_new_tokens: int | None = None, **kwargs: Any) -> torch.Tensor:
-    """Greedy output of `model` for each row of input_ids (left padding per attention_mask), decoded blockwise
-    with the exported heads. Returns input_ids with the new tokens appended, finished rows padded with
-    pad_token_id, as transformers' greedy `generate` does."""
+    """Greedy output of `model` for each row of input_ids, decoded blockwise with the exported heads. Decoder-only:
+    input_ids are prompts (left padding per attention_mask), returned with the new tokens appended. Encoder-decoder:
+    input_ids are sources (padding per attention_mask), and the result is each row's decoder output from the
+    decoder start token on. Finished rows are padded with pad_token_id, as transformers' greedy `generate` does."""
     from transformers import DynamicCache
 
+    if input_ids is None:
+        input_ids = kwargs.pop("inputs", None)
     if input_ids is None and args:
         input_ids = args[0]
     if model is None or input_ids is None:
         raise TypeError("generate() needs the model and input_ids")
     gc = generation_config if generation_config is not None else model.generation_config
-    if kwargs.get("do_sample", getattr(gc, "do_sample", False)) or int(kwargs.get("num_beams", 1) or 1) != 1:
+    if _option("do_sample", gc, kwargs, False) or int(_option("num_beams", gc, kwargs, 1) or 1) != 1:
         raise ValueError("blockwise decoding with heads gives the greedy output: use do_sample=False, num_beams=1")
-    changed = [k for k, plain in _GREEDY_AS_IS.items()
-               if kwargs.get(k, getattr(gc, k, plain)) not in (plain, None) and kwargs.get(k, getattr(gc, k, plain))]
+    encdec = bool(getattr(model.config, "is_encoder_decoder", False))
+    as_is = dict(_GREEDY_AS_IS, **({} if encdec else {"forced_bos_token_id": None}))
+    changed = [k for k, plain in as_is.items() if _option(k, gc, kwargs, plain) not in (plain, None)
+               and _option(k, gc, kwargs, plain)]
+    changed += [k for k in _NOT_HERE if _given(_option(k, gc, kwargs))]
+    if int(_option("num_return_sequences", gc, kwargs, 1) or 1) != 1:
+        changed.append("num_return_sequences")
     if changed:  # options transformers applies to the logits: this decoder reads them as they are
         raise ValueError(f"blockwise decoding with heads runs plain greedy decoding; not supported: {changed}")
-    if max_new_tokens is None:
+    banned = _banned(gc, kwargs)
+    if max_new_tokens is None and "max_length" not in kwargs:
         max_new_tokens = getattr(gc, "max_new_tokens", None)
-    if max_new_tokens is None:
-        max_new_tokens = max(int(getattr(gc, "max_length", 20) or 20) - input_ids.shape[1], 0)
+    if max_new_tokens is None:  # max_length counts the prompt, or the decoder start token
+        max_length = int(_option("max_length", gc, kwargs, 20) or 20)
+        max_new_tokens = max(max_length - (1 if encdec else input_ids.shape[1]), 0)
     eos = _eos_ids(gc, kwargs)
-    pad = kwargs.get("pad_token_id", getattr(gc, "pad_token_id", None))
+    pad = _option("pad_token_id", gc, kwargs)
     pad = pad if pad is not None else (min(eos) if eos else 0)
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    norm = decoder.norm
+    if encdec and hasattr(decoder, "decoder"):  # a base model's get_decoder may give the seq2seq model itself
+        decoder = decoder.decoder
+    norm = getattr(decoder, "norm", None)
+    norm = norm if norm is not None else getattr(decoder, "layer_norm", None)
+    norm = norm if norm is not None else (lambda x: x)  # Marian: no final norm
     w_out = model.get_output_embeddings().weight
+    bias = torch.zeros(w_out.shape[0], device=w_out.device, dtype=w_out.dtype)
+    if getattr(model, "final_logits_bias", None) is not None:  # Marian, Pegasus
+        bias = bias + model.final_logits_bias.reshape(-1)[:bias.shape[0]]
+    bias[banned] = float("-inf")
     heads = Heads(_heads_file(model), w_out.device, w_out.dtype)
-    import inspect
-
     cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    dev = input_ids.device
+
+    if encdec:
+        from transformers import EncoderDecoderCache
+        from transformers.modeling_outputs import BaseModelOutput
+
+        start = _option("decoder_start_token_id", gc, kwargs)
+        start = start if start is not None else model.config.decoder_start_token_id
+        forced = _option("forced_bos_token_id", gc, kwargs)
+        memory = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
     seen: list[torch.Tensor] = []
-    hook = norm.register_forward_pre_hook(lambda _m, a: seen.append(a[0]))  # the pre-norm state the heads read
+    hook = _state_hook(decoder, seen)
     passes, rows = 0, []
     try:
         for r in range(input_ids.shape[0]):
             row = input_ids[r]
-            keep = row if attention_mask is None else row[attention_mask[r].bool()]
-            cache, feed, props, new = DynamicCache(), keep.tolist(), [], []
-            done = max_new_tokens <= 0
+            if encdec:
+                prefix = [int(start)]
+                new = [int(forced)] if forced is not None and max_new_tokens > 0 else []
+                cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+                extra = {"encoder_outputs": BaseModelOutput(last_hidden_state=memory[r:r + 1]),
+                         "attention_mask": None if attention_mask is None else attention_mask[r:r + 1]}
+                ids_kw = "decoder_input_ids"
+            else:
+                prefix = (row if attention_mask is None else row[attention_mask[r].bool()]).tolist()
+                new, cache, extra, ids_kw = [], DynamicCache(), {}, "input_ids"
+            feed, props = prefix + new, []
+            done = len(new) >= max_new_tokens or bool(new and new[-1] in eos)
             while not done:
                 seen.clear()
-                ids = torch.tensor([feed + props], device=input_ids.device)
-                logits = model(input_ids=ids, use_cache=True, **{cache_kw: cache}).logits[0]
+                ids = torch.tensor([feed + props], device=dev)
+                logits = model(**{ids_kw: ids, cache_kw: cache}, use_cache=True, **extra).logits[0]
                 passes += 1
                 last = len(feed) - 1  # this pass's position of the last verified token
+                if banned:
+                    logits = logits.clone()
+                    logits[:, banned] = float("-inf")
                 nxt = logits[last:].argmax(-1).tolist()  # the model's own next token after each position
                 a = 0
                 while a < len(props) and nxt[a] == props[a]:
@@ -154,12 +231,16 @@ def generate(*args: Any, model: Any = None, input_ids: torch.Tensor | None = Non
                         break
                 if not done:
                     feed = [got[-1]]
-                    states = heads.states(seen[-1][0, last + a], norm)
-                    props = F.linear(states, w_out).argmax(-1).tolist()
-                    props = props[:max(max_new_tokens - len(new) - 1, 0)]
-            rows.append(row.tolist() + new)
+                    room = max(max_new_tokens - len(new) - 1, 0)
+                    if heads.k > 1 and room:
+                        states = heads.states(seen[-1][0, last + a], norm)
+                        props = (F.linear(states, w_out) + bias).argmax(-1).tolist()[:room]
+                    else:
+                        props = []
+            rows.append((row.tolist() if not encdec else prefix) + new)
     finally:
         hook.remove()
     width = max(map(len, rows))
-    model.bpd_stats = {"passes": passes, "tokens": sum(len(x) - input_ids.shape[1] for x in rows)}
-    return torch.tensor([x + [pad] * (width - len(x)) for x in rows], dtype=input_ids.dtype, device=input_ids.device)
+    lead = 1 if encdec else input_ids.shape[1]
+    model.bpd_stats = {"passes": passes, "tokens": sum(len(x) - lead for x in rows)}
+    return torch.tensor([x + [pad] * (width - len(x)) for x in rows], dtype=input_ids.dtype, device=dev)
