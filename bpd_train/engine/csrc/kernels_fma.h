@@ -80,15 +80,19 @@ static inline __m256 w8(const float* p) { return _mm256_loadu_ps(p); }
 static inline __m256 w8(const uint16_t* p) { return bf8(p); }
 static inline __m256 w8(const int8_t* p) { return i8x8(p); }
 
-// R rows ([R][K]) times sub-blocks s0..s0+S-1 of one packed block
+// R rows ([R][K]) times sub-blocks s0..s0+S-1 of one packed block, over k0..k1-1: from zero (k0 = 0) or on from
+// the partial sums in out (stored floats reload exactly: the same FMA chain as one pass)
 template <int R, int S, typename W>
-static inline void subs(const float* x, int64_t K, const W* w, float* out, int s0) {
+static inline void subs(const float* x, int64_t K, const W* w, float* out, int s0, int64_t k0 = 0, int64_t k1 = -1) {
+  if (k1 < 0) k1 = K;
   __m256 acc[R][S][2];
   for (int i = 0; i < R; i++)
-    for (int s = 0; s < S; s++) acc[i][s][0] = acc[i][s][1] = _mm256_setzero_ps();
+    for (int s = 0; s < S; s++)
+      for (int h = 0; h < 2; h++)
+        acc[i][s][h] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + i * NB + (s0 + s) * SB + h * 8);
   const W* ws[S];
   for (int s = 0; s < S; s++) ws[s] = w + (int64_t)(s0 + s) * SB * K;
-  for (int64_t k = 0; k < K; k++) {
+  for (int64_t k = k0; k < k1; k++) {
     __m256 xb[R];
     for (int i = 0; i < R; i++) xb[i] = _mm256_broadcast_ss(x + i * K + k);
     for (int s = 0; s < S; s++) {
@@ -103,11 +107,19 @@ static inline void subs(const float* x, int64_t K, const W* w, float* out, int s
       for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + i * NB + (s0 + s) * SB + h * 8, acc[i][s][h]);
 }
 
+constexpr int64_t KC = 8;   // k per chunk of the multi-row passes
 template <int R, typename W>
 static inline void block(const float* xe, int64_t K, const W* w, float* out /* [R][NB] */) {
   static_assert(R >= 1 && R <= MB, "row groups of 1..4");
   constexpr int S = R == 1 ? 4 : R == 2 ? 2 : 1;
-  for (int s0 = 0; s0 < NB / SB; s0 += S) subs<R, S>(xe, K, w, out, s0);
+  if (S == 4) {
+    for (int s0 = 0; s0 < NB / SB; s0 += S) subs<R, S>(xe, K, w, out, s0);
+    return;
+  }
+  // fewer sub-blocks per pass than the block has: walk k in chunks, every sub-block's chunk in turn, so that the
+  // block's weight streams are all read at once (as the one-row pass reads them), not one stream after another
+  for (int64_t k0 = 0; k0 < K; k0 += KC)
+    for (int s0 = 0; s0 < NB / SB; s0 += S) subs<R, S>(xe, K, w, out, s0, k0, std::min<int64_t>(K, k0 + KC));
 }
 
 // A lone row (M = 1: greedy, the proposals): all four sub-blocks in one pass
@@ -116,11 +128,16 @@ static inline void block_one(const float* x, int64_t K, const W* w, float* out) 
   subs<1, 4, W>(x, K, w, out, 0);
 }
 
-// 5-8 rows: 4 rows, then the rest (the block's bytes are in L1/L2 by then)
+// 5-8 rows: per k chunk and sub-block, 4 rows, then the rest (the chunk's bytes are in L1 by then)
 template <int R, typename W>
 static inline void half_block(const float* xe, int64_t K, const W* w, float* out /* [R][NB] */, const W*) {
-  block<4>(xe, K, w, out);
-  block<R - 4>(xe + 4 * K * XW, K, w, out + 4 * NB);
+  for (int64_t k0 = 0; k0 < K; k0 += KC) {
+    const int64_t k1 = std::min<int64_t>(K, k0 + KC);
+    for (int s0 = 0; s0 < NB / SB; s0++) {
+      subs<4, 1>(xe, K, w, out, s0, k0, k1);
+      subs<R - 4, 1>(xe + 4 * K * XW, K, w, out + 4 * NB, s0, k0, k1);
+    }
+  }
 }
 #endif
 
