@@ -67,17 +67,20 @@ static inline void half_block_id(const uint32_t* x, int64_t K4, const int8_t* w,
 // accumulators, the weights' k-quads split into pairs ([K/4][2][64][2], pack()), multiplied as int16 with vpmaddwd
 // (u8 and s8 widened: a pair's sum fits an int32 lane, no saturation, unlike vpmaddubsw's int16) and added in int32.
 // Integer sums are exact in any order, so every output is the VNNI kernels' integer, converted to float once: int8
-// compute gives the same bits on AVX2 and AVX-512 CPUs. One row: all 64 outputs in one pass (8 accumulators, the
-// weights read once, in order); two rows: 32 outputs per pass.
+// compute gives the same bits on AVX2 and AVX-512 CPUs.
+// rows x[0..RR) times outputs j0..j0+NO-1 of one block over quads p0..p1-1: from the initial accumulators (p0 = 0)
+// or on from the int32 partial sums in acc32 [RR][NB] (integer sums: any split of k gives the same integers)
 template <int RR, int NO>
-static inline void pass_id2(const uint32_t* x, int64_t K4, const int8_t* w, int j0, float* out /* [RR][NB] */) {
+static inline void pass_id2(const uint32_t* x, int64_t K4, const int8_t* w, int j0, int32_t* acc32, int64_t p0,
+                            int64_t p1) {
   constexpr int NA = NO / 8;
   const int32_t* head = (const int32_t*)w;               // -128 x column sums: the u8 offset's correction
   const int8_t* wb = w + 4 * NB;
   __m256i acc[RR][NA];
   for (int a = 0; a < RR; a++)
-    for (int c = 0; c < NA; c++) acc[a][c] = _mm256_loadu_si256((const __m256i*)(head + j0 + 8 * c));
-  for (int64_t p = 0; p < K4; p++) {
+    for (int c = 0; c < NA; c++)
+      acc[a][c] = _mm256_loadu_si256((const __m256i*)(p0 == 0 ? head + j0 + 8 * c : acc32 + a * NB + j0 + 8 * c));
+  for (int64_t p = p0; p < p1; p++) {
     for (int hp = 0; hp < 2; hp++) {                      // k pairs (0, 1) and (2, 3) of the quad
       const int8_t* wh = wb + p * 4 * NB + hp * 2 * NB + j0 * 2;
       __m256i xv[RR];
@@ -92,13 +95,27 @@ static inline void pass_id2(const uint32_t* x, int64_t K4, const int8_t* w, int 
     }
   }
   for (int a = 0; a < RR; a++)
-    for (int c = 0; c < NA; c++) _mm256_storeu_ps(out + a * NB + j0 + 8 * c, _mm256_cvtepi32_ps(acc[a][c]));
+    for (int c = 0; c < NA; c++) _mm256_storeu_si256((__m256i*)(acc32 + a * NB + j0 + 8 * c), acc[a][c]);
 }
+// One row: all 64 outputs in one pass. Two or more rows: k in chunks of QC quads, every row pair and output half
+// within a chunk while its weights are in L1, so the block streams from memory once for all rows.
+constexpr int64_t QC = 4;
 template <int R>
 static inline void block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out /* [R][NB] */) {
-  for (int i = 0; i + 1 < R; i += 2)
-    for (int j0 = 0; j0 < NB; j0 += 32) pass_id2<2, 32>(x + i * K4, K4, w, j0, out + i * NB);
-  if (R & 1) pass_id2<1, NB>(x + (R - 1) * K4, K4, w, 0, out + (R - 1) * NB);
+  alignas(32) int32_t acc32[R * NB];
+  if (R == 1) {
+    pass_id2<1, NB>(x, K4, w, 0, acc32, 0, K4);
+  } else {
+    for (int64_t p0 = 0; p0 < K4; p0 += QC) {
+      const int64_t p1 = std::min<int64_t>(K4, p0 + QC);
+      for (int i = 0; i + 1 < R; i += 2)
+        for (int j0 = 0; j0 < NB; j0 += 32) pass_id2<2, 32>(x + i * K4, K4, w, j0, acc32 + i * NB, p0, p1);
+      if (R & 1) pass_id2<1, NB>(x + (R - 1) * K4, K4, w, 0, acc32 + (R - 1) * NB, p0, p1);
+    }
+  }
+  for (int i = 0; i < R; i++)
+    for (int c = 0; c < NB; c += 8)
+      _mm256_storeu_ps(out + i * NB + c, _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)(acc32 + i * NB + c))));
 }
 template <int R>
 static inline void half_block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out, const int8_t*) {
