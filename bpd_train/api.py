@@ -83,19 +83,21 @@ class Translator:
     def translate(self, sentences: Sequence[str], batch_size: int = 32, method: str = "blockwise",
                   accept: str = "exact", block_size: int | None = None, max_len=DEFAULT_MAX_LEN, dtype: str = "fp32",
                   src_lang: str | None = None, tgt_lang: str | None = None, adaptive: bool | None = None, *,
-                  draft_vocab="auto", proposal_dtype="auto", context_policy: str = "truncate_left") -> Output:
+                  draft_vocab="auto", proposal_dtype="auto", context_policy: str = "truncate_left",
+                  lookup: int = 0) -> Output:
         """Translate `sentences` (a list of str). method: blockwise (default) | greedy; accept: exact (greedy's
         output) | top<N> | distance:<eps>; block_size: at most the model's k (default k); max_len: an int, or
         (a, b) = a * source_len + b tokens per sentence; dtype: fp32 | bf16 | int8 decode-step weights; adaptive:
         feed only proposals whose heads pay (output unchanged; None: on with the exact rule on the CPU);
         draft_vocab: heads 2..k propose among the N most frequent tokens (auto | N | None: all); proposal_dtype:
-        heads 2..k in bf16 | int8 (auto: int8 on a CPU with the int8 kernels; None: dtype). Options as
+        heads 2..k in bf16 | int8 (auto: int8 on a CPU with the int8 kernels; None: dtype); lookup: N > 0 also
+        proposes from the prompt and answer so far (decoder-only; output unchanged). Options as
         bpd_train.decoding.settings.DecodeSettings checks them. A decoder-only model translates with its prompt
         format ("English: ...\\nFrench:") given src_lang/tgt_lang; context_policy: a prompt longer than its context
         is cut from the left (truncate_left) or refused."""
         settings = DecodeSettings(method=method, accept=accept, block_size=block_size, max_len=max_len, dtype=dtype,
                                   draft_vocab=draft_vocab, proposal_dtype=proposal_dtype, adaptive=adaptive,
-                                  batch_size=batch_size)
+                                  batch_size=batch_size, lookup=lookup)
         sentences = _strings(sentences, "sentences")
         if self.family.prompted and not (src_lang and tgt_lang):
             raise DecodeError("a decoder-only model translates with src_lang and tgt_lang (its prompt format), or "
@@ -108,13 +110,13 @@ class Translator:
                  method: str = "blockwise", accept: str = "exact", block_size: int | None = None,
                  max_new_tokens: int = 128, chat: bool = False,
                  context_policy: str = "truncate_left", adaptive: bool | None = None, *, dtype: str = "fp32",
-                 draft_vocab="auto", proposal_dtype="auto") -> Output:
+                 draft_vocab="auto", proposal_dtype="auto", lookup: int = 0) -> Output:
         """A decoder-only model's answers to `prompts`: each prompt as it is, or (chat=True, or a list of
         {"role", "content"} messages per prompt) rendered with the tokenizer's chat template. At most
         max_new_tokens tokens each; the other options as translate()."""
         settings = DecodeSettings(method=method, accept=accept, block_size=block_size, max_len=max_new_tokens,
                                   dtype=dtype, draft_vocab=draft_vocab, proposal_dtype=proposal_dtype,
-                                  adaptive=adaptive, batch_size=batch_size)
+                                  adaptive=adaptive, batch_size=batch_size, lookup=lookup)
         if not self.family.prompted:
             raise DecodeError("generate() is for decoder-only models; this is a translation model: use translate()")
         if isinstance(prompts, str) or not isinstance(prompts, Sequence):

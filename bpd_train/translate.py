@@ -88,6 +88,9 @@ def parser() -> argparse.ArgumentParser:
                    help="heads 2..k and their projection alone in bf16 | int8: cheaper proposals, output unchanged "
                         "(head 1 verifies in --dtype); auto (default): int8 on a CPU with the int8 kernels; none: "
                         "--dtype")
+    p.add_argument("--lookup", type=int, default=0, metavar="N",
+                   help="decoder-only: also propose from the prompt and answer so far where their last N..1 tokens "
+                        "occurred before (prompt lookup; output unchanged; adaptive feeding off); 0 (default): off")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="feed only proposals whose heads pay (output unchanged); default: on with --accept exact "
                         "on the CPU, so no batch decodes slower than greedy; --no-adaptive feeds every proposal")

@@ -301,3 +301,32 @@ def test_thread_count_does_not_change_a_bit(dtype):
     finally:
         torch.set_num_threads(before)
     assert torch.equal(got[0][0], got[1][0]) and got[0][1] == got[1][1] == got[0][2] == got[1][2]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_prompt_lookup_keeps_greedy_output_and_accepts_what_the_context_repeats(dtype):
+    """DecodeOptions.lookup: proposals copied from the row's prompt and answer so far where its last tokens occurred
+    before (heads elsewhere). Exact blockwise stays greedy's token for token, alone and in a batch (rows leave the
+    batch as they end, their contexts with them); on a small vocabulary a random LM's answers repeat themselves,
+    so lookup proposals are accepted more often than the heads' (fewer calls overall). Proposals from zero heads
+    are the fed token again: without lookup little is accepted."""
+    calls = {"off": 0, "on": 0}
+    for i, (heads, kv, bias, tie, extra) in enumerate(CONFIGS[:4]):
+        m = lm(30 + i, heads, kv=kv, qkv_bias=bias, tie=tie, **extra)
+        with torch.no_grad():
+            for p in m.head_parameters():
+                p.zero_()
+        for batch, seed in [(1, i), (1, 50 + i), (6, 200 + i)]:
+            src = prompts(batch, seed, longest=12)
+            m.decode_options = DecodeOptions(dtype=dtype)
+            g = greedy(m, src, max_len=40)
+            off = blockwise(m, src, max_len=40, adaptive=False)
+            m.decode_options = DecodeOptions(dtype=dtype, lookup=3)
+            on = blockwise(m, src, max_len=40)
+            assert on.tokens == g.tokens == off.tokens, f"config {i} batch {batch}"
+            assert max(on.accepted_hist, default=1) <= m.config.block_size
+            calls["off"] += off.calls
+            calls["on"] += on.calls
+    assert calls["on"] < 0.9 * calls["off"], calls     # lookup's proposals were accepted
+    with pytest.raises(ValueError, match="lookup"):
+        DecodeOptions(lookup=-1)

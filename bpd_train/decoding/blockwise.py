@@ -114,6 +114,8 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"adaptive must be a bool or a threshold in (0, 1), got {adaptive!r}")
     adaptive = adaptive is not None and adaptive is not False
+    if getattr(getattr(model, "decode_options", None), "lookup", 0):
+        adaptive, threshold = False, None         # its statistics measure the heads; lookup proposes beside them
     if adaptive and int(min_block) > 1:
         raise ValueError("adaptive feeding and min_block > 1 do not combine (min_block forces proposals in)")
     if kb == 1:
@@ -186,6 +188,11 @@ class _Blockwise:
         memory = model.encode(src)
         self.state = state = model.start_decoding(memory, cap + kb)
         self.w = state.weights
+        # prompt lookup (DecodeOptions.lookup, decoder-only native loops): each row's prompt, by row of `out`
+        self.prompts = None
+        if getattr(self.w, "lookup_context", False) and self.w.options.lookup:
+            pad = model.config.pad_id
+            self.prompts = {int(o): row[row != pad].cpu().numpy() for o, row in zip(orig, src)}
         if not isinstance(eos, int) and not getattr(self.w, "multi_stop", False):
             self.native_block = False
         if self.adaptive:  # acceptance statistics and step costs live as long as these weights (see Adaptive)
@@ -310,7 +317,8 @@ class _Blockwise:
             ad.chunk = ad.run_length() if ad.width(1) == fed else 1
             ad.last_fed, steps = fed, ad.chunk + prefill
         got = self.w.block_steps(self.model, self.state, x[0], int(limit[0] - length[0]), steps,
-                                 rule=self.native_rule, **({"width": width} if prefill else {}))
+                                 rule=self.native_rule, **({"width": width} if prefill else {}),
+                                 **self._context(out, orig, length))
         if got is None:
             self.native_block = False
             return None
@@ -349,7 +357,7 @@ class _Blockwise:
         if ad is None and native is not None and self.state.mem_group == 1:
             # a fixed width: every row to its end in one call, finished rows leaving inside it (as greedy's)
             got = native(self.model, self.state, x, length, limit - length, int((limit - length).max()),
-                         rule=self.native_rule, to_end=True)
+                         rule=self.native_rule, to_end=True, **self._context(out, orig, length))
             if got is not None:
                 toks, hist, s, cnt = got
                 self._write(out, orig, length, toks, cnt)
@@ -357,7 +365,7 @@ class _Blockwise:
                 self.hist[:hist.size] += hist
                 return x[:, :1], np.ones(r, dtype=bool)
         got = native(self.model, self.state, x, length, limit - length, steps,
-                     rule=self.native_rule) if native is not None else None
+                     rule=self.native_rule, **self._context(out, orig, length)) if native is not None else None
         if got is None:
             self.native_block = False
             return None
@@ -381,6 +389,12 @@ class _Blockwise:
         if b <= fed:
             return nxt[:, :b], done
         return np.concatenate([nxt[:, :1], self.w.propose(hn, 1, b, nxt[:, 0]).cpu().numpy()], axis=1), done
+
+    def _context(self, out, orig, length) -> dict:
+        """The native loops' `context` argument for prompt lookup: each row's prompt and tokens so far."""
+        if self.prompts is None:
+            return {}
+        return {"context": [np.concatenate([self.prompts[int(o)], out[o, :n]]) for o, n in zip(orig, length)]}
 
     @staticmethod
     def _write(out, orig, length, toks, cnt) -> None:

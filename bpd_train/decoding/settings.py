@@ -168,13 +168,13 @@ def proposal_precision(proposal_dtype, dtype: str = "fp32", device="cpu") -> str
 
 
 def decode_options(sp, eos_id, dtype: str = "fp32", draft_vocab=AUTO, proposal_dtype=AUTO,
-                   device="cpu") -> DecodeOptions:
+                   device="cpu", lookup: int = 0) -> DecodeOptions:
     """DecodeOptions from config values (decode.dtype, decode.draft_vocab, decode.proposal_dtype); "auto" (the
     default of every decoding entry point) is the cheapest proposals that keep the output: see draft_vocabulary and
     proposal_precision. Bad values are DecodeErrors."""
     try:
         return DecodeOptions(dtype=str(dtype), draft_vocab=draft_vocabulary(sp, draft_vocab, eos_id),
-                             proposal_dtype=proposal_precision(proposal_dtype, dtype, device))
+                             proposal_dtype=proposal_precision(proposal_dtype, dtype, device), lookup=lookup)
     except DecodeError:
         raise
     except ValueError as e:
@@ -222,6 +222,8 @@ class DecodeSettings:
     adaptive: Any = None               # feed only proposals whose heads pay: None (on with exact on the CPU) | bool
     #                                    | a threshold in (0, 1)
     batch_size: int = 32               # sentences per batch (grouped by length)
+    lookup: int = 0                    # decoder-only: also propose from the prompt and answer so far, matching the
+    #                                    last N..1 tokens (prompt lookup; N in 1..8, 0: off); adaptive feeding off
     rule: AcceptanceRule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -250,6 +252,9 @@ class DecodeSettings:
         n = self.batch_size
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise DecodeError(f"batch_size must be an int >= 1, got {n!r}")
+        n = self.lookup
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 8:
+            raise _bad("lookup", n, "an int in 0..8 (0: off)")
 
     @classmethod
     def names(cls) -> list[str]:
@@ -278,4 +283,4 @@ class DecodeSettings:
     def options(self, tokenizer, stop, device) -> DecodeOptions:
         """The model's DecodeOptions: "auto" draft vocabulary and proposal precision resolved for this tokenizer
         (its ranking of tokens), stop ids and device."""
-        return decode_options(tokenizer, stop, self.dtype, self.draft_vocab, self.proposal_dtype, device)
+        return decode_options(tokenizer, stop, self.dtype, self.draft_vocab, self.proposal_dtype, device, self.lookup)

@@ -193,10 +193,17 @@ class LMDecodeWeights(DecodeStep):
             return None
         return self._head_lins(1, w)[1]
 
+    def _context(self, context) -> tuple[list[torch.Tensor], int]:
+        n = self.options.lookup
+        if not n or context is None:
+            return [], 0
+        return [torch.from_numpy(np.ascontiguousarray(c, dtype=np.int64)) for c in context], n
+
     def block_steps(self, model, state, x: np.ndarray, room: int, max_steps: int, eos=None, width: int | None = None,
-                    rule: tuple[int, float] = (0, -1.0)):
+                    rule: tuple[int, float] = (0, -1.0), context=None):
         """DecodeWeights.block_steps (same contract) for one row: blockwise steps as one native call, or None
-        where the native kernels do not run this model."""
+        where the native kernels do not run this model. context: [the row's prompt and tokens so far] for
+        prompt lookup (DecodeOptions.lookup)."""
         w = x.shape[0] if width is None else int(width)
         prop = self._block_prop(w, max_steps)
         if prop is None:
@@ -205,14 +212,14 @@ class LMDecodeWeights(DecodeStep):
             torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)), self.native_loop, prop, state.self_kv,
             state.lpad, state.cos, state.sin, state.base + state.lengths,
             _stops(self.stops if eos is None else eos), int(room), int(max_steps),
-            self.verify_group or verify_groups(self.proj)[0], w, *rule)
+            self.verify_group or verify_groups(self.proj)[0], w, *rule, *self._context(context))
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
     def batch_block_steps(self, model, state, x: np.ndarray, lengths: np.ndarray, room: np.ndarray, max_steps: int,
                           width: int | None = None, eos=None, rule: tuple[int, float] = (0, -1.0),
-                          to_end: bool = False):
+                          to_end: bool = False, context=None):
         """DecodeWeights.batch_block_steps (same contract, to_end too) for R rows in per-row cache mode, or None
-        where the native kernels do not run this model."""
+        where the native kernels do not run this model. context: each row's prompt and tokens so far (lookup)."""
         w = x.shape[1] if width is None else int(width)
         prop = self._block_prop(w, max_steps)
         if prop is None:
@@ -223,13 +230,15 @@ class LMDecodeWeights(DecodeStep):
             torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)),
             _stops(self.stops if eos is None else eos),
             torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps),
-            self.batch_verify_group or verify_groups(self.proj)[1], w, *rule, bool(to_end))
+            self.batch_verify_group or verify_groups(self.proj)[1], w, *rule, bool(to_end), *self._context(context))
         if to_end:
             return toks.numpy(), nc.numpy(), int(nxt[0]), ended.numpy()
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
 
-    # the native loops end rows on any of several stop ids (decoding/blockwise.py asks)
+    # the native loops end rows on any of several stop ids, and propose from a row's context (decoding/blockwise.py
+    # asks)
     multi_stop = True
+    lookup_context = True
 
 
 def _plin(mod: nn.Linear, dtype: str) -> PackedLinear:

@@ -16,6 +16,9 @@ vocabulary): the key holds every parameter's storage pointer and in-place versio
                proposal projection. Proposals only decide what head 1 verifies (in `dtype`), so any precision
                keeps the output that of greedy decoding in `dtype`; "int8" reads a quarter of the bytes. (Models
                whose head 1 is not the untouched original path keep `dtype` for the heads.)
+  lookup       0, or n: decoder-only models on the native loops propose from the row's own context (prompt and
+               answer so far) where its last n (else fewer) tokens occurred before, the heads elsewhere: prompt
+               lookup, for answers that copy from their prompt. Proposals only; the output stays greedy's.
 """
 from __future__ import annotations
 
@@ -36,8 +39,11 @@ class DecodeOptions:
     dtype: str = "fp32"
     draft_vocab: tuple[int, ...] | None = None
     proposal_dtype: str | None = None
+    lookup: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or not 0 <= self.lookup <= 8:
+            raise ValueError(f"lookup must be an int in 0..8 (0: off), got {self.lookup!r}")
         object.__setattr__(self, "dtype", check_dtype(self.dtype))
         if self.proposal_dtype is not None:
             object.__setattr__(self, "proposal_dtype", check_dtype(self.proposal_dtype))

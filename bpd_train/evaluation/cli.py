@@ -148,7 +148,7 @@ def run_evaluate(cfg: DictConfig) -> Path:
                             max_len=_plain(d.max_len), warmup=int(e.warmup), device=str(e.device),
                             progress=bool(e.progress), dtype=str(d.get("dtype", "fp32")),
                             draft_vocab=_plain(d.get("draft_vocab", "auto")), adaptive=_plain(d.get("adaptive", False)),
-                            proposal_dtype=_plain(d.get("proposal_dtype", "auto")),
+                            proposal_dtype=_plain(d.get("proposal_dtype", "auto")), lookup=int(d.get("lookup", 0)),
                             adaptive_speedup=bool(e.get("adaptive_speedup", True)),
                             min_seconds=float(e.get("min_seconds") or 0.0),
                             max_bleu_drop=float(e.get("max_bleu_drop", 1.0)))

@@ -61,6 +61,7 @@ class EvalSettings:
     proposal_dtype: str | None = "auto"           # heads 2..k and their projection: fp32 | bf16 | int8 (None: dtype;
     #                                               auto: int8 on a CPU with int8 kernels; decoding/settings.py)
     adaptive: bool | float = False                # feed only proposals whose heads pay (threshold)
+    lookup: int = 0                               # decoder-only: proposals from the prompt and answer so far too
     min_seconds: float = 0.0                      # timed passes over the sentences until each decoder ran this long
     adaptive_speedup: bool = True                 # exact rule on the CPU: also time adaptive feeding (what the
     #                                               serving paths run there) in the same interleaved run
@@ -86,7 +87,8 @@ class EvalSettings:
     def decode_settings(self, **changes) -> DecodeSettings:
         """The DecodeSettings every combination starts from (its rule, block size and batch size are the grid's)."""
         return DecodeSettings(max_len=self.max_len, dtype=self.dtype, draft_vocab=self.draft_vocab,
-                              proposal_dtype=self.proposal_dtype, adaptive=self.adaptive, **changes)
+                              proposal_dtype=self.proposal_dtype, adaptive=self.adaptive, lookup=self.lookup,
+                              **changes)
 
     def torch_device(self) -> torch.device:
         if self.device in (None, "auto"):

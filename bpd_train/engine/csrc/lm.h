@@ -386,11 +386,13 @@ std::tuple<torch::Tensor, torch::Tensor, double> lm_greedy_steps(
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, double> lm_block_steps(
     torch::Tensor x_in, const LMNet& net, const LMProp& prop, const torch::Tensor& self_kv, const torch::Tensor& lpad,
     const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, const torch::Tensor& stops, int64_t room,
-    int64_t max_steps, int64_t group, int64_t width, int64_t top_n, double dist_eps) {
+    int64_t max_steps, int64_t group, int64_t width, int64_t top_n, double dist_eps,
+    const std::vector<torch::Tensor>& context, int64_t lookup) {
   const auto t_start = std::chrono::steady_clock::now();
   LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
   mdl.prop = &prop;
   mdl.set_rule(top_n, dist_eps);
+  mdl.set_context(context, lookup);
   return block_loop(mdl, x_in, t, room, max_steps, group, width, t_start);
 }
 
@@ -398,10 +400,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
     torch::Tensor x_in, const LMNet& net, const LMProp& prop, const torch::Tensor& self_kv, const torch::Tensor& lpad,
     const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, torch::Tensor lengths, const torch::Tensor& stops,
     torch::Tensor room, int64_t max_steps, int64_t group, int64_t width, int64_t top_n, double dist_eps,
-    bool to_end) {
+    bool to_end, const std::vector<torch::Tensor>& context, int64_t lookup) {
   const auto t_start = std::chrono::steady_clock::now();
   LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
   mdl.prop = &prop;
   mdl.set_rule(top_n, dist_eps);
+  mdl.set_context(context, lookup);
   return batch_block_loop(mdl, x_in, t, lengths, room, max_steps, group, width, t_start, to_end);
 }

@@ -51,6 +51,38 @@ struct LoopModel {
   // cache row dst = cache row src (its first `filled` self-cache slots), for loops that drop finished rows
   // themselves; false where this model's cache cannot (the caller then returns when a row ends)
   virtual bool move_row(int64_t, int64_t, int64_t) const { return false; }
+  // Prompt lookup: each row's context (prompt and tokens so far, by the row's place in the call's input); where
+  // the context's last n (lookup_n, else fewer, down to 1) tokens occurred before, the tokens that followed them
+  // there are the proposals, the heads' only past their end. Proposals only choose what head 1 verifies.
+  int64_t lookup_n = 0;
+  mutable std::vector<std::vector<int64_t>> ctx;
+  void set_context(const std::vector<torch::Tensor>& rows, int64_t n) {
+    lookup_n = n > 0 && !rows.empty() ? n : 0;
+    ctx.clear();
+    for (const auto& r : rows) {
+      auto c = r.to(torch::kLong).contiguous();
+      ctx.emplace_back(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+    }
+  }
+  void extend(int64_t row, const int64_t* t, int64_t c) const {
+    if (lookup_n > 0 && row < (int64_t)ctx.size()) ctx[row].insert(ctx[row].end(), t, t + c);
+  }
+  // proposals for row `row` into out[0..want) where its context says something: returns how many (0: none)
+  int64_t lookup(int64_t row, int64_t want, int64_t* out) const {
+    if (lookup_n <= 0 || row >= (int64_t)ctx.size()) return 0;
+    const std::vector<int64_t>& c = ctx[row];
+    const int64_t L = (int64_t)c.size();
+    for (int64_t n = std::min<int64_t>(lookup_n, L - 1); n >= 1; n--) {
+      const int64_t* key = c.data() + L - n;
+      for (int64_t j = L - n - 1; j >= 0; j--) {      // the latest earlier occurrence
+        if (!std::equal(key, key + n, c.data() + j)) continue;
+        const int64_t got = std::min<int64_t>(want, L - (j + n));
+        std::copy(c.data() + j + n, c.data() + j + n + got, out);
+        return got;
+      }
+    }
+    return 0;
+  }
 };
 
 static std::vector<int64_t> stop_list(const torch::Tensor& stops) {
@@ -247,6 +279,7 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, in
     const bool eos_in = n > 0 && mdl.stop(x[n]);
     const int64_t cnt = std::min<int64_t>(n + 1 - (eos_in ? 1 : 0), room);
     for (int64_t j = 0; j < cnt; j++) toks.push_back(j < n ? x[j + 1] : gn);
+    mdl.extend(0, toks.data() + toks.size() - cnt, cnt);
     nc.push_back(n);
     nc.push_back(cnt);
     room -= cnt;
@@ -257,6 +290,7 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, in
     x[0] = gn;
     if (!ended && width > 1) {
       mdl.propose(hn.data(), 1, width - 1, &gn, prop.data());
+      mdl.lookup(0, width - 1, prop.data());
       for (int64_t j = 0; j < width - 1; j++) x[j + 1] = prop[j];
     }
     if (g_prof) g_prof_steps += 1;
@@ -370,6 +404,7 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
       const bool eos_in = m > 0 && mdl.stop(xr[m]);
       const int64_t cn = std::min<int64_t>(m + 1 - (eos_in ? 1 : 0), room[r]);
       for (int64_t j = 0; j < cn; j++) tp[id[r] * tw + cnt[id[r]] + j] = j < m ? xr[j + 1] : gn;
+      mdl.extend(id[r], tp + id[r] * tw + cnt[id[r]], cn);
       cnt[id[r]] += cn;
       if (to_end) {
         hist[cn] += 1;
@@ -395,8 +430,10 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
       std::vector<int64_t> first(A);
       for (int64_t a = 0; a < A; a++) first[a] = gnv[live[a]];
       mdl.propose(hv.data(), A, width - 1, first.data(), prop.data());
-      for (int64_t a = 0; a < A; a++)
+      for (int64_t a = 0; a < A; a++) {
+        mdl.lookup(id[live[a]], width - 1, prop.data() + a * (width - 1));
         for (int64_t j = 0; j < width - 1; j++) x[live[a] * width + j + 1] = prop[a * (width - 1) + j];
+      }
     }
     if (g_prof) g_prof_steps += 1;
     if (to_end) {                                  // finished rows leave: the last row takes each freed place
