@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--lookup", type=int, nargs="+", default=[0, 3],
-                    help="prompt lookup settings timed for trained heads and for zero heads (0: heads alone)")
+                    help="prompt lookup settings timed with the trained heads (0: the heads alone)")
     args = ap.parse_args()
     spec = args.model
     if spec is None:
