@@ -200,7 +200,7 @@ def run_chain(argv: list[str] | None = None) -> None:
     for heads, k in runs:
         name = f"distill-{heads}-k{k}"
         dirs[name] = train_stage("distill", [*common, f"regime.init_from={model}", f"model.heads={heads}",
-                                             f"regime.distilled_dir={made}", f"run_dir={corpus / 'heads' / name}"], k)
+                                             f"regime.distilled_dir={made}", f"run_dir={corpus / 'heads' / name}"], k, name)
 
     # evaluation on the held-out prompts
     eval_dir = corpus / "eval" / "real"
