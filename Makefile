@@ -4,6 +4,8 @@
 # make test-all  — both (what CI runs)
 # make demo   — the whole BPD experiment in miniature on the bundled corpus
 # make demo-lm — the same for a decoder-only (Llama-architecture) model trained from scratch (docs/decoder-only.md)
+# make demo-real — a real pretrained model (SmolLM2-135M-Instruct, GGUF) end to end: its own answers, heads,
+#                  evaluation, export (docs/real-model.md; under an hour on 2 cores); make smoke-real: a tiny GGUF file
 # make results — docs/results.md and README.md's results block from make demo's evaluation report (the only
 #                target that changes tracked files; make demo writes its page under artifacts/demo/results/)
 PY ?= python3
@@ -14,7 +16,8 @@ export HF_DATASETS_OFFLINE := 1
 export WANDB_MODE := offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
-.PHONY: install install-real lint test test-fast test-long test-all test-slurm demo smoke demo-lm smoke-lm results bench clean
+.PHONY: install install-real lint test test-fast test-long test-all test-slurm demo smoke demo-lm smoke-lm demo-real \
+	smoke-real results bench clean
 
 # CPU torch by default: PyPI's Linux torch is the CUDA build (GBs), so torch comes first from the CPU wheel index
 # (TORCH_INDEX=https://download.pytorch.org/whl/cu128 for a GPU), then the project with constraints.txt, which pins
@@ -88,6 +91,14 @@ demo-lm: install
 
 smoke-lm: install
 	$(PYTHON) -m bpd_train.pipeline --experiment smoke-lm --k $(K)
+
+# Resumes like make demo (finished stages skipped); its report: artifacts/real/bible_chat/eval/real/report.md
+demo-real: install-real
+	$(PYTHON) -m bpd_train.real_model --run --experiment real
+
+smoke-real: install
+	$(PYTHON) tests/_gguf_files.py artifacts/smoke-real/tiny.gguf
+	$(PYTHON) -m bpd_train.real_model --run --experiment smoke-real --gguf artifacts/smoke-real/tiny.gguf
 
 # The headline table is generated, never edited: tests/test_docs.py fails when README.md and docs/results.md differ.
 results: install

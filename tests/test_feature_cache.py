@@ -153,3 +153,44 @@ def test_draft_vocabulary_loss_is_the_cross_entropy_over_the_lowest_ids():
                                                         "init_from": "x"}, {}, bad, seed=3)
     with pytest.raises(ValueError, match="frozen"):
         BPDLightningModule(_lm().config.to_dict(), {"name": "t", "block_size": 3}, {}, {"draft_vocab": 24}, seed=3)
+
+
+def test_draft_vocabulary_loss_skips_prompt_and_padding_positions_with_the_same_loss_and_gradients():
+    """The draft-vocabulary loss runs the heads' projection only from each row's first useful position to its last
+    target (compact_rows): the loss and the heads' gradients are those over the whole padded batch."""
+    import torch.nn.functional as F
+
+    from bpd_train.training.module import compact_rows
+
+    m = BPDLightningModule(_lm(k=4).config.to_dict(), {"name": "t", "block_size": 4, "head_loss": "mean",
+                                                       "trainable": "heads", "init_from": "x"},
+                           {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
+                           {"draft_vocab": 30, "recompute": False}, seed=3)
+    with torch.no_grad():
+        for p in m.model.head_parameters():
+            p.normal_(0, 0.2)
+    m.train()
+    rows = _rows([9, 14, 6, 12], seed=5)
+    tokens = _batch([r[:-1] for r in rows], width=16)
+    targets = torch.full_like(tokens, PAD)
+    for i, (r, prompt) in enumerate(zip(rows, (5, 2, 4, 8))):  # prompts of different lengths: no loss there
+        targets[i, prompt - 1:len(r) - 1] = torch.tensor(r[prompt:])
+    b = {"tokens": tokens, "targets": targets, "prompts": [r[:1] for r in rows]}
+    loss, _ = m.compute_loss(b, [1, 2, 3], [1 / 3] * 3)
+    loss.backward()
+    got = [p.grad.clone() for p in m.model.head_parameters()]
+    m.zero_grad()
+    h = m.model.features(tokens).detach()
+    want = 0.0
+    for i in (1, 2, 3):
+        logits = m.model.heads_logits(h, i, i + 1).squeeze(-2)[..., :30]
+        t = torch.full_like(targets, PAD)
+        t[:, :-i] = targets[:, i:]
+        t[t >= 30] = PAD
+        want = want + F.cross_entropy(logits.reshape(-1, 30), t.reshape(-1), ignore_index=PAD) / 3
+    want.backward()
+    assert abs(loss.item() - want.item()) < 1e-5
+    assert all(torch.allclose(g, p.grad, atol=1e-6) for g, p in zip(got, m.model.head_parameters()))
+    hc, tc = compact_rows(h, targets, 3, PAD)
+    assert tc.shape[1] < targets.shape[1] and tc.ne(PAD).sum() == targets.ne(PAD).sum()
+    assert compact_rows(h, torch.full_like(targets, PAD), 3, PAD)[1].ne(PAD).sum() == 0  # no target anywhere

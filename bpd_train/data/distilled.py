@@ -36,7 +36,7 @@ DEFAULT_COMMAND = "python distill.py"
 
 # Manifest keys that must agree between every run and rank that writes into one folder.
 SETTINGS_KEYS = ("teacher_sha256", "tokenizer_hash", "beam_size", "length_penalty", "max_len", "split",
-                 "src_lang", "tgt_lang", "kind", "temperature", "seed")
+                 "src_lang", "tgt_lang", "kind", "temperature", "seed", "decode_dtype")
 PLAN_KEYS = ("num_examples", "shard_size", "num_shards", "ids_sha256", "limit")
 
 
@@ -71,6 +71,8 @@ class TeacherSettings:
     kind: str = "translation"
     temperature: float = 0.0
     seed: int = 0
+    # a decoder-only teacher's decode-step weights (native CPU engine): its greedy output in that precision
+    decode_dtype: str = "fp32"
 
     def as_dict(self) -> dict[str, Any]:
         d = {"teacher_sha256": self.teacher_sha256, "tokenizer_hash": self.tokenizer_hash,
@@ -80,6 +82,8 @@ class TeacherSettings:
         if self.kind != "translation":  # (translation teachers keep the ids they always had)
             d.update(kind=self.kind, temperature=float(self.temperature),
                      seed=int(self.seed) if self.temperature > 0 else None)
+            if self.decode_dtype != "fp32":  # (fp32 corpora keep the ids they always had)
+                d["decode_dtype"] = str(self.decode_dtype)
         return d
 
     @property

@@ -187,6 +187,12 @@ def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
     family = teacher.family
     temperature = float(d.get("temperature", 0.0) or 0.0)
     family.check_distill(int(d.beam_size), temperature)
+    decode_dtype = str(d.get("dtype", "fp32") or "fp32").lower()
+    if decode_dtype not in ("fp32", "bf16", "int8"):
+        raise DistillError(f"distill.dtype={decode_dtype!r}; use fp32, bf16 or int8")
+    if decode_dtype != "fp32" and family.distill_kind != "lm":
+        raise DistillError(f"distill.dtype={decode_dtype}: only a decoder-only teacher decodes in another precision "
+                           "(a translation teacher: distill.precision=bf16)")
     ds, train_split = _select_split(cfg, family)
     _check_teacher(teacher, cfg, train_split)
     ids = _ids(ds)
@@ -195,7 +201,8 @@ def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
                                length_penalty=family.distill_length_penalty(float(d.length_penalty)),
                                max_len=d.max_len, split=str(d.split), src_lang=str(cfg.data.src_lang),
                                tgt_lang=str(cfg.data.tgt_lang), kind=family.distill_kind,
-                               temperature=temperature, seed=int(d.get("seed", 0) or 0))
+                               temperature=temperature, seed=int(d.get("seed", 0) or 0),
+                               decode_dtype=decode_dtype)
     corpus_dir = Path(cfg.paths.artifacts) / cfg.data.name
     out_dir = Path(d.output_dir) if d.output_dir else corpus_dir / "distill" / settings.teacher_id
     wanted = new_manifest(settings, ids, int(d.shard_size), corpus=str(cfg.data.name),
@@ -323,6 +330,15 @@ def _lm_shards(job: Job, worker: Worker, todo: list[dict], model, stats: dict, d
                disable=not d.get("progress", True), dynamic_ncols=True, mininterval=1.0)
     empty = cut = 0
     room = model.config.max_positions - 1
+    if m.get("decode_dtype", "fp32") != "fp32":  # the native engine's step weights in that precision
+        from bpd_train.decoding.common import stop_ids
+        from bpd_train.decoding.settings import DecodeError, decode_options, set_decode_options
+
+        try:
+            set_decode_options(model, decode_options(tok, stop_ids(model), m["decode_dtype"], draft_vocab=None,
+                                                     proposal_dtype=None, device=str(device or "cpu")))
+        except DecodeError as e:
+            raise DistillError(f"distill.dtype={m['decode_dtype']}: {e}") from None
     for shard in todo:
         rows = [job.dataset[i] for i in range(shard["start"], shard["stop"])]
         ids = [str(r["id"]) if r.get("id") is not None else str(shard["start"] + n) for n, r in enumerate(rows)]

@@ -167,6 +167,7 @@ class BPDLightningModule(pl.LightningModule):
             w = self.model.output_weight()[:self.draft_vocab]
             head_logits = lambda x, i: F.linear(self.model.head_states(x, i, i + 1).squeeze(-2), w)  # noqa: E731
             targets = targets.masked_fill(targets >= self.draft_vocab, cfg.pad_id)
+            h, targets = compact_rows(h, targets, max(heads), cfg.pad_id)
         loss, per_head = bpd_loss(head_logits, h, targets, heads, weights, cfg.pad_id,
                                   float(self.loss_cfg.get("label_smoothing", 0.0)),
                                   bool(self.loss_cfg.get("recompute", True)),
@@ -330,3 +331,22 @@ class BPDLightningModule(pl.LightningModule):
         if self._frozen_fp32 is not None:
             kept = checkpoint.get(FROZEN_FP32_KEY)
             object.__setattr__(self, "_frozen_fp32", dict(kept) if isinstance(kept, dict) and kept else None)
+
+
+def compact_rows(h: torch.Tensor, targets: torch.Tensor, reach: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """h [B,T,D] and targets [B,T] with each row shifted left to the first position from which a head up to `reach`
+    ahead has a target, and cut after the row's last target: the same (state, target-i-ahead) pairs for every head
+    i <= reach, so the same loss, over fewer positions. A prompt's and the padding's positions have no target, and
+    the heads' projection over them was most of a decoder-only batch's cost."""
+    valid = targets.ne(pad_id)
+    t = targets.size(1)
+    pos = torch.arange(t, device=targets.device)
+    first = torch.where(valid, pos, t).min(1).values
+    last = torch.where(valid, pos, -1).max(1).values
+    start = (first - int(reach)).clamp_min(0)
+    length = (last + 1 - start).clamp_min(0)
+    width = max(int(length.max()), 1)
+    cols = torch.arange(width, device=targets.device)
+    idx = (start[:, None] + cols[None, :]).clamp_max(t - 1)
+    out_t = targets.gather(1, idx).masked_fill(cols[None, :] >= length[:, None], pad_id)
+    return h.gather(1, idx[..., None].expand(-1, -1, h.size(-1))), out_t

@@ -1,0 +1,107 @@
+"""make demo-real's chain (bpd_train/real_model.py): the prompts stage (kinds, a held-out kind, deterministic), the
+int8 self-distillation setting, and the whole chain at toy size on a tiny GGUF file (make smoke-real)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT, offline_env
+
+from bpd_train.real_model import PromptsError, make_prompts
+
+CORPUS = REPO_ROOT / "data" / "bible-en-fr"
+KINDS = ["Translate into French: {verse}", "Summarize: {verse}"]
+SPEC = {"train": 7, "validation": 3, "kinds": KINDS, "held_out": "Explain to a child: {verse}"}
+
+
+def test_prompts_cycle_the_training_kinds_hold_one_out_and_are_deterministic():
+    recs = make_prompts(CORPUS, SPEC)
+    train, val = recs["train"], recs["validation"]
+    assert len(train) == 7 and len(val) == 3
+    asks = [r["messages"][0]["content"] for r in train]
+    assert [a.startswith("Translate into French: ") for a in asks] == [n % 2 == 0 for n in range(7)]
+    assert all(len(r["messages"]) == 1 and r["messages"][0]["role"] == "user" for r in train)
+    assert len({r["id"] for r in train}) == 7  # spread over the split, never the same verse twice
+    for r in val:  # the held-out kind only, with the verse as the reference turn evaluate.py needs
+        user, ref = r["messages"]
+        assert user["content"] == f"Explain to a child: {ref['content']}" and ref["role"] == "assistant"
+        assert not any(user["content"].startswith(k.split("{")[0]) for k in KINDS)
+    assert not {r["id"] for r in val} & {r["id"] for r in train}
+    assert make_prompts(CORPUS, SPEC) == recs
+    assert make_prompts(CORPUS, {**SPEC, "train": 8})["train"][:1] == train[:1]
+
+
+@pytest.mark.parametrize("change, match", [({"held_out": KINDS[1]}, "also a training kind"),
+                                           ({"kinds": ["no verse here"]}, "exactly once"),
+                                           ({"kinds": []}, "is empty"), ({"validation": 0}, ">= 1")])
+def test_bad_prompt_settings_are_one_error(change, match):
+    with pytest.raises(PromptsError, match=match):
+        make_prompts(CORPUS, {**SPEC, **change})
+
+
+def test_a_decode_precision_is_part_of_an_lm_corpus_id_and_fp32_keeps_the_old_one():
+    from bpd_train.data.distilled import TeacherSettings
+
+    kw = dict(teacher_sha256="a" * 64, tokenizer_hash="b", beam_size=1, length_penalty=0.0, max_len=64,
+              split="train", src_lang="en", tgt_lang="fr", kind="lm")
+    fp32, int8 = TeacherSettings(**kw), TeacherSettings(**kw, decode_dtype="int8")
+    assert "decode_dtype" not in fp32.as_dict() and int8.as_dict()["decode_dtype"] == "int8"
+    assert fp32.teacher_id != int8.teacher_id
+
+
+@pytest.mark.slow
+def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
+    """python -m bpd_train.real_model --run --experiment smoke-real on a tiny GGUF file: every stage's artifact,
+    int8 answers identical to int8 greedy, exact evaluation, the exports; a rerun skips every stage."""
+    pytest.importorskip("gguf")
+    from bpd_train.decoding import greedy
+    from bpd_train.decoding.settings import DecodeOptions, set_decode_options
+    from bpd_train.loading import load
+
+    gguf = tmp_path / "tiny.gguf"
+    env = offline_env(BPD_CACHE=str(tmp_path / "cache"))
+    subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "_gguf_files.py"), str(gguf)], check=True, env=env,
+                   capture_output=True)
+    art = tmp_path / "art"
+    cmd = [sys.executable, "-m", "bpd_train.real_model", "--run", "--experiment", "smoke-real", "--gguf", str(gguf),
+           f"paths.artifacts={art}", f"hydra.run.dir={tmp_path / 'hydra'}"]
+    r = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    for stage in ("prompts", "distill", "distill-medusa-k3", "distill-bpd-k4", "evaluate", "export bundle",
+                  "export hf", "export vllm"):
+        assert f"=== {stage}: done in" in r.stdout, stage
+
+    assert (art / "prompts" / "train.jsonl").is_file() and (art / "prompts" / "manifest.json").is_file()
+    corpus = art / "bible_chat"
+    made = next((corpus / "distill").glob("*/manifest.json")).parent
+    m = json.loads((made / "manifest.json").read_text())
+    assert m["complete"] and m["kind"] == "lm" and m["decode_dtype"] == "int8" and m["num_examples"] == 24
+    # the corpus is the model's own int8 greedy output
+    model = load(f"gguf:{gguf}")
+    set_decode_options(model.model, DecodeOptions(dtype="int8"))
+    tok = model.lm_tokenizer()
+    recs = [json.loads(x) for x in sorted(made.glob("shard-*.jsonl"))[0].read_text().splitlines()][:4]
+    prompts = [tok.encode(tok.render_chat(x["messages"][:1], add_generation_prompt=True), add_special_tokens=False)
+               for x in recs]
+    room = model.config.max_positions - 1  # a longer prompt keeps its newest tokens, as distill.py cuts it
+    prompts = [q[len(q) - room:] if len(q) > room else q for q in prompts]
+    assert [list(t) for t in greedy(model.model, prompts, max_len=12).tokens] == [x["teacher_ids"] for x in recs]
+
+    for run in ("distill-medusa-k3", "distill-bpd-k4"):
+        assert (corpus / "heads" / run / "done.json").is_file()
+    report = json.loads((corpus / "eval" / "real" / "report.json").read_text())
+    exact = [row for row in report["rows"] if row["rule"] == "exact"]
+    assert {row["batch_size"] for row in exact} == {1, 8} and all(row["agreement"] == 100.0 for row in exact)
+    assert {c["decode"]["dtype"] for c in report["checkpoints"]} == {"int8"}
+    assert (corpus / "export" / "best" / "model.safetensors").is_file()
+    assert (corpus / "export" / "best-hf" / "custom_generate" / "generate.py").is_file()
+    assert json.loads((corpus / "export" / "best-medusa-vllm" / "config.json").read_text())
+    assert load(corpus / "export" / "best").config.block_size in (3, 4)
+
+    r2 = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert "done in" not in r2.stdout.replace("pipeline finished", ""), r2.stdout[-3000:]
+    assert r2.stdout.count("skipped") == 1 + 1 + 2 + 1 + 3
