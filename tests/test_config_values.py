@@ -106,7 +106,7 @@ SOURCES = {
     "regime.trainable": ("bpd_train.training.regimes", "TRAINABLE"),
     "regime.source": ("bpd_train.training.regimes", "SOURCES"),
     "optim.schedule.name": ("bpd_train.training.optim", "SCHEDULES"),
-    "model.heads": ("bpd_train.model.lm_config", "HEAD_TYPES"),
+    "model.heads": ("bpd_train.model.lm.config", "HEAD_TYPES"),
     "decode.dtype": ("bpd_train.engine.fastlinear", "DTYPES"),
     "export.format": ("bpd_train.export", "FORMATS"),
     "distill.action": ("bpd_train.distillation.job", "ACTIONS"),

@@ -55,7 +55,7 @@ class ModelFamily(ABC):
         return self.model_class(config)
 
     def decode_weights(self, model):
-        """What one decode step reads, a engine/step.py DecodeStep (engine/packed.py DecodeWeights, engine/lm_packed.py
+        """What one decode step reads, a engine/step.py DecodeStep (engine/mt.py DecodeWeights, engine/lm.py
         LMDecodeWeights): the model prepares and caches them itself; every decoder goes through this one call."""
         return model.decode_weights()
 
