@@ -331,7 +331,8 @@ def hf_config_of(config: BPDConfig) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def state_to_hf(model) -> dict[str, Tensor]:
-    """Our backbone -> HF tensor names (tied tensors written once, as transformers saves them)."""
+    """Our backbone -> HF tensor names, as transformers saves them: tied tensors written once, the shared embedding
+    under each of its names when the output projection is separate."""
     c = model.config
     sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     if needs_permutation(c):
@@ -343,6 +344,8 @@ def state_to_hf(model) -> dict[str, Tensor]:
             out[t] = p
     if c.share_embeddings:
         out["model.shared.weight"] = sd["embed.weight"]
+        if not c.tie_output:  # transformers then ties nothing to model.shared: it saves (and reads) every name
+            out["model.encoder.embed_tokens.weight"] = out["model.decoder.embed_tokens.weight"] = sd["embed.weight"]
     else:
         out["model.decoder.embed_tokens.weight"] = sd["embed.weight"]
         out["model.encoder.embed_tokens.weight"] = sd["src_embed.weight"]
