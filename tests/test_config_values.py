@@ -41,6 +41,11 @@ CASES = {
                                 r"loss\.head_loss=avg: not a choice"),
     "export format": ("export.py", ["export.format=onnx"], r"export\.format=onnx: not a choice; choose one of bundle"),
     "distill action": ("distill.py", ["distill.action=runn"], r"distill\.action=runn: .*did you mean distill\.action=run"),
+    "k for the base model": ("train.py", ["+regime=base", "experiment=smoke", "model.block_size=8"],
+                             r"^error: model\.block_size=8: regime base trains the base model, head 1 alone; k is "
+                             r"for the head regimes"),
+    "k set on the regime": ("train.py", ["+regime=frozen", "experiment=smoke", "regime.block_size=3"],
+                            r"^error: regime\.block_size=3: the number of heads is set as model\.block_size"),
     "schedule": ("train.py", ["+regime=base", "experiment=smoke", "optim.schedule.name=linear"],
                  r"optim\.schedule\.name=linear: not a choice; choose one of inverse_sqrt, cosine, constant"),
     "missing corpus": ("train.py", ["+regime=base", "data=local", "data.path=/nonexistent"],

@@ -39,10 +39,10 @@ class LMFamily(ModelFamily):
     model_class = LMModel
     layer_classes = (Layer,)
 
-    def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any, block_size: int):
+    def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any):
         # pad_id stays LMConfig's sentinel (-1): padding is never a vocabulary id in this family
         return self.config_class(vocab_size=tokenizer.vocab_size, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
-                                 **{**model_cfg, "block_size": int(block_size)})
+                                 **{**model_cfg, "block_size": int(model_cfg["block_size"])})
 
     # ------------------------------------------------------------------------------------------------ data
     def datamodule(self, cfg: Any, regime: Any, tokenizer: Any = None, max_positions: int | None = None):

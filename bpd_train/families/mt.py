@@ -42,10 +42,10 @@ class MTFamily(ModelFamily):
     model_class = BPDModel
     layer_classes = (EncoderLayer, DecoderLayer)
 
-    def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any, block_size: int):
+    def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any):
         return self.config_class(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
                                  eos_id=tokenizer.eos_id, unk_id=tokenizer.unk_id,
-                                 **{**model_cfg, "block_size": int(block_size)})
+                                 **{**model_cfg, "block_size": int(model_cfg["block_size"])})
 
     def position_table_bytes(self, config) -> int:
         return int(config.max_positions) * int(config.d_model) * 4  # the [max_positions, d_model] sinusoid table
