@@ -20,7 +20,7 @@ def _stops(eos) -> Tensor:
 
 
 class LMDecodeWeights(DecodeStep):
-    """What decoders call per step (the DecodeWeights interface of engine/packed.py) for a decoder-only model:
+    """What decoders call per step (the DecodeStep interface of engine/step.py) for a decoder-only model:
     head1, head1_argmax, propose, logits, final_norm, greedy_steps, block_steps, batch_block_steps, vocab_size,
     draft_ids, stats.
 
