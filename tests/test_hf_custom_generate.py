@@ -256,7 +256,8 @@ def test_export_hf_writes_custom_generate_and_overwrites_only_its_own(tmp_path):
     import sentencepiece as spm
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    from bpd_train.convert.hf import is_hf_export, to_hf
+    from bpd_train.convert.common import is_hf_export
+    from bpd_train.convert.hf import to_hf
     from bpd_train.convert.hf.lm import to_hf_lm
     from bpd_train.export import export_hf
 
