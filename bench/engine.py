@@ -44,7 +44,7 @@ SIZES = {
     "demo": dict(vocab_size=4000, d_model=128, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=512),
     "base": dict(vocab_size=32000, d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048),
 }
-# decoder-only (model/lm.py, Llama-style: RMSNorm, rotary, GQA, SwiGLU, tied output): random weights, BPD heads
+# decoder-only (model/lm/model.py, Llama-style: RMSNorm, rotary, GQA, SwiGLU, tied output): random weights, BPD heads
 LM_SIZES = {
     "lm-demo": dict(vocab_size=4000, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=352),
     "lm-base": dict(vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, d_ff=1408),

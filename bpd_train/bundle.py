@@ -27,7 +27,7 @@ from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_files, tokeniz
 from bpd_train.families import family_of
 from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, outside, sha256_file, umask
 from bpd_train.model import build_model, config_from_dict
-from bpd_train.model.config import BPDConfig
+from bpd_train.model.mt.config import BPDConfig
 
 BUNDLE_FORMAT = "bpd-train-bundle"
 BUNDLE_VERSION = 3  # 3: tokenizer/ folder of an imported model (written only then); 2: manifest.json covers

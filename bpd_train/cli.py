@@ -272,7 +272,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "regime.trainable": ("all", "heads"),                            # bpd_train.training.regimes.TRAINABLE
     "regime.source": ("gold", "distilled", "mixed", "self"),         # bpd_train.training.regimes.SOURCES
     "optim.schedule.name": ("inverse_sqrt", "cosine", "constant"),   # bpd_train.training.optim.SCHEDULES
-    "model.heads": ("bpd", "medusa"),                                # bpd_train.model.lm_config.HEAD_TYPES
+    "model.heads": ("bpd", "medusa"),                                # bpd_train.model.lm.config.HEAD_TYPES
     "progress_bar": ("tqdm", "rich", "none"),                        # bpd_train.training.trainer.callbacks
     "decode.dtype": ("fp32", "bf16", "int8"),                        # bpd_train.engine.fastlinear.DTYPES
     "export.format": ("bundle", "hf", "vllm"),                       # bpd_train.export.FORMATS
@@ -312,6 +312,14 @@ def check_values(config_name: str, cfg: Any, hint: str = "") -> None:
         guess = _closest(str(value), list(choices))
         fail(f"{key}={value}: not a choice; choose one of {', '.join(choices)}"
              f"{f' (did you mean {key}={guess}?)' if guess else ''}{hint}")
+    if config_name == "train":  # k is model.block_size alone (the same checks guard training/run.py train())
+        k, rk = _value(cfg, "model.block_size"), _value(cfg, "regime.block_size")
+        if _MISSING not in (k, rk) and rk != k:
+            fail(f"regime.block_size={rk}: the number of heads is set as model.block_size (regime.block_size reads it)"
+                 f"{hint}")
+        if _value(cfg, "regime.stage") == "base" and k not in (1, _MISSING):
+            fail(f"model.block_size={k}: regime base trains the base model, head 1 alone; k is for the head regimes "
+                 f"(+regime=frozen|finetune|distill|both|self){hint}")
     want = _value(cfg, "evaluate.bleu_sentences")
     if want is not _MISSING and want is not None and str(want).lower() != "all" and not (
             isinstance(want, int) and not isinstance(want, bool) and want > 0):

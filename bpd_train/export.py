@@ -1,5 +1,5 @@
 """Export: a run, checkpoint, ZeRO folder, bundle or hf:... -> a bundle folder (the format itself is
-bpd_train/bundle.py), or with export.format=hf a transformers checkpoint folder (bpd_train/convert/hf.py `to_hf`:
+bpd_train/bundle.py), or with export.format=hf a transformers checkpoint folder (bpd_train/convert/hf/mt.py `to_hf`:
 the backbone for transformers' from_pretrained, the heads in bpd_heads.safetensors, custom_generate/generate.py
 for transformers' generate() with the heads, the tokenizer files).
 
@@ -64,7 +64,7 @@ def export_hf(source: str | os.PathLike | Source, out_dir: str | os.PathLike, *,
     bpd_train/hf_generate), and the tokenizer files: an imported model's own, or this project's tokenizer.model
     (read back by HFTokenizer kind spm).
     `overwrite` replaces only a folder that an earlier export.format=hf wrote."""
-    from bpd_train.convert.hf import check_hf_output_dir
+    from bpd_train.convert.common import check_hf_output_dir
     from bpd_train.data.hf_tokenizer import tokenizer_files
 
     src = resolve(source, tag=tag)

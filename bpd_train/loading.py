@@ -7,7 +7,7 @@ Every stage loads through here: head regimes' init_from (training/run.py), the d
   zero     a DeepSpeed ZeRO checkpoint folder (zero.py), consolidated with every torch.load weights_only=True
   bundle   an exported bundle folder (bundle.py), safetensors + hashes, no pickle at all
   hf       `hf:<folder or hub id>[@<src_lang>:<tgt_lang>]`, a transformers Marian / M2M100 / NLLB checkpoint
-           (bpd_train/convert/hf.py), safetensors or torch.load(weights_only=True); NLLB / M2M100 need the
+           (bpd_train/convert/hf/mt.py), safetensors or torch.load(weights_only=True); NLLB / M2M100 need the
            languages, e.g. hf:facebook/nllb-200-distilled-600M@eng_Latn:deu_Latn
   gguf     `gguf:<file>`, a llama.cpp model file (Llama / Qwen2 architectures, bpd_train/convert/gguf.py), checked
            against its size, then read with the gguf package and dequantized to fp32; its tokenizer is written
@@ -15,7 +15,7 @@ Every stage loads through here: head regimes' init_from (training/run.py), the d
 A run folder (what train.py writes) resolves to its best checkpoint, else its last (RUN_CANDIDATES), else the
 newest checkpoints/*.ckpt; any of those may be a file or a Lightning DeepSpeed folder.
 
-Adding a kind (e.g. `hf:<folder or hub id>`, bpd_train/convert/hf.py): register a resolver for its prefix in
+Adding a kind (e.g. `hf:<folder or hub id>`, bpd_train/convert/hf/mt.py): register a resolver for its prefix in
 PREFIXES (text after the prefix -> Source(kind, ...)) and a reader in READERS (Source, map_location -> Read);
 `load` then gives it the same tokenizer check and LoadedModel as every other kind. A tokenizer that is a folder
 (an imported model's own tokenizer files) is hashed file by file, over its tokenizer files only. Such a model
@@ -264,8 +264,8 @@ def _resolve_hf(text: str) -> Source:
 
 
 def read_hf(src: Source, map_location) -> Read:
-    """The family whose transformers adapter claims the folder reads it (convert/hf_lm.py: Llama / Qwen2 / Mistral;
-    convert/hf.py: Marian / M2M100 / NLLB)."""
+    """The family whose transformers adapter claims the folder reads it (convert/hf/lm.py: Llama / Qwen2 / Mistral;
+    convert/hf/mt.py: Marian / M2M100 / NLLB)."""
     return Read(*hf_format_of(src.path).read(src, map_location))
 
 

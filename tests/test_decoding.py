@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from bpd_train.decoding import Distance, Exact, TopK, beam_search, blockwise, greedy
-from bpd_train.engine.packed import DecodeWeights
+from bpd_train.engine.mt import DecodeWeights
 from bpd_train.model import BPDConfig, BPDModel
 
 EOS = 2
@@ -147,7 +147,7 @@ class OracleModel(nn.Module):
 
 
 class _FakeWeights:
-    """The decode-step interface decoders use (engine/packed.py DecodeWeights) over a fake model's heads."""
+    """The decode-step interface decoders use (engine/mt.py DecodeWeights) over a fake model's heads."""
 
     def __init__(self, model):
         self.m, self.draft_ids, self.vocab_size = model, None, model.config.vocab_size

@@ -347,7 +347,7 @@ def test_adaptive_calibration_times_every_width_mid_sentence_on_a_scratch_cache(
 
     from bpd_train.decoding.blockwise import CALIB_LEAD
     from bpd_train.decoding.common import prepare_source, start_tokens
-    from bpd_train.engine.packed import DecodeWeights
+    from bpd_train.engine.mt import DecodeWeights
 
     m = random_model(4, seed=5)
     src = random_sources(1, seed=5)
@@ -462,7 +462,7 @@ def test_greedy_runs_a_batch_to_its_end_in_one_native_call(dtype, monkeypatch):
     """Greedy's native loop drops finished rows itself (the last row's cache moved into each freed place) and returns
     once every row has ended: the same tokens, calls and row steps as the loop that returned to Python at every row's
     end and reordered the cache there, on a padded batch whose rows end at different steps (EOS and max_len)."""
-    from bpd_train.engine.packed import DecodeWeights
+    from bpd_train.engine.mt import DecodeWeights
 
     m = random_model(4, seed=42, eos_bias=0.5)
     m.decode_options = DecodeOptions(dtype=dtype)
@@ -672,7 +672,7 @@ def test_fused_proposals_in_one_transfer_take_the_same_steps(dtype, monkeypatch)
     import importlib
 
     bw = importlib.import_module("bpd_train.decoding.blockwise")
-    from bpd_train.engine.packed import DecodeWeights
+    from bpd_train.engine.mt import DecodeWeights
 
     monkeypatch.setattr(DecodeWeights, "batch_block_steps", lambda *a, **kw: None)   # the Python step loop
     m = random_model(4, 7, eos_bias=1.0)
@@ -777,7 +777,7 @@ def test_adaptive_probes_back_off_then_return_when_a_head_pays():
 def test_adaptive_batch_of_fewer_rows_borrows_a_larger_batchs_calibration():
     """A batch smaller than one already calibrated (the last batch of a file, rows that ended) is priced by the
     larger batch's calibration instead of paying a calibration of its own; one row is always calibrated itself."""
-    from bpd_train.engine.packed import DecodeWeights
+    from bpd_train.engine.mt import DecodeWeights
 
     m = _heads_that_never_pay()
     big, small = random_sources(8, seed=7), random_sources(3, seed=8)
@@ -811,7 +811,7 @@ def test_adaptive_calibrates_a_batch_as_a_batch_and_settles_on_greedy_per_bucket
 
     import numpy as np
 
-    from bpd_train.engine.packed import DecodeWeights
+    from bpd_train.engine.mt import DecodeWeights
 
     bw = importlib.import_module("bpd_train.decoding.blockwise")
     m = _heads_that_never_pay()

@@ -73,17 +73,18 @@ def test_the_pipeline_does_not_check_the_models_kind_itself():
 def test_models_and_the_decode_engine_live_apart():
     """bpd_train/model holds the model definitions (pure torch); the decode engine -- the step protocol, each
     family's step weights, packed linears, the C++ kernels and native loops -- is bpd_train/engine. The models
-    reach the engine only through its step weights (engine/packed.py), never the kernels themselves."""
+    reach the engine only through its step weights (engine/mt.py, engine/lm.py, engine/packed.py), never the kernels
+    themselves."""
     engine = sorted(p.relative_to(ROOT / "bpd_train" / "engine").as_posix()
                     for p in (ROOT / "bpd_train" / "engine").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    assert [f for f in engine if not f.startswith("csrc/")] == ["__init__.py", "fastlinear.py", "lm_packed.py",
+    assert [f for f in engine if not f.startswith("csrc/")] == ["__init__.py", "fastlinear.py", "lm.py", "mt.py",
                                                                "packed.py", "step.py"]
     assert "csrc/linear.cpp" in engine and all(f.endswith((".cpp", ".h")) for f in engine if f.startswith("csrc/"))
     model = ROOT / "bpd_train" / "model"
     assert not (model / "csrc").exists()
-    for path in sorted(model.glob("*.py")):
+    for path in sorted(model.rglob("*.py")):
         imports = re.findall(r"from bpd_train\.engine\.(\w+) import", path.read_text(encoding="utf-8"))
-        assert set(imports) <= {"packed", "lm_packed"}, (path.name, imports)
+        assert set(imports) <= {"packed", "mt", "lm"}, (path.name, imports)
 
 
 def test_both_families_decode_through_one_step_protocol():
@@ -93,8 +94,8 @@ def test_both_families_decode_through_one_step_protocol():
 
     import torch
 
-    from bpd_train.engine.lm_packed import LMDecodeWeights
-    from bpd_train.engine.packed import DecodeWeights
+    from bpd_train.engine.lm import LMDecodeWeights
+    from bpd_train.engine.mt import DecodeWeights
     from bpd_train.engine.step import DecodeStep
     from bpd_train.model import BPDConfig, BPDModel, LMConfig, LMModel
 

@@ -4,8 +4,8 @@ the regime module uses it only where the backbone is frozen, dropout-free and de
 heads' gradients are the recomputed ones."""
 import torch
 
-from bpd_train.model.lm import LMModel
-from bpd_train.model.lm_config import LMConfig
+from bpd_train.model.lm.config import LMConfig
+from bpd_train.model.lm.model import LMModel
 from bpd_train.training.feature_cache import FeatureCache
 from bpd_train.training.module import BPDLightningModule
 

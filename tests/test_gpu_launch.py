@@ -60,7 +60,7 @@ def test_fsdp_strategy_wraps_each_layer():
 
     from bpd_train.model import BPDConfig, BPDModel, LMConfig, LMModel
     from bpd_train.model.layers import DecoderLayer, EncoderLayer
-    from bpd_train.model.lm import Layer
+    from bpd_train.model.lm.model import Layer
 
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3", job_name="t"):
         cfg = compose("train", overrides=["+regime=base", "experiment=smoke", "strategy=fsdp"])

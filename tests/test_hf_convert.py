@@ -272,6 +272,35 @@ def test_export_back_round_trip(folders, fam, tmp_path):
     assert tok2.source_ids(SOURCES[0]) == tok.source_ids(SOURCES[0])
 
 
+def test_untied_output_exports_every_embedding_name(folders, tmp_path):
+    """An encoder and decoder sharing one embedding beside a separate output projection (tie_output=False): the
+    export writes that embedding under every name transformers reads (model.shared and both embed_tokens), since
+    transformers then ties nothing; MarianMTModel loads the folder whole and computes our logits."""
+    from bpd_train.model import BPDConfig, BPDModel
+
+    folder, ttok, _ = folders["marian"]
+    base, tok, _ = _ours(folders, "marian")
+    model = BPDModel(BPDConfig.from_dict({**base.config.to_dict(), "tie_output": False})).eval()
+    missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
+    assert missing == ["lm_head.weight"] and not unexpected
+    with torch.no_grad():
+        model.lm_head.weight.copy_(torch.randn(model.lm_head.weight.shape, generator=torch.Generator().manual_seed(3)))
+    out = to_hf(model, tmp_path / "untied", tokenizer_folder=folder, tokenizer_files=tok.files())
+    hf = transformers.MarianMTModel.from_pretrained(out).eval()
+    assert not hf.config.tie_word_embeddings
+    src, mask = _hf_batch(ttok, SOURCES)
+    y = torch.randint(4, 40, (len(SOURCES), 7), generator=torch.Generator().manual_seed(0))
+    c = model.config
+    with torch.no_grad():
+        ref = hf(input_ids=src, attention_mask=mask,
+                 decoder_input_ids=torch.cat([torch.full((len(SOURCES), 1), hf.config.decoder_start_token_id), y], 1)).logits
+        got = model(src, torch.cat([torch.full((len(SOURCES), 1), c.bos_id), y], 1))[:, :, 0]
+    assert got.shape == ref.shape and (got - ref).abs().max().item() < 1e-4
+    back, _, _ = load_hf(out)  # and it reads back as it was
+    for (k1, v1), (k2, v2) in zip(sorted(model.state_dict().items()), sorted(back.state_dict().items())):
+        assert k1 == k2 and torch.equal(v1, v2)
+
+
 def test_refusals(folders, tmp_path, monkeypatch):
     bart = tmp_path / "bart"
     bart.mkdir()

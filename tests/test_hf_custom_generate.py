@@ -17,9 +17,9 @@ MAX_NEW = 20
 
 
 def _export(tmp_path, kind: str, init: str, identity_p1: bool = True):
-    from bpd_train.convert.hf_lm import to_hf_lm
-    from bpd_train.model.lm import LMModel
-    from bpd_train.model.lm_config import LMConfig
+    from bpd_train.convert.hf.lm import to_hf_lm
+    from bpd_train.model.lm.config import LMConfig
+    from bpd_train.model.lm.model import LMModel
 
     torch.manual_seed(0)
     cfg = LMConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128,
@@ -120,9 +120,9 @@ def test_docs_block_runs(tmp_path):
     """docs/decoder-only.md's block on transformers' generate runs as written."""
     from conftest import REPO_ROOT
 
-    from bpd_train.convert.hf_lm import to_hf_lm
-    from bpd_train.model.lm import LMModel
-    from bpd_train.model.lm_config import LMConfig
+    from bpd_train.convert.hf.lm import to_hf_lm
+    from bpd_train.model.lm.config import LMConfig
+    from bpd_train.model.lm.model import LMModel
 
     text = (REPO_ROOT / "docs" / "decoder-only.md").read_text(encoding="utf-8")
     code = text.split("## transformers' own `generate()` with the heads", 1)[1].split("```python\n", 1)[1]
@@ -256,8 +256,9 @@ def test_export_hf_writes_custom_generate_and_overwrites_only_its_own(tmp_path):
     import sentencepiece as spm
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    from bpd_train.convert.hf import is_hf_export, to_hf
-    from bpd_train.convert.hf_lm import to_hf_lm
+    from bpd_train.convert.common import is_hf_export
+    from bpd_train.convert.hf import to_hf
+    from bpd_train.convert.hf.lm import to_hf_lm
     from bpd_train.export import export_hf
 
     texts = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine", "hello world"]
@@ -295,9 +296,9 @@ def test_export_hf_writes_custom_generate_and_overwrites_only_its_own(tmp_path):
 
 def test_models_docs_block_runs(tmp_path):
     """docs/models.md's block on transformers' generate for a translation export runs as written."""
-    from bpd_train.convert.hf import to_hf
-
     from conftest import REPO_ROOT
+
+    from bpd_train.convert.hf import to_hf
 
     text = (REPO_ROOT / "docs" / "models.md").read_text(encoding="utf-8")
     code = text.split("## Export (`to_hf`) and the heads file", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]

@@ -1,4 +1,4 @@
-"""Decoder-only models on the native CPU decode engine (engine/lm_packed.py LMDecodeWeights, engine/csrc/lm.h): packed
+"""Decoder-only models on the native CPU decode engine (engine/lm.py LMDecodeWeights, engine/csrc/lm.h): packed
 linears in fp32 / bf16 / int8, the native layer stack (RMSNorm, rotary with per-row positions, GQA, SwiGLU, biases) with
 row-exact attention, native greedy and exact blockwise loops (one row and a batch), draft vocabulary and proposal
 precision, several stop ids. Exact blockwise must give greedy's output of the same precision, token for token, on random
@@ -11,7 +11,7 @@ import torch
 
 from bpd_train.decoding import Distance, TopK, beam_search, blockwise, greedy
 from bpd_train.engine.fastlinear import native_kernels
-from bpd_train.engine.lm_packed import LMDecodeWeights
+from bpd_train.engine.lm import LMDecodeWeights
 from bpd_train.engine.packed import DecodeOptions
 from bpd_train.model import LMConfig, LMModel
 

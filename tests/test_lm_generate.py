@@ -41,7 +41,7 @@ def _llama(folder: Path, chat_template: bool) -> Path:
 
 def _bundle(tmp: Path, chat_template: bool) -> Path:
     """hf folder -> our model with k = 3 random heads -> hf folder with bpd_heads -> a bundle (export.py's path)."""
-    from bpd_train.convert.hf_lm import load_hf_lm, to_hf_lm
+    from bpd_train.convert.hf.lm import load_hf_lm, to_hf_lm
     from bpd_train.export import export_checkpoint
 
     src = _llama(tmp / "hf", chat_template)

@@ -13,7 +13,7 @@ from _lm_tiny import WORDS, make_tokenizer  # noqa: E402
 from _lm_tiny import randomize as _randomize  # noqa: E402
 
 from bpd_train.convert.hf import ConvertError  # noqa: E402
-from bpd_train.convert.hf_lm import family_of, load_hf_lm  # noqa: E402
+from bpd_train.convert.hf.lm import family_of, load_hf_lm  # noqa: E402
 from bpd_train.decoding import Distance, Exact, TopK, blockwise, greedy  # noqa: E402
 
 PROMPTS = ["the quick brown fox", "hello", "a stitch in time saves nine and the lazy dog", "how are"]
@@ -138,7 +138,7 @@ def test_several_eos_ids_stop_like_generate(folders, tmp_path):
     back."""
     import shutil
 
-    from bpd_train.convert.hf_lm import to_hf_lm
+    from bpd_train.convert.hf.lm import to_hf_lm
     from bpd_train.decoding import beam_search
     from bpd_train.decoding.sampling import sample
 
@@ -245,7 +245,7 @@ def test_refusals(folders, tmp_path):
 @pytest.mark.parametrize("name,heads", [("llama", "medusa"), ("qwen2", "bpd")])
 def test_export_round_trip(folders, tmp_path, name, heads):
     """to_hf_lm writes a folder transformers loads (same logits) and load_hf_lm reads back with its heads."""
-    from bpd_train.convert.hf_lm import to_hf_lm
+    from bpd_train.convert.hf.lm import to_hf_lm
     model, tok, _ = load_hf_lm(folders[name], block_size=3, heads=heads)
     torch.manual_seed(4)
     with torch.no_grad():

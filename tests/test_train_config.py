@@ -52,6 +52,7 @@ def test_regime_and_experiment_compose_and_resolve(regime, experiment, tmp_path)
     assert r.name == regime
     k = 1 if regime == "base" else c["model"]["block_size"]
     assert r.block_size == k and c["trainer"]["max_steps"] == c["steps"][r.stage]
+    assert c["model"]["block_size"] == k  # k has one source: the base model's is 1, regime.block_size reads it
     sub = "base" if regime == "base" else f"heads/{regime}-k{k}"
     assert c["run_dir"] == f"{tmp_path}/{c['data']['name']}/{sub}"
     if regime != "base":

@@ -16,7 +16,7 @@ from _lm_tiny import make_tokenizer  # noqa: E402
 
 from bpd_train.bundle import BundleError  # noqa: E402
 from bpd_train.convert.hf import ConvertError, load_hf  # noqa: E402
-from bpd_train.convert.hf_lm import load_hf_lm, to_hf_lm  # noqa: E402
+from bpd_train.convert.hf.lm import load_hf_lm, to_hf_lm  # noqa: E402
 from bpd_train.export import export_checkpoint, export_hf, load_bundle  # noqa: E402
 from bpd_train.io import sha256_file  # noqa: E402
 

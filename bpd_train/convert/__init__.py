@@ -1,5 +1,5 @@
 """Conversions between this project's models and other formats: transformers checkpoints of the encoder-decoder
-family (hf.py) and the decoder-only family (hf_lm.py), on what both share (common.py); GGUF files (gguf.py); vLLM
+family (hf/mt.py) and the decoder-only family (hf/lm.py), on what both share (common.py); GGUF files (gguf.py); vLLM
 Medusa heads (vllm_medusa.py)."""
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bpd_train.convert import hf, hf_lm
-from bpd_train.convert.hf import ConvertError, from_hf, load_hf, to_hf
+from bpd_train.convert.common import ConvertError
+from bpd_train.convert.hf import lm, mt
+from bpd_train.convert.hf.mt import from_hf, load_hf, to_hf
 from bpd_train.families import ModelFamily, families
 
 
@@ -21,8 +22,8 @@ class HFFormat:
     write: Callable[..., Path]          # (model, out_dir, *, files, overwrite) -> the folder written
 
 
-HF_FORMATS: dict[str, HFFormat] = {"lm": HFFormat(hf_lm.claims_hf, hf_lm.read_hf, hf_lm.to_hf_lm),
-                                   "mt": HFFormat(hf.claims_hf, hf.read_hf, hf.to_hf)}
+HF_FORMATS: dict[str, HFFormat] = {"lm": HFFormat(lm.claims_hf, lm.read_hf, lm.to_hf_lm),
+                                   "mt": HFFormat(mt.claims_hf, mt.read_hf, mt.to_hf)}
 
 
 def hf_format(family: ModelFamily) -> HFFormat:

@@ -1,9 +1,9 @@
-"""What the two transformers imports share (convert/hf.py: encoder-decoder translation models; convert/hf_lm.py:
+"""What the two transformers imports share (convert/hf/mt.py: encoder-decoder translation models; convert/hf/lm.py:
 decoder-only models): reading a checkpoint folder (configs, weights: safetensors, sharded or not, or
 pytorch_model.bin with weights_only=True) without leaving it, resolving hub ids, checking a config against the
 weights before anything is allocated, and the export folder both write (config.json, generation_config.json,
 model.safetensors, the heads in bpd_heads.safetensors with custom_generate/generate.py, tokenizer files),
-read back by read_heads_file.
+read back by read_heads, and the check that a folder is such an export (is_hf_export).
 """
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ from torch import Tensor
 
 from bpd_train.bundle import BundleError
 from bpd_train.bundle import check_buildable as check
+from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_files
 from bpd_train.hf_generate import CUSTOM_GENERATE, TEMPLATE
 from bpd_train.io import atomic_dir, outside
+from bpd_train.model.mt.config import BPDConfig
 
 HEADS_FILE = "bpd_heads.safetensors"
 HEADS_FORMAT = "bpd-train-heads"
@@ -157,6 +159,20 @@ def read_heads_file(folder: str | Path, key: str) -> tuple[dict, dict[str, Tenso
     return config, tensors
 
 
+def read_heads(folder: str | Path, key: str, config_class: type) -> tuple[Any, dict[str, Tensor]] | None:
+    """bpd_heads.safetensors beside a checkpoint -> (the config it was written with, as `config_class`, heads
+    tensors); None where there is no heads file. key: where the family's exports keep the config (to_hf:
+    bpd_config, to_hf_lm: lm_config)."""
+    got = read_heads_file(folder, key)
+    if got is None:
+        return None
+    meta, tensors = got
+    try:
+        return config_class.from_dict(meta), tensors
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConvertError(f"{Path(folder) / HEADS_FILE} has an unreadable {key} ({e})") from None
+
+
 def read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, Tensor]]:
     """(metadata, tensors) of a safetensors file; one line when its header or data is damaged."""
     from safetensors import SafetensorError, safe_open
@@ -204,3 +220,65 @@ def resolve(path_or_id: str | Path) -> tuple[Path, str | None]:
         raise ConvertError(f"cannot fetch {ident} from the Hugging Face hub ({type(e).__name__}: "
                            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
     return folder, ident
+
+
+# ------------------------------------------------------------------------------------------ the export folder
+EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", HEADS_FILE)
+_GENERATE_DIR = CUSTOM_GENERATE.split("/")[0]
+
+
+def _ours_generate_dir(path: Path) -> bool:
+    """custom_generate/ as write_hf_folder writes it: a real folder holding generate.py (and Python's byte-code
+    cache, should the file have been run from there), nothing else."""
+    d = path / _GENERATE_DIR
+    if d.is_symlink() or not d.is_dir():
+        return False
+    names = {p.name for p in d.iterdir()}
+    gen = d / Path(CUSTOM_GENERATE).name
+    return gen.name in names and gen.is_file() and not gen.is_symlink() and names <= {gen.name, "__pycache__"}
+
+
+def _heads_key(path: Path) -> str | None:
+    """The metadata key of the config in a folder's heads file (bpd_config, lm_config), read without its tensors."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(folder_file(path, HEADS_FILE)), framework="pt") as f:
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError, RuntimeError):  # absent or damaged: read_heads tells which
+        return None
+    return "lm_config" if "lm_config" in meta else "bpd_config" if "bpd_config" in meta else None
+
+
+def is_hf_export(path: str | Path) -> bool:
+    """A folder export.format=hf wrote (`to_hf` or `to_hf_lm`) and nothing else (its files, custom_generate/,
+    tokenizer files): the only kind overwrite replaces."""
+    path = Path(path)
+    try:
+        names = {p.name for p in path.iterdir()}
+        if _heads_key(path) == "lm_config":  # a decoder-only export (to_hf_lm); else ours (to_hf) or an error
+            read_heads_file(path, "lm_config")
+        else:
+            read_heads(path, "bpd_config", BPDConfig)
+        if _GENERATE_DIR in names and not _ours_generate_dir(path):
+            return False
+        rest = names - set(EXPORT_FILES) - {_GENERATE_DIR}
+        tok = set(tokenizer_files(path)) if rest else set()
+    except (OSError, ValueError, TokenizerError):
+        return False
+    return HEADS_FILE in names and rest <= tok
+
+
+def check_hf_output_dir(out_dir: str | Path, overwrite: bool) -> None:
+    """Before any work, as for bundles: an existing output is refused unless overwrite is on and an earlier
+    export.format=hf wrote it."""
+    out_dir = Path(out_dir)
+    if not (out_dir.exists() or out_dir.is_symlink()):
+        return
+    if out_dir.is_symlink() or not out_dir.is_dir():
+        raise FileExistsError(f"export output {out_dir} exists and is not a folder; choose another export.output_dir")
+    if not overwrite:
+        raise FileExistsError(f"{out_dir} already exists; pass export.overwrite=true to replace it")
+    if any(out_dir.iterdir()) and not is_hf_export(out_dir):
+        raise FileExistsError(f"export output {out_dir} is not a folder export.format=hf wrote (or holds other "
+                              "files too); overwrite only replaces an earlier export: choose another export.output_dir")

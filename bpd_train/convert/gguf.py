@@ -8,7 +8,7 @@ package's too). We decode those fp32 weights exactly; llama.cpp computes on the 
 differ slightly from ours and from transformers'.
 
 What maps where (the names are llama.cpp's, the targets transformers' Llama / Qwen2 layout, which
-convert/hf_lm.py turns into LMConfig and our state dict):
+convert/hf/lm.py turns into LMConfig and our state dict):
 
   general.architecture            llama (also Mistral and SmolLM files) | qwen2
   <architecture>.embedding_length, .feed_forward_length, .block_count, .context_length, .attention.head_count(_kv),
@@ -33,11 +33,11 @@ from torch import Tensor
 
 from bpd_train.bundle import BundleError, check_buildable
 from bpd_train.convert.common import ConvertError
-from bpd_train.convert.hf_lm import config_from_hf_lm, state_from_hf_lm
+from bpd_train.convert.hf.lm import config_from_hf_lm, state_from_hf_lm
 from bpd_train.data.hf_tokenizer import TokenizerError
 from bpd_train.data.lm.tokenizer import LMTokenizer
 from bpd_train.io import atomic_dir, sha256_file
-from bpd_train.model.lm import LMModel
+from bpd_train.model.lm.model import LMModel
 
 log = logging.getLogger(__name__)
 

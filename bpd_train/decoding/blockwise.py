@@ -25,7 +25,7 @@ measured cost of a step of that width, relative to a greedy step; see decoding/a
 stretches, the greedy decoder's own native loop, while no width pays; a threshold in (0, 1) instead feeds
 proposals whose heads are accepted at least that often. The output is the same either way.
 
-Where the native kernels run the model (engine/packed.py DecodeWeights), the Exact, TopK and Distance rules
+Where the native kernels run the model (engine/mt.py DecodeWeights), the Exact, TopK and Distance rules
 (without min_block) run whole runs of steps in one C++ call (DecodeWeights.block_steps for one row,
 batch_block_steps for a batch: verify, accept, propose, no Python in between), and greedy stretches likewise
 (DecodeWeights.greedy_steps); other cases take the Python steps below. Both take the same steps (tested).

@@ -1,6 +1,6 @@
 """`DecodeStep`: what every decoder (greedy, beam search, blockwise, sampling) calls per step, whatever the model
-family. Each family implements it once, apart from its model definition: engine/packed.py `DecodeWeights`
-(encoder-decoder BPDModel), engine/lm_packed.py `LMDecodeWeights` (decoder-only LMModel). A model hands its own out
+family. Each family implements it once, apart from its model definition: engine/mt.py `DecodeWeights`
+(encoder-decoder BPDModel), engine/lm.py `LMDecodeWeights` (decoder-only LMModel). A model hands its own out
 of `model.decode_weights()`, cached until a weight or `decode_options` changes.
 
 The native-loop members (greedy_steps, block_steps, batch_block_steps, multi_stop, last_seconds, stats) are what a

@@ -55,7 +55,7 @@ class ModelFamily(ABC):
         return self.model_class(config)
 
     def decode_weights(self, model):
-        """What one decode step reads, a engine/step.py DecodeStep (engine/packed.py DecodeWeights, engine/lm_packed.py
+        """What one decode step reads, a engine/step.py DecodeStep (engine/mt.py DecodeWeights, engine/lm.py
         LMDecodeWeights): the model prepares and caches them itself; every decoder goes through this one call."""
         return model.decode_weights()
 
@@ -65,9 +65,9 @@ class ModelFamily(ABC):
         """The model's transformer layers: one FSDP unit each (training/sharding.py)."""
 
     @abstractmethod
-    def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any, block_size: int):
-        """conf/model (plain dict, without vocab_size) + the run's tokenizer -> the config of a model trained from
-        scratch (regime base)."""
+    def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any):
+        """conf/model (plain dict, without vocab_size; its block_size is the model's k) + the run's tokenizer -> the
+        config of a model trained from scratch (regime base)."""
 
     def position_table_bytes(self, config) -> int:
         """Memory a config allocates beyond its weights for positions (bundle.check_buildable bounds it)."""

@@ -1,12 +1,12 @@
 """The decoder-only family (the Llama / Qwen2 architecture): LMConfig / LMModel, `arch: lm` in its configs.
 
-  config, model     bpd_train/model/lm_config.py LMConfig, model/lm.py LMModel
-  decode steps      bpd_train/engine/lm_packed.py LMDecodeWeights
+  config, model     bpd_train/model/lm/config.py LMConfig, model/lm/model.py LMModel
+  decode steps      bpd_train/engine/lm.py LMDecodeWeights
   data              bpd_train/data/lm/: prompt/response or chat records (records.py), or the translation corpus as
                     prompts; batches of tokens/targets (datamodule.py LMDataModule); tokenizer.json folders
                     (tokenizer.py) or the corpus's sentencepiece model behind SpmLMTokenizer
   text adapter      decoding/text.py LMText: a prompt, a prompt-format translation or a chat -> ids
-  transformers      convert/hf_lm.py: Llama, Qwen2, Mistral (no sliding window); its HFFormat in convert/__init__
+  transformers      convert/hf/lm.py: Llama, Qwen2, Mistral (no sliding window); its HFFormat in convert/__init__
   bundles           tokenizer.model, or the model's tokenizer/ folder (RunLMTokenizer); the heads' type recorded
   distillation      the model answers the prompts itself, greedily or sampled (distillation/self_lm.py)
 """
@@ -20,8 +20,8 @@ from bpd_train.data.lm.records import load_lm_jsonl
 from bpd_train.data.lm.tokenizer import RunLMTokenizer
 from bpd_train.decoding.text import LMText
 from bpd_train.families.base import ModelFamily, register
-from bpd_train.model.lm import Layer, LMModel
-from bpd_train.model.lm_config import LMConfig
+from bpd_train.model.lm.config import LMConfig
+from bpd_train.model.lm.model import Layer, LMModel
 
 
 class LMFamily(ModelFamily):
@@ -39,10 +39,10 @@ class LMFamily(ModelFamily):
     model_class = LMModel
     layer_classes = (Layer,)
 
-    def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any, block_size: int):
+    def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any):
         # pad_id stays LMConfig's sentinel (-1): padding is never a vocabulary id in this family
         return self.config_class(vocab_size=tokenizer.vocab_size, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
-                                 **{**model_cfg, "block_size": int(block_size)})
+                                 **{**model_cfg, "block_size": int(model_cfg["block_size"])})
 
     # ------------------------------------------------------------------------------------------------ data
     def datamodule(self, cfg: Any, regime: Any, tokenizer: Any = None, max_positions: int | None = None):

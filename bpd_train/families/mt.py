@@ -1,12 +1,12 @@
 """The encoder-decoder translation family (the paper's model): BPDConfig / BPDModel.
 
-  config, model     bpd_train/model/config.py BPDConfig, model/transformer.py BPDModel (no `arch` in its configs)
-  decode steps      bpd_train/engine/packed.py DecodeWeights
+  config, model     bpd_train/model/mt/config.py BPDConfig, model/mt/model.py BPDModel (no `arch` in its configs)
+  decode steps      bpd_train/engine/mt.py DecodeWeights
   data              bpd_train/data/mt/: source/target pairs of a translation corpus (data/corpus.py) encoded and
                     filtered (processing.py), batches of src, tgt_in, tgt_out (datamodule.py BPDDataModule); the
                     corpus's sentencepiece model (data/tokenizer.py) or an imported model's (data/hf_tokenizer.py)
   text adapter      decoding/text.py SpmText: sentence -> pieces + EOS, padded with pad_id
-  transformers      convert/hf.py: Marian, M2M100 / NLLB, Pegasus (for export); its HFFormat in convert/__init__
+  transformers      convert/hf/mt.py: Marian, M2M100 / NLLB, Pegasus (for export); its HFFormat in convert/__init__
   bundles           tokenizer.model, or an imported model's tokenizer/ folder (HFTokenizer with its languages)
   distillation      beam search over the corpus's source sentences (distillation/job.py)
 """
@@ -20,9 +20,9 @@ from bpd_train.data.hf_tokenizer import HFTokenizer, ModelTokenizer
 from bpd_train.decoding.settings import DecodeError
 from bpd_train.decoding.text import SpmText
 from bpd_train.families.base import ModelFamily, register
-from bpd_train.model.config import BPDConfig
 from bpd_train.model.layers import DecoderLayer, EncoderLayer
-from bpd_train.model.transformer import BPDModel
+from bpd_train.model.mt.config import BPDConfig
+from bpd_train.model.mt.model import BPDModel
 
 
 class MTFamily(ModelFamily):
@@ -42,10 +42,10 @@ class MTFamily(ModelFamily):
     model_class = BPDModel
     layer_classes = (EncoderLayer, DecoderLayer)
 
-    def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any, block_size: int):
+    def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any):
         return self.config_class(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
                                  eos_id=tokenizer.eos_id, unk_id=tokenizer.unk_id,
-                                 **{**model_cfg, "block_size": int(block_size)})
+                                 **{**model_cfg, "block_size": int(model_cfg["block_size"])})
 
     def position_table_bytes(self, config) -> int:
         return int(config.max_positions) * int(config.d_model) * 4  # the [max_positions, d_model] sinusoid table

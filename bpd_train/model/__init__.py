@@ -1,11 +1,13 @@
-"""Pure-torch model: configs, encoder-decoder Transformer and decoder-only LM with BPD heads, decoding KV cache."""
+"""Pure-torch model: one folder per family with the same files (mt/: the encoder-decoder Transformer, lm/: the
+decoder-only LM; config.py and model.py in each), what both share (common.py, heads.py, layers.py), the decoding
+KV cache (cache.py)."""
 from typing import Any, Mapping
 
 from bpd_train.model.cache import DecoderState, Memory
-from bpd_train.model.config import BPDConfig
-from bpd_train.model.lm import LMModel
-from bpd_train.model.lm_config import LMConfig
-from bpd_train.model.transformer import BPDModel
+from bpd_train.model.lm.config import LMConfig
+from bpd_train.model.lm.model import LMModel
+from bpd_train.model.mt.config import BPDConfig
+from bpd_train.model.mt.model import BPDModel
 
 # Each saved config's `arch` and its config and model classes (None: the encoder-decoder, whose configs carry no
 # arch); bpd_train/families names the same classes per family.

@@ -54,7 +54,7 @@ class DecoderState:
         self._slot_positions: Tensor | None = None
         self._arange: dict[int, Tensor] = {}
         self._causal_mask: Tensor | None = None
-        self.weights = None  # engine/packed.py DecodeWeights, set by BPDModel.start_decoding
+        self.weights = None  # engine/mt.py DecodeWeights, set by BPDModel.start_decoding
 
     @property
     def _positions(self) -> Tensor:

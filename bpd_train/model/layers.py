@@ -194,7 +194,7 @@ def decode_step(w, x: Tensor, self_kv: Tensor, write, kv_len: int, self_mask: Te
     slots [0, kv_len) under the additive self_mask. mem_kv [2,R/G,H,S,Dh] is shared by groups of G =
     mem_group consecutive rows (beams): their queries attend to it as one longer query block, so it is
     never copied per row. Plain torch calls: per-call overhead, not arithmetic,
-    dominates small-batch decoding. w: engine/packed.py StepWeights (its linears are PackedLinear)."""
+    dominates small-batch decoding. w: engine/mt.py StepWeights (its linears are PackedLinear)."""
     if not w.pre_norm:
         return _decode_step_post_norm(w, x, self_kv, write, kv_len, self_mask, mem_kv, mem_mask, mem_group)
     r, n, d = x.shape

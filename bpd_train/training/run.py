@@ -169,17 +169,29 @@ def run_family(cfg: DictConfig, init: Any = None, resume: str | None = None) -> 
     return family_of(cfg.model), int(cfg.model.get("max_positions", 2048))
 
 
-def base_model_config(cfg: DictConfig, tokenizer, block_size: int):
+def check_block_size(cfg: DictConfig, regime: Regime) -> None:
+    """k is model.block_size alone: regime.block_size reads it (conf/regime), and the base model has one head."""
+    k = int(cfg.model.block_size)
+    if regime.block_size != k:
+        raise TrainError(f"regime.block_size={regime.block_size}: the number of heads is set as model.block_size "
+                         "(regime.block_size reads it)")
+    if regime.stage == "base" and k != 1:
+        raise TrainError(f"model.block_size={k}: regime base trains the base model, head 1 alone; k is for the head "
+                         "regimes (+regime=frozen|finetune|distill|both|self)")
+
+
+def base_model_config(cfg: DictConfig, tokenizer):
     """conf/model with this run's tokenizer: the config of a model trained from scratch (regime base)."""
     m = {k: v for k, v in plain(cfg.model).items() if k != "vocab_size"}
-    return family_of(m).config_from_train_cfg(m, tokenizer, block_size)
+    return family_of(m).config_from_train_cfg(m, tokenizer)
 
 
-def heads_model_config(init_config, cfg: DictConfig, block_size: int):
-    """The base model's config with the head fields from this run (the heads are new; the backbone is copied)."""
+def heads_model_config(init_config, cfg: DictConfig):
+    """The base model's config with the head fields from this run, k among them (the heads are new; the backbone is
+    copied)."""
     m = plain(cfg.model)
     over = {f: m[f] for f in family_of(init_config).head_fields if f in m}
-    over["block_size"] = int(block_size)
+    over["block_size"] = int(over["block_size"])
     return dataclasses.replace(init_config, **over)
 
 
@@ -249,9 +261,9 @@ def build_module(cfg: DictConfig, regime: Regime, tokenizer, resume: str | None 
         model_cfg = config_from_dict(dict(meta["model_config"]))
     elif init_from:
         init = load_init(init_from, tokenizer, opened)
-        model_cfg = heads_model_config(init.config, cfg, regime.block_size)
+        model_cfg = heads_model_config(init.config, cfg)
     else:
-        model_cfg = base_model_config(cfg, tokenizer, regime.block_size)
+        model_cfg = base_model_config(cfg, tokenizer)
     module = BPDLightningModule(
         model_config=model_cfg.to_dict(), regime=regime.to_dict(), optim=plain(cfg.optim), loss=plain(cfg.loss),
         seed=int(cfg.seed), tokenizer_file=str(Path(tokenizer.path).resolve()), tokenizer_hash=tokenizer.hash,
@@ -338,6 +350,7 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
         regime = Regime.from_cfg(cfg.regime)
     except ValueError as e:
         raise TrainError(str(e)) from None
+    check_block_size(cfg, regime)
     run_dir = Path(str(cfg.run_dir)).expanduser().resolve()
     check_accelerator(cfg)
     check_kd_settings(cfg)

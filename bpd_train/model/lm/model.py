@@ -14,7 +14,7 @@ input, where an encoder-decoder model hands them BOS. A row with L prompt tokens
 front: a per-row key mask hides them and rotary positions count from the row's first real token, so every
 row decodes as it would alone.
 
-Decoding (engine/lm_packed.py LMDecodeWeights) runs on the native CPU engine (bpd_train/engine) where it is
+Decoding (engine/lm.py LMDecodeWeights) runs on the native CPU engine (bpd_train/engine) where it is
 built: packed linears in fp32 / bf16 / int8, the layer stack in one C++ call with row-exact attention, native greedy
 and exact blockwise loops (one row and a batch), draft vocabulary and proposal precision, as the encoder-decoder
 model's DecodeWeights (docs/engine.md). Elsewhere (CUDA, BPD_DECODE_ENGINE=torch) it runs plain torch (F.linear,
@@ -33,11 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bpd_train.engine.lm_packed import LMDecodeWeights
+from bpd_train.engine.lm import LMDecodeWeights
 from bpd_train.engine.packed import DecodeOptions, cached_step_weights
 from bpd_train.model.cache import DecoderState
+from bpd_train.model.common import HeadedModel
 from bpd_train.model.heads import BPDHeads, MedusaHeads
-from bpd_train.model.lm_config import LMConfig
+from bpd_train.model.lm.config import LMConfig
 
 
 class RMSNorm(nn.Module):
@@ -217,7 +218,7 @@ def _lm_step_weights(model: "LMModel", options: DecodeOptions) -> LMDecodeWeight
     return LMDecodeWeights(model, options, medusa=isinstance(model.heads, MedusaHeads), stops=c.eos_ids or c.eos_id)
 
 
-class LMModel(nn.Module):
+class LMModel(HeadedModel):
     def __init__(self, config: LMConfig):
         super().__init__()
         self.config = c = config
@@ -233,8 +234,7 @@ class LMModel(nn.Module):
             heads = (MedusaHeads(c.d_model, c.block_size, c.medusa_layers, c.dropout) if c.heads == "medusa"
                      else BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout))
         self.register_module("heads", heads)
-        self.decode_options = DecodeOptions()
-        self._decode_cache: tuple | None = None
+        self._init_decoding()
 
     def _init_backbone(self) -> None:
         for m in self.modules():
@@ -242,17 +242,6 @@ class LMModel(nn.Module):
                 nn.init.normal_(m.weight, std=0.02)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
-
-    @property
-    def block_size(self) -> int:
-        return self.config.block_size
-
-    # ---- parameter groups (regimes freeze by these) ----
-    def head_parameters(self) -> list[nn.Parameter]:
-        return list(self.heads.parameters()) if self.heads is not None else []
-
-    def backbone_parameters(self) -> list[nn.Parameter]:
-        return [p for n, p in self.named_parameters() if not n.startswith("heads.")]
 
     # ---- full sequence (training, scoring) ----
     def features(self, tokens: Tensor) -> Tensor:
@@ -277,11 +266,6 @@ class LMModel(nn.Module):
         return self.heads_logits(self.features(tokens))
 
     # ---- heads ----
-    def output_weight(self) -> Tensor:
-        """[V,D] vocabulary projection: the token embedding (tied) or the separate lm_head."""
-        head = self._modules["lm_head"]
-        return (head if head is not None else self._modules["embed"])._parameters["weight"]
-
     def head_states(self, h: Tensor, lo: int = 0, hi: int | None = None) -> Tensor:
         """h [...,D] -> what the vocabulary projection reads for heads lo..hi-1 [...,hi-lo,D]: BPD heads go
         through the final norm after their FFN, Medusa heads read the normed state."""
@@ -391,11 +375,6 @@ class LMModel(nn.Module):
     def start_tokens(self, state: LMState) -> Tensor:
         """[R,1] the decoders' first input: each prompt's last token."""
         return state.first
-
-    def __getstate__(self):
-        state = dict(super().__getstate__())
-        state["_decode_cache"] = None
-        return state
 
     def decode_weights(self) -> LMDecodeWeights:
         return cached_step_weights(self, _lm_step_weights)

@@ -24,7 +24,7 @@ model.safetensors) plus its BPD heads in `bpd_heads.safetensors` (tensors heads.
 basis, the BPDConfig in the metadata; see `heads_tensors`) with custom_generate/generate.py, with which
 transformers' own generate() decodes blockwise (bpd_train/hf_generate; docs/models.md), and copies the tokenizer
 files when given. `load_hf(path_or_id)` -> (model, tokenizer, meta) is the `hf:` source. Reading
-folders and weights, hub ids and the export folder are convert/common.py's, shared with convert/hf_lm.py.
+folders and weights, hub ids and the export folder are convert/common.py's, shared with convert/hf/lm.py.
 """
 from __future__ import annotations
 
@@ -35,14 +35,23 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bpd_train.convert.common import (HEADS_FILE, HEADS_FORMAT, ConvertError, check_buildable,  # noqa: F401
-                                      folder_file, read_configs, read_heads_file, read_json, read_safetensors,
-                                      read_weights, resolve, write_hf_folder)
-from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError, tokenizer_files
-from bpd_train.hf_generate import CUSTOM_GENERATE
-from bpd_train.model.config import BPDConfig
+from bpd_train.convert.common import (
+    HEADS_FILE,
+    HEADS_FORMAT,
+    ConvertError,
+    check_buildable,
+    is_hf_export,
+    read_configs,
+    read_heads,
+    read_json,
+    read_weights,
+    resolve,
+    write_hf_folder,
+)
+from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError
 from bpd_train.model.layers import sinusoidal_table
-from bpd_train.model.transformer import BPDModel
+from bpd_train.model.mt.config import BPDConfig
+from bpd_train.model.mt.model import BPDModel
 
 SUPPORTED = {"MarianMTModel": "marian", "M2M100ForConditionalGeneration": "m2m_100",
              "PegasusForConditionalGeneration": "pegasus"}
@@ -322,7 +331,8 @@ def hf_config_of(config: BPDConfig) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def state_to_hf(model) -> dict[str, Tensor]:
-    """Our backbone -> HF tensor names (tied tensors written once, as transformers saves them)."""
+    """Our backbone -> HF tensor names, as transformers saves them: tied tensors written once, the shared embedding
+    under each of its names when the output projection is separate."""
     c = model.config
     sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     if needs_permutation(c):
@@ -334,6 +344,8 @@ def state_to_hf(model) -> dict[str, Tensor]:
             out[t] = p
     if c.share_embeddings:
         out["model.shared.weight"] = sd["embed.weight"]
+        if not c.tie_output:  # transformers then ties nothing to model.shared: it saves (and reads) every name
+            out["model.encoder.embed_tokens.weight"] = out["model.decoder.embed_tokens.weight"] = sd["embed.weight"]
     else:
         out["model.decoder.embed_tokens.weight"] = sd["embed.weight"]
         out["model.encoder.embed_tokens.weight"] = sd["src_embed.weight"]
@@ -364,67 +376,6 @@ def heads_tensors(model) -> tuple[dict[str, Tensor], dict[str, str]]:
     return tensors, meta
 
 
-EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", HEADS_FILE)
-_GENERATE_DIR = CUSTOM_GENERATE.split("/")[0]
-
-
-def _ours_generate_dir(path: Path) -> bool:
-    """custom_generate/ as write_hf_folder writes it: a real folder holding generate.py (and Python's byte-code
-    cache, should the file have been run from there), nothing else."""
-    d = path / _GENERATE_DIR
-    if d.is_symlink() or not d.is_dir():
-        return False
-    names = {p.name for p in d.iterdir()}
-    gen = d / Path(CUSTOM_GENERATE).name
-    return gen.name in names and gen.is_file() and not gen.is_symlink() and names <= {gen.name, "__pycache__"}
-
-
-def _heads_key(path: Path) -> str | None:
-    """The metadata key of the config in a folder's heads file (bpd_config, lm_config), read without its tensors."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(folder_file(path, HEADS_FILE)), framework="pt") as f:
-            meta = f.metadata() or {}
-    except (SafetensorError, OSError, ValueError, RuntimeError):  # absent or damaged: read_heads tells which
-        return None
-    return "lm_config" if "lm_config" in meta else "bpd_config" if "bpd_config" in meta else None
-
-
-def is_hf_export(path: str | Path) -> bool:
-    """A folder export.format=hf wrote (`to_hf` or `to_hf_lm`) and nothing else (its files, custom_generate/,
-    tokenizer files): the only kind overwrite replaces."""
-    path = Path(path)
-    try:
-        names = {p.name for p in path.iterdir()}
-        if _heads_key(path) == "lm_config":  # a decoder-only export (to_hf_lm); else ours (to_hf) or an error
-            read_heads_file(path, "lm_config")
-        else:
-            read_heads(path)
-        if _GENERATE_DIR in names and not _ours_generate_dir(path):
-            return False
-        rest = names - set(EXPORT_FILES) - {_GENERATE_DIR}
-        tok = set(tokenizer_files(path)) if rest else set()
-    except (OSError, ValueError, TokenizerError):
-        return False
-    return HEADS_FILE in names and rest <= tok
-
-
-def check_hf_output_dir(out_dir: str | Path, overwrite: bool) -> None:
-    """Before any work, as for bundles: an existing output is refused unless overwrite is on and an earlier
-    export.format=hf wrote it."""
-    out_dir = Path(out_dir)
-    if not (out_dir.exists() or out_dir.is_symlink()):
-        return
-    if out_dir.is_symlink() or not out_dir.is_dir():
-        raise FileExistsError(f"export output {out_dir} exists and is not a folder; choose another export.output_dir")
-    if not overwrite:
-        raise FileExistsError(f"{out_dir} already exists; pass export.overwrite=true to replace it")
-    if any(out_dir.iterdir()) and not is_hf_export(out_dir):
-        raise FileExistsError(f"export output {out_dir} is not a folder export.format=hf wrote (or holds other "
-                              "files too); overwrite only replaces an earlier export: choose another export.output_dir")
-
-
 def to_hf(model, out_dir: str | Path, tokenizer_folder: str | Path | None = None,
           tokenizer_files: list[str] | None = None, overwrite: bool = False,
           files: dict[str, str | Path] | None = None) -> Path:
@@ -440,18 +391,6 @@ def to_hf(model, out_dir: str | Path, tokenizer_folder: str | Path | None = None
                            replaceable=is_hf_export)
 
 
-def read_heads(folder: Path) -> tuple[BPDConfig, dict[str, Tensor]] | None:
-    """bpd_heads.safetensors beside a checkpoint -> (the config it was written with, heads tensors)."""
-    got = read_heads_file(folder, "bpd_config")
-    if got is None:
-        return None
-    meta, tensors = got
-    try:
-        return BPDConfig.from_dict(meta), tensors
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConvertError(f"{Path(folder) / HEADS_FILE} has an unreadable bpd_config ({e})") from None
-
-
 def load_hf(path_or_id: str | Path, *, block_size: int | None = None, head_d_hidden: int | None = None,
             identity_p1: bool = True, src_lang: str | None = None, tgt_lang: str | None = None,
             tokenizer: bool = True, dropout: float | None = None, map_location="cpu"):
@@ -463,7 +402,7 @@ def load_hf(path_or_id: str | Path, *, block_size: int | None = None, head_d_hid
     folder, hub_id = resolve(path_or_id)
     hf = read_json(folder / "config.json")
     fam = family(hf)
-    saved = read_heads(folder)
+    saved = read_heads(folder, "bpd_config", BPDConfig)
     tok = None
     tgt_id = None
     try:

@@ -1,6 +1,6 @@
 """The weights one decode step of a decoder-only model reads: `LMDecodeWeights`, the `DecodeStep` of engine/step.py
-for LMModel (model/lm.py), as engine/packed.py's DecodeWeights is for the encoder-decoder BPDModel. The model
-definition stays in model/lm.py; this module is the decode engine's side: packed linears, the native layer stack and
+for LMModel (model/lm/model.py), as engine/mt.py's DecodeWeights is for the encoder-decoder BPDModel. The model
+definition stays in model/lm/; this module is the decode engine's side: packed linears, the native layer stack and
 the native loops (engine/fastlinear.py, csrc/lm.h)."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _stops(eos) -> Tensor:
 
 
 class LMDecodeWeights(DecodeStep):
-    """What decoders call per step (the DecodeWeights interface of engine/packed.py) for a decoder-only model:
+    """What decoders call per step (the DecodeStep interface of engine/step.py) for a decoder-only model:
     head1, head1_argmax, propose, logits, final_norm, greedy_steps, block_steps, batch_block_steps, vocab_size,
     draft_ids, stats.
 
@@ -35,7 +35,7 @@ class LMDecodeWeights(DecodeStep):
     Elsewhere (CUDA, BPD_DECODE_ENGINE=torch, no compiler) the step is LMModel's torch path in fp32.
 
     What the engine does not look up in the model is given: `medusa`, whether the heads are Medusa heads (else BPD
-    heads, or none), and `stops`, the id or ids that end a row where a caller passes no `eos` (model/lm.py builds
+    heads, or none), and `stops`, the id or ids that end a row where a caller passes no `eos` (model/lm/model.py builds
     these step weights)."""
 
     def __init__(self, model: nn.Module, options: DecodeOptions, *, medusa: bool, stops):

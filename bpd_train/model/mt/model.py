@@ -2,7 +2,7 @@
 
 The BPDConfig architecture options (post-norm, no final norms, other sinusoid layouts, separate
 embeddings, a logits bias, a decoder prefix) exist so that imported Marian / M2M100 / NLLB checkpoints
-(bpd_train/convert/hf.py) compute what transformers computes; the defaults are this project's own models.
+(bpd_train/convert/hf/mt.py) compute what transformers computes; the defaults are this project's own models.
 
 Shapes: B batch, S source length, T target length, D d_model, V vocab, k heads, R decoder rows while
 decoding (batch x beam), n new tokens per decoder call.
@@ -15,14 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bpd_train.engine.packed import DecodeOptions, DecodeWeights, cached_step_weights
+from bpd_train.engine.mt import DecodeWeights
+from bpd_train.engine.packed import cached_step_weights
 from bpd_train.model.cache import DecoderState, Memory
-from bpd_train.model.config import BPDConfig
+from bpd_train.model.common import HeadedModel
 from bpd_train.model.heads import BPDHeads, ChainHeads
 from bpd_train.model.layers import DecoderLayer, EncoderLayer, decode_step, sinusoidal_table
+from bpd_train.model.mt.config import BPDConfig
 
 
-class BPDModel(nn.Module):
+class BPDModel(HeadedModel):
     def __init__(self, config: BPDConfig):
         super().__init__()
         self.config = config
@@ -57,9 +59,7 @@ class BPDModel(nn.Module):
             self.heads = ChainHeads(c.d_model, c.block_size, c.head_hidden, c.dropout)
         else:
             self.heads = BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout)
-        # how decoders run this model (precision, draft vocabulary) and the weights prepared for it
-        self.decode_options = DecodeOptions()
-        self._decode_cache: tuple | None = None
+        self._init_decoding()
 
     def _init_backbone(self) -> None:
         nn.init.normal_(self.embed.weight, std=self.config.d_model ** -0.5)
@@ -71,17 +71,6 @@ class BPDModel(nn.Module):
                 if isinstance(m, nn.Linear):
                     nn.init.xavier_uniform_(m.weight)
                     nn.init.zeros_(m.bias)
-
-    @property
-    def block_size(self) -> int:
-        return self.config.block_size
-
-    # ---- parameter groups (regimes freeze by these) ----
-    def head_parameters(self) -> list[nn.Parameter]:
-        return list(self.heads.parameters()) if self.heads is not None else []
-
-    def backbone_parameters(self) -> list[nn.Parameter]:
-        return [p for n, p in self.named_parameters() if not n.startswith("heads.")]
 
     # ---- encoder ----
     def _embed(self, tokens: Tensor, positions, source: bool = False) -> Tensor:
@@ -99,7 +88,7 @@ class BPDModel(nn.Module):
             raise ValueError(f"source length {s} exceeds max_positions={self.config.max_positions}")
         pad_mask = src != self.config.pad_id                      # [B,S]
         w = self._native_decoding(src.device, self._modules["embed"]._parameters["weight"].dtype)
-        if w is not None:  # decoding on the CPU: embedding and the whole stack in one native call (engine/packed.py)
+        if w is not None:  # decoding on the CPU: embedding and the whole stack in one native call (engine/mt.py)
             out, padded = w.encode_ids(self, src)
             return Memory(out, pad_mask, pad_mask[:, None, None, :] if padded else None)
         attn_mask = pad_mask[:, None, None, :]                    # [B,1,1,S]
@@ -140,11 +129,6 @@ class BPDModel(nn.Module):
         for layer in self.decoder_layers:
             x = layer(x, memory.out, memory.attn_mask)
         return x[:, len(prefix):] if prefix else x
-
-    def output_weight(self) -> Tensor:
-        """[V,D] vocabulary projection: the decoder embedding (tied) or the separate lm_head."""
-        head = self._modules["lm_head"]
-        return (head if head is not None else self._modules["embed"])._parameters["weight"]
 
     def decode_logits_bias(self) -> Tensor | None:
         """[V] bias the decoders add to the projection: logits_bias, and -inf at config.suppress_ids (what
@@ -251,12 +235,6 @@ class BPDModel(nn.Module):
         if prefix:  # cache the decoder-start tokens once; decoders then count from BOS as usual
             self.decode(state, torch.tensor(prefix, device=out.device).expand(b * expand, -1))
             state.base = len(prefix)
-        return state
-
-    def __getstate__(self):
-        # copies and pickles (deepcopy, DDP spawn, checkpoints of the module) never carry packed weights
-        state = dict(super().__getstate__())
-        state["_decode_cache"] = None
         return state
 
     def decode_weights(self) -> DecodeWeights:

@@ -1,4 +1,4 @@
-"""Configuration of the decoder-only family (bpd_train/model/lm.py): a plain dataclass, like BPDConfig.
+"""Configuration of the decoder-only family (bpd_train/model/lm/model.py): a plain dataclass, like BPDConfig.
 
 A separate dataclass rather than BPDConfig with an `arch` switch: almost none of BPDConfig's fields mean
 anything here (encoder layers, cross-attention, sinusoid layouts, decoder prefix) and the Llama fields mean
@@ -8,9 +8,9 @@ builds (`bpd_train.model.config_from_dict` dispatches on it; BPDConfig has no su
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
+
+from bpd_train.model.common import ModelConfig
 
 HEAD_TYPES = ("bpd", "medusa")
 ROPE_SCALING = {"linear": ("factor",),
@@ -18,7 +18,7 @@ ROPE_SCALING = {"linear": ("factor",),
 
 
 @dataclass
-class LMConfig:
+class LMConfig(ModelConfig):
     vocab_size: int
     d_model: int = 512
     n_layers: int = 8
@@ -104,14 +104,3 @@ class LMConfig:
     @property
     def head_hidden(self) -> int:
         return self.head_d_hidden if self.head_d_hidden is not None else self.d_ff
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "LMConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown LMConfig fields {sorted(unknown)}; known: {sorted(names)}")
-        return cls(**d)

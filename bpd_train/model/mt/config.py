@@ -1,16 +1,16 @@
 """Model configuration: a plain dataclass so it round-trips through JSON, checkpoints and Hydra."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
+
+from bpd_train.model.common import ModelConfig
 
 ACTIVATIONS = ("relu", "gelu", "swish")
 POS_LAYOUTS = ("interleaved", "marian", "fairseq")
 
 
 @dataclass
-class BPDConfig:
+class BPDConfig(ModelConfig):
     vocab_size: int
     d_model: int = 512
     n_heads: int = 8
@@ -28,7 +28,7 @@ class BPDConfig:
     eos_id: int = 2
     unk_id: int = 3
     norm_eps: float = 1e-6
-    # Architecture options for imported checkpoints (bpd_train/convert/hf.py); the defaults are this
+    # Architecture options for imported checkpoints (bpd_train/convert/hf/mt.py); the defaults are this
     # project's own models, so older configs and checkpoints load unchanged.
     pre_norm: bool = True             # False: post-norm layers (Marian: x = norm(x + sublayer(x)))
     final_norm: bool = True           # encoder and decoder end with a LayerNorm (False: Marian)
@@ -85,15 +85,3 @@ class BPDConfig:
     @property
     def head_hidden(self) -> int:
         return self.head_d_hidden if self.head_d_hidden is not None else self.d_ff
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}  # JSON/YAML-plain
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "BPDConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown BPDConfig fields {sorted(unknown)}; known: {sorted(names)}")
-        return cls(**d)
