@@ -56,8 +56,8 @@ from bpd_train.model.mt.model import BPDModel
 SUPPORTED = {"MarianMTModel": "marian", "M2M100ForConditionalGeneration": "m2m_100",
              "PegasusForConditionalGeneration": "pegasus"}
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
-_HF_EPS = 1e-5
-_GENERATION_KEYS = ("bad_words_ids", "forced_bos_token_id", "decoder_start_token_id")  # nn.LayerNorm's default, which both families use and neither config can change
+_HF_EPS = 1e-5  # nn.LayerNorm's default, which both families use and neither config can change
+_GENERATION_KEYS = ("bad_words_ids", "forced_bos_token_id", "decoder_start_token_id")
 
 
 def _supported() -> str:
@@ -115,7 +115,8 @@ def config_from_hf(hf: dict[str, Any], generation: dict[str, Any] | None = None,
         n_encoder_layers=int(hf["encoder_layers"]), n_decoder_layers=int(hf["decoder_layers"]),
         d_ff=int(hf["encoder_ffn_dim"]),
         n_decoder_heads=_other(hf, "decoder_attention_heads", "encoder_attention_heads"),
-        d_ff_decoder=_other(hf, "decoder_ffn_dim", "encoder_ffn_dim"), dropout=float(hf.get("dropout", 0.1) if dropout is None else dropout),
+        d_ff_decoder=_other(hf, "decoder_ffn_dim", "encoder_ffn_dim"),
+        dropout=float(hf.get("dropout", 0.1) if dropout is None else dropout),
         max_positions=int(hf.get("max_position_embeddings", 1024)), block_size=int(block_size),
         head_d_hidden=head_d_hidden, identity_p1=identity_p1, pad_id=pad, eos_id=eos,
         norm_eps=_HF_EPS, activation=act, scale_embedding=bool(hf.get("scale_embedding", False)),
