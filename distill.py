@@ -1,6 +1,7 @@
 # Run: python distill.py [experiment=smoke] [distill.teacher=PATH] [distill.limit=N]
 #      torchrun --nproc-per-node=N distill.py ...   |   sbatch --array=0-7 slurm/distill.sbatch ...
 """Re-translate a corpus split with the teacher's beam search into a resumable, sharded distilled corpus."""
+
 import json
 import sys
 

@@ -1,6 +1,7 @@
 # Run: python evaluate.py [experiment=smoke] [evaluate.inputs=[PATH,...]] [decode.block_sizes=[8,4]] [decode=greedy]
 #      [decode.rules=[exact,top2]] [evaluate.batch_sizes=[1,32]] [evaluate.split=test] [evaluate.max_sentences=N]
 """Greedy vs blockwise decoding of checkpoints: BLEU/chrF, k̂, calls, agreement, speedup -> report + plots."""
+
 import sys
 
 import hydra

@@ -1,6 +1,7 @@
 # Run: python export.py [experiment=smoke] [export.checkpoint=PATH] [export.dtype=bfloat16] [export.output_dir=DIR]
 # PATH: a Lightning .ckpt, a run folder, a DeepSpeed ZeRO checkpoint folder, or a bundle.
 """Checkpoint -> bundle (model.safetensors, config.json, tokenizer.model, README.md model card)."""
+
 import sys
 
 import hydra

@@ -11,6 +11,7 @@ Modes (head i >= 2 predicts i tokens ahead from the decoder state h, its own FFN
                                                                 model's own tied, scaled embedding)
   proj  the same on x = h + P e(prev), P a learned D x D map per head (starts at zero)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,7 @@ class Heads(nn.Module):
         self.mode, self.emb = mode, emb
         self.fc1 = nn.ModuleList([nn.Linear(d, hidden) for _ in range(k - 1)])
         self.fc2 = nn.ModuleList([nn.Linear(hidden, d) for _ in range(k - 1)])
-        for lin in self.fc2:                       # every head starts as head 1, as BPD heads do
+        for lin in self.fc2:  # every head starts as head 1, as BPD heads do
             nn.init.zeros_(lin.weight)
             nn.init.zeros_(lin.bias)
         if mode == "proj":
@@ -73,6 +74,7 @@ def main(argv=None) -> None:
     ap.add_argument("--modes", nargs="+", default=["none", "add", "proj"], choices=["none", "add", "proj"])
     a = ap.parse_args(argv)
     from bpd_train.loading import load
+
     torch.set_num_threads(a.threads)
     loaded = load(a.run, map_location="cpu")
     m, text = loaded.model.eval(), loaded.family.text_adapter(loaded)
@@ -82,18 +84,18 @@ def main(argv=None) -> None:
         raise SystemExit(f"error: {a.corpus} holds {len(rows)} sentences; give a distill.py output of at least 1000")
     hs, ys = [], []
     t0 = time.time()
-    with torch.no_grad():                          # decoder states on the corpus, teacher-forced, once
+    with torch.no_grad():  # decoder states on the corpus, teacher-forced, once
         for i in range(0, len(rows), 64):
-            chunk = rows[i:i + 64]
+            chunk = rows[i : i + 64]
             src = text.batch([text.source_ids(r["translation"]["en"]) for r in chunk])
             tg = [r["teacher_ids"] + [c.eos_id] for r in chunk]
             T = max(map(len, tg))
             out = torch.full((len(chunk), T), pad)
             inp = torch.full((len(chunk), T), pad)
             for j, y in enumerate(tg):
-                out[j, :len(y)] = torch.tensor(y)
+                out[j, : len(y)] = torch.tensor(y)
                 inp[j, 0] = c.bos_id
-                inp[j, 1:len(y)] = torch.tensor(y[:-1])
+                inp[j, 1 : len(y)] = torch.tensor(y[:-1])
             hs.append(m.features(m.encode(src), inp))
             ys.append(out)
     T = max(y.shape[1] for y in ys)
@@ -101,8 +103,11 @@ def main(argv=None) -> None:
     Y = torch.cat([F.pad(y, (0, T - y.shape[1]), value=pad) for y in ys])
     valid = Y[:256] != pad
     same = ((m.head_logits(H[:256], 0).argmax(-1) == Y[:256]) & valid).sum() / valid.sum()
-    print(f"{len(rows)} sentences, decoder states in {time.time() - t0:.0f} s; head 1 == the corpus on "
-          f"{same:.2%} of tokens (the corpus is this model's own greedy output)", flush=True)
+    print(
+        f"{len(rows)} sentences, decoder states in {time.time() - t0:.0f} s; head 1 == the corpus on "
+        f"{same:.2%} of tokens (the corpus is this model's own greedy output)",
+        flush=True,
+    )
     emb = m.embed.weight.detach() * m.embed_scale
     n, ntr = H.shape[0], H.shape[0] - 500
 
@@ -125,22 +130,38 @@ def main(argv=None) -> None:
             return float(acc[ok].sum() / ok.sum())
 
     for mode in a.modes:
-        torch.manual_seed(0)                       # the same batches for every mode
+        torch.manual_seed(0)  # the same batches for every mode
         heads = Heads(mode, k, c.d_model, a.hidden, emb)
         opt = torch.optim.AdamW(heads.parameters(), lr=2e-3)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
         t0 = time.time()
         for step in range(a.steps):
             h, y = trim(torch.randint(0, ntr, (a.batch,)))
-            loss = sum(F.cross_entropy(m._project(heads.state(h, i, shift(y, i - 1, pad))).flatten(0, 1),
-                                       shift(y, i, pad).flatten(), ignore_index=pad) for i in range(1, k))
+            loss = sum(
+                F.cross_entropy(
+                    m._project(heads.state(h, i, shift(y, i - 1, pad))).flatten(0, 1),
+                    shift(y, i, pad).flatten(),
+                    ignore_index=pad,
+                )
+                for i in range(1, k)
+            )
             opt.zero_grad()
             loss.backward()
             opt.step()
             sched.step()
             if (step + 1) % max(1, a.steps // 4) == 0:
-                print(json.dumps({"mode": mode, "k": k, "step": step + 1, "khat": round(khat(heads), 3),
-                                  "seconds": round(time.time() - t0)}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "mode": mode,
+                            "k": k,
+                            "step": step + 1,
+                            "khat": round(khat(heads), 3),
+                            "seconds": round(time.time() - t0),
+                        }
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
    datasets caching off so every run tokenizes; the best run of each is compared.
 The last line is JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -109,16 +110,27 @@ def main() -> None:
         "vocab_size": tok.vocab_size,
         "spm_train_s": round(spm_s, 2),
         "max_tokens": args.max_tokens,
-        "padding_efficiency": {"bucketed": round(eff["bucketed"], 4), "random": round(eff["random"], 4),
-                               "bucketed_over_random": round(eff["bucketed"] / eff["random"], 3),
-                               "batches_per_epoch": n_batches, "target_bucketed": 0.9,
-                               "meets_target": eff["bucketed"] >= 0.9},
-        "tokenize": {"examples_per_s_num_proc_1": round(eps[1]), "examples_per_s_num_proc_2": round(eps[2]),
-                     "speedup_2_over_1": round(eps[2] / eps[1], 3), "cpu_count": os.cpu_count(),
-                     "runs_s": {str(k): [round(x, 3) for x in v] for k, v in times.items()}},
+        "padding_efficiency": {
+            "bucketed": round(eff["bucketed"], 4),
+            "random": round(eff["random"], 4),
+            "bucketed_over_random": round(eff["bucketed"] / eff["random"], 3),
+            "batches_per_epoch": n_batches,
+            "target_bucketed": 0.9,
+            "meets_target": eff["bucketed"] >= 0.9,
+        },
+        "tokenize": {
+            "examples_per_s_num_proc_1": round(eps[1]),
+            "examples_per_s_num_proc_2": round(eps[2]),
+            "speedup_2_over_1": round(eps[2] / eps[1], 3),
+            "cpu_count": os.cpu_count(),
+            "runs_s": {str(k): [round(x, 3) for x in v] for k, v in times.items()},
+        },
     }
-    print(f"padding efficiency: bucketed {eff['bucketed']:.3f} vs random {eff['random']:.3f}; "
-          f"tokenization: {eps[1]:.0f} ex/s (num_proc=1) vs {eps[2]:.0f} ex/s (num_proc=2)", file=sys.stderr)
+    print(
+        f"padding efficiency: bucketed {eff['bucketed']:.3f} vs random {eff['random']:.3f}; "
+        f"tokenization: {eps[1]:.0f} ex/s (num_proc=1) vs {eps[2]:.0f} ex/s (num_proc=2)",
+        file=sys.stderr,
+    )
     print(json.dumps(result))
 
 

@@ -11,6 +11,7 @@ size), decoder calls, wall-clock speedup and speedup ÷ k̂. The last line print
 Targets: agreement 100%; speedup ÷ k̂ >= 0.8 at batch 1; speedup > 1.5x at batch 32 wherever
 k̂ >= 3.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,7 +69,7 @@ def load_sentences(max_sentences: int = 20000) -> tuple[list[list[str]], str]:
             sents = []
     if not sents:
         words = re.findall(r"[a-z']+", FALLBACK_TEXT.lower())
-        sents = [words[i:i + 20] for i in range(0, len(words), 7)]
+        sents = [words[i : i + 20] for i in range(0, len(words), 7)]
         source = "built-in text"
     return [s for s in sents if s], source
 
@@ -93,7 +94,7 @@ class Task:
         stream = self.test_stream if test else self.train_stream
         n = self.rng.randint(4, self.max_len)
         i = self.rng.randrange(0, len(stream) - n)
-        return stream[i:i + n]
+        return stream[i : i + n]
 
     def target(self, src: list[int]) -> list[int]:
         return src[::-1] if self.kind == "reverse" else list(src)
@@ -107,9 +108,9 @@ class Task:
         tgt_in = torch.full((size, t_len), PAD, dtype=torch.long)
         tgt_out = torch.full((size, t_len), PAD, dtype=torch.long)
         for i, (s, t) in enumerate(zip(srcs, tgts)):
-            src[i, :len(s) + 1] = torch.tensor(s + [EOS])
-            tgt_in[i, :len(t) + 1] = torch.tensor([BOS] + t)
-            tgt_out[i, :len(t) + 1] = torch.tensor(t + [EOS])
+            src[i, : len(s) + 1] = torch.tensor(s + [EOS])
+            tgt_in[i, : len(t) + 1] = torch.tensor([BOS] + t)
+            tgt_out[i, : len(t) + 1] = torch.tensor(t + [EOS])
         return src, tgt_in, tgt_out
 
 
@@ -117,12 +118,12 @@ def bpd_loss(model: BPDModel, src, tgt_in, tgt_out, heads: int):
     """Head i predicts tgt_out shifted by i. Head 1 gets half the weight (it carries the output; the
     others only propose), the other heads share the rest. All heads in one pass: k x T x V is tiny here."""
     h = model.features(model.encode(src), tgt_in)
-    logits = model.heads_logits(h, 0, heads)                               # [B,T,k,V]
+    logits = model.heads_logits(h, 0, heads)  # [B,T,k,V]
     targets = torch.stack([F.pad(tgt_out[:, i:], (0, i), value=PAD) for i in range(heads)], dim=2)
     ce = F.cross_entropy(logits.flatten(0, 2), targets.flatten(), ignore_index=PAD, reduction="none")
     ce = ce.view(targets.shape)
     mask = targets != PAD
-    per_head = (ce * mask).sum((0, 1)) / mask.sum((0, 1)).clamp(min=1)    # [k]
+    per_head = (ce * mask).sum((0, 1)) / mask.sum((0, 1)).clamp(min=1)  # [k]
     if heads == 1:
         return per_head[0]
     return 0.5 * per_head[0] + 0.5 * per_head[1:].mean()
@@ -153,22 +154,33 @@ def fit(model: BPDModel, task: Task, args, steps: int, lr: float) -> tuple[float
 
 
 def model_config(task: Task, args, k: int) -> BPDConfig:
-    return BPDConfig(vocab_size=task.vocab_size, d_model=args.d_model, n_heads=4, n_encoder_layers=args.layers,
-                     n_decoder_layers=args.layers, d_ff=4 * args.d_model, dropout=0.0, max_positions=64,
-                     block_size=k, head_d_hidden=args.head_hidden)
+    return BPDConfig(
+        vocab_size=task.vocab_size,
+        d_model=args.d_model,
+        n_heads=4,
+        n_encoder_layers=args.layers,
+        n_decoder_layers=args.layers,
+        d_ff=4 * args.d_model,
+        dropout=0.0,
+        max_positions=64,
+        block_size=k,
+        head_d_hidden=args.head_hidden,
+    )
 
 
 def time_decoders(model, batches, block_size: int, repeats: int):
     """Interleaved timing: per batch greedy, blockwise and blockwise(adaptive=True), the order rotated every
     repeat. Returns per-variant lists of total seconds and merged results."""
-    fns = {"greedy": lambda src: greedy(model, src, max_len=(1.0, 4)),
-           "blockwise": lambda src: blockwise(model, src, block_size=block_size, max_len=(1.0, 4)),
-           "adaptive": lambda src: blockwise(model, src, block_size=block_size, max_len=(1.0, 4), adaptive=True)}
+    fns = {
+        "greedy": lambda src: greedy(model, src, max_len=(1.0, 4)),
+        "blockwise": lambda src: blockwise(model, src, block_size=block_size, max_len=(1.0, 4)),
+        "adaptive": lambda src: blockwise(model, src, block_size=block_size, max_len=(1.0, 4), adaptive=True),
+    }
     names = list(fns)
     secs = {n: [] for n in names}
     res: dict[str, list[DecodeResult]] = {}
     for rep in range(repeats):
-        order = names[rep % 3:] + names[:rep % 3]
+        order = names[rep % 3 :] + names[: rep % 3]
         tot = dict.fromkeys(names, 0.0)
         got = {n: [] for n in names}
         for src in batches:
@@ -185,8 +197,12 @@ def time_decoders(model, batches, block_size: int, repeats: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny smoke run (numbers meaningless)")
-    ap.add_argument("--task", choices=("copy", "reverse"), default="copy",
-                    help="reverse needs many more training steps than copy to be learnt")
+    ap.add_argument(
+        "--task",
+        choices=("copy", "reverse"),
+        default="copy",
+        help="reverse needs many more training steps than copy to be learnt",
+    )
     ap.add_argument("--vocab", type=int, default=200)
     ap.add_argument("--max-words", type=int, default=24)
     ap.add_argument("--d-model", type=int, default=64)
@@ -199,12 +215,16 @@ def main() -> None:
     ap.add_argument("--eval-sentences", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--engine", action="store_true",
-                    help="run bench/engine.py instead (step-cost table, CTranslate2 comparison); its flags follow")
+    ap.add_argument(
+        "--engine",
+        action="store_true",
+        help="run bench/engine.py instead (step-cost table, CTranslate2 comparison); its flags follow",
+    )
     args, rest = ap.parse_known_args()
     if args.engine:
         sys.path.insert(0, str(ROOT / "bench"))
         import engine
+
         sys.exit(engine.main(rest))
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -230,15 +250,17 @@ def main() -> None:
         ref = [task.target(s) for s in test]
         g_all = greedy(model, srcs, max_len=(1.0, 4))
         exact = sum(t == r for t, r in zip(g_all.tokens, ref)) / len(ref)
-        print(f"k={k}: trained {steps} steps in {train_s:.0f}s, final loss {loss:.3f}, "
-              f"greedy exact match {exact:.1%}", file=sys.stderr)
-        weak = copy.deepcopy(model)          # the same backbone with untrained future heads (they repeat head 1)
+        print(
+            f"k={k}: trained {steps} steps in {train_s:.0f}s, final loss {loss:.3f}, greedy exact match {exact:.1%}",
+            file=sys.stderr,
+        )
+        weak = copy.deepcopy(model)  # the same backbone with untrained future heads (they repeat head 1)
         with torch.no_grad():
             weak.heads.fc2.weight.zero_()
             weak.heads.fc2.bias.zero_()
         for heads_name, m in (("trained", model), ("untrained", weak)):
             for bs in (1, 32):
-                batches = [srcs[i:i + bs] for i in range(0, len(srcs), bs)]
+                batches = [srcs[i : i + bs] for i in range(0, len(srcs), bs)]
                 if bs == 1:
                     batches = batches[: max(1, len(batches) // 2)]  # half the sentences keep batch-1 timing short
                 secs, res = time_decoders(m, batches, k, args.repeats)
@@ -248,38 +270,75 @@ def main() -> None:
                 t_g, t_b, t_a = (statistics.median(secs[n]) for n in ("greedy", "blockwise", "adaptive"))
                 speedup = t_g / t_b
                 row = {
-                    "k": k, "heads": heads_name, "batch": bs, "sentences": len(rg.tokens), "agreement": agree,
-                    "k_hat": round(rb.mean_accepted, 3), "calls_greedy": rg.calls, "calls_blockwise": rb.calls,
+                    "k": k,
+                    "heads": heads_name,
+                    "batch": bs,
+                    "sentences": len(rg.tokens),
+                    "agreement": agree,
+                    "k_hat": round(rb.mean_accepted, 3),
+                    "calls_greedy": rg.calls,
+                    "calls_blockwise": rb.calls,
                     "call_ratio": round(rg.calls / max(rb.calls, 1), 3),
-                    "greedy_s": round(t_g, 4), "blockwise_s": round(t_b, 4),
-                    "speedup": round(speedup, 3), "speedup_per_k_hat": round(speedup / rb.mean_accepted, 3),
+                    "greedy_s": round(t_g, 4),
+                    "blockwise_s": round(t_b, 4),
+                    "speedup": round(speedup, 3),
+                    "speedup_per_k_hat": round(speedup / rb.mean_accepted, 3),
                     # what speedup / k̂ would be if a blockwise call cost exactly a greedy call and encoding were
                     # free: (greedy calls incl. prefill) / (blockwise calls incl. prefill) / k̂
-                    "ideal_speedup_per_k_hat": round((rg.calls + rg.prefill_calls) / (rb.calls + rb.prefill_calls)
-                                                     / rb.mean_accepted, 3),
-                    "adaptive": {"agreement": agree_a, "k_hat": round(ra.mean_accepted, 3), "calls": ra.calls,
-                                 "speedup": round(t_g / t_a, 3)},
-                    "greedy_exact_match": round(exact, 3), "train_steps": steps, "train_s": round(train_s, 1),
+                    "ideal_speedup_per_k_hat": round(
+                        (rg.calls + rg.prefill_calls) / (rb.calls + rb.prefill_calls) / rb.mean_accepted, 3
+                    ),
+                    "adaptive": {
+                        "agreement": agree_a,
+                        "k_hat": round(ra.mean_accepted, 3),
+                        "calls": ra.calls,
+                        "speedup": round(t_g / t_a, 3),
+                    },
+                    "greedy_exact_match": round(exact, 3),
+                    "train_steps": steps,
+                    "train_s": round(train_s, 1),
                 }
                 rows.append(row)
-                print(f"  {heads_name:9s} heads, batch {bs:2d}: agreement {agree:.0%}  k̂ {rb.mean_accepted:.2f}  "
-                      f"calls {rg.calls}->{rb.calls}  speedup {speedup:.2f}x  speedup/k̂ {speedup / rb.mean_accepted:.2f}"
-                      f" | adaptive: agreement {agree_a:.0%} k̂ {ra.mean_accepted:.2f} calls {ra.calls} "
-                      f"speedup {t_g / t_a:.2f}x", file=sys.stderr)
+                print(
+                    f"  {heads_name:9s} heads, batch {bs:2d}: agreement {agree:.0%}  k̂ {rb.mean_accepted:.2f}  "
+                    f"calls {rg.calls}->{rb.calls}  speedup {speedup:.2f}x  speedup/k̂ {speedup / rb.mean_accepted:.2f}"
+                    f" | adaptive: agreement {agree_a:.0%} k̂ {ra.mean_accepted:.2f} calls {ra.calls} "
+                    f"speedup {t_g / t_a:.2f}x",
+                    file=sys.stderr,
+                )
     targets = {
         "agreement_100": all(r["agreement"] == 1.0 and r["adaptive"]["agreement"] == 1.0 for r in rows),
-        "batch1_speedup_per_k_hat_ge_0.8": all(r["speedup_per_k_hat"] >= 0.8 for r in rows
-                                               if r["batch"] == 1 and r["heads"] == "trained"),
-        "batch32_speedup_gt_1.5_where_k_hat_ge_3": all(r["speedup"] > 1.5 for r in rows
-                                                       if r["batch"] == 32 and r["k_hat"] >= 3),
-        "adaptive_never_slower_than_greedy_at_batch1": all(r["adaptive"]["speedup"] >= 1.0 for r in rows
-                                                           if r["batch"] == 1),
+        "batch1_speedup_per_k_hat_ge_0.8": all(
+            r["speedup_per_k_hat"] >= 0.8 for r in rows if r["batch"] == 1 and r["heads"] == "trained"
+        ),
+        "batch32_speedup_gt_1.5_where_k_hat_ge_3": all(
+            r["speedup"] > 1.5 for r in rows if r["batch"] == 32 and r["k_hat"] >= 3
+        ),
+        "adaptive_never_slower_than_greedy_at_batch1": all(
+            r["adaptive"]["speedup"] >= 1.0 for r in rows if r["batch"] == 1
+        ),
     }
-    print(json.dumps({"bench": "decode", "task": args.task, "data": source, "device": "cpu", "threads": 1,
-                      "quick": args.quick, "model": {"d_model": args.d_model, "layers": args.layers,
-                                                     "vocab": task.vocab_size, "head_d_hidden": args.head_hidden},
-                      "results": rows, "targets_met": targets,
-                      "total_s": round(time.perf_counter() - t_start, 1)}))
+    print(
+        json.dumps(
+            {
+                "bench": "decode",
+                "task": args.task,
+                "data": source,
+                "device": "cpu",
+                "threads": 1,
+                "quick": args.quick,
+                "model": {
+                    "d_model": args.d_model,
+                    "layers": args.layers,
+                    "vocab": task.vocab_size,
+                    "head_d_hidden": args.head_hidden,
+                },
+                "results": rows,
+                "targets_met": targets,
+                "total_s": round(time.perf_counter() - t_start, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ sentences/s of beam 4 at batch 64 vs batch 1, and of beam 4 vs greedy. The decod
 random Transformer (vocab 8000, d_model 256, 3+3 layers) on real Bible source lengths; a random model never
 emits EOS, so every sentence runs to its max_len (the worst case for beam search's early finish).
 The last line of output is one JSON object."""
+
 from __future__ import annotations
 
 import argparse
@@ -53,19 +54,33 @@ def main() -> None:
         model, sp, what = loaded.model, loaded.tokenizer(), str(loaded.source)
     else:
         torch.manual_seed(0)
-        model = BPDModel(BPDConfig(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3,
-                                   d_ff=1024, max_positions=256, dropout=0.0))
+        model = BPDModel(
+            BPDConfig(
+                vocab_size=8000,
+                d_model=256,
+                n_heads=4,
+                n_encoder_layers=3,
+                n_decoder_layers=3,
+                d_ff=1024,
+                max_positions=256,
+                dropout=0.0,
+            )
+        )
         sp, what = None, "random"
     model = model.to(dev).eval()
     src = sources(args.sentences, sp, model.config.vocab_size)
     configs = {  # name -> (beam size, sentences per batch)
-        "beam4_batch64": (4, 64), "beam4_batch1": (4, 1), "greedy_batch64": (1, 64), "greedy_batch1": (1, 1),
+        "beam4_batch64": (4, 64),
+        "beam4_batch1": (4, 1),
+        "greedy_batch64": (1, 64),
+        "greedy_batch1": (1, 1),
     }
     ml = tuple(args.max_len)
 
     def decode(beam: int, bs: int):
-        out = translate_ids(model, src, beam_size=beam, length_penalty=0.6, max_len=ml, max_tokens=1 << 30,
-                            max_sentences=bs, device=dev)
+        out = translate_ids(
+            model, src, beam_size=beam, length_penalty=0.6, max_len=ml, max_tokens=1 << 30, max_sentences=bs, device=dev
+        )
         if dev.type == "cuda":
             torch.cuda.synchronize()
         return out
@@ -76,7 +91,7 @@ def main() -> None:
     outputs = {name: decode(*cfg) for name, cfg in configs.items()}  # warm-up, and the outputs to compare
     times: dict[str, list[float]] = {name: [] for name in configs}
     for rep in range(args.reps):
-        for name, cfg in (configs.items() if rep % 2 == 0 else reversed(configs.items())):
+        for name, cfg in configs.items() if rep % 2 == 0 else reversed(configs.items()):
             t0 = time.perf_counter()
             decode(*cfg)
             times[name].append(time.perf_counter() - t0)
@@ -85,8 +100,13 @@ def main() -> None:
     for name in configs:
         print(f"{name:16s} {sps[name]:9.1f} sentences/s  ({tokens[name]} tokens, median of {args.reps})")
     result = {
-        "bench": "distill", "teacher": what, "device": str(dev), "threads": args.threads,
-        "sentences": args.sentences, "reps": args.reps, "max_len": list(ml),
+        "bench": "distill",
+        "teacher": what,
+        "device": str(dev),
+        "threads": args.threads,
+        "sentences": args.sentences,
+        "reps": args.reps,
+        "max_len": list(ml),
         "sentences_per_s": {k: round(v, 2) for k, v in sps.items()},
         "batch64_vs_batch1_beam4": round(sps["beam4_batch64"] / sps["beam4_batch1"], 2),
         "batch64_vs_batch1_greedy": round(sps["greedy_batch64"] / sps["greedy_batch1"], 2),

@@ -16,6 +16,7 @@
    CTranslate2 Transformer spec), batch 1 and 32, tokens checked identical in fp32.
 The last line printed is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,14 +56,17 @@ def make_model(size: str, k: int = 8, head_hidden: int = 128, seed: int = 0, cha
     torch.manual_seed(seed)
     if size in LM_SIZES:
         from bpd_train.model import LMConfig, LMModel
-        m = LMModel(LMConfig(**LM_SIZES[size], block_size=k, head_d_hidden=head_hidden, max_positions=512,
-                             eos_id=2)).eval()
+
+        m = LMModel(
+            LMConfig(**LM_SIZES[size], block_size=k, head_d_hidden=head_hidden, max_positions=512, eos_id=2)
+        ).eval()
         if m.heads is not None:
             with torch.no_grad():
                 torch.nn.init.normal_(m.heads.fc2.weight, std=0.02)
         return m
-    m = BPDModel(BPDConfig(**SIZES[size], block_size=k, head_d_hidden=head_hidden, dropout=0.0,
-                           head_chain=chain and k > 1)).eval()
+    m = BPDModel(
+        BPDConfig(**SIZES[size], block_size=k, head_d_hidden=head_hidden, dropout=0.0, head_chain=chain and k > 1)
+    ).eval()
     if m.heads is not None:  # random, but not zero-initialised future heads (real proposals, real cost)
         with torch.no_grad():
             if chain:
@@ -76,8 +80,15 @@ def make_model(size: str, k: int = 8, head_hidden: int = 128, seed: int = 0, cha
 PHASES = ("embed", "decoder linears", "attention", "norms/residuals", "head 1", "heads FFN", "proposal proj")
 
 
-def step_costs(models: dict[int, BPDModel], options: DecodeOptions, reps: int = 40, src_len: int = 25,
-               cached: int = 20, loop_steps: int = 16, profile: bool = False):
+def step_costs(
+    models: dict[int, BPDModel],
+    options: DecodeOptions,
+    reps: int = 40,
+    src_len: int = 25,
+    cached: int = 20,
+    loop_steps: int = 16,
+    profile: bool = False,
+):
     """(greedy step ms, {k: blockwise step / greedy step}, the same for the native loops: {"greedy_ms", k: ...})
     at batch 1, steps interleaved. One step through Python (model.decode + head-1 argmax + proposals), and per
     step of the native loops the decoders run (DecodeWeights.greedy_steps / block_steps, `loop_steps` steps
@@ -116,14 +127,16 @@ def step_costs(models: dict[int, BPDModel], options: DecodeOptions, reps: int = 
             def f():
                 sk.lengths = cached
                 h = mk.decode(sk, x)
-                sk.weights.head1_argmax(h).cpu().numpy()              # verify at the k positions
-                sk.weights.propose(h[:, 1], 1, k).cpu().numpy()        # heads 2..k at the accepted one
+                sk.weights.head1_argmax(h).cpu().numpy()  # verify at the k positions
+                sk.weights.propose(h[:, 1], 1, k).cpu().numpy()  # heads 2..k at the accepted one
+
             return f
+
         fs = {"greedy": greedy_step, **{k: block_step(k) for k in ks}}
         if w.native_loop is not None and loop_steps:
             # the native loops decoders use (DecodeWeights.greedy_steps / block_steps), per step over
             # loop_steps steps that never end early (eos -1)
-            room = np.array([10 ** 6])
+            room = np.array([10**6])
 
             def greedy_loop():
                 st.lengths = cached
@@ -135,8 +148,10 @@ def step_costs(models: dict[int, BPDModel], options: DecodeOptions, reps: int = 
 
                 def f():
                     sk.lengths = cached
-                    sk.weights.block_steps(mk, sk, x, 10 ** 6, loop_steps, eos=-1)
+                    sk.weights.block_steps(mk, sk, x, 10**6, loop_steps, eos=-1)
+
                 return f
+
             fs.update({"loop greedy": greedy_loop, **{("loop", k): block_loop(k) for k in ks}})
         times = {n: [] for n in fs}
         phases = {n: [] for n in fs}
@@ -145,7 +160,7 @@ def step_costs(models: dict[int, BPDModel], options: DecodeOptions, reps: int = 
         order = list(fs.items())
         ext = w.ext if profile else None
         for rep in range(reps):
-            random.Random(rep).shuffle(order)              # no step always runs right after another
+            random.Random(rep).shuffle(order)  # no step always runs right after another
             for n, f in order:
                 if ext is not None:
                     ext.profile(True, True)
@@ -163,8 +178,12 @@ def step_costs(models: dict[int, BPDModel], options: DecodeOptions, reps: int = 
             per = np.mean(np.array(phases[n])[idx], axis=0) * 1e6
             wall = float(np.mean(np.array(times[n])[idx])) / loop_steps * 1e6
             label = "greedy" if n == "loop greedy" else f"k={n[1]}"
-            print(f"  profile {label:6s} {wall:8.1f} us/step: " + "  ".join(
-                f"{name} {v:.1f}" for name, v in zip(PHASES, per)) + f"  rest {wall - per.sum():.1f}", flush=True)
+            print(
+                f"  profile {label:6s} {wall:8.1f} us/step: "
+                + "  ".join(f"{name} {v:.1f}" for name, v in zip(PHASES, per))
+                + f"  rest {wall - per.sum():.1f}",
+                flush=True,
+            )
     gms = statistics.median(times["greedy"])
     loop = {}
     if "loop greedy" in times:
@@ -182,29 +201,49 @@ def bench_steps(sizes, threads, reps, profile=False, dtypes=("fp32",), chain=Fal
             torch.set_num_threads(t)
             if engine == "native" and native_kernels() is None:
                 continue
-            if engine == "torch" and dt != "fp32":    # torch's path is the fp32 "before" row only
+            if engine == "torch" and dt != "fp32":  # torch's path is the fp32 "before" row only
                 continue
-            for label, opts in (("full", DecodeOptions(dtype=dt)),
-                                ("draft V/4", DecodeOptions(dtype=dt, draft_vocab=draft)),
-                                ("draft V/4 + int8 proposals", DecodeOptions(dtype=dt, draft_vocab=draft,
-                                                                             proposal_dtype="int8"))):
+            for label, opts in (
+                ("full", DecodeOptions(dtype=dt)),
+                ("draft V/4", DecodeOptions(dtype=dt, draft_vocab=draft)),
+                ("draft V/4 + int8 proposals", DecodeOptions(dtype=dt, draft_vocab=draft, proposal_dtype="int8")),
+            ):
                 if engine == "torch" and label != "full" or dt == "int8" and "int8 proposals" in label:
                     continue
                 with _engine(engine):
                     gms, ratio, loop = step_costs(models, opts, reps=reps, profile=profile and engine == "native")
-                row = dict(size=size, threads=t, dtype=dt, engine=engine, proposals=label, greedy_ms=round(gms, 3),
-                           **{f"k{k}": round(r, 2) for k, r in ratio.items()})
+                row = dict(
+                    size=size,
+                    threads=t,
+                    dtype=dt,
+                    engine=engine,
+                    proposals=label,
+                    greedy_ms=round(gms, 3),
+                    **{f"k{k}": round(r, 2) for k, r in ratio.items()},
+                )
                 rows.append(row)
-                print(f"step cost  {size:4s} threads={t} {dt:4s} {engine:6s} proposals={label:9s} greedy {gms:7.3f} ms  "
-                      + "  ".join(f"k={k}: {r:.2f}" for k, r in ratio.items()), flush=True)
+                print(
+                    f"step cost  {size:4s} threads={t} {dt:4s} {engine:6s} proposals={label:9s} greedy {gms:7.3f} ms  "
+                    + "  ".join(f"k={k}: {r:.2f}" for k, r in ratio.items()),
+                    flush=True,
+                )
                 if loop:
-                    row = dict(size=size, threads=t, dtype=dt, engine="native loop", proposals=label,
-                               greedy_ms=round(loop["greedy_ms"], 3),
-                               **{f"k{k}": round(r, 2) for k, r in loop.items() if k != "greedy_ms"})
+                    row = dict(
+                        size=size,
+                        threads=t,
+                        dtype=dt,
+                        engine="native loop",
+                        proposals=label,
+                        greedy_ms=round(loop["greedy_ms"], 3),
+                        **{f"k{k}": round(r, 2) for k, r in loop.items() if k != "greedy_ms"},
+                    )
                     rows.append(row)
-                    print(f"step cost  {size:4s} threads={t} {dt:4s} loop   proposals={label:9s} greedy "
-                          f"{loop['greedy_ms']:7.3f} ms  " + "  ".join(
-                              f"k={k}: {r:.2f}" for k, r in loop.items() if k != "greedy_ms"), flush=True)
+                    print(
+                        f"step cost  {size:4s} threads={t} {dt:4s} loop   proposals={label:9s} greedy "
+                        f"{loop['greedy_ms']:7.3f} ms  "
+                        + "  ".join(f"k={k}: {r:.2f}" for k, r in loop.items() if k != "greedy_ms"),
+                        flush=True,
+                    )
     return rows
 
 
@@ -215,6 +254,7 @@ def bench_lm_decode(sizes, threads: int, dtypes, n_prompts: int = 8, max_len: in
     torch.set_num_threads(threads)
     from bpd_train.decoding import blockwise
     from bpd_train.engine.packed import weights_key
+
     rows = []
     for size in sizes:
         m = make_model(size, k)
@@ -223,12 +263,12 @@ def bench_lm_decode(sizes, threads: int, dtypes, n_prompts: int = 8, max_len: in
         prompts = [g.integers(3, v, size=int(g.integers(4, 25))).tolist() for _ in range(n_prompts)]
         runs = [("torch", "fp32")] + [("native", dt) for dt in dtypes if native_kernels() is not None]
         weights, best, out, khat = {}, {}, {}, {}
-        for engine, dt in runs:                      # weights built under each engine, kept for the timed passes
+        for engine, dt in runs:  # weights built under each engine, kept for the timed passes
             m.decode_options = DecodeOptions(dtype=dt)
             m._decode_cache = None
             with _engine(engine):
                 weights[(engine, dt)] = m.decode_weights()
-        for rep in range(passes + 1):                # the first pass warms up
+        for rep in range(passes + 1):  # the first pass warms up
             order = [(e, dt, dec) for e, dt in runs for dec in ("greedy", "blockwise")]
             random.Random(rep).shuffle(order)
             for engine, dt, dec in order:
@@ -249,14 +289,26 @@ def bench_lm_decode(sizes, threads: int, dtypes, n_prompts: int = 8, max_len: in
         base = best[("torch", "fp32", "greedy")]
         for (engine, dt, dec), sec in best.items():
             same = float(np.mean([a == b for a, b in zip(out[(engine, dt, dec)], out[(engine, dt, "greedy")])]))
-            row = dict(size=size, threads=threads, engine=engine, dtype=dt, decoder=dec, batch=1,
-                       seconds=round(sec, 4), tokens_per_s=round(sum(len(t) for t in out[(engine, dt, dec)]) / sec, 1),
-                       speedup_vs_torch_greedy=round(base / sec, 2), khat=round(khat[(engine, dt, dec)], 3),
-                       same_as_greedy=same)
+            row = dict(
+                size=size,
+                threads=threads,
+                engine=engine,
+                dtype=dt,
+                decoder=dec,
+                batch=1,
+                seconds=round(sec, 4),
+                tokens_per_s=round(sum(len(t) for t in out[(engine, dt, dec)]) / sec, 1),
+                speedup_vs_torch_greedy=round(base / sec, 2),
+                khat=round(khat[(engine, dt, dec)], 3),
+                same_as_greedy=same,
+            )
             rows.append(row)
-            print(f"lm decode  {size:7s} threads={threads} {engine:6s} {dt:4s} {dec:9s} {sec * 1e3:8.1f} ms "
-                  f"({row['tokens_per_s']:7.1f} tok/s)  x{row['speedup_vs_torch_greedy']:.2f} vs torch greedy  "
-                  f"k-hat {row['khat']:.2f}  same {same:.2f}", flush=True)
+            print(
+                f"lm decode  {size:7s} threads={threads} {engine:6s} {dt:4s} {dec:9s} {sec * 1e3:8.1f} ms "
+                f"({row['tokens_per_s']:7.1f} tok/s)  x{row['speedup_vs_torch_greedy']:.2f} vs torch greedy  "
+                f"k-hat {row['khat']:.2f}  same {same:.2f}",
+                flush=True,
+            )
     return rows
 
 
@@ -269,8 +321,7 @@ def kernel_families():
     if ext is None:
         return []
     isa = ext.isa()
-    fams = [(f"fp32 {isa}", 0, False), (f"bf16 weights, fp32 {isa}", 1, False),
-            (f"int8 weights, fp32 {isa}", 2, False)]
+    fams = [(f"fp32 {isa}", 0, False), (f"bf16 weights, fp32 {isa}", 1, False), (f"int8 weights, fp32 {isa}", 2, False)]
     if ext.bf16_dot():
         fams.append(("bf16 vdpbf16ps", 3, False))
     if ext.i8_dot():
@@ -295,7 +346,9 @@ def bench_argmax(size: str, n: int, k: int, threads: int, rows, reps: int) -> li
     out = []
     for r in rows:
         x = torch.randn(r, k)
-        assert torch.equal(ext.norm_project_argmax(x, nw, nb, 1e-5, full), ext.norm_project_argmax(x, nw, nb, 1e-5, scr))
+        assert torch.equal(
+            ext.norm_project_argmax(x, nw, nb, 1e-5, full), ext.norm_project_argmax(x, nw, nb, 1e-5, scr)
+        )
         best = {"argmax fp32": float("inf"), "argmax fp32, int8 screen": float("inf")}
         inner = max(1, int(2e6 // (n * k * r)))
         for _ in range(reps):
@@ -304,12 +357,17 @@ def bench_argmax(size: str, n: int, k: int, threads: int, rows, reps: int) -> li
                 for _ in range(inner):
                     ext.norm_project_argmax(x, nw, nb, 1e-5, lin)
                 best[name] = min(best[name], (time.perf_counter() - t0) / inner * 1e6)
-        out += [dict(size=size, shape=f"{n}x{k}", threads=threads, kernel=name, rows=r, us=round(us, 1))
-                for name, us in best.items()]
+        out += [
+            dict(size=size, shape=f"{n}x{k}", threads=threads, kernel=name, rows=r, us=round(us, 1))
+            for name, us in best.items()
+        ]
     for name in ("argmax fp32", "argmax fp32, int8 screen"):
         us = {row["rows"]: row["us"] for row in out if row["kernel"] == name}
-        print(f"kernel  {size:4s} {n:5d}x{k:<4d} threads={threads} {name:30s} "
-              + "  ".join(f"{r:3d} rows {us[r]:8.1f} us ({us[r] / us[1]:4.1f}x)" for r in rows), flush=True)
+        print(
+            f"kernel  {size:4s} {n:5d}x{k:<4d} threads={threads} {name:30s} "
+            + "  ".join(f"{r:3d} rows {us[r]:8.1f} us ({us[r] / us[1]:4.1f}x)" for r in rows),
+            flush=True,
+        )
     return out
 
 
@@ -344,16 +402,21 @@ def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: in
                             lins[name](x)
                         best[name] = min(best[name], (time.perf_counter() - t0) / inner * 1e6)
                 for name, _, _ in fams:
-                    out.append(dict(size=size, shape=f"{n}x{k}", threads=threads, kernel=name, rows=r,
-                                    us=round(best[name], 1)))
+                    out.append(
+                        dict(size=size, shape=f"{n}x{k}", threads=threads, kernel=name, rows=r, us=round(best[name], 1))
+                    )
             ext.set_amx(ext.amx())
             for name, _, _ in fams:
                 us = {row["rows"]: row["us"] for row in out if row["shape"] == f"{n}x{k}" and row["kernel"] == name}
-                print(f"kernel  {size:4s} {n:5d}x{k:<4d} threads={threads} {name:30s} "
-                      + "  ".join(f"{r:3d} rows {us[r]:8.1f} us ({us[r] / us[1]:4.1f}x)" for r in rows), flush=True)
+                print(
+                    f"kernel  {size:4s} {n:5d}x{k:<4d} threads={threads} {name:30s} "
+                    + "  ".join(f"{r:3d} rows {us[r]:8.1f} us ({us[r] / us[1]:4.1f}x)" for r in rows),
+                    flush=True,
+                )
         out += bench_argmax(size, *KERNEL_SHAPES[size][0], threads, rows, reps)
     from bpd_train.engine.fastlinear import amx
-    amx()   # back to what BPD_AMX says
+
+    amx()  # back to what BPD_AMX says
     return out
 
 
@@ -365,12 +428,14 @@ class _engine:
 
     def __enter__(self):
         import bpd_train.engine.fastlinear as fl
+
         self.saved = (fl._ext, fl._ext_tried)
         if self.name == "torch":
             fl._ext, fl._ext_tried = None, True
 
     def __exit__(self, *exc):
         import bpd_train.engine.fastlinear as fl
+
         fl._ext, fl._ext_tried = self.saved
 
 
@@ -378,9 +443,11 @@ class _engine:
 def to_ct2(m: BPDModel, out_dir: str) -> list[str]:
     """Write `m` (pre-norm Transformer, tied embeddings, sinusoidal positions) as a CTranslate2 model."""
     from ctranslate2.specs import transformer_spec
+
     c = m.config
-    spec = transformer_spec.TransformerSpec.from_config((c.n_encoder_layers, c.n_decoder_layers), c.n_heads,
-                                                        pre_norm=True)
+    spec = transformer_spec.TransformerSpec.from_config(
+        (c.n_encoder_layers, c.n_decoder_layers), c.n_heads, pre_norm=True
+    )
     sd = {k: v.detach().numpy() for k, v in m.state_dict().items()}
     pe = m.pe.numpy()
 
@@ -389,6 +456,7 @@ def to_ct2(m: BPDModel, out_dir: str) -> list[str]:
 
     def lin(dst, name):
         dst.weight, dst.bias = sd[f"{name}.weight"], sd[f"{name}.bias"]
+
     for side, spec_side in (("encoder", spec.encoder), ("decoder", spec.decoder)):
         emb = spec_side.embeddings[0] if side == "encoder" else spec_side.embeddings
         emb.weight = sd["embed.weight"]
@@ -445,21 +513,21 @@ def bench_ct2(threads, batch_sizes, n_sent: int = 64, size: str = "base"):
         for t in threads:
             torch.set_num_threads(t)
             for ct2_type, our_dtype in (("float32", "fp32"), ("int8", "int8")):
-                tr = ctranslate2.Translator(d, device="cpu", compute_type=ct2_type, inter_threads=1,
-                                            intra_threads=t)
+                tr = ctranslate2.Translator(d, device="cpu", compute_type=ct2_type, inter_threads=1, intra_threads=t)
                 m.decode_options = DecodeOptions(dtype=our_dtype)
                 for bs in batch_sizes:
                     res = {"ours": [], "ct2": []}
                     ours_out, ct2_out = [], []
                     for rep in range(2):  # interleaved A B A B over the same batches
                         for i in range(0, n_sent, bs):
-                            for who in (("ours", "ct2") if rep % 2 == 0 else ("ct2", "ours")):
+                            for who in ("ours", "ct2") if rep % 2 == 0 else ("ct2", "ours"):
                                 t0 = time.perf_counter()
                                 if who == "ours":
-                                    out = greedy(m, srcs[i:i + bs], max_len=max_len).tokens
+                                    out = greedy(m, srcs[i : i + bs], max_len=max_len).tokens
                                 else:
-                                    r = tr.translate_batch(toks[i:i + bs], beam_size=1, max_decoding_length=max_len,
-                                                           max_batch_size=bs)
+                                    r = tr.translate_batch(
+                                        toks[i : i + bs], beam_size=1, max_decoding_length=max_len, max_batch_size=bs
+                                    )
                                     out = [[index[x] for x in h.hypotheses[0]] for h in r]
                                 el = time.perf_counter() - t0
                                 res[who].append((el, sum(len(o) for o in out)))
@@ -467,13 +535,23 @@ def bench_ct2(threads, batch_sizes, n_sent: int = 64, size: str = "base"):
                                     (ours_out if who == "ours" else ct2_out).extend(out)
                     tps = {who: sum(n for _, n in v_) / sum(e for e, _ in v_) for who, v_ in res.items()}
                     same = sum(a == b for a, b in zip(ours_out, ct2_out)) / len(ours_out)
-                    row = dict(size=size, threads=t, dtype=our_dtype, batch=bs, ours_tok_s=round(tps["ours"], 1),
-                               ct2_tok_s=round(tps["ct2"], 1), ratio=round(tps["ours"] / tps["ct2"], 2),
-                               identical=round(same, 3))
+                    row = dict(
+                        size=size,
+                        threads=t,
+                        dtype=our_dtype,
+                        batch=bs,
+                        ours_tok_s=round(tps["ours"], 1),
+                        ct2_tok_s=round(tps["ct2"], 1),
+                        ratio=round(tps["ours"] / tps["ct2"], 2),
+                        identical=round(same, 3),
+                    )
                     rows.append(row)
-                    print(f"greedy tok/s {size} threads={t} {our_dtype:4s} (CT2 {ct2_type}) batch {bs:2d}: ours "
-                          f"{tps['ours']:7.1f}  CTranslate2 {tps['ct2']:7.1f}  ratio {tps['ours'] / tps['ct2']:.2f}  "
-                          f"identical outputs {same:.0%}", flush=True)
+                    print(
+                        f"greedy tok/s {size} threads={t} {our_dtype:4s} (CT2 {ct2_type}) batch {bs:2d}: ours "
+                        f"{tps['ours']:7.1f}  CTranslate2 {tps['ct2']:7.1f}  ratio {tps['ours'] / tps['ct2']:.2f}  "
+                        f"identical outputs {same:.0%}",
+                        flush=True,
+                    )
     return rows
 
 
@@ -485,6 +563,7 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
     from bpd_train.decoding import blockwise
     from bpd_train.decoding.settings import draft_vocabulary
     from bpd_train.export import load_bundle
+
     torch.set_num_threads(threads)
     m, sp, _ = load_bundle(bundle)
     c = m.config
@@ -498,16 +577,23 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
         "greedy fp32": (DecodeOptions(), lambda mm, s: greedy(mm, [s], max_len=max_len)),
         f"blockwise k={c.block_size} exact fp32": (DecodeOptions(), lambda mm, s: blockwise(mm, [s], max_len=max_len)),
         f"blockwise k={c.block_size} exact fp32, draft {draft_vocab}": (
-            DecodeOptions(draft_vocab=draft), lambda mm, s: blockwise(mm, [s], max_len=max_len)),
+            DecodeOptions(draft_vocab=draft),
+            lambda mm, s: blockwise(mm, [s], max_len=max_len),
+        ),
         f"blockwise k={c.block_size} exact fp32, adaptive": (
-            DecodeOptions(), lambda mm, s: blockwise(mm, [s], max_len=max_len, adaptive=True)),
+            DecodeOptions(),
+            lambda mm, s: blockwise(mm, [s], max_len=max_len, adaptive=True),
+        ),
         "greedy int8": (DecodeOptions(dtype="int8"), lambda mm, s: greedy(mm, [s], max_len=max_len)),
-        f"blockwise k={c.block_size} exact int8": (DecodeOptions(dtype="int8"),
-                                                   lambda mm, s: blockwise(mm, [s], max_len=max_len)),
+        f"blockwise k={c.block_size} exact int8": (
+            DecodeOptions(dtype="int8"),
+            lambda mm, s: blockwise(mm, [s], max_len=max_len),
+        ),
     }
     # one model per decoder: switching options on one model repacked its weights on every call, and the packing
     # was charged to whichever decoder came first after a switch
     import copy
+
     models = {name: copy.deepcopy(m) for name in ours}
     for name, (opts, _) in ours.items():
         models[name].decode_options = opts
@@ -528,9 +614,11 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
 
                 def run_ct2(s, tr=tr):
                     n = len(s)
-                    r = tr.translate_batch([[vocab[i] for i in s]], beam_size=1,
-                                           max_decoding_length=int(max_len[0] * n + max_len[1]))
+                    r = tr.translate_batch(
+                        [[vocab[i] for i in s]], beam_size=1, max_decoding_length=int(max_len[0] * n + max_len[1])
+                    )
                     return [index[x] for x in r[0].hypotheses[0]]
+
                 fns[f"CTranslate2 greedy {ct2_type}"] = (None, run_ct2)
         fns.update(ours)
         totals = {name: [0.0, 0] for name in fns}
@@ -550,13 +638,24 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
         for name, (sec, ntok) in totals.items():
             same = sum(a == b for a, b in zip(outs[name], ref if "int8" not in name else outs["greedy int8"]))
             rows.append(dict(decoder=name, tok_s=round(ntok / sec, 1), same_as_greedy=round(same / len(ref), 3)))
-            print(f"bundle {Path(bundle).name} threads={threads} batch 1: {name:45s} {ntok / sec:8.1f} tok/s  "
-                  f"same output as our greedy of that precision: {same / len(ref):.0%}", flush=True)
+            print(
+                f"bundle {Path(bundle).name} threads={threads} batch 1: {name:45s} {ntok / sec:8.1f} tok/s  "
+                f"same output as our greedy of that precision: {same / len(ref):.0%}",
+                flush=True,
+            )
     return rows
 
 
-def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: int = 2, n_sent: int = 80,
-                  draft_vocab: int = 1000, dtype: str = "fp32", rules=()):
+def bench_regimes(
+    runs: list[str],
+    threads: int = 1,
+    batch_sizes=(1, 32),
+    reps: int = 2,
+    n_sent: int = 80,
+    draft_vocab: int = 1000,
+    dtype: str = "fp32",
+    rules=(),
+):
     """Trained runs (e.g. make demo's heads/*-k4, or make demo-lm's) on the bundled validation sources: greedy vs
     exact blockwise (plain, adaptive, and both with the draft vocabulary), every decoder on the same batches, taking
     turns by chunks of ~1/8 of them (order reversed every chunk), the first pass a warm-up; speedup = greedy seconds /
@@ -572,6 +671,7 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
     from bpd_train.decoding.common import decoding_mode, start_rows, stop_ids
     from bpd_train.decoding.settings import draft_vocabulary
     from bpd_train.loading import load
+
     torch.set_num_threads(threads)
     with gzip.open(ROOT / "data" / "bible-en-fr" / "validation.jsonl.gz", "rt", encoding="utf-8") as f:
         lines = [json.loads(x)["translation"]["en"] for x in f]
@@ -582,35 +682,39 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
         family = loaded.family
         text = family.text_adapter(loaded, "en", "fr") if family.prompted else family.text_adapter(loaded)
         stops = stop_ids(m)
-        mf = copy.deepcopy(m) if dtype != "fp32" else None   # fp32 greedy, the reference of a lower precision
+        mf = copy.deepcopy(m) if dtype != "fp32" else None  # fp32 greedy, the reference of a lower precision
         md = copy.deepcopy(m)  # its own packed weights: switching options on one model would repack every call
         m.decode_options = DecodeOptions(dtype=dtype)
         md.decode_options = DecodeOptions(dtype=dtype, draft_vocab=draft_vocabulary(text.sp, draft_vocab, stops))
         mp = copy.deepcopy(m)  # the draft vocabulary with int8 proposals (head 1 still verifies in `dtype`)
-        mp.decode_options = DecodeOptions(dtype=dtype, draft_vocab=draft_vocabulary(text.sp, draft_vocab, stops),
-                                          proposal_dtype="int8")
+        mp.decode_options = DecodeOptions(
+            dtype=dtype, draft_vocab=draft_vocabulary(text.sp, draft_vocab, stops), proposal_dtype="int8"
+        )
         step = max(1, len(lines) // n_sent)
         srcs = sorted((text.source_ids(t) for t in lines[::step][:n_sent]), key=len)
         ml = (1.5, 10)
-        fns = {"greedy": lambda s: greedy(m, s, max_len=ml),
-               "plain": lambda s: blockwise(m, s, max_len=ml),
-               "adaptive": lambda s: blockwise(m, s, max_len=ml, adaptive=True),
-               f"draft {draft_vocab}": lambda s: blockwise(md, s, max_len=ml),
-               f"draft {draft_vocab} adaptive": lambda s: blockwise(md, s, max_len=ml, adaptive=True),
-               f"draft {draft_vocab} int8 proposals": lambda s: blockwise(mp, s, max_len=ml),
-               f"draft {draft_vocab} int8 proposals adaptive": lambda s: blockwise(mp, s, max_len=ml, adaptive=True)}
+        fns = {
+            "greedy": lambda s: greedy(m, s, max_len=ml),
+            "plain": lambda s: blockwise(m, s, max_len=ml),
+            "adaptive": lambda s: blockwise(m, s, max_len=ml, adaptive=True),
+            f"draft {draft_vocab}": lambda s: blockwise(md, s, max_len=ml),
+            f"draft {draft_vocab} adaptive": lambda s: blockwise(md, s, max_len=ml, adaptive=True),
+            f"draft {draft_vocab} int8 proposals": lambda s: blockwise(mp, s, max_len=ml),
+            f"draft {draft_vocab} int8 proposals adaptive": lambda s: blockwise(mp, s, max_len=ml, adaptive=True),
+        }
         for rule in rules:
             fns[f"draft {draft_vocab} int8 proposals {rule}"] = lambda s, r=rule: blockwise(mp, s, max_len=ml, accept=r)
         if mf is not None:
             fns["greedy fp32"] = lambda s: greedy(mf, s, max_len=ml)
 
-        def prefill(s):   # what every decoder does before its first step: the source's encoder / the prompt's cache
+        def prefill(s):  # what every decoder does before its first step: the source's encoder / the prompt's cache
             with decoding_mode(m):
                 rows = start_rows(m, s, ml)
                 return m.start_decoding(m.encode(rows.src), rows.cap)
+
         fns["prefill"] = prefill
         for bs in batch_sizes:
-            batches = [text.batch(srcs[i:i + bs]) for i in range(0, len(srcs), bs)]   # padded as evaluate pads
+            batches = [text.batch(srcs[i : i + bs]) for i in range(0, len(srcs), bs)]  # padded as evaluate pads
             sec = {k: 0.0 for k in fns}
             out = {k: [] for k in fns}
             hist = {k: collections.Counter() for k in fns}
@@ -620,11 +724,15 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
             # (interleaved per batch, every call started on caches another copy of the weights had filled); whole
             # passes per decoder (~0.5 s each) let the machine's drift move single decoders by 10-30%
             size = max(1, len(batches) // 8)
-            chunks = [batches[i:i + size] for i in range(0, len(batches), size)]
-            turns = [(rep, name, chunk) for rep in range(reps + 1) for ci, chunk in enumerate(chunks)
-                     for name in (list(fns) if (rep * len(chunks) + ci) % 2 == 0 else list(fns)[::-1])]
+            chunks = [batches[i : i + size] for i in range(0, len(batches), size)]
+            turns = [
+                (rep, name, chunk)
+                for rep in range(reps + 1)
+                for ci, chunk in enumerate(chunks)
+                for name in (list(fns) if (rep * len(chunks) + ci) % 2 == 0 else list(fns)[::-1])
+            ]
             for rep, name, chunk in turns:
-                fns[name](chunk[0])   # untimed: the turn starts on warm caches, whichever decoder came before
+                fns[name](chunk[0])  # untimed: the turn starts on warm caches, whichever decoder came before
                 for b in chunk:
                     t0 = time.perf_counter()
                     r = fns[name](b)
@@ -637,26 +745,40 @@ def bench_regimes(runs: list[str], threads: int = 1, batch_sizes=(1, 32), reps: 
                         hist[name].update(r.accepted_hist)
             pre = sec.pop("prefill")
             # BPD changes only the steps after the prefill: their speedup, greedy's steps over the decoder's
-            print(f"regime {Path(run).name:12s} {dtype:4s} batch {bs:2d} prefill (encoder / prompt) "
-                  f"{pre / sec['greedy']:.0%} of greedy's time", flush=True)
+            print(
+                f"regime {Path(run).name:12s} {dtype:4s} batch {bs:2d} prefill (encoder / prompt) "
+                f"{pre / sec['greedy']:.0%} of greedy's time",
+                flush=True,
+            )
             for name in [n for n in fns if n != "prefill"]:
                 h = hist[name]
                 khat = sum(k * v for k, v in h.items()) / max(1, sum(h.values()))
                 same = sum(a == b for a, b in zip(out[name], out["greedy"])) / len(srcs)
-                row = dict(run=Path(run).name, batch=bs, threads=threads, dtype=dtype, decoder=name,
-                           speedup=round(sec["greedy"] / sec[name], 3), khat=round(khat, 2), same=round(same, 3),
-                           seconds=round(sec[name] / reps, 3),
-                           steps_speedup=round((sec["greedy"] - pre) / max(sec[name] - pre, 1e-9), 3),
-                           prefill_share=round(pre / sec["greedy"], 3),
-                           pass_speedups=[round(g / d, 3) for g, d in zip(per_pass["greedy"], per_pass[name])])
+                row = dict(
+                    run=Path(run).name,
+                    batch=bs,
+                    threads=threads,
+                    dtype=dtype,
+                    decoder=name,
+                    speedup=round(sec["greedy"] / sec[name], 3),
+                    khat=round(khat, 2),
+                    same=round(same, 3),
+                    seconds=round(sec[name] / reps, 3),
+                    steps_speedup=round((sec["greedy"] - pre) / max(sec[name] - pre, 1e-9), 3),
+                    prefill_share=round(pre / sec["greedy"], 3),
+                    pass_speedups=[round(g / d, 3) for g, d in zip(per_pass["greedy"], per_pass[name])],
+                )
                 if mf is not None:
                     row["speedup_vs_fp32_greedy"] = round(sec["greedy fp32"] / sec[name], 3)
                 rows.append(row)
                 vs = f"  {row['speedup_vs_fp32_greedy']:.3f}x vs greedy fp32" if mf is not None else ""
-                print(f"regime {row['run']:12s} {dtype:4s} batch {bs:2d} {name:22s} {row['speedup']:.3f}x "
-                      f"(steps {row['steps_speedup']:.3f}x; passes {min(row['pass_speedups']):.2f}-"
-                      f"{max(row['pass_speedups']):.2f}x)  k^ {khat:.2f}  "
-                      f"same as greedy {same:.0%}  ({sec[name] / reps:.3f} s per pass){vs}", flush=True)
+                print(
+                    f"regime {row['run']:12s} {dtype:4s} batch {bs:2d} {name:22s} {row['speedup']:.3f}x "
+                    f"(steps {row['steps_speedup']:.3f}x; passes {min(row['pass_speedups']):.2f}-"
+                    f"{max(row['pass_speedups']):.2f}x)  k^ {khat:.2f}  "
+                    f"same as greedy {same:.0%}  ({sec[name] / reps:.3f} s per pass){vs}",
+                    flush=True,
+                )
     return rows
 
 
@@ -678,59 +800,122 @@ def _command(argv) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--sizes", nargs="+", default=["demo", "base"], choices=sorted(SIZES) + sorted(LM_SIZES),
-                    help="model sizes; lm-demo / lm-base: decoder-only (Llama-style) models, step costs and "
-                         "greedy vs blockwise at batch 1 (--lm-decode), no CTranslate2 comparison")
-    ap.add_argument("--lm-decode", action="store_true",
-                    help="lm-* sizes: also time greedy vs blockwise on random prompts at batch 1, torch vs native")
+    ap.add_argument(
+        "--sizes",
+        nargs="+",
+        default=["demo", "base"],
+        choices=sorted(SIZES) + sorted(LM_SIZES),
+        help="model sizes; lm-demo / lm-base: decoder-only (Llama-style) models, step costs and "
+        "greedy vs blockwise at batch 1 (--lm-decode), no CTranslate2 comparison",
+    )
+    ap.add_argument(
+        "--lm-decode",
+        action="store_true",
+        help="lm-* sizes: also time greedy vs blockwise on random prompts at batch 1, torch vs native",
+    )
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--skip-ct2", action="store_true")
     ap.add_argument("--profile", action="store_true", help="per-phase time of the native loops' steps")
     ap.add_argument("--quick", action="store_true", help="demo size, 1 thread, few reps, small CT2 run")
     ap.add_argument("--bundle", default=None, help="also compare on a trained bundle (e.g. make demo's export/best)")
-    ap.add_argument("--regimes", nargs="+", default=None, metavar="RUN",
-                    help="only: greedy vs blockwise (plain / adaptive / draft vocabulary) on trained runs, e.g. "
-                         "artifacts/demo/bible_en_fr/heads/*-k4, at --batch sizes")
+    ap.add_argument(
+        "--regimes",
+        nargs="+",
+        default=None,
+        metavar="RUN",
+        help="only: greedy vs blockwise (plain / adaptive / draft vocabulary) on trained runs, e.g. "
+        "artifacts/demo/bible_en_fr/heads/*-k4, at --batch sizes",
+    )
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32], help="batch sizes for --regimes")
     ap.add_argument("--passes", type=int, default=2, help="timed passes for --regimes (after one warm-up)")
-    ap.add_argument("--rules", nargs="+", default=[], metavar="RULE",
-                    help="--regimes: also blockwise under these acceptance rules (e.g. top2 distance:1; output may "
-                         "differ from greedy's), with the draft vocabulary and int8 proposals")
-    ap.add_argument("--kernels", action="store_true",
-                    help="only: one linear's cost per kernel family (fp32 / bf16 / int8, vdpbf16ps / VNNI / AMX) and rows")
-    ap.add_argument("--dtype", nargs="+", default=["fp32"], choices=["fp32", "bf16", "int8"],
-                    help="decode precision(s) (decode.dtype) for the step costs and --regimes")
+    ap.add_argument(
+        "--rules",
+        nargs="+",
+        default=[],
+        metavar="RULE",
+        help="--regimes: also blockwise under these acceptance rules (e.g. top2 distance:1; output may "
+        "differ from greedy's), with the draft vocabulary and int8 proposals",
+    )
+    ap.add_argument(
+        "--kernels",
+        action="store_true",
+        help="only: one linear's cost per kernel family (fp32 / bf16 / int8, vdpbf16ps / VNNI / AMX) and rows",
+    )
+    ap.add_argument(
+        "--dtype",
+        nargs="+",
+        default=["fp32"],
+        choices=["fp32", "bf16", "int8"],
+        help="decode precision(s) (decode.dtype) for the step costs and --regimes",
+    )
     ap.add_argument("--chain", action="store_true", help="step costs with chained heads (model.head_chain)")
     a = ap.parse_args(argv)
     if a.quick:
         a.threads, a.sizes, a.reps = [1], ["demo"], 5
     if a.kernels:
-        print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}, "
-              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}, "
+            f"load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
         rows = bench_kernels(a.sizes, threads=a.threads[0], reps=a.reps)
-        print(json.dumps({"cpu": cpu_model(), "engine": engine_name(), "torch": torch.__version__,
-                          "date": time.strftime("%Y-%m-%d", time.gmtime()), "command": _command(argv), "kernels": rows}))
+        print(
+            json.dumps(
+                {
+                    "cpu": cpu_model(),
+                    "engine": engine_name(),
+                    "torch": torch.__version__,
+                    "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                    "command": _command(argv),
+                    "kernels": rows,
+                }
+            )
+        )
         return 0
     if a.regimes:
-        print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}, "
-              f"load {os.getloadavg()[0]:.2f}", flush=True)
-        rows = [r for dt in a.dtype
-                for r in bench_regimes(a.regimes, threads=a.threads[0], batch_sizes=a.batch, reps=a.passes, dtype=dt,
-                                           rules=tuple(a.rules))]
-        print(json.dumps({"cpu": cpu_model(), "engine": engine_name(), "torch": torch.__version__,
-                          "date": time.strftime("%Y-%m-%d", time.gmtime()), "command": _command(argv), "regimes": rows}))
+        print(
+            f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}, "
+            f"load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
+        rows = [
+            r
+            for dt in a.dtype
+            for r in bench_regimes(
+                a.regimes, threads=a.threads[0], batch_sizes=a.batch, reps=a.passes, dtype=dt, rules=tuple(a.rules)
+            )
+        ]
+        print(
+            json.dumps(
+                {
+                    "cpu": cpu_model(),
+                    "engine": engine_name(),
+                    "torch": torch.__version__,
+                    "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                    "command": _command(argv),
+                    "regimes": rows,
+                }
+            )
+        )
         return 0
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}",
-          flush=True)
-    result = {"cpu": cpu_model(), "engine": engine_name(), "step_cost": bench_steps(a.sizes, a.threads, a.reps, a.profile,
-                                                                         a.dtype, a.chain)}
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}", flush=True)
+    result = {
+        "cpu": cpu_model(),
+        "engine": engine_name(),
+        "step_cost": bench_steps(a.sizes, a.threads, a.reps, a.profile, a.dtype, a.chain),
+    }
     lm_sizes = [s for s in a.sizes if s in LM_SIZES]
     if a.lm_decode and lm_sizes:
         result["lm_decode"] = bench_lm_decode(lm_sizes, a.threads[0], a.dtype, n_prompts=4 if a.quick else 8)
     if not a.skip_ct2 and any(s in SIZES for s in a.sizes):
-        result["ctranslate2"] = [row for size in a.sizes if size in SIZES
-                                 for row in (bench_ct2(a.threads, [1, 32] if not a.quick else [4],
-                                                       n_sent=64 if not a.quick else 8, size=size) or [])]
+        result["ctranslate2"] = [
+            row
+            for size in a.sizes
+            if size in SIZES
+            for row in (
+                bench_ct2(a.threads, [1, 32] if not a.quick else [4], n_sent=64 if not a.quick else 8, size=size) or []
+            )
+        ]
     if a.bundle:
         result["bundle"] = bench_bundle(a.bundle, threads=a.threads[0])
     print(json.dumps(result))

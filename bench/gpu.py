@@ -16,6 +16,7 @@ With --out-dir (default $OUT) it also writes gpu.json and gpu.md (a markdown sum
 Without CUDA (and without --device cpu) it prints one JSON line saying it skipped, and exits 0.
 Only the public model/decoding API is used: the decoder internals change under it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,9 @@ from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
 PAD, BOS, EOS = 0, 1, 2
 # model sizes of the step-cost table: the demo preset and Transformer-base
 SIZES = {
-    "demo": dict(d_model=128, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=512, vocab_size=4000,
-                 head_d_hidden=128),
+    "demo": dict(
+        d_model=128, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=512, vocab_size=4000, head_d_hidden=128
+    ),
     "base": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, vocab_size=32000),
 }
 # seconds kept back from the training chains for the optional torch.compile section that runs after them
@@ -64,13 +66,30 @@ def sync(device: torch.device) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- exactness
-def random_model(k: int, seed: int, vocab: int, device, d_model: int = 16, std: float = 0.08,
-                 eos_bias: float = 1.5, scale: float = 2.5) -> BPDModel:
+def random_model(
+    k: int,
+    seed: int,
+    vocab: int,
+    device,
+    d_model: int = 16,
+    std: float = 0.08,
+    eos_bias: float = 1.5,
+    scale: float = 2.5,
+) -> BPDModel:
     """Random model whose heads 2..k often (not always) agree with head 1 one step later, so blocks of
     several tokens get accepted and others rolled back (the construction of tests/test_decoding.py)."""
     torch.manual_seed(seed)
-    cfg = BPDConfig(vocab_size=vocab, d_model=d_model, n_heads=2, n_encoder_layers=1, n_decoder_layers=2,
-                    d_ff=2 * d_model, block_size=k, dropout=0.0, max_positions=128)
+    cfg = BPDConfig(
+        vocab_size=vocab,
+        d_model=d_model,
+        n_heads=2,
+        n_encoder_layers=1,
+        n_decoder_layers=2,
+        d_ff=2 * d_model,
+        block_size=k,
+        dropout=0.0,
+        max_positions=128,
+    )
     m = BPDModel(cfg).eval()
     with torch.no_grad():
         if m.heads is not None:
@@ -88,7 +107,7 @@ def random_sources(batch: int, seed: int, vocab: int, max_src: int = 12) -> torc
     lens = torch.randint(1, max_src + 1, (batch,), generator=g).tolist()
     src = torch.full((batch, max(lens)), PAD, dtype=torch.long)
     for i, n in enumerate(lens):
-        src[i, :n - 1] = torch.randint(3, vocab, (n - 1,), generator=g)
+        src[i, : n - 1] = torch.randint(3, vocab, (n - 1,), generator=g)
         src[i, n - 1] = EOS
     return src
 
@@ -121,13 +140,28 @@ def check_exactness(device, quick: bool = False, accept=None) -> dict:
                         accepted.append(r.mean_accepted)
                     if bad and len(mismatches) < 5:
                         i = bad[0]
-                        mismatches.append(dict(k=k, vocab=vocab, batch=b, seed=seed, row=i, greedy=g.tokens[i][:12],
-                                               blockwise=r.tokens[i][:12]))
-    return dict(ok=mismatched_rows == 0, accept=type(accept).__name__, cases=cases, rows=rows,
-                mismatched_rows=mismatched_rows, mismatches=mismatches,
-                # > 1 shows multi-token blocks were accepted, so the comparison was not vacuous
-                mean_accepted=round(statistics.fmean(accepted), 3) if accepted else None,
-                tf32=bool(torch.backends.cuda.matmul.allow_tf32) if device.type == "cuda" else None)
+                        mismatches.append(
+                            dict(
+                                k=k,
+                                vocab=vocab,
+                                batch=b,
+                                seed=seed,
+                                row=i,
+                                greedy=g.tokens[i][:12],
+                                blockwise=r.tokens[i][:12],
+                            )
+                        )
+    return dict(
+        ok=mismatched_rows == 0,
+        accept=type(accept).__name__,
+        cases=cases,
+        rows=rows,
+        mismatched_rows=mismatched_rows,
+        mismatches=mismatches,
+        # > 1 shows multi-token blocks were accepted, so the comparison was not vacuous
+        mean_accepted=round(statistics.fmean(accepted), 3) if accepted else None,
+        tf32=bool(torch.backends.cuda.matmul.allow_tf32) if device.type == "cuda" else None,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- step cost
@@ -167,16 +201,16 @@ class StepBench:
 
     def block_step(self, k: int) -> torch.Tensor:
         m = self.model
-        h = m.decode(self.state, self.tokens[:, :k])                     # [B,k,D]
+        h = m.decode(self.state, self.tokens[:, :k])  # [B,k,D]
         self.state.lengths = self.prefix
-        verify = m.head_logits(h, 0).argmax(-1)                          # head 1 at the k positions
-        propose = m.heads_logits(h[:, -1], 1, k).argmax(-1)              # heads 2..k at one position
+        verify = m.head_logits(h, 0).argmax(-1)  # head 1 at the k positions
+        propose = m.heads_logits(h[:, -1], 1, k).argmax(-1)  # heads 2..k at one position
         return torch.cat([verify, propose], dim=1)
 
     def steps(self) -> dict:
         out = {"greedy": self.greedy_step}
         for k in self.ks:
-            out[f"k{k}"] = (lambda k=k: self.block_step(k))
+            out[f"k{k}"] = lambda k=k: self.block_step(k)
         return out
 
 
@@ -191,7 +225,7 @@ def interleaved_ms(fns: dict, device, reps: int, warmup: int = 3) -> dict:
                 fns[n]()
         sync(device)
         for r in range(reps):
-            for n in (names if r % 2 == 0 else names[::-1]):
+            for n in names if r % 2 == 0 else names[::-1]:
                 t0 = time.perf_counter()
                 fns[n]()
                 sync(device)
@@ -224,8 +258,7 @@ def graphed(fns: dict, device) -> dict:
     return out
 
 
-def step_cost_table(device, sizes: dict, ks=(2, 4, 8), batches=(1, 32), reps: int = 50,
-                    graphs: bool = False) -> dict:
+def step_cost_table(device, sizes: dict, ks=(2, 4, 8), batches=(1, 32), reps: int = 50, graphs: bool = False) -> dict:
     device = torch.device(device)
     table, graph_table, graph_errors = {}, {}, {}
     for size, spec in sizes.items():
@@ -298,12 +331,19 @@ def time_decoders(model, batches: list[torch.Tensor], k: int, max_len, device, r
                     tok += r.mean_accepted * r.row_steps  # k̂ per row-step, as DecodeResult defines it
                     steps += r.row_steps
                     calls += r.calls
-    return dict(k=k, agreement=round(agree / rows, 4), mean_accepted=round(tok / max(steps, 1), 3), calls=calls,
-                speedup=round(g_t / b_t, 3), greedy_ms_per_batch=round(1e3 * g_t / (repeats * len(batches)), 3))
+    return dict(
+        k=k,
+        agreement=round(agree / rows, 4),
+        mean_accepted=round(tok / max(steps, 1), 3),
+        calls=calls,
+        speedup=round(g_t / b_t, 3),
+        greedy_ms_per_batch=round(1e3 * g_t / (repeats * len(batches)), 3),
+    )
 
 
-def random_speedups(device, sizes: dict, ks=(4, 8), batch_sizes=(1, 32), sentences: int = 32,
-                    max_len=32, repeats: int = 2) -> dict:
+def random_speedups(
+    device, sizes: dict, ks=(4, 8), batch_sizes=(1, 32), sentences: int = 32, max_len=32, repeats: int = 2
+) -> dict:
     """Random weights: heads rarely agree, so k̂ ~ 1 and this is the overhead side of the trade."""
     device = torch.device(device)
     out = {}
@@ -313,7 +353,7 @@ def random_speedups(device, sizes: dict, ks=(4, 8), batch_sizes=(1, 32), sentenc
             v = model.config.vocab_size
             src = random_sources(sentences, seed=k, vocab=v, max_src=24).to(device)
             for b in batch_sizes:
-                batches = [src[i:i + b] for i in range(0, sentences, b)]
+                batches = [src[i : i + b] for i in range(0, sentences, b)]
                 if b == 1:
                     batches = batches[:8]
                 out[f"{size}_k{k}_b{b}"] = time_decoders(model, batches, k, max_len, device, repeats)
@@ -335,7 +375,7 @@ def demo_sources(tokenizer_path: Path, n: int, device) -> torch.Tensor:
     ids = [sp.encode(t)[:126] + [EOS] for t in texts]
     src = torch.full((len(ids), max(map(len, ids))), PAD, dtype=torch.long)
     for i, row in enumerate(ids):
-        src[i, :len(row)] = torch.tensor(row)
+        src[i, : len(row)] = torch.tensor(row)
     return src.to(device)
 
 
@@ -353,7 +393,7 @@ def demo_speedups(device, demo_dir: Path, sentences: int = 64, repeats: int = 2)
         src = demo_sources(lm.tokenizer_path, sentences, device)
         k = model.config.block_size
         for b in (1, 32):
-            batches = [src[i:i + b] for i in range(0, sentences, b)][: (16 if b == 1 else None)]
+            batches = [src[i : i + b] for i in range(0, sentences, b)][: (16 if b == 1 else None)]
             out[f"{run.name}_b{b}"] = time_decoders(model, batches, k, (1.5, 10), device, repeats)
             log(f"demo speedup {run.name} b{b}: {out[f'{run.name}_b{b}']}")
     return out
@@ -377,16 +417,31 @@ TRAIN_CHAINS = {
 }
 
 
-def train_chain(strategy: str, art: Path, timeout: float, spm_from: Path | None, logdir: Path | None,
-                trainer=GPU_TRAINER, overrides=()) -> dict:
+def train_chain(
+    strategy: str,
+    art: Path,
+    timeout: float,
+    spm_from: Path | None,
+    logdir: Path | None,
+    trainer=GPU_TRAINER,
+    overrides=(),
+) -> dict:
     """python train.py +regime=base, then +regime=frozen, experiment=smoke, by default on one GPU in bf16-mixed."""
     from bpd_train.loading import load  # the one resolver: also reads DeepSpeed ZeRO folders
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(tempfile.gettempdir()) / "bpd-torch-ext"))
     group, extra_over = TRAIN_CHAINS.get(strategy, (strategy, ()))
-    common = ["experiment=smoke", *trainer, f"strategy={group}", *extra_over, *overrides, "logger=csv",
-              "progress_bar=none", f"paths.artifacts={art}"]
+    common = [
+        "experiment=smoke",
+        *trainer,
+        f"strategy={group}",
+        *extra_over,
+        *overrides,
+        "logger=csv",
+        "progress_bar=none",
+        f"paths.artifacts={art}",
+    ]
     res: dict = {"strategy": strategy}
     if spm_from is not None:  # the tokenizer the first chain trained: no second sentencepiece run
         shutil.copytree(spm_from, art / spm_from.parent.name / "spm")
@@ -396,8 +451,14 @@ def train_chain(strategy: str, art: Path, timeout: float, spm_from: Path | None,
         if left < 20:
             res[regime] = {"ok": False, "error": "no time left"}
             return res
-        cmd = [sys.executable, str(ROOT / "train.py"), f"+regime={regime}", *common, *extra,
-               f"hydra.run.dir={art}-hydra/{regime}"]
+        cmd = [
+            sys.executable,
+            str(ROOT / "train.py"),
+            f"+regime={regime}",
+            *common,
+            *extra,
+            f"hydra.run.dir={art}-hydra/{regime}",
+        ]
         t0 = time.monotonic()
         try:
             p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=left)
@@ -407,8 +468,11 @@ def train_chain(strategy: str, art: Path, timeout: float, spm_from: Path | None,
             text = text.decode(errors="replace") if isinstance(text, bytes) else text
         if logdir is not None:
             (logdir / f"train-{strategy}-{regime}.log").write_text(text[-200_000:])
-        res[regime] = {"rc": rc, "s": round(time.monotonic() - t0, 1),
-                       "log_mentions_bf16": "bf16" in text.lower()}  # Lightning names the precision it set up
+        res[regime] = {
+            "rc": rc,
+            "s": round(time.monotonic() - t0, 1),
+            "log_mentions_bf16": "bf16" in text.lower(),
+        }  # Lightning names the precision it set up
         if rc != 0:
             res[regime].update(ok=False, tail=text[-1500:])
             return res
@@ -425,11 +489,14 @@ def train_chain(strategy: str, art: Path, timeout: float, spm_from: Path | None,
         # a frozen backbone must come through the strategy bit-identical (bf16 engines may round it)
         backbone_identical=all(torch.equal(fsd[k].float(), v.float()) for k, v in bsd.items()),
         heads_trained=any(bool(fsd[k].abs().sum() > 0) for k in fsd if k.startswith("heads.fc2")),
-        val_agreement=agree, val_loss_finite=bool(losses) and all(math.isfinite(x) for x in losses),
-        checkpoint=str(next((frozen_run / "checkpoints").glob("last*")).name))
+        val_agreement=agree,
+        val_loss_finite=bool(losses) and all(math.isfinite(x) for x in losses),
+        checkpoint=str(next((frozen_run / "checkpoints").glob("last*")).name),
+    )
     # identity_p1 promises the base model's greedy output bit for bit: a rounded backbone breaks that promise
-    res["ok"] = bool(res["heads_trained"] and res["val_loss_finite"] and res["backbone_identical"] and agree
-                     and min(agree) == 100.0)
+    res["ok"] = bool(
+        res["heads_trained"] and res["val_loss_finite"] and res["backbone_identical"] and agree and min(agree) == 100.0
+    )
     res["spm"] = str(corpus / "spm")
     return res
 
@@ -445,18 +512,37 @@ def write_json(path: Path | None, obj: dict) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                    help="cpu: run the decoding checks on the CPU (logic only; numbers meaningless)")
+    ap.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: run the decoding checks on the CPU (logic only; numbers meaningless)",
+    )
     ap.add_argument("--quick", action="store_true", help="tiny sizes and few cases")
-    ap.add_argument("--budget-s", type=float, default=430.0,
-                    help="stop starting sections after this many seconds (bench/gpu.sh kills at 450 s)")
-    ap.add_argument("--skip", default="", help="comma-separated sections to leave out: "
-                    "exactness,step_cost,compile,speedup,demo,train")
-    ap.add_argument("--demo-dir", type=Path, default=ROOT / "artifacts" / "demo",
-                    help="where `make demo` put its runs (carried to the device if you want demo speedups)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=430.0,
+        help="stop starting sections after this many seconds (bench/gpu.sh kills at 450 s)",
+    )
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated sections to leave out: exactness,step_cost,compile,speedup,demo,train",
+    )
+    ap.add_argument(
+        "--demo-dir",
+        type=Path,
+        default=ROOT / "artifacts" / "demo",
+        help="where `make demo` put its runs (carried to the device if you want demo speedups)",
+    )
     ap.add_argument("--partial", type=Path, default=None, help="rewrite this file with the results so far")
-    ap.add_argument("--out-dir", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
-                    help="also write gpu.json and the training logs here (default: $OUT when set)")
+    ap.add_argument(
+        "--out-dir",
+        type=Path,
+        default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
+        help="also write gpu.json and the training logs here (default: $OUT when set)",
+    )
     args = ap.parse_args(argv)
     known = {"exactness", "step_cost", "compile", "speedup", "demo", "train"}
     bad = set(filter(None, args.skip.split(","))) - known
@@ -516,13 +602,24 @@ def main(argv=None) -> int:
 
     run("exactness", lambda: check_exactness(device, args.quick))
     reps = 10 if args.quick else 50
-    run("step_cost", lambda: step_cost_table(device, sizes, reps=reps, graphs=cuda,
-                                             batches=(1, 4) if args.quick else (1, 32)))
-    run("speedup", lambda: random_speedups(device, sizes, batch_sizes=(1, 4) if args.quick else (1, 32),
-                                           sentences=8 if args.quick else 32, max_len=8 if args.quick else 32,
-                                           repeats=1 if args.quick else 2))
+    run(
+        "step_cost",
+        lambda: step_cost_table(device, sizes, reps=reps, graphs=cuda, batches=(1, 4) if args.quick else (1, 32)),
+    )
+    run(
+        "speedup",
+        lambda: random_speedups(
+            device,
+            sizes,
+            batch_sizes=(1, 4) if args.quick else (1, 32),
+            sentences=8 if args.quick else 32,
+            max_len=8 if args.quick else 32,
+            repeats=1 if args.quick else 2,
+        ),
+    )
     run("demo", lambda: demo_speedups(device, args.demo_dir), required=False)
     if cuda:
+
         def train() -> dict:
             out: dict = {}
             with tempfile.TemporaryDirectory(prefix="bpd-gpu-train-") as tmp:
@@ -532,20 +629,28 @@ def main(argv=None) -> int:
                     left = args.budget_s - COMPILE_RESERVE_S - (time.monotonic() - t_start)
                     share = left / (len(chains) - i)  # what is left, split between the chains still to run
                     # a shorter base run: the chains check that training works, not what it reaches
-                    out[strategy] = train_chain(strategy, Path(tmp) / strategy / "art", share, spm, args.out_dir,
-                                                overrides=("steps.base=20",))
+                    out[strategy] = train_chain(
+                        strategy, Path(tmp) / strategy / "art", share, spm, args.out_dir, overrides=("steps.base=20",)
+                    )
                     if out[strategy].get("spm"):
                         spm = Path(out[strategy].pop("spm"))
                     write_json(args.partial, result)
             out["ok"] = all(out[s].get("ok") for s in TRAIN_CHAINS)
             return out
+
         run("train", train)
     else:
-        sections["train"] = {"skipped": "CUDA only: Lightning's DeepSpeed and FSDP strategies refuse CPU "
-                                        "(the CPU suite covers them through shims)"}
+        sections["train"] = {
+            "skipped": "CUDA only: Lightning's DeepSpeed and FSDP strategies refuse CPU "
+            "(the CPU suite covers them through shims)"
+        }
     if cuda:  # last: optional, and its compile time is the least predictable
-        run("compile", lambda: compiled_step_cost(device, SIZES["base"] if not args.quick else sizes["tiny"]),
-            required=False, min_left=COMPILE_RESERVE_S - 15)
+        run(
+            "compile",
+            lambda: compiled_step_cost(device, SIZES["base"] if not args.quick else sizes["tiny"]),
+            required=False,
+            min_left=COMPILE_RESERVE_S - 15,
+        )
     else:
         sections["compile"] = {"skipped": "CUDA only (reduce-overhead mode records CUDA graphs)"}
     required_ok = [sections[s].get("ok", True) for s in ("exactness", "train") if s in sections]
@@ -563,12 +668,17 @@ def main(argv=None) -> int:
 
 def markdown_summary(result: dict) -> str:
     """gpu.md: one line per section and check, for a person reading the device call's files."""
+
     def mark(v):
         return {True: "ok", False: "FAILED", None: "-"}.get(v, str(v))
 
-    lines = [f"# bench/gpu.py on {result.get('gpu', result.get('device'))}", "",
-             f"overall: **{mark(result.get('ok'))}**, torch {result.get('torch')}, CUDA {result.get('cuda', '-')}, "
-             f"{result.get('wall_s', '?')} s", ""]
+    lines = [
+        f"# bench/gpu.py on {result.get('gpu', result.get('device'))}",
+        "",
+        f"overall: **{mark(result.get('ok'))}**, torch {result.get('torch')}, CUDA {result.get('cuda', '-')}, "
+        f"{result.get('wall_s', '?')} s",
+        "",
+    ]
     if result.get("skipped"):
         return "\n".join(lines + [f"skipped: {result['skipped']}", ""])
     lines += ["| section | result | seconds | notes |", "|---|---|---|---|"]
@@ -583,11 +693,16 @@ def markdown_summary(result: dict) -> str:
         if name == "exactness":
             note = f"{sec.get('mismatched_rows')} mismatched rows in {sec.get('cases')} cases"
         elif name == "train":
-            note = "; ".join(f"{s}: {mark(v.get('ok'))} (backbone identical {v.get('backbone_identical')}, "
-                             f"agreement {v.get('val_agreement')})" for s, v in sec.items() if isinstance(v, dict))
+            note = "; ".join(
+                f"{s}: {mark(v.get('ok'))} (backbone identical {v.get('backbone_identical')}, "
+                f"agreement {v.get('val_agreement')})"
+                for s, v in sec.items()
+                if isinstance(v, dict)
+            )
         elif name == "speedup":
-            note = ", ".join(f"{k} x{v.get('speedup', 0):.2f}" for k, v in sec.items()
-                             if isinstance(v, dict) and "speedup" in v)
+            note = ", ".join(
+                f"{k} x{v.get('speedup', 0):.2f}" for k, v in sec.items() if isinstance(v, dict) and "speedup" in v
+            )
         lines.append(f"| {name} | {mark(sec.get('ok', True))} | {sec.get('s', '-')} | {note} |")
     for name, err in (result.get("errors") or {}).items():
         lines.append(f"\nerror in {name}: {err}")
@@ -601,10 +716,18 @@ def package_versions() -> dict:
     from importlib import metadata
 
     out = {}
-    for dist, module in (("lightning", "lightning"), ("hydra-core", "hydra"), ("omegaconf", "omegaconf"),
-                         ("datasets", "datasets"), ("deepspeed", "deepspeed"), ("pydantic", "pydantic"),
-                         ("pyarrow", "pyarrow"), ("fsspec", "fsspec"), ("huggingface-hub", "huggingface_hub"),
-                         ("sentencepiece", "sentencepiece")):
+    for dist, module in (
+        ("lightning", "lightning"),
+        ("hydra-core", "hydra"),
+        ("omegaconf", "omegaconf"),
+        ("datasets", "datasets"),
+        ("deepspeed", "deepspeed"),
+        ("pydantic", "pydantic"),
+        ("pyarrow", "pyarrow"),
+        ("fsspec", "fsspec"),
+        ("huggingface-hub", "huggingface_hub"),
+        ("sentencepiece", "sentencepiece"),
+    ):
         try:
             version = metadata.version(dist)
         except metadata.PackageNotFoundError:

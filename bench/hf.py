@@ -16,6 +16,7 @@ are compared sentence by sentence (fp32 everywhere). Timing: one warm-up batch p
 alternate over the same batches; tokens/s = generated tokens / seconds.
 The last line printed is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,16 @@ sys.path.insert(0, str(ROOT))
 
 from bpd_train.decoding import greedy  # noqa: E402
 
-OPUS_MT = dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
-               decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, vocab_size=58101)
+OPUS_MT = dict(
+    d_model=512,
+    encoder_layers=6,
+    decoder_layers=6,
+    encoder_attention_heads=8,
+    decoder_attention_heads=8,
+    encoder_ffn_dim=2048,
+    decoder_ffn_dim=2048,
+    vocab_size=58101,
+)
 
 
 def make_folder(out: Path) -> dict:
@@ -46,8 +55,16 @@ def make_folder(out: Path) -> dict:
 
     text = out / "spm.txt"
     text.write_text("\n".join(f"word{i} token{i % 7} piece{i % 13}" for i in range(200)) + "\n")
-    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(out / "sp"), vocab_size=30, minloglevel=2,
-                                   bos_id=-1, eos_id=1, unk_id=2, pad_id=-1)
+    spm.SentencePieceTrainer.train(
+        input=str(text),
+        model_prefix=str(out / "sp"),
+        vocab_size=30,
+        minloglevel=2,
+        bos_id=-1,
+        eos_id=1,
+        unk_id=2,
+        pad_id=-1,
+    )
     v = OPUS_MT["vocab_size"]
     pad = v - 1
     vocab = {"</s>": 0, "<unk>": 1}
@@ -56,11 +73,20 @@ def make_folder(out: Path) -> dict:
     (out / "vocab.json").write_text(json.dumps(vocab))
     for name in ("source.spm", "target.spm"):
         (out / name).write_bytes((out / "sp.model").read_bytes())
-    transformers.MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"), str(out / "vocab.json")) \
-        .save_pretrained(out)
-    cfg = transformers.MarianConfig(**OPUS_MT, max_position_embeddings=512, activation_function="swish",
-                                    scale_embedding=True, pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad,
-                                    forced_eos_token_id=None, dropout=0.0)
+    transformers.MarianTokenizer(
+        str(out / "source.spm"), str(out / "target.spm"), str(out / "vocab.json")
+    ).save_pretrained(out)
+    cfg = transformers.MarianConfig(
+        **OPUS_MT,
+        max_position_embeddings=512,
+        activation_function="swish",
+        scale_embedding=True,
+        pad_token_id=pad,
+        eos_token_id=0,
+        decoder_start_token_id=pad,
+        forced_eos_token_id=None,
+        dropout=0.0,
+    )
     torch.manual_seed(0)
     model = transformers.MarianMTModel(cfg).eval()
     with torch.no_grad():  # opus-mt's bias is zero at the pad and small elsewhere; a non-zero one tests the import
@@ -108,14 +134,20 @@ def run(a) -> dict:
             width = max(map(len, batch))
             ids = torch.full((len(batch), width), c.pad_id, dtype=torch.long)
             for i, s in enumerate(batch):
-                ids[i, :len(s)] = torch.tensor(s)
+                ids[i, : len(s)] = torch.tensor(s)
             return ids
 
         def run_hf(batch):
             ids = pad_batch(batch)
             with torch.inference_mode():
-                out = hf.generate(input_ids=ids, attention_mask=ids.ne(c.pad_id), num_beams=1, do_sample=False,
-                                  max_new_tokens=n_new, min_new_tokens=n_new)
+                out = hf.generate(
+                    input_ids=ids,
+                    attention_mask=ids.ne(c.pad_id),
+                    num_beams=1,
+                    do_sample=False,
+                    max_new_tokens=n_new,
+                    min_new_tokens=n_new,
+                )
             return [r[1:].tolist() for r in out]  # drop the decoder start
 
         def run_ours(batch):
@@ -124,18 +156,23 @@ def run(a) -> dict:
 
         for threads in a.threads:
             torch.set_num_threads(threads)
-            tr = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="float32", inter_threads=1,
-                                        intra_threads=threads)
+            tr = ctranslate2.Translator(
+                str(ct2_dir), device="cpu", compute_type="float32", inter_threads=1, intra_threads=threads
+            )
 
             def run_ct2(batch):
-                r = tr.translate_batch([[id2piece[i] for i in s[:-1]] for s in batch], beam_size=1,
-                                       max_decoding_length=n_new, min_decoding_length=n_new,
-                                       max_batch_size=len(batch))
+                r = tr.translate_batch(
+                    [[id2piece[i] for i in s[:-1]] for s in batch],
+                    beam_size=1,
+                    max_decoding_length=n_new,
+                    min_decoding_length=n_new,
+                    max_batch_size=len(batch),
+                )
                 return [[piece2id[p] for p in h.hypotheses[0]] for h in r]
 
             engines = {"transformers": run_hf, "ctranslate2": run_ct2, "ours": run_ours}
             for bs in a.batches:
-                batches = [srcs[i:i + bs] for i in range(0, bs * a.batches_per_size, bs)]
+                batches = [srcs[i : i + bs] for i in range(0, bs * a.batches_per_size, bs)]
                 for fn in engines.values():
                     fn(batches[0])  # warm-up
                 secs = {k: 0.0 for k in engines}
@@ -143,30 +180,45 @@ def run(a) -> dict:
                 outs = {k: [] for k in engines}
                 names = list(engines)
                 for j, b in enumerate(batches):
-                    for k in names[j % 3:] + names[:j % 3]:  # rotate the order: no engine always runs first
+                    for k in names[j % 3 :] + names[: j % 3]:  # rotate the order: no engine always runs first
                         t0 = time.perf_counter()
                         out = engines[k](b)
                         secs[k] += time.perf_counter() - t0
                         toks[k] += sum(len(o) for o in out)
                         outs[k] += out
                 ref = outs["transformers"]
-                row = {"threads": threads, "batch": bs, "sentences": len(ref), "new_tokens": n_new,
-                       **{f"{k}_tok_s": round(toks[k] / secs[k], 1) for k in engines},
-                       "lengths_equal": all(len(o) == n_new for k in engines for o in outs[k]),
-                       "identical_ours_vs_transformers": sum(x == y for x, y in zip(outs["ours"], ref)) / len(ref),
-                       "identical_ct2_vs_transformers":
-                           sum(x == y for x, y in zip(outs["ctranslate2"], ref)) / len(ref)}
+                row = {
+                    "threads": threads,
+                    "batch": bs,
+                    "sentences": len(ref),
+                    "new_tokens": n_new,
+                    **{f"{k}_tok_s": round(toks[k] / secs[k], 1) for k in engines},
+                    "lengths_equal": all(len(o) == n_new for k in engines for o in outs[k]),
+                    "identical_ours_vs_transformers": sum(x == y for x, y in zip(outs["ours"], ref)) / len(ref),
+                    "identical_ct2_vs_transformers": sum(x == y for x, y in zip(outs["ctranslate2"], ref)) / len(ref),
+                }
                 rows.append(row)
-                print(f"threads={threads} batch={bs:2d}: transformers {row['transformers_tok_s']:7.1f}  CTranslate2 "
-                      f"{row['ctranslate2_tok_s']:7.1f}  ours {row['ours_tok_s']:7.1f} tok/s; identical to "
-                      f"transformers: ours {row['identical_ours_vs_transformers']:.0%}, CTranslate2 "
-                      f"{row['identical_ct2_vs_transformers']:.0%}", flush=True)
+                print(
+                    f"threads={threads} batch={bs:2d}: transformers {row['transformers_tok_s']:7.1f}  CTranslate2 "
+                    f"{row['ctranslate2_tok_s']:7.1f}  ours {row['ours_tok_s']:7.1f} tok/s; identical to "
+                    f"transformers: ours {row['identical_ours_vs_transformers']:.0%}, CTranslate2 "
+                    f"{row['identical_ct2_vs_transformers']:.0%}",
+                    flush=True,
+                )
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model_name = next((ln.split(":", 1)[1].strip() for ln in cpu.splitlines() if ln.startswith("Model name")),
-                      platform.processor())
-    return {"bench": "hf", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": model_name,
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "ctranslate2": ctranslate2.__version__, "engine": engine_name(), "rows": rows}
+    model_name = next(
+        (ln.split(":", 1)[1].strip() for ln in cpu.splitlines() if ln.startswith("Model name")), platform.processor()
+    )
+    return {
+        "bench": "hf",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpu": model_name,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "ctranslate2": ctranslate2.__version__,
+        "engine": engine_name(),
+        "rows": rows,
+    }
 
 
 def main(argv=None) -> None:

@@ -9,6 +9,7 @@ the cost of a k-row step in greedy steps. Every timing alternates the engines ov
 each); outputs are compared token for token (exact rule: identical to greedy of the same precision). The last line
 printed is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,10 +31,16 @@ from bpd_train.decoding.settings import draft_vocabulary  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions  # noqa: E402
 from bpd_train.loading import load  # noqa: E402
 
-PROMPTS = ["What is the capital of France?", "Write a short poem about the sea.",
-           "Explain in two sentences why the sky is blue.", "List three uses of a paperclip.",
-           "Give me a recipe for a simple tomato soup.", "What does a compiler do?",
-           "Describe a cat to someone who has never seen one.", "Summarize the plot of Cinderella."]
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Explain in two sentences why the sky is blue.",
+    "List three uses of a paperclip.",
+    "Give me a recipe for a simple tomato soup.",
+    "What does a compiler do?",
+    "Describe a cat to someone who has never seen one.",
+    "Summarize the plot of Cinderella.",
+]
 
 
 def cpu_name() -> str:
@@ -48,8 +55,9 @@ def options(model, tok, dtype: str, lookup: int = 0) -> DecodeOptions:
     """The decode options every entry point uses by default: the draft vocabulary, int8 proposals in fp32; lookup:
     proposals from the prompt and answer so far too (prompt lookup)."""
     draft = draft_vocabulary(tok, "auto", model.config.eos_ids or model.config.eos_id)
-    return DecodeOptions(dtype=dtype, draft_vocab=draft, proposal_dtype="int8" if dtype == "fp32" else None,
-                         lookup=lookup)
+    return DecodeOptions(
+        dtype=dtype, draft_vocab=draft, proposal_dtype="int8" if dtype == "fp32" else None, lookup=lookup
+    )
 
 
 def timed(fn, reps: int) -> tuple[float, object]:
@@ -77,7 +85,7 @@ def compare(a, b, prompts, new: int, reps: int, batch: int, tag: str) -> dict:
     greedy(a, prompts[:batch], max_len=new)  # warm-up: packed weights, caches, threads
     blockwise(b, prompts[:batch], accept=Exact(), max_len=new)
     for i in range(0, len(prompts), batch):
-        rows = prompts[i:i + batch]
+        rows = prompts[i : i + batch]
         for _ in range(reps):
             t = time.perf_counter()
             g = greedy(a, rows, max_len=new)
@@ -88,8 +96,15 @@ def compare(a, b, prompts, new: int, reps: int, batch: int, tag: str) -> dict:
         same &= g.tokens == r.tokens
         toks += sum(len(x) for x in r.tokens)
         calls += r.calls
-    return {"what": tag, "batch": batch, "greedy_tok_s": toks * reps / ta, "blockwise_tok_s": toks * reps / tb,
-            "ratio": ta / tb, "k_hat": toks / max(calls, 1), "identical": same}
+    return {
+        "what": tag,
+        "batch": batch,
+        "greedy_tok_s": toks * reps / ta,
+        "blockwise_tok_s": toks * reps / tb,
+        "ratio": ta / tb,
+        "k_hat": toks / max(calls, 1),
+        "identical": same,
+    }
 
 
 def main() -> None:
@@ -102,8 +117,13 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-transformers", action="store_true")
-    ap.add_argument("--lookup", type=int, nargs="+", default=[0, 3],
-                    help="prompt lookup settings timed with the trained heads (0: the heads alone)")
+    ap.add_argument(
+        "--lookup",
+        type=int,
+        nargs="+",
+        default=[0, 3],
+        help="prompt lookup settings timed with the trained heads (0: the heads alone)",
+    )
     args = ap.parse_args()
     spec = args.model
     if spec is None:
@@ -135,8 +155,15 @@ def main() -> None:
                 for lookup in args.lookup:
                     model.decode_options = trained.decode_options = options(model, tok, dtype, lookup)
                     for batch in (1, 8):
-                        r = compare(model, trained, prompts, args.new_tokens, args.reps, batch,
-                                    f"{h} k={trained.config.block_size} {dtype} lookup={lookup}")
+                        r = compare(
+                            model,
+                            trained,
+                            prompts,
+                            args.new_tokens,
+                            args.reps,
+                            batch,
+                            f"{h} k={trained.config.block_size} {dtype} lookup={lookup}",
+                        )
                         r.update(threads=threads, lookup=lookup)
                         rows.append(r)
                         print(json.dumps(r), flush=True)
@@ -150,8 +177,7 @@ def vs_transformers(spec: str, model, prompts, new: int, threads: int) -> dict:
     except ImportError:
         return {"what": "transformers", "skipped": "transformers not installed"}
     path = Path(spec.removeprefix("gguf:"))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                           dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     model.decode_options = DecodeOptions(dtype="fp32")
     eos = model.config.eos_id
     greedy(model, prompts[:1], max_len=new)  # warm-up
@@ -165,15 +191,21 @@ def vs_transformers(spec: str, model, prompts, new: int, threads: int) -> dict:
         with torch.no_grad():
             out = hf.generate(ids, do_sample=False, max_new_tokens=new, eos_token_id=eos, pad_token_id=eos)
         th += time.perf_counter() - t
-        want = out[0, len(p):].tolist()
-        want = want[:want.index(eos)] if eos in want else want
+        want = out[0, len(p) :].tolist()
+        want = want[: want.index(eos)] if eos in want else want
         t = time.perf_counter()
         got = greedy(model, [p], max_len=new).tokens[0]
         tn += time.perf_counter() - t
         same &= got == want
         toks += len(got)
-    r = {"what": "greedy: native fp32 vs transformers generate", "threads": threads, "native_tok_s": toks / tn,
-         "transformers_tok_s": toks / th, "ratio": th / tn, "identical": same}
+    r = {
+        "what": "greedy: native fp32 vs transformers generate",
+        "threads": threads,
+        "native_tok_s": toks / tn,
+        "transformers_tok_s": toks / th,
+        "ratio": th / tn,
+        "identical": same,
+    }
     print(json.dumps(r), flush=True)
     return r
 

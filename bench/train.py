@@ -12,6 +12,7 @@
    TorchDispatchMode (works on CPU, where torch has no allocator statistics); on CUDA also
    torch.cuda.max_memory_allocated.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,8 +67,13 @@ class PeakMemory(TorchDispatchMode):
 
 
 def module(cfg: BPDConfig, trainable: str, head_loss: str, recompute: bool = True) -> BPDLightningModule:
-    regime = {"name": f"{trainable}-{head_loss}", "trainable": trainable, "block_size": cfg.block_size,
-              "head_loss": head_loss, "init_from": "bench" if trainable == "heads" else None}
+    regime = {
+        "name": f"{trainable}-{head_loss}",
+        "trainable": trainable,
+        "block_size": cfg.block_size,
+        "head_loss": head_loss,
+        "init_from": "bench" if trainable == "heads" else None,
+    }
     return BPDLightningModule(cfg.to_dict(), regime, OPTIM, {"label_smoothing": 0.1, "recompute": recompute})
 
 
@@ -86,8 +92,16 @@ def sync(device) -> None:
 
 
 def throughput(args, device) -> dict:
-    cfg = BPDConfig(vocab_size=args.vocab, d_model=args.d_model, n_heads=args.n_heads, n_encoder_layers=args.layers,
-                    n_decoder_layers=args.layers, d_ff=4 * args.d_model, block_size=args.k, dropout=0.1)
+    cfg = BPDConfig(
+        vocab_size=args.vocab,
+        d_model=args.d_model,
+        n_heads=args.n_heads,
+        n_encoder_layers=args.layers,
+        n_decoder_layers=args.layers,
+        d_ff=4 * args.d_model,
+        block_size=args.k,
+        dropout=0.1,
+    )
     torch.manual_seed(0)
     finetune = module(cfg, "all", "random").to(device)
     frozen = module(cfg, "heads", "random").to(device)
@@ -121,24 +135,40 @@ def throughput(args, device) -> dict:
             step(name, i, timed=False)
     order = ["frozen", "finetune"]
     for i in range(args.steps):
-        for name in (order if i % 2 == 0 else order[::-1]):
+        for name in order if i % 2 == 0 else order[::-1]:
             step(name, i, timed=True)
     tps = {n: tokens[n] / seconds[n] for n in runs}
     ratio = tps["frozen"] / tps["finetune"]
-    return {"frozen_tokens_per_s": round(tps["frozen"], 1), "finetune_tokens_per_s": round(tps["finetune"], 1),
-            "ratio": round(ratio, 3), "target": ">= 1.5", "met": ratio >= 1.5,
-            "model": {"d_model": args.d_model, "layers": args.layers, "vocab": args.vocab, "k": args.k},
-            "batch": {"rows": args.rows, "length": args.length}, "steps_each": args.steps}
+    return {
+        "frozen_tokens_per_s": round(tps["frozen"], 1),
+        "finetune_tokens_per_s": round(tps["finetune"], 1),
+        "ratio": round(ratio, 3),
+        "target": ">= 1.5",
+        "met": ratio >= 1.5,
+        "model": {"d_model": args.d_model, "layers": args.layers, "vocab": args.vocab, "k": args.k},
+        "batch": {"rows": args.rows, "length": args.length},
+        "steps_each": args.steps,
+    }
 
 
 def peak_memory(args, device) -> dict:
-    cfg = BPDConfig(vocab_size=args.mem_vocab, d_model=args.d_model, n_heads=args.n_heads,
-                    n_encoder_layers=args.layers, n_decoder_layers=args.layers, d_ff=4 * args.d_model,
-                    block_size=args.mem_k, dropout=0.1)
+    cfg = BPDConfig(
+        vocab_size=args.mem_vocab,
+        d_model=args.d_model,
+        n_heads=args.n_heads,
+        n_encoder_layers=args.layers,
+        n_decoder_layers=args.layers,
+        d_ff=4 * args.d_model,
+        block_size=args.mem_k,
+        dropout=0.1,
+    )
     batch = make_batch(args.mem_rows, args.length, args.mem_vocab, 0, device)
     out = {}
-    for name, head_loss, recompute in (("random", "random", True), ("mean", "mean", True),
-                                       ("mean_no_recompute", "mean", False)):
+    for name, head_loss, recompute in (
+        ("random", "random", True),
+        ("mean", "mean", True),
+        ("mean_no_recompute", "mean", False),
+    ):
         if name == "mean_no_recompute" and args.quick:
             continue
         torch.manual_seed(0)
@@ -152,15 +182,23 @@ def peak_memory(args, device) -> dict:
         with PeakMemory() as pm:
             loss, _ = m.compute_loss(batch, heads, w)
             loss.backward()
-        out[f"{name}_mb"] = round(pm.peak / 2 ** 20, 1)
+        out[f"{name}_mb"] = round(pm.peak / 2**20, 1)
         if device.type == "cuda":
-            out[f"{name}_cuda_mb"] = round((torch.cuda.max_memory_allocated(device) - base) / 2 ** 20, 1)
+            out[f"{name}_cuda_mb"] = round((torch.cuda.max_memory_allocated(device) - base) / 2**20, 1)
         del m, loss
     ratio = out["mean_mb"] / out["random_mb"]
-    logits_mb = args.mem_rows * args.length * args.mem_vocab * 4 / 2 ** 20
-    out.update({"ratio": round(ratio, 3), "target": "<= 1.2", "met": ratio <= 1.2, "k": args.mem_k,
-                "vocab": args.mem_vocab, "target_tokens": args.mem_rows * args.length,
-                "one_head_logits_mb": round(logits_mb, 1)})
+    logits_mb = args.mem_rows * args.length * args.mem_vocab * 4 / 2**20
+    out.update(
+        {
+            "ratio": round(ratio, 3),
+            "target": "<= 1.2",
+            "met": ratio <= 1.2,
+            "k": args.mem_k,
+            "vocab": args.mem_vocab,
+            "target_tokens": args.mem_rows * args.length,
+            "one_head_logits_mb": round(logits_mb, 1),
+        }
+    )
     return out
 
 
@@ -190,14 +228,26 @@ def main() -> None:
     device = torch.device(args.device)
     t0 = time.perf_counter()
     tp = throughput(args, device)
-    print(f"throughput: frozen {tp['frozen_tokens_per_s']:.0f} tok/s, finetune {tp['finetune_tokens_per_s']:.0f} "
-          f"tok/s, ratio {tp['ratio']:.2f} (target >= 1.5)", flush=True)
+    print(
+        f"throughput: frozen {tp['frozen_tokens_per_s']:.0f} tok/s, finetune {tp['finetune_tokens_per_s']:.0f} "
+        f"tok/s, ratio {tp['ratio']:.2f} (target >= 1.5)",
+        flush=True,
+    )
     mem = peak_memory(args, device)
     extra = f", mean without recompute {mem['mean_no_recompute_mb']:.0f} MB" if "mean_no_recompute_mb" in mem else ""
-    print(f"peak memory (k={mem['k']}, V={mem['vocab']}): random {mem['random_mb']:.0f} MB, mean "
-          f"{mem['mean_mb']:.0f} MB, ratio {mem['ratio']:.2f} (target <= 1.2){extra}", flush=True)
-    result = {"bench": "train", "device": str(device), "threads": torch.get_num_threads(), "throughput": tp,
-              "peak_memory": mem, "seconds": round(time.perf_counter() - t0, 1)}
+    print(
+        f"peak memory (k={mem['k']}, V={mem['vocab']}): random {mem['random_mb']:.0f} MB, mean "
+        f"{mem['mean_mb']:.0f} MB, ratio {mem['ratio']:.2f} (target <= 1.2){extra}",
+        flush=True,
+    )
+    result = {
+        "bench": "train",
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "throughput": tp,
+        "peak_memory": mem,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     print(json.dumps(result))
 
 

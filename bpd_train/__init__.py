@@ -4,6 +4,7 @@ The public names: `Translator` and `Output` (text in, text out; docs/api.md), `l
 tokenizer and metadata), `corpus_name`, `REPO_ROOT`, `INSTALLED`, `work_root`. The first three import torch, so
 they load on first use; `import bpd_train` alone stays light (the commands check their configs before torch).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,8 +16,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
     from bpd_train.api import Output, Translator
     from bpd_train.bundle import load_bundle
 
-__all__ = ["INSTALLED", "REPO_ROOT", "Output", "Translator", "corpus_name", "load_bundle", "work_root",
-           "__version__"]
+__all__ = ["INSTALLED", "REPO_ROOT", "Output", "Translator", "corpus_name", "load_bundle", "work_root", "__version__"]
 
 # Where conf/ and the bundled corpus (data/) are: the clone (an editable install), or the copies a wheel ships in
 # bpd_train/_root (bpd_train/_build.py). INSTALLED: no clone around, so runs write under the working directory.
@@ -30,8 +30,9 @@ def work_root() -> str:
     return str(Path.cwd() if INSTALLED else REPO_ROOT)
 
 
-def corpus_name(path: object, hf_name: object = None, hf_config: object = None, src: object = None,
-                tgt: object = None) -> str:
+def corpus_name(
+    path: object, hf_name: object = None, hf_config: object = None, src: object = None, tgt: object = None
+) -> str:
     """A corpus's default name (conf/data/local.yaml): what it is plus a hash of where it is, so two corpora never
     share an artifacts folder: /data/news -> news-en-fr-1a2b3c."""
     import hashlib

@@ -4,6 +4,7 @@ A clone keeps conf/ and data/ at the top level (python train.py works there); a 
 bpd_train/_root/conf and bpd_train/_root/data, where bpd_train.REPO_ROOT points once installed. An editable install
 reads the clone's own folders, so nothing is copied for it.
 """
+
 from __future__ import annotations
 
 import shutil

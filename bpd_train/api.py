@@ -12,6 +12,7 @@ languages are given). Every option is a field of `bpd_train.decoding.settings.De
 `python -m bpd_train.translate` command line and evaluate.py build too, and all three decode through
 bpd_train/decoding/serving.py, so they agree token for token.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,7 +30,7 @@ class Output:
     texts: list[str]
     tokens: list[list[int]] = field(repr=False)
     mean_accepted: float  # k̂: tokens accepted per decoder call (1.0 for greedy)
-    calls: int            # decoder calls after the prefill, all batches together
+    calls: int  # decoder calls after the prefill, all batches together
     method: str
 
     def __len__(self) -> int:
@@ -80,11 +81,24 @@ class Translator:
         """A decoder-only model (generate() answers prompts)."""
         return self.family.prompted
 
-    def translate(self, sentences: Sequence[str], batch_size: int = 32, method: str = "blockwise",
-                  accept: str = "exact", block_size: int | None = None, max_len=DEFAULT_MAX_LEN, dtype: str = "fp32",
-                  src_lang: str | None = None, tgt_lang: str | None = None, adaptive: bool | None = None, *,
-                  draft_vocab="auto", proposal_dtype="auto", context_policy: str = "truncate_left",
-                  lookup: int = 0) -> Output:
+    def translate(
+        self,
+        sentences: Sequence[str],
+        batch_size: int = 32,
+        method: str = "blockwise",
+        accept: str = "exact",
+        block_size: int | None = None,
+        max_len=DEFAULT_MAX_LEN,
+        dtype: str = "fp32",
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+        adaptive: bool | None = None,
+        *,
+        draft_vocab="auto",
+        proposal_dtype="auto",
+        context_policy: str = "truncate_left",
+        lookup: int = 0,
+    ) -> Output:
         """Translate `sentences` (a list of str). method: blockwise (default) | greedy; accept: exact (greedy's
         output) | top<N> | distance:<eps>; block_size: at most the model's k (default k); max_len: an int, or
         (a, b) = a * source_len + b tokens per sentence; dtype: fp32 | bf16 | int8 decode-step weights; adaptive:
@@ -95,28 +109,61 @@ class Translator:
         bpd_train.decoding.settings.DecodeSettings checks them. A decoder-only model translates with its prompt
         format ("English: ...\\nFrench:") given src_lang/tgt_lang; context_policy: a prompt longer than its context
         is cut from the left (truncate_left) or refused."""
-        settings = DecodeSettings(method=method, accept=accept, block_size=block_size, max_len=max_len, dtype=dtype,
-                                  draft_vocab=draft_vocab, proposal_dtype=proposal_dtype, adaptive=adaptive,
-                                  batch_size=batch_size, lookup=lookup)
+        settings = DecodeSettings(
+            method=method,
+            accept=accept,
+            block_size=block_size,
+            max_len=max_len,
+            dtype=dtype,
+            draft_vocab=draft_vocab,
+            proposal_dtype=proposal_dtype,
+            adaptive=adaptive,
+            batch_size=batch_size,
+            lookup=lookup,
+        )
         sentences = _strings(sentences, "sentences")
         if self.family.prompted and not (src_lang and tgt_lang):
-            raise DecodeError("a decoder-only model translates with src_lang and tgt_lang (its prompt format), or "
-                              "answers prompts with .generate()")
-        text = self.family.text_adapter(self.loaded, src_lang, tgt_lang, context_policy=context_policy,
-                                        tokenizer=self._tokenizer)
+            raise DecodeError(
+                "a decoder-only model translates with src_lang and tgt_lang (its prompt format), or "
+                "answers prompts with .generate()"
+            )
+        text = self.family.text_adapter(
+            self.loaded, src_lang, tgt_lang, context_policy=context_policy, tokenizer=self._tokenizer
+        )
         return self._decode(text, sentences, settings)
 
-    def generate(self, prompts: Sequence[str] | Sequence[Sequence[dict]], batch_size: int = 32,
-                 method: str = "blockwise", accept: str = "exact", block_size: int | None = None,
-                 max_new_tokens: int = 128, chat: bool = False,
-                 context_policy: str = "truncate_left", adaptive: bool | None = None, *, dtype: str = "fp32",
-                 draft_vocab="auto", proposal_dtype="auto", lookup: int = 0) -> Output:
+    def generate(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[dict]],
+        batch_size: int = 32,
+        method: str = "blockwise",
+        accept: str = "exact",
+        block_size: int | None = None,
+        max_new_tokens: int = 128,
+        chat: bool = False,
+        context_policy: str = "truncate_left",
+        adaptive: bool | None = None,
+        *,
+        dtype: str = "fp32",
+        draft_vocab="auto",
+        proposal_dtype="auto",
+        lookup: int = 0,
+    ) -> Output:
         """A decoder-only model's answers to `prompts`: each prompt as it is, or (chat=True, or a list of
         {"role", "content"} messages per prompt) rendered with the tokenizer's chat template. At most
         max_new_tokens tokens each; the other options as translate()."""
-        settings = DecodeSettings(method=method, accept=accept, block_size=block_size, max_len=max_new_tokens,
-                                  dtype=dtype, draft_vocab=draft_vocab, proposal_dtype=proposal_dtype,
-                                  adaptive=adaptive, batch_size=batch_size, lookup=lookup)
+        settings = DecodeSettings(
+            method=method,
+            accept=accept,
+            block_size=block_size,
+            max_len=max_new_tokens,
+            dtype=dtype,
+            draft_vocab=draft_vocab,
+            proposal_dtype=proposal_dtype,
+            adaptive=adaptive,
+            batch_size=batch_size,
+            lookup=lookup,
+        )
         if not self.family.prompted:
             raise DecodeError("generate() is for decoder-only models; this is a translation model: use translate()")
         if isinstance(prompts, str) or not isinstance(prompts, Sequence):
@@ -134,8 +181,9 @@ class Translator:
     def _decode(self, text, sources, settings: DecodeSettings) -> Output:
         decoder = prepare(self.model, self._tokenizer, settings, self.device)
         out = decode_texts(decoder, text, sources)
-        return Output(out.texts, out.tokens, out.stats.mean_accepted if decoder.blockwise else 1.0, out.stats.calls,
-                      decoder.label)
+        return Output(
+            out.texts, out.tokens, out.stats.mean_accepted if decoder.blockwise else 1.0, out.stats.calls, decoder.label
+        )
 
 
 def _strings(xs, what: str) -> list[str]:

@@ -13,6 +13,7 @@ A bundle folder holds
 pickle. Which folder is a bundle is decided here (`is_bundle`); turning a run or checkpoint into one is
 bpd_train/export.py, and loading any model (a bundle among others) is bpd_train/loading.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,10 +34,16 @@ BUNDLE_FORMAT = "bpd-train-bundle"
 BUNDLE_VERSION = 3  # 3: tokenizer/ folder of an imported model (written only then); 2: manifest.json covers
 #                     config.json (an edited config is refused); 1 had no manifest
 TOKENIZER_DIR = "tokenizer"
-WEIGHTS, CONFIG, TOKENIZER, CARD, MANIFEST = ("model.safetensors", "config.json", "tokenizer.model", "README.md",
-                                              "manifest.json")
+WEIGHTS, CONFIG, TOKENIZER, CARD, MANIFEST = (
+    "model.safetensors",
+    "config.json",
+    "tokenizer.model",
+    "README.md",
+    "manifest.json",
+)
 MANIFEST_FORMAT = "bpd-train-bundle-manifest"
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
 
 class BundleError(CheckpointError):
     """A bundle that is missing a file, was modified, or does not match its own config."""
@@ -64,9 +71,17 @@ def _dedup_tied(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
     return out, tied
 
 
-def write_bundle(model, tokenizer_path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str = "float32",
-                  overwrite: bool = False, provenance: dict | None = None, card_extra: str | None = None,
-                  tokenizer_meta: dict | None = None) -> Path:
+def write_bundle(
+    model,
+    tokenizer_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    dtype: str = "float32",
+    overwrite: bool = False,
+    provenance: dict | None = None,
+    card_extra: str | None = None,
+    tokenizer_meta: dict | None = None,
+) -> Path:
     """Write `model` (a BPDModel) and its tokenizer as a bundle folder, atomically (temp folder + rename).
     tokenizer_path: a sentencepiece file, or an imported model's folder (its tokenizer files are copied to
     tokenizer/; tokenizer_meta: its languages)."""
@@ -86,8 +101,10 @@ def write_bundle(model, tokenizer_path: str | os.PathLike, out_dir: str | os.Pat
     else:
         tok_files, tok_hash, special = [TOKENIZER], sha256_file(tokenizer_path), _tokenizer_ids(tokenizer_path)
         if special["vocab_size"] != cfg.vocab_size:
-            raise BundleError(f"tokenizer {tokenizer_path} has {special['vocab_size']} pieces but the model's "
-                              f"vocab_size is {cfg.vocab_size}: not the tokenizer this model was trained with")
+            raise BundleError(
+                f"tokenizer {tokenizer_path} has {special['vocab_size']} pieces but the model's "
+                f"vocab_size is {cfg.vocab_size}: not the tokenizer this model was trained with"
+            )
     check_output_dir(out_dir, overwrite)
     with atomic_dir(out_dir, overwrite=overwrite, replaceable=only_bundle_files) as tmp:
         save_file(tensors, tmp / WEIGHTS, metadata={"format": "pt", "bpd_train": __version__})
@@ -106,14 +123,24 @@ def write_bundle(model, tokenizer_path: str | os.PathLike, out_dir: str | os.Pat
             "model": cfg.to_dict(),
             "heads": family_of(cfg).bundle_heads(cfg),
             "tokenizer": {"file": TOKENIZER_DIR if folder else TOKENIZER, "sha256": tok_hash, **special},
-            "weights": {"file": WEIGHTS, "sha256": sha256_file(tmp / WEIGHTS), "dtype": str(torch_dtype).split(".")[-1],
-                        "tied": tied, "num_parameters": int(sum(t.numel() for t in tensors.values()))},
+            "weights": {
+                "file": WEIGHTS,
+                "sha256": sha256_file(tmp / WEIGHTS),
+                "dtype": str(torch_dtype).split(".")[-1],
+                "tied": tied,
+                "num_parameters": int(sum(t.numel() for t in tensors.values())),
+            },
             "training": dict(provenance or {}),
         }
         atomic_write_json(tmp / CONFIG, config)
         atomic_write_text(tmp / CARD, model_card(config, card_extra))
-        atomic_write_json(tmp / MANIFEST, {"format": MANIFEST_FORMAT, "files": {
-            f: sha256_file(tmp / f) for f in (CONFIG, WEIGHTS, *tok_files, CARD)}})
+        atomic_write_json(
+            tmp / MANIFEST,
+            {
+                "format": MANIFEST_FORMAT,
+                "files": {f: sha256_file(tmp / f) for f in (CONFIG, WEIGHTS, *tok_files, CARD)},
+            },
+        )
     return out_dir
 
 
@@ -164,8 +191,10 @@ def check_output_dir(out_dir: str | os.PathLike, overwrite: bool) -> None:
     if not overwrite:
         raise FileExistsError(f"{out_dir} already exists; pass overwrite=true (export.overwrite=true) to replace it")
     if any(out_dir.iterdir()) and not only_bundle_files(out_dir):
-        raise BundleError(f"export output {out_dir} is a folder that is not a bpd-train bundle (or holds other files "
-                          "too); overwrite only ever replaces a previous bundle: choose another export.output_dir")
+        raise BundleError(
+            f"export output {out_dir} is a folder that is not a bpd-train bundle (or holds other files "
+            "too); overwrite only ever replaces a previous bundle: choose another export.output_dir"
+        )
 
 
 def _tokenizer_ids(path: Path) -> dict[str, int]:
@@ -175,8 +204,13 @@ def _tokenizer_ids(path: Path) -> dict[str, int]:
         sp = spm.SentencePieceProcessor(model_file=str(path))
     except Exception as e:  # noqa: BLE001 - sentencepiece raises OSError/RuntimeError for a bad file
         raise BundleError(f"{path} is not a readable sentencepiece model: {e}") from e
-    return {"vocab_size": sp.get_piece_size(), "pad_id": sp.pad_id(), "bos_id": sp.bos_id(), "eos_id": sp.eos_id(),
-            "unk_id": sp.unk_id()}
+    return {
+        "vocab_size": sp.get_piece_size(),
+        "pad_id": sp.pad_id(),
+        "bos_id": sp.bos_id(),
+        "eos_id": sp.eos_id(),
+        "unk_id": sp.unk_id(),
+    }
 
 
 def model_card(config: dict, extra: str | None = None) -> str:
@@ -211,28 +245,69 @@ def model_card(config: dict, extra: str | None = None) -> str:
         "| setting | value |",
         "|---|---|",
     ]
-    for key in ("vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "block_size",
-                "identity_p1", "head_d_hidden", "max_positions"):
+    for key in (
+        "vocab_size",
+        "d_model",
+        "n_heads",
+        "n_encoder_layers",
+        "n_decoder_layers",
+        "d_ff",
+        "block_size",
+        "identity_p1",
+        "head_d_hidden",
+        "max_positions",
+    ):
         lines.append(f"| {key} | {m.get(key)} |")
-    lines += [f"| weights dtype | {config['weights']['dtype']} |",
-              f"| parameters | {config['weights']['num_parameters']:,} |", "",
-              "## Training", "", "| | |", "|---|---|", f"| regime | {regime} |"]
-    for key in ("paper_regime", "data", "src_lang", "tgt_lang", "init_from", "global_step", "epoch", "seed", "source",
-                "source_id"):
+    lines += [
+        f"| weights dtype | {config['weights']['dtype']} |",
+        f"| parameters | {config['weights']['num_parameters']:,} |",
+        "",
+        "## Training",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| regime | {regime} |",
+    ]
+    for key in (
+        "paper_regime",
+        "data",
+        "src_lang",
+        "tgt_lang",
+        "init_from",
+        "global_step",
+        "epoch",
+        "seed",
+        "source",
+        "source_id",
+    ):
         if tr.get(key) is not None:
             lines.append(f"| {key} | {tr[key]} |")
     if t.get("file") == TOKENIZER_DIR:
         tm = t.get("meta") or {}
         langs = f", languages {tm.get('src_lang')} -> {tm.get('tgt_lang')}" if tm.get("tgt_lang") else ""
-        what = (f"the imported model's own tokenizer in `{TOKENIZER_DIR}/` ({tm.get('kind')}{langs}: "
-                f"{', '.join(tm.get('files') or [])}), {t['vocab_size']} model ids, sha256 `{t['sha256']}`; ")
+        what = (
+            f"the imported model's own tokenizer in `{TOKENIZER_DIR}/` ({tm.get('kind')}{langs}: "
+            f"{', '.join(tm.get('files') or [])}), {t['vocab_size']} model ids, sha256 `{t['sha256']}`; "
+        )
     else:
         what = f"sentencepiece `tokenizer.model`, {t['vocab_size']} pieces, sha256 `{t['sha256']}`; "
-    lines += ["", "## Tokenizer", "",
-              what + f"pad={t['pad_id']} bos={t['bos_id']} eos={t['eos_id']} unk={t.get('unk_id')}.", ""]  # an LM: none
+    lines += [
+        "",
+        "## Tokenizer",
+        "",
+        what + f"pad={t['pad_id']} bos={t['bos_id']} eos={t['eos_id']} unk={t.get('unk_id')}.",
+        "",
+    ]  # an LM: none
     lines += ["## Evaluation", ""]
-    lines += [extra.rstrip(), ""] if extra else ["No evaluation report was found when this bundle was exported "
-                                                 "(run `python evaluate.py` and export again to include one).", ""]
+    lines += (
+        [extra.rstrip(), ""]
+        if extra
+        else [
+            "No evaluation report was found when this bundle was exported "
+            "(run `python evaluate.py` and export again to include one).",
+            "",
+        ]
+    )
     return "\n".join(lines)
 
 
@@ -257,8 +332,10 @@ def read_bundle_config(path: str | os.PathLike) -> dict:
     if not ((path / want).is_dir() if want == TOKENIZER_DIR else (path / want).is_file()):
         raise BundleError(f"bundle {path} is incomplete: missing {want}")
     if config.get("format_version", 0) > BUNDLE_VERSION:
-        raise BundleError(f"bundle {path} has format_version {config['format_version']}; this bpd-train reads "
-                          f"up to {BUNDLE_VERSION}: upgrade bpd-train")
+        raise BundleError(
+            f"bundle {path} has format_version {config['format_version']}; this bpd-train reads "
+            f"up to {BUNDLE_VERSION}: upgrade bpd-train"
+        )
     for key in ("model", "tokenizer", "weights"):
         if not isinstance(config.get(key), dict):
             raise BundleError(f"{path / CONFIG} has no '{key}' section")
@@ -289,13 +366,17 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
     else:
         tok_hash = sha256_file(tok_path)
     if tok_hash != config["tokenizer"].get("sha256"):
-        raise BundleError(f"{tok_path} (sha256 {tok_hash[:12]}) is not the tokenizer this bundle was exported "
-                          f"with (sha256 {str(config['tokenizer'].get('sha256'))[:12]}): the file was replaced or "
-                          "modified")
+        raise BundleError(
+            f"{tok_path} (sha256 {tok_hash[:12]}) is not the tokenizer this bundle was exported "
+            f"with (sha256 {str(config['tokenizer'].get('sha256'))[:12]}): the file was replaced or "
+            "modified"
+        )
     w_hash = sha256_file(path / WEIGHTS)
     if w_hash != config["weights"].get("sha256"):
-        raise BundleError(f"{path / WEIGHTS} (sha256 {w_hash[:12]}) does not match the sha256 recorded in config.json "
-                          f"({str(config['weights'].get('sha256'))[:12]}): the file is corrupt or was modified")
+        raise BundleError(
+            f"{path / WEIGHTS} (sha256 {w_hash[:12]}) does not match the sha256 recorded in config.json "
+            f"({str(config['weights'].get('sha256'))[:12]}): the file is corrupt or was modified"
+        )
     try:
         cfg = config_from_dict(dict(config["model"]))  # its family's config (bpd_train/families)
     except (TypeError, ValueError) as e:
@@ -305,8 +386,12 @@ def load_bundle(path: str | os.PathLike, map_location: str | torch.device = "cpu
         ids, want = family_of(cfg).tokenizer_ids(tok, cfg)
     else:
         tok = spm.SentencePieceProcessor(model_file=str(tok_path))
-        ids = {"vocab_size": tok.get_piece_size(), "pad_id": tok.pad_id(), "bos_id": tok.bos_id(),
-               "eos_id": tok.eos_id()}
+        ids = {
+            "vocab_size": tok.get_piece_size(),
+            "pad_id": tok.pad_id(),
+            "bos_id": tok.bos_id(),
+            "eos_id": tok.eos_id(),
+        }
         want = {"vocab_size": cfg.vocab_size, "pad_id": cfg.pad_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
         if not family_of(cfg).pad_is_token:  # a sentinel (-1: decoder-only), never a token: not the tokenizer's
             ids.pop("pad_id")
@@ -356,8 +441,10 @@ def verify_manifest(path: Path, config: dict) -> None:
         raise BundleError(f"bundle {path} has no readable {MANIFEST} ({type(e).__name__}: {e}): re-export it") from None
     for name in (CONFIG, CARD):
         if name in files and sha256_file(path / name) != files[name]:
-            raise BundleError(f"{path / name} does not match the sha256 in {path / MANIFEST}: the file was edited "
-                              "after export; re-export the bundle (python export.py) instead of editing it")
+            raise BundleError(
+                f"{path / name} does not match the sha256 in {path / MANIFEST}: the file was edited "
+                "after export; re-export the bundle (python export.py) instead of editing it"
+            )
 
 
 # A config's position table may take this much memory, or as much as the weights, whichever is more: enough for any
@@ -376,15 +463,19 @@ def check_buildable(config, state: dict[str, torch.Tensor], where: str, optional
     positions = int(config.max_positions)
     table = family_of(config).position_table_bytes(config)  # the encoder-decoder's sinusoid table; LMs: none
     if table > max(MAX_TABLE_BYTES, weights):
-        raise BundleError(f"{where}: max_positions={positions} would allocate a {table / 2**20:,.0f} MiB position "
-                          f"table for {weights / 2**20:,.1f} MiB of weights: not this model's config (edited?)")
+        raise BundleError(
+            f"{where}: max_positions={positions} would allocate a {table / 2**20:,.0f} MiB position "
+            f"table for {weights / 2**20:,.1f} MiB of weights: not this model's config (edited?)"
+        )
     try:
         small = dataclasses.replace(config, max_positions=max(1, min(positions, 8)))  # shapes do not depend on it
         with torch.device("meta"):
             shadow = build_model(small)
     except (RuntimeError, ValueError, TypeError, OverflowError) as e:
-        raise BundleError(f"{where}: the model config cannot be built ({type(e).__name__}: "
-                          f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
+        raise BundleError(
+            f"{where}: the model config cannot be built ({type(e).__name__}: "
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})"
+        ) from None
     check_state_shapes(shadow, state, where, optional=optional)
 
 
@@ -395,8 +486,11 @@ def check_state_shapes(model, state: dict[str, torch.Tensor], where: str, option
     got = {k: tuple(v.shape) for k, v in state.items()}
     missing = sorted(k for k in set(expected) - set(got) if not (optional and k.startswith(optional)))
     unexpected = sorted(set(got) - set(expected))
-    wrong = [f"{k}: {got[k]} (model expects {expected[k]})" for k in sorted(set(got) & set(expected))
-             if got[k] != expected[k]]
+    wrong = [
+        f"{k}: {got[k]} (model expects {expected[k]})"
+        for k in sorted(set(got) & set(expected))
+        if got[k] != expected[k]
+    ]
     if missing or unexpected or wrong:
         parts = []
         if wrong:

@@ -7,6 +7,7 @@ Checkpoint layout (written by the LightningModule's on_save_checkpoint):
   tokenizer.model           beside the checkpoint file or in its parent run folder.
 Finding and loading a model from any source (this format among others) is bpd_train/loading.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,7 +43,7 @@ def checkpoint_meta(ckpt: dict, where: str | os.PathLike) -> dict:
 
 def model_state(ckpt: dict) -> dict[str, torch.Tensor]:
     """The BPDModel's own tensors (the LightningModule may hold others under other prefixes)."""
-    return {k[len(STATE_PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(STATE_PREFIX)}
+    return {k[len(STATE_PREFIX) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(STATE_PREFIX)}
 
 
 def write_checkpoint(path: str | os.PathLike, model, tokenizer_path: str | os.PathLike, **meta) -> Path:
@@ -56,8 +57,12 @@ def write_checkpoint(path: str | os.PathLike, model, tokenizer_path: str | os.Pa
     tokenizer_path = Path(tokenizer_path)
     payload = {
         "state_dict": {STATE_PREFIX + k: v.detach().cpu() for k, v in model.state_dict().items()},
-        CKPT_META_KEY: {"model_config": model.config.to_dict(), "tokenizer_hash": sha256_file(tokenizer_path),
-                        "tokenizer_file": str(tokenizer_path.resolve()), **meta},
+        CKPT_META_KEY: {
+            "model_config": model.config.to_dict(),
+            "tokenizer_hash": sha256_file(tokenizer_path),
+            "tokenizer_file": str(tokenizer_path.resolve()),
+            **meta,
+        },
     }
     buf = io.BytesIO()
     torch.save(payload, buf)

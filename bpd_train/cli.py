@@ -6,6 +6,7 @@ bpd_train.translate and python -m bpd_train.training.zero_cpu all go through her
 "what does its message look like" are decided once. BPD_TRACEBACK=1 re-raises instead (to debug a wrong
 classification: a bug surfacing as ValueError).
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,8 +22,14 @@ EXIT_USER_ERROR = 2
 
 # Every error class of ours derives from ValueError (CheckpointError, BundleError, TrainError, DistillError,
 # EvalError, CorpusError); the OSErrors name a path the user gave (missing, existing, not writable).
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
-                                                IsADirectoryError, PermissionError)
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    FileNotFoundError,
+    FileExistsError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+)
 
 F = TypeVar("F", bound=Callable)
 
@@ -93,8 +100,9 @@ def discard_run_folder(cfg: Any = None) -> None:
         root = Path(str(outputs)).resolve() if outputs else None
         parent = out.parent
         while not any(parent.iterdir()) and (
-                (_NEW_OUTPUTS is not None and (parent == _NEW_OUTPUTS or _NEW_OUTPUTS in parent.parents))
-                or (_NEW_OUTPUTS is None and root is not None and root in parent.parents)):
+            (_NEW_OUTPUTS is not None and (parent == _NEW_OUTPUTS or _NEW_OUTPUTS in parent.parents))
+            or (_NEW_OUTPUTS is None and root is not None and root in parent.parents)
+        ):
             parent.rmdir()
             parent = parent.parent
     except Exception:  # the error line is printed already: a failed cleanup must not replace it with a traceback
@@ -103,11 +111,27 @@ def discard_run_folder(cfg: Any = None) -> None:
 
 # --- config overrides: checked before Hydra starts, so a typo is one line naming the closest valid key ----------
 
+
 def check_argv(argv: list[str]) -> None:
     """Before Hydra starts (and makes an output folder), and before Lightning is imported: a training run must
     pick a regime with +regime=."""
-    if any(a.split("=", 1)[0] in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c", "--shell-completion",
-                                  "-sc", "--resolve", "-p", "--package") for a in argv):
+    if any(
+        a.split("=", 1)[0]
+        in (
+            "--help",
+            "-h",
+            "--hydra-help",
+            "--info",
+            "--cfg",
+            "-c",
+            "--shell-completion",
+            "-sc",
+            "--resolve",
+            "-p",
+            "--package",
+        )
+        for a in argv
+    ):
         return
     choices = ",".join(regime_names())
     if any(a.startswith(("regime=",)) for a in argv):
@@ -163,8 +187,12 @@ def _lookup(tree: dict, key: str) -> tuple[object, object, list[str]]:
 def _open(ancestor: object, path: list[str]) -> bool:
     # Where a new key is meant to be added: an object built from _target_ (its keyword arguments), the callbacks
     # map (a new callback), or a slot that is null or {} in the config (e.g. data.hf_kwargs, pipeline.regime_overrides).
-    return (ancestor is None or ancestor == {} or "callbacks" in path
-            or (isinstance(ancestor, dict) and "_target_" in ancestor))
+    return (
+        ancestor is None
+        or ancestor == {}
+        or "callbacks" in path
+        or (isinstance(ancestor, dict) and "_target_" in ancestor)
+    )
 
 
 # Keys whose value may be a number or a word (Lightning's devices=auto).
@@ -265,18 +293,18 @@ def check_config(config_name: str, argv: list[str], command: str, environment: b
 # or corpus is loaded. The code that reads each key keeps its own tuple (named beside it); tests/test_config_values.py
 # checks that the two agree.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "data.format": ("hf", "jsonl", "tsv", "parallel_text"),          # bpd_train.data.corpus.FORMATS
-    "data.on_bad_line": ("error", "skip"),                           # bpd_train.data.corpus.load_corpus
-    "loss.head_loss": ("random", "mean", "weighted"),                # bpd_train.training.losses.HEAD_LOSSES
-    "regime.head_loss": ("random", "mean", "weighted"),              # (its default is ${loss.head_loss})
-    "regime.trainable": ("all", "heads"),                            # bpd_train.training.regimes.TRAINABLE
-    "regime.source": ("gold", "distilled", "mixed", "self"),         # bpd_train.training.regimes.SOURCES
-    "optim.schedule.name": ("inverse_sqrt", "cosine", "constant"),   # bpd_train.training.optim.SCHEDULES
-    "model.heads": ("bpd", "medusa"),                                # bpd_train.model.lm.config.HEAD_TYPES
-    "progress_bar": ("tqdm", "rich", "none"),                        # bpd_train.training.trainer.callbacks
-    "decode.dtype": ("fp32", "bf16", "int8"),                        # bpd_train.engine.fastlinear.DTYPES
-    "export.format": ("bundle", "hf", "vllm"),                       # bpd_train.export.FORMATS
-    "distill.action": ("run", "verify", "plan", "status"),           # bpd_train.distillation.job.ACTIONS
+    "data.format": ("hf", "jsonl", "tsv", "parallel_text"),  # bpd_train.data.corpus.FORMATS
+    "data.on_bad_line": ("error", "skip"),  # bpd_train.data.corpus.load_corpus
+    "loss.head_loss": ("random", "mean", "weighted"),  # bpd_train.training.losses.HEAD_LOSSES
+    "regime.head_loss": ("random", "mean", "weighted"),  # (its default is ${loss.head_loss})
+    "regime.trainable": ("all", "heads"),  # bpd_train.training.regimes.TRAINABLE
+    "regime.source": ("gold", "distilled", "mixed", "self"),  # bpd_train.training.regimes.SOURCES
+    "optim.schedule.name": ("inverse_sqrt", "cosine", "constant"),  # bpd_train.training.optim.SCHEDULES
+    "model.heads": ("bpd", "medusa"),  # bpd_train.model.lm.config.HEAD_TYPES
+    "progress_bar": ("tqdm", "rich", "none"),  # bpd_train.training.trainer.callbacks
+    "decode.dtype": ("fp32", "bf16", "int8"),  # bpd_train.engine.fastlinear.DTYPES
+    "export.format": ("bundle", "hf", "vllm"),  # bpd_train.export.FORMATS
+    "distill.action": ("run", "verify", "plan", "status"),  # bpd_train.distillation.job.ACTIONS
 }
 
 
@@ -310,19 +338,29 @@ def check_values(config_name: str, cfg: Any, hint: str = "") -> None:
         if value is _MISSING or value is None or str(value) in choices:
             continue
         guess = _closest(str(value), list(choices))
-        fail(f"{key}={value}: not a choice; choose one of {', '.join(choices)}"
-             f"{f' (did you mean {key}={guess}?)' if guess else ''}{hint}")
+        fail(
+            f"{key}={value}: not a choice; choose one of {', '.join(choices)}"
+            f"{f' (did you mean {key}={guess}?)' if guess else ''}{hint}"
+        )
     if config_name == "train":  # k is model.block_size alone (the same checks guard training/run.py train())
         k, rk = _value(cfg, "model.block_size"), _value(cfg, "regime.block_size")
         if _MISSING not in (k, rk) and rk != k:
-            fail(f"regime.block_size={rk}: the number of heads is set as model.block_size (regime.block_size reads it)"
-                 f"{hint}")
+            fail(
+                f"regime.block_size={rk}: the number of heads is set as model.block_size (regime.block_size reads it)"
+                f"{hint}"
+            )
         if _value(cfg, "regime.stage") == "base" and k not in (1, _MISSING):
-            fail(f"model.block_size={k}: regime base trains the base model, head 1 alone; k is for the head regimes "
-                 f"(+regime=frozen|finetune|distill|both|self){hint}")
+            fail(
+                f"model.block_size={k}: regime base trains the base model, head 1 alone; k is for the head regimes "
+                f"(+regime=frozen|finetune|distill|both|self){hint}"
+            )
     want = _value(cfg, "evaluate.bleu_sentences")
-    if want is not _MISSING and want is not None and str(want).lower() != "all" and not (
-            isinstance(want, int) and not isinstance(want, bool) and want > 0):
+    if (
+        want is not _MISSING
+        and want is not None
+        and str(want).lower() != "all"
+        and not (isinstance(want, int) and not isinstance(want, bool) and want > 0)
+    ):
         fail(f"evaluate.bleu_sentences must be `all`, null or a positive number of sentences, got {want!r}{hint}")
 
 
@@ -333,8 +371,10 @@ def check_data_path(config_name: str, cfg: Any, hint: str = "") -> None:
         return
     if path is None:
         if config_name in ("train", "distill", "evaluate") and _value(cfg, "data.lm.files") in (None, _MISSING):
-            fail(f"data.path is not set: data.format={fmt} reads the corpus from data.path=DIR (a folder of split "
-                 f"files, or one train file){hint}")
+            fail(
+                f"data.path is not set: data.format={fmt} reads the corpus from data.path=DIR (a folder of split "
+                f"files, or one train file){hint}"
+            )
         return
     if not Path(str(path)).expanduser().exists():
         fail(f"data.path={path}: no such file or folder{hint}")
@@ -358,10 +398,15 @@ def check_device(cfg: Any, keys: list[str]) -> None:
     acc = _value(cfg, "trainer.accelerator")
     if str(acc) not in ("gpu", "cuda") or cuda_device_visible() is not False:
         return
-    chosen = ("trainer=gpu (the default)" if not any(k == "trainer" or k.startswith("trainer.") for k in keys)
-              else f"trainer.accelerator={acc}")
-    fail(f"{chosen} but this machine has no CUDA device: add experiment=smoke or experiment=demo (CPU-sized "
-         f"presets), or trainer=cpu to train this config on the CPU")
+    chosen = (
+        "trainer=gpu (the default)"
+        if not any(k == "trainer" or k.startswith("trainer.") for k in keys)
+        else f"trainer.accelerator={acc}"
+    )
+    fail(
+        f"{chosen} but this machine has no CUDA device: add experiment=smoke or experiment=demo (CPU-sized "
+        f"presets), or trainer=cpu to train this config on the CPU"
+    )
 
 
 # --- --help: what a new user needs first (regimes, experiments, the options people change), then the config ----
@@ -375,7 +420,10 @@ _OPTIONS = {
         ("data.path=DIR data.format=jsonl|tsv|parallel_text", "your own corpus (with data=local)"),
         ("trainer=cpu|gpu|multinode strategy=auto|ddp|deepspeed_zero2|...", "where and how it runs"),
         ("trainer.max_steps=N", "optimizer steps (defaults: steps.base, steps.heads)"),
-        ("regime.init_from=PATH", "head regimes: the model to start from (default: <corpus>/base; hf:<folder> imports)"),
+        (
+            "regime.init_from=PATH",
+            "head regimes: the model to start from (default: <corpus>/base; hf:<folder> imports)",
+        ),
         ("ckpt_path=last", "resume the run from its last checkpoint"),
         ("paths.artifacts=DIR", "where every stage reads and writes (default: ./artifacts)"),
         ("logger=wandb|csv|none", "metrics logger"),
@@ -409,7 +457,7 @@ def _summary(path: Path) -> str:
     lines = [ln[1:].strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.startswith("#")]
     for ln in lines:
         if ln.startswith("Summary:"):
-            return ln[len("Summary:"):].strip()
+            return ln[len("Summary:") :].strip()
     for ln in lines:
         if "—" in ln:
             return ln.split("—", 1)[1].strip()
@@ -427,7 +475,8 @@ def _options(group: str) -> list[Path]:
 def usage(config_name: str, command: str) -> str:
     out = []
     lead = {"train": f"{command} +regime=NAME [experiment=NAME] [KEY=VALUE ...]"}.get(
-        config_name, f"{command} [experiment=NAME] [KEY=VALUE ...]")
+        config_name, f"{command} [experiment=NAME] [KEY=VALUE ...]"
+    )
     out.append(f"usage: {lead}")
     for group, how in (("regime", "+regime=NAME"), ("experiment", "experiment=NAME")):
         if group == "regime" and config_name != "train":
@@ -441,7 +490,8 @@ def usage(config_name: str, command: str) -> str:
         out.append("\nMost used options:")
         width = min(max(len(k) for k, _ in rows), 34)
         out += [f"  {k:<{width}}  {v}" if len(k) <= width else f"  {k}\n  {'':<{width}}  {v}" for k, v in rows]
-    out.append("\nA typo is refused with the closest valid key. Every key of the config below can be set as "
-               "KEY=VALUE; a group as GROUP=OPTION.")
+    out.append(
+        "\nA typo is refused with the closest valid key. Every key of the config below can be set as "
+        "KEY=VALUE; a group as GROUP=OPTION."
+    )
     return "\n".join(out) + "\n"
-

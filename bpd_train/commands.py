@@ -2,6 +2,7 @@
 bpd-evaluate, bpd-export, bpd-translate. Each does what the clone's train.py / distill.py / evaluate.py /
 export.py do, with the configs shipped inside the package (bpd_train.cli.config_dir), from any directory.
 `python -m bpd_train.commands train|distill|evaluate|export ARGS` is the same (the pipeline's stages, installed)."""
+
 from __future__ import annotations
 
 import sys

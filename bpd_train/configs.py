@@ -1,5 +1,6 @@
 """What the shipped Hydra configs offer, read from conf/ without Hydra or torch: the front ends (bpd_train/cli.py)
 check a command line with it before anything heavy loads, and training/regimes.py names the regimes with it."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -6,6 +6,7 @@ for transformers' generate() with the heads, the tokenizer files).
 `python export.py` runs `run_export`. The model is loaded through bpd_train/loading.py like every other stage;
 `load_bundle`, `BundleError` and `export_bundle` stay importable from here (the names users and the README use).
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,8 +20,16 @@ from bpd_train.checkpoint import CheckpointError
 from bpd_train.convert import hf_format
 from bpd_train.loading import LoadedModel, Source, load, resolve
 
-__all__ = ["BundleError", "export_bundle", "export_checkpoint", "export_hf", "export_vllm", "load_bundle",
-           "provenance", "run_export"]
+__all__ = [
+    "BundleError",
+    "export_bundle",
+    "export_checkpoint",
+    "export_hf",
+    "export_vllm",
+    "load_bundle",
+    "provenance",
+    "run_export",
+]
 FORMATS = ("bundle", "hf", "vllm")
 
 log = logging.getLogger(__name__)
@@ -28,8 +37,22 @@ log = logging.getLogger(__name__)
 
 def provenance(loaded: LoadedModel, name: str | None = None) -> dict[str, Any]:
     meta = loaded.meta or {}
-    keep = ("regime", "paper_regime", "data", "data_name", "src_lang", "tgt_lang", "init_from", "global_step", "epoch",
-            "seed", "head_loss", "trainable", "wandb_run_id", "wandb_project")
+    keep = (
+        "regime",
+        "paper_regime",
+        "data",
+        "data_name",
+        "src_lang",
+        "tgt_lang",
+        "init_from",
+        "global_step",
+        "epoch",
+        "seed",
+        "head_loss",
+        "trainable",
+        "wandb_run_id",
+        "wandb_project",
+    )
     out = {k: meta[k] for k in keep if k in meta and isinstance(meta[k], (str, int, float, bool))}
     if meta.get("training") and isinstance(meta["training"], dict):  # re-exporting a bundle
         out = {**meta["training"], **out}
@@ -39,9 +62,16 @@ def provenance(loaded: LoadedModel, name: str | None = None) -> dict[str, Any]:
     return out
 
 
-def export_checkpoint(source: str | os.PathLike | Source, out_dir: str | os.PathLike, *, dtype: str = "float32",
-                      overwrite: bool = False, report: str | os.PathLike | None = None, tag: str | None = None,
-                      name: str | None = None) -> Path:
+def export_checkpoint(
+    source: str | os.PathLike | Source,
+    out_dir: str | os.PathLike,
+    *,
+    dtype: str = "float32",
+    overwrite: bool = False,
+    report: str | os.PathLike | None = None,
+    tag: str | None = None,
+    name: str | None = None,
+) -> Path:
     """A Lightning checkpoint / run folder / ZeRO folder / bundle -> a bundle at `out_dir`."""
     from bpd_train.evaluation.report import card_section
 
@@ -53,12 +83,21 @@ def export_checkpoint(source: str | os.PathLike | Source, out_dir: str | os.Path
     prov["source_id"] = src.id
     prov["bundle_name"] = out_dir.name
     card = card_section(report, src.id) if report else None
-    return export_bundle(loaded.model, loaded.tokenizer_path, out_dir, dtype=dtype, overwrite=overwrite,
-                         provenance=prov, card_extra=card, tokenizer_meta=loaded.tokenizer_meta)
+    return export_bundle(
+        loaded.model,
+        loaded.tokenizer_path,
+        out_dir,
+        dtype=dtype,
+        overwrite=overwrite,
+        provenance=prov,
+        card_extra=card,
+        tokenizer_meta=loaded.tokenizer_meta,
+    )
 
 
-def export_hf(source: str | os.PathLike | Source, out_dir: str | os.PathLike, *, overwrite: bool = False,
-              tag: str | None = None) -> Path:
+def export_hf(
+    source: str | os.PathLike | Source, out_dir: str | os.PathLike, *, overwrite: bool = False, tag: str | None = None
+) -> Path:
     """Any model source -> a transformers checkpoint folder (fp32) with bpd_heads.safetensors, beside it
     custom_generate/generate.py (with which transformers' own generate() decodes blockwise with the heads;
     bpd_train/hf_generate), and the tokenizer files: an imported model's own, or this project's tokenizer.model
@@ -79,8 +118,14 @@ def export_hf(source: str | os.PathLike | Source, out_dir: str | os.PathLike, *,
     return hf_format(loaded.family).write(loaded.model, out_dir, files=files, overwrite=overwrite)
 
 
-def export_vllm(source: str | os.PathLike | Source, out_dir: str | os.PathLike, *, dtype: str = "float32",
-                overwrite: bool = False, tag: str | None = None) -> Path:
+def export_vllm(
+    source: str | os.PathLike | Source,
+    out_dir: str | os.PathLike,
+    *,
+    dtype: str = "float32",
+    overwrite: bool = False,
+    tag: str | None = None,
+) -> Path:
     """A decoder-only model with Medusa heads -> the folder vLLM's `medusa` speculative model loads
     (convert/vllm_medusa.py; serve it as the draft beside the base model)."""
     from bpd_train.convert.vllm_medusa import export_medusa
@@ -89,8 +134,10 @@ def export_vllm(source: str | os.PathLike | Source, out_dir: str | os.PathLike, 
     loaded = load(src)
     what = loaded.family.medusa_draft_problem(loaded.config)
     if what is not None:
-        raise ValueError(f"export.format=vllm writes Medusa heads of a decoder-only model; {src} is {what} (train "
-                         "the heads with model.heads=medusa, or use export.format=bundle|hf)")
+        raise ValueError(
+            f"export.format=vllm writes Medusa heads of a decoder-only model; {src} is {what} (train "
+            "the heads with model.heads=medusa, or use export.format=bundle|hf)"
+        )
     return export_medusa(loaded.model, out_dir, dtype=dtype, overwrite=overwrite)
 
 
@@ -108,8 +155,10 @@ def default_export_source(cfg) -> Path:
             continue
     if not runs:
         hint = _hint(cfg)
-        raise CheckpointError(f"nothing to export under {root}: train first with `python train.py +regime=base{hint}` "
-                              f"(then e.g. `python train.py +regime=frozen{hint}`), or pass export.checkpoint=PATH")
+        raise CheckpointError(
+            f"nothing to export under {root}: train first with `python train.py +regime=base{hint}` "
+            f"(then e.g. `python train.py +regime=frozen{hint}`), or pass export.checkpoint=PATH"
+        )
     heads = [r for r in runs if r[1].parent.name == "heads"]
     return max(heads or runs)[1]
 
@@ -125,8 +174,11 @@ def run_export(cfg) -> Path:
     src = Path(str(x.checkpoint)) if x.checkpoint else default_export_source(cfg)
     source = resolve(str(x.checkpoint) if x.checkpoint else src, tag=x.tag)
     named = src if src.exists() else source.path  # hf:<id> is no path: name it after the folder it resolved to
-    name = x.name or (named.name if named.is_dir() else (named.parent.parent.name if named.parent.name == "checkpoints"
-                                                         else named.stem))
+    name = x.name or (
+        named.name
+        if named.is_dir()
+        else (named.parent.parent.name if named.parent.name == "checkpoints" else named.stem)
+    )
     out = Path(x.output_dir) if x.output_dir else corpus_dir(cfg) / "export" / (name + ("-hf" if fmt == "hf" else ""))
     if fmt == "vllm":
         out = Path(x.output_dir) if x.output_dir else corpus_dir(cfg) / "export" / (name + "-vllm-medusa")
@@ -142,7 +194,8 @@ def run_export(cfg) -> Path:
         report = find_report(corpus_dir(cfg) / "eval", source.id)
         if report is None:
             log.info("no evaluation report covers %s: the model card will say so", src)
-    path = export_checkpoint(source, out, dtype=str(x.dtype), overwrite=bool(x.overwrite), report=report,
-                             tag=x.tag, name=name)
+    path = export_checkpoint(
+        source, out, dtype=str(x.dtype), overwrite=bool(x.overwrite), report=report, tag=x.tag, name=name
+    )
     print(f"exported {src} -> {path}" + (f" (model card table from {report})" if report else ""))
     return path

@@ -1,6 +1,7 @@
 """Atomic file output and content hashes: a crash never leaves a half-written checkpoint, shard or bundle.
 
 Files and folders end with the permissions the user's umask gives (tempfile would leave 0600/0700)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -193,8 +194,9 @@ def _keep(old: Path, path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike, overwrite: bool = False,
-               replaceable: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+def atomic_dir(
+    path: str | os.PathLike, overwrite: bool = False, replaceable: Callable[[Path], bool] | None = None
+) -> Iterator[Path]:
     """Yield a temporary sibling folder; on success it is renamed to `path` in one step.
 
     With overwrite=False an existing `path` is an error (nothing is touched). With overwrite=True an existing
@@ -220,21 +222,27 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False,
     tmp = _sibling(path, "tmp")
     try:
         yield tmp
-        raced = FileExistsError(f"{path} appeared or changed while this was being written (another program or a "
-                                "second run writing the same output); nothing was replaced: choose another output")
+        raced = FileExistsError(
+            f"{path} appeared or changed while this was being written (another program or a "
+            "second run writing the same output); nothing was replaced: choose another output"
+        )
         if seen is None:
             try:
                 rename_noreplace(tmp, path)
             except FileExistsError:
                 raise raced from None
             return
-        old = tmp.with_name(f".{path.name}.{_TMP_TAG}-old-" + tmp.name[len(f".{path.name}.{_TMP_TAG}-tmp-"):])
+        old = tmp.with_name(f".{path.name}.{_TMP_TAG}-old-" + tmp.name[len(f".{path.name}.{_TMP_TAG}-tmp-") :])
         try:
             rename_noreplace(path, old)
         except FileNotFoundError:  # removed meanwhile: nothing left to replace
             old = None
-        if old is not None and (_identity(old) != seen or old.is_symlink() or not old.is_dir()
-                                or (any(old.iterdir()) and not (replaceable and replaceable(old)))):
+        if old is not None and (
+            _identity(old) != seen
+            or old.is_symlink()
+            or not old.is_dir()
+            or (any(old.iterdir()) and not (replaceable and replaceable(old)))
+        ):
             try:
                 rename_noreplace(old, path)  # not the folder checked at the start: put it back untouched
             except OSError:

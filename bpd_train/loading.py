@@ -23,6 +23,7 @@ brings its tokenizer with it (`LoadedModel.own_tokenizer`): training, distillati
 instead of the corpus's sentencepiece model, and runs, checkpoints and bundles made from it carry it on
 (a `tokenizer/` folder; the languages in `tokenizer_meta`).
 """
+
 from __future__ import annotations
 
 import os
@@ -55,12 +56,13 @@ RUN_CANDIDATES = ("checkpoints/best.ckpt", "best.ckpt", "checkpoints/last.ckpt",
 @dataclass(frozen=True)
 class Source:
     """A resolved model source. `path` is what gets read (a run folder has become its checkpoint)."""
-    kind: str                 # "ckpt" | "zero" | "bundle" | a kind registered in PREFIXES/READERS
+
+    kind: str  # "ckpt" | "zero" | "bundle" | a kind registered in PREFIXES/READERS
     path: Path
-    given: str = ""           # what the user wrote, for messages
-    tag: str | None = None    # ZeRO: the global_step tag to read (None: the folder's 'latest')
-    options: tuple = ()       # (name, value) pairs a prefixed kind reads (hf: src_lang, tgt_lang)
-    spec: str | None = None   # what resolves to this source again from anywhere (hf: the prefixed, absolute form)
+    given: str = ""  # what the user wrote, for messages
+    tag: str | None = None  # ZeRO: the global_step tag to read (None: the folder's 'latest')
+    options: tuple = ()  # (name, value) pairs a prefixed kind reads (hf: src_lang, tgt_lang)
+    spec: str | None = None  # what resolves to this source again from anywhere (hf: the prefixed, absolute form)
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -82,10 +84,10 @@ class Source:
 
 @dataclass
 class LoadedModel:
-    model: Any                      # BPDModel or LMModel, eval mode, on the requested device
+    model: Any  # BPDModel or LMModel, eval mode, on the requested device
     tokenizer_path: Path
     tokenizer_hash: str
-    source: Source                  # behaves as its path (str, os.fspath)
+    source: Source  # behaves as its path (str, os.fspath)
     meta: dict = field(default_factory=dict)
     tokenizer_meta: dict | None = None  # an imported model's tokenizer: kind, src_lang, tgt_lang, files
 
@@ -130,6 +132,7 @@ class LoadedModel:
 
 class Read(NamedTuple):
     """What a reader hands to `load`: the model, its tokenizer, the tokenizer hash recorded at save time."""
+
     model: Any
     tokenizer_path: Path
     recorded_tokenizer_hash: str | None
@@ -149,7 +152,7 @@ def _kind(p: Path) -> str | None:
 
 
 PREFIXES: dict[str, Callable[[str], Source]] = {}  # "hf:" -> _resolve_hf (registered below the readers)
-IDS: dict[str, Callable[[Source], str]] = {}       # kind -> content id, for kinds whose path is not one file
+IDS: dict[str, Callable[[Source], str]] = {}  # kind -> content id, for kinds whose path is not one file
 
 
 def resolve(spec: str | os.PathLike | Source, tag: str | None = None) -> Source:
@@ -159,7 +162,7 @@ def resolve(spec: str | os.PathLike | Source, tag: str | None = None) -> Source:
     text = str(spec)
     for prefix, resolver in PREFIXES.items():
         if text.startswith(prefix):
-            return resolver(text[len(prefix):])
+            return resolver(text[len(prefix) :])
     p = Path(text)
     if not p.exists():
         raise CheckpointError(f"checkpoint {p} does not exist")
@@ -170,12 +173,16 @@ def resolve(spec: str | os.PathLike | Source, tag: str | None = None) -> Source:
                 p = p / cand
                 break
         else:
-            newest = sorted((p / "checkpoints").glob("*.ckpt"), key=lambda f: f.stat().st_mtime) \
-                if (p / "checkpoints").is_dir() else []
+            newest = (
+                sorted((p / "checkpoints").glob("*.ckpt"), key=lambda f: f.stat().st_mtime)
+                if (p / "checkpoints").is_dir()
+                else []
+            )
             newest = [c for c in newest if _kind(c) in ("ckpt", "zero")]
             if not newest:
-                raise CheckpointError(f"no checkpoint found in {p} (looked for checkpoints/best.ckpt and "
-                                      "checkpoints/last.ckpt)")
+                raise CheckpointError(
+                    f"no checkpoint found in {p} (looked for checkpoints/best.ckpt and checkpoints/last.ckpt)"
+                )
             p = newest[-1]
             kind = _kind(p)
     return Source(kind, p, text, tag)
@@ -230,8 +237,13 @@ def read_ckpt(src: Source, map_location) -> Read:
     ckpt = read_checkpoint(src.path)
     meta = checkpoint_meta(ckpt, src.path)
     model = _build(meta, model_state(ckpt), where=f"weights in {src.path}")
-    return Read(model, _find_tokenizer(src.path.parent, 1, meta, src.path), meta.get("tokenizer_hash"), meta,
-                meta.get("tokenizer_meta"))
+    return Read(
+        model,
+        _find_tokenizer(src.path.parent, 1, meta, src.path),
+        meta.get("tokenizer_hash"),
+        meta,
+        meta.get("tokenizer_meta"),
+    )
 
 
 def read_zero(src: Source, map_location) -> Read:
@@ -274,8 +286,10 @@ def _hf_id(src: Source) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    names = ["config.json", *sorted(p.name for p in src.path.iterdir()
-                                    if p.suffix == ".safetensors" or p.name.startswith("pytorch_model"))]
+    names = [
+        "config.json",
+        *sorted(p.name for p in src.path.iterdir() if p.suffix == ".safetensors" or p.name.startswith("pytorch_model")),
+    ]
     for name in names:
         if (src.path / name).is_file():
             h.update(f"{name}\0{sha256_file(folder_file(src.path, name))}\n".encode())
@@ -295,8 +309,13 @@ def read_gguf(src: Source, map_location) -> Read:
     return Read(model, tok.folder, None, meta, tok.meta())
 
 
-READERS: dict[str, Callable[[Source, Any], Read]] = {"ckpt": read_ckpt, "zero": read_zero, "bundle": read_bundle,
-                                                     "hf": read_hf, "gguf": read_gguf}
+READERS: dict[str, Callable[[Source, Any], Read]] = {
+    "ckpt": read_ckpt,
+    "zero": read_zero,
+    "bundle": read_bundle,
+    "hf": read_hf,
+    "gguf": read_gguf,
+}
 PREFIXES["hf:"] = _resolve_hf
 PREFIXES["gguf:"] = _resolve_gguf
 IDS["hf"] = _hf_id
@@ -312,18 +331,29 @@ def tokenizer_hash(path: str | os.PathLike) -> str:
     return tokenizer_folder_hash(p)
 
 
-def check_tokenizer(model: object, trained_with: str | None, user: str, tokenizer: object, have: str, *,
-                    error: type[ValueError] = CheckpointError, hint: str = "") -> None:
+def check_tokenizer(
+    model: object,
+    trained_with: str | None,
+    user: str,
+    tokenizer: object,
+    have: str,
+    *,
+    error: type[ValueError] = CheckpointError,
+    hint: str = "",
+) -> None:
     """The one tokenizer check: `model` was trained with tokenizer hash `trained_with`; `user` (a run, a corpus,
     the model's own folder) uses `tokenizer` whose hash is `have`. Token ids only mean something with the
     tokenizer they were trained with, so any difference stops here."""
     if trained_with and have != trained_with:
-        raise error(f"{model} uses tokenizer sha256 {trained_with[:12]} but {user} uses {tokenizer} "
-                    f"(sha256 {have[:12]}): it is not the one {model} was trained with{hint}")
+        raise error(
+            f"{model} uses tokenizer sha256 {trained_with[:12]} but {user} uses {tokenizer} "
+            f"(sha256 {have[:12]}): it is not the one {model} was trained with{hint}"
+        )
 
 
-def load(spec: str | os.PathLike | Source, map_location: str | torch.device = "cpu",
-         expect_tokenizer_hash: str | None = None) -> LoadedModel:
+def load(
+    spec: str | os.PathLike | Source, map_location: str | torch.device = "cpu", expect_tokenizer_hash: str | None = None
+) -> LoadedModel:
     """Load a model for inference from any source: eval mode, on `map_location`, its tokenizer checked against
     the hash recorded at save time and, if given, against `expect_tokenizer_hash` (this run's tokenizer)."""
     src = resolve(spec)
@@ -331,7 +361,14 @@ def load(spec: str | os.PathLike | Source, map_location: str | torch.device = "c
     have = tokenizer_hash(read.tokenizer_path)
     check_tokenizer(src, read.recorded_tokenizer_hash, "its folder", read.tokenizer_path, have)
     if expect_tokenizer_hash is not None:
-        check_tokenizer(src, have, "this run", "a tokenizer", expect_tokenizer_hash,
-                        hint=": they were built from different corpora or settings")
-    return LoadedModel(read.model.to(map_location).eval(), read.tokenizer_path, have, src, dict(read.meta),
-                       read.tokenizer_meta)
+        check_tokenizer(
+            src,
+            have,
+            "this run",
+            "a tokenizer",
+            expect_tokenizer_hash,
+            hint=": they were built from different corpora or settings",
+        )
+    return LoadedModel(
+        read.model.to(map_location).eval(), read.tokenizer_path, have, src, dict(read.meta), read.tokenizer_meta
+    )

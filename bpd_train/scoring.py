@@ -1,5 +1,6 @@
 """The one BLEU/chrF scorer (sacrebleu) and the one-sentence-per-line form it scores: below every layer, so the
 evaluator, the distilled-corpus manifest (the teacher's BLEU) and the decoders' output files share them."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -22,5 +23,10 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[str]) -> dict:
     bleu, chrf = BLEU(), CHRF()
     b = bleu.corpus_score(hyps, [refs])
     c = chrf.corpus_score(hyps, [refs])
-    return {"bleu": float(b.score), "chrf": float(c.score), "bleu_signature": str(bleu.get_signature()),
-            "chrf_signature": str(chrf.get_signature()), "bleu_detail": str(b)}
+    return {
+        "bleu": float(b.score),
+        "chrf": float(c.score),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+        "bleu_detail": str(b),
+    }

@@ -11,6 +11,7 @@ An LM bundle answers each line as a prompt: as it is, as the user's message of a
 chat template), or as a prompt-format translation prompt (--langs en:fr: "English: <line>\nFrench:", the format
 the LM demo trains on). Exact blockwise and greedy give the same output.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,43 +72,86 @@ def parser() -> argparse.ArgumentParser:
     """The command line: its decode options are DecodeSettings fields of the same names (decode_settings), each
     also a Translator option (docs/api.md)."""
     p = argparse.ArgumentParser(prog="python -m bpd_train.translate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--bundle", required=True, help="bundle folder written by export.py (a checkpoint or run folder "
-                                                   "loads too)")
+    p.add_argument(
+        "--bundle", required=True, help="bundle folder written by export.py (a checkpoint or run folder loads too)"
+    )
     p.add_argument("--block-size", type=int, default=None, help="k for blockwise decoding (default: the model's k)")
     p.add_argument("--accept", default="exact", help="acceptance rule: exact | top<N> (e.g. top2) | distance:<eps>")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     p.add_argument("--greedy", action="store_true", help="plain greedy decoding (no blockwise)")
-    p.add_argument("--max-len", type=float, nargs=2, default=DEFAULT_MAX_LEN, metavar=("A", "B"),
-                   help="generate at most A*source_len + B tokens (default {} {})".format(*DEFAULT_MAX_LEN))
+    p.add_argument(
+        "--max-len",
+        type=float,
+        nargs=2,
+        default=DEFAULT_MAX_LEN,
+        metavar=("A", "B"),
+        help="generate at most A*source_len + B tokens (default {} {})".format(*DEFAULT_MAX_LEN),
+    )
     p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (default)")
     p.add_argument("--dtype", default="fp32", help="decode-step weights: fp32 (default) | bf16 | int8")
-    p.add_argument("--draft-vocab", default="auto", metavar="N",
-                   help="heads 2..k propose among the N most frequent tokens (output unchanged); auto (default): a "
-                        "quarter of a vocabulary of 2048+ tokens; none: all of them")
-    p.add_argument("--proposal-dtype", default="auto", metavar="DTYPE",
-                   help="heads 2..k and their projection alone in bf16 | int8: cheaper proposals, output unchanged "
-                        "(head 1 verifies in --dtype); auto (default): int8 on a CPU with the int8 kernels; none: "
-                        "--dtype")
-    p.add_argument("--lookup", type=int, default=0, metavar="N",
-                   help="decoder-only: also propose from the prompt and answer so far where their last N..1 tokens "
-                        "occurred before (prompt lookup; output unchanged; adaptive feeding off); 0 (default): off")
-    p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
-                   help="feed only proposals whose heads pay (output unchanged); default: on with --accept exact "
-                        "on the CPU, so no batch decodes slower than greedy; --no-adaptive feeds every proposal")
-    p.add_argument("--errors", choices=("strict", "replace"), default="strict",
-                   help="input that is not UTF-8: strict (default) leaves that line's output empty, translates the "
-                        "rest and exits 2 naming the lines; replace translates it with U+FFFD for the bad bytes")
-    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
-                   help="generate at most N tokens per line (instead of --max-len)")
+    p.add_argument(
+        "--draft-vocab",
+        default="auto",
+        metavar="N",
+        help="heads 2..k propose among the N most frequent tokens (output unchanged); auto (default): a "
+        "quarter of a vocabulary of 2048+ tokens; none: all of them",
+    )
+    p.add_argument(
+        "--proposal-dtype",
+        default="auto",
+        metavar="DTYPE",
+        help="heads 2..k and their projection alone in bf16 | int8: cheaper proposals, output unchanged "
+        "(head 1 verifies in --dtype); auto (default): int8 on a CPU with the int8 kernels; none: "
+        "--dtype",
+    )
+    p.add_argument(
+        "--lookup",
+        type=int,
+        default=0,
+        metavar="N",
+        help="decoder-only: also propose from the prompt and answer so far where their last N..1 tokens "
+        "occurred before (prompt lookup; output unchanged; adaptive feeding off); 0 (default): off",
+    )
+    p.add_argument(
+        "--adaptive",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="feed only proposals whose heads pay (output unchanged); default: on with --accept exact "
+        "on the CPU, so no batch decodes slower than greedy; --no-adaptive feeds every proposal",
+    )
+    p.add_argument(
+        "--errors",
+        choices=("strict", "replace"),
+        default="strict",
+        help="input that is not UTF-8: strict (default) leaves that line's output empty, translates the "
+        "rest and exits 2 naming the lines; replace translates it with U+FFFD for the bad bytes",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="generate at most N tokens per line (instead of --max-len)",
+    )
     p.add_argument("--input", default=None, metavar="FILE", help="read the lines from FILE instead of stdin")
     lm = p.add_argument_group("decoder-only (LM) bundles")
-    lm.add_argument("--chat", action="store_true", help="each line is the user's message of a chat, rendered with "
-                                                       "the tokenizer's chat template")
-    lm.add_argument("--langs", default=None, metavar="SRC:TGT",
-                    help="each line is a source sentence, prompted as 'English: <line>\\nFrench:' (e.g. en:fr)")
-    lm.add_argument("--context-policy", choices=("truncate_left", "refuse"), default="truncate_left",
-                    help="a prompt longer than the context: keep its newest tokens (default, counted) or stop "
-                         "with an error")
+    lm.add_argument(
+        "--chat",
+        action="store_true",
+        help="each line is the user's message of a chat, rendered with the tokenizer's chat template",
+    )
+    lm.add_argument(
+        "--langs",
+        default=None,
+        metavar="SRC:TGT",
+        help="each line is a source sentence, prompted as 'English: <line>\\nFrench:' (e.g. en:fr)",
+    )
+    lm.add_argument(
+        "--context-policy",
+        choices=("truncate_left", "refuse"),
+        default="truncate_left",
+        help="a prompt longer than the context: keep its newest tokens (default, counted) or stop with an error",
+    )
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     return p
 
@@ -116,7 +160,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopp
 
 
 class _Progress:
-    read = written = 0      # input lines read so far; lines whose output is written (whole chunks, in order)
+    read = written = 0  # input lines read so far; lines whose output is written (whole chunks, in order)
     total: int | None = None  # the input's line count, when it is a file
 
 
@@ -147,8 +191,10 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
         if args.max_new_tokens is not None and args.max_new_tokens < 1:
             raise DecodeError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
         if not all(math.isfinite(v) for v in args.max_len):
-            raise DecodeError(f"--max-len takes two finite numbers A B (at most A*source_len + B tokens), got "
-                              f"{' '.join(map(str, args.max_len))}")
+            raise DecodeError(
+                f"--max-len takes two finite numbers A B (at most A*source_len + B tokens), got "
+                f"{' '.join(map(str, args.max_len))}"
+            )
         settings = decode_settings(args)
         if args.input is not None:
             stdin = _input_file(args.input)
@@ -180,18 +226,27 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
     if not args.quiet:
         khat = f"k̂={stats.mean_accepted:.2f}, " if decoder.blockwise else ""
         rate = f"{n_sent / seconds:.1f} sent/s, {stats.tokens / seconds:.1f} tok/s" if seconds > 0 else "no decoding"
-        print(f"{loaded.family.verb} {n_sent} lines ({decoder.label}, batch {args.batch_size}, {device.type}): {khat}"
-              f"decoder calls={stats.calls}, {rate}, {seconds:.2f}s decoding"
-              + (f", {text.truncated} source(s) truncated to {model.config.max_positions} positions"
-                 if text.truncated else ""),
-              file=stderr)
+        print(
+            f"{loaded.family.verb} {n_sent} lines ({decoder.label}, batch {args.batch_size}, {device.type}): {khat}"
+            f"decoder calls={stats.calls}, {rate}, {seconds:.2f}s decoding"
+            + (
+                f", {text.truncated} source(s) truncated to {model.config.max_positions} positions"
+                if text.truncated
+                else ""
+            ),
+            file=stderr,
+        )
     if source.replaced:
-        print(f"warning: {source.replaced} input line(s) were not valid UTF-8; bad bytes were read as U+FFFD",
-              file=stderr)
+        print(
+            f"warning: {source.replaced} input line(s) were not valid UTF-8; bad bytes were read as U+FFFD", file=stderr
+        )
     if source.bad:
         where = ", ".join(f"line {n} (byte {b})" for n, b in source.bad[:5]) + (" ..." if len(source.bad) > 5 else "")
-        return report(f"{len(source.bad)} input line(s) are not valid UTF-8: {where}; their output lines are empty, "
-                      "every other line was translated. Fix the input encoding or pass --errors replace", stderr)
+        return report(
+            f"{len(source.bad)} input line(s) are not valid UTF-8: {where}; their output lines are empty, "
+            "every other line was translated. Fix the input encoding or pass --errors replace",
+            stderr,
+        )
     return 0
 
 
@@ -199,8 +254,13 @@ def decode_settings(args: argparse.Namespace) -> DecodeSettings:
     """The command line's decode options as the DecodeSettings Translator takes (each option is one of its
     fields; --greedy is method=greedy, --max-new-tokens replaces --max-len)."""
     given = {name: getattr(args, name) for name in DecodeSettings.names() if name in vars(args)}
-    return DecodeSettings(**{**given, "method": "greedy" if args.greedy else "blockwise",
-                             "max_len": args.max_new_tokens if args.max_new_tokens is not None else list(args.max_len)})
+    return DecodeSettings(
+        **{
+            **given,
+            "method": "greedy" if args.greedy else "blockwise",
+            "max_len": args.max_new_tokens if args.max_new_tokens is not None else list(args.max_len),
+        }
+    )
 
 
 def _input_file(path: str):
@@ -221,13 +281,18 @@ def _text(args, loaded, tok):
     """The family's text adapter with this command line's options (--chat, --langs, --context-policy: only for a
     family that takes prompts; the family refuses them otherwise)."""
     fam = loaded.family
-    fam.check_text_options(chat=args.chat, langs=bool(args.langs), context_policy=args.context_policy != "truncate_left",
-                           what=str(args.bundle))
+    fam.check_text_options(
+        chat=args.chat,
+        langs=bool(args.langs),
+        context_policy=args.context_policy != "truncate_left",
+        what=str(args.bundle),
+    )
     if args.chat and args.langs:
         raise DecodeError("--chat and --langs exclude each other: a line is either a chat message or a source sentence")
     if args.chat and not tok.has_chat_template:
-        raise DecodeError(f"--chat: the tokenizer of {args.bundle} has no chat template; give plain prompts (without "
-                        "--chat)")
+        raise DecodeError(
+            f"--chat: the tokenizer of {args.bundle} has no chat template; give plain prompts (without --chat)"
+        )
     src = tgt = None
     if args.langs:
         src, _, tgt = args.langs.partition(":")

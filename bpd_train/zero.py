@@ -4,6 +4,7 @@ Consolidation uses DeepSpeed's own zero_to_fp32, but with every torch.load it ma
 only DeepSpeed's few plain state classes allowed (`_zero_weights_only`), so a crafted ZeRO folder is refused, never
 run. Building a model from the result is bpd_train/loading.py's job.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,6 +24,7 @@ _PREFIXES = ("_forward_module.", "module.", STATE_PREFIX)
 # only a rounded copy of parameters that do not train (training/module.py keep_frozen_fp32 writes it).
 FROZEN_FP32_KEY = "bpd_frozen_fp32"
 
+
 def find_zero_dir(path: str | os.PathLike) -> Path | None:
     """The folder holding DeepSpeed's `latest` file (a Lightning DeepSpeed `*.ckpt/` folder has it under
     `checkpoint/`), or None when `path` is not a ZeRO checkpoint."""
@@ -38,10 +40,10 @@ def find_zero_dir(path: str | os.PathLike) -> Path | None:
 def _strip_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for prefix in _PREFIXES:
         if state and all(k.startswith(prefix) for k in state):
-            state = {k[len(prefix):]: v for k, v in state.items()}
+            state = {k[len(prefix) :]: v for k, v in state.items()}
         elif any(k.startswith(prefix) for k in state) and prefix == STATE_PREFIX:
             # a LightningModule may hold other modules (teacher, metrics): keep only the model's tensors
-            state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
     return state
 
 
@@ -51,8 +53,9 @@ def zero_tag_dir(zero_dir: Path, tag: str | None) -> Path:
         if latest.is_file():
             tag = latest.read_text().strip()
         else:
-            steps = sorted(zero_dir.glob("global_step*"),
-                           key=lambda d: int("".join(c for c in d.name if c.isdigit()) or 0))
+            steps = sorted(
+                zero_dir.glob("global_step*"), key=lambda d: int("".join(c for c in d.name if c.isdigit()) or 0)
+            )
             if not steps:
                 raise CheckpointError(f"{zero_dir} has no 'latest' file and no global_step* folder")
             tag = steps[-1].name
@@ -95,8 +98,10 @@ def _zero_weights_only():
 def _refused(where: Path, e: BaseException) -> CheckpointError:
     found = re.search(r"Unsupported global: GLOBAL (\S+)|unsupported (?:GLOBAL|REDUCE)[^\n]*", str(e), re.I)
     what = found.group(1) or found.group(0) if found else type(e).__name__
-    return CheckpointError(f"refusing {where}: it holds pickled objects that are not tensors or DeepSpeed state "
-                           f"({what}); bpd-train never unpickles checkpoint files, since that can run code")
+    return CheckpointError(
+        f"refusing {where}: it holds pickled objects that are not tensors or DeepSpeed state "
+        f"({what}); bpd-train never unpickles checkpoint files, since that can run code"
+    )
 
 
 def model_states_file(tag_dir: Path) -> Path:
@@ -121,8 +126,9 @@ def _zero_client_state(tag_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     except pickle.UnpicklingError as e:
         raise _refused(files[0], e) from None
     except Exception as e:  # noqa: BLE001 - one clear message for every way a file can be unreadable
-        raise CheckpointError(f"cannot read {files[0]}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                              ) from e
+        raise CheckpointError(
+            f"cannot read {files[0]}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
     if not isinstance(states, dict):
         raise CheckpointError(f"{files[0]} is not a DeepSpeed model-states file")
     client = states.get("client_state")
@@ -131,8 +137,10 @@ def _zero_client_state(tag_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     if not isinstance(meta, dict):
         meta = client.get(CKPT_META_KEY)
     if not isinstance(meta, dict) or "model_config" not in meta:
-        raise CheckpointError(f"{files[0]} carries no '{CKPT_META_KEY}' metadata (model config, tokenizer hash): "
-                              "it was not saved by bpd-train")
+        raise CheckpointError(
+            f"{files[0]} carries no '{CKPT_META_KEY}' metadata (model config, tokenizer hash): "
+            "it was not saved by bpd-train"
+        )
     frozen = states.get(FROZEN_FP32_KEY, client.get(FROZEN_FP32_KEY)) or {}
     if not isinstance(frozen, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in frozen.items()):
         raise CheckpointError(f"{files[0]}: '{FROZEN_FP32_KEY}' is not a name -> tensor mapping")
@@ -158,19 +166,23 @@ def consolidate_zero(path: str | os.PathLike, tag: str | None = None) -> tuple[d
     except pickle.UnpicklingError as e:
         raise _refused(tag_dir, e) from None
     except Exception as e:  # noqa: BLE001 - surface DeepSpeed's reason in one line
-        raise CheckpointError(f"cannot consolidate ZeRO checkpoint {zero_dir} ({tag_dir.name}): "
-                              f"{type(e).__name__}: {e}") from e
+        raise CheckpointError(
+            f"cannot consolidate ZeRO checkpoint {zero_dir} ({tag_dir.name}): {type(e).__name__}: {e}"
+        ) from e
     return _restore_frozen(_strip_prefixes(dict(state)), frozen, tag_dir), meta
 
 
-def _restore_frozen(state: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor],
-                    where: Path) -> dict[str, torch.Tensor]:
+def _restore_frozen(
+    state: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor], where: Path
+) -> dict[str, torch.Tensor]:
     """The frozen parameters' saved fp32 values in place of DeepSpeed's rounded copies: a frozen backbone exports
     bit-identical to the model it came from."""
     for name, value in frozen.items():
         have = state.get(name)
         if have is None or tuple(have.shape) != tuple(value.shape):
-            raise CheckpointError(f"{where}: frozen parameter {name} {tuple(value.shape)} does not match the "
-                                  f"consolidated weights ({'absent' if have is None else tuple(have.shape)})")
+            raise CheckpointError(
+                f"{where}: frozen parameter {name} {tuple(value.shape)} does not match the "
+                f"consolidated weights ({'absent' if have is None else tuple(have.shape)})"
+            )
         state[name] = value.to(torch.float32)
     return state

@@ -6,6 +6,7 @@ compute_loss, so every parameter access happens where ZeRO-3 either gathers it o
 
 Prints one line `RESULT {json}`: losses, how many parameters ZeRO-3 partitioned, checks of a saved checkpoint.
 A separate process per run: DeepSpeed's accelerator and process group are process-wide."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,10 +27,30 @@ VOCAB = 40
 
 def model_config(family: str, k: int = 4) -> dict:
     if family == "lm":
-        return dict(arch="lm", vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48,
-                    max_positions=64, block_size=k, eos_id=2, bos_id=1)
-    return dict(vocab_size=VOCAB, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=48,
-                max_positions=64, block_size=k, dropout=0.1)
+        return dict(
+            arch="lm",
+            vocab_size=VOCAB,
+            d_model=32,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            d_ff=48,
+            max_positions=64,
+            block_size=k,
+            eos_id=2,
+            bos_id=1,
+        )
+    return dict(
+        vocab_size=VOCAB,
+        d_model=32,
+        n_heads=4,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        d_ff=48,
+        max_positions=64,
+        block_size=k,
+        dropout=0.1,
+    )
 
 
 def batch(family: str, seed: int) -> dict:
@@ -59,11 +80,22 @@ class Step(torch.nn.Module):
 def ds_config(stage: int, bf16: bool, persist0: bool) -> dict:
     zero: dict = {"stage": stage}
     if stage == 3 and persist0:  # partition every parameter, however small (real sizes behave like this)
-        zero.update(stage3_param_persistence_threshold=0, stage3_max_live_parameters=1,
-                    stage3_prefetch_bucket_size=1, reduce_bucket_size=64, allgather_bucket_size=64)
-    return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": zero,
-            "bf16": {"enabled": bf16}, "gradient_clipping": 1.0, "steps_per_print": 10 ** 9,
-            "zero_allow_untested_optimizer": True}
+        zero.update(
+            stage3_param_persistence_threshold=0,
+            stage3_max_live_parameters=1,
+            stage3_prefetch_bucket_size=1,
+            reduce_bucket_size=64,
+            allgather_bucket_size=64,
+        )
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10**9,
+        "zero_allow_untested_optimizer": True,
+    }
 
 
 def main() -> None:
@@ -76,10 +108,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--eval", action="store_true", help="also a validation step (no grad, eval mode)")
     ap.add_argument("--port", default="29611")
-    ap.add_argument("--heads", default=None, help="heads of each step's loss, steps separated by '/', e.g. 1,2,3/0 "
-                    "(default: all trained heads; the last list repeats)")
-    ap.add_argument("--save", default=None, help="save a DeepSpeed checkpoint here, as Lightning does, and report "
-                    "whether its consolidation holds the base model's backbone bit for bit")
+    ap.add_argument(
+        "--heads",
+        default=None,
+        help="heads of each step's loss, steps separated by '/', e.g. 1,2,3/0 "
+        "(default: all trained heads; the last list repeats)",
+    )
+    ap.add_argument(
+        "--save",
+        default=None,
+        help="save a DeepSpeed checkpoint here, as Lightning does, and report "
+        "whether its consolidation holds the base model's backbone bit for bit",
+    )
     ap.add_argument("--dump", default=None, help="write the trained model's full fp32 state here (torch.save)")
     args = ap.parse_args()
     os.environ.setdefault("MASTER_PORT", args.port)
@@ -92,18 +132,29 @@ def main() -> None:
     from bpd_train.training.regimes import Regime
 
     frozen = args.regime == "frozen"
-    regime = Regime(name=args.regime, trainable="heads" if frozen else "all", block_size=4,
-                    init_from="base" if frozen else None, stage="heads" if frozen else "base")
-    module = BPDLightningModule(model_config(args.family), regime.to_dict(),
-                                {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3}},
-                                loss={"recompute": True})
+    regime = Regime(
+        name=args.regime,
+        trainable="heads" if frozen else "all",
+        block_size=4,
+        init_from="base" if frozen else None,
+        stage="heads" if frozen else "base",
+    )
+    module = BPDLightningModule(
+        model_config(args.family),
+        regime.to_dict(),
+        {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3}},
+        loss={"recompute": True},
+    )
     base = {n: p.detach().clone() for n, p in module.model.named_parameters()}
     module.keep_frozen_fp32()  # what its setup hook does under Lightning's DeepSpeedStrategy with bf16
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     params = [p for p in module.parameters() if p.requires_grad]
-    engine, _, _, _ = deepspeed.initialize(model=Step(module), model_parameters=params,
-                                           optimizer=torch.optim.AdamW(params, lr=1e-3),
-                                           config=ds_config(args.stage, args.bf16, args.persist0))
+    engine, _, _, _ = deepspeed.initialize(
+        model=Step(module),
+        model_parameters=params,
+        optimizer=torch.optim.AdamW(params, lr=1e-3),
+        config=ds_config(args.stage, args.bf16, args.persist0),
+    )
     plan = [[int(h) for h in step.split(",")] for step in args.heads.split("/")] if args.heads else [module.train_heads]
     sizes = [p.data.numel() for p in module.parameters()]
     out: dict = {"partitioned": sum(1 for p in module.parameters() if p.data.numel() == 0), "params": len(sizes)}

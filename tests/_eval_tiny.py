@@ -1,6 +1,7 @@
 """Shared tiny fixtures for the evaluation/export/translate tests (no training needed): a sentencepiece model
 trained on a few hundred lines of the bundled corpus and a small random BPDModel saved as a checkpoint.
 Session-cached: building everything takes about a second."""
+
 from __future__ import annotations
 
 import gzip
@@ -32,9 +33,20 @@ def train_spm(out_dir: Path, vocab_size: int = 256, n_lines: int = 400, seed_tex
     text = out_dir / "train.txt"
     lines = [x for pair in read_pairs("train", n_lines) for x in pair]
     text.write_text(seed_text + "\n".join(lines) + "\n", encoding="utf-8")
-    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(out_dir / "spm"), vocab_size=vocab_size,
-                                   model_type="unigram", character_coverage=1.0, pad_id=0, bos_id=1, eos_id=2,
-                                   unk_id=3, num_threads=1, minloglevel=2, seed_sentencepiece_size=100000)
+    spm.SentencePieceTrainer.train(
+        input=str(text),
+        model_prefix=str(out_dir / "spm"),
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        pad_id=0,
+        bos_id=1,
+        eos_id=2,
+        unk_id=3,
+        num_threads=1,
+        minloglevel=2,
+        seed_sentencepiece_size=100000,
+    )
     return out_dir / "spm.model"
 
 
@@ -42,8 +54,17 @@ def tiny_model(vocab_size: int, block_size: int = 4, seed: int = 0, d_model: int
     from bpd_train.model import BPDConfig, BPDModel
 
     torch.manual_seed(seed)
-    cfg = BPDConfig(vocab_size=vocab_size, d_model=d_model, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
-                    d_ff=64, dropout=0.0, max_positions=128, block_size=block_size)
+    cfg = BPDConfig(
+        vocab_size=vocab_size,
+        d_model=d_model,
+        n_heads=2,
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        d_ff=64,
+        dropout=0.0,
+        max_positions=128,
+        block_size=block_size,
+    )
     model = BPDModel(cfg)
     with torch.no_grad():
         # An untrained model mostly repeats one token or stops at once. Make it talk: never pick pad/bos/eos
@@ -78,9 +99,7 @@ def build(root: str) -> dict:
     base = root_p / "base"
     write_checkpoint(base / "checkpoints" / "last.ckpt", base_model, tok, regime="base")
     (base / "tokenizer.model").write_bytes(tok.read_bytes())
-    return {"tok": tok, "tok2": tok2, "run": run, "base": base, "ckpt": run / "checkpoints" / "last.ckpt",
-            "vocab": v}
-
+    return {"tok": tok, "tok2": tok2, "run": run, "base": base, "ckpt": run / "checkpoints" / "last.ckpt", "vocab": v}
 
 
 def tiny_artifacts(tmp_path_factory) -> Path:

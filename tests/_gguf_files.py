@@ -1,6 +1,7 @@
 """Small GGUF files for the tests, written with the `gguf` package's writer the way llama.cpp's converter writes
 them: a tiny transformers Llama / Qwen2 model (random weights), its q/k rows permuted into llama.cpp's rotary
 layout (llama), each tensor in a chosen type, and a byte-level BPE tokenizer with a chat template."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,10 +10,14 @@ import torch
 from _lm_tiny import randomize
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHAT = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-TEXT = ("the quick brown fox jumps over the lazy dog. a stitch in time saves nine. hello world, how are you? "
-        "good morning to you 12345 and 678. English and French: le renard brun. ") * 20
+CHAT = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+TEXT = (
+    "the quick brown fox jumps over the lazy dog. a stitch in time saves nine. hello world, how are you? "
+    "good morning to you 12345 and 678. English and French: le renard brun. "
+) * 20
 
 
 def bpe(vocab_size: int):
@@ -24,9 +29,15 @@ def bpe(vocab_size: int):
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
-    tk.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                       show_progress=False))
+    tk.train_from_iterator(
+        [TEXT],
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=SPECIALS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     model = json.loads(tk.to_str())["model"]
     vocab = model["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
@@ -35,14 +46,36 @@ def bpe(vocab_size: int):
     return tokens, merges, types
 
 
-def hf_model(arch: str, vocab: int, *, d: int = 32, d_ff: int = 64, layers: int = 2, heads: int = 4, kv: int = 2,
-             tied: bool = False, seed: int = 0, eos: int = 2):
+def hf_model(
+    arch: str,
+    vocab: int,
+    *,
+    d: int = 32,
+    d_ff: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv: int = 2,
+    tied: bool = False,
+    seed: int = 0,
+    eos: int = 2,
+):
     """A tiny random transformers model with peaked outputs (wide weights, a strong EOS row)."""
     import transformers
 
-    kw = dict(vocab_size=vocab, hidden_size=d, intermediate_size=d_ff, num_hidden_layers=layers,
-              num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=128, rope_theta=500.0,
-              rms_norm_eps=1e-5, tie_word_embeddings=tied, bos_token_id=None, eos_token_id=eos)
+    kw = dict(
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=d_ff,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=128,
+        rope_theta=500.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tied,
+        bos_token_id=None,
+        eos_token_id=eos,
+    )
     cls = transformers.LlamaForCausalLM if arch == "llama" else transformers.Qwen2ForCausalLM
     cfg = (transformers.LlamaConfig if arch == "llama" else transformers.Qwen2Config)(**kw)
     torch.manual_seed(seed)
@@ -56,9 +89,17 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 _NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-_LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-          "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+_LAYER = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
 
 
 def gguf_name(name: str) -> str:
@@ -86,8 +127,22 @@ def k_blocks(rows: int, cols: int, qtype, seed: int) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
-def write_gguf(path, model, tokens, merges, types, *, arch: str, qtypes: dict | None = None, default="F32",
-               eos: int = 2, bos: int | None = None, pre: str = "default", chat: bool = True, extra=None) -> None:
+def write_gguf(
+    path,
+    model,
+    tokens,
+    merges,
+    types,
+    *,
+    arch: str,
+    qtypes: dict | None = None,
+    default="F32",
+    eos: int = 2,
+    bos: int | None = None,
+    pre: str = "default",
+    chat: bool = True,
+    extra=None,
+) -> None:
     """The model's tensors in llama.cpp's names and layout; qtypes: gguf name prefix -> type name (first match)."""
     import gguf
 
@@ -100,8 +155,9 @@ def write_gguf(path, model, tokens, merges, types, *, arch: str, qtypes: dict | 
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"] if getattr(c, "rope_parameters", None)
-                               else c.rope_theta))
+    w.add_rope_freq_base(
+        float(c.rope_parameters["rope_theta"] if getattr(c, "rope_parameters", None) else c.rope_theta)
+    )
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
     w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
@@ -145,8 +201,16 @@ def write_tiny_chat_llama(path) -> None:
     """A tiny llama GGUF file with a byte-level BPE tokenizer and a chat template (make smoke-real's model)."""
     tokens, merges, types = bpe(320)
     eos = tokens.index("<|im_end|>")
-    write_gguf(path, hf_model("llama", len(tokens), eos=eos, seed=0), tokens, merges, types, arch="llama", eos=eos,
-               qtypes={"blk.0": "Q8_0"})
+    write_gguf(
+        path,
+        hf_model("llama", len(tokens), eos=eos, seed=0),
+        tokens,
+        merges,
+        types,
+        arch="llama",
+        eos=eos,
+        qtypes={"blk.0": "Q8_0"},
+    )
 
 
 if __name__ == "__main__":  # python tests/_gguf_files.py OUT.gguf

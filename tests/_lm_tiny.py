@@ -1,19 +1,25 @@
 """A tiny word-level tokenizer.json (+ tokenizer_config.json with a chat template) for the decoder-only tests,
 built with Hugging Face `tokenizers`."""
+
 import json
 
-WORDS = ("the quick brown fox jumps over lazy dog a stitch in time saves nine hello world how are you user "
-         "assistant system good morning English French le renard : .").split()
+WORDS = (
+    "the quick brown fox jumps over lazy dog a stitch in time saves nine hello world how are you user "
+    "assistant system good morning English French le renard : ."
+).split()
 SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + ' ' + m['content'] + ' <|im_end|>' }}"
-                 "{% if not loop.last %}{{ ' ' }}{% endif %}{% endfor %}"
-                 "{% if add_generation_prompt %}{{ ' <|im_start|>assistant' }}{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + ' ' + m['content'] + ' <|im_end|>' }}"
+    "{% if not loop.last %}{{ ' ' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ ' <|im_start|>assistant' }}{% endif %}"
+)
 
 
 def make_tokenizer(folder, bos: bool, chat_template: bool = True) -> int:
     """Llama-style (bos=True: the post-processor prepends <s>, EOS </s>) or Qwen-style (no BOS, EOS <|im_end|>).
     Returns the vocabulary size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
     vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -22,8 +28,11 @@ def make_tokenizer(folder, bos: bool, chat_template: bool = True) -> int:
     if bos:
         tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     tk.save(str(folder / "tokenizer.json"))
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>" if bos else "<|im_end|>",
-           "unk_token": "<unk>"}
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "</s>" if bos else "<|im_end|>",
+        "unk_token": "<unk>",
+    }
     if chat_template:
         cfg["chat_template"] = CHAT_TEMPLATE
     if bos:

@@ -22,23 +22,29 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def offline_env(**extra: str) -> dict[str, str]:
     """Environment for subprocess runs of the entry points: offline, one thread, shared extension cache."""
     env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1")
+    env.update(
+        HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"
+    )
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / ".torch_extensions"))
     env.update(extra)
     return env
 
 
-def run_train(*overrides: str, artifacts: Path, timeout: float = 600, check: bool = True,
-              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_train(
+    *overrides: str, artifacts: Path, timeout: float = 600, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """`python train.py <overrides> paths.artifacts=<artifacts>` as a subprocess (csv logger, own hydra dir)."""
     name = "-".join(o.split("=", 1)[-1].replace("/", "_") for o in overrides if "regime=" in o) or "run"
-    cmd = [sys.executable, str(REPO_ROOT / "train.py"), *overrides, f"paths.artifacts={artifacts}",
-           f"hydra.run.dir={artifacts.parent}/{artifacts.name}-hydra/{name}"]
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "train.py"),
+        *overrides,
+        f"paths.artifacts={artifacts}",
+        f"hydra.run.dir={artifacts.parent}/{artifacts.name}-hydra/{name}",
+    ]
     if not any(o.startswith("logger=") for o in overrides):
         cmd.append("logger=csv")
-    r = subprocess.run(cmd, cwd=REPO_ROOT, env=env or offline_env(), capture_output=True, text=True,
-                       timeout=timeout)
+    r = subprocess.run(cmd, cwd=REPO_ROOT, env=env or offline_env(), capture_output=True, text=True, timeout=timeout)
     if check and r.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
     return r

@@ -76,8 +76,16 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 """
 
 TERMINAL_STATES = {
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-    "DEADLINE", "PREEMPTED", "SPECIAL_EXIT",
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+    "SPECIAL_EXIT",
 }
 
 
@@ -87,8 +95,7 @@ class SlurmUnavailable(RuntimeError):
 
 def missing_requirements() -> str | None:
     """Why the cluster cannot be started here, or None."""
-    missing = [b for b in DAEMONS + CLIENTS if shutil.which(b) is None
-               and not Path("/usr/sbin", b).exists()]
+    missing = [b for b in DAEMONS + CLIENTS if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
     if missing:
         return f"SLURM binaries not found: {' '.join(missing)}; {INSTALL_HINT}"
     if os.geteuid() != 0:
@@ -152,18 +159,39 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         self.started = True  # from here on, stop() cleans up whatever did start
-        self._run([_which("munged"), f"--key-file={key}", f"--socket={self.munge_socket}",
-                   f"--pid-file={self._pidfiles['munged']}", f"--log-file={self.munge_dir / 'munged.log'}",
-                   f"--seed-file={self.munge_dir / 'munged.seed'}"], "munged")
-        self.conf.write_text(SLURM_CONF.format(
-            root=self.root, munge_socket=self.munge_socket, ctld_port=_free_port(),
-            slurmd_port=_free_port(), user="root", cpus=self.cpus))
+        self._run(
+            [
+                _which("munged"),
+                f"--key-file={key}",
+                f"--socket={self.munge_socket}",
+                f"--pid-file={self._pidfiles['munged']}",
+                f"--log-file={self.munge_dir / 'munged.log'}",
+                f"--seed-file={self.munge_dir / 'munged.seed'}",
+            ],
+            "munged",
+        )
+        self.conf.write_text(
+            SLURM_CONF.format(
+                root=self.root,
+                munge_socket=self.munge_socket,
+                ctld_port=_free_port(),
+                slurmd_port=_free_port(),
+                user="root",
+                cpus=self.cpus,
+            )
+        )
         self._run([_which("slurmctld"), "-f", str(self.conf)], "slurmctld")
-        self._wait(lambda: "UP" in self.cmd("scontrol", "ping", check=False).stdout, timeout,
-                   "slurmctld to answer `scontrol ping`")
+        self._wait(
+            lambda: "UP" in self.cmd("scontrol", "ping", check=False).stdout,
+            timeout,
+            "slurmctld to answer `scontrol ping`",
+        )
         self._run([_which("slurmd"), "-f", str(self.conf), "-N", "localhost"], "slurmd")
-        self._wait(lambda: self.cmd("sinfo", "-h", "-o", "%t", check=False).stdout.strip() == "idle",
-                   timeout, "node localhost to become idle")
+        self._wait(
+            lambda: self.cmd("sinfo", "-h", "-o", "%t", check=False).stdout.strip() == "idle",
+            timeout,
+            "node localhost to become idle",
+        )
         return self
 
     def stop(self, keep: bool | None = None) -> None:
@@ -176,8 +204,9 @@ class SlurmCluster:
             ids = self.cmd("squeue", "-h", "-o", "%A", check=False).stdout.split()
             if ids:
                 self.cmd("scancel", "--full", *ids, check=False)
-                self._wait(lambda: not self.cmd("squeue", "-h", check=False).stdout.strip(), 20,
-                           "jobs to end", raise_=False)
+                self._wait(
+                    lambda: not self.cmd("squeue", "-h", check=False).stdout.strip(), 20, "jobs to end", raise_=False
+                )
         except Exception:
             pass
         for name in ("slurmd", "slurmctld", "munged"):
@@ -234,9 +263,12 @@ class SlurmCluster:
             if all(r and all(x.get("JobState") in TERMINAL_STATES for x in r) for r in recs.values()):
                 return recs
             if time.monotonic() > deadline:
-                raise TimeoutError(f"jobs still running after {timeout:.0f}s: "
-                                   + ", ".join(f"{j}={[x.get('JobState') for x in r]}" for j, r in recs.items())
-                                   + "\n" + self.cmd("squeue", check=False).stdout)
+                raise TimeoutError(
+                    f"jobs still running after {timeout:.0f}s: "
+                    + ", ".join(f"{j}={[x.get('JobState') for x in r]}" for j, r in recs.items())
+                    + "\n"
+                    + self.cmd("squeue", check=False).stdout
+                )
             time.sleep(poll)
 
     def logs(self) -> str:
@@ -251,8 +283,7 @@ class SlurmCluster:
     def _run(self, argv: list[str], name: str) -> None:
         # The daemons fork into the background and write their pid files; SLURM_CONF is inherited by
         # slurmstepd and the jobs, which is how _kill_ours recognises them.
-        p = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60,
-                           stdin=subprocess.DEVNULL)
+        p = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         if p.returncode != 0:
             raise RuntimeError(f"{name} did not start (rc={p.returncode}): {p.stderr.strip()}\n{self.logs()}")
         self._wait(lambda: self._pid(name) is not None, 20, f"{name} pid file")

@@ -1,6 +1,7 @@
 """The Python API that takes strings (bpd_train.Translator): the same text as the command line, batch size and
 method independent where they must be, k̂ and calls reported, bad options named; the LM's generate; docs/api.md
 runs as a doctest."""
+
 import doctest
 import io
 
@@ -23,8 +24,15 @@ def _cli(bundle, lines, *args):
     from bpd_train.translate import main
 
     out = io.StringIO()
-    assert main(["--bundle", str(bundle), "--quiet", *args], stdin=io.StringIO("\n".join(lines) + "\n"),
-                stdout=out, stderr=io.StringIO()) == 0
+    assert (
+        main(
+            ["--bundle", str(bundle), "--quiet", *args],
+            stdin=io.StringIO("\n".join(lines) + "\n"),
+            stdout=out,
+            stderr=io.StringIO(),
+        )
+        == 0
+    )
     return out.getvalue().split("\n")[:-1]
 
 
@@ -75,14 +83,17 @@ def test_from_a_run_folder_too(bundle, tmp_path_factory):
     assert a.texts == b.texts
 
 
-@pytest.mark.parametrize("kwargs, pattern", [
-    ({"method": "beam"}, r"method='beam'"),
-    ({"accept": "sometimes"}, r"unknown acceptance rule"),
-    ({"block_size": 9}, r"block size 9 is above the k = 4"),
-    ({"batch_size": 0}, r"batch_size must be an int >= 1"),
-    ({"sentences": "one string"}, r"sentences must be a list of str"),
-    ({"sentences": ["ok", 3]}, r"sentences\[1\] is int"),
-])
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        ({"method": "beam"}, r"method='beam'"),
+        ({"accept": "sometimes"}, r"unknown acceptance rule"),
+        ({"block_size": 9}, r"block size 9 is above the k = 4"),
+        ({"batch_size": 0}, r"batch_size must be an int >= 1"),
+        ({"sentences": "one string"}, r"sentences must be a list of str"),
+        ({"sentences": ["ok", 3]}, r"sentences\[1\] is int"),
+    ],
+)
 def test_bad_options_are_named(bundle, kwargs, pattern):
     tr = Translator.from_pretrained(bundle, device="cpu")
     sentences = kwargs.pop("sentences", ["hello"])
@@ -93,8 +104,12 @@ def test_bad_options_are_named(bundle, kwargs, pattern):
 
 
 def test_docs_page_runs(bundle):
-    res = doctest.testfile(str(REPO_ROOT / "docs" / "api.md"), module_relative=False, globs={"bundle": str(bundle)},
-                           optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    res = doctest.testfile(
+        str(REPO_ROOT / "docs" / "api.md"),
+        module_relative=False,
+        globs={"bundle": str(bundle)},
+        optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
+    )
     assert res.attempted >= 10 and res.failed == 0, res
 
 
@@ -108,8 +123,9 @@ def test_lm_generate(tmp_path_factory):
     assert out.texts == _greedy_reference(lm_bundle, lambda tok: tok.encode(PROMPTS), 8)
     assert out.texts == lm.generate(PROMPTS, method="greedy", max_new_tokens=8).texts and out.mean_accepted >= 1
     chat = lm.generate(PROMPTS[:2], chat=True, max_new_tokens=8)
-    assert chat.texts == _greedy_reference(lm_bundle, lambda tok: [tok.chat_ids([{"role": "user", "content": p}])
-                                                                   for p in PROMPTS[:2]], 8)
+    assert chat.texts == _greedy_reference(
+        lm_bundle, lambda tok: [tok.chat_ids([{"role": "user", "content": p}]) for p in PROMPTS[:2]], 8
+    )
     tr = lm.translate(["hello world"], src_lang="en", tgt_lang="fr", max_len=8)
     assert tr.texts == _greedy_reference(lm_bundle, lambda tok: [tok.encode("English: hello world\nFrench:")], 8)
     with pytest.raises(ValueError, match="src_lang and tgt_lang"):
@@ -127,8 +143,9 @@ def test_draft_vocabulary_and_int8_proposals_can_be_turned_off(bundle):
     opts = tr.model.decode_options
     assert len(opts.draft_vocab) in (50, 51) and opts.proposal_dtype == "int8"
     assert draft.tokens == plain.tokens == tr.translate(lines, method="greedy", max_len=(1, 5)).tokens
-    assert _cli(bundle, lines, "--max-len", "1", "5", "--draft-vocab", "none", "--proposal-dtype", "none") \
-        == plain.texts
+    assert (
+        _cli(bundle, lines, "--max-len", "1", "5", "--draft-vocab", "none", "--proposal-dtype", "none") == plain.texts
+    )
     tr.translate(lines[:1], max_len=(1, 5), draft_vocab=None, proposal_dtype=None)
     assert tr.model.decode_options.draft_vocab is None  # not reset to "auto" by the next call
 
@@ -145,9 +162,15 @@ def test_the_command_line_and_translator_take_the_same_options():
     generate = inspect.signature(Translator.generate).parameters
     from_pretrained = inspect.signature(Translator.from_pretrained).parameters
     io_only = {"help", "errors", "input", "quiet"}  # how lines are read and reported: a stream's concern only
-    where = {"bundle": (from_pretrained, "spec"), "device": (from_pretrained, "device"),
-             "greedy": (translate, "method"), "langs": (translate, "src_lang"), "chat": (generate, "chat"),
-             "max_new_tokens": (generate, "max_new_tokens"), "context_policy": (generate, "context_policy")}
+    where = {
+        "bundle": (from_pretrained, "spec"),
+        "device": (from_pretrained, "device"),
+        "greedy": (translate, "method"),
+        "langs": (translate, "src_lang"),
+        "chat": (generate, "chat"),
+        "max_new_tokens": (generate, "max_new_tokens"),
+        "context_policy": (generate, "context_policy"),
+    }
     for action in parser()._actions:
         if action.dest in io_only:
             continue

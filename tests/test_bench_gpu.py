@@ -1,5 +1,6 @@
 """bench/gpu.sh and bench/gpu.py on a CPU-only machine: the scripts parse, skip cleanly without CUDA, and the
 decoding checks they run on the GPU work for real here at tiny sizes (--device cpu --quick)."""
+
 import importlib.util
 import json
 import subprocess
@@ -30,8 +31,9 @@ def test_shell_scripts_parse(script):
 def test_gpu_sh_skips_cleanly_without_cuda():
     env = offline_env(PYTHON=sys.executable)
     env.pop("OUT", None)
-    r = subprocess.run(["bash", str(BENCH / "gpu.sh")], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        ["bash", str(BENCH / "gpu.sh")], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1
@@ -40,9 +42,24 @@ def test_gpu_sh_skips_cleanly_without_cuda():
 
 
 def test_cpu_quick_run_exercises_every_cpu_section(tmp_path):
-    r = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--device", "cpu", "--quick", "--out-dir", str(tmp_path),
-                        "--demo-dir", str(tmp_path / "no-demo")], cwd=REPO_ROOT, env=offline_env(),
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "gpu.py"),
+            "--device",
+            "cpu",
+            "--quick",
+            "--out-dir",
+            str(tmp_path),
+            "--demo-dir",
+            str(tmp_path / "no-demo"),
+        ],
+        cwd=REPO_ROOT,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1, lines[:-1]  # progress goes to stderr; stdout is the one JSON line
@@ -55,8 +72,11 @@ def test_cpu_quick_run_exercises_every_cpu_section(tmp_path):
     for row in s["step_cost"]["eager"].values():
         assert row["greedy_ms"] > 0 and all(row[f"k{k}_greedy_steps"] > 0 for k in (2, 4, 8))
     assert set(s["step_cost"]["eager"]) == {"tiny_b1", "tiny_b4"}
-    assert all(v["agreement"] == 1.0 and v["speedup"] > 0 and 1.0 <= v["mean_accepted"] <= v["k"]
-               for k, v in s["speedup"].items() if k != "s")
+    assert all(
+        v["agreement"] == 1.0 and v["speedup"] > 0 and 1.0 <= v["mean_accepted"] <= v["k"]
+        for k, v in s["speedup"].items()
+        if k != "s"
+    )
     assert s["demo"]["present"] is False
     assert "CUDA only" in s["train"]["skipped"] and "CUDA only" in s["compile"]["skipped"]
 
@@ -90,7 +110,13 @@ def test_step_bench_measures_the_same_work_as_decoding():
 
 
 def test_bad_section_name_is_one_clear_error():
-    r = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--device", "cpu", "--skip", "trian"], cwd=REPO_ROOT,
-                       env=offline_env(), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(BENCH / "gpu.py"), "--device", "cpu", "--skip", "trian"],
+        cwd=REPO_ROOT,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "unknown section" in r.stderr and "trian" in r.stderr
     assert r.stdout == ""

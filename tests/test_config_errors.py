@@ -1,5 +1,6 @@
 """Config typos through the real command lines: one `error:` line naming the closest valid key, exit status 2,
 before Hydra makes an output folder; --help lists regimes, experiments and the most used options."""
+
 import re
 import subprocess
 import sys
@@ -19,8 +20,11 @@ CASES = {
     "unknown model key with +": ("train.py", ["+regime=base", "+model.blocksize=4"], r"model\.block_size"),
     "unknown key": ("train.py", ["+regime=base", "model.blocksize=4"], r"'model.blocksize'.*model\.block_size"),
     "key under the wrong parent": ("train.py", ["+regime=base", "block_size=4"], r"model\.block_size"),
-    "wrong type": ("train.py", ["+regime=base", "experiment=smoke", "model.block_size=four"],
-                   r"model\.block_size expects a number, got 'four'"),
+    "wrong type": (
+        "train.py",
+        ["+regime=base", "experiment=smoke", "model.block_size=four"],
+        r"model\.block_size expects a number, got 'four'",
+    ),
     "wrong bool": ("train.py", ["+regime=base", "model.identity_p1=yes please"], r"expects true or false"),
     "unknown regime": ("train.py", ["+regime=distil"], r"regime=distill\b"),
     "unknown experiment": ("train.py", ["+regime=base", "experiment=smok"], r"experiment=smoke\b"),
@@ -50,18 +54,35 @@ def test_valid_additions_still_compose():
     # number where a list is the default (decode.max_len), a word for Lightning's devices
     from bpd_train.cli import check_config
 
-    check_config("train", ["+regime=base", "experiment=smoke", "+callbacks.snap._target_=x.Y",
-                           "+callbacks.snap.every_n_train_steps=3", "+data.hf_kwargs.data_files=f.json",
-                           "trainer.devices=auto", "trainer.val_check_interval=0.5"], "python train.py")
+    check_config(
+        "train",
+        [
+            "+regime=base",
+            "experiment=smoke",
+            "+callbacks.snap._target_=x.Y",
+            "+callbacks.snap.every_n_train_steps=3",
+            "+data.hf_kwargs.data_files=f.json",
+            "trainer.devices=auto",
+            "trainer.val_check_interval=0.5",
+        ],
+        "python train.py",
+    )
     check_config("evaluate", ["decode.max_len=20", "decode.adaptive=0.5"], "python evaluate.py")
     check_config("train", ["+regime=base", "--cfg", "job"], "python train.py")  # Hydra's flags: Hydra's business
-    check_config("train", ["-m", "hydra/launcher=slurm", "+regime=frozen,both", "model.block_size=2,4"],
-                 "python train.py")  # README's sweep
+    check_config(
+        "train", ["-m", "hydra/launcher=slurm", "+regime=frozen,both", "model.block_size=2,4"], "python train.py"
+    )  # README's sweep
 
 
 def test_help_lists_regimes_experiments_options(tmp_path):
-    r = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), "--help"], cwd=tmp_path, env=offline_env(),
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "train.py"), "--help"],
+        cwd=tmp_path,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     out = r.stdout
     head = out.split("== Config")[0]

@@ -2,6 +2,7 @@
 naming the key, the value and the choices, exit status 2, about a second (torch is never imported), and nothing on
 disk. A corpus path that is not there is named before the accelerator is checked; a CPU-only machine running the
 GPU default is told what to add. A run refused later (inside the command) removes the run folder Hydra made."""
+
 import importlib
 import re
 import subprocess
@@ -20,45 +21,93 @@ def _run(script, *args, tmp, **env):
     cmd = [sys.executable, str(REPO_ROOT / script), *args, f"paths.root={tmp}/root"]
     # no CUDA device, whatever machine runs the tests: the device check is deterministic
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, cwd=tmp, env=offline_env(CUDA_VISIBLE_DEVICES="", **env), capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        cmd, cwd=tmp, env=offline_env(CUDA_VISIBLE_DEVICES="", **env), capture_output=True, text=True, timeout=300
+    )
     return r, time.perf_counter() - t0
 
 
 CASES = {
-    "bleu_sentences not a number": ("evaluate.py", ["evaluate.bleu_sentences=abc"],
-                                    r"^error: evaluate\.bleu_sentences must be `all`, null or a positive number of "
-                                    r"sentences, got 'abc'"),
-    "bleu_sentences zero": ("evaluate.py", ["evaluate.bleu_sentences=0"], r"evaluate\.bleu_sentences must be .*, got 0;"),
-    "data format": ("train.py", ["+regime=base", "experiment=smoke", "data.format=csv"],
-                    r"^error: data\.format=csv: not a choice; choose one of hf, jsonl, tsv, parallel_text"),
-    "decode dtype": ("evaluate.py", ["decode.dtype=fp16"],
-                     r"^error: decode\.dtype=fp16: not a choice; choose one of fp32, bf16, int8 "
-                     r"\(did you mean decode\.dtype=bf16\?\)"),
-    "head loss": ("train.py", ["+regime=frozen", "experiment=smoke", "regime.head_loss=foo"],
-                  r"^error: regime\.head_loss=foo: not a choice; choose one of random, mean, weighted"),
-    "head loss through loss.": ("train.py", ["+regime=frozen", "experiment=smoke", "loss.head_loss=avg"],
-                                r"loss\.head_loss=avg: not a choice"),
+    "bleu_sentences not a number": (
+        "evaluate.py",
+        ["evaluate.bleu_sentences=abc"],
+        r"^error: evaluate\.bleu_sentences must be `all`, null or a positive number of "
+        r"sentences, got 'abc'",
+    ),
+    "bleu_sentences zero": (
+        "evaluate.py",
+        ["evaluate.bleu_sentences=0"],
+        r"evaluate\.bleu_sentences must be .*, got 0;",
+    ),
+    "data format": (
+        "train.py",
+        ["+regime=base", "experiment=smoke", "data.format=csv"],
+        r"^error: data\.format=csv: not a choice; choose one of hf, jsonl, tsv, parallel_text",
+    ),
+    "decode dtype": (
+        "evaluate.py",
+        ["decode.dtype=fp16"],
+        r"^error: decode\.dtype=fp16: not a choice; choose one of fp32, bf16, int8 "
+        r"\(did you mean decode\.dtype=bf16\?\)",
+    ),
+    "head loss": (
+        "train.py",
+        ["+regime=frozen", "experiment=smoke", "regime.head_loss=foo"],
+        r"^error: regime\.head_loss=foo: not a choice; choose one of random, mean, weighted",
+    ),
+    "head loss through loss.": (
+        "train.py",
+        ["+regime=frozen", "experiment=smoke", "loss.head_loss=avg"],
+        r"loss\.head_loss=avg: not a choice",
+    ),
     "export format": ("export.py", ["export.format=onnx"], r"export\.format=onnx: not a choice; choose one of bundle"),
-    "distill action": ("distill.py", ["distill.action=runn"], r"distill\.action=runn: .*did you mean distill\.action=run"),
-    "k for the base model": ("train.py", ["+regime=base", "experiment=smoke", "model.block_size=8"],
-                             r"^error: model\.block_size=8: regime base trains the base model, head 1 alone; k is "
-                             r"for the head regimes"),
-    "k set on the regime": ("train.py", ["+regime=frozen", "experiment=smoke", "regime.block_size=3"],
-                            r"^error: regime\.block_size=3: the number of heads is set as model\.block_size"),
-    "schedule": ("train.py", ["+regime=base", "experiment=smoke", "optim.schedule.name=linear"],
-                 r"optim\.schedule\.name=linear: not a choice; choose one of inverse_sqrt, cosine, constant"),
-    "missing corpus": ("train.py", ["+regime=base", "data=local", "data.path=/nonexistent"],
-                       r"^error: data\.path=/nonexistent: no such file or folder"),
-    "missing corpus, evaluate": ("evaluate.py", ["data=local", "data.path=/nonexistent/corpus"],
-                                 r"data\.path=/nonexistent/corpus: no such file or folder"),
-    "corpus not given": ("train.py", ["+regime=base", "experiment=smoke", "data=local"],
-                         r"data\.path is not set: data\.format=jsonl reads the corpus from data\.path=DIR"),
-    "cluster default on a CPU machine": ("train.py", ["+regime=base"],
-                                         r"^error: trainer=gpu \(the default\) but this machine has no CUDA device: "
-                                         r"add experiment=smoke or experiment=demo .*or trainer=cpu"),
-    "gpu asked for explicitly": ("train.py", ["+regime=base", "trainer.accelerator=gpu", "model=tiny"],
-                                 r"^error: trainer\.accelerator=gpu but this machine has no CUDA device"),
+    "distill action": (
+        "distill.py",
+        ["distill.action=runn"],
+        r"distill\.action=runn: .*did you mean distill\.action=run",
+    ),
+    "k for the base model": (
+        "train.py",
+        ["+regime=base", "experiment=smoke", "model.block_size=8"],
+        r"^error: model\.block_size=8: regime base trains the base model, head 1 alone; k is "
+        r"for the head regimes",
+    ),
+    "k set on the regime": (
+        "train.py",
+        ["+regime=frozen", "experiment=smoke", "regime.block_size=3"],
+        r"^error: regime\.block_size=3: the number of heads is set as model\.block_size",
+    ),
+    "schedule": (
+        "train.py",
+        ["+regime=base", "experiment=smoke", "optim.schedule.name=linear"],
+        r"optim\.schedule\.name=linear: not a choice; choose one of inverse_sqrt, cosine, constant",
+    ),
+    "missing corpus": (
+        "train.py",
+        ["+regime=base", "data=local", "data.path=/nonexistent"],
+        r"^error: data\.path=/nonexistent: no such file or folder",
+    ),
+    "missing corpus, evaluate": (
+        "evaluate.py",
+        ["data=local", "data.path=/nonexistent/corpus"],
+        r"data\.path=/nonexistent/corpus: no such file or folder",
+    ),
+    "corpus not given": (
+        "train.py",
+        ["+regime=base", "experiment=smoke", "data=local"],
+        r"data\.path is not set: data\.format=jsonl reads the corpus from data\.path=DIR",
+    ),
+    "cluster default on a CPU machine": (
+        "train.py",
+        ["+regime=base"],
+        r"^error: trainer=gpu \(the default\) but this machine has no CUDA device: "
+        r"add experiment=smoke or experiment=demo .*or trainer=cpu",
+    ),
+    "gpu asked for explicitly": (
+        "train.py",
+        ["+regime=base", "trainer.accelerator=gpu", "model=tiny"],
+        r"^error: trainer\.accelerator=gpu but this machine has no CUDA device",
+    ),
 }
 
 
@@ -81,13 +130,16 @@ def test_corpus_path_is_named_before_the_device(tmp_path):
 
 def test_checks_import_nothing_heavy(tmp_path):
     """The whole check (compose, values, paths, device) runs without torch, Lightning or transformers."""
-    code = ("import sys; from bpd_train.cli import check_config\n"
-            "try:\n    check_config('train', ['+regime=base', 'data.format=csv'], 'python train.py')\n"
-            "except SystemExit as e:\n    assert e.code == 2\n"
-            "heavy = sorted(m for m in ('torch', 'lightning', 'transformers', 'datasets') if m in sys.modules)\n"
-            "assert not heavy, heavy\nprint('ok')")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=offline_env(), capture_output=True,
-                       text=True, timeout=120)
+    code = (
+        "import sys; from bpd_train.cli import check_config\n"
+        "try:\n    check_config('train', ['+regime=base', 'data.format=csv'], 'python train.py')\n"
+        "except SystemExit as e:\n    assert e.code == 2\n"
+        "heavy = sorted(m for m in ('torch', 'lightning', 'transformers', 'datasets') if m in sys.modules)\n"
+        "assert not heavy, heavy\nprint('ok')"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=offline_env(), capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
@@ -96,8 +148,11 @@ def test_valid_values_pass(tmp_path):
 
     check_config("evaluate", ["evaluate.bleu_sentences=all", "decode.dtype=int8"], "python evaluate.py")
     check_config("evaluate", ["evaluate.bleu_sentences=200", "decode=greedy"], "python evaluate.py")
-    check_config("train", ["+regime=both", "experiment=smoke", "regime.head_loss=weighted", "data.format=jsonl"],
-                 "python train.py")
+    check_config(
+        "train",
+        ["+regime=both", "experiment=smoke", "regime.head_loss=weighted", "data.format=jsonl"],
+        "python train.py",
+    )
     check_config("train", ["+regime=base", "trainer=cpu"], "python train.py")
     check_config("train", ["+regime=base", "data=local", f"data.path={tmp_path}", "trainer=cpu"], "python train.py")
     check_config("export", ["export.format=vllm"], "python export.py")

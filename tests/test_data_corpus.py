@@ -1,4 +1,5 @@
 """Corpus loading: the bundled Bible corpus, every local format, the wmt14 code path offline, bad input."""
+
 import gzip
 import importlib.util
 import json
@@ -16,15 +17,23 @@ BIBLE = REPO / "data" / "bible-en-fr"
 
 
 def _cfg(tmp_path, **kw):
-    base = {"name": "t", "format": "jsonl", "path": str(tmp_path), "src_lang": "en", "tgt_lang": "fr",
-            "splits": {"train": "train.jsonl"}, "on_bad_line": "error"}
+    base = {
+        "name": "t",
+        "format": "jsonl",
+        "path": str(tmp_path),
+        "src_lang": "en",
+        "tgt_lang": "fr",
+        "splits": {"train": "train.jsonl"},
+        "on_bad_line": "error",
+    }
     base.update(kw)
     return OmegaConf.create(base)
 
 
 def _jsonl(path, rows):
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows),
-                    encoding="utf-8")
+    path.write_text(
+        "".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows), encoding="utf-8"
+    )
 
 
 def _pair(i, en="hello", fr="bonjour"):
@@ -52,8 +61,10 @@ def test_bundled_corpus_schema_and_book_split(tmp_path):
     assert not books["validation"] & books["test"]
     ex = ds["train"][0]
     assert ex["id"] == "1.1.1"
-    assert ex["translation"] == {"en": "In the beginning God created the heavens and the earth.",
-                                 "fr": "Au commencement, Dieu créa les cieux et la terre."}
+    assert ex["translation"] == {
+        "en": "In the beginning God created the heavens and the earth.",
+        "fr": "Au commencement, Dieu créa les cieux et la terre.",
+    }
 
 
 def test_bundled_files_are_reproducible_gzip():
@@ -76,14 +87,20 @@ def _prepare_module():
 
 def test_prepare_bible_cleaning_and_deterministic_gzip():
     m = _prepare_module()
-    assert m.clean_en("As an offering of first -[fruits] you shall offer them. the priest`s", 3, 2) == \
-        "As an offering of first-fruits you shall offer them. the priest's"
-    assert m.clean_en("Blessed are all those who take refuge in him. Psalm 3 A Psalm by David.", 19, 2) == \
-        "Blessed are all those who take refuge in him."
+    assert (
+        m.clean_en("As an offering of first -[fruits] you shall offer them. the priest`s", 3, 2)
+        == "As an offering of first-fruits you shall offer them. the priest's"
+    )
+    assert (
+        m.clean_en("Blessed are all those who take refuge in him. Psalm 3 A Psalm by David.", 19, 2)
+        == "Blessed are all those who take refuge in him."
+    )
     assert m.clean_en("Don`t utterly forsake me. BEIT", 19, 119) == "Don't utterly forsake me."
     assert m.clean_fr("(7:26) L'Éternel dit à Moïse:", 2, 1) == "L'Éternel dit à Moïse:"
-    assert m.clean_fr("(3:1) Psaume de David. (3:2) Éternel, que mes ennemis sont nombreux!", 19, 1) == \
-        "Éternel, que mes ennemis sont nombreux!"
+    assert (
+        m.clean_fr("(3:1) Psaume de David. (3:2) Éternel, que mes ennemis sont nombreux!", 19, 1)
+        == "Éternel, que mes ennemis sont nombreux!"
+    )
     rows = [{"id": "1.1.1", "translation": {"en": "a", "fr": "é"}}]
     assert m.gzip_jsonl(rows) == m.gzip_jsonl(rows)
     assert gzip.decompress(m.gzip_jsonl(rows)).decode() == '{"id": "1.1.1", "translation": {"en": "a", "fr": "é"}}\n'
@@ -106,7 +123,9 @@ def test_tsv_and_parallel_text(tmp_path):
 
     (tmp_path / "train.en").write_text("hello\nthanks\n", encoding="utf-8")
     (tmp_path / "train.fr").write_text("bonjour\nmerci\n", encoding="utf-8")
-    cfg = _cfg(tmp_path, format="parallel_text", splits={"train": "train", "test": {"en": "train.en", "fr": "train.fr"}})
+    cfg = _cfg(
+        tmp_path, format="parallel_text", splits={"train": "train", "test": {"en": "train.en", "fr": "train.fr"}}
+    )
     dd = load_corpus(cfg, cache_dir=tmp_path / "c")
     assert dd["train"]["translation"] == ds["translation"] == dd["test"]["translation"]
 
@@ -123,8 +142,9 @@ def test_cache_sees_edited_file(tmp_path):
 def test_wmt14_code_path_on_a_local_file(tmp_path):
     # Same schema as load_dataset("wmt14", "de-en"): translation {de, en}, no id column. Only the name differs.
     for split, n in (("train", 6), ("validation", 2), ("test", 3)):
-        _jsonl(tmp_path / f"{split}.jsonl", [{"translation": {"de": f"hallo {i}", "en": f"hello {i}"}}
-                                             for i in range(n)])
+        _jsonl(
+            tmp_path / f"{split}.jsonl", [{"translation": {"de": f"hallo {i}", "en": f"hello {i}"}} for i in range(n)]
+        )
     cfg = OmegaConf.load(REPO / "conf" / "data" / "wmt14_en_de.yaml")
     assert (cfg.format, cfg.hf_name, cfg.hf_config, cfg.src_lang, cfg.tgt_lang) == ("hf", "wmt14", "de-en", "en", "de")
     cfg.hf_name, cfg.hf_config = "json", None
@@ -142,10 +162,14 @@ def _bad_cases(tmp_path):
     good = [json.dumps(_pair(i)) for i in range(4)]
     return {
         "malformed": (good[:2] + ['{"translation": {"en": "x", "fr": '] + good[2:], r"train\.jsonl:3: malformed JSON"),
-        "empty_side": (good[:1] + [json.dumps({"translation": {"en": "x", "fr": "  "}})] + good[1:],
-                       r"train\.jsonl:2: empty 'fr' side"),
-        "unknown_lang": (good[:3] + [json.dumps({"translation": {"en": "x", "de": "y"}})] + good[3:],
-                         r"train\.jsonl:4: language key 'fr' not in translation \(keys: de, en\)"),
+        "empty_side": (
+            good[:1] + [json.dumps({"translation": {"en": "x", "fr": "  "}})] + good[1:],
+            r"train\.jsonl:2: empty 'fr' side",
+        ),
+        "unknown_lang": (
+            good[:3] + [json.dumps({"translation": {"en": "x", "de": "y"}})] + good[3:],
+            r"train\.jsonl:4: language key 'fr' not in translation \(keys: de, en\)",
+        ),
     }
 
 
@@ -192,8 +216,9 @@ def test_tsv_bad_fields_and_unknown_column_language(tmp_path):
     with pytest.raises(ValueError, match=r"train\.tsv:2: 1 tab-separated fields, expected 2"):
         load_corpus(_cfg(tmp_path, format="tsv", splits={"train": "train.tsv"}), cache_dir=tmp_path / "c")
     with pytest.raises(ValueError, match="no language key 'fr'"):
-        load_corpus(_cfg(tmp_path, format="tsv", columns=["en", "de"], splits={"train": "train.tsv"}),
-                    cache_dir=tmp_path / "c")
+        load_corpus(
+            _cfg(tmp_path, format="tsv", columns=["en", "de"], splits={"train": "train.tsv"}), cache_dir=tmp_path / "c"
+        )
 
 
 def test_many_bad_lines_one_error_with_count(tmp_path):

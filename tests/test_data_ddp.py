@@ -1,4 +1,5 @@
 """Two real DDP ranks (gloo, CPU) in a subprocess: each epoch every example exactly once, equal batch counts."""
+
 import json
 import os
 import subprocess
@@ -9,7 +10,7 @@ import pytest
 
 import bpd_train
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, os, sys
     import lightning.pytorch as pl, torch
     from omegaconf import OmegaConf
@@ -43,7 +44,7 @@ SCRIPT = textwrap.dedent('''
     t.fit(m, datamodule=dm)
     with open(f"{out}.{t.global_rank}", "w") as f:
         json.dump({"seen": m.seen, "vseen": m.vseen, "rows": list(dm.datasets["train"]["row"])}, f)
-''')
+""")
 
 
 @pytest.mark.slow
@@ -51,8 +52,14 @@ def test_two_ddp_ranks_shard_exactly_once(tmp_path):
     script = tmp_path / "ddp_run.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(bpd_train.REPO_ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), str(tmp_path / "art"),
-                           str(tmp_path / "hf")], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out"), str(tmp_path / "art"), str(tmp_path / "hf")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
     rows = sorted(ranks[0]["rows"])

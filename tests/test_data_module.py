@@ -1,4 +1,5 @@
 """BPDDataModule: batches, ranks from the trainer, distilled source, and mid-epoch resume through Lightning."""
+
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -53,7 +54,7 @@ def test_batches(cfg, dirs):
         # tgt_out is tgt_in shifted left by one, ending in eos
         n = (b["tgt_out"] != 0).sum(1)
         for r in range(B):
-            assert torch.equal(b["tgt_in"][r, 1: n[r]], b["tgt_out"][r, : n[r] - 1])
+            assert torch.equal(b["tgt_in"][r, 1 : n[r]], b["tgt_out"][r, : n[r] - 1])
         seen += b["idx"].tolist()
     assert sorted(seen) == sorted(dm.datasets["train"]["row"])
     val = [i for b in dm.val_dataloader() for i in b["idx"].tolist()]
@@ -88,9 +89,16 @@ def test_ranks_come_from_the_trainer(cfg, dirs):
 def test_distilled_source_uses_teacher_ids(cfg, dirs, monkeypatch):
     gold = _dm(cfg, dirs)
     tok = gold.tokenizer
-    rows = [{"id": str(i), "translation": {"en": f"word {i}", "fr": f"teacher {i}"},
-             "teacher_ids": tok.encode(f"mot {i}") + [tok.eos_id], "teacher_score": -1.0, "gold": "x"}
-            for i in range(20)]
+    rows = [
+        {
+            "id": str(i),
+            "translation": {"en": f"word {i}", "fr": f"teacher {i}"},
+            "teacher_ids": tok.encode(f"mot {i}") + [tok.eos_id],
+            "teacher_score": -1.0,
+            "gold": "x",
+        }
+        for i in range(20)
+    ]
     rows[3]["teacher_ids"] = [tok.eos_id]  # an empty translation: dropped by min_len and counted
     monkeypatch.setattr(distilled_mod, "find_distilled_corpus", lambda d: Path(d) / "distill" / "t1")
     monkeypatch.setattr(distilled_mod, "read_manifest", lambda d: {"tokenizer_hash": tok.hash})
@@ -109,9 +117,16 @@ def test_distilled_source_uses_teacher_ids(cfg, dirs, monkeypatch):
 def test_mixed_source_adds_gold_pairs_at_the_share(cfg, dirs, monkeypatch):
     gold = _dm(cfg, dirs)
     tok = gold.tokenizer
-    rows = [{"id": str(i), "translation": {"en": f"word {i}", "fr": f"teacher {i}"},
-             "teacher_ids": tok.encode(f"mot {i}") + [tok.eos_id], "teacher_score": -1.0, "gold": "x"}
-            for i in range(30)]
+    rows = [
+        {
+            "id": str(i),
+            "translation": {"en": f"word {i}", "fr": f"teacher {i}"},
+            "teacher_ids": tok.encode(f"mot {i}") + [tok.eos_id],
+            "teacher_score": -1.0,
+            "gold": "x",
+        }
+        for i in range(30)
+    ]
     monkeypatch.setattr(distilled_mod, "find_distilled_corpus", lambda d: Path(d) / "distill" / "t1")
     monkeypatch.setattr(distilled_mod, "read_manifest", lambda d: {"tokenizer_hash": tok.hash})
     monkeypatch.setattr(distilled_mod, "load_distilled_corpus", lambda d, vocab_size=None: Dataset.from_list(rows))
@@ -123,7 +138,7 @@ def test_mixed_source_adds_gold_pairs_at_the_share(cfg, dirs, monkeypatch):
         assert [r["tgt"] for r in train.select(range(30))] == [tok.encode(f"mot {i}") for i in range(30)]
         extra = [train[i] for i in range(30, len(train))]
         assert all(gold_pairs[tuple(r["src"])] == r["tgt"] for r in extra)  # gold pairs with gold targets
-        assert len({tuple(r["src"]) for r in extra}) == n_gold              # drawn without replacement
+        assert len({tuple(r["src"]) for r in extra}) == n_gold  # drawn without replacement
     again = _dm(cfg, dirs, source="mixed", gold_share=0.5).datasets["train"]["src"]
     assert again == _dm(cfg, dirs, source="mixed", gold_share=0.5).datasets["train"]["src"]  # seeded
     seen = [i for b in _dm(cfg, dirs, source="mixed", gold_share=0.5).train_dataloader() for i in b["idx"].tolist()]
@@ -150,10 +165,20 @@ class _Recorder(pl.LightningModule):
 def _fit(dm, root, ckpt_path=None, every=None):
     model = _Recorder()
     cbs = [ModelCheckpoint(dirpath=root, every_n_train_steps=every, save_top_k=-1, filename="{step}")] if every else []
-    trainer = pl.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-                         enable_checkpointing=bool(every), callbacks=cbs, default_root_dir=root,
-                         use_distributed_sampler=False)
+    trainer = pl.Trainer(
+        max_epochs=3,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_checkpointing=bool(every),
+        callbacks=cbs,
+        default_root_dir=root,
+        use_distributed_sampler=False,
+    )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     return model.seen
 
@@ -166,7 +191,7 @@ def test_lightning_mid_epoch_resume(cfg, dirs, tmp_path, num_workers):
     full = _fit(dm, tmp_path, every=1)
     assert len(full) == 3 * per_epoch
     assert [e for e, _ in full] == [e for e in range(3) for _ in range(per_epoch)]
-    epochs = [[idx for _, idx in full[e * per_epoch: (e + 1) * per_epoch]] for e in range(3)]
+    epochs = [[idx for _, idx in full[e * per_epoch : (e + 1) * per_epoch]] for e in range(3)]
     assert epochs[0] != epochs[1] != epochs[2]  # Lightning's set_epoch reaches the sampler: reshuffled
     assert all(sorted(i for b in ep for i in b) == sorted(dm.datasets["train"]["row"]) for ep in epochs)
 
@@ -203,8 +228,10 @@ def test_evaluation_rows_the_model_cannot_read_are_left_out_and_counted(cfg, dir
     val = dm.datasets["validation"]
     assert 0 < len(val) < 60 and max(val["length"]) <= 80
     n = dm.stats["validation"]["dropped"]["max_len"]
-    assert n == 60 - len(val) and f"validation: left out {n} of 60 rows longer than data.filter.max_len=80" in caplog.text
-    assert len(_dm(cfg, dirs).datasets["validation"]) == 60   # the default max_len keeps every bundled row
+    assert (
+        n == 60 - len(val) and f"validation: left out {n} of 60 rows longer than data.filter.max_len=80" in caplog.text
+    )
+    assert len(_dm(cfg, dirs).datasets["validation"]) == 60  # the default max_len keeps every bundled row
 
 
 def test_regime_refuses_a_gold_share_that_leaves_no_teacher_pairs():

@@ -1,6 +1,7 @@
 """A user's own corpus in one line: split files found by name and format, flat jsonl, tsv with a header, validation
 and test carved from a lone train file, a default corpus name that cannot collide, any `datasets` dataset (a local
 dataset folder, offline), and duplicate example ids refused."""
+
 import json
 import re
 import subprocess
@@ -66,13 +67,16 @@ def test_split_from_train_keeps_a_split_that_has_a_file(tmp_path):
     assert {k: len(v) for k, v in c.items()} == {"train": 25, "validation": 2, "test": 5}
 
 
-@pytest.mark.parametrize("setup, pattern", [
-    ("tsv files, jsonl asked", r"no train file .*looked for train\.jsonl.*found train\.tsv \(data\.format=tsv\)"),
-    ("no validation", r"no validation split .*data\.split_from_train=N"),
-    ("no path", r"data\.path is not set"),
-    ("other keys", r"no 'translation' object and no 'en'/'fr' keys \(keys: source, target\).*data\.columns"),
-    ("duplicate ids", r"split 'train' has duplicate example ids \(2: '0', '1'\)"),
-])
+@pytest.mark.parametrize(
+    "setup, pattern",
+    [
+        ("tsv files, jsonl asked", r"no train file .*looked for train\.jsonl.*found train\.tsv \(data\.format=tsv\)"),
+        ("no validation", r"no validation split .*data\.split_from_train=N"),
+        ("no path", r"data\.path is not set"),
+        ("other keys", r"no 'translation' object and no 'en'/'fr' keys \(keys: source, target\).*data\.columns"),
+        ("duplicate ids", r"split 'train' has duplicate example ids \(2: '0', '1'\)"),
+    ],
+)
 def test_own_corpus_mistakes_are_named(tmp_path, setup, pattern):
     cfg = _cfg(path=str(tmp_path), split_from_train=2)
     if setup == "tsv files, jsonl asked":
@@ -94,10 +98,13 @@ def test_own_corpus_mistakes_are_named(tmp_path, setup, pattern):
 
 def test_jsonl_columns_map_other_keys(tmp_path):
     _jsonl(tmp_path / "train.jsonl", [{"source": r["en"], "target": r["fr"]} for r in ROWS])
-    c = load_corpus(_cfg(path=str(tmp_path / "train.jsonl"), columns={"en": "source", "fr": "target"},
-                         split_from_train=3), cache_dir=tmp_path / "cache")
-    assert sorted(_pairs(c["train"]) + _pairs(c["validation"]) + _pairs(c["test"])) == \
-        sorted((r["en"], r["fr"]) for r in ROWS)
+    c = load_corpus(
+        _cfg(path=str(tmp_path / "train.jsonl"), columns={"en": "source", "fr": "target"}, split_from_train=3),
+        cache_dir=tmp_path / "cache",
+    )
+    assert sorted(_pairs(c["train"]) + _pairs(c["validation"]) + _pairs(c["test"])) == sorted(
+        (r["en"], r["fr"]) for r in ROWS
+    )
 
 
 def test_any_datasets_dataset_from_a_local_folder(tmp_path):
@@ -105,12 +112,15 @@ def test_any_datasets_dataset_from_a_local_folder(tmp_path):
     # text columns are named in data.columns; its own split names are used, the missing test split is carved
     import datasets
 
-    datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"src": [r["en"] for r in ROWS], "tgt": [r["fr"] for r in ROWS]}),
-        "dev": datasets.Dataset.from_dict({"src": ["hello"], "tgt": ["bonjour"]}),
-    }).save_to_disk(str(tmp_path / "ds"))
-    cfg = _cfg(format="hf", hf_name=str(tmp_path / "ds"), columns={"en": "src", "fr": "tgt"},
-               split_from_train={"test": 5})
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"src": [r["en"] for r in ROWS], "tgt": [r["fr"] for r in ROWS]}),
+            "dev": datasets.Dataset.from_dict({"src": ["hello"], "tgt": ["bonjour"]}),
+        }
+    ).save_to_disk(str(tmp_path / "ds"))
+    cfg = _cfg(
+        format="hf", hf_name=str(tmp_path / "ds"), columns={"en": "src", "fr": "tgt"}, split_from_train={"test": 5}
+    )
     c = load_corpus(cfg, cache_dir=tmp_path / "cache")
     assert {k: len(v) for k, v in c.items()} == {"train": 25, "validation": 1, "test": 5}
     assert _pairs(c["validation"]) == [("hello", "bonjour")]
@@ -120,8 +130,11 @@ def test_any_datasets_builder_by_name_and_config(tmp_path):
     # load_dataset("json", data_files=...): a builder by name with its arguments, flat language columns
     _jsonl(tmp_path / "tr.jsonl", ROWS)
     _jsonl(tmp_path / "va.jsonl", ROWS[:2])
-    cfg = _cfg(format="hf", hf_name="json", hf_kwargs={"data_files": {"train": str(tmp_path / "tr.jsonl"),
-                                                                      "validation": str(tmp_path / "va.jsonl")}})
+    cfg = _cfg(
+        format="hf",
+        hf_name="json",
+        hf_kwargs={"data_files": {"train": str(tmp_path / "tr.jsonl"), "validation": str(tmp_path / "va.jsonl")}},
+    )
     c = load_corpus(cfg, cache_dir=tmp_path / "cache")
     assert _pairs(c["validation"]) == [(r["en"], r["fr"]) for r in ROWS[:2]] and len(c["train"]) == 30
 
@@ -141,9 +154,18 @@ def test_default_corpus_name_cannot_collide(tmp_path):
 
 
 def _train(tmp_path, *overrides):
-    cmd = [sys.executable, str(REPO_ROOT / "train.py"), "+regime=base", "experiment=smoke", "data=local",
-           "trainer.max_steps=2", "trainer.val_check_interval=2", f"paths.artifacts={tmp_path}/art",
-           f"hydra.run.dir={tmp_path}/hydra", *overrides]
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "train.py"),
+        "+regime=base",
+        "experiment=smoke",
+        "data=local",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        f"paths.artifacts={tmp_path}/art",
+        f"hydra.run.dir={tmp_path}/hydra",
+        *overrides,
+    ]
     return subprocess.run(cmd, cwd=tmp_path, env=offline_env(), capture_output=True, text=True, timeout=300)
 
 
@@ -157,8 +179,9 @@ def _bible_rows(n):
 def test_own_tsv_corpus_trains_in_one_line(tmp_path):
     # the issue's command: a folder, a format, two languages; here a single tsv file with a header
     rows = _bible_rows(400)
-    (tmp_path / "corpus.tsv").write_text("en\tfr\n" + "".join(f"{r['en']}\t{r['fr']}\n" for r in rows),
-                                         encoding="utf-8")
+    (tmp_path / "corpus.tsv").write_text(
+        "en\tfr\n" + "".join(f"{r['en']}\t{r['fr']}\n" for r in rows), encoding="utf-8"
+    )
     r = _train(tmp_path, f"data.path={tmp_path / 'corpus.tsv'}", "data.format=tsv", "data.split_from_train=16")
     assert r.returncode == 0, r.stderr[-3000:]
     runs = list((tmp_path / "art").glob("corpus-en-fr-*/base/checkpoints/last.ckpt"))

@@ -1,4 +1,5 @@
 """TokenBucketBatchSampler invariants (exactly once, budget, equal batch counts per rank, resume) and collate."""
+
 import numpy as np
 import pytest
 import torch

@@ -1,4 +1,5 @@
 """Joint sentencepiece: special ids, round trip, small corpora, cache reuse keyed by corpus + settings."""
+
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,8 @@ def test_train_roundtrip_and_cache_reuse(bible_cfg, corpus, tmp_path, monkeypatc
     tok3 = get_tokenizer(bible_cfg, tmp_path, corpus["train"].select(range(400)))
     assert tok3.path.parent != tok.path.parent
     assert sorted(p.name for p in (tmp_path / "bible_en_fr" / "spm").iterdir()) == sorted(
-        {tok.path.parent.name, tok2.path.parent.name, tok3.path.parent.name})  # no temp folders left
+        {tok.path.parent.name, tok2.path.parent.name, tok3.path.parent.name}
+    )  # no temp folders left
 
 
 def test_pickles_by_path(bible_cfg, corpus, tmp_path):
@@ -68,8 +70,9 @@ def test_pickles_by_path(bible_cfg, corpus, tmp_path):
 @pytest.mark.parametrize("model_type", ["bpe", "char"])
 def test_other_model_types_on_a_tiny_corpus(tmp_path, model_type):
     ds = Dataset.from_dict({"translation": [{"en": f"the cat sat {i}", "fr": f"le chat {i}"} for i in range(30)]})
-    cfg = OmegaConf.create({"name": "tiny", "src_lang": "en", "tgt_lang": "fr",
-                            "spm": {"vocab_size": 60, "model_type": model_type}})
+    cfg = OmegaConf.create(
+        {"name": "tiny", "src_lang": "en", "tgt_lang": "fr", "spm": {"vocab_size": 60, "model_type": model_type}}
+    )
     tok = get_tokenizer(cfg, tmp_path, ds)
     assert tok.decode(tok.encode("le chat 7")) == "le chat 7"
 
@@ -97,7 +100,7 @@ def test_tokenize_filters_train_and_logs_counts(bible_cfg, corpus, tmp_path, cap
     assert len(val) == len(corpus["validation"]) - vstats["dropped"]["max_len"] and max(val["length"]) <= 40
     assert val["src"] == val2["src"] and val["tgt"] == val2["tgt"]
     whole, wstats = tokenize_split(corpus["validation"], tok, bible_cfg, "validation", num_proc=1)
-    assert len(whole) == len(corpus["validation"]) and wstats["dropped"]["max_len"] == 0   # the default max_len
+    assert len(whole) == len(corpus["validation"]) and wstats["dropped"]["max_len"] == 0  # the default max_len
 
 
 def test_tokenization_is_cached_by_datasets(bible_cfg, corpus, tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """Decoders: blockwise == greedy, acceptance rules, beam search against a known table, batch independence,
 bad inputs."""
+
 import collections
 import math
 
@@ -21,8 +22,18 @@ def random_model(k, seed, vocab=7, std=0.08, eos_bias=0.5, scale=2.5, chain=Fals
     decoder weights makes outputs less repetitive; the EOS bias makes rows end at different places.
     chain: chained heads (config.head_chain), their token maps and FFN outputs perturbed alike."""
     torch.manual_seed(seed)
-    cfg = BPDConfig(vocab_size=vocab, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=2, d_ff=32,
-                    block_size=k, dropout=0.0, max_positions=64, head_chain=chain and k > 1)
+    cfg = BPDConfig(
+        vocab_size=vocab,
+        d_model=16,
+        n_heads=2,
+        n_encoder_layers=1,
+        n_decoder_layers=2,
+        d_ff=32,
+        block_size=k,
+        dropout=0.0,
+        max_positions=64,
+        head_chain=chain and k > 1,
+    )
     m = BPDModel(cfg).eval()
     with torch.no_grad():
         if m.heads is not None and chain:
@@ -42,7 +53,7 @@ def random_sources(batch, seed, vocab=7, max_src=9):
     lens = torch.randint(1, max_src + 1, (batch,), generator=g).tolist()
     src = torch.zeros(batch, max(lens), dtype=torch.long)
     for i, n in enumerate(lens):
-        src[i, :n - 1] = torch.randint(3, vocab, (n - 1,), generator=g)
+        src[i, : n - 1] = torch.randint(3, vocab, (n - 1,), generator=g)
         src[i, n - 1] = EOS
     return src
 
@@ -139,11 +150,11 @@ class OracleModel(nn.Module):
         return out.view(r, n, self.k * self.v)
 
     def head_logits(self, h, i):
-        return h[..., i * self.v:(i + 1) * self.v]
+        return h[..., i * self.v : (i + 1) * self.v]
 
     def heads_logits(self, h, lo=0, hi=None):
         hi = self.k if hi is None else hi
-        return h[..., lo * self.v:hi * self.v].reshape(*h.shape[:-1], hi - lo, self.v)
+        return h[..., lo * self.v : hi * self.v].reshape(*h.shape[:-1], hi - lo, self.v)
 
 
 class _FakeWeights:
@@ -211,7 +222,7 @@ def test_blockwise_bookkeeping_step_by_step():
     src = torch.tensor([[i, EOS] for i in range(4)])
     together = blockwise(m, src, max_len=50)
     assert together.tokens == [s[:-1] for s in scripts.values()] == greedy(m, src, max_len=50).tokens
-    alone = [blockwise(m, src[i:i + 1], max_len=50) for i in range(4)]
+    alone = [blockwise(m, src[i : i + 1], max_len=50) for i in range(4)]
     assert together.tokens == [a.tokens[0] for a in alone]
     merged = sum((collections.Counter(a.accepted_hist) for a in alone), collections.Counter())
     assert together.accepted_hist == dict(merged)
@@ -237,11 +248,11 @@ class TableModel(nn.Module):
 
     def decode(self, state, tokens, kv_len=None):
         n = tokens.shape[1]
-        state.buf[:, state.lengths:state.lengths + n] = tokens
+        state.buf[:, state.lengths : state.lengths + n] = tokens
         out = torch.full((tokens.shape[0], n, self.vocab), -1e9)
         for r in range(tokens.shape[0]):
             for j in range(n):
-                prefix = tuple(state.buf[r, 1:state.lengths + j + 1].tolist())
+                prefix = tuple(state.buf[r, 1 : state.lengths + j + 1].tolist())
                 for tok, p in self.table.get(prefix, {EOS: 1.0}).items():
                     out[r, j, tok] = math.log(p)
         return out
@@ -299,17 +310,21 @@ def test_results_do_not_depend_on_batch_composition_or_padding():
     src = random_sources(7, seed=42)
     wide = torch.cat([src, torch.zeros(7, 5, dtype=torch.long)], 1)  # extra padding columns
     perm = torch.randperm(7, generator=torch.Generator().manual_seed(0))
-    for decode in (lambda s: greedy(m, s, max_len=(1.5, 3)),
-                   lambda s: blockwise(m, s, max_len=(1.5, 3)),
-                   lambda s: blockwise(m, s, block_size=3, accept=TopK(2), max_len=(1.5, 3)),
-                   lambda s: beam_search(m, s, beam_size=3, max_len=(1.5, 3))):
+    for decode in (
+        lambda s: greedy(m, s, max_len=(1.5, 3)),
+        lambda s: blockwise(m, s, max_len=(1.5, 3)),
+        lambda s: blockwise(m, s, block_size=3, accept=TopK(2), max_len=(1.5, 3)),
+        lambda s: beam_search(m, s, beam_size=3, max_len=(1.5, 3)),
+    ):
         together = decode(src).tokens
-        alone = [decode(src[i:i + 1, :int((src[i] != 0).sum())]).tokens[0] for i in range(7)]
+        alone = [decode(src[i : i + 1, : int((src[i] != 0).sum())]).tokens[0] for i in range(7)]
         assert together == alone
         assert decode(wide).tokens == together
         assert decode(src[perm]).tokens == [together[i] for i in perm.tolist()]
     # lists of id lists are accepted too
-    assert greedy(m, [r[r != 0].tolist() for r in src], max_len=(1.5, 3)).tokens == greedy(m, src, max_len=(1.5, 3)).tokens
+    assert (
+        greedy(m, [r[r != 0].tolist() for r in src], max_len=(1.5, 3)).tokens == greedy(m, src, max_len=(1.5, 3)).tokens
+    )
 
 
 def test_bad_inputs_raise_value_errors():
@@ -353,7 +368,10 @@ def test_decoders_on_cuda_match_cpu():
     mc = m.cuda()
     assert greedy(mc, src.cuda(), max_len=20).tokens == cpu
     assert blockwise(mc, src.cuda(), max_len=20).tokens == cpu
-    assert beam_search(mc, src, beam_size=2, max_len=20).tokens == beam_search(m.cpu(), src, beam_size=2, max_len=20).tokens
+    assert (
+        beam_search(mc, src, beam_size=2, max_len=20).tokens
+        == beam_search(m.cpu(), src, beam_size=2, max_len=20).tokens
+    )
 
 
 @pytest.mark.parametrize("copy", ["native", "torch"])

@@ -1,4 +1,5 @@
 """Distillation bookkeeping without a model: worker detection, shard plan, manifest, verify, find/load."""
+
 import json
 
 import pytest
@@ -28,20 +29,46 @@ SETTINGS = TeacherSettings("a" * 64, "b" * 64, 4, 0.6, [1.5, 10], "train", "en",
 
 # ------------------------------------------------------------------------------------------- workers
 
-@pytest.mark.parametrize("env,expect", [
-    ({}, (0, 1)),
-    ({"RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1"}, (1, 3)),
-    ({"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0"}, (2, 4)),
-    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "1"}, (0, 1)),  # the batch script
-    ({"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "8", "SLURM_ARRAY_TASK_MIN": "0"}, (5, 8)),
-    ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "1",
-      "SLURM_ARRAY_TASK_MAX": "3"}, (2, 3)),
-    ({"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "0",
-      "SLURM_ARRAY_TASK_MAX": "4"}, (2, 3)),  # --array=0-4:2
-    ({"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_MIN": "0",
-      "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, (3, 4)),  # array task x srun rank
-    ({"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, (0, 2)),  # torchrun wins
-])
+
+@pytest.mark.parametrize(
+    "env,expect",
+    [
+        ({}, (0, 1)),
+        ({"RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1"}, (1, 3)),
+        ({"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0"}, (2, 4)),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "1"}, (0, 1)),  # the batch script
+        ({"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "8", "SLURM_ARRAY_TASK_MIN": "0"}, (5, 8)),
+        (
+            {
+                "SLURM_ARRAY_TASK_ID": "3",
+                "SLURM_ARRAY_TASK_COUNT": "3",
+                "SLURM_ARRAY_TASK_MIN": "1",
+                "SLURM_ARRAY_TASK_MAX": "3",
+            },
+            (2, 3),
+        ),
+        (
+            {
+                "SLURM_ARRAY_TASK_ID": "4",
+                "SLURM_ARRAY_TASK_COUNT": "3",
+                "SLURM_ARRAY_TASK_MIN": "0",
+                "SLURM_ARRAY_TASK_MAX": "4",
+            },
+            (2, 3),
+        ),  # --array=0-4:2
+        (
+            {
+                "SLURM_ARRAY_TASK_ID": "1",
+                "SLURM_ARRAY_TASK_COUNT": "2",
+                "SLURM_ARRAY_TASK_MIN": "0",
+                "SLURM_PROCID": "1",
+                "SLURM_NTASKS": "2",
+            },
+            (3, 4),
+        ),  # array task x srun rank
+        ({"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, (0, 2)),  # torchrun wins
+    ],
+)
 def test_detect_worker(env, expect):
     w = detect_worker(env)
     assert (w.index, w.count) == expect
@@ -66,6 +93,7 @@ def test_every_shard_exactly_once(n_shards, workers):
 
 # ---------------------------------------------------------------------------------------------- plan
 
+
 def test_plan_and_teacher_id():
     ids = [f"x{i}" for i in range(23)]
     shards = plan_shards(ids, 10)
@@ -74,8 +102,15 @@ def test_plan_and_teacher_id():
     assert shards[2]["file"] == "shard-00002-of-00003.jsonl"
     tid = SETTINGS.teacher_id
     assert tid.startswith("train-b4-a0.6-") and tid == TeacherSettings(*SETTINGS.__dict__.values()).teacher_id
-    for change in ({"teacher_sha256": "c" * 64}, {"tokenizer_hash": "d" * 64}, {"beam_size": 5},
-                   {"length_penalty": 1.0}, {"max_len": 200}, {"split": "validation"}, {"tgt_lang": "de"}):
+    for change in (
+        {"teacher_sha256": "c" * 64},
+        {"tokenizer_hash": "d" * 64},
+        {"beam_size": 5},
+        {"length_penalty": 1.0},
+        {"max_len": 200},
+        {"split": "validation"},
+        {"tgt_lang": "de"},
+    ):
         assert TeacherSettings(**{**SETTINGS.__dict__, **change}).teacher_id != tid, change
 
 
@@ -102,8 +137,15 @@ def test_check_compatible(tmp_path):
     ids = [str(i) for i in range(5)]
     m = new_manifest(SETTINGS, ids, 2, corpus="c", teacher_path="t", limit=None, command="python distill.py")
     check_compatible(m, json.loads(json.dumps(m)), tmp_path)
-    other = new_manifest(TeacherSettings(**{**SETTINGS.__dict__, "teacher_sha256": "f" * 64}), ids, 2,
-                         corpus="c", teacher_path="t2", limit=None, command="x")
+    other = new_manifest(
+        TeacherSettings(**{**SETTINGS.__dict__, "teacher_sha256": "f" * 64}),
+        ids,
+        2,
+        corpus="c",
+        teacher_path="t2",
+        limit=None,
+        command="x",
+    )
     with pytest.raises(DistillError, match="another teacher.*teacher_sha256"):
         check_compatible(m, other, tmp_path)
     fewer = new_manifest(SETTINGS, ids[:3], 2, corpus="c", teacher_path="t", limit=3, command="x")
@@ -112,8 +154,16 @@ def test_check_compatible(tmp_path):
 
 
 def test_command_from_overrides():
-    cmd = command_from_overrides(["experiment=smoke", "distill.worker_index=1", "distill.limit=5",
-                                  "distill.action=run", "hydra.run.dir=x", "distill.teacher=/a b"])
+    cmd = command_from_overrides(
+        [
+            "experiment=smoke",
+            "distill.worker_index=1",
+            "distill.limit=5",
+            "distill.action=run",
+            "hydra.run.dir=x",
+            "distill.teacher=/a b",
+        ]
+    )
     assert cmd == "python distill.py experiment=smoke distill.limit=5 'distill.teacher=/a b'"
     assert command_from_overrides(["num_threads=1", "distill.limit=5"]) == "python distill.py distill.limit=5"
 
@@ -132,21 +182,34 @@ def test_num_threads_is_one_override_for_every_entry_point():
 
 # ------------------------------------------------------------------------------------ verify / load
 
+
 def _record(i):
     hyp = f"the teacher says hyp {i} here"
-    return {"id": i, "translation": {"en": f"src {i}", "fr": hyp}, "teacher_ids": [5, 6], "teacher_score": -1.5,
-            "gold": hyp if int(i.split(".")[-1]) % 2 else f"gold {i}"}
+    return {
+        "id": i,
+        "translation": {"en": f"src {i}", "fr": hyp},
+        "teacher_ids": [5, 6],
+        "teacher_score": -1.5,
+        "gold": hyp if int(i.split(".")[-1]) % 2 else f"gold {i}",
+    }
 
 
 def _fake_corpus(root, n=7, shard_size=3, write=True):
     ids = [f"1.1.{i}" for i in range(n)]
     out = root / "bible" / "distill" / SETTINGS.teacher_id
-    m = new_manifest(SETTINGS, ids, shard_size, corpus="bible", teacher_path="t", limit=None,
-                     command="python distill.py experiment=smoke")
+    m = new_manifest(
+        SETTINGS,
+        ids,
+        shard_size,
+        corpus="bible",
+        teacher_path="t",
+        limit=None,
+        command="python distill.py experiment=smoke",
+    )
     write_manifest(out, m)
     if write:
         for s in m["shards"]:
-            write_shard(out / s["file"], [_record(i) for i in ids[s["start"]: s["stop"]]])
+            write_shard(out / s["file"], [_record(i) for i in ids[s["start"] : s["stop"]]])
     return out, m, ids
 
 
@@ -242,17 +305,29 @@ def test_find_self_corpus_takes_only_that_models_greedy_output(tmp_path):
     me, other = "c" * 64, "d" * 64
 
     def corpus(name, sha, beam, complete=True, **extra):
-        m = {"teacher_sha256": sha, "beam_size": beam, "split": "train", "complete": complete,
-             "teacher_path": f"/runs/{name}", "num_shards": 1, "num_done_shards": int(complete), "shards": [],
-             "format": FORMAT_VERSION, **extra}
+        m = {
+            "teacher_sha256": sha,
+            "beam_size": beam,
+            "split": "train",
+            "complete": complete,
+            "teacher_path": f"/runs/{name}",
+            "num_shards": 1,
+            "num_done_shards": int(complete),
+            "shards": [],
+            "format": FORMAT_VERSION,
+            **extra,
+        }
         write_manifest(root / name, m)
         return root / name
 
     beam4 = corpus("mine-beam4", me, 4)
     corpus("other-greedy", other, 1)
     corpus("mine-sampled", me, 1, kind="lm", temperature=0.7)
-    with pytest.raises(DistillError, match=r"no corpus of /runs/me's own greedy output.*teacher=/runs/me "
-                                           r"distill.beam_size=1"):
+    with pytest.raises(
+        DistillError,
+        match=r"no corpus of /runs/me's own greedy output.*teacher=/runs/me "
+        r"distill.beam_size=1",
+    ):
         find_self_corpus(tmp_path / "bible", me, model="/runs/me")
     half = corpus("mine-greedy", me, 1, complete=False)
     with pytest.raises(DistillError, match="not complete"):
@@ -260,8 +335,11 @@ def test_find_self_corpus_takes_only_that_models_greedy_output(tmp_path):
     done = corpus("mine-greedy", me, 1)
     assert done == half and find_self_corpus(tmp_path / "bible", me, model="/runs/me") == done
     assert find_self_corpus(tmp_path / "bible", me, model="/runs/me", given=done) == done
-    with pytest.raises(DistillError, match=r"mine-beam4 is not /runs/me's own greedy output \(teacher /runs/mine-beam4, "
-                                           r"beam 4\)"):
+    with pytest.raises(
+        DistillError,
+        match=r"mine-beam4 is not /runs/me's own greedy output \(teacher /runs/mine-beam4, "
+        r"beam 4\)",
+    ):
         find_self_corpus(tmp_path / "bible", me, model="/runs/me", given=beam4)
     corpus("mine-greedy-2", me, 1)
     with pytest.raises(DistillError, match="2 complete corpora.*regime.distilled_dir"):

@@ -1,6 +1,7 @@
 """Distillation runs on the bundled corpus with a tiny teacher: manifest, resume after SIGKILL, ranks and array
 tasks equal one process, every bad input. A random tiny teacher keeps these fast; the smoke test at the end
 uses the real smoke base model (session fixture `smoke_base`)."""
+
 import gzip
 import json
 import os
@@ -34,8 +35,14 @@ N, SHARD = 40, 8  # 5 shards
 
 
 def offline_env(**extra):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        WANDB_MODE="offline",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
     env.update(extra)
     return env
 
@@ -44,8 +51,18 @@ def _spm(path: Path, texts: list[str], vocab: int) -> Path:
     import sentencepiece as spm
 
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_prefix=str(path / "spm"), vocab_size=vocab, model_type="unigram",
-        pad_id=0, bos_id=1, eos_id=2, unk_id=3, hard_vocab_limit=False, minloglevel=2, num_threads=1)
+        sentence_iterator=iter(texts),
+        model_prefix=str(path / "spm"),
+        vocab_size=vocab,
+        model_type="unigram",
+        pad_id=0,
+        bos_id=1,
+        eos_id=2,
+        unk_id=3,
+        hard_vocab_limit=False,
+        minloglevel=2,
+        num_threads=1,
+    )
     return path / "spm.model"
 
 
@@ -54,8 +71,18 @@ def _tiny_teacher(ckpt: Path, tok: Path, seed: int = 0) -> Path:
 
     v = spm.SentencePieceProcessor(model_file=str(tok)).get_piece_size()
     torch.manual_seed(seed)
-    m = BPDModel(BPDConfig(vocab_size=v, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
-                           max_positions=128, dropout=0.0))
+    m = BPDModel(
+        BPDConfig(
+            vocab_size=v,
+            d_model=32,
+            n_heads=2,
+            n_encoder_layers=1,
+            n_decoder_layers=1,
+            d_ff=64,
+            max_positions=128,
+            dropout=0.0,
+        )
+    )
     return write_checkpoint(ckpt, m, tok, regime="base")
 
 
@@ -72,9 +99,17 @@ def teacher(tmp_path_factory):
 
 
 def base_overrides(art: Path, *extra: str) -> list[str]:
-    return ["experiment=smoke", f"paths.artifacts={art}", f"distill.limit={N}", f"distill.shard_size={SHARD}",
-            "distill.max_len=[1.0,6]", "distill.max_sentences=16", "distill.num_threads=1",
-            "distill.progress=false", *extra]
+    return [
+        "experiment=smoke",
+        f"paths.artifacts={art}",
+        f"distill.limit={N}",
+        f"distill.shard_size={SHARD}",
+        "distill.max_len=[1.0,6]",
+        "distill.max_sentences=16",
+        "distill.num_threads=1",
+        "distill.progress=false",
+        *extra,
+    ]
 
 
 def _cfg(overrides):
@@ -88,8 +123,9 @@ def run_inproc(overrides):
 
 def run_cli(overrides, tmp: Path, env=None, wait=True):
     cmd = [sys.executable, str(REPO / "distill.py"), *overrides, f"hydra.run.dir={tmp}/hydra-{time.time_ns()}"]
-    p = subprocess.Popen(cmd, cwd=REPO, env=env or offline_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(
+        cmd, cwd=REPO, env=env or offline_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     if not wait:
         return p
     out, err = p.communicate(timeout=300)
@@ -112,6 +148,7 @@ def reference(teacher):
 
 
 # ------------------------------------------------------------------------------------------------ runs
+
 
 def test_manifest_and_corpus(teacher, reference):
     out, summary = reference
@@ -174,8 +211,10 @@ def test_two_ranks_equal_one_process(teacher, reference, tmp_path):
     ref_out, _ = reference
     out = tmp_path / "ranks"
     ov = base_overrides(teacher, f"distill.output_dir={out}")
-    procs = [run_cli(ov, tmp_path, env=offline_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r)), wait=False)
-             for r in range(2)]
+    procs = [
+        run_cli(ov, tmp_path, env=offline_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r)), wait=False)
+        for r in range(2)
+    ]
     results = [p.communicate(timeout=300) for p in procs]
     for p, (_, e) in zip(procs, results):
         assert p.returncode == 0, e[-3000:]
@@ -190,8 +229,16 @@ def test_two_ranks_equal_one_process(teacher, reference, tmp_path):
 def test_lightning_ddp_equals_one_process(teacher, reference, tmp_path):
     ref_out, _ = reference
     out = tmp_path / "lightning"
-    rc, o, e = run_cli(base_overrides(teacher, f"distill.output_dir={out}", "distill.launcher=lightning",
-                                      "distill.devices=2", "distill.device=cpu"), tmp_path)
+    rc, o, e = run_cli(
+        base_overrides(
+            teacher,
+            f"distill.output_dir={out}",
+            "distill.launcher=lightning",
+            "distill.devices=2",
+            "distill.device=cpu",
+        ),
+        tmp_path,
+    )
     assert rc == 0, e[-3000:]
     assert read_manifest(out)["complete"]
     assert shard_bytes(out) == shard_bytes(ref_out)
@@ -217,6 +264,7 @@ def test_slurm_array_tasks_then_verify(teacher, reference, tmp_path, monkeypatch
 
 # ------------------------------------------------------------------------------------------ bad input
 
+
 def _expect_error(overrides, match, root: Path):
     before = snapshot(root)
     with pytest.raises(DistillError, match=match):
@@ -225,10 +273,16 @@ def _expect_error(overrides, match, root: Path):
 
 
 def test_missing_base_checkpoint(tmp_path):
-    _expect_error(["experiment=smoke", f"paths.artifacts={tmp_path}"],
-                  r"no base model at .*`python train.py \+regime=base experiment=smoke paths.artifacts=", tmp_path)
-    _expect_error(["experiment=smoke", f"paths.artifacts={tmp_path}", f"distill.teacher={tmp_path}/nope.ckpt"],
-                  "does not exist", tmp_path)
+    _expect_error(
+        ["experiment=smoke", f"paths.artifacts={tmp_path}"],
+        r"no base model at .*`python train.py \+regime=base experiment=smoke paths.artifacts=",
+        tmp_path,
+    )
+    _expect_error(
+        ["experiment=smoke", f"paths.artifacts={tmp_path}", f"distill.teacher={tmp_path}/nope.ckpt"],
+        "does not exist",
+        tmp_path,
+    )
 
 
 def test_teacher_and_tokenizer_mismatch(teacher, tmp_path):
@@ -252,8 +306,11 @@ def test_teacher_and_tokenizer_mismatch(teacher, tmp_path):
     key = tokenizer_key(load_corpus(cfg.data)["train"], "en", "fr", spm_settings(cfg.data))
     (corpus_art / CORPUS / "spm" / key).mkdir(parents=True)
     shutil.copy(teacher / "tok/spm.model", corpus_art / CORPUS / "spm" / key / "spm.model")
-    _expect_error(base_overrides(corpus_art, f"distill.teacher={other / 'best.ckpt'}"),
-                  "uses tokenizer .* but corpus 'bible_en_fr' uses", corpus_art)
+    _expect_error(
+        base_overrides(corpus_art, f"distill.teacher={other / 'best.ckpt'}"),
+        "uses tokenizer .* but corpus 'bible_en_fr' uses",
+        corpus_art,
+    )
 
 
 def test_folder_made_by_another_teacher(teacher, reference, tmp_path):
@@ -262,20 +319,30 @@ def test_folder_made_by_another_teacher(teacher, reference, tmp_path):
     with torch.no_grad():
         next(loaded.model.parameters()).add_(0.01)
     other = write_checkpoint(tmp_path / "t2" / "best.ckpt", loaded.model, loaded.tokenizer_path, regime="base")
-    _expect_error(base_overrides(teacher, f"distill.teacher={other}", f"distill.output_dir={ref_out}"),
-                  "another teacher or setting.*teacher_sha256", teacher)
-    _expect_error(base_overrides(teacher, "distill.beam_size=2", f"distill.output_dir={ref_out}"),
-                  "another teacher or setting.*beam_size", teacher)
+    _expect_error(
+        base_overrides(teacher, f"distill.teacher={other}", f"distill.output_dir={ref_out}"),
+        "another teacher or setting.*teacher_sha256",
+        teacher,
+    )
+    _expect_error(
+        base_overrides(teacher, "distill.beam_size=2", f"distill.output_dir={ref_out}"),
+        "another teacher or setting.*beam_size",
+        teacher,
+    )
     _expect_error(base_overrides(teacher, "distill.limit=24"), "different selection.*num_examples", teacher)
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "notes.txt").write_text("mine")
-    _expect_error(base_overrides(teacher, f"distill.output_dir={tmp_path / 'junk'}"), "not a distilled corpus",
-                  tmp_path)
+    _expect_error(
+        base_overrides(teacher, f"distill.output_dir={tmp_path / 'junk'}"), "not a distilled corpus", tmp_path
+    )
 
 
 def test_empty_or_unknown_split(teacher):
-    _expect_error(base_overrides(teacher, "distill.split=validation", "+data.limit.validation=0"),
-                  "split 'validation' of corpus 'bible_en_fr' is empty", teacher)
+    _expect_error(
+        base_overrides(teacher, "distill.split=validation", "+data.limit.validation=0"),
+        "split 'validation' of corpus 'bible_en_fr' is empty",
+        teacher,
+    )
     _expect_error(base_overrides(teacher, "distill.split=dev"), "has no split 'dev'", teacher)
     _expect_error(base_overrides(teacher, "distill.limit=0"), "limit must be >= 1", teacher)
 
@@ -287,6 +354,7 @@ def test_cli_reports_bad_input_in_one_line(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- smoke
+
 
 @pytest.mark.slow
 def test_smoke_distill_on_smoke_base(smoke_base, tmp_path):

@@ -1,5 +1,6 @@
 """slurm/distill.sbatch without a cluster: fake sbatch/srun on PATH record what the script asks for
 (the real-cluster run is tests/test_slurm.py)."""
+
 import os
 import subprocess
 from pathlib import Path
@@ -25,8 +26,13 @@ def _env(tmp: Path, **extra) -> dict:
 
 
 def test_submit_mode_makes_array_and_dependent_verify(tmp_path):
-    r = subprocess.run(["bash", str(SCRIPT), "experiment=smoke", "distill.limit=10"], env=_env(
-        tmp_path, ARRAY_TASKS="4", GPUS_PER_TASK="0", PARTITION="debug"), capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        ["bash", str(SCRIPT), "experiment=smoke", "distill.limit=10"],
+        env=_env(tmp_path, ARRAY_TASKS="4", GPUS_PER_TASK="0", PARTITION="debug"),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr
     calls = (tmp_path / "calls.log").read_text().splitlines()
     assert len(calls) == 2
@@ -41,8 +47,14 @@ def test_job_modes_run_workers_then_verify(tmp_path):
     py = tmp_path / "python"
     py.write_text('#!/bin/bash\necho "python $*" >> "$LOG"\n')
     py.chmod(0o755)
-    env = _env(tmp_path, SLURM_JOB_ID="7", SLURM_ARRAY_TASK_ID="1", SLURM_ARRAY_TASK_COUNT="4",
-               SLURM_SUBMIT_DIR=str(REPO), PYTHON=str(py))
+    env = _env(
+        tmp_path,
+        SLURM_JOB_ID="7",
+        SLURM_ARRAY_TASK_ID="1",
+        SLURM_ARRAY_TASK_COUNT="4",
+        SLURM_SUBMIT_DIR=str(REPO),
+        PYTHON=str(py),
+    )
     assert subprocess.run(["bash", str(SCRIPT), "experiment=smoke"], env=env, cwd=tmp_path).returncode == 0
     env["DISTILL_ACTION"] = "verify"
     assert subprocess.run(["bash", str(SCRIPT), "experiment=smoke"], env=env, cwd=tmp_path).returncode == 0

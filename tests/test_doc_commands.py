@@ -3,6 +3,7 @@
 pre-check a real run makes; the flags of `python -m bpd_train.X` and `python bench/X.py` parse with that command's
 own parser; `make X` names a target of the Makefile; `pip install` names extras pyproject.toml declares; every file of
 the repository a command names exists."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-HYDRA_SCRIPTS = {"train.py": "train", "distill.py": "distill", "evaluate.py": "evaluate", "export.py": "export",
-                 "bpd-train": "train", "bpd-distill": "distill", "bpd-evaluate": "evaluate", "bpd-export": "export"}
+HYDRA_SCRIPTS = {
+    "train.py": "train",
+    "distill.py": "distill",
+    "evaluate.py": "evaluate",
+    "export.py": "export",
+    "bpd-train": "train",
+    "bpd-distill": "distill",
+    "bpd-evaluate": "evaluate",
+    "bpd-export": "export",
+}
 # folders of the repository whose files commands name (a file a command writes, e.g. under artifacts/, is not one)
 REPO_DIRS = ("bench/", "conf/", "docs/", "slurm/", "tests/", "bpd_train/", ".ci/", "data/")
 PLACEHOLDER = re.compile(r"<[A-Za-z][^<>]*>")  # <repository url>, <LM bundle>
@@ -175,7 +184,7 @@ def _python_target(words: list[str]) -> tuple[str, str, list[str]] | None:
     """('module' | 'script', name, argv) of `python -m X ...` / `python X.py ...` (also behind torchrun, srun)."""
     for i, w in enumerate(words):
         if re.fullmatch(r"(\S*/)?python3?", w) or w in ("torchrun",):
-            rest = words[i + 1:]
+            rest = words[i + 1 :]
             while rest and rest[0].startswith("-") and rest[0] != "-m":
                 rest = rest[1:]  # torchrun --nproc-per-node=4, python -u
             if rest[:1] == ["-m"] and len(rest) > 1:
@@ -211,8 +220,12 @@ def _ids(kind):
 
 def _is_hydra(c):
     t = _python_target(c)
-    return (c[0] in HYDRA_SCRIPTS) or (t is not None and t[0] == "script" and Path(t[1]).name in HYDRA_SCRIPTS
-                                       and Path(t[1]).parent in (Path("."), Path("")))
+    return (c[0] in HYDRA_SCRIPTS) or (
+        t is not None
+        and t[0] == "script"
+        and Path(t[1]).name in HYDRA_SCRIPTS
+        and Path(t[1]).parent in (Path("."), Path(""))
+    )
 
 
 HYDRA_CMDS = [(w, c) for w, c in CMDS if _is_hydra(c)]

@@ -1,6 +1,7 @@
 """The documentation stays true to the repository: the README's results block is the generated one
 (bench/results.py), and no tracked text speaks of how the project was built (issue or pull-request numbers, one
 machine's home or work paths)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,26 +30,51 @@ def test_readme_results_block_is_the_generated_one():
     readme, page = ROOT / "README.md", ROOT / "docs" / "results.md"
     assert results.readme_block_matches(page, readme), (
         "README.md's results block differs from docs/results.md: regenerate with `make results` "
-        "(or `python bench/results.py --readme` to copy the page's block) instead of editing the README")
+        "(or `python bench/results.py --readme` to copy the page's block) instead of editing the README"
+    )
 
 
 def _report() -> dict:
     """A report.json as evaluate.py writes it (the fields the page reads), two checkpoints, k = 4, batch 1 and 32."""
+
     def row(ck, k, bs, bleu, khat, sp):
-        return {"checkpoint": ck, "k": k, "model_k": 4, "rule": "exact", "rule_label": "Exact", "batch_size": bs,
-                "bleu": bleu, "chrf": 30.0, "mean_accepted": khat, "calls": 10, "greedy_calls": 20,
-                "agreement": 100.0, "greedy_seconds": 1.0, "blockwise_seconds": 1.0 / sp, "speedup": sp}
+        return {
+            "checkpoint": ck,
+            "k": k,
+            "model_k": 4,
+            "rule": "exact",
+            "rule_label": "Exact",
+            "batch_size": bs,
+            "bleu": bleu,
+            "chrf": 30.0,
+            "mean_accepted": khat,
+            "calls": 10,
+            "greedy_calls": 20,
+            "agreement": 100.0,
+            "greedy_seconds": 1.0,
+            "blockwise_seconds": 1.0 / sp,
+            "speedup": sp,
+        }
+
     return {
-        "format": "bpd-train-eval-report", "format_version": 1, "created": "2031-02-03T04:05:06+0000",
-        "command": "evaluate.py experiment=demo", "settings": {"batch_sizes": [1, 32], "max_len": [1.5, 10]},
+        "format": "bpd-train-eval-report",
+        "format_version": 1,
+        "created": "2031-02-03T04:05:06+0000",
+        "command": "evaluate.py experiment=demo",
+        "settings": {"batch_sizes": [1, 32], "max_len": [1.5, 10]},
         "data": {"name": "bible_en_fr", "split": "validation", "sentences": 80, "src_lang": "en", "tgt_lang": "fr"},
         "environment": {"device": "cpu (x86_64)", "cpu": "Test CPU 9000", "torch": "9.9.9", "threads": 2},
-        "signatures": {"bleu": "b", "chrf": "c"}, "files": {},
-        "checkpoints": [{"name": "base", "regime": "base", "k": 1, "path": "p0", "greedy": {"bleu": 7.0, "chrf": 1}},
-                        {"name": "both-k4", "regime": "both", "k": 4, "path": "p1",
-                         "greedy": {"bleu": 8.25, "chrf": 1}}],
-        "rows": [row("both-k4", 2, 1, 8.25, 1.62, 1.06), row("both-k4", 4, 1, 8.25, 2.08, 0.99),
-                 row("both-k4", 4, 32, 8.25, 2.08, 0.55)],
+        "signatures": {"bleu": "b", "chrf": "c"},
+        "files": {},
+        "checkpoints": [
+            {"name": "base", "regime": "base", "k": 1, "path": "p0", "greedy": {"bleu": 7.0, "chrf": 1}},
+            {"name": "both-k4", "regime": "both", "k": 4, "path": "p1", "greedy": {"bleu": 8.25, "chrf": 1}},
+        ],
+        "rows": [
+            row("both-k4", 2, 1, 8.25, 1.62, 1.06),
+            row("both-k4", 4, 1, 8.25, 2.08, 0.99),
+            row("both-k4", 4, 32, 8.25, 2.08, 0.55),
+        ],
         "best": {"checkpoint": "both-k4", "reason": "1.06× at k = 2, BLEU 8.25 vs base 7.00"},
     }
 
@@ -75,15 +101,59 @@ def test_generator_writes_the_page_and_the_readme_block(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\nbefore\n\n{results.BEGIN}\nold table\n{results.END}\n\nafter\n", encoding="utf-8")
     bench = tmp_path / "engine.out"
-    bench.write_text("progress line\n" + json.dumps({"cpu": "Test CPU 9000", "engine": "native", "regimes": [
-        {"run": "both-k4", "batch": 1, "threads": 1, "dtype": "fp32", "decoder": "greedy", "speedup": 1.0,
-         "khat": 1.0, "same": 1.0, "seconds": 1.0},
-        {"run": "both-k4", "batch": 1, "threads": 1, "dtype": "fp32", "decoder": "adaptive", "speedup": 0.98,
-         "khat": 1.6, "same": 1.0, "seconds": 1.0}]}) + "\n", encoding="utf-8")
+    bench.write_text(
+        "progress line\n"
+        + json.dumps(
+            {
+                "cpu": "Test CPU 9000",
+                "engine": "native",
+                "regimes": [
+                    {
+                        "run": "both-k4",
+                        "batch": 1,
+                        "threads": 1,
+                        "dtype": "fp32",
+                        "decoder": "greedy",
+                        "speedup": 1.0,
+                        "khat": 1.0,
+                        "same": 1.0,
+                        "seconds": 1.0,
+                    },
+                    {
+                        "run": "both-k4",
+                        "batch": 1,
+                        "threads": 1,
+                        "dtype": "fp32",
+                        "decoder": "adaptive",
+                        "speedup": 0.98,
+                        "khat": 1.6,
+                        "same": 1.0,
+                        "seconds": 1.0,
+                    },
+                ],
+            }
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     docs = tmp_path / "docs"
-    assert results.main(["--report", str(rep / "report.json"), "--bench", str(bench), "--bench-command",
-                         "python bench/engine.py --threads 1 --regimes R", "--docs", str(docs),
-                         "--readme", str(readme)]) == 0
+    assert (
+        results.main(
+            [
+                "--report",
+                str(rep / "report.json"),
+                "--bench",
+                str(bench),
+                "--bench-command",
+                "python bench/engine.py --threads 1 --regimes R",
+                "--docs",
+                str(docs),
+                "--readme",
+                str(readme),
+            ]
+        )
+        == 0
+    )
     page = (docs / "results.md").read_text(encoding="utf-8")
     header = "`evaluate.py experiment=demo` — CPU Test CPU 9000, 2 thread(s), torch 9.9.9, 2031-02-03"
     assert header in page
@@ -136,8 +206,23 @@ FORBIDDEN = {
 ALLOWED = [
     re.compile(r"vLLM issue 8620"),  # another project's bug, cited as the failure the vLLM export guards against
 ]
-SCANNED = ("README.md", "Makefile", "pyproject.toml", "train.py", "distill.py", "evaluate.py", "export.py",
-           "docs/", "conf/", "bpd_train/", "bench/", "tests/", "slurm/", "data/", ".ci/")
+SCANNED = (
+    "README.md",
+    "Makefile",
+    "pyproject.toml",
+    "train.py",
+    "distill.py",
+    "evaluate.py",
+    "export.py",
+    "docs/",
+    "conf/",
+    "bpd_train/",
+    "bench/",
+    "tests/",
+    "slurm/",
+    "data/",
+    ".ci/",
+)
 SELF = "tests/test_docs.py"  # holds the patterns themselves
 
 
@@ -148,8 +233,7 @@ def _tracked_text_files() -> list[str]:
         pytest.skip("not a git checkout: no list of tracked files")
     files = []
     for name in out.decode().split("\0"):
-        if not name or name == SELF or not any(name == s or (s.endswith("/") and name.startswith(s))
-                                               for s in SCANNED):
+        if not name or name == SELF or not any(name == s or (s.endswith("/") and name.startswith(s)) for s in SCANNED):
             continue
         data = (ROOT / name).read_bytes() if (ROOT / name).is_file() else b""
         if b"\0" in data[:8192]:
@@ -175,8 +259,10 @@ def offending_lines() -> list[str]:
 
 def test_no_tracked_text_speaks_of_how_it_was_built():
     hits = offending_lines()
-    assert not hits, (f"{len(hits)} line(s) speak of how the project was built; say what the code or result is "
-                      "instead (every file:line below):\n" + "\n".join(hits))
+    assert not hits, (
+        f"{len(hits)} line(s) speak of how the project was built; say what the code or result is "
+        "instead (every file:line below):\n" + "\n".join(hits)
+    )
 
 
 def test_the_scan_sees_what_it_should():
@@ -185,11 +271,29 @@ def test_the_scan_sees_what_it_should():
     for probe in ("README.md", "conf/train.yaml", "bench/engine.py", "tests/conftest.py", "Makefile"):
         assert probe in files
     assert "docs/img/heads_khat_vs_steps.png" not in files and SELF not in files
-    for text in ("see issue 16", "Issues 3 and 4", "fixed (#12)", "as PR #7 did", "A=" + "/work/art",
-                 "data.path=" + "/home/alice/corpus", "/Users/bob/x", "cached in " + "/root/.cache", "/workspace/run"):
+    for text in (
+        "see issue 16",
+        "Issues 3 and 4",
+        "fixed (#12)",
+        "as PR #7 did",
+        "A=" + "/work/art",
+        "data.path=" + "/home/alice/corpus",
+        "/Users/bob/x",
+        "cached in " + "/root/.cache",
+        "/workspace/run",
+    ):
         assert any(p.search(text) for p in FORBIDDEN.values()), text
-    for text in ("scope=\"session\"", "vLLM's medusa", "tmp_path / 'a'", "issue a one-line error",
-                 "data/bible-en-fr", "paths.artifacts=/scratch/bpd", "bpd_train/work/x", "~/work/x", "head #1"):
+    for text in (
+        'scope="session"',
+        "vLLM's medusa",
+        "tmp_path / 'a'",
+        "issue a one-line error",
+        "data/bible-en-fr",
+        "paths.artifacts=/scratch/bpd",
+        "bpd_train/work/x",
+        "~/work/x",
+        "head #1",
+    ):
         assert not any(p.search(text) for p in FORBIDDEN.values()), text
 
 

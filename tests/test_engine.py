@@ -1,5 +1,6 @@
 """The CPU decode engine (engine/fastlinear.py, engine/packed.py): packed kernels, the weight cache, precision,
 draft vocabulary and adaptive feeding — every variant keeps exact blockwise == greedy."""
+
 import copy
 
 import pytest
@@ -26,16 +27,16 @@ def test_packed_linear_rows_are_bit_identical_whatever_the_batch(dtype):
         x = torch.randn(11, k)
         full = lin(x)
         assert full.shape == (11, n)
-        for i in range(11):                                         # alone, and inside 4-row blocks or tails
-            assert torch.equal(lin(x[i:i + 1])[0], full[i])
+        for i in range(11):  # alone, and inside 4-row blocks or tails
+            assert torch.equal(lin(x[i : i + 1])[0], full[i])
         assert torch.equal(lin(x[3:8])[2], full[5])
         ref = {"fp32": w, "bf16": w.to(torch.bfloat16).float()}.get(dtype)
-        if ref is None:                                             # int8: per-row symmetric quantisation
+        if ref is None:  # int8: per-row symmetric quantisation
             s = w.abs().amax(1, keepdim=True) / 127
             ref = torch.round(w / s).clamp(-127, 127) * s
-        if lin.mode in (3, 5):                                      # bf16 compute: activations rounded too
+        if lin.mode in (3, 5):  # bf16 compute: activations rounded too
             x = x.to(torch.bfloat16).float()
-        elif lin.mode == 4:                                         # int8 compute: each row quantised on its own
+        elif lin.mode == 4:  # int8 compute: each row quantised on its own
             s = x.abs().amax(1, keepdim=True) / 127
             x = torch.round(x / s).clamp(-127, 127) * s
         torch.testing.assert_close(full, F.linear(x, ref, b), atol=1e-4, rtol=1e-4)
@@ -51,15 +52,15 @@ def test_low_precision_activations_are_rounded_as_torch_rounds_them(k):
     scale, in that order."""
     torch.manual_seed(3)
     x = torch.randn(5, k) * 3
-    x[0, :4] = torch.tensor([1e-40, -3e-39, 0.0, 65504.0])             # subnormals, zero, a large value
-    x[1] = 0.0                                                          # an all-zero row (scale 0)
-    x[2] = (torch.arange(k) % 20 - 10) + 0.5                            # halves: ties to even (amax 127: scale 1)
+    x[0, :4] = torch.tensor([1e-40, -3e-39, 0.0, 65504.0])  # subnormals, zero, a large value
+    x[1] = 0.0  # an all-zero row (scale 0)
+    x[2] = (torch.arange(k) % 20 - 10) + 0.5  # halves: ties to even (amax 127: scale 1)
     x[2, 0] = 127.0
     eye = torch.eye(k)
     lin = PackedLinear(eye, None, "bf16")
     if lin.mode in (3, 5):
         ref = x.to(torch.bfloat16).float()
-        ref[ref.abs() < torch.finfo(torch.float32).tiny] = 0.0         # vdpbf16ps / AMX read subnormals as zero
+        ref[ref.abs() < torch.finfo(torch.float32).tiny] = 0.0  # vdpbf16ps / AMX read subnormals as zero
         assert torch.equal(lin(x), ref)
     lin = PackedLinear(eye, None, "int8")
     if lin.mode == 4:
@@ -71,25 +72,27 @@ def test_low_precision_activations_are_rounded_as_torch_rounds_them(k):
 
 
 @native
-@pytest.mark.parametrize("dtype, var, on, off", [("bf16", "BPD_BF16_COMPUTE", 3, 1), ("int8", "BPD_INT8_COMPUTE", 4, 2)])
+@pytest.mark.parametrize(
+    "dtype, var, on, off", [("bf16", "BPD_BF16_COMPUTE", 3, 1), ("int8", "BPD_INT8_COMPUTE", 4, 2)]
+)
 def test_low_precision_compute_is_used_where_the_cpu_has_it_and_can_be_switched_off(monkeypatch, dtype, var, on, off):
     w = torch.randn(70, 33)
     available = {"bf16": bf16_compute, "int8": int8_compute}[dtype]
     if dtype == "bf16" and amx():
-        on = 5                                                      # bf16 compute on AMX tiles
+        on = 5  # bf16 compute on AMX tiles
     assert PackedLinear(w, None, dtype).mode == (on if available() else off)
     x = torch.randn(3, 33)
     low = PackedLinear(w, None, dtype)(x)
     monkeypatch.setenv(var, "0")
     assert not available()
     lin = PackedLinear(w, None, dtype)
-    assert lin.mode == off                                          # weight-only kernels: activations stay fp32
+    assert lin.mode == off  # weight-only kernels: activations stay fp32
     ref = {"bf16": w.to(torch.bfloat16).float(), "int8": None}[dtype]
     if ref is None:
         s = w.abs().amax(1, keepdim=True) / 127
         ref = torch.round(w / s).clamp(-127, 127) * s
     torch.testing.assert_close(lin(x), x @ ref.T, atol=1e-4, rtol=1e-4)
-    assert (low - x @ w.T).abs().max() < 0.2                        # the low-precision path is still the product
+    assert (low - x @ w.T).abs().max() < 0.2  # the low-precision path is still the product
 
 
 @native
@@ -117,17 +120,23 @@ def test_screened_argmax_is_the_fp32_argmax_whatever_the_ties():
     (too many tokens can win: the full fp32 pass)."""
     ext = native_kernels()
     hits = 0
-    for n, k, with_bias in [(4000, 128, True), (1000, 130, False), (77, 16, True), (300, 512, False), (5000, 24, True),
-                            (2000, 64, False)]:
+    for n, k, with_bias in [
+        (4000, 128, True),
+        (1000, 130, False),
+        (77, 16, True),
+        (300, 512, False),
+        (5000, 24, True),
+        (2000, 64, False),
+    ]:
         torch.manual_seed(n + k)
         w = torch.randn(n, k) * 0.05
-        if n == 2000:                                                # flat logits: too many candidates, full pass
+        if n == 2000:  # flat logits: too many candidates, full pass
             w = w[:1] + torch.randn(n, k) * 1e-4
         b = torch.randn(n) * 0.1 if with_bias else None
-        w[7] = w[3]                                                  # an exact tie: the first index wins
+        w[7] = w[3]  # an exact tie: the first index wins
         w[11] = w[3]
-        w[11, 0] = torch.nextafter(w[3, 0], torch.tensor(1.0))       # 1 ulp apart in one weight
-        w[20] = w[3] * (1 + 2 ** -20)                                # the same int8 copy, a slightly larger logit
+        w[11, 0] = torch.nextafter(w[3, 0], torch.tensor(1.0))  # 1 ulp apart in one weight
+        w[20] = w[3] * (1 + 2**-20)  # the same int8 copy, a slightly larger logit
         if b is not None:
             b[7] = b[11] = b[20] = b[3]
         full = PackedLinear(w, b, "fp32")
@@ -135,11 +144,11 @@ def test_screened_argmax_is_the_fp32_argmax_whatever_the_ties():
         assert scr.lin.screened() and not full.lin.screened()
         nw, nb = torch.rand(k) + 0.5, torch.randn(k) * 0.1
         x = torch.randn(3000, k) * 2
-        x[:300] = w[3] * 30 + torch.randn(300, k) * 0.05            # rows aimed at the near-ties
+        x[:300] = w[3] * 30 + torch.randn(300, k) * 0.05  # rows aimed at the near-ties
         x[300] = float("inf")
         threads = torch.get_num_threads()
         try:
-            torch.set_num_threads(2)                                 # rows split over threads, alone in one
+            torch.set_num_threads(2)  # rows split over threads, alone in one
             got = ext.norm_project_argmax(x, nw, nb, 1e-5, scr.lin)
             torch.set_num_threads(1)
             assert torch.equal(got, ext.norm_project_argmax(x, nw, nb, 1e-5, scr.lin))
@@ -150,8 +159,8 @@ def test_screened_argmax_is_the_fp32_argmax_whatever_the_ties():
         fin = torch.isfinite(logits).all(1)
         assert torch.equal(got[fin], logits[fin].argmax(-1)) and fin.sum() == len(x) - 1
         hits += int((got[:300] == 20).sum())
-    assert hits > 0                                                  # (the aimed rows did hit the near-tie)
-    w[5, 3] = float("nan")                                           # no bound holds: not screened
+    assert hits > 0  # (the aimed rows did hit the near-tie)
+    w[5, 3] = float("nan")  # no bound holds: not screened
     assert not PackedLinear(w, None, "fp32", screen=True).screened
 
 
@@ -161,9 +170,12 @@ def test_screened_projection_changes_no_token_and_no_step(monkeypatch):
     it off. Greedy, exact and top-2 blockwise, chained heads, batch 1 and 6: the same tokens, calls and accepted
     blocks either way, encoder-decoder and decoder-only."""
     from tests.test_lm_engine import lm, prompts
-    cases = [(random_model(4, 5, vocab=300), random_sources(6, 5)),
-             (random_model(4, 6, vocab=50, chain=True), random_sources(6, 6)),
-             (lm(3, vocab=40), prompts(6, 3, vocab=40))]
+
+    cases = [
+        (random_model(4, 5, vocab=300), random_sources(6, 5)),
+        (random_model(4, 6, vocab=50, chain=True), random_sources(6, 6)),
+        (lm(3, vocab=40), prompts(6, 3, vocab=40)),
+    ]
     for m, src in cases:
         runs = []
         for screen in ("1", "0"):
@@ -178,16 +190,16 @@ def test_screened_projection_changes_no_token_and_no_step(monkeypatch):
                     got.append((r.tokens, r.calls, r.accepted_hist))
             runs.append(got)
         assert runs[0] == runs[1]
-        assert runs[0][1][0] == runs[0][0]                          # (exact blockwise is greedy)
+        assert runs[0][1][0] == runs[0][0]  # (exact blockwise is greedy)
 
 
 def test_decode_weights_are_rebuilt_when_weights_change():
     m = random_model(4, seed=3)
     src = random_sources(4, seed=3)
     w0 = m.decode_weights()
-    assert m.decode_weights() is w0                                 # cached while nothing changes
+    assert m.decode_weights() is w0  # cached while nothing changes
     other = random_model(4, seed=4)
-    m.load_state_dict(other.state_dict())                           # load_state_dict copies in place
+    m.load_state_dict(other.state_dict())  # load_state_dict copies in place
     assert m.decode_weights() is not w0
     assert greedy(m, src, max_len=12).tokens == greedy(other, src, max_len=12).tokens
     # an optimizer step (in-place update of one parameter)
@@ -212,6 +224,7 @@ def test_weights_key_changes_with_every_kind_of_parameter_change(monkeypatch, wa
     changes with an in-place update, a new parameter object, a replaced submodule and a dtype change; it does not
     change while nothing does."""
     from bpd_train.engine import packed
+
     if walk == "python":
         monkeypatch.setattr(packed, "loaded_kernels", lambda: None)
     elif native_kernels() is None:
@@ -223,12 +236,12 @@ def test_weights_key_changes_with_every_kind_of_parameter_change(monkeypatch, wa
     assert packed.weights_key(m, opts) == key
     keys = [key]
     with torch.no_grad():
-        m.decoder_layers[1].ffn.fc2.bias.add_(1.0)                      # in place (optimizer step)
+        m.decoder_layers[1].ffn.fc2.bias.add_(1.0)  # in place (optimizer step)
     keys.append(packed.weights_key(m, opts))
     fc1 = m.decoder_layers[0].ffn.fc1
-    fc1.weight = torch.nn.Parameter(fc1.weight.detach().clone())          # a new parameter, same values
+    fc1.weight = torch.nn.Parameter(fc1.weight.detach().clone())  # a new parameter, same values
     keys.append(packed.weights_key(m, opts))
-    m.decoder_layers[0].ffn.fc1 = copy.deepcopy(fc1)                      # a replaced submodule
+    m.decoder_layers[0].ffn.fc1 = copy.deepcopy(fc1)  # a replaced submodule
     keys.append(packed.weights_key(m, opts))
     m.to(torch.float64)
     keys.append(packed.weights_key(m, opts))
@@ -236,10 +249,18 @@ def test_weights_key_changes_with_every_kind_of_parameter_change(monkeypatch, wa
     assert packed.weights_key(m, DecodeOptions(dtype="bf16")) != keys[-1]
 
 
-@pytest.mark.parametrize("options", [DecodeOptions(dtype="bf16"), DecodeOptions(dtype="int8"),
-                                     DecodeOptions(draft_vocab=(2, 3, 4)), DecodeOptions(dtype="int8", draft_vocab=(2, 3, 4, 5)),
-                                     DecodeOptions(proposal_dtype="int8"), DecodeOptions(proposal_dtype="bf16"),
-                                     DecodeOptions(draft_vocab=(2, 3, 4, 5), proposal_dtype="int8")])
+@pytest.mark.parametrize(
+    "options",
+    [
+        DecodeOptions(dtype="bf16"),
+        DecodeOptions(dtype="int8"),
+        DecodeOptions(draft_vocab=(2, 3, 4)),
+        DecodeOptions(dtype="int8", draft_vocab=(2, 3, 4, 5)),
+        DecodeOptions(proposal_dtype="int8"),
+        DecodeOptions(proposal_dtype="bf16"),
+        DecodeOptions(draft_vocab=(2, 3, 4, 5), proposal_dtype="int8"),
+    ],
+)
 def test_exact_blockwise_equals_greedy_of_the_same_precision_and_draft_vocabulary(options):
     accepted = 0.0
     for k, seed, batch in [(2, 1, 1), (4, 2, 5), (6, 3, 16), (8, 4, 1)]:
@@ -250,7 +271,7 @@ def test_exact_blockwise_equals_greedy_of_the_same_precision_and_draft_vocabular
         r = blockwise(m, src, accept=Exact(), max_len=(1.5, 4))
         assert r.tokens == g.tokens, f"k={k} seed={seed} {options}"
         accepted = max(accepted, r.mean_accepted)
-    assert accepted > 1.2                                            # the heads' proposals were really accepted
+    assert accepted > 1.2  # the heads' proposals were really accepted
 
 
 def test_low_precision_proposals_change_only_the_proposals():
@@ -270,14 +291,14 @@ def test_low_precision_proposals_change_only_the_proposals():
     assert (w.propose(h, 1, 4) == fp32_props).float().mean() > 0.8
     r = blockwise(m, src, max_len=(1.5, 4))
     assert r.tokens == g and r.mean_accepted > 1.0
-    assert greedy(m, src, max_len=(1.5, 4)).tokens == g                 # greedy never reads the proposal path
+    assert greedy(m, src, max_len=(1.5, 4)).tokens == g  # greedy never reads the proposal path
 
 
 def test_draft_vocabulary_restricts_proposals_but_not_the_output():
     m = random_model(4, seed=5, eos_bias=1.5)
     src = random_sources(8, seed=5)
     full = blockwise(m, src, max_len=(1.5, 4))
-    m.decode_options = DecodeOptions(draft_vocab=(2,))              # heads may only propose EOS
+    m.decode_options = DecodeOptions(draft_vocab=(2,))  # heads may only propose EOS
     w = m.decode_weights()
     props = w.propose(torch.randn(5, m.config.d_model), 1, 4)
     assert props.unique().tolist() == [2]
@@ -306,9 +327,9 @@ def test_adaptive_feeding_keeps_the_output_and_stops_paying_for_useless_heads():
     for adaptive, key in ((0.5, ("adaptive", 4, 0.5)), (True, ("adaptive", 4, None))):
         a = blockwise(bad, src, max_len=60, adaptive=adaptive)
         assert a.tokens == plain.tokens == g.tokens
-        offered = bad.decode_weights().stats[key].offered[1] - 1   # steps that fed proposal 1 (less the prior)
-        assert plain.mean_accepted < 1.2                            # the heads really are useless
-        assert plain.calls > 20 and offered <= plain.calls // 4     # ... and adaptive mostly stops feeding them
+        offered = bad.decode_weights().stats[key].offered[1] - 1  # steps that fed proposal 1 (less the prior)
+        assert plain.mean_accepted < 1.2  # the heads really are useless
+        assert plain.calls > 20 and offered <= plain.calls // 4  # ... and adaptive mostly stops feeding them
     with pytest.raises(ValueError, match="adaptive"):
         blockwise(bad, src, adaptive=1.5)
 
@@ -366,7 +387,7 @@ def test_adaptive_calibration_times_every_width_mid_sentence_on_a_scratch_cache(
     finally:
         DecodeWeights.block_steps = real
     lead = min(max_len, CALIB_LEAD)
-    calib = [c for c in seen if c[2] == -1]                 # the calibration's runs (no EOS: a fixed step count)
+    calib = [c for c in seen if c[2] == -1]  # the calibration's runs (no EOS: a fixed step count)
     assert calib and {c[0] for c in calib} == {lead}
     # what it feeds first: token number `lead` of a greedy run that does not stop at EOS
     with torch.inference_mode():
@@ -398,7 +419,7 @@ def test_adaptive_settled_on_greedy_runs_greedy_itself():
     bw = importlib.import_module("bpd_train.decoding.blockwise")
     m = _heads_that_never_pay()
     src = random_sources(1, seed=4)
-    blockwise(m, src, max_len=12, adaptive=True)            # calibrates
+    blockwise(m, src, max_len=12, adaptive=True)  # calibrates
     ad = next(iter(m.decode_weights().stats.values()))
     ad.offered, ad.accepted = [1, 100, 100, 100], [1, 1, 1, 1]
     ad._best.clear()
@@ -407,18 +428,18 @@ def test_adaptive_settled_on_greedy_runs_greedy_itself():
     real = bw._Blockwise.run
     bw._Blockwise.run = lambda self, *a: runs.append(1) or real(self, *a)
     try:
-        ad.probes(1).reset(8)                                # a probe due after 8 steps: the blockwise loop
+        ad.probes(1).reset(8)  # a probe due after 8 steps: the blockwise loop
         blockwise(m, src, max_len=12, adaptive=True)
         assert runs == [1]
-        ad.probes(1).interval = ad.max_interval              # none within 12 steps: greedy() itself
+        ad.probes(1).interval = ad.max_interval  # none within 12 steps: greedy() itself
         before = ad.probes(1).failed_at_cap
         got, want = blockwise(m, src, max_len=12, adaptive=True), greedy(m, src, max_len=12)
         assert runs == [1]
         assert (got.tokens, got.calls, got.accepted_hist) == (want.tokens, want.calls, want.accepted_hist)
-        assert ad.probes(1).failed_at_cap == before + 1               # the stretch it stands for, counted
-        ad.offered, ad.accepted = [1, 100, 100, 100], [1, 100, 100, 100]   # heads that pay: the loop again
+        assert ad.probes(1).failed_at_cap == before + 1  # the stretch it stands for, counted
+        ad.offered, ad.accepted = [1, 100, 100, 100], [1, 100, 100, 100]  # heads that pay: the loop again
         ad.calib.update({(v, 1): 1.0 + 0.2 * (v - 1) for v in (2, 3, 4)})  # (priced as at base size, not timed:
-        ad._best.clear()                                     # this tiny model's wide steps cost what the CPU gives)
+        ad._best.clear()  # this tiny model's wide steps cost what the CPU gives)
         blockwise(m, src, max_len=12, adaptive=True)
         assert runs == [1, 1]
     finally:
@@ -434,9 +455,9 @@ def test_adaptive_settled_on_greedy_counts_the_shortest_row_of_a_padded_batch():
 
     bw = importlib.import_module("bpd_train.decoding.blockwise")
     m = _heads_that_never_pay()
-    src = torch.tensor([[5, 6, EOS, 0, 0, 0, 0, 0, 0], [3, 4, 5, 6, 3, 4, 5, 6, EOS]])   # 3 and 9 tokens
-    ml = (1.0, 2)                                            # horizons: 5 (shortest row), 11 (padded width)
-    blockwise(m, src, max_len=ml, adaptive=True)             # calibrates for 2 rows
+    src = torch.tensor([[5, 6, EOS, 0, 0, 0, 0, 0, 0], [3, 4, 5, 6, 3, 4, 5, 6, EOS]])  # 3 and 9 tokens
+    ml = (1.0, 2)  # horizons: 5 (shortest row), 11 (padded width)
+    blockwise(m, src, max_len=ml, adaptive=True)  # calibrates for 2 rows
     ad = next(iter(m.decode_weights().stats.values()))
     ad.offered, ad.accepted = [1, 100, 100, 100], [1, 1, 1, 1]
     ad._best.clear()
@@ -445,11 +466,11 @@ def test_adaptive_settled_on_greedy_counts_the_shortest_row_of_a_padded_batch():
     real = bw._Blockwise.run
     bw._Blockwise.run = lambda self, *a: runs.append(1) or real(self, *a)
     try:
-        ad.probes(2).interval = 8                            # 5 <= 8 < 11: greedy() itself
+        ad.probes(2).interval = 8  # 5 <= 8 < 11: greedy() itself
         got, want = blockwise(m, src, max_len=ml, adaptive=True), greedy(m, src, max_len=ml)
         assert runs == [] and (got.tokens, got.calls) == (want.tokens, want.calls)
-        assert ad.probes(2).interval == 16                   # the stretch it stands for, counted
-        ad.probes(2).interval = 4                            # a probe before the shortest row ends: the loop
+        assert ad.probes(2).interval == 16  # the stretch it stands for, counted
+        ad.probes(2).interval = 4  # a probe before the shortest row ends: the loop
         got = blockwise(m, src, max_len=ml, adaptive=True)
         assert runs == [1] and got.tokens == want.tokens
     finally:
@@ -473,9 +494,9 @@ def test_greedy_runs_a_batch_to_its_end_in_one_native_call(dtype, monkeypatch):
     got = greedy(m, src, max_len=(1.5, 3))
     assert calls == [1]
     lens = [len(t) for t in got.tokens]
-    assert len(set(lens)) > 2                                # rows ended at several steps
+    assert len(set(lens)) > 2  # rows ended at several steps
     monkeypatch.setattr(DecodeWeights, "greedy_to_end", lambda self, *a: None)
-    want = greedy(m, src, max_len=(1.5, 3))                  # a native call per row end, cache reorders between
+    want = greedy(m, src, max_len=(1.5, 3))  # a native call per row end, cache reorders between
     assert (got.tokens, got.calls, got.accepted_hist) == (want.tokens, want.calls, want.accepted_hist)
 
 
@@ -512,9 +533,9 @@ def test_adaptive_blockwise_equals_greedy_on_random_models(adaptive):
             r = blockwise(m, src, max_len=(1.5, 4), adaptive=adaptive)
             assert r.tokens == g.tokens, f"k={k} seed={seed} batch={batch} rep={rep}"
             widths |= set(r.accepted_hist)
-        alone = [blockwise(m, src[i:i + 1], max_len=(1.5, 4), adaptive=adaptive).tokens[0] for i in range(batch)]
+        alone = [blockwise(m, src[i : i + 1], max_len=(1.5, 4), adaptive=adaptive).tokens[0] for i in range(batch)]
         assert alone == g.tokens
-    assert len(widths) >= 3                                          # blocks of several sizes were accepted
+    assert len(widths) >= 3  # blocks of several sizes were accepted
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
@@ -531,7 +552,7 @@ def test_native_loops_take_the_same_steps_as_the_one_step_loops(dtype):
         rules = (Exact(), TopK(2), Distance(1))
         g, b = greedy(m, src, max_len=(1.5, 4)), [blockwise(m, src, accept=a, max_len=(1.5, 4)) for a in rules]
         assert (w.native_loop is not None) == (native_kernels() is not None)
-        loop, w.native_loop = w.native_loop, None                  # one step per call, through model.decode
+        loop, w.native_loop = w.native_loop, None  # one step per call, through model.decode
         try:
             g1 = greedy(m, src, max_len=(1.5, 4))
             b1 = [blockwise(m, src, accept=a, max_len=(1.5, 4)) for a in rules]
@@ -542,7 +563,7 @@ def test_native_loops_take_the_same_steps_as_the_one_step_loops(dtype):
         for a, r, r1 in zip(rules, b, b1):
             assert (r.tokens, r.calls, r.accepted_hist) == (r1.tokens, r1.calls, r1.accepted_hist), f"{a} k={k}"
         loose += sum(r.tokens != g.tokens for r in b[1:])
-    assert loose > 0                                                # (the loose rules did change some output)
+    assert loose > 0  # (the loose rules did change some output)
 
 
 @native
@@ -556,17 +577,17 @@ def test_lazy_verification_takes_the_same_steps_whatever_the_group():
         got = []
         for group in (1, 2, 3, 8):
             w.verify_group = group
-            rs = [blockwise(m, src[i:i + 1], max_len=(2.0, 12)) for i in range(6)]    # one row: the native loop
+            rs = [blockwise(m, src[i : i + 1], max_len=(2.0, 12)) for i in range(6)]  # one row: the native loop
             got.append([(r.tokens, r.calls, r.accepted_hist) for r in rs])
         assert all(g == got[0] for g in got), f"k={k} seed={seed}"
         assert [t for r in got[0] for t in r[0]] == greedy(m, src, max_len=(2.0, 12)).tokens
-        assert max(b for r in got[0] for b in r[2]) > 1                 # some proposals were accepted
+        assert max(b for r in got[0] for b in r[2]) > 1  # some proposals were accepted
         ext = w.ext
         ext.profile(True, True)
         for i in range(6):
-            blockwise(m, src[i:i + 1], max_len=(2.0, 12))
+            blockwise(m, src[i : i + 1], max_len=(2.0, 12))
         phases, steps = ext.profile(False, True)
-        assert steps > 0 and phases[1] > 0 and phases[4] > 0           # decoder linears, head 1 were timed
+        assert steps > 0 and phases[1] > 0 and phases[4] > 0  # decoder linears, head 1 were timed
 
 
 def test_verification_groups_follow_the_projection_size_against_this_cpus_l2(monkeypatch):
@@ -575,17 +596,17 @@ def test_verification_groups_follow_the_projection_size_against_this_cpus_l2(mon
     from bpd_train.engine import fastlinear
     from bpd_train.engine.packed import verify_groups
 
-    assert fastlinear.l2_bytes() >= 64 << 10                       # read from this machine (or the 1 MiB default)
-    demo = torch.randn(4000, 128)                                  # the demo's output projection: 2 MB in fp32
+    assert fastlinear.l2_bytes() >= 64 << 10  # read from this machine (or the 1 MiB default)
+    demo = torch.randn(4000, 128)  # the demo's output projection: 2 MB in fp32
     for l2, fp32, int8 in [(1280 << 10, 8, 2), (4 << 20, 2, 2), (256 << 10, 8, 8)]:
         monkeypatch.setattr(fastlinear, "_L2", l2)
-        assert 4000 * 128 * 4 <= PackedLinear(demo).nbytes <= 4096 * 128 * 4     # (packed in blocks of 64 rows)
+        assert 4000 * 128 * 4 <= PackedLinear(demo).nbytes <= 4096 * 128 * 4  # (packed in blocks of 64 rows)
         assert verify_groups(PackedLinear(demo)) == (fp32, 2), l2
         assert verify_groups(PackedLinear(demo, dtype="int8"))[0] == int8, l2
         monkeypatch.delenv("BPD_SCREEN", raising=False)
-        if native_kernels() is not None:                           # screened: a pass reads the int8 copy
+        if native_kernels() is not None:  # screened: a pass reads the int8 copy
             assert verify_groups(PackedLinear(demo, screen=True))[0] == int8, l2
-    assert verify_groups(PackedLinear(torch.randn(8200, 512)))[1] == 8          # 16.8 MB in fp32
+    assert verify_groups(PackedLinear(torch.randn(8200, 512)))[1] == 8  # 16.8 MB in fp32
 
 
 @native
@@ -610,8 +631,8 @@ def test_batched_native_loop_takes_the_same_steps_whatever_the_group(dtype, monk
         assert calls, "the batched native loop did not run"
         assert all(g == got[0] for g in got), f"k={k} seed={seed}"
         assert got[0][0] == greedy(m, src, max_len=(2.0, 12)).tokens
-        assert max(got[0][2]) > 1                                       # some proposals were accepted
-        monkeypatch.setattr(type(w), "batch_block_steps", lambda *a, **kw: None)   # the one-step Python loop
+        assert max(got[0][2]) > 1  # some proposals were accepted
+        monkeypatch.setattr(type(w), "batch_block_steps", lambda *a, **kw: None)  # the one-step Python loop
         r = blockwise(m, src, max_len=(2.0, 12))
         assert (r.tokens, r.calls, r.accepted_hist) == got[0]
         monkeypatch.setattr(type(w), "batch_block_steps", real)
@@ -640,7 +661,7 @@ def test_int8_on_amx_tiles_gives_the_bits_of_the_vnni_kernels():
         lb = PackedLinear(w, b, "bf16")
         assert lb.mode == 5
         full = lb(x)
-        assert all(torch.equal(lb(x[i:i + 1])[0], full[i]) for i in range(37))
+        assert all(torch.equal(lb(x[i : i + 1])[0], full[i]) for i in range(37))
         assert torch.equal(lb(x[3:30])[5], full[8])
 
 
@@ -674,7 +695,7 @@ def test_fused_proposals_in_one_transfer_take_the_same_steps(dtype, monkeypatch)
     bw = importlib.import_module("bpd_train.decoding.blockwise")
     from bpd_train.engine.mt import DecodeWeights
 
-    monkeypatch.setattr(DecodeWeights, "batch_block_steps", lambda *a, **kw: None)   # the Python step loop
+    monkeypatch.setattr(DecodeWeights, "batch_block_steps", lambda *a, **kw: None)  # the Python step loop
     m = random_model(4, 7, eos_bias=1.0)
     m.decode_options = DecodeOptions(dtype=dtype)
     src = random_sources(6, 7)
@@ -736,8 +757,9 @@ def test_avx2_kernels_built_on_this_cpu_are_row_exact(tmp_path):
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "avx2_int8.pt"
     env = {**os.environ, "BPD_NATIVE_MARCH": "haswell", "PYTHONPATH": str(root), "AVX2_INT8_OUT": str(out)}
-    proc = subprocess.run([sys.executable, "-c", AVX2_CHECK], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", AVX2_CHECK], cwd=root, env=env, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
     # int8 compute: the AVX2 kernels' integer sums are this CPU's kernels' (VNNI / AMX where present), bit for bit
     torch.manual_seed(0)
@@ -758,12 +780,12 @@ def test_adaptive_probes_back_off_then_return_when_a_head_pays():
     a = Adaptive(4)
     for w in (1, 2, 3, 4):  # calibrated costs: 1, 1.5, 2, 2.5 greedy steps
         a.timed(w, 1, 1.0 + 0.5 * (w - 1), steps=8)
-    a.offered, a.accepted = [1, 100, 100, 100], [1, 2, 2, 2]   # heads almost never accepted
+    a.offered, a.accepted = [1, 100, 100, 100], [1, 2, 2, 2]  # heads almost never accepted
     assert a.width(1) == 1
     stretches = [a.greedy_stretch() for _ in range(4 + Adaptive.LONG_AFTER + 5)]
     assert stretches[:4] == [8, 16, 32, 64]
-    assert stretches[4:4 + Adaptive.LONG_AFTER] == [64] * Adaptive.LONG_AFTER
-    assert stretches[4 + Adaptive.LONG_AFTER:] == [128, 256, 512, 512, 512]
+    assert stretches[4 : 4 + Adaptive.LONG_AFTER] == [64] * Adaptive.LONG_AFTER
+    assert stretches[4 + Adaptive.LONG_AFTER :] == [128, 256, 512, 512, 512]
     # a probe where every proposal is accepted: the width pays again and the next stretch is short
     for _ in range(400):
         a.update(4, np.array([3]), one_row=True)
@@ -797,7 +819,7 @@ def test_adaptive_batch_of_fewer_rows_borrows_a_larger_batchs_calibration():
         assert blockwise(m, small, max_len=12, adaptive=True).tokens == greedy(m, small, max_len=12).tokens
     finally:
         DecodeWeights.batch_block_steps = real_batch
-    assert not any(e == -1 for _, e in calls)              # no calibration run for 3 rows
+    assert not any(e == -1 for _, e in calls)  # no calibration run for 3 rows
     assert ad.calibrated(ad.bucket(3)) == ad.bucket(8) and ad.calibrated(1) is None
     assert ad.cost(2, ad.bucket(3)) == ad.cost(2, ad.bucket(8))
 
@@ -826,7 +848,7 @@ def test_adaptive_calibrates_a_batch_as_a_batch_and_settles_on_greedy_per_bucket
 
     DecodeWeights.batch_block_steps = spy
     try:
-        assert blockwise(m, src, max_len=12, adaptive=True).tokens == want.tokens      # calibrates bucket 2
+        assert blockwise(m, src, max_len=12, adaptive=True).tokens == want.tokens  # calibrates bucket 2
     finally:
         DecodeWeights.batch_block_steps = real_batch
     # widths timed over the 3 rows, in order, up to the first that would not pay even if every proposal were
@@ -848,10 +870,10 @@ def test_adaptive_calibrates_a_batch_as_a_batch_and_settles_on_greedy_per_bucket
     real = bw._Blockwise.run
     bw._Blockwise.run = lambda self, *a: runs.append(1) or real(self, *a)
     try:
-        ad.probes(3).reset(8)                                # a probe due within the call: the blockwise loop
+        ad.probes(3).reset(8)  # a probe due within the call: the blockwise loop
         assert blockwise(m, src, max_len=12, adaptive=True).tokens == want.tokens
         assert runs == [1]
-        ad.probes(3).interval = ad.max_interval              # none before the first row must end: greedy() itself
+        ad.probes(3).interval = ad.max_interval  # none before the first row must end: greedy() itself
         before = ad.probes(3).failed_at_cap
         got = blockwise(m, src, max_len=12, adaptive=True)
         assert runs == [1]
@@ -877,14 +899,25 @@ def test_native_encoder_matches_torch_and_each_row_alone():
     from bpd_train.model import BPDConfig, BPDModel
 
     torch.manual_seed(0)
-    m = BPDModel(BPDConfig(vocab_size=50, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64,
-                           block_size=3, dropout=0.0, max_positions=64)).eval()
+    m = BPDModel(
+        BPDConfig(
+            vocab_size=50,
+            d_model=32,
+            n_heads=4,
+            n_encoder_layers=2,
+            n_decoder_layers=2,
+            d_ff=64,
+            block_size=3,
+            dropout=0.0,
+            max_positions=64,
+        )
+    ).eval()
     src = random_sources(5, seed=3, vocab=50, max_src=17)
     assert m.decode_weights().native_encoder is not None
-    with torch.no_grad():                                     # the torch path (training / validation)
+    with torch.no_grad():  # the torch path (training / validation)
         ref = m.encode(src)
         ref_kv = torch.stack([layer.cross_attn.memory_kv(ref.out) for layer in m.decoder_layers])
-    with torch.inference_mode():                              # (Lightning validates in inference mode)
+    with torch.inference_mode():  # (Lightning validates in inference mode)
         assert torch.equal(m.encode(src).out, ref.out)
     with decoding_mode(m):
         got = m.encode(src)
@@ -895,7 +928,7 @@ def test_native_encoder_matches_torch_and_each_row_alone():
         assert not torch.equal(got.out[keep], ref.out[keep])  # (it is the native path: rounding differs)
         for r in range(src.shape[0]):
             n = int(keep[r].sum())
-            alone = m.encode(src[r:r + 1, :n]).out[0]
+            alone = m.encode(src[r : r + 1, :n]).out[0]
             assert torch.equal(alone, got.out[r, :n])
     assert blockwise(m, src, max_len=12).tokens == greedy(m, src, max_len=12).tokens
     post = copy.deepcopy(m)
@@ -913,8 +946,19 @@ def test_every_head_size_gives_a_token_the_same_bits_in_any_block_and_matches_to
     from bpd_train.decoding.common import decoding_mode
 
     torch.manual_seed(d_model)
-    m = BPDModel(BPDConfig(vocab_size=40, d_model=d_model, n_heads=n_heads, n_encoder_layers=1, n_decoder_layers=2,
-                           d_ff=2 * d_model, block_size=2, dropout=0.0, max_positions=64)).eval()
+    m = BPDModel(
+        BPDConfig(
+            vocab_size=40,
+            d_model=d_model,
+            n_heads=n_heads,
+            n_encoder_layers=1,
+            n_decoder_layers=2,
+            d_ff=2 * d_model,
+            block_size=2,
+            dropout=0.0,
+            max_positions=64,
+        )
+    ).eval()
     src = random_sources(5, seed=d_model, vocab=40, max_src=21)
     toks = torch.randint(3, 40, (5, 12))
     with decoding_mode(m):
@@ -922,7 +966,7 @@ def test_every_head_size_gives_a_token_the_same_bits_in_any_block_and_matches_to
         one = m.start_decoding(mem, 16)
         h_one = []
         for j in range(12):
-            h_one.append(m.decode(one, toks[:, j:j + 1]))
+            h_one.append(m.decode(one, toks[:, j : j + 1]))
             one.lengths += 1
         h_one = torch.cat(h_one, 1)
         blk = m.start_decoding(mem, 16)
@@ -931,9 +975,9 @@ def test_every_head_size_gives_a_token_the_same_bits_in_any_block_and_matches_to
             h_blk.append(m.decode(blk, toks[:, lo:hi]))
             blk.lengths += hi - lo
         assert torch.equal(torch.cat(h_blk, 1), h_one)
-        logits = m.decode_weights().head1(h_one)                 # [R,12,V]
+        logits = m.decode_weights().head1(h_one)  # [R,12,V]
     tgt = torch.cat([torch.full((5, 1), m.config.bos_id), toks], 1)
-    with torch.no_grad():                                        # the torch path
+    with torch.no_grad():  # the torch path
         ref = m(src, tgt[:, 1:])[:, :, 0]
     assert torch.allclose(logits, ref, atol=2e-4, rtol=1e-4)
 
@@ -957,18 +1001,20 @@ def test_step_weights_are_checked_once_per_decoding_call():
             m.start_decoding(m.encode(src), 8)
             assert m.decode_weights() is w
         assert calls == [1]
-        greedy(m, src, max_len=8)                             # a new call checks again, once
+        greedy(m, src, max_len=8)  # a new call checks again, once
         assert len(calls) == 2
         with torch.no_grad():
             m.embed.weight.mul_(-1.0)
-        assert m.decode_weights() is not w                    # a new parameter state: new weights
+        assert m.decode_weights() is not w  # a new parameter state: new weights
         assert blockwise(m, src, max_len=8).tokens == greedy(m, src, max_len=8).tokens
     finally:
         packed.weights_key = real
 
 
-@pytest.mark.parametrize("options", [DecodeOptions(), DecodeOptions(proposal_dtype="int8"),
-                                     DecodeOptions(dtype="int8", draft_vocab=(2, 3, 4, 5))])
+@pytest.mark.parametrize(
+    "options",
+    [DecodeOptions(), DecodeOptions(proposal_dtype="int8"), DecodeOptions(dtype="int8", draft_vocab=(2, 3, 4, 5))],
+)
 def test_chained_heads_keep_blockwise_equal_to_greedy_and_propose_alike_everywhere(options):
     """Chained heads (config.head_chain): each head 2..k reads the previous head's token. Exact blockwise (native
     block loop at batch 1, batched loop, adaptive) is greedy; the native proposal pass gives the Python pass's
@@ -982,7 +1028,7 @@ def test_chained_heads_keep_blockwise_equal_to_greedy_and_propose_alike_everywhe
         r = blockwise(m, src, accept=Exact(), max_len=(1.5, 4))
         assert r.tokens == g.tokens, f"k={k} seed={seed} {options}"
         assert blockwise(m, src, max_len=(1.5, 4), adaptive=True).tokens == g.tokens
-        assert [blockwise(m, src[i:i + 1], max_len=(1.5, 4)).tokens[0] for i in range(batch)] == g.tokens
+        assert [blockwise(m, src[i : i + 1], max_len=(1.5, 4)).tokens[0] for i in range(batch)] == g.tokens
         accepted = max(accepted, r.mean_accepted)
         w = m.decode_weights()
         h = torch.randn(40, m.config.d_model)
@@ -990,7 +1036,7 @@ def test_chained_heads_keep_blockwise_equal_to_greedy_and_propose_alike_everywhe
         props = w.propose(h, 1, k, first)
         assert props.shape == (40, k - 1) and torch.equal(w.propose(h, 1, k), props)
         assert (w.chain is not None) == (native_kernels() is not None)
-        chain, w.chain = w.chain, None                                  # the Python pass
+        chain, w.chain = w.chain, None  # the Python pass
         try:
             assert torch.equal(w.propose(h, 1, k, first), props)
             if k > 2:  # a later head alone, started from the previous head's token
@@ -1012,7 +1058,7 @@ def test_chained_native_loops_take_the_same_steps_as_the_one_step_loops(dtype):
         src = random_sources(batch, seed)
         w = m.decode_weights()
         b = blockwise(m, src, max_len=(1.5, 4))
-        loop, w.native_loop = w.native_loop, None                  # one step per call, through model.decode
+        loop, w.native_loop = w.native_loop, None  # one step per call, through model.decode
         try:
             b1 = blockwise(m, src, max_len=(1.5, 4))
         finally:
@@ -1032,6 +1078,7 @@ def test_engine_bench_times_the_screened_argmax_against_the_full_one():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     rows = mod.bench_argmax("demo", 300, 40, 1, (1, 4), 2)
-    assert {(r["kernel"], r["rows"]) for r in rows} == {(k, n) for k in ("argmax fp32", "argmax fp32, int8 screen")
-                                                        for n in (1, 4)}
+    assert {(r["kernel"], r["rows"]) for r in rows} == {
+        (k, n) for k in ("argmax fp32", "argmax fp32, int8 screen") for n in (1, 4)
+    }
     assert all(r["us"] > 0 and r["shape"] == "300x40" for r in rows)

@@ -1,6 +1,7 @@
 """How the native engine's C++ is laid out and rebuilt, checked without a compiler: linear.cpp is the one
 translation unit and includes every part, every part ships in the wheel, and a change to any of them (a header
 too) gives the extension a new name, so a stale build is never loaded."""
+
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
 """evaluate: report numbers agree with the sacrebleu CLI on the written files; exact mode agrees 100% with greedy;
 reports, plots and bad-input errors."""
+
 import json
 import subprocess
 import sys
@@ -45,8 +46,12 @@ def evaluated(tiny, tmp_path_factory):
 
 
 def _cli(out: Path, hyp: str) -> dict:
-    res = subprocess.run([SACREBLEU, str(out / "ref.txt"), "-i", str(out / hyp), "-m", "bleu", "chrf", "-w", "6",
-                          "--format", "json"], capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        [SACREBLEU, str(out / "ref.txt"), "-i", str(out / hyp), "-m", "bleu", "chrf", "-w", "6", "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return {m["name"]: m for m in json.loads(res.stdout)}
 
 
@@ -69,7 +74,8 @@ def test_exact_agrees_with_greedy_and_rows_are_complete(evaluated):
     rows = report["rows"]
     # k=4 model: block sizes 4 and 2, rules exact/top2, batch sizes 1/5; the k=1 model only has its greedy entry
     assert sorted({(r["k"], r["rule"], r["batch_size"]) for r in rows}) == sorted(
-        (k, r, b) for k in (4, 2) for r in ("exact", "top2") for b in (1, 5))
+        (k, r, b) for k in (4, 2) for r in ("exact", "top2") for b in (1, 5)
+    )
     assert {r["checkpoint"] for r in rows} == {"frozen-k4"}
     for r in rows:
         assert 1.0 <= r["mean_accepted"] <= r["k"]
@@ -117,8 +123,11 @@ def test_card_section_and_find_report(evaluated, tiny, tmp_path):
     assert find_report(out.parent, sid) == out / "report.json"
     bundle = export_checkpoint(tiny["run"], tmp_path / "b", report=out)
     card = (bundle / "README.md").read_text()
-    assert "### Exact acceptance, batch size 1" in card and "| k | frozen-k4 |" in card and "base" not in \
-        card.split("## Evaluation")[1]
+    assert (
+        "### Exact acceptance, batch size 1" in card
+        and "| k | frozen-k4 |" in card
+        and "base" not in card.split("## Evaluation")[1]
+    )
     assert card_section(out, "sha256:0000") is None
 
 
@@ -154,14 +163,17 @@ def test_bad_inputs(tiny, tmp_path):
     assert not any((tmp_path / d).exists() for d in "abc")
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"dtype": "fp16"}, "dtype='fp16': expected one of fp32, bf16, int8"),
-    ({"proposal_dtype": "fp8"}, "proposal_dtype='fp8': expected"),
-    ({"draft_vocab": "many"}, "draft_vocab must be a number of tokens"),
-    ({"adaptive": 1.5}, "adaptive=1.5: expected"),
-    ({"adaptive": None}, "adaptive=None: expected true, false or a threshold"),
-    ({"max_len": [1, float("nan")]}, "max_len [a, b] takes finite numbers"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"dtype": "fp16"}, "dtype='fp16': expected one of fp32, bf16, int8"),
+        ({"proposal_dtype": "fp8"}, "proposal_dtype='fp8': expected"),
+        ({"draft_vocab": "many"}, "draft_vocab must be a number of tokens"),
+        ({"adaptive": 1.5}, "adaptive=1.5: expected"),
+        ({"adaptive": None}, "adaptive=None: expected true, false or a threshold"),
+        ({"max_len": [1, float("nan")]}, "max_len [a, b] takes finite numbers"),
+    ],
+)
 def test_decode_settings_are_checked_as_translate_checks_them(kwargs, message):
     # the evaluator's decode fields are a DecodeSettings (decoding/settings.py), checked before any model loads
     with pytest.raises(EvalError) as e:
@@ -174,8 +186,9 @@ def test_the_evaluator_decodes_with_the_serving_settings():
 
     s = EvalSettings(dtype="INT8", draft_vocab=30, proposal_dtype=None, max_len=[1, 4], adaptive="false")
     assert s.dtype == "int8" and s.adaptive is False and s.max_len == [1, 4]  # the report keeps what was asked
-    assert s.decode_settings(accept="top2") == DecodeSettings(accept="top2", dtype="int8", draft_vocab=30,
-                                                              proposal_dtype=None, max_len=(1, 4), adaptive=False)
+    assert s.decode_settings(accept="top2") == DecodeSettings(
+        accept="top2", dtype="int8", draft_vocab=30, proposal_dtype=None, max_len=(1, 4), adaptive=False
+    )
 
 
 def test_expand_inputs_names(tiny):
@@ -218,8 +231,10 @@ def test_configs_compose_with_every_experiment(name, tmp_path):
             cfg = compose(name, overrides=[f"paths.artifacts={tmp_path}"] + ([f"experiment={exp}"] if exp else []))
         section = OmegaConf.to_container(cfg[name], resolve=True)
         if name == "evaluate":
-            s = EvalSettings(**{k: v for k, v in OmegaConf.to_container(cfg.decode, resolve=True).items()},
-                             batch_sizes=section["batch_sizes"])
+            s = EvalSettings(
+                **{k: v for k, v in OmegaConf.to_container(cfg.decode, resolve=True).items()},
+                batch_sizes=section["batch_sizes"],
+            )
             assert s.rules and s.batch_sizes
         if exp == "smoke" and name == "evaluate":
             assert section["max_sentences"] and cfg.paths.artifacts == str(tmp_path)
@@ -229,8 +244,9 @@ def test_greedy_only(tiny, tmp_path):
     """decode=greedy: no blockwise rows, one greedy table per batch size."""
     pairs = read_pairs("validation", 4)
     s = EvalSettings(block_sizes=[], rules=[], batch_sizes=[4], max_len=[0.5, 2], progress=False)
-    report = evaluate_inputs(expand_inputs([str(tiny["run"])]), [p[0] for p in pairs], [p[1] for p in pairs], s,
-                             tmp_path / "g", plots=False)
+    report = evaluate_inputs(
+        expand_inputs([str(tiny["run"])]), [p[0] for p in pairs], [p[1] for p in pairs], s, tmp_path / "g", plots=False
+    )
     assert report["rows"] == [] and report["checkpoints"][0]["greedy"]["hyp_file"] == "hyp/frozen-k4/greedy.txt"
     assert "## Greedy decoding, batch size 4" in (tmp_path / "g" / "report.md").read_text()
 
@@ -249,10 +265,10 @@ def test_timing_repeats_passes_until_min_seconds_and_keeps_the_first_passs_resul
 
     fns = {"a": slow, "b": lambda batch: batch}
     out = time_interleaved(fns, [1, 2, 3], warmup=1, min_seconds=0.05)
-    assert out["a"].passes == out["b"].passes >= 4               # 3 x 5 ms a pass: 4 passes reach 50 ms
+    assert out["a"].passes == out["b"].passes >= 4  # 3 x 5 ms a pass: 4 passes reach 50 ms
     assert out["a"].seconds >= 0.05 and out["a"].results == [10, 20, 30] and out["b"].results == [1, 2, 3]
-    assert len(calls) == 1 + 3 * out["a"].passes                  # the warm-up batch, then whole passes
-    one = time_interleaved(fns, [1, 2, 3], warmup=0)              # default: one pass
+    assert len(calls) == 1 + 3 * out["a"].passes  # the warm-up batch, then whole passes
+    one = time_interleaved(fns, [1, 2, 3], warmup=0)  # default: one pass
     assert one["a"].passes == 1 and one["a"].results == [10, 20, 30]
     capped = time_interleaved(fns, [1], warmup=0, min_seconds=10.0, max_passes=3)
     assert capped["a"].passes == 3

@@ -1,4 +1,5 @@
 """BlockwiseEval: logs val/bleu, val/mean_accepted, val/speedup from a validation subset, on rank 0 only."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -22,14 +23,23 @@ def _fake(tiny, run, n_val=10, rank=0):
     tok = Tokenizer(tiny["tok"])
     pairs = read_pairs("validation", n_val)
     rows = [(tok.encode(s)[:60] + [2], tok.encode(t)[:60] + [2]) for s, t in pairs]
-    batches = [{"src": pad_batch([r[0] for r in rows[i:i + 4]], 0),
-                "tgt_out": pad_batch([r[1] for r in rows[i:i + 4]], 0),
-                "idx": torch.arange(i, min(i + 4, len(rows)))} for i in range(0, len(rows), 4)]
+    batches = [
+        {
+            "src": pad_batch([r[0] for r in rows[i : i + 4]], 0),
+            "tgt_out": pad_batch([r[1] for r in rows[i : i + 4]], 0),
+            "idx": torch.arange(i, min(i + 4, len(rows))),
+        }
+        for i in range(0, len(rows), 4)
+    ]
     logged = {}
-    module = SimpleNamespace(model=load_model(run).model.train(),
-                             log=lambda name, value, **kw: logged.__setitem__(name, (value, kw)))
-    trainer = SimpleNamespace(sanity_checking=False, global_rank=rank,
-                              datamodule=SimpleNamespace(tokenizer=tok, val_dataloader=lambda: batches))
+    module = SimpleNamespace(
+        model=load_model(run).model.train(), log=lambda name, value, **kw: logged.__setitem__(name, (value, kw))
+    )
+    trainer = SimpleNamespace(
+        sanity_checking=False,
+        global_rank=rank,
+        datamodule=SimpleNamespace(tokenizer=tok, val_dataloader=lambda: batches),
+    )
     return trainer, module, logged
 
 

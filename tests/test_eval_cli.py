@@ -1,6 +1,7 @@
 """The entry points as users run them, on the real smoke base model (session fixture `smoke_base`) plus a heads
 run made from it: evaluate.py -> report numbers equal the sacrebleu CLI; export.py -> bundle with the eval table;
 python -m bpd_train.translate on the bundle reproduces the evaluated hypotheses. Bad input: one line, exit 2."""
+
 import json
 import shutil
 import subprocess
@@ -39,21 +40,34 @@ def artifacts(smoke_base, tmp_path_factory):
     missing, unexpected = heads.load_state_dict(base.model.state_dict(), strict=False)
     assert not unexpected and all(m.startswith("heads.") for m in missing)
     torch.nn.init.normal_(heads.heads.fc2.weight, std=0.02)
-    write_checkpoint(corpus / "heads" / "frozen-k4" / "checkpoints" / "last.ckpt", heads, base.tokenizer_path,
-                     regime="frozen")
+    write_checkpoint(
+        corpus / "heads" / "frozen-k4" / "checkpoints" / "last.ckpt", heads, base.tokenizer_path, regime="frozen"
+    )
     return art
 
 
 def _sacrebleu(out: Path, hyp: str) -> dict:
-    res = subprocess.run([SACREBLEU, str(out / "ref.txt"), "-i", str(out / hyp), "-m", "bleu", "chrf", "-w", "6",
-                          "--format", "json"], capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        [SACREBLEU, str(out / "ref.txt"), "-i", str(out / hyp), "-m", "bleu", "chrf", "-w", "6", "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return {m["name"]: m["score"] for m in json.loads(res.stdout)}
 
 
 def test_evaluate_export_translate(artifacts, tmp_path):
-    res = _run("evaluate.py", f"paths.artifacts={artifacts}", "evaluate.max_sentences=6", "evaluate.batch_sizes=[3]",
-               "decode.rules=[exact]", "evaluate.progress=false", "num_threads=2", "evaluate.bleu_sentences=12",
-               tmp=tmp_path)
+    res = _run(
+        "evaluate.py",
+        f"paths.artifacts={artifacts}",
+        "evaluate.max_sentences=6",
+        "evaluate.batch_sizes=[3]",
+        "decode.rules=[exact]",
+        "evaluate.progress=false",
+        "num_threads=2",
+        "evaluate.bleu_sentences=12",
+        tmp=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     out = artifacts / "bible_en_fr" / "eval" / "all"  # two runs found: base and heads/frozen-k4
     report = json.loads((out / "report.json").read_text())
@@ -78,9 +92,25 @@ def test_evaluate_export_translate(artifacts, tmp_path):
     bundle = artifacts / "bible_en_fr" / "export" / "frozen-k4"
     assert "### Exact acceptance, batch size 3" in (bundle / "README.md").read_text()  # this checkpoint's table
 
-    res = subprocess.run([sys.executable, "-m", "bpd_train.translate", "--bundle", str(bundle), "--batch-size", "4",
-                          "--max-len", *map(str, report["settings"]["max_len"])], input=(out / "src.txt").read_text(),
-                         capture_output=True, text=True, timeout=300, env=offline_env(), cwd=tmp_path)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bpd_train.translate",
+            "--bundle",
+            str(bundle),
+            "--batch-size",
+            "4",
+            "--max-len",
+            *map(str, report["settings"]["max_len"]),
+        ],
+        input=(out / "src.txt").read_text(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=offline_env(),
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout == (out / "hyp" / "frozen-k4" / "k4.exact.bs3.txt").read_text()
     assert "k̂=" in res.stderr

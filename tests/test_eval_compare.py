@@ -1,5 +1,6 @@
 """The report's comparison points (base greedy BLEU, the distillation teacher's BLEU, each run's difference from
 them) and the rule that picks the run to hand a user (what `make demo` exports)."""
+
 from __future__ import annotations
 
 import json
@@ -20,10 +21,22 @@ SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
 def _manifest(folder: Path, teacher: Path, beam_size: int) -> Path:
     """A distillation corpus folder as distill.py leaves it, reduced to what the report reads."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "manifest.json").write_text(json.dumps({
-        "format": 1, "teacher_id": "train-b1-a0.6-test", "teacher_path": str(teacher), "beam_size": beam_size,
-        "length_penalty": 0.6, "max_len": [0.5, 4], "split": "train", "complete": True, "shards": [],
-        "teacher_bleu": {"bleu": 12.34, "num_sentences": 500}}))
+    (folder / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "teacher_id": "train-b1-a0.6-test",
+                "teacher_path": str(teacher),
+                "beam_size": beam_size,
+                "length_penalty": 0.6,
+                "max_len": [0.5, 4],
+                "split": "train",
+                "complete": True,
+                "shards": [],
+                "teacher_bleu": {"bleu": 12.34, "num_sentences": 500},
+            }
+        )
+    )
     return folder
 
 
@@ -37,8 +50,15 @@ def compared(tmp_path_factory):
     teacher_dir = _manifest(tmp / "distill" / "t", tiny["base"] / "checkpoints" / "last.ckpt", beam_size=1)
     settings = EvalSettings(rules=["exact"], batch_sizes=[1], max_len=[0.5, 4], progress=False)
     out = tmp / "report"
-    report = evaluate_inputs(expand_inputs([str(tiny["run"]), str(tiny["base"])]), [p[0] for p in pairs],
-                             [p[1] for p in pairs], settings, out, plots=False, distilled_dir=teacher_dir)
+    report = evaluate_inputs(
+        expand_inputs([str(tiny["run"]), str(tiny["base"])]),
+        [p[0] for p in pairs],
+        [p[1] for p in pairs],
+        settings,
+        out,
+        plots=False,
+        distilled_dir=teacher_dir,
+    )
     return out, report, tiny
 
 
@@ -47,11 +67,21 @@ def test_report_gives_base_and_teacher_bleu_and_each_difference(compared):
     report = json.loads((out / "report.json").read_text())
     ck = {c["name"]: c for c in report["checkpoints"]}
     base, frozen, t = ck["base"]["greedy"]["bleu"], ck["frozen-k4"]["greedy"]["bleu"], report["teacher"]
-    assert report["comparison"] == {"base": "base", "base_bleu": base, "teacher_bleu": t["bleu"],
-                                    "teacher_train_bleu": 12.34}
-    assert t["bleu"] == base and (out / t["hyp_file"]).read_text() == (out / ck["base"]["greedy"]["hyp_file"]).read_text()
-    cli = subprocess.run([SACREBLEU, str(out / "ref.txt"), "-i", str(out / t["hyp_file"]), "-m", "bleu", "-w", "6",
-                          "--format", "json"], capture_output=True, text=True, check=True)
+    assert report["comparison"] == {
+        "base": "base",
+        "base_bleu": base,
+        "teacher_bleu": t["bleu"],
+        "teacher_train_bleu": 12.34,
+    }
+    assert (
+        t["bleu"] == base and (out / t["hyp_file"]).read_text() == (out / ck["base"]["greedy"]["hyp_file"]).read_text()
+    )
+    cli = subprocess.run(
+        [SACREBLEU, str(out / "ref.txt"), "-i", str(out / t["hyp_file"]), "-m", "bleu", "-w", "6", "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert t["bleu"] == pytest.approx(json.loads(cli.stdout)["score"], abs=1e-6)
     assert ck["frozen-k4"]["bleu_vs_base"] == pytest.approx(frozen - base) != 0
     assert ck["frozen-k4"]["bleu_vs_teacher"] == pytest.approx(frozen - t["bleu"])
@@ -68,8 +98,15 @@ def test_teacher_checkpoint_gone_keeps_the_manifest_number(compared, tmp_path):
     pairs = read_pairs("validation", 2)
     d = _manifest(tmp_path / "t", tmp_path / "deleted.ckpt", beam_size=4)
     s = EvalSettings(rules=["exact"], batch_sizes=[2], max_len=[0.5, 2], progress=False)
-    report = evaluate_inputs(expand_inputs([str(tiny["base"])]), [p[0] for p in pairs], [p[1] for p in pairs], s,
-                             tmp_path / "r", plots=False, distilled_dir=d)
+    report = evaluate_inputs(
+        expand_inputs([str(tiny["base"])]),
+        [p[0] for p in pairs],
+        [p[1] for p in pairs],
+        s,
+        tmp_path / "r",
+        plots=False,
+        distilled_dir=d,
+    )
     assert report["teacher"]["bleu"] is None and report["teacher"]["train_bleu"] == 12.34
     assert "does not exist" in report["teacher"]["missing"]
     assert "not decoded here" in (tmp_path / "r" / "report.md").read_text()
@@ -85,9 +122,16 @@ def test_quality_over_more_sentences_than_are_timed(compared, tmp_path):
     teacher_dir = _manifest(tmp_path / "distill" / "t", tiny["base"] / "checkpoints" / "last.ckpt", beam_size=1)
     settings = EvalSettings(rules=["exact"], batch_sizes=[1, 2], max_len=[0.5, 4], progress=False)
     out = tmp_path / "report"
-    report = evaluate_inputs(expand_inputs([str(tiny["base"]), str(tiny["run"])]), [p[0] for p in timed],
-                             [p[1] for p in timed], settings, out, plots=False, distilled_dir=teacher_dir,
-                             quality=([p[0] for p in pairs], [p[1] for p in pairs]))
+    report = evaluate_inputs(
+        expand_inputs([str(tiny["base"]), str(tiny["run"])]),
+        [p[0] for p in timed],
+        [p[1] for p in timed],
+        settings,
+        out,
+        plots=False,
+        distilled_dir=teacher_dir,
+        quality=([p[0] for p in pairs], [p[1] for p in pairs]),
+    )
     assert report["data"]["sentences"] == 3 and report["data"]["quality_sentences"] == 8
     refs = tmp_path / "refs8.txt"
     refs.write_text("".join(p[1] + "\n" for p in pairs))
@@ -96,8 +140,12 @@ def test_quality_over_more_sentences_than_are_timed(compared, tmp_path):
         q = c["quality"]
         lines = (out / q["hyp_file"]).read_text().splitlines()
         assert q["sentences"] == len(lines) == 8
-        cli = subprocess.run([SACREBLEU, str(refs), "-i", str(out / q["hyp_file"]), "-m", "bleu", "-w", "6",
-                              "--format", "json"], capture_output=True, text=True, check=True)
+        cli = subprocess.run(
+            [SACREBLEU, str(refs), "-i", str(out / q["hyp_file"]), "-m", "bleu", "-w", "6", "--format", "json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert q["bleu"] == pytest.approx(json.loads(cli.stdout)["score"], abs=1e-6)
         assert (out / c["greedy"]["hyp_file"]).read_text().splitlines() == [lines[i] for i in (0, 3, 6)]
     base_q = ck["base"]["quality"]["bleu"]
@@ -113,7 +161,7 @@ def test_quality_over_more_sentences_than_are_timed(compared, tmp_path):
 def test_best_holds_runs_to_the_quality_bleu_not_the_timed_sentences():
     report = _report({"self-k4": (8.0, 1.4), "frozen-k4": (10.0, 1.05)})  # 2 under the base on the timed ones
     assert choose_best(report)["checkpoint"] == "frozen-k4"
-    for c, q in zip(report["checkpoints"], (9.0, 8.6, 10.0)):   # over the whole split: 0.4 under the base
+    for c, q in zip(report["checkpoints"], (9.0, 8.6, 10.0)):  # over the whole split: 0.4 under the base
         c["quality"] = {"sentences": 100, "bleu": q}
     report["data"] = {"sentences": 10, "quality_sentences": 100}
     best = choose_best(report)
@@ -127,10 +175,32 @@ def _report(runs: dict[str, tuple[float, float]], base_bleu: float = 10.0) -> di
     for name, (bleu, speedup) in runs.items():
         cks.append({"name": name, "regime": name.split("-")[0], "k": 4, "path": f"/a/{name}", "greedy": {"bleu": bleu}})
         for bs, sp in ((1, speedup), (32, speedup * 3)):  # batch 32 is never what the rule looks at
-            rows.append({"checkpoint": name, "model_k": 4, "k": 4, "rule": "exact", "batch_size": bs, "bleu": bleu,
-                         "agreement": 100.0, "speedup": sp, "mean_accepted": 2.0})
-        rows.append({"checkpoint": name, "model_k": 4, "k": 4, "rule": "top2", "batch_size": 1, "bleu": bleu,
-                     "agreement": 90.0, "speedup": speedup * 2, "mean_accepted": 3.0})
+            rows.append(
+                {
+                    "checkpoint": name,
+                    "model_k": 4,
+                    "k": 4,
+                    "rule": "exact",
+                    "batch_size": bs,
+                    "bleu": bleu,
+                    "agreement": 100.0,
+                    "speedup": sp,
+                    "mean_accepted": 2.0,
+                }
+            )
+        rows.append(
+            {
+                "checkpoint": name,
+                "model_k": 4,
+                "k": 4,
+                "rule": "top2",
+                "batch_size": 1,
+                "bleu": bleu,
+                "agreement": 90.0,
+                "speedup": speedup * 2,
+                "mean_accepted": 3.0,
+            }
+        )
     return {"settings": {"batch_sizes": [1, 32], "max_bleu_drop": 1.0}, "checkpoints": cks, "rows": rows}
 
 

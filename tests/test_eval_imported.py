@@ -1,5 +1,6 @@
 """An imported model (hf:<folder>, or a bundle exported from one) is the base model of its evaluation report: the
 comparison is held to its BLEU and the best-run choice has a base to fall back on."""
+
 import json
 from types import SimpleNamespace
 
@@ -25,9 +26,20 @@ def test_report_of_an_imported_model_has_a_base(marian, tmp_path):
 
     folder = marian["folder"]
     common = ["experiment=smoke", f"paths.artifacts={tmp_path / 'art'}", *_data(marian)]
-    out = run_evaluate(_compose("evaluate", [*common, f"evaluate.inputs=[hf:{folder}]", "evaluate.batch_sizes=[2]",
-                                             "evaluate.plots=false", "evaluate.wandb=false",
-                                             "evaluate.progress=false", "evaluate.max_sentences=4"]))
+    out = run_evaluate(
+        _compose(
+            "evaluate",
+            [
+                *common,
+                f"evaluate.inputs=[hf:{folder}]",
+                "evaluate.batch_sizes=[2]",
+                "evaluate.plots=false",
+                "evaluate.wandb=false",
+                "evaluate.progress=false",
+                "evaluate.max_sentences=4",
+            ],
+        )
+    )
     report = json.loads((out / "report.json").read_text())
     assert report["checkpoints"][0]["regime"] == "base"
     assert report["comparison"]["base"] == "marian" and report["best"]["checkpoint"] == "marian"

@@ -1,4 +1,5 @@
 """Bundles: export from a Lightning checkpoint reloads with identical logits; every bad input is one clear error."""
+
 import json
 import shutil
 
@@ -35,8 +36,13 @@ def _logits(model, vocab, seed=0):
 def test_bundle_layout_and_identical_logits(tiny, bundle):
     src = load_model(tiny["ckpt"])
     model, tok, meta = load_bundle(bundle)
-    assert sorted(p.name for p in bundle.iterdir()) == ["README.md", "config.json", "manifest.json",
-                                                         "model.safetensors", "tokenizer.model"]
+    assert sorted(p.name for p in bundle.iterdir()) == [
+        "README.md",
+        "config.json",
+        "manifest.json",
+        "model.safetensors",
+        "tokenizer.model",
+    ]
     assert torch.equal(_logits(model, tiny["vocab"]), _logits(src.model, tiny["vocab"]))
     cfg = json.loads((bundle / "config.json").read_text())
     assert cfg["model"] == src.config.to_dict()
@@ -199,8 +205,9 @@ def test_killed_export_temp_folders_cleaned_and_umask_respected(tiny, tmp_path):
     import subprocess
     import sys
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()  # a pid that no longer runs, as after kill -9
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()  # a pid that no longer runs, as after kill -9
     host = socket.gethostname()
     stale = tmp_path / f".out.bpd-tmp-{host}-{dead}-abc123"
     live = tmp_path / f".out.bpd-tmp-{host}-{os.getpid()}-abc123"  # a running export's folder: not ours to touch
@@ -216,4 +223,5 @@ def test_killed_export_temp_folders_cleaned_and_umask_respected(tiny, tmp_path):
     assert not stale.exists() and live.exists() and other.exists()
     assert (out.stat().st_mode & 0o777) == 0o750
     assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == dict.fromkeys(
-        ["README.md", "config.json", "manifest.json", "model.safetensors", "tokenizer.model"], 0o640)
+        ["README.md", "config.json", "manifest.json", "model.safetensors", "tokenizer.model"], 0o640
+    )

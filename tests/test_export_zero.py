@@ -1,6 +1,7 @@
 """Export from a real DeepSpeed ZeRO-2 checkpoint made on CPU (bpd_train.training.zero_cpu): a frozen-regime run
 initialised from the smoke base model, so the folder also holds frozen parameters. The bundle must give exactly
 the logits of Lightning's own ZeRO consolidation, and keep the frozen backbone bit-identical to the base."""
+
 import shutil
 import subprocess
 import sys
@@ -20,11 +21,21 @@ def zero_run(smoke_base, tmp_path_factory):
     corpus = art / base_run.parent.name
     shutil.copytree(base_run, corpus / "base")
     shutil.copytree(base_run.parent / "spm", corpus / "spm")  # same tokenizer cache: no retraining
-    cmd = [sys.executable, "-m", "bpd_train.training.zero_cpu", "+regime=frozen", "experiment=smoke",
-           "strategy=deepspeed_zero2", "trainer.max_steps=2", "logger=csv", f"paths.artifacts={art}",
-           f"hydra.run.dir={art}/hydra"]
-    r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True,
-                       timeout=900)
+    cmd = [
+        sys.executable,
+        "-m",
+        "bpd_train.training.zero_cpu",
+        "+regime=frozen",
+        "experiment=smoke",
+        "strategy=deepspeed_zero2",
+        "trainer.max_steps=2",
+        "logger=csv",
+        f"paths.artifacts={art}",
+        f"hydra.run.dir={art}/hydra",
+    ]
+    r = subprocess.run(
+        cmd, cwd=REPO_ROOT, env=offline_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True, timeout=900
+    )
     assert r.returncode == 0, r.stderr[-5000:]
     run = corpus / "heads" / "frozen-k4"
     assert (run / "checkpoints" / "last.ckpt" / "latest").is_file()
@@ -56,7 +67,7 @@ def test_zero_export_matches_lightning_consolidation(zero_run, tmp_path):
     convert_zero_checkpoint_to_fp32_state_dict(str(run / "checkpoints" / "best.ckpt"), str(tmp_path / "fp32.pt"))
     state = torch.load(tmp_path / "fp32.pt", map_location="cpu", weights_only=False)["state_dict"]
     ref = BPDModel(model.config)
-    ref.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
+    ref.load_state_dict({k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")})
     ref.eval()
     v = model.config.vocab_size
     assert torch.equal(_logits(model, v), _logits(ref, v))
@@ -84,7 +95,6 @@ def test_broken_zero_folder_is_one_clear_error(zero_run, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-
 def test_head_regime_starts_from_a_zero_run(zero_run):
     # init_from accepts a DeepSpeed run folder (consolidated on the fly); before, it stopped with "no checkpoint".
     from conftest import run_train
@@ -92,17 +102,34 @@ def test_head_regime_starts_from_a_zero_run(zero_run):
     from bpd_train.loading import load as load_model
 
     corpus, run = zero_run
-    run_train("+regime=finetune", "experiment=smoke", f"regime.init_from={run}", "trainer.max_steps=1",
-              "trainer.val_check_interval=1", artifacts=corpus.parent)
+    run_train(
+        "+regime=finetune",
+        "experiment=smoke",
+        f"regime.init_from={run}",
+        "trainer.max_steps=1",
+        "trainer.val_check_interval=1",
+        artifacts=corpus.parent,
+    )
     new = load_model(corpus / "heads" / "finetune-k4" / "checkpoints" / "last.ckpt")
     assert new.config.block_size == 4 and str(run) in str(new.meta.get("init_from"))
 
 
 def _zero_cpu(*overrides, art, stage, devices, name):
-    cmd = [sys.executable, "-m", "bpd_train.training.zero_cpu", f"--stage={stage}", f"--devices={devices}",
-           *overrides, "experiment=smoke", "logger=csv", f"paths.artifacts={art}", f"hydra.run.dir={art}/hydra-{name}"]
-    r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True,
-                       timeout=900)
+    cmd = [
+        sys.executable,
+        "-m",
+        "bpd_train.training.zero_cpu",
+        f"--stage={stage}",
+        f"--devices={devices}",
+        *overrides,
+        "experiment=smoke",
+        "logger=csv",
+        f"paths.artifacts={art}",
+        f"hydra.run.dir={art}/hydra-{name}",
+    ]
+    r = subprocess.run(
+        cmd, cwd=REPO_ROOT, env=offline_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True, timeout=900
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-5000:]
     return r
 
@@ -127,8 +154,15 @@ def test_zero3_two_ranks_base_frozen_export(smoke_base, tmp_path):
     _zero_cpu("+regime=base", "trainer.max_steps=3", art=art, stage=3, devices=2, name="base")
     base_files = {p.name for p in (corpus / "base" / "checkpoints" / "last.ckpt" / "checkpoint").iterdir()}
     assert {f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in (0, 1)} <= base_files  # really stage 3, 2 ranks
-    _zero_cpu("+regime=frozen", "trainer.max_steps=2", "trainer.val_check_interval=2", art=art, stage=3, devices=2,
-              name="frozen")
+    _zero_cpu(
+        "+regime=frozen",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        art=art,
+        stage=3,
+        devices=2,
+        name="frozen",
+    )
     run = corpus / "heads" / "frozen-k4"
     rows = [r for f in run.rglob("metrics.csv") for r in csv.DictReader(f.open())]
     khat = [float(r["val/mean_accepted"]) for r in rows if r.get("val/mean_accepted")]
@@ -140,7 +174,7 @@ def test_zero3_two_ranks_base_frozen_export(smoke_base, tmp_path):
     convert_zero_checkpoint_to_fp32_state_dict(str(run / "checkpoints" / "best.ckpt"), str(tmp_path / "fp32.pt"))
     state = torch.load(tmp_path / "fp32.pt", map_location="cpu", weights_only=False)["state_dict"]
     ref = BPDModel(model.config)
-    ref.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
+    ref.load_state_dict({k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")})
     v = model.config.vocab_size
     assert torch.equal(_logits(model, v), _logits(ref.eval(), v))
     base = load_any(corpus / "base").model.state_dict()

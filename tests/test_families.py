@@ -1,5 +1,6 @@
 """Model families (bpd_train/families): which family a config, model or name belongs to, what each builds, and
 that the pipeline asks the family instead of checking the model's kind itself."""
+
 from __future__ import annotations
 
 import re
@@ -14,13 +15,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _lm_config(**kw) -> LMConfig:
-    return LMConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_positions=16, bos_id=1, eos_id=2,
-                    **kw)
+    return LMConfig(
+        vocab_size=32, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_positions=16, bos_id=1, eos_id=2, **kw
+    )
 
 
 def _mt_config() -> BPDConfig:
-    return BPDConfig(vocab_size=32, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
-                     max_positions=16)
+    return BPDConfig(
+        vocab_size=32, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, max_positions=16
+    )
 
 
 def test_family_of_every_kind_of_thing():
@@ -75,10 +78,19 @@ def test_models_and_the_decode_engine_live_apart():
     family's step weights, packed linears, the C++ kernels and native loops -- is bpd_train/engine. The models
     reach the engine only through its step weights (engine/mt.py, engine/lm.py, engine/packed.py), never the kernels
     themselves."""
-    engine = sorted(p.relative_to(ROOT / "bpd_train" / "engine").as_posix()
-                    for p in (ROOT / "bpd_train" / "engine").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    assert [f for f in engine if not f.startswith("csrc/")] == ["__init__.py", "fastlinear.py", "lm.py", "mt.py",
-                                                               "packed.py", "step.py"]
+    engine = sorted(
+        p.relative_to(ROOT / "bpd_train" / "engine").as_posix()
+        for p in (ROOT / "bpd_train" / "engine").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    )
+    assert [f for f in engine if not f.startswith("csrc/")] == [
+        "__init__.py",
+        "fastlinear.py",
+        "lm.py",
+        "mt.py",
+        "packed.py",
+        "step.py",
+    ]
     assert "csrc/linear.cpp" in engine and all(f.endswith((".cpp", ".h")) for f in engine if f.startswith("csrc/"))
     model = ROOT / "bpd_train" / "model"
     assert not (model / "csrc").exists()
@@ -100,18 +112,26 @@ def test_both_families_decode_through_one_step_protocol():
     from bpd_train.model import BPDConfig, BPDModel, LMConfig, LMModel
 
     torch.manual_seed(0)
-    models = {DecodeWeights: BPDModel(BPDConfig(vocab_size=11, d_model=16, n_heads=2, n_encoder_layers=1,
-                                                n_decoder_layers=1, d_ff=32, block_size=2)),
-              LMDecodeWeights: LMModel(LMConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
-                                                d_ff=32, block_size=2, eos_id=2))}
+    models = {
+        DecodeWeights: BPDModel(
+            BPDConfig(
+                vocab_size=11, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, block_size=2
+            )
+        ),
+        LMDecodeWeights: LMModel(
+            LMConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, block_size=2, eos_id=2)
+        ),
+    }
     members = [n for n in dir(DecodeStep) if not n.startswith("_")] + list(DecodeStep.__annotations__)
     for cls, model in models.items():
-        assert DecodeStep in cls.__mro__                                              # declared, not duck-typed
+        assert DecodeStep in cls.__mro__  # declared, not duck-typed
         w = model.eval().decode_weights()
         assert type(w) is cls and isinstance(w, DecodeStep)
         for name in members:
             assert hasattr(w, name), (cls.__name__, name)
             if callable(getattr(DecodeStep, name, None)):
-                assert getattr(cls, name) is not getattr(DecodeStep, name), (cls.__name__, name)   # its own
-                assert list(inspect.signature(getattr(cls, name)).parameters)[:3] == \
-                    list(inspect.signature(getattr(DecodeStep, name)).parameters)[:3], (cls.__name__, name)
+                assert getattr(cls, name) is not getattr(DecodeStep, name), (cls.__name__, name)  # its own
+                assert (
+                    list(inspect.signature(getattr(cls, name)).parameters)[:3]
+                    == list(inspect.signature(getattr(DecodeStep, name)).parameters)[:3]
+                ), (cls.__name__, name)

@@ -2,6 +2,7 @@
 were all seen is assembled from the cache with the states a fresh forward gives, whatever the batch's padding;
 the regime module uses it only where the backbone is frozen, dropout-free and decoder-only, and the loss and the
 heads' gradients are the recomputed ones."""
+
 import torch
 
 from bpd_train.model.lm.config import LMConfig
@@ -14,8 +15,19 @@ PAD = -1
 
 def _lm(k=3, dropout=0.0) -> LMModel:
     torch.manual_seed(0)
-    return LMModel(LMConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, block_size=k,
-                            heads="medusa", dropout=dropout)).eval()
+    return LMModel(
+        LMConfig(
+            vocab_size=40,
+            d_model=32,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            d_ff=48,
+            block_size=k,
+            heads="medusa",
+            dropout=dropout,
+        )
+    ).eval()
 
 
 def _rows(lengths, seed=0):
@@ -27,7 +39,7 @@ def _batch(rows, width=None):
     t = width or max(map(len, rows))
     out = torch.full((len(rows), t), PAD, dtype=torch.long)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = torch.tensor(r)
+        out[i, : len(r)] = torch.tensor(r)
     return out
 
 
@@ -47,8 +59,8 @@ def test_rows_come_back_from_the_cache_whatever_the_batch():
     with torch.no_grad():
         fresh = model.features(again)
     for i, r in enumerate([rows[1], rows[0]]):
-        assert torch.allclose(got[i, :len(r)], fresh[i, :len(r)], atol=1e-5)
-        assert torch.equal(got[i, len(r):], torch.zeros_like(got[i, len(r):]))
+        assert torch.allclose(got[i, : len(r)], fresh[i, : len(r)], atol=1e-5)
+        assert torch.equal(got[i, len(r) :], torch.zeros_like(got[i, len(r) :]))
     assert torch.equal(got[1, :5], h[0, :5])
     # one unseen row: the whole batch is computed (and the new row kept)
     mixed = _batch([rows[0], rows[2]])
@@ -75,10 +87,18 @@ def test_the_budget_caps_what_is_kept():
 
 def _module(dropout=0.0, gb=1.0, trainable="heads"):
     cfg = _lm(dropout=dropout).config.to_dict()
-    reg = {"name": "t", "block_size": 3, "head_loss": "mean", "trainable": trainable, "init_from": "x",
-           "feature_cache_gb": gb}
-    optim = {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2},
-             "schedule": {"name": "constant", "warmup_steps": 0}}
+    reg = {
+        "name": "t",
+        "block_size": 3,
+        "head_loss": "mean",
+        "trainable": trainable,
+        "init_from": "x",
+        "feature_cache_gb": gb,
+    }
+    optim = {
+        "optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2},
+        "schedule": {"name": "constant", "warmup_steps": 0},
+    }
     return BPDLightningModule(cfg, reg, optim, {}, seed=3)
 
 
@@ -86,7 +106,7 @@ def _lm_batch(rows):
     tokens = _batch([r[:-1] for r in rows])
     targets = torch.full_like(tokens, PAD)
     for i, r in enumerate(rows):
-        targets[i, 1:len(r) - 1] = torch.tensor(r[2:])   # a one-token prompt, then the response
+        targets[i, 1 : len(r) - 1] = torch.tensor(r[2:])  # a one-token prompt, then the response
     return {"tokens": tokens, "targets": targets, "prompts": [r[:1] for r in rows]}
 
 
@@ -99,12 +119,15 @@ def test_the_module_trains_the_same_from_the_cache():
     m.train()
     rows = _rows([6, 9, 4], seed=1)
     grads = []
-    for width in (None, 14):                         # computed, then from the cache in a wider batch
+    for width in (None, 14):  # computed, then from the cache in a wider batch
         b = _lm_batch(rows)
         if width:
             pad = width - b["tokens"].shape[1]
-            b = {"tokens": torch.nn.functional.pad(b["tokens"], (0, pad), value=PAD),
-                 "targets": torch.nn.functional.pad(b["targets"], (0, pad), value=PAD), "prompts": b["prompts"]}
+            b = {
+                "tokens": torch.nn.functional.pad(b["tokens"], (0, pad), value=PAD),
+                "targets": torch.nn.functional.pad(b["targets"], (0, pad), value=PAD),
+                "prompts": b["prompts"],
+            }
         loss, _ = m.compute_loss(b, [1, 2], [0.5, 0.5])
         loss.backward()
         grads.append((loss.item(), [p.grad.clone() for p in m.model.head_parameters()]))
@@ -116,19 +139,22 @@ def test_the_module_trains_the_same_from_the_cache():
 
 
 def test_no_cache_where_states_can_change():
-    assert _module(dropout=0.1)._feature_cache is None        # dropout: the states differ per pass
-    assert _module(gb=0)._feature_cache is None               # switched off
-    assert _module(trainable="all")._feature_cache is None    # the backbone trains
+    assert _module(dropout=0.1)._feature_cache is None  # dropout: the states differ per pass
+    assert _module(gb=0)._feature_cache is None  # switched off
+    assert _module(trainable="all")._feature_cache is None  # the backbone trains
 
 
 def test_draft_vocabulary_loss_is_the_cross_entropy_over_the_lowest_ids():
     """loss.draft_vocab = N: heads 2..k's loss is the CE of their logits over ids < N, targets >= N ignored."""
     import torch.nn.functional as F
 
-    m = BPDLightningModule(_lm().config.to_dict(), {"name": "t", "block_size": 3, "head_loss": "mean",
-                                                    "trainable": "heads", "init_from": "x"},
-                           {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
-                           {"draft_vocab": 24, "recompute": False}, seed=3)
+    m = BPDLightningModule(
+        _lm().config.to_dict(),
+        {"name": "t", "block_size": 3, "head_loss": "mean", "trainable": "heads", "init_from": "x"},
+        {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
+        {"draft_vocab": 24, "recompute": False},
+        seed=3,
+    )
     with torch.no_grad():
         for p in m.model.head_parameters():
             p.normal_(0, 0.2)
@@ -147,10 +173,16 @@ def test_draft_vocabulary_loss_is_the_cross_entropy_over_the_lowest_ids():
     assert abs(loss.item() - 0.5 * (want[0] + want[1]).item()) < 1e-5
     assert (b["targets"] >= 24).any()  # some targets fall outside and are ignored
     import pytest
+
     for bad in ({"draft_vocab": 0.5e9}, {"draft_vocab": 24, "self_kd_weight": 0.5}):
         with pytest.raises(ValueError, match="draft_vocab"):
-            BPDLightningModule(_lm().config.to_dict(), {"name": "t", "block_size": 3, "trainable": "heads",
-                                                        "init_from": "x"}, {}, bad, seed=3)
+            BPDLightningModule(
+                _lm().config.to_dict(),
+                {"name": "t", "block_size": 3, "trainable": "heads", "init_from": "x"},
+                {},
+                bad,
+                seed=3,
+            )
     with pytest.raises(ValueError, match="frozen"):
         BPDLightningModule(_lm().config.to_dict(), {"name": "t", "block_size": 3}, {}, {"draft_vocab": 24}, seed=3)
 
@@ -162,10 +194,13 @@ def test_draft_vocabulary_loss_skips_prompt_and_padding_positions_with_the_same_
 
     from bpd_train.training.module import compact_rows
 
-    m = BPDLightningModule(_lm(k=4).config.to_dict(), {"name": "t", "block_size": 4, "head_loss": "mean",
-                                                       "trainable": "heads", "init_from": "x"},
-                           {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
-                           {"draft_vocab": 30, "recompute": False}, seed=3)
+    m = BPDLightningModule(
+        _lm(k=4).config.to_dict(),
+        {"name": "t", "block_size": 4, "head_loss": "mean", "trainable": "heads", "init_from": "x"},
+        {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
+        {"draft_vocab": 30, "recompute": False},
+        seed=3,
+    )
     with torch.no_grad():
         for p in m.model.head_parameters():
             p.normal_(0, 0.2)
@@ -174,7 +209,7 @@ def test_draft_vocabulary_loss_skips_prompt_and_padding_positions_with_the_same_
     tokens = _batch([r[:-1] for r in rows], width=16)
     targets = torch.full_like(tokens, PAD)
     for i, (r, prompt) in enumerate(zip(rows, (5, 2, 4, 8))):  # prompts of different lengths: no loss there
-        targets[i, prompt - 1:len(r) - 1] = torch.tensor(r[prompt:])
+        targets[i, prompt - 1 : len(r) - 1] = torch.tensor(r[prompt:])
     b = {"tokens": tokens, "targets": targets, "prompts": [r[:1] for r in rows]}
     loss, _ = m.compute_loss(b, [1, 2, 3], [1 / 3] * 3)
     loss.backward()

@@ -2,6 +2,7 @@
 files written here with the gguf package's writer (several tensor types, tied and untied output, GQA, llama's
 permuted q/k and qwen2's biases), the loading / export / translate paths, and every kind of damaged file refused
 in one line."""
+
 import io
 import logging
 import struct
@@ -37,19 +38,42 @@ def files(tmp_path_factory):
     out = {}
     # llama: GQA 4/2, untied output, q/k permuted; a type per part of the model
     m = hf_model("llama", len(tokens), eos=eos, seed=0)
-    write_gguf(d / "llama.gguf", m, tokens, merges, types, arch="llama", eos=eos,
-               qtypes={"blk.0.attn": "Q8_0", "blk.0.ffn": "Q4_0", "blk.1.attn": "Q4_1", "blk.1.ffn": "F16",
-                       "token_embd": "BF16", "output": "Q8_0"})
+    write_gguf(
+        d / "llama.gguf",
+        m,
+        tokens,
+        merges,
+        types,
+        arch="llama",
+        eos=eos,
+        qtypes={
+            "blk.0.attn": "Q8_0",
+            "blk.0.ffn": "Q4_0",
+            "blk.1.attn": "Q4_1",
+            "blk.1.ffn": "F16",
+            "token_embd": "BF16",
+            "output": "Q8_0",
+        },
+    )
     out["llama"] = d / "llama.gguf"
     # qwen2: q/k/v biases, tied output, one key/value head, F32 and Q8_0
     m = hf_model("qwen2", len(tokens), kv=1, tied=True, eos=eos, seed=1)
-    write_gguf(d / "qwen2.gguf", m, tokens, merges, types, arch="qwen2", eos=eos, qtypes={"blk.1": "Q8_0"},
-               pre="qwen2")
+    write_gguf(d / "qwen2.gguf", m, tokens, merges, types, arch="qwen2", eos=eos, qtypes={"blk.1": "Q8_0"}, pre="qwen2")
     out["qwen2"] = d / "qwen2.gguf"
     # llama with K-quants (256-value blocks: every row 256 or 512 wide), BOS added by the tokenizer
     m = hf_model("llama", len(tokens), d=256, d_ff=512, heads=4, kv=2, layers=1, eos=eos, seed=2)
-    write_gguf(d / "kquant.gguf", m, tokens, merges, types, arch="llama", eos=eos, bos=tokens.index("<|im_start|>"),
-               qtypes={"blk.0.attn": "Q4_K", "blk.0.ffn": "Q6_K"}, default="F16")
+    write_gguf(
+        d / "kquant.gguf",
+        m,
+        tokens,
+        merges,
+        types,
+        arch="llama",
+        eos=eos,
+        bos=tokens.index("<|im_start|>"),
+        qtypes={"blk.0.attn": "Q4_K", "blk.0.ffn": "Q6_K"},
+        default="F16",
+    )
     out["kquant"] = d / "kquant.gguf"
     out["eos"] = eos
     return out
@@ -57,12 +81,13 @@ def files(tmp_path_factory):
 
 def _hf(path):
     path = Path(path)
-    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                             dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
 
 
 def _cut(row, eos):
-    return row[:row.index(eos)] if eos in row else row
+    return row[: row.index(eos)] if eos in row else row
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "kquant"])
@@ -71,11 +96,14 @@ def test_logits_greedy_and_tokenizer_match_transformers(files, name, caplog):
         model, tok, meta = load_gguf(files[name], block_size=3, heads="medusa")
     assert sum("dequantized to fp32" in r.getMessage() for r in caplog.records) == 1
     assert meta["source"] == "gguf" and meta["dequantized"] == "fp32"
-    want_types = {"llama": {"BF16", "F16", "Q4_0", "Q4_1", "Q8_0", "F32"}, "qwen2": {"F32", "Q8_0"},
-                  "kquant": {"F16", "Q4_K", "Q6_K", "F32"}}[name]
+    want_types = {
+        "llama": {"BF16", "F16", "Q4_0", "Q4_1", "Q8_0", "F32"},
+        "qwen2": {"F32", "Q8_0"},
+        "kquant": {"F16", "Q4_K", "Q6_K", "F32"},
+    }[name]
     assert set(meta["tensor_types"]) == want_types
-    assert (model.lm_head is None) == (name == "qwen2")          # tied and untied
-    assert model.config.kv_heads < model.config.n_heads          # GQA
+    assert (model.lm_head is None) == (name == "qwen2")  # tied and untied
+    assert model.config.kv_heads < model.config.n_heads  # GQA
     hf = _hf(files[name])
     htok = transformers.AutoTokenizer.from_pretrained(files[name].parent, gguf_file=files[name].name)
     eos = files["eos"]
@@ -87,8 +115,9 @@ def test_logits_greedy_and_tokenizer_match_transformers(files, name, caplog):
             got = model(torch.tensor([ids]))[:, :, 0]
         assert (got - want).abs().max().item() < 1e-3 * max(1.0, want.abs().max().item())
         with torch.no_grad():
-            gen = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=eos,
-                              pad_token_id=eos)[0, len(ids):].tolist()
+            gen = hf.generate(
+                torch.tensor([ids]), do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=eos
+            )[0, len(ids) :].tolist()
         assert greedy(model, [ids], max_len=MAX_NEW).tokens[0] == _cut(gen, eos), text
     # fresh random Medusa heads: exact blockwise is still the file's greedy output
     torch.manual_seed(0)
@@ -96,8 +125,10 @@ def test_logits_greedy_and_tokenizer_match_transformers(files, name, caplog):
         for p in model.head_parameters():
             p.normal_(0, 0.3)
     prompts = tok.encode(PROMPTS)
-    assert blockwise(model, prompts, accept=Exact(), max_len=MAX_NEW).tokens == greedy(model, prompts,
-                                                                                       max_len=MAX_NEW).tokens
+    assert (
+        blockwise(model, prompts, accept=Exact(), max_len=MAX_NEW).tokens
+        == greedy(model, prompts, max_len=MAX_NEW).tokens
+    )
     if name == "kquant":  # the BOS the file asks for, from the post-processor
         assert tok.encode("hello")[0] == SPECIALS.index("<|im_start|>")
 
@@ -115,18 +146,25 @@ def test_loads_through_every_front_end(files, tmp_path):
     chat = tok.chat_ids([{"role": "user", "content": "hello"}])
     assert tok.decode(chat, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
     want = greedy(loaded.model, [chat], max_len=MAX_NEW).tokens[0]
-    out = Translator.from_pretrained(spec, device="cpu").generate([[{"role": "user", "content": "hello"}]],
-                                                                   method="greedy", max_new_tokens=MAX_NEW)
+    out = Translator.from_pretrained(spec, device="cpu").generate(
+        [[{"role": "user", "content": "hello"}]], method="greedy", max_new_tokens=MAX_NEW
+    )
     assert out[0] == tok.decode(want)
     # the translate CLI answers from the file as from a bundle
     from bpd_train.translate import main
 
     stdout, stderr = io.StringIO(), io.StringIO()
-    rc = main(["--bundle", spec, "--greedy", "--quiet", "--max-new-tokens", str(MAX_NEW), "--device", "cpu"],
-              stdin=io.StringIO("hello\n"), stdout=stdout, stderr=stderr)
+    rc = main(
+        ["--bundle", spec, "--greedy", "--quiet", "--max-new-tokens", str(MAX_NEW), "--device", "cpu"],
+        stdin=io.StringIO("hello\n"),
+        stdout=stdout,
+        stderr=stderr,
+    )
     assert rc == 0, stderr.getvalue()
-    assert stdout.getvalue().strip() == tok.decode(greedy(loaded.model, [tok.encode("hello")],
-                                                          max_len=MAX_NEW).tokens[0]).strip()
+    assert (
+        stdout.getvalue().strip()
+        == tok.decode(greedy(loaded.model, [tok.encode("hello")], max_len=MAX_NEW).tokens[0]).strip()
+    )
     # a second load reuses the tokenizer folder written the first time
     assert load(spec).tokenizer_path == loaded.tokenizer_path
 
@@ -148,8 +186,13 @@ def test_exports_from_a_gguf_model(files, tmp_path):
     assert greedy(load(f"hf:{out}").model, prompts, max_len=MAX_NEW).tokens == want
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     with torch.no_grad():
-        gen = hf.generate(torch.tensor([prompts[0]]), do_sample=False, max_new_tokens=MAX_NEW,
-                          eos_token_id=files["eos"], pad_token_id=files["eos"])[0, len(prompts[0]):].tolist()
+        gen = hf.generate(
+            torch.tensor([prompts[0]]),
+            do_sample=False,
+            max_new_tokens=MAX_NEW,
+            eos_token_id=files["eos"],
+            pad_token_id=files["eos"],
+        )[0, len(prompts[0]) :].tolist()
     assert _cut(gen, files["eos"]) == want[0]
 
 
@@ -186,8 +229,8 @@ def _mutations(data: bytes):
     keys, recs = _header_end(data)
     key_at = {k: (start, vpos) for k, start, vpos in keys}
     name, rec = recs[1]
-    dims_at = rec + 8 + len(name.encode()) + 4          # the first dimension of the second tensor
-    type_at = dims_at + 8 * 2                            # its type (a matrix: two dimensions)
+    dims_at = rec + 8 + len(name.encode()) + 4  # the first dimension of the second tensor
+    type_at = dims_at + 8 * 2  # its type (a matrix: two dimensions)
     off_at = type_at + 4
     arch_start, arch_v = key_at["general.architecture"]
     tok_start, tok_v = key_at["tokenizer.ggml.tokens"]
@@ -199,12 +242,12 @@ def _mutations(data: bytes):
 
     def arch(new: bytes):
         old_len = struct.unpack_from("<Q", data, arch_v)[0]
-        return data[:arch_v] + struct.pack("<Q", len(new)) + new + data[arch_v + 8 + old_len:]
+        return data[:arch_v] + struct.pack("<Q", len(new)) + new + data[arch_v + 8 + old_len :]
 
     return {
         "truncated in the header": (data[:2000], "runs past the end"),
         "truncated after the counts": (data[:30], "more than a 30-byte file can hold"),
-        "truncated in the data": (data[:len(data) - 100], "runs past the end"),
+        "truncated in the data": (data[: len(data) - 100], "runs past the end"),
         "too short": (data[:10], "too short"),
         "bad magic": (b"GGUX" + data[4:], "not a GGUF file"),
         "old version": (put("I", 4, 1), "version 1"),
@@ -245,14 +288,28 @@ def test_a_damaged_file_exits_2_with_one_line_and_writes_nothing(files, tmp_path
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(_valid(files)[:4000])
     env = {"HF_HUB_OFFLINE": "1", "BPD_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "bpd_train.translate", "--bundle", f"gguf:{bad}", "--device", "cpu"],
-                       input="hello\n", capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "bpd_train.translate", "--bundle", f"gguf:{bad}", "--device", "cpu"],
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "bad.gguf" in lines[0] and "runs past the end" in lines[0], r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
-    missing = subprocess.run([sys.executable, "-m", "bpd_train.translate", "--bundle", "gguf:nope.gguf"],
-                             input="", capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    missing = subprocess.run(
+        [sys.executable, "-m", "bpd_train.translate", "--bundle", "gguf:nope.gguf"],
+        input="",
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
@@ -273,8 +330,9 @@ def test_the_real_smollm2_file_matches_transformers(tmp_path):
     for q in ("What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."):
         ids = tok.chat_ids([{"role": "user", "content": q}])
         with torch.no_grad():
-            gen = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=32, eos_token_id=eos,
-                              pad_token_id=eos)[0, len(ids):].tolist()
+            gen = hf.generate(
+                torch.tensor([ids]), do_sample=False, max_new_tokens=32, eos_token_id=eos, pad_token_id=eos
+            )[0, len(ids) :].tolist()
         assert greedy(loaded.model, [ids], max_len=32).tokens[0] == _cut(gen, eos), q
 
 
@@ -293,21 +351,50 @@ def test_the_entry_points_take_a_gguf_model(files, tmp_path):
 
     words = TEXT_WORDS
     rec = tmp_path / "records.jsonl"
-    rec.write_text("".join(json.dumps({"prompt": " ".join(words[i:i + 5]), "response": " ".join(words[i + 5:i + 8])})
-                           + "\n" for i in range(0, 40, 2)))
+    rec.write_text(
+        "".join(
+            json.dumps({"prompt": " ".join(words[i : i + 5]), "response": " ".join(words[i + 5 : i + 8])}) + "\n"
+            for i in range(0, 40, 2)
+        )
+    )
     art, spec = tmp_path / "art", f"gguf:{files['llama']}"
     env = offline_env(BPD_CACHE=str(tmp_path / "cache"))
     data = [f"data.lm.files={{train:{rec},validation:{rec}}}", "data.name=chat"]
-    r = subprocess.run([sys.executable, "distill.py", "experiment=smoke_lm", f"teacher={spec}", *data,
-                        "distill.beam_size=1", "distill.limit=null", f"paths.artifacts={art}",
-                        f"hydra.run.dir={tmp_path / 'hd'}"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "distill.py",
+            "experiment=smoke_lm",
+            f"teacher={spec}",
+            *data,
+            "distill.beam_size=1",
+            "distill.limit=null",
+            f"paths.artifacts={art}",
+            f"hydra.run.dir={tmp_path / 'hd'}",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     manifest = next(art.glob("chat/distill/*/manifest.json"))
     assert json.loads(manifest.read_text())["complete"]
-    run_train("+regime=distill", "experiment=smoke_lm", f"regime.init_from={spec}", *data, "model.block_size=3",
-              "model.heads=medusa", f"regime.distilled_dir={manifest.parent}", "data.max_tokens=256",
-              "trainer.max_steps=4", "trainer.val_check_interval=2", artifacts=art, env=env)
+    run_train(
+        "+regime=distill",
+        "experiment=smoke_lm",
+        f"regime.init_from={spec}",
+        *data,
+        "model.block_size=3",
+        "model.heads=medusa",
+        f"regime.distilled_dir={manifest.parent}",
+        "data.max_tokens=256",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        artifacts=art,
+        env=env,
+    )
     run = next(art.glob("chat/heads/distill-k3"))
     base, trained = load(spec), load(run)
     sb, st = base.model.state_dict(), trained.model.state_dict()
@@ -315,10 +402,24 @@ def test_the_entry_points_take_a_gguf_model(files, tmp_path):
     prompts = base.tokenizer().encode(PROMPTS)
     assert greedy(trained.model, prompts, max_len=MAX_NEW).tokens == greedy(base.model, prompts, max_len=MAX_NEW).tokens
     for fmt in ("vllm", "hf"):
-        r = subprocess.run([sys.executable, "export.py", f"export.checkpoint={run}", f"export.format={fmt}",
-                            f"export.output_dir={tmp_path / fmt}", "experiment=smoke_lm", "data.name=chat",
-                            f"paths.artifacts={art}", f"hydra.run.dir={tmp_path / ('he' + fmt)}"], cwd=REPO_ROOT,
-                           env=env, capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "export.py",
+                f"export.checkpoint={run}",
+                f"export.format={fmt}",
+                f"export.output_dir={tmp_path / fmt}",
+                "experiment=smoke_lm",
+                "data.name=chat",
+                f"paths.artifacts={art}",
+                f"hydra.run.dir={tmp_path / ('he' + fmt)}",
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, (fmt, r.stderr[-3000:])
     assert (tmp_path / "vllm" / "config.json").is_file()
     back = load(f"hf:{tmp_path / 'hf'}")

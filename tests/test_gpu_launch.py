@@ -1,5 +1,6 @@
 """GPU launch settings checked on CPU: srun's CPUs per task, TF32 for training only, distillation workers spread
 over the GPUs, FSDP's per-layer wrapping, beam search's host copies."""
+
 import os
 import subprocess
 from pathlib import Path
@@ -19,11 +20,26 @@ def test_sbatch_hands_cpus_per_task_to_srun(script, tmp_path):
     srun.write_text('#!/bin/bash\necho "${SRUN_CPUS_PER_TASK:-unset}" > "$FAKE_DIR/srun_cpus"\n')
     srun.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SRUN_"))}
-    env.update(PATH=f"{bin_}:{env['PATH']}", FAKE_DIR=str(tmp_path), SLURM_JOB_ID="7", SLURM_SUBMIT_DIR=str(REPO),
-               SLURM_CPUS_PER_TASK="6", SLURM_JOB_NUM_NODES="1", SLURM_NTASKS_PER_NODE="1", SLURM_NTASKS="1",
-               PYTHON="python", STRATEGY="auto")
-    p = subprocess.run(["bash", str(REPO / script), "+regime=base", "experiment=smoke"], env=env, cwd=REPO,
-                       capture_output=True, text=True, timeout=60)
+    env.update(
+        PATH=f"{bin_}:{env['PATH']}",
+        FAKE_DIR=str(tmp_path),
+        SLURM_JOB_ID="7",
+        SLURM_SUBMIT_DIR=str(REPO),
+        SLURM_CPUS_PER_TASK="6",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_NTASKS_PER_NODE="1",
+        SLURM_NTASKS="1",
+        PYTHON="python",
+        STRATEGY="auto",
+    )
+    p = subprocess.run(
+        ["bash", str(REPO / script), "+regime=base", "experiment=smoke"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert (tmp_path / "srun_cpus").read_text().strip() == "6"
 
@@ -68,8 +84,9 @@ def test_fsdp_strategy_wraps_each_layer():
     wrapped = policy._module_classes
     assert {EncoderLayer, DecoderLayer, Layer} <= set(wrapped)
     # every layer of both families is a unit of its own; embeddings and heads stay in the root unit
-    ed = BPDModel(BPDConfig(vocab_size=20, d_model=8, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=8,
-                            block_size=2))
+    ed = BPDModel(
+        BPDConfig(vocab_size=20, d_model=8, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=8, block_size=2)
+    )
     lm = LMModel(LMConfig(vocab_size=20, d_model=8, n_heads=2, n_layers=2, d_ff=8, block_size=2))
     for model, n in ((ed, 4), (lm, 2)):
         assert sum(isinstance(m, tuple(wrapped)) for m in model.modules()) == n
@@ -81,8 +98,9 @@ def test_beam_search_copies_only_ending_hypotheses(monkeypatch):
     from bpd_train.model import BPDConfig, BPDModel
 
     torch.manual_seed(0)
-    model = BPDModel(BPDConfig(vocab_size=12, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
-                               d_ff=16, dropout=0.0)).eval()
+    model = BPDModel(
+        BPDConfig(vocab_size=12, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=16, dropout=0.0)
+    ).eval()
     src = torch.randint(4, 12, (3, 6))
     src[1, 3:] = 0  # shorter sources reach their max_len (forced EOS) first, while the others go on
     src[2, 2:] = 0
@@ -115,13 +133,30 @@ def test_bench_gpu_chains_compose_and_summarise():
     assert set(gpu.TRAIN_CHAINS) == {"deepspeed_zero2", "deepspeed_zero3", "fsdp"}
     for group, extra in gpu.TRAIN_CHAINS.values():
         with initialize_config_dir(str(REPO / "conf"), version_base="1.3", job_name="t"):
-            cfg = compose("train", overrides=["+regime=frozen", "experiment=smoke", *gpu.GPU_TRAINER,
-                                              f"strategy={group}", *extra, "steps.base=20"])
+            cfg = compose(
+                "train",
+                overrides=[
+                    "+regime=frozen",
+                    "experiment=smoke",
+                    *gpu.GPU_TRAINER,
+                    f"strategy={group}",
+                    *extra,
+                    "steps.base=20",
+                ],
+            )
         assert cfg.trainer.precision == "bf16-mixed"
         if group == "deepspeed_zero3":
             assert cfg.strategy.param_persistence_threshold == 0
-    md = gpu.markdown_summary({"ok": False, "gpu": "X", "sections": {
-        "exactness": {"ok": True, "mismatched_rows": 0, "cases": 9, "s": 1.0},
-        "train": {"ok": False, "fsdp": {"ok": False, "backbone_identical": True, "val_agreement": [100.0]}},
-        "compile": {"skipped": "CUDA only"}}, "errors": {"train": "boom"}})
+    md = gpu.markdown_summary(
+        {
+            "ok": False,
+            "gpu": "X",
+            "sections": {
+                "exactness": {"ok": True, "mismatched_rows": 0, "cases": 9, "s": 1.0},
+                "train": {"ok": False, "fsdp": {"ok": False, "backbone_identical": True, "val_agreement": [100.0]}},
+                "compile": {"skipped": "CUDA only"},
+            },
+            "errors": {"train": "boom"},
+        }
+    )
     assert "| exactness | ok |" in md and "| train | FAILED |" in md and "error in train: boom" in md

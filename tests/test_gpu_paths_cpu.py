@@ -2,6 +2,7 @@
 tests/_ds_engine.py) around the training module's own loss, with bf16 on and ZeRO-3 partitioning every parameter
 (stage3_param_persistence_threshold 0: the smoke models are otherwise below DeepSpeed's threshold and never
 partitioned, which real sizes are). Both model families."""
+
 import json
 import subprocess
 import sys
@@ -18,11 +19,17 @@ _PORT = iter(range(29700, 29800))
 
 def engine_run(*args: str, tmp_path=None) -> dict:
     cmd = [sys.executable, str(REPO_ROOT / "tests" / "_ds_engine.py"), *args, "--port", str(next(_PORT))]
-    r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO_ROOT)),
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        cmd,
+        cwd=REPO_ROOT,
+        env=offline_env(DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO_ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     found = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
     assert r.returncode == 0 and found, r.stdout[-2000:] + r.stderr[-4000:]
-    return json.loads(found[-1][len("RESULT "):])
+    return json.loads(found[-1][len("RESULT ") :])
 
 
 @pytest.mark.parametrize("family", ["ed", "lm"])
@@ -37,8 +44,9 @@ def test_bf16_deepspeed_train_and_validation_step(family):
 @pytest.mark.parametrize("family", ["ed", "lm"])
 def test_zero3_every_parameter_partitioned(family):
     # head 1 alone first (the zero-weighted touch of the heads: nothing gathered them yet), all heads, validation
-    out = engine_run("--stage", "3", "--persist0", "--bf16", "--family", family, "--steps", "3",
-                     "--heads", "0/0,1,2,3/0", "--eval")
+    out = engine_run(
+        "--stage", "3", "--persist0", "--bf16", "--family", family, "--steps", "3", "--heads", "0/0,1,2,3/0", "--eval"
+    )
     assert out["partitioned"] == out["params"] > 0
     assert all(torch.isfinite(torch.tensor(out["losses"] + [out["val"]])))
 
@@ -62,7 +70,7 @@ def test_zero3_partitioned_trains_what_zero2_trains(tmp_path):
             # of the two stages. The query and value biases are compared like every other weight.
             d = x.numel() // (3 if name.endswith("qkv.bias") else 2)
             keep = torch.ones_like(x, dtype=torch.bool)
-            keep[(d if name.endswith("qkv.bias") else 0):][:d] = False
+            keep[(d if name.endswith("qkv.bias") else 0) :][:d] = False
             x, y = x[keep], y[keep]
         torch.testing.assert_close(x, y, rtol=0, atol=1e-6, msg=name)
 
@@ -71,8 +79,18 @@ def test_zero3_partitioned_trains_what_zero2_trains(tmp_path):
 @pytest.mark.parametrize("stage,family", [("2", "ed"), ("3", "lm")])
 def test_frozen_backbone_exact_after_bf16_deepspeed(stage, family, tmp_path):
     # DeepSpeed keeps no fp32 master of frozen parameters: the checkpoint must carry them, consolidation restore them
-    out = engine_run("--stage", stage, "--persist0", "--bf16", "--family", family, "--regime", "frozen",
-                     "--save", str(tmp_path / "ckpt"))
+    out = engine_run(
+        "--stage",
+        stage,
+        "--persist0",
+        "--bf16",
+        "--family",
+        family,
+        "--regime",
+        "frozen",
+        "--save",
+        str(tmp_path / "ckpt"),
+    )
     assert out["frozen"] > 0 and out["heads_trained"]
     assert out["backbone_exact"]
 
@@ -92,11 +110,24 @@ def test_lightning_bf16_zero2_frozen_run_exports_the_base_backbone(smoke_base, t
     corpus = art / base_run.parent.name
     shutil.copytree(base_run, corpus / "base")
     shutil.copytree(base_run.parent / "spm", corpus / "spm")
-    cmd = [sys.executable, "-m", "bpd_train.training.zero_cpu", "--stage=2", "--precision=bf16-mixed",
-           "+regime=frozen", "experiment=smoke", "trainer.max_steps=2", "trainer.val_check_interval=2", "logger=csv",
-           "progress_bar=none", f"paths.artifacts={art}", f"hydra.run.dir={art}/hydra"]
-    r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True,
-                       timeout=900)
+    cmd = [
+        sys.executable,
+        "-m",
+        "bpd_train.training.zero_cpu",
+        "--stage=2",
+        "--precision=bf16-mixed",
+        "+regime=frozen",
+        "experiment=smoke",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        "logger=csv",
+        "progress_bar=none",
+        f"paths.artifacts={art}",
+        f"hydra.run.dir={art}/hydra",
+    ]
+    r = subprocess.run(
+        cmd, cwd=REPO_ROOT, env=offline_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True, timeout=900
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-5000:]
     run = corpus / "heads" / "frozen-k4"
     rows = [row for f in run.rglob("metrics.csv") for row in csv.DictReader(f.open())]

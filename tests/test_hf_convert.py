@@ -1,5 +1,6 @@
 """transformers Marian / M2M100 checkpoints <-> BPDModel: logits, greedy, beam, blockwise and export parity
 against transformers itself, on tiny random-weight models and a sentencepiece model trained here."""
+
 import json
 import shutil
 
@@ -13,17 +14,33 @@ from bpd_train.convert.hf import HEADS_FILE, ConvertError, from_hf, load_hf, to_
 from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError  # noqa: E402
 from bpd_train.decoding import Exact, beam_search, blockwise, greedy  # noqa: E402
 
-TEXTS = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine", "hello world how are you",
-         "der schnelle braune fuchs springt", "guten tag wie geht es dir", "machine translation is fun"]
+TEXTS = [
+    "the quick brown fox jumps over the lazy dog",
+    "a stitch in time saves nine",
+    "hello world how are you",
+    "der schnelle braune fuchs springt",
+    "guten tag wie geht es dir",
+    "machine translation is fun",
+]
 SOURCES = ["the quick fox", "hello world how are you and the lazy dog", "nine", "guten tag wie geht es"]
 MAX_NEW = 24
 
 
 def _spm(tmp):
     import sentencepiece as spm
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXTS * 20), model_prefix=str(tmp / "sp"), vocab_size=48,
-                                   model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=1, unk_id=2,
-                                   pad_id=-1, minloglevel=2)
+
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXTS * 20),
+        model_prefix=str(tmp / "sp"),
+        vocab_size=48,
+        model_type="unigram",
+        character_coverage=1.0,
+        bos_id=-1,
+        eos_id=1,
+        unk_id=2,
+        pad_id=-1,
+        minloglevel=2,
+    )
     return spm.SentencePieceProcessor(model_file=str(tmp / "sp.model"))
 
 
@@ -64,11 +81,23 @@ def folders(tmp_path_factory):
     mtok.save_pretrained(mar)
     pad = vocab["<pad>"]
     # encoder and decoder differ in heads and FFN size (transformers allows it; so does BPDConfig)
-    cfg = transformers.MarianConfig(vocab_size=len(vocab), d_model=16, encoder_layers=2, decoder_layers=2,
-                                    encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=32,
-                                    decoder_ffn_dim=24, max_position_embeddings=64, activation_function="swish",
-                                    scale_embedding=True, pad_token_id=pad, eos_token_id=0,
-                                    decoder_start_token_id=pad, forced_eos_token_id=None)
+    cfg = transformers.MarianConfig(
+        vocab_size=len(vocab),
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=24,
+        max_position_embeddings=64,
+        activation_function="swish",
+        scale_embedding=True,
+        pad_token_id=pad,
+        eos_token_id=0,
+        decoder_start_token_id=pad,
+        forced_eos_token_id=None,
+    )
     m = _randomize(transformers.MarianMTModel(cfg).eval())
     with torch.no_grad():
         m.final_logits_bias.normal_(0, 0.5)
@@ -81,14 +110,25 @@ def folders(tmp_path_factory):
     v2 = _pieces(sp, {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3})
     (mm / "vocab.json").write_text(json.dumps(v2))
     shutil.copy(tmp / "sp.model", mm / "sentencepiece.bpe.model")
-    ttok = transformers.M2M100Tokenizer(str(mm / "vocab.json"), str(mm / "sentencepiece.bpe.model"),
-                                        src_lang="en", tgt_lang="de")
+    ttok = transformers.M2M100Tokenizer(
+        str(mm / "vocab.json"), str(mm / "sentencepiece.bpe.model"), src_lang="en", tgt_lang="de"
+    )
     ttok.save_pretrained(mm)
-    cfg2 = transformers.M2M100Config(vocab_size=len(v2) + 100 + 8,  # pieces, languages, madeup words
-                                      d_model=16, encoder_layers=2, decoder_layers=2,
-                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                                     decoder_ffn_dim=32, max_position_embeddings=64, pad_token_id=1, eos_token_id=2,
-                                     bos_token_id=0, decoder_start_token_id=2)
+    cfg2 = transformers.M2M100Config(
+        vocab_size=len(v2) + 100 + 8,  # pieces, languages, madeup words
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=1,
+        eos_token_id=2,
+        bos_token_id=0,
+        decoder_start_token_id=2,
+    )
     m2 = _randomize(transformers.M2M100ForConditionalGeneration(cfg2).eval(), seed=1)
     with torch.no_grad():
         m2.model.shared.weight[2] *= 2.0  # a stronger EOS, and a final-norm bias towards it: different lengths
@@ -117,7 +157,7 @@ def _hf_batch(tok, texts):
 def _strip(row, fam, eos, pad):
     """HF generate output -> our token list: drop the decoder start (and M2M100's forced language token),
     cut at EOS."""
-    row = row.tolist()[2 if fam == "m2m100" else 1:]
+    row = row.tolist()[2 if fam == "m2m100" else 1 :]
     out = []
     for t in row:
         if t == eos:
@@ -141,6 +181,7 @@ def test_tokenizer_ids_match_transformers(folders, fam):
     # a stand-in for the sentencepiece processor the evaluation code uses (ids are the model's)
     from bpd_train.decoding.settings import draft_vocabulary
     from bpd_train.decoding.text import SpmText
+
     text = SpmText(ours, ours.eos_id(), ours.pad_id())
     assert text.source_ids(SOURCES[1]) == ttok(SOURCES[1])["input_ids"]
     assert ours.encode(SOURCES[:2]) == [ttok(t)["input_ids"][:-1] for t in SOURCES[:2]]
@@ -156,8 +197,9 @@ def test_logits_match_transformers(folders, fam):
     model, tok, meta = _ours(folders, fam)
     assert meta["family"] == ("marian" if fam == "marian" else "m2m_100")
     src, mask = _hf_batch(ttok, SOURCES)
-    ours_src = torch.nn.utils.rnn.pad_sequence([torch.tensor(tok.source_ids(t)) for t in SOURCES], batch_first=True,
-                                               padding_value=model.config.pad_id)
+    ours_src = torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor(tok.source_ids(t)) for t in SOURCES], batch_first=True, padding_value=model.config.pad_id
+    )
     assert torch.equal(ours_src, src)
     g = torch.Generator().manual_seed(0)
     y = torch.randint(4, 40, (len(SOURCES), 7), generator=g)
@@ -185,8 +227,9 @@ def test_greedy_and_blockwise_match_generate(folders, fam):
     src, mask = _hf_batch(ttok, SOURCES)
     extra = {"forced_bos_token_id": lang} if lang is not None else {}
     with torch.no_grad():
-        out = hf.generate(input_ids=src, attention_mask=mask, num_beams=1, do_sample=False, max_new_tokens=MAX_NEW,
-                          **extra)
+        out = hf.generate(
+            input_ids=src, attention_mask=mask, num_beams=1, do_sample=False, max_new_tokens=MAX_NEW, **extra
+        )
     # HF counts the forced language token among the new tokens
     cap = MAX_NEW - (1 if lang is not None else 0)
     want = [_strip(r, fam, model.config.eos_id, model.config.pad_id) for r in out]
@@ -195,7 +238,7 @@ def test_greedy_and_blockwise_match_generate(folders, fam):
     assert len({len(t) for t in want}) > 1  # sources of different lengths end at different steps
     bw = blockwise(model, src, accept=Exact(), max_len=cap)
     assert bw.tokens == want
-    one = [greedy(model, src[i:i + 1, :int(mask[i].sum())], max_len=cap).tokens[0] for i in range(len(SOURCES))]
+    one = [greedy(model, src[i : i + 1, : int(mask[i].sum())], max_len=cap).tokens[0] for i in range(len(SOURCES))]
     assert one == want  # batch and padding change nothing
 
 
@@ -229,9 +272,18 @@ def test_beam_search_matches_generate_without_length_penalty(folders, fam, suppr
     src, mask = _hf_batch(ttok, SOURCES)
     extra = {"forced_bos_token_id": lang} if lang is not None else {}
     with torch.no_grad():
-        out = hf.generate(input_ids=src, attention_mask=mask, num_beams=4, do_sample=False, length_penalty=0.0,
-                          early_stopping=True, max_new_tokens=60, output_scores=True, return_dict_in_generate=True,
-                          **extra)
+        out = hf.generate(
+            input_ids=src,
+            attention_mask=mask,
+            num_beams=4,
+            do_sample=False,
+            length_penalty=0.0,
+            early_stopping=True,
+            max_new_tokens=60,
+            output_scores=True,
+            return_dict_in_generate=True,
+            **extra,
+        )
     eos = model.config.eos_id
     finished = [eos in r.tolist()[1:] for r in out.sequences]
     want = [_strip(r, fam, eos, model.config.pad_id) for r in out.sequences]
@@ -292,8 +344,11 @@ def test_untied_output_exports_every_embedding_name(folders, tmp_path):
     y = torch.randint(4, 40, (len(SOURCES), 7), generator=torch.Generator().manual_seed(0))
     c = model.config
     with torch.no_grad():
-        ref = hf(input_ids=src, attention_mask=mask,
-                 decoder_input_ids=torch.cat([torch.full((len(SOURCES), 1), hf.config.decoder_start_token_id), y], 1)).logits
+        ref = hf(
+            input_ids=src,
+            attention_mask=mask,
+            decoder_input_ids=torch.cat([torch.full((len(SOURCES), 1), hf.config.decoder_start_token_id), y], 1),
+        ).logits
         got = model(src, torch.cat([torch.full((len(SOURCES), 1), c.bos_id), y], 1))[:, :, 0]
     assert got.shape == ref.shape and (got - ref).abs().max().item() < 1e-4
     back, _, _ = load_hf(out)  # and it reads back as it was
@@ -304,10 +359,13 @@ def test_untied_output_exports_every_embedding_name(folders, tmp_path):
 def test_refusals(folders, tmp_path, monkeypatch):
     bart = tmp_path / "bart"
     bart.mkdir()
-    (bart / "config.json").write_text(json.dumps({"architectures": ["BartForConditionalGeneration"],
-                                                  "model_type": "bart"}))
-    with pytest.raises(ConvertError, match="unsupported architecture BartForConditionalGeneration.*MarianMTModel.*"
-                                           "M2M100ForConditionalGeneration"):
+    (bart / "config.json").write_text(
+        json.dumps({"architectures": ["BartForConditionalGeneration"], "model_type": "bart"})
+    )
+    with pytest.raises(
+        ConvertError,
+        match="unsupported architecture BartForConditionalGeneration.*MarianMTModel.*M2M100ForConditionalGeneration",
+    ):
         from_hf(bart)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ConvertError, match="HF_HUB_OFFLINE"):
@@ -348,12 +406,33 @@ def test_native_model_exports_as_pegasus_and_back(tmp_path):
     import sentencepiece as spm
 
     from bpd_train.model import BPDConfig, BPDModel
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXTS * 20), model_prefix=str(tmp_path / "tokenizer"),
-                                   vocab_size=48, model_type="unigram", character_coverage=1.0, pad_id=0, bos_id=1,
-                                   eos_id=2, unk_id=3, minloglevel=2)
+
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXTS * 20),
+        model_prefix=str(tmp_path / "tokenizer"),
+        vocab_size=48,
+        model_type="unigram",
+        character_coverage=1.0,
+        pad_id=0,
+        bos_id=1,
+        eos_id=2,
+        unk_id=3,
+        minloglevel=2,
+    )
     torch.manual_seed(0)
-    model = BPDModel(BPDConfig(vocab_size=48, d_model=16, n_heads=2, n_encoder_layers=2, n_decoder_layers=2,
-                               d_ff=32, block_size=3, dropout=0.0, max_positions=64)).eval()
+    model = BPDModel(
+        BPDConfig(
+            vocab_size=48,
+            d_model=16,
+            n_heads=2,
+            n_encoder_layers=2,
+            n_decoder_layers=2,
+            d_ff=32,
+            block_size=3,
+            dropout=0.0,
+            max_positions=64,
+        )
+    ).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.2)
@@ -382,6 +461,7 @@ def test_nllb_style_folder(tmp_path):
     """NLLB-200 is an M2M100 model whose tokenizer ships as tokenizer.json with language tokens like deu_Latn:
     ids, forced target language and greedy output as transformers' NllbTokenizer and generate give them."""
     from tokenizers import AddedToken, Tokenizer
+
     _spm(tmp_path)
     spm_dir, folder = tmp_path / "spm", tmp_path / "nllb"
     spm_dir.mkdir()
@@ -391,10 +471,21 @@ def test_nllb_style_folder(tmp_path):
     tk.add_special_tokens([AddedToken(c, special=True, normalized=False) for c in ("eng_Latn", "deu_Latn")])
     tk.save(str(folder / "tokenizer.json"))
     ttok = transformers.NllbTokenizer.from_pretrained(folder, src_lang="eng_Latn", tgt_lang="deu_Latn")
-    cfg = transformers.M2M100Config(vocab_size=len(ttok), d_model=16, encoder_layers=2, decoder_layers=2,
-                                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                                    decoder_ffn_dim=32, max_position_embeddings=64, pad_token_id=1, eos_token_id=2,
-                                    bos_token_id=0, decoder_start_token_id=2)
+    cfg = transformers.M2M100Config(
+        vocab_size=len(ttok),
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=1,
+        eos_token_id=2,
+        bos_token_id=0,
+        decoder_start_token_id=2,
+    )
     torch.manual_seed(0)
     hf = _randomize(transformers.M2M100ForConditionalGeneration(cfg).eval(), seed=2)
     hf.save_pretrained(folder)
@@ -406,8 +497,14 @@ def test_nllb_style_folder(tmp_path):
         assert tok.source_ids(text) == ttok(text)["input_ids"]
     src, mask = _hf_batch(ttok, SOURCES)
     with torch.no_grad():
-        gen = hf.generate(input_ids=src, attention_mask=mask, num_beams=1, do_sample=False, max_new_tokens=MAX_NEW,
-                          forced_bos_token_id=lang)
+        gen = hf.generate(
+            input_ids=src,
+            attention_mask=mask,
+            num_beams=1,
+            do_sample=False,
+            max_new_tokens=MAX_NEW,
+            forced_bos_token_id=lang,
+        )
     want = [_strip(r, "m2m100", 2, 1) for r in gen]
     assert greedy(model, src, max_len=MAX_NEW - 1).tokens == want
     assert tok.detok(want[0]) == ttok.decode(want[0], skip_special_tokens=True)
@@ -417,6 +514,7 @@ def test_legacy_marian_files(folders, tmp_path):
     """Older opus-mt folders: pytorch_model.bin (read with weights_only=True), the fixed position tables saved
     with the weights, bad_words_ids in config.json instead of generation_config.json."""
     from safetensors.torch import load_file
+
     folder = folders["marian"][0]
     config, state = from_hf(folder)
     old = tmp_path / "old"

@@ -4,6 +4,7 @@ exactly transformers' greedy output (do_sample=False, a plain load of the same f
 passes per row as bpd-train's own blockwise decoder makes decoder calls (with its prefill): the heads propose what
 bpd-train's heads propose. Decoder-only (Llama / Qwen2 folders) and encoder-decoder (Marian, Pegasus for this
 project's own translation models, M2M100 with its forced target-language token)."""
+
 import json
 import shutil
 
@@ -22,8 +23,20 @@ def _export(tmp_path, kind: str, init: str, identity_p1: bool = True):
     from bpd_train.model.lm.model import LMModel
 
     torch.manual_seed(0)
-    cfg = LMConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128,
-                   block_size=4, heads=kind, eos_id=2, bos_id=1, identity_p1=identity_p1)
+    cfg = LMConfig(
+        vocab_size=40,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=64,
+        max_positions=128,
+        block_size=4,
+        heads=kind,
+        eos_id=2,
+        bos_id=1,
+        identity_p1=identity_p1,
+    )
     model = LMModel(cfg).eval()
     with torch.no_grad():
         for p in model.head_parameters():
@@ -43,8 +56,9 @@ def _padded(prompts):
     return ids, mask
 
 
-@pytest.mark.parametrize("kind,init", [("bpd", "zero"), ("bpd", "small"), ("bpd", "random"),
-                                       ("medusa", "zero"), ("medusa", "random")])
+@pytest.mark.parametrize(
+    "kind,init", [("bpd", "zero"), ("bpd", "small"), ("bpd", "random"), ("medusa", "zero"), ("medusa", "random")]
+)
 def test_generate_with_heads_is_transformers_greedy(tmp_path, kind, init):
     from transformers import AutoModelForCausalLM
 
@@ -54,8 +68,9 @@ def test_generate_with_heads_is_transformers_greedy(tmp_path, kind, init):
     ids, mask = _padded(PROMPTS)
     plain = AutoModelForCausalLM.from_pretrained(folder).eval()
     with torch.no_grad():
-        want = plain.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
-                              pad_token_id=0)
+        want = plain.generate(
+            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0
+        )
     hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
     got = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, pad_token_id=0)
     assert torch.equal(got, want)
@@ -64,7 +79,7 @@ def test_generate_with_heads_is_transformers_greedy(tmp_path, kind, init):
     for p in PROMPTS:
         r = blockwise(model, [p], max_len=MAX_NEW)
         out = hf.generate(input_ids=torch.tensor([p]), max_new_tokens=MAX_NEW, pad_token_id=0)
-        assert out[0, len(p):].tolist()[:len(r.tokens[0])] == r.tokens[0]
+        assert out[0, len(p) :].tolist()[: len(r.tokens[0])] == r.tokens[0]
         assert hf.bpd_stats["passes"] == r.calls + r.prefill_calls, (hf.bpd_stats, r.calls)  # + the prompt's
         total += hf.bpd_stats["passes"]
     if init == "zero":
@@ -80,17 +95,26 @@ def test_custom_generate_on_a_plain_load_and_heads_not_first_head(tmp_path):
     plain = AutoModelForCausalLM.from_pretrained(folder).eval()
     ids, mask = _padded(PROMPTS)
     with torch.no_grad():
-        want = plain.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
-                              pad_token_id=0)
-    got = plain.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, pad_token_id=0,
-                         custom_generate=str(folder), trust_remote_code=True)
+        want = plain.generate(
+            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0
+        )
+    got = plain.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=MAX_NEW,
+        pad_token_id=0,
+        custom_generate=str(folder),
+        trust_remote_code=True,
+    )
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match="greedy output"):
-        plain.generate(input_ids=ids, max_new_tokens=4, do_sample=True, custom_generate=str(folder),
-                       trust_remote_code=True)
+        plain.generate(
+            input_ids=ids, max_new_tokens=4, do_sample=True, custom_generate=str(folder), trust_remote_code=True
+        )
     with pytest.raises(ValueError, match="repetition_penalty"):  # would change greedy's choices: refused
-        plain.generate(input_ids=ids, max_new_tokens=4, repetition_penalty=1.3, custom_generate=str(folder),
-                       trust_remote_code=True)
+        plain.generate(
+            input_ids=ids, max_new_tokens=4, repetition_penalty=1.3, custom_generate=str(folder), trust_remote_code=True
+        )
 
 
 def test_generate_file_needs_only_torch_safetensors_transformers():
@@ -100,11 +124,23 @@ def test_generate_file_needs_only_torch_safetensors_transformers():
     from bpd_train.hf_generate import TEMPLATE
 
     tree = ast.parse(TEMPLATE.read_text(encoding="utf-8"))
-    roots = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
-             for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-             for a in (n.names if isinstance(n, ast.Import) else [n])}
-    assert roots <= {"__future__", "json", "os", "inspect", "typing", "torch", "safetensors", "transformers",
-                     "huggingface_hub"}, roots
+    roots = {
+        (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        for a in (n.names if isinstance(n, ast.Import) else [n])
+    }
+    assert roots <= {
+        "__future__",
+        "json",
+        "os",
+        "inspect",
+        "typing",
+        "torch",
+        "safetensors",
+        "transformers",
+        "huggingface_hub",
+    }, roots
 
 
 def test_written_where_the_export_is(tmp_path):
@@ -128,8 +164,19 @@ def test_docs_block_runs(tmp_path):
     code = text.split("## transformers' own `generate()` with the heads", 1)[1].split("```python\n", 1)[1]
     code = code.split("```", 1)[0]
     torch.manual_seed(0)
-    cfg = LMConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_positions=128,
-                   block_size=3, heads="medusa", eos_id=2, bos_id=1)
+    cfg = LMConfig(
+        vocab_size=40,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=64,
+        max_positions=128,
+        block_size=3,
+        heads="medusa",
+        eos_id=2,
+        bos_id=1,
+    )
     folder = to_hf_lm(LMModel(cfg).eval(), tmp_path / "hf")
     ids, mask = _padded(PROMPTS)
     scope = {"folder": folder, "ids": ids, "mask": mask}
@@ -140,14 +187,29 @@ def test_docs_block_runs(tmp_path):
 # ------------------------------------------------------------------------------------------- encoder-decoder
 SOURCES = [[5, 6, 7, 8, 9, 2], [11, 12, 2], [13, 14, 15, 16, 17, 18, 19, 20, 2], [21, 22, 23, 2]]
 MT_FAMILIES = {  # BPDConfig options -> the transformers architecture to_hf writes
-    "marian": dict(pre_norm=False, final_norm=False, pos_layout="marian", logits_bias=True, norm_eps=1e-5,
-                   activation="swish", pad_id=39, bos_id=39, eos_id=2, unk_id=1, suppress_ids=(39,)),
+    "marian": dict(
+        pre_norm=False,
+        final_norm=False,
+        pos_layout="marian",
+        logits_bias=True,
+        norm_eps=1e-5,
+        activation="swish",
+        pad_id=39,
+        bos_id=39,
+        eos_id=2,
+        unk_id=1,
+        suppress_ids=(39,),
+    ),
     "pegasus": dict(pad_id=0, bos_id=1, eos_id=2, unk_id=3),  # this project's own models (permuted)
-    "m2m_100": dict(pos_layout="fairseq", pos_offset=2, norm_eps=1e-5, pad_id=1, eos_id=2, unk_id=3, bos_id=30,
-                    decoder_prefix=(2,)),  # forced target-language token 30 after the decoder start </s>
+    "m2m_100": dict(
+        pos_layout="fairseq", pos_offset=2, norm_eps=1e-5, pad_id=1, eos_id=2, unk_id=3, bos_id=30, decoder_prefix=(2,)
+    ),  # forced target-language token 30 after the decoder start </s>
 }
-ARCH = {"marian": "MarianMTModel", "pegasus": "PegasusForConditionalGeneration",
-        "m2m_100": "M2M100ForConditionalGeneration"}
+ARCH = {
+    "marian": "MarianMTModel",
+    "pegasus": "PegasusForConditionalGeneration",
+    "m2m_100": "M2M100ForConditionalGeneration",
+}
 
 
 def _mt_model(fam: str, init: str, k: int = 4, vocab: int = 40):
@@ -155,8 +217,18 @@ def _mt_model(fam: str, init: str, k: int = 4, vocab: int = 40):
     from bpd_train.model import BPDConfig, BPDModel
 
     torch.manual_seed(0)
-    cfg = BPDConfig(vocab_size=vocab, d_model=32, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=32,
-                    block_size=k, dropout=0.0, max_positions=64, **MT_FAMILIES[fam])
+    cfg = BPDConfig(
+        vocab_size=vocab,
+        d_model=32,
+        n_heads=2,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        d_ff=32,
+        block_size=k,
+        dropout=0.0,
+        max_positions=64,
+        **MT_FAMILIES[fam],
+    )
     model = BPDModel(cfg).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # wide layers, small (tied) embeddings: outputs that do not just repeat the last token
@@ -180,8 +252,10 @@ def _sources():
     return ids, mask
 
 
-@pytest.mark.parametrize("fam,init", [("marian", "zero"), ("marian", "small"), ("pegasus", "small"),
-                                      ("m2m_100", "zero"), ("m2m_100", "random")])
+@pytest.mark.parametrize(
+    "fam,init",
+    [("marian", "zero"), ("marian", "small"), ("pegasus", "small"), ("m2m_100", "zero"), ("m2m_100", "random")],
+)
 def test_translation_generate_with_heads_is_transformers_greedy(tmp_path, fam, init):
     from transformers import AutoModelForSeq2SeqLM
 
@@ -196,21 +270,22 @@ def test_translation_generate_with_heads_is_transformers_greedy(tmp_path, fam, i
     plain = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
     with torch.no_grad():
         want = plain.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW)
-    got = plain.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, custom_generate=str(folder),
-                         trust_remote_code=True)
+    got = plain.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, custom_generate=str(folder), trust_remote_code=True
+    )
     assert torch.equal(got, want)
     if fam == "m2m_100":
         assert (want[:, 1] == 30).all()  # the forced language token, as transformers puts it
     if fam == "marian":  # the pad (favoured by the logits bias) is never generated: bad_words_ids, as opus-mt's
-        assert all(39 not in row[1:row.index(2) + 1 if 2 in row else None] for row in want.tolist())
+        assert all(39 not in row[1 : row.index(2) + 1 if 2 in row else None] for row in want.tolist())
     # the same decoder passes as bpd-train's blockwise decoder, row by row
     hf = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
     forced = 1 if fam == "m2m_100" else 0
     total, tokens = 0, 0
     for s in SOURCES:
         r = blockwise(model, torch.tensor([s]), max_len=MAX_NEW - forced)
-        out = hf.generate(input_ids=torch.tensor([s]), max_new_tokens=MAX_NEW)[0, 1 + forced:].tolist()
-        assert out[:len(r.tokens[0])] == r.tokens[0]
+        out = hf.generate(input_ids=torch.tensor([s]), max_new_tokens=MAX_NEW)[0, 1 + forced :].tolist()
+        assert out[: len(r.tokens[0])] == r.tokens[0]
         assert hf.bpd_stats["passes"] == r.calls + r.prefill_calls, (hf.bpd_stats, r.calls, r.prefill_calls)
         total += hf.bpd_stats["passes"]
         tokens += hf.bpd_stats["tokens"]
@@ -262,22 +337,40 @@ def test_export_hf_writes_custom_generate_and_overwrites_only_its_own(tmp_path):
     from bpd_train.export import export_hf
 
     texts = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine", "hello world"]
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts * 20), model_prefix=str(tmp_path / "tokenizer"),
-                                   vocab_size=32, model_type="unigram", character_coverage=1.0, pad_id=0, bos_id=1,
-                                   eos_id=2, unk_id=3, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts * 20),
+        model_prefix=str(tmp_path / "tokenizer"),
+        vocab_size=32,
+        model_type="unigram",
+        character_coverage=1.0,
+        pad_id=0,
+        bos_id=1,
+        eos_id=2,
+        unk_id=3,
+        minloglevel=2,
+    )
     sp = {"tokenizer.model": tmp_path / "tokenizer.model"}
     mt_src = to_hf(_mt_model("pegasus", "small", vocab=32), tmp_path / "mt-src", files=sp)
     lm_model, lm_src = _export(tmp_path, "medusa", "small")
     lm_src = to_hf_lm(lm_model, lm_src, files=sp, overwrite=True)  # with the tokenizer file hf: needs
-    for name, src, auto, (ids, mask) in [("mt", mt_src, AutoModelForSeq2SeqLM, _sources()),
-                                         ("lm", lm_src, AutoModelForCausalLM, _padded(PROMPTS))]:
+    for name, src, auto, (ids, mask) in [
+        ("mt", mt_src, AutoModelForSeq2SeqLM, _sources()),
+        ("lm", lm_src, AutoModelForCausalLM, _padded(PROMPTS)),
+    ]:
         out = export_hf(f"hf:{src}", tmp_path / f"{name}-out")
         assert (out / "custom_generate" / "generate.py").is_file() and is_hf_export(out)
         plain = auto.from_pretrained(out).eval()
-        want = plain.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
-                              pad_token_id=0)
-        got = plain.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW, pad_token_id=0,
-                             custom_generate=str(out), trust_remote_code=True)
+        want = plain.generate(
+            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0
+        )
+        got = plain.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=MAX_NEW,
+            pad_token_id=0,
+            custom_generate=str(out),
+            trust_remote_code=True,
+        )
         assert torch.equal(got, want)
         with pytest.raises(FileExistsError, match="overwrite"):
             export_hf(f"hf:{src}", out)

@@ -3,6 +3,7 @@ regime, as distillation teacher, as evaluation input and as export source; bundl
 tokenizer and translate on their own; export.format=hf of a native model imports back bit for bit; bad input is
 one line and exit status 2. Tiny random models (transformers save_pretrained) and a sentencepiece model trained
 here (tests/test_hf_convert.py's fixtures); a few training steps, never a download."""
+
 import io
 import json
 import shutil
@@ -23,8 +24,14 @@ from test_hf_convert import TEXTS, _pieces, _randomize, _spm, folders  # noqa: E
 from bpd_train.decoding import greedy  # noqa: E402
 from bpd_train.loading import load  # noqa: E402
 
-DE = ["der schnelle braune fuchs springt", "guten tag wie geht es dir", "der faule hund", "wie geht es",
-      "machine translation is fun", "hallo welt"]
+DE = [
+    "der schnelle braune fuchs springt",
+    "guten tag wie geht es dir",
+    "der faule hund",
+    "wie geht es",
+    "machine translation is fun",
+    "hallo welt",
+]
 SOURCES = ["the quick fox", "hello world how are you", "nine", "a stitch in time"]
 
 
@@ -40,14 +47,28 @@ def marian(tmp_path_factory):
     (mar / "vocab.json").write_text(json.dumps(vocab))
     shutil.copy(tmp / "sp.model", mar / "source.spm")
     shutil.copy(tmp / "sp.model", mar / "target.spm")
-    transformers.MarianTokenizer(str(mar / "source.spm"), str(mar / "target.spm"),
-                                 str(mar / "vocab.json")).save_pretrained(mar)
+    transformers.MarianTokenizer(
+        str(mar / "source.spm"), str(mar / "target.spm"), str(mar / "vocab.json")
+    ).save_pretrained(mar)
     pad = vocab["<pad>"]
-    cfg = transformers.MarianConfig(vocab_size=len(vocab), d_model=16, encoder_layers=2, decoder_layers=2,
-                                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                                    decoder_ffn_dim=32, max_position_embeddings=64, activation_function="swish",
-                                    scale_embedding=True, pad_token_id=pad, eos_token_id=0,
-                                    decoder_start_token_id=pad, forced_eos_token_id=None, dropout=0.1)
+    cfg = transformers.MarianConfig(
+        vocab_size=len(vocab),
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        activation_function="swish",
+        scale_embedding=True,
+        pad_token_id=pad,
+        eos_token_id=0,
+        decoder_start_token_id=pad,
+        forced_eos_token_id=None,
+        dropout=0.1,
+    )
     torch.manual_seed(0)
     m = _randomize(transformers.MarianMTModel(cfg).eval())
     with torch.no_grad():
@@ -60,16 +81,24 @@ def marian(tmp_path_factory):
     data.mkdir()
     pairs = list(zip(TEXTS, DE))
     for split, n in (("train", 48), ("validation", 6), ("test", 6)):
-        rows = [{"id": str(i), "translation": {"en": pairs[i % len(pairs)][0], "de": pairs[i % len(pairs)][1]}}
-                for i in range(n)]
+        rows = [
+            {"id": str(i), "translation": {"en": pairs[i % len(pairs)][0], "de": pairs[i % len(pairs)][1]}}
+            for i in range(n)
+        ]
         (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"folder": mar, "data": data, "tmp": tmp}
 
 
 def _data(m):
-    return ["data=local", "data.name=local", f"data.path={m['data']}", "data.src_lang=en", "data.tgt_lang=de",
-            "data.num_proc=1",
-            "data.splits={train:train.jsonl,validation:validation.jsonl,test:test.jsonl}"]
+    return [
+        "data=local",
+        "data.name=local",
+        f"data.path={m['data']}",
+        "data.src_lang=en",
+        "data.tgt_lang=de",
+        "data.num_proc=1",
+        "data.splits={train:train.jsonl,validation:validation.jsonl,test:test.jsonl}",
+    ]
 
 
 def _compose(name, overrides):
@@ -80,8 +109,9 @@ def _compose(name, overrides):
 
 
 def _ids(tok, texts):
-    return torch.nn.utils.rnn.pad_sequence([torch.tensor(tok.source_ids(t)) for t in texts], batch_first=True,
-                                           padding_value=tok.pad_id())
+    return torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor(tok.source_ids(t)) for t in texts], batch_first=True, padding_value=tok.pad_id()
+    )
 
 
 def test_native_model_exported_as_hf_imports_back_and_trains_heads(marian, tmp_path_factory, tmp_path):
@@ -93,10 +123,26 @@ def test_native_model_exported_as_hf_imports_back_and_trains_heads(marian, tmp_p
     tiny = build_tiny(tmp_path_factory)
     native = load(tiny["base"])
     out = tmp_path / "native-hf"
-    run_export(_compose("export", ["experiment=smoke", f"export.checkpoint={tiny['base']}", "export.format=hf",
-                                   f"export.output_dir={out}", f"paths.artifacts={tmp_path}/art"]))
-    assert {p.name for p in out.iterdir()} == {"config.json", "generation_config.json", "model.safetensors",
-                                              "bpd_heads.safetensors", "custom_generate", "tokenizer.model"}
+    run_export(
+        _compose(
+            "export",
+            [
+                "experiment=smoke",
+                f"export.checkpoint={tiny['base']}",
+                "export.format=hf",
+                f"export.output_dir={out}",
+                f"paths.artifacts={tmp_path}/art",
+            ],
+        )
+    )
+    assert {p.name for p in out.iterdir()} == {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "bpd_heads.safetensors",
+        "custom_generate",
+        "tokenizer.model",
+    }
     assert json.loads((out / "config.json").read_text())["architectures"] == ["PegasusForConditionalGeneration"]
     imported = load(f"hf:{out}")
     assert imported.own_tokenizer and imported.config == native.config
@@ -113,9 +159,22 @@ def test_native_model_exported_as_hf_imports_back_and_trains_heads(marian, tmp_p
         run_export(_compose("export", [*again, f"export.output_dir={out}"]))
     (out / "notes.txt").unlink()
 
-    run = train(_compose("train", ["+regime=frozen", "experiment=smoke", f"regime.init_from=hf:{out}", *_data(marian),
-                                   f"paths.artifacts={tmp_path}/art", "logger=none", "trainer.max_steps=3",
-                                   "progress_bar=none", "callbacks.blockwise_eval.enabled=false"]))
+    run = train(
+        _compose(
+            "train",
+            [
+                "+regime=frozen",
+                "experiment=smoke",
+                f"regime.init_from=hf:{out}",
+                *_data(marian),
+                f"paths.artifacts={tmp_path}/art",
+                "logger=none",
+                "trainer.max_steps=3",
+                "progress_bar=none",
+                "callbacks.blockwise_eval.enabled=false",
+            ],
+        )
+    )
     trained = load(run)
     assert trained.tokenizer_hash == imported.tokenizer_hash and (run / "tokenizer" / "tokenizer.model").is_file()
     assert trained.config.block_size == 4
@@ -144,8 +203,16 @@ def test_marian_frozen_train_bundle_translate(marian, tmp_path):
         assert data_tok.encode_batch([en])[0] + [data_tok.eos_id] == ttok(en)["input_ids"]
         assert data_tok.encode_target_batch([de])[0] + [data_tok.eos_id] == ttok(text_target=de)["input_ids"]
     art = tmp_path / "art"
-    run_train("+regime=frozen", "experiment=smoke", f"regime.init_from=hf:{folder}", "model.block_size=3",
-              *_data(marian), "trainer.max_steps=4", "progress_bar=none", artifacts=art)
+    run_train(
+        "+regime=frozen",
+        "experiment=smoke",
+        f"regime.init_from=hf:{folder}",
+        "model.block_size=3",
+        *_data(marian),
+        "trainer.max_steps=4",
+        "progress_bar=none",
+        artifacts=art,
+    )
     run = art / "local" / "heads" / "frozen-k3"
     trained = load(run)
     assert trained.own_tokenizer and trained.config.block_size == 3
@@ -158,16 +225,25 @@ def test_marian_frozen_train_bundle_translate(marian, tmp_path):
     from bpd_train.translate import main
 
     bundle = tmp_path / "bundle"
-    run_export(_compose("export", ["experiment=smoke", f"export.checkpoint={run}", f"export.output_dir={bundle}",
-                                   f"paths.artifacts={art}"]))
+    run_export(
+        _compose(
+            "export",
+            ["experiment=smoke", f"export.checkpoint={run}", f"export.output_dir={bundle}", f"paths.artifacts={art}"],
+        )
+    )
     manifest = json.loads((bundle / "manifest.json").read_text())["files"]
-    assert {f"tokenizer/{n}" for n in ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json")} \
-        <= set(manifest)
+    assert {f"tokenizer/{n}" for n in ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json")} <= set(
+        manifest
+    )
     model, btok, meta = load_bundle(bundle)
     assert meta["format_version"] == 3 and greedy(model, src, max_len=20).tokens == want
     out, err = io.StringIO(), io.StringIO()
-    rc = main(["--bundle", str(bundle), "--max-len", "0", "20", "--quiet"],
-              stdin=io.StringIO("\n".join(SOURCES) + "\n"), stdout=out, stderr=err)
+    rc = main(
+        ["--bundle", str(bundle), "--max-len", "0", "20", "--quiet"],
+        stdin=io.StringIO("\n".join(SOURCES) + "\n"),
+        stdout=out,
+        stderr=err,
+    )
     assert rc == 0, err.getvalue()
     assert out.getvalue().splitlines() == [tok.detok(t) for t in want]
     # an edited tokenizer file is refused (the manifest and config.json hash the tokenizer folder)
@@ -186,14 +262,35 @@ def test_marian_evaluate_and_distill(marian, tmp_path):
     folder = marian["folder"]
     art = tmp_path / "art"
     common = ["experiment=smoke", f"paths.artifacts={art}", *_data(marian)]
-    out = run_evaluate(_compose("evaluate", [*common, f"evaluate.inputs=[hf:{folder}]", "evaluate.batch_sizes=[2]",
-                                             "evaluate.plots=false", "evaluate.wandb=false",
-                                             "evaluate.progress=false"]))
+    out = run_evaluate(
+        _compose(
+            "evaluate",
+            [
+                *common,
+                f"evaluate.inputs=[hf:{folder}]",
+                "evaluate.batch_sizes=[2]",
+                "evaluate.plots=false",
+                "evaluate.wandb=false",
+                "evaluate.progress=false",
+            ],
+        )
+    )
     report = json.loads((out / "report.json").read_text())
     assert report["checkpoints"][0]["name"] == "marian" and report["checkpoints"][0]["k"] == 1
 
-    summary = distill(_compose("distill", [*common, f"teacher=hf:{folder}", "distill.limit=6", "distill.shard_size=3",
-                                           "distill.beam_size=2", "distill.progress=false"]))
+    summary = distill(
+        _compose(
+            "distill",
+            [
+                *common,
+                f"teacher=hf:{folder}",
+                "distill.limit=6",
+                "distill.shard_size=3",
+                "distill.beam_size=2",
+                "distill.progress=false",
+            ],
+        )
+    )
     assert summary["complete"] and summary["num_examples"] == 6
     ds = load_distilled_corpus(summary["out_dir"])
     imported = load(f"hf:{folder}")
@@ -206,9 +303,20 @@ def test_marian_evaluate_and_distill(marian, tmp_path):
     # the students of an imported teacher start from it, with its tokenizer (checked against the corpus manifest)
     from bpd_train.training.run import train
 
-    run = train(_compose("train", ["+regime=distill", f"regime.init_from=hf:{folder}", *common, "logger=none",
-                                   "trainer.max_steps=2", "progress_bar=none",
-                                   "callbacks.blockwise_eval.enabled=false"]))
+    run = train(
+        _compose(
+            "train",
+            [
+                "+regime=distill",
+                f"regime.init_from=hf:{folder}",
+                *common,
+                "logger=none",
+                "trainer.max_steps=2",
+                "progress_bar=none",
+                "callbacks.blockwise_eval.enabled=false",
+            ],
+        )
+    )
     assert json.loads((run / "done.json").read_text())["global_step"] == 2
     student = load(run)
     src = _ids(tok, SOURCES)
@@ -216,9 +324,15 @@ def test_marian_evaluate_and_distill(marian, tmp_path):
 
 
 def _cli(bundle, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "bpd_train.translate", "--bundle", bundle], input="hello\n",
-                       cwd=REPO_ROOT, env=offline_env(HF_HUB_OFFLINE="1"), capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "bpd_train.translate", "--bundle", bundle],
+        input="hello\n",
+        cwd=REPO_ROOT,
+        env=offline_env(HF_HUB_OFFLINE="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(errors) == 1, r.stderr[-2000:]
     return errors[0]
@@ -264,17 +378,43 @@ def test_marian_finetune_then_export_hf_loads_in_transformers(marian, tmp_path):
 
     folder = marian["folder"]
     art = tmp_path / "art"
-    run = train(_compose("train", ["+regime=finetune", f"regime.init_from=hf:{folder}", "experiment=smoke",
-                                   f"paths.artifacts={art}", *_data(marian), "logger=none", "trainer.max_steps=2",
-                                   "progress_bar=none", "callbacks.blockwise_eval.enabled=false",
-                                   "optim.optimizer.lr=0.05"]))
+    run = train(
+        _compose(
+            "train",
+            [
+                "+regime=finetune",
+                f"regime.init_from=hf:{folder}",
+                "experiment=smoke",
+                f"paths.artifacts={art}",
+                *_data(marian),
+                "logger=none",
+                "trainer.max_steps=2",
+                "progress_bar=none",
+                "callbacks.blockwise_eval.enabled=false",
+                "optim.optimizer.lr=0.05",
+            ],
+        )
+    )
     tuned, imported = load(run), load(f"hf:{folder}")
-    changed = [n for n, t in imported.model.state_dict().items()
-               if n != "logits_bias" and not torch.equal(t, tuned.model.state_dict()[n])]
+    changed = [
+        n
+        for n, t in imported.model.state_dict().items()
+        if n != "logits_bias" and not torch.equal(t, tuned.model.state_dict()[n])
+    ]
     assert "encoder_layers.0.attn.qkv.weight" in changed and "embed.weight" in changed
     out = tmp_path / "tuned-hf"
-    run_export(_compose("export", ["experiment=smoke", f"export.checkpoint={run}", "export.format=hf",
-                                   f"export.output_dir={out}", f"paths.artifacts={art}"]))
+    run_export(
+        _compose(
+            "export",
+            [
+                "experiment=smoke",
+                f"export.checkpoint={run}",
+                "export.format=hf",
+                f"export.output_dir={out}",
+                f"paths.artifacts={art}",
+            ],
+        )
+    )
     with safe_open(str(out / "bpd_heads.safetensors"), framework="pt") as f:
         assert f.metadata()["format"] == "bpd-train-heads" and "heads.fc2.weight" in set(f.keys())
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
@@ -284,7 +424,7 @@ def test_marian_finetune_then_export_hf_loads_in_transformers(marian, tmp_path):
         gen = hf.generate(**enc, num_beams=1, do_sample=False, max_new_tokens=20)
     eos, pad = tuned.config.eos_id, tuned.config.pad_id
     want = [[t for t in row.tolist()[1:]] for row in gen]
-    want = [row[:row.index(eos)] if eos in row else [t for t in row if t != pad] for row in want]
+    want = [row[: row.index(eos)] if eos in row else [t for t in row if t != pad] for row in want]
     assert greedy(tuned.model, enc["input_ids"], max_len=20).tokens == want
 
 
@@ -308,16 +448,42 @@ def test_m2m100_languages_through_the_pipeline(folders, marian, tmp_path):
     want = greedy(imported.model, src, max_len=16).tokens
     assert want != greedy(to_fr.model, src, max_len=16).tokens
 
-    run = train(_compose("train", ["+regime=frozen", f"regime.init_from=hf:{mm}@en:de", "experiment=smoke",
-                                   f"paths.artifacts={tmp_path}/art", *_data(marian), "logger=none",
-                                   "trainer.max_steps=2", "progress_bar=none",
-                                   "callbacks.blockwise_eval.enabled=false"]))
+    run = train(
+        _compose(
+            "train",
+            [
+                "+regime=frozen",
+                f"regime.init_from=hf:{mm}@en:de",
+                "experiment=smoke",
+                f"paths.artifacts={tmp_path}/art",
+                *_data(marian),
+                "logger=none",
+                "trainer.max_steps=2",
+                "progress_bar=none",
+                "callbacks.blockwise_eval.enabled=false",
+            ],
+        )
+    )
     trained = load(run)
     assert trained.tokenizer_meta["src_lang"] == "en" and greedy(trained.model, src, max_len=16).tokens == want
     # resuming finds the run's tokenizer (tokenizer/, languages from the checkpoint) and continues
-    train(_compose("train", ["+regime=frozen", f"regime.init_from=hf:{mm}@en:de", "experiment=smoke",
-                             f"paths.artifacts={tmp_path}/art", *_data(marian), "logger=none", "trainer.max_steps=4",
-                             "progress_bar=none", "callbacks.blockwise_eval.enabled=false", "ckpt_path=last"]))
+    train(
+        _compose(
+            "train",
+            [
+                "+regime=frozen",
+                f"regime.init_from=hf:{mm}@en:de",
+                "experiment=smoke",
+                f"paths.artifacts={tmp_path}/art",
+                *_data(marian),
+                "logger=none",
+                "trainer.max_steps=4",
+                "progress_bar=none",
+                "callbacks.blockwise_eval.enabled=false",
+                "ckpt_path=last",
+            ],
+        )
+    )
     assert json.loads((run / "done.json").read_text())["global_step"] == 4
     export_checkpoint(run, tmp_path / "bundle")
     model, btok, meta = load_bundle(tmp_path / "bundle")

@@ -1,5 +1,6 @@
 """Hostile files: a crafted DeepSpeed ZeRO folder whose model-states file carries a pickle payload must never run,
 whichever entry point is handed it (or finds it): each stops with one error line and exit status 2."""
+
 import subprocess
 import sys
 
@@ -54,8 +55,14 @@ def test_entry_points_refuse_zero_payload(tmp_path, case):
     art, marker = tmp_path / "art", tmp_path / "marker"
     evil = plant_zero_payload(art / "bible_en_fr" / "heads" / "evil", marker)
     args = [o.format(evil=evil, art=art) for o in overrides if o is not None]
-    cmd = [sys.executable, str(REPO_ROOT / script), *args, "experiment=smoke", f"paths.artifacts={art}",
-           f"hydra.run.dir={tmp_path}/hydra"]
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / script),
+        *args,
+        "experiment=smoke",
+        f"paths.artifacts={art}",
+        f"hydra.run.dir={tmp_path}/hydra",
+    ]
     r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(), capture_output=True, text=True, timeout=300)
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert not marker.exists(), f"{case}: the payload ran"

@@ -1,5 +1,6 @@
 """LMDataModule (bpd_train/data/lm/datamodule.py): the bundled corpus as prompt-format translation through
 BPDDataModule's token-bucketed, resumable batches; self-distilled train records; the sentencepiece adapter."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ def _data_cfg(**lm):
 def _dm(tmp_path, **kw):
     from bpd_train.data import LMDataModule
 
-    return LMDataModule(_data_cfg(), tmp_path / "art", seed=3, max_tokens=900, cache_dir=tmp_path / "hf",
-                        max_positions=400, **kw)
+    return LMDataModule(
+        _data_cfg(), tmp_path / "art", seed=3, max_tokens=900, cache_dir=tmp_path / "hf", max_positions=400, **kw
+    )
 
 
 def test_lm_datamodule_on_the_bundled_corpus(tmp_path):
@@ -40,16 +42,16 @@ def test_lm_datamodule_on_the_bundled_corpus(tmp_path):
     pair = dm.records["validation"][0]["translation"]
     row = dm.datasets["validation"][0]
     prompt = f"English: {pair['en'].strip()}\nFrench:"
-    assert row["ids"][: row["prompt_len"]] == [1] + tok.sp.encode(prompt)                # BOS + the prompt
-    assert row["ids"][row["prompt_len"]:] == tok.sp.encode(" " + pair["fr"].strip()) + [2]  # response + EOS
-    assert tok.decode(row["ids"][row["prompt_len"]:]) == pair["fr"].strip()
+    assert row["ids"][: row["prompt_len"]] == [1] + tok.sp.encode(prompt)  # BOS + the prompt
+    assert row["ids"][row["prompt_len"] :] == tok.sp.encode(" " + pair["fr"].strip()) + [2]  # response + EOS
+    assert tok.decode(row["ids"][row["prompt_len"] :]) == pair["fr"].strip()
     batches = list(dm.train_dataloader())
-    assert sum(b["tokens"].shape[0] for b in batches) == 120      # every row once per epoch
+    assert sum(b["tokens"].shape[0] for b in batches) == 120  # every row once per epoch
     for b in batches:
-        assert b["tokens"].numel() <= 900                          # the token budget holds
+        assert b["tokens"].numel() <= 900  # the token budget holds
         counted = b["targets"] != IGNORE
-        assert counted.sum(1).min() >= 2                           # >= one response token + EOS per row
-        for r, p in enumerate(b["prompts"]):                       # no prompt token is ever a target
+        assert counted.sum(1).min() >= 2  # >= one response token + EOS per row
+        for r, p in enumerate(b["prompts"]):  # no prompt token is ever a target
             assert not counted[r, : len(p) - 1].any() and counted[r, len(p) - 1]
     # mid-epoch resume: the state after 2 batches gives exactly the remaining batches
     dm2 = _dm(tmp_path)
@@ -71,11 +73,12 @@ def test_lm_datamodule_self_distilled_train_split(tmp_path):
     d = tmp_path / "distilled"
     d.mkdir()
     (d / "shard-00000-of-00001.jsonl").write_text(
-        json.dumps({"id": "7", "prompt": "English: Hi\nFrench:", "response": " Salut"}) + "\n")
+        json.dumps({"id": "7", "prompt": "English: Hi\nFrench:", "response": " Salut"}) + "\n"
+    )
     dm = _dm(tmp_path, source="distilled", distilled_dir=d)
     dm.setup()
     assert len(dm.datasets["train"]) == 1 and dm.records["train"][0]["response"] == " Salut"
-    assert len(dm.datasets["validation"]) == 16                  # evaluation stays on the references
+    assert len(dm.datasets["validation"]) == 16  # evaluation stays on the references
     with pytest.raises(LMDataError, match="'gold' or 'distilled'"):
         _dm(tmp_path, source="mixed")
 

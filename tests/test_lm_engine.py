@@ -3,6 +3,7 @@ linears in fp32 / bf16 / int8, the native layer stack (RMSNorm, rotary with per-
 row-exact attention, native greedy and exact blockwise loops (one row and a batch), draft vocabulary and proposal
 precision, several stop ids. Exact blockwise must give greedy's output of the same precision, token for token, on random
 models, random heads and random prompts of different lengths (left padding)."""
+
 import itertools
 
 import numpy as np
@@ -18,21 +19,35 @@ from bpd_train.model import LMConfig, LMModel
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
 
 DTYPES = ["fp32", "bf16", "int8"]
-MODE = {0: "fp32", 1: "bf16", 3: "bf16", 5: "bf16", 2: "int8", 4: "int8"}   # fastlinear.PackedLinear.mode
+MODE = {0: "fp32", 1: "bf16", 3: "bf16", 5: "bf16", 2: "int8", 4: "int8"}  # fastlinear.PackedLinear.mode
 
 
 def lm(seed=0, heads="bpd", k=4, vocab=12, n_heads=4, kv=2, qkv_bias=False, tie=True, std=0.4, **kw):
     """A small random LM. A small vocabulary and random (non-zero) heads: proposals are accepted now and then,
     so multi-token blocks are accepted and rejected ones rolled back."""
     torch.manual_seed(seed)
-    c = LMConfig(vocab_size=vocab, d_model=32, n_layers=2, n_heads=n_heads, n_kv_heads=kv, d_ff=48, block_size=k,
-                 heads=heads, head_d_hidden=16, eos_id=2, max_positions=96, qkv_bias=qkv_bias, o_bias=qkv_bias,
-                 tie_output=tie, **kw)
+    c = LMConfig(
+        vocab_size=vocab,
+        d_model=32,
+        n_layers=2,
+        n_heads=n_heads,
+        n_kv_heads=kv,
+        d_ff=48,
+        block_size=k,
+        heads=heads,
+        head_d_hidden=16,
+        eos_id=2,
+        max_positions=96,
+        qkv_bias=qkv_bias,
+        o_bias=qkv_bias,
+        tie_output=tie,
+        **kw,
+    )
     m = LMModel(c).eval()
     with torch.no_grad():
         for p in m.parameters():
             p.normal_(0, std if p.dim() >= 2 else 0.1)
-        for layer in m.layers:                                          # norms near one, as trained models have
+        for layer in m.layers:  # norms near one, as trained models have
             layer.norm1.weight.add_(1.0)
             layer.norm2.weight.add_(1.0)
         m.norm.weight.add_(1.0)
@@ -46,13 +61,26 @@ def prompts(n, seed, vocab=12, longest=9):
 
 CONFIGS = [  # (head type, GQA kv heads, qkv bias, tied output, extra config)
     ("bpd", 2, False, True, {}),
-    ("bpd", 4, True, False, {}),                                        # MHA, q/k/v and o biases, separate lm_head
-    ("medusa", 1, True, True, {}),                                      # multi-query attention
+    ("bpd", 4, True, False, {}),  # MHA, q/k/v and o biases, separate lm_head
+    ("medusa", 1, True, True, {}),  # multi-query attention
     ("medusa", 2, False, False, {"medusa_layers": 2}),
     ("bpd", 2, True, True, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
-    ("bpd", 2, False, False, {"head_dim": 16}),                         # n_heads * head_dim != d_model
-    ("bpd", 4, False, True, {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                              "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
+    ("bpd", 2, False, False, {"head_dim": 16}),  # n_heads * head_dim != d_model
+    (
+        "bpd",
+        4,
+        False,
+        True,
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+    ),
 ]
 
 
@@ -67,16 +95,16 @@ def test_the_native_step_computes_the_torch_step():
         with torch.inference_mode():
             src = torch.full((4, max(map(len, rows))), -1, dtype=torch.long)
             for r, p in enumerate(rows):
-                src[r, :len(p)] = torch.tensor(p)
+                src[r, : len(p)] = torch.tensor(p)
             state = m.start_decoding(m.encode(src), 8)
-            h1 = m.decode(state, state.first)                                   # [4,1,D]
+            h1 = m.decode(state, state.first)  # [4,1,D]
             state.lengths = 1
             nxt = torch.randint(3, 12, (4, 3))
-            h2 = m.decode(state, nxt)                                           # [4,3,D]
+            h2 = m.decode(state, nxt)  # [4,3,D]
             for r, p in enumerate(rows):
-                full = m.features(torch.tensor([p + nxt[r].tolist()]))[0]      # [L+3,D]
+                full = m.features(torch.tensor([p + nxt[r].tolist()]))[0]  # [L+3,D]
                 torch.testing.assert_close(h1[r, 0], full[len(p) - 1], atol=3e-4, rtol=1e-3)
-                torch.testing.assert_close(h2[r], full[len(p):], atol=3e-4, rtol=1e-3)
+                torch.testing.assert_close(h2[r], full[len(p) :], atol=3e-4, rtol=1e-3)
                 logits = m.heads_logits(full[-1])
                 torch.testing.assert_close(w.logits(full[-1], 0, m.config.block_size), logits, atol=1e-3, rtol=1e-3)
 
@@ -90,18 +118,18 @@ def test_a_row_is_bit_identical_alone_or_inside_a_block(dtype):
     rows = prompts(3, 1)
     src = torch.full((3, max(map(len, rows))), -1, dtype=torch.long)
     for r, p in enumerate(rows):
-        src[r, :len(p)] = torch.tensor(p)
+        src[r, : len(p)] = torch.tensor(p)
     toks = torch.randint(3, 12, (3, 5))
     with torch.inference_mode():
         a = m.start_decoding(m.encode(src), 8)
-        block = m.decode(a, toks)                                               # [3,5,D]
+        block = m.decode(a, toks)  # [3,5,D]
         b = m.start_decoding(m.encode(src), 8)
         for j in range(5):
             b.lengths = j
-            assert torch.equal(m.decode(b, toks[:, j:j + 1])[:, 0], block[:, j])
-        for r, p in enumerate(rows):                                            # and alone, no left padding
+            assert torch.equal(m.decode(b, toks[:, j : j + 1])[:, 0], block[:, j])
+        for r, p in enumerate(rows):  # and alone, no left padding
             c = m.start_decoding(m.encode(torch.tensor([p])), 8)
-            assert torch.equal(m.decode(c, toks[r:r + 1])[0], block[r])
+            assert torch.equal(m.decode(c, toks[r : r + 1])[0], block[r])
         w = m.decode_weights()
         assert torch.equal(w.head1_argmax(block), w.head1_argmax(block.reshape(15, -1)).view(3, 5))
 
@@ -121,8 +149,8 @@ def test_exact_blockwise_equals_greedy_of_the_same_precision(dtype):
                 assert r.calls <= g.calls and max(r.accepted_hist, default=1) <= k
                 accepted += max(r.accepted_hist, default=1) > 1
             alone = [greedy(m, [p], max_len=24).tokens[0] for p in src]
-            assert alone == g.tokens                                    # rows decode as they would alone
-    assert accepted >= 6                                                # multi-token blocks were accepted
+            assert alone == g.tokens  # rows decode as they would alone
+    assert accepted >= 6  # multi-token blocks were accepted
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -139,12 +167,13 @@ def test_native_loops_take_the_same_steps_as_the_one_step_loops(dtype, monkeypat
         cls = type(w)
         for name, attr in [("block", "block_steps"), ("batch", "batch_block_steps"), ("greedy", "greedy_to_end")]:
             real = getattr(cls, attr)
-            monkeypatch.setattr(cls, attr, lambda *a, _r=real, _n=name, **kw: calls.__setitem__(_n, calls[_n] + 1)
-                                or _r(*a, **kw))
-        rule = (None, TopK(2), Distance(1))[i % 3]                  # (None: Exact) every rule the loops know
+            monkeypatch.setattr(
+                cls, attr, lambda *a, _r=real, _n=name, **kw: calls.__setitem__(_n, calls[_n] + 1) or _r(*a, **kw)
+            )
+        rule = (None, TopK(2), Distance(1))[i % 3]  # (None: Exact) every rule the loops know
         g, b = greedy(m, src, max_len=20), blockwise(m, src, max_len=20, accept=rule)
         assert calls["greedy"] and (calls["block"] if batch == 1 else calls["batch"])
-        loop, w.native_loop = w.native_loop, None                   # one step per call, through model.decode
+        loop, w.native_loop = w.native_loop, None  # one step per call, through model.decode
         try:
             g1, b1 = greedy(m, src, max_len=20), blockwise(m, src, max_len=20, accept=rule)
         finally:
@@ -164,12 +193,12 @@ def test_several_stop_ids_end_rows_in_the_native_loops(monkeypatch):
     real = type(w).block_steps
     monkeypatch.setattr(type(w), "block_steps", lambda *a, **kw: seen.append(1) or real(*a, **kw))
     g = greedy(m, src, max_len=30)
-    assert any(len(t) < 30 for t in g.tokens)                           # some rows ended on a stop id
-    assert not any(t in (2, 3, 4) for row in g.tokens for t in row)     # the stop id is cut, none before it
+    assert any(len(t) < 30 for t in g.tokens)  # some rows ended on a stop id
+    assert not any(t in (2, 3, 4) for row in g.tokens for t in row)  # the stop id is cut, none before it
     assert blockwise(m, src, max_len=30).tokens == g.tokens
     for p, want in zip(src, g.tokens):
         assert blockwise(m, [p], max_len=30).tokens[0] == want
-    assert seen                                                         # ... through the native block loop
+    assert seen  # ... through the native block loop
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -179,22 +208,26 @@ def test_draft_vocabulary_and_proposal_precision_keep_the_output(dtype):
         m.decode_options = DecodeOptions(dtype=dtype)
         src = prompts(4, 5, vocab=40)
         want = greedy(m, src, max_len=20).tokens
-        for opts in [dict(draft_vocab=tuple(range(0, 40, 2))), dict(proposal_dtype="int8"),
-                     dict(draft_vocab=tuple(range(10)), proposal_dtype="bf16")]:
+        for opts in [
+            dict(draft_vocab=tuple(range(0, 40, 2))),
+            dict(proposal_dtype="int8"),
+            dict(draft_vocab=tuple(range(10)), proposal_dtype="bf16"),
+        ]:
             m.decode_options = DecodeOptions(dtype=dtype, **opts)
             w = m.decode_weights()
             if "draft_vocab" in opts:
                 ids = w.propose(torch.randn(3, 32), 1, 4)
                 assert set(ids.flatten().tolist()) <= set(opts["draft_vocab"])
-            assert MODE[w.proj.mode] == dtype                          # head 1 verifies in `dtype`
+            assert MODE[w.proj.mode] == dtype  # head 1 verifies in `dtype`
             assert MODE[w.prop_proj.mode] == opts.get("proposal_dtype", dtype)
             assert blockwise(m, src, max_len=20).tokens == want
             assert [blockwise(m, [p], max_len=20).tokens[0] for p in src] == want
-            assert greedy(m, src, max_len=20).tokens == want            # head 1 stays in `dtype`
+            assert greedy(m, src, max_len=20).tokens == want  # head 1 stays in `dtype`
 
 
 def test_adaptive_beam_search_and_other_rules_run_on_the_native_weights():
     from bpd_train.decoding import TopK
+
     m = lm(6, "medusa")
     m.decode_options = DecodeOptions(dtype="bf16")
     src = prompts(4, 6)
@@ -235,7 +268,7 @@ def test_bpd_heads_with_their_own_head1_take_python_steps_over_the_native_pieces
     m = lm(9, "bpd", identity_p1=False)
     m.decode_options = DecodeOptions(dtype=dtype)
     w = m.decode_weights()
-    assert w.native_layers is not None and w.native_loop is None        # native stack, Python loops
+    assert w.native_layers is not None and w.native_loop is None  # native stack, Python loops
     src = prompts(4, 9)
     g = greedy(m, src, max_len=16)
     assert blockwise(m, src, max_len=16).tokens == g.tokens
@@ -262,18 +295,21 @@ def test_the_torch_engine_still_decodes_decoder_only_models_in_fp32(tmp_path):
     import os
     import subprocess
     import sys
-    code = ("import torch, pytest\n"
-            "from tests.test_lm_engine import lm, prompts\n"
-            "from bpd_train.decoding import greedy, blockwise\n"
-            "from bpd_train.engine.packed import DecodeOptions\n"
-            "m = lm(12, 'medusa', qkv_bias=True)\n"
-            "src = prompts(3, 12)\n"
-            "assert m.decode_weights().native_layers is None\n"
-            "assert blockwise(m, src, max_len=12).tokens == greedy(m, src, max_len=12).tokens\n"
-            "m.decode_options = DecodeOptions(dtype='int8')\n"
-            "with pytest.raises(ValueError, match='fp32'):\n"
-            "    greedy(m, src, max_len=4)\n"
-            "print('ok')\n")
+
+    code = (
+        "import torch, pytest\n"
+        "from tests.test_lm_engine import lm, prompts\n"
+        "from bpd_train.decoding import greedy, blockwise\n"
+        "from bpd_train.engine.packed import DecodeOptions\n"
+        "m = lm(12, 'medusa', qkv_bias=True)\n"
+        "src = prompts(3, 12)\n"
+        "assert m.decode_weights().native_layers is None\n"
+        "assert blockwise(m, src, max_len=12).tokens == greedy(m, src, max_len=12).tokens\n"
+        "m.decode_options = DecodeOptions(dtype='int8')\n"
+        "with pytest.raises(ValueError, match='fp32'):\n"
+        "    greedy(m, src, max_len=4)\n"
+        "print('ok')\n"
+    )
     env = {**os.environ, "BPD_DECODE_ENGINE": "torch"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
@@ -288,7 +324,7 @@ def test_thread_count_does_not_change_a_bit(dtype):
     src = prompts(4, 13)
     ids = torch.full((4, max(map(len, src))), -1, dtype=torch.long)
     for r, p in enumerate(src):
-        ids[r, :len(p)] = torch.tensor(p)
+        ids[r, : len(p)] = torch.tensor(p)
     toks = torch.randint(3, 12, (4, 6))
     before = torch.get_num_threads()
     got = []
@@ -297,7 +333,9 @@ def test_thread_count_does_not_change_a_bit(dtype):
             torch.set_num_threads(t)
             with torch.inference_mode():
                 st = m.start_decoding(m.encode(ids), 8)
-                got.append((m.decode(st, toks), greedy(m, src, max_len=16).tokens, blockwise(m, src, max_len=16).tokens))
+                got.append(
+                    (m.decode(st, toks), greedy(m, src, max_len=16).tokens, blockwise(m, src, max_len=16).tokens)
+                )
     finally:
         torch.set_num_threads(before)
     assert torch.equal(got[0][0], got[1][0]) and got[0][1] == got[1][1] == got[0][2] == got[1][2]
@@ -327,6 +365,6 @@ def test_prompt_lookup_keeps_greedy_output_and_accepts_what_the_context_repeats(
             assert max(on.accepted_hist, default=1) <= m.config.block_size
             calls["off"] += off.calls
             calls["on"] += on.calls
-    assert calls["on"] < 0.9 * calls["off"], calls     # lookup's proposals were accepted
+    assert calls["on"] < 0.9 * calls["off"], calls  # lookup's proposals were accepted
     with pytest.raises(ValueError, match="lookup"):
         DecodeOptions(lookup=-1)

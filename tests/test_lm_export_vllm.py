@@ -13,6 +13,7 @@ The replay is re-implemented from reading vLLM (not imported: vLLM is not a depe
       config keys containing "num" and "heads" -> num_heads, "num" and "layers" -> num_hidden_layers;
       truncated_vocab_size defaults to vocab_size.
 """
+
 import json
 
 import pytest
@@ -89,8 +90,9 @@ def vllm_logits(cfg, params, token_map, hidden):
     for j in range(cfg["num_heads"]):
         x = hidden
         for layer in range(cfg["num_hidden_layers"]):
-            x = x + F.silu(F.linear(x, params[f"blocks.{j}.layers.{layer}.weight"],
-                                    params.get(f"blocks.{j}.layers.{layer}.bias")))
+            x = x + F.silu(
+                F.linear(x, params[f"blocks.{j}.layers.{layer}.weight"], params.get(f"blocks.{j}.layers.{layer}.bias"))
+            )
         head = params["lm_head.weight"] if cfg.get("original_lm_head") else params[f"lm_heads.{j}.weight"]
         lg = F.linear(x, head) * cfg.get("logit_scale", 1.0)
         if token_map is not None:
@@ -98,13 +100,24 @@ def vllm_logits(cfg, params, token_map, hidden):
             full[..., token_map] = lg
             lg = full
         out.append(lg)
-    return torch.stack(out, dim=-2)                                         # [N,heads,V]
+    return torch.stack(out, dim=-2)  # [N,heads,V]
 
 
 def _medusa(layers=2, tie=True):
     torch.manual_seed(0)
-    m = LMModel(LMConfig(vocab_size=40, d_model=16, n_layers=1, n_heads=2, d_ff=24, block_size=4, heads="medusa",
-                         medusa_layers=layers, tie_output=tie)).eval()
+    m = LMModel(
+        LMConfig(
+            vocab_size=40,
+            d_model=16,
+            n_layers=1,
+            n_heads=2,
+            d_ff=24,
+            block_size=4,
+            heads="medusa",
+            medusa_layers=layers,
+            tie_output=tie,
+        )
+    ).eval()
     with torch.no_grad():
         for p in m.head_parameters():
             p.normal_(0, 0.3)
@@ -120,7 +133,7 @@ def test_vllm_loads_every_tensor_and_computes_our_heads(tmp_path, layers, tie):
     assert cfg["num_heads"] == 3 and cfg["num_hidden_layers"] == layers
     h = torch.randn(5, 16)
     with torch.no_grad():
-        ours = m.heads_logits(h)[:, 1:]                                     # heads 2..k
+        ours = m.heads_logits(h)[:, 1:]  # heads 2..k
         theirs = vllm_logits(cfg, params, token_map, m.norm(h))
     assert (ours - theirs).abs().max().item() < 1e-5
     # a draft vocabulary travels as token_map; vLLM then scores only those ids

@@ -2,6 +2,7 @@
 (stdin or --input; --chat through the chat template; --langs as prompt-format translation), blockwise exact ==
 greedy, bad input as one line with exit status 2; and evaluate.py on chat `messages` records (the prompt
 rendered by the template, the last assistant turn the reference)."""
+
 from __future__ import annotations
 
 import io
@@ -27,9 +28,19 @@ PROMPTS = ["the quick brown fox", "hello world", "a stitch in time saves nine an
 def _llama(folder: Path, chat_template: bool) -> Path:
     folder.mkdir(parents=True)
     v = make_tokenizer(folder, bos=True, chat_template=chat_template)
-    cfg = transformers.LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=24,
-                                   tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=None)
+    cfg = transformers.LlamaConfig(
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=24,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=None,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # wider than transformers' init: peaked, prompt-dependent outputs of several lengths
@@ -80,10 +91,20 @@ def _greedy_reference(bundle: Path, prompts, max_new: int) -> list[str]:
 def test_generate_cli_answers_prompts_blockwise_equals_greedy(bundle, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS[:2] + [""] + PROMPTS[2:]) + "\n")
-    base = [sys.executable, "-m", "bpd_train.translate", "--bundle", str(bundle), "--max-new-tokens", "8",
-            "--batch-size", "3"]
-    res = subprocess.run(base + ["--input", str(prompts)], cwd=REPO_ROOT, env=offline_env(), capture_output=True,
-                         text=True, timeout=120)
+    base = [
+        sys.executable,
+        "-m",
+        "bpd_train.translate",
+        "--bundle",
+        str(bundle),
+        "--max-new-tokens",
+        "8",
+        "--batch-size",
+        "3",
+    ]
+    res = subprocess.run(
+        base + ["--input", str(prompts)], cwd=REPO_ROOT, env=offline_env(), capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     lines = res.stdout.split("\n")[:-1]
     assert len(lines) == 5 and lines[2] == "" and "answered 5 lines (blockwise k=3 exact" in res.stderr
@@ -95,8 +116,9 @@ def test_generate_cli_answers_prompts_blockwise_equals_greedy(bundle, tmp_path):
     assert rc == 0 and out == res.stdout and "greedy" in err
     # --chat: each line is the user's message, rendered by the template (not the raw text)
     rc, chat_out, _ = _run(["--bundle", str(bundle), "--max-new-tokens", "8", "--chat"], "\n".join(PROMPTS) + "\n")
-    chat_want = _greedy_reference(bundle, lambda tok: [tok.chat_ids([{"role": "user", "content": p}])
-                                                       for p in PROMPTS], 8)
+    chat_want = _greedy_reference(
+        bundle, lambda tok: [tok.chat_ids([{"role": "user", "content": p}]) for p in PROMPTS], 8
+    )
     assert rc == 0 and chat_out.split("\n")[:-1] == chat_want and chat_want != want
     # --langs: prompt-format translation prompts, as the LM demo trains on
     rc, tr_out, _ = _run(["--bundle", str(bundle), "--max-new-tokens", "8", "--langs", "en:fr"], "hello world\n")
@@ -114,8 +136,21 @@ def test_generate_cli_int8_draft_vocab_blockwise_equals_int8_greedy(bundle):
     from bpd_train.loading import load
 
     text = "\n".join(PROMPTS) + "\n"
-    rc, out, err = _run(["--bundle", str(bundle), "--max-new-tokens", "8", "--dtype", "int8", "--draft-vocab", "30",
-                         "--proposal-dtype", "bf16"], text)
+    rc, out, err = _run(
+        [
+            "--bundle",
+            str(bundle),
+            "--max-new-tokens",
+            "8",
+            "--dtype",
+            "int8",
+            "--draft-vocab",
+            "30",
+            "--proposal-dtype",
+            "bf16",
+        ],
+        text,
+    )
     assert rc == 0 and "blockwise k=3 exact" in err, err
     loaded = load(bundle)
     tok = loaded.lm_tokenizer()
@@ -136,15 +171,23 @@ def test_generate_cli_bad_input_is_one_line(bundle, tmp_path):
     one_error(*_run(["--bundle", str(bundle), "--input", str(empty)]), "is empty: give one prompt per line")
     one_error(*_run(["--bundle", str(bundle), "--input", str(tmp_path / "nope.txt")]), "does not exist")
     long = " ".join(WORDS[:30])  # 31 tokens with BOS; the context is 24
-    one_error(*_run(["--bundle", str(bundle), "--context-policy", "refuse"], f"{long}\n"),
-              "line 1: a prompt of 31 tokens does not fit the context of 24")
+    one_error(
+        *_run(["--bundle", str(bundle), "--context-policy", "refuse"], f"{long}\n"),
+        "line 1: a prompt of 31 tokens does not fit the context of 24",
+    )
     rc, out, err = _run(["--bundle", str(bundle), "--max-new-tokens", "4"], f"hello\n{long}\n")
     assert rc == 0 and len(out.split("\n")) == 3 and "1 source(s) truncated to 24 positions" in err
     one_error(*_run(["--bundle", str(bundle), "--chat", "--langs", "en:fr"], "hi\n"), "exclude each other")
     # the torch path (no native kernels) decodes decoder-only models in fp32 only: one line, not a traceback
-    torch_engine = subprocess.run([sys.executable, "-m", "bpd_train.translate", "--bundle", str(bundle), "--dtype",
-                                   "int8"], input="hi\n", cwd=REPO_ROOT, env=offline_env(BPD_DECODE_ENGINE="torch"),
-                                  capture_output=True, text=True, timeout=120)
+    torch_engine = subprocess.run(
+        [sys.executable, "-m", "bpd_train.translate", "--bundle", str(bundle), "--dtype", "int8"],
+        input="hi\n",
+        cwd=REPO_ROOT,
+        env=offline_env(BPD_DECODE_ENGINE="torch"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     one_error(torch_engine.returncode, torch_engine.stdout, torch_engine.stderr, "decode in fp32")
     one_error(*_run(["--bundle", str(bundle), "--draft-vocab", "-3"], "hi\n"), "draft_vocab must be a positive")
     plain = _bundle(tmp_path, chat_template=False)
@@ -158,16 +201,33 @@ def test_evaluate_on_chat_records_applies_the_template(bundle, tmp_path):
     from bpd_train.decoding import greedy
     from bpd_train.loading import load
 
-    chats = [[{"role": "system", "content": "good morning"}, {"role": "user", "content": p},
-              {"role": "assistant", "content": "the lazy dog"}] for p in PROMPTS]
+    chats = [
+        [
+            {"role": "system", "content": "good morning"},
+            {"role": "user", "content": p},
+            {"role": "assistant", "content": "the lazy dog"},
+        ]
+        for p in PROMPTS
+    ]
     rec = tmp_path / "chat.jsonl"
     rec.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
     out = tmp_path / "eval"
-    cmd = [sys.executable, "evaluate.py", "experiment=smoke_lm", f"data.lm.files={{validation:{rec}}}",
-           f"evaluate.inputs=[{bundle}]", f"evaluate.output_dir={out}", "evaluate.batch_sizes=[2]",
-           "evaluate.distilled=null", "evaluate.wandb=false", "decode.max_len=8", "decode.draft_vocab=30",
-           "decode.proposal_dtype=int8", f"paths.artifacts={tmp_path / 'a'}",
-           f"hydra.run.dir={tmp_path / 'h'}"]
+    cmd = [
+        sys.executable,
+        "evaluate.py",
+        "experiment=smoke_lm",
+        f"data.lm.files={{validation:{rec}}}",
+        f"evaluate.inputs=[{bundle}]",
+        f"evaluate.output_dir={out}",
+        "evaluate.batch_sizes=[2]",
+        "evaluate.distilled=null",
+        "evaluate.wandb=false",
+        "decode.max_len=8",
+        "decode.draft_vocab=30",
+        "decode.proposal_dtype=int8",
+        f"paths.artifacts={tmp_path / 'a'}",
+        f"hydra.run.dir={tmp_path / 'h'}",
+    ]
     r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
@@ -179,13 +239,21 @@ def test_evaluate_on_chat_records_applies_the_template(bundle, tmp_path):
     assert all(row["agreement"] == 100.0 for row in report["rows"] if row["rule"] == "exact") and report["rows"]
     loaded = load(bundle)
     tok = loaded.lm_tokenizer()
-    want = [tok.decode(t).strip() for t in greedy(loaded.model, [tok.chat_ids(c[:-1]) for c in chats], max_len=8).tokens]
+    want = [
+        tok.decode(t).strip() for t in greedy(loaded.model, [tok.chat_ids(c[:-1]) for c in chats], max_len=8).tokens
+    ]
     name = report["checkpoints"][0]["name"]
     assert (out / "hyp" / name / "greedy.txt").read_text().split("\n")[:-1] == want
     assert json.loads((out / "src.txt").read_text().splitlines()[0]) == chats[0][:-1]
     assert (out / "ref.txt").read_text().splitlines() == ["the lazy dog"] * 4
     # a chat that does not end with the assistant's reference: one line
     rec.write_text(json.dumps({"messages": chats[0][:-1]}) + "\n")
-    r = subprocess.run(cmd[:-1] + [f"hydra.run.dir={tmp_path / 'h2'}"], cwd=REPO_ROOT, env=offline_env(),
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        cmd[:-1] + [f"hydra.run.dir={tmp_path / 'h2'}"],
+        cwd=REPO_ROOT,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and "must end with a non-empty assistant message" in r.stderr

@@ -1,6 +1,7 @@
 """transformers LlamaForCausalLM / Qwen2ForCausalLM -> LMModel: logits, greedy (batch of different-length
 prompts, left-padded on the transformers side) and blockwise parity against transformers itself, on tiny
 random-weight models, and the tokenizer (tokenizer.json + chat template) against transformers' tokenizer."""
+
 import json
 
 import pytest
@@ -26,40 +27,87 @@ def folders(tmp_path_factory):
     # Llama: GQA (4 query heads on 2 key/value heads), separate output projection, BOS added by the tokenizer
     f = tmp_path_factory.mktemp("llama")
     v = make_tokenizer(f, bos=True)
-    cfg = transformers.LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   rope_theta=500.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                                   bos_token_id=1, eos_token_id=2, pad_token_id=None)
+    cfg = transformers.LlamaConfig(
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_theta=500.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=None,
+    )
     torch.manual_seed(0)
     _randomize(transformers.LlamaForCausalLM(cfg).eval(), 0, 2).save_pretrained(f)
     out["llama"] = f
     # Qwen2: q/k/v biases, tied embeddings, one key/value head, no BOS, EOS = <|im_end|>
     f = tmp_path_factory.mktemp("qwen2")
     v = make_tokenizer(f, bos=False)
-    cfg = transformers.Qwen2Config(vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64,
-                                   tie_word_embeddings=True, eos_token_id=4, bos_token_id=None)
+    cfg = transformers.Qwen2Config(
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        eos_token_id=4,
+        bos_token_id=None,
+    )
     torch.manual_seed(1)
     _randomize(transformers.Qwen2ForCausalLM(cfg).eval(), 1, 4).save_pretrained(f)
     out["qwen2"] = f
     # Llama 3.x rotary scaling, every bias Llama allows, tied embeddings
     f = tmp_path_factory.mktemp("llama3")
     v = make_tokenizer(f, bos=True)
-    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
-    cfg = transformers.LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                                   rope_parameters=rope, attention_bias=True, mlp_bias=True,
-                                   tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }
+    cfg = transformers.LlamaConfig(
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        rope_parameters=rope,
+        attention_bias=True,
+        mlp_bias=True,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(2)
     _randomize(transformers.LlamaForCausalLM(cfg).eval(), 2, 2).save_pretrained(f)
     out["llama3"] = f
     # Mistral without a sliding window, explicit head_dim != hidden/heads
     f = tmp_path_factory.mktemp("mistral")
     v = make_tokenizer(f, bos=True)
-    cfg = transformers.MistralConfig(vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                                     num_attention_heads=4, num_key_value_heads=2, head_dim=12,
-                                     max_position_embeddings=64, sliding_window=None, bos_token_id=1, eos_token_id=2)
+    cfg = transformers.MistralConfig(
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=12,
+        max_position_embeddings=64,
+        sliding_window=None,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(3)
     _randomize(transformers.MistralForCausalLM(cfg).eval(), 3, 2).save_pretrained(f)
     out["mistral"] = f
@@ -91,11 +139,11 @@ def test_logits_match_transformers(folders, name):
     fam = {"llama3": "llama"}.get(name, name)
     assert meta["family"] == fam and family_of(folders[name]) == fam
     assert (model.lm_head is None) == (name in ("qwen2", "llama3"))  # tied / untied both covered
-    assert model.config.kv_heads < model.config.n_heads        # GQA
+    assert model.config.kv_heads < model.config.n_heads  # GQA
     if name == "llama3":
         assert model.config.rope_scaling["rope_type"] == "llama3" and model.config.o_bias and model.config.mlp_bias
     hf = _hf(folders[name])
-    texts = PROMPTS + [" ".join(WORDS * 2)]                    # 50 tokens: past llama3's original 16 positions
+    texts = PROMPTS + [" ".join(WORDS * 2)]  # 50 tokens: past llama3's original 16 positions
     for text in texts:
         ids = torch.tensor([tok.encode(text)])
         with torch.no_grad():
@@ -112,12 +160,14 @@ def test_greedy_matches_generate_on_a_padded_batch(folders, fam):
     htok = _htok(folders[fam])
     htok.pad_token, htok.padding_side = "<unk>", "left"
     enc = htok(PROMPTS, return_tensors="pt", padding=True)
-    assert [[t for t, m in zip(r, mk) if m] for r, mk in zip(enc["input_ids"].tolist(),
-                                                              enc["attention_mask"].tolist())] == tok.encode(PROMPTS)
+    assert [
+        [t for t, m in zip(r, mk) if m] for r, mk in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist())
+    ] == tok.encode(PROMPTS)
     with torch.no_grad():
-        gen = hf.generate(**enc, do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=eos,
-                          pad_token_id=htok.pad_token_id)
-    want = [_cut(r, eos) for r in gen[:, enc["input_ids"].shape[1]:].tolist()]
+        gen = hf.generate(
+            **enc, do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=htok.pad_token_id
+        )
+    want = [_cut(r, eos) for r in gen[:, enc["input_ids"].shape[1] :].tolist()]
     assert len({len(w) for w in want}) > 1, "test model should give outputs of different lengths"
     prompts = tok.encode(PROMPTS)
     got = greedy(model, prompts, max_len=MAX_NEW)
@@ -150,7 +200,7 @@ def test_several_eos_ids_stop_like_generate(folders, tmp_path):
     enc = htok(PROMPTS, return_tensors="pt", padding=True)
     with torch.no_grad():
         one = hf.generate(**enc, do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=2, pad_token_id=0)
-    outs = [_cut(r, 2) for r in one[:, enc["input_ids"].shape[1]:].tolist()]
+    outs = [_cut(r, 2) for r in one[:, enc["input_ids"].shape[1] :].tolist()]
     # the second EOS: a token some rows produce before their end and others never (so both ids end some row)
     counts = {}
     for r in outs:
@@ -163,7 +213,7 @@ def test_several_eos_ids_stop_like_generate(folders, tmp_path):
     assert hf.generation_config.eos_token_id == [2, second]
     with torch.no_grad():
         ref = hf.generate(**enc, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)
-    new = ref[:, enc["input_ids"].shape[1]:].tolist()
+    new = ref[:, enc["input_ids"].shape[1] :].tolist()
     want = []
     for r in new:
         cut = next((i for i, t in enumerate(r) if t in (2, second)), len(r))
@@ -182,7 +232,7 @@ def test_several_eos_ids_stop_like_generate(folders, tmp_path):
     with torch.no_grad():
         for p in model.head_parameters():
             p.normal_(0, 0.3)
-    for rule in (Exact(), TopK(1)):   # TopK(1): the rule path (verdicts computed), same output
+    for rule in (Exact(), TopK(1)):  # TopK(1): the rule path (verdicts computed), same output
         assert blockwise(model, prompts, accept=rule, max_len=MAX_NEW).tokens == want, rule
         assert [blockwise(model, [p], accept=rule, max_len=MAX_NEW).tokens[0] for p in prompts] == want, rule
     assert blockwise(model, prompts, max_len=MAX_NEW, adaptive=True).tokens == want
@@ -202,8 +252,9 @@ def test_tokenizer_matches_transformers(folders):
         chat = [{"role": "system", "content": "good morning"}, {"role": "user", "content": "how are you"}]
         want = htok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         assert tok.render_chat(chat) == want
-        assert tok.chat_ids(chat) == htok.apply_chat_template(chat, tokenize=True, add_generation_prompt=True,
-                                                              return_dict=False)
+        assert tok.chat_ids(chat) == htok.apply_chat_template(
+            chat, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
         assert (tok.eos_id, tok.bos_id) == ((2, 1) if fam == "llama" else (4, None))
 
 
@@ -238,6 +289,7 @@ def test_refusals(folders, tmp_path):
     (f / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
     from bpd_train.data.hf_tokenizer import TokenizerError
     from bpd_train.data.lm.tokenizer import LMTokenizer
+
     with pytest.raises(TokenizerError, match="no chat template"):
         LMTokenizer(f).chat_ids([{"role": "user", "content": "hello"}])
 
@@ -246,6 +298,7 @@ def test_refusals(folders, tmp_path):
 def test_export_round_trip(folders, tmp_path, name, heads):
     """to_hf_lm writes a folder transformers loads (same logits) and load_hf_lm reads back with its heads."""
     from bpd_train.convert.hf.lm import to_hf_lm
+
     model, tok, _ = load_hf_lm(folders[name], block_size=3, heads=heads)
     torch.manual_seed(4)
     with torch.no_grad():
@@ -259,13 +312,14 @@ def test_export_round_trip(folders, tmp_path, name, heads):
     assert meta["heads_loaded"] and back.config == model.config
     with torch.no_grad():
         assert torch.equal(back(ids), model(ids))
-    fresh, _, meta = load_hf_lm(out, block_size=2)                # another k: fresh heads, same backbone
+    fresh, _, meta = load_hf_lm(out, block_size=2)  # another k: fresh heads, same backbone
     assert not meta["heads_loaded"] and fresh.config.block_size == 2
 
 
 def test_docs_python_block_runs(folders, tmp_path):
     """docs/decoder-only.md's Python API block runs as written (on the tiny Llama folder)."""
     from pathlib import Path
+
     text = (Path(__file__).resolve().parents[1] / "docs" / "decoder-only.md").read_text(encoding="utf-8")
     code = text.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(code, "docs/decoder-only.md#python-api", "exec"), {"folder": folders["llama"], "out": tmp_path})

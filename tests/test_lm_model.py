@@ -1,5 +1,6 @@
 """The decoder-only LM on the shared decoders: per-row prompt lengths, cache vs full-sequence parity, head
 initialisation, blockwise (every acceptance rule, both head types) against greedy, beam search."""
+
 import pytest
 import torch
 
@@ -13,8 +14,20 @@ PROMPTS = [[5, 6, 7, 8, 9, 3], [10, 11], [4], [7, 7, 1, 9]]
 def _model(heads="bpd", k=4, vocab=12, seed=0, **kw):
     """Small vocabulary: random heads' proposals are accepted now and then, so rollback is exercised."""
     torch.manual_seed(seed)
-    c = LMConfig(vocab_size=vocab, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, block_size=k,
-                 heads=heads, head_d_hidden=16, eos_id=2, max_positions=64, **kw)
+    c = LMConfig(
+        vocab_size=vocab,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=48,
+        block_size=k,
+        heads=heads,
+        head_d_hidden=16,
+        eos_id=2,
+        max_positions=64,
+        **kw,
+    )
     m = LMModel(c).eval()
     with torch.no_grad():
         for p in m.parameters():
@@ -36,8 +49,8 @@ def test_cached_decoding_equals_the_full_sequence():
     out = greedy(m, PROMPTS, max_len=12).tokens
     for p, gen in zip(PROMPTS, out):
         with torch.no_grad():
-            logits = m(torch.tensor([p + gen]))[0, :, 0]                 # [T,V]
-        assert logits[len(p) - 1:len(p) - 1 + len(gen)].argmax(-1).tolist() == gen
+            logits = m(torch.tensor([p + gen]))[0, :, 0]  # [T,V]
+        assert logits[len(p) - 1 : len(p) - 1 + len(gen)].argmax(-1).tolist() == gen
 
 
 @pytest.mark.parametrize("heads", ["bpd", "medusa"])
@@ -45,7 +58,7 @@ def test_fresh_heads_equal_head1_and_parameter_groups(heads):
     m = LMModel(LMConfig(vocab_size=20, d_model=16, n_layers=1, n_heads=2, d_ff=24, block_size=3, heads=heads))
     h = torch.randn(2, 5, 16)
     with torch.no_grad():
-        lg = m.heads_logits(h)                                           # [2,5,3,V]
+        lg = m.heads_logits(h)  # [2,5,3,V]
         assert torch.allclose(lg[:, :, 1], lg[:, :, 0]) and torch.allclose(lg[:, :, 2], lg[:, :, 0])
         assert torch.equal(m.head_logits(h, 2), lg[:, :, 2])
     hp, bp = m.head_parameters(), m.backbone_parameters()
@@ -59,11 +72,11 @@ def test_blockwise_exact_equals_greedy_with_random_heads(heads):
     want = greedy(m, PROMPTS, max_len=24).tokens
     r = blockwise(m, PROMPTS, accept=Exact(), max_len=24)
     assert r.tokens == want
-    assert r.mean_accepted > 1.0                                         # blocks were accepted (and rolled back)
+    assert r.mean_accepted > 1.0  # blocks were accepted (and rolled back)
     assert blockwise(m, PROMPTS, accept=TopK(1), max_len=24).tokens == want
     assert blockwise(m, PROMPTS, accept=Distance(0.0), max_len=24).tokens == want
     assert blockwise(m, PROMPTS, adaptive=True, max_len=24).tokens == want
-    for p, w in zip(PROMPTS, want):                                     # batch of one: the uniform cache mode
+    for p, w in zip(PROMPTS, want):  # batch of one: the uniform cache mode
         assert blockwise(m, [p], max_len=24).tokens[0] == w
     # approximate rules run and respect max_len
     for kw in ({"accept": TopK(3)}, {"accept": Distance(2.0)}, {"min_block": 2}):
@@ -73,15 +86,16 @@ def test_blockwise_exact_equals_greedy_with_random_heads(heads):
 
 def test_draft_vocabulary_keeps_exact_output():
     from bpd_train.engine.packed import DecodeOptions
+
     m = _model("medusa")
     want = greedy(m, PROMPTS, max_len=16).tokens
     m.decode_options = DecodeOptions(draft_vocab=tuple(range(6)))
     assert blockwise(m, PROMPTS, max_len=16).tokens == want
     m.decode_options = DecodeOptions(dtype="bf16")
-    if native_kernels() is None:                                        # the torch path decodes in fp32 only
+    if native_kernels() is None:  # the torch path decodes in fp32 only
         with pytest.raises(ValueError, match="fp32"):
             greedy(m, PROMPTS, max_len=4)
-    else:                                                               # the native engine: greedy of that precision
+    else:  # the native engine: greedy of that precision
         assert blockwise(m, PROMPTS, max_len=16).tokens == greedy(m, PROMPTS, max_len=16).tokens
 
 
@@ -112,8 +126,8 @@ def test_training_step_after_inference():
     with torch.inference_mode():
         m(torch.tensor([[3, 4, 5]]))
     m.train()
-    tokens = torch.tensor([[3, 4, 5, 6], [7, 8, -1, -1]])                 # right-padded with the sentinel
-    logits = m(tokens)                                                   # [2,4,k,V]
+    tokens = torch.tensor([[3, 4, 5, 6], [7, 8, -1, -1]])  # right-padded with the sentinel
+    logits = m(tokens)  # [2,4,k,V]
     loss = logits[:, :, 1].logsumexp(-1).mean()
     loss.backward()
     assert all(p.grad is not None for p in m.head_parameters())
@@ -134,17 +148,18 @@ def test_heads_trained_on_own_greedy_outputs_raise_acceptance(heads):
     t = max(map(len, rows))
     seq = torch.full((len(rows), t), -1, dtype=torch.long)
     for i, r in enumerate(rows):
-        seq[i, :len(r)] = torch.tensor(r)
+        seq[i, : len(r)] = torch.tensor(r)
     with torch.no_grad():
-        h = m.features(seq)                                               # frozen backbone: features once
+        h = m.features(seq)  # frozen backbone: features once
     opt = torch.optim.Adam(m.head_parameters(), lr=3e-2)
     for _ in range(150):
         loss = 0
         for i in range(1, 3):
-            logits = m.head_logits(h[:, :t - 1 - i], i)                   # predicts position t+1+i
-            target = seq[:, 1 + i:]
-            loss = loss + torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                            target.reshape(-1), ignore_index=-1)
+            logits = m.head_logits(h[:, : t - 1 - i], i)  # predicts position t+1+i
+            target = seq[:, 1 + i :]
+            loss = loss + torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-1
+            )
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -155,10 +170,11 @@ def test_heads_trained_on_own_greedy_outputs_raise_acceptance(heads):
 
 def test_sampling_rows_follow_their_seeds_and_the_softmax():
     from bpd_train.decoding.sampling import sample
+
     m = _model(k=1, vocab=12)
     assert sample(m, PROMPTS, max_len=10, temperature=0).tokens == greedy(m, PROMPTS, max_len=10).tokens
     a = sample(m, PROMPTS, max_len=10, temperature=1.0, row_seeds=[5, 6, 7, 8])
-    assert sample(m, PROMPTS[2:3], max_len=10, row_seeds=[7]).tokens[0] == a.tokens[2]   # batch mates don't matter
+    assert sample(m, PROMPTS[2:3], max_len=10, row_seeds=[7]).tokens[0] == a.tokens[2]  # batch mates don't matter
     assert sample(m, PROMPTS, max_len=10, row_seeds=[9, 10, 11, 12]).tokens != a.tokens
     # the first token's empirical distribution is softmax(logits / T)
     n, temp = 600, 0.7
@@ -166,7 +182,7 @@ def test_sampling_rows_follow_their_seeds_and_the_softmax():
     counts = torch.bincount(torch.tensor([r[0] if r else m.config.eos_id for r in first]), minlength=12).float() / n
     with torch.no_grad():
         p = torch.softmax(m(torch.tensor([PROMPTS[0]]))[0, -1, 0] / temp, -1)
-    assert (counts - p).abs().sum().item() / 2 < 0.08                     # total variation
+    assert (counts - p).abs().sum().item() / 2 < 0.08  # total variation
 
 
 def test_sharded_training_decodes_a_gathered_copy_of_the_same_family(monkeypatch):

@@ -2,6 +2,7 @@
 (frozen keeps greedy bit-identical), self-distillation shards (seeded sampling, resume), export.format=hf round
 trip, bad input as one line, and the whole smoke-lm chain (base from scratch -> distill -> heads -> evaluate ->
 export)."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ pytest.importorskip("tokenizers")
 from _lm_tiny import WORDS, make_tokenizer  # noqa: E402
 from conftest import REPO_ROOT, offline_env, run_train  # noqa: E402
 
-PROMPTS = [{"prompt": " ".join(WORDS[i:i + 4]), "response": " ".join(WORDS[i + 4:i + 7])} for i in range(0, 24, 2)]
+PROMPTS = [{"prompt": " ".join(WORDS[i : i + 4]), "response": " ".join(WORDS[i + 4 : i + 7])} for i in range(0, 24, 2)]
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +27,19 @@ def llama(tmp_path_factory) -> Path:
     """A tiny random-weight LlamaForCausalLM folder (word-level tokenizer.json with BOS) as transformers saves it."""
     f = tmp_path_factory.mktemp("llama")
     v = make_tokenizer(f, bos=True)
-    cfg = transformers.LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=None)
+    cfg = transformers.LlamaConfig(
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=None,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # wider than transformers' init: peaked, prompt-dependent outputs
@@ -67,10 +78,22 @@ def test_hf_llama_loads_with_its_tokenizer_and_bad_hf_input_is_one_line(llama, t
     gpt2 = tmp_path / "gpt2"
     gpt2.mkdir()
     (gpt2 / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
-    r = subprocess.run([sys.executable, "train.py", "+regime=frozen", "experiment=smoke_lm",
-                        f"regime.init_from=hf:{gpt2}", f"paths.artifacts={tmp_path / 'art'}",
-                        f"hydra.run.dir={tmp_path / 'h'}"], cwd=REPO_ROOT, env=offline_env(), capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "+regime=frozen",
+            "experiment=smoke_lm",
+            f"regime.init_from=hf:{gpt2}",
+            f"paths.artifacts={tmp_path / 'art'}",
+            f"hydra.run.dir={tmp_path / 'h'}",
+        ],
+        cwd=REPO_ROOT,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert "Traceback" not in r.stderr and len(errors) == 1, r.stderr
@@ -88,9 +111,18 @@ def test_frozen_heads_on_hf_llama_keep_greedy_then_distill_and_export(llama, tmp
     rec = _records(tmp_path)
     art = tmp_path / "art"
     files = f"data.lm.files={{train:{rec},validation:{rec}}}"
-    run_train("+regime=frozen", "experiment=smoke_lm", f"regime.init_from=hf:{llama}", files, "model.block_size=3",
-              "data.max_tokens=256", "trainer.max_steps=6", "trainer.val_check_interval=3", "optim.optimizer.lr=0.03",
-              artifacts=art)
+    run_train(
+        "+regime=frozen",
+        "experiment=smoke_lm",
+        f"regime.init_from=hf:{llama}",
+        files,
+        "model.block_size=3",
+        "data.max_tokens=256",
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=3",
+        "optim.optimizer.lr=0.03",
+        artifacts=art,
+    )
     run = next(art.glob("*/heads/frozen-k3"))
     assert (run / "tokenizer" / "tokenizer.json").is_file()
     base, trained = load(f"hf:{llama}"), load(run)
@@ -108,9 +140,21 @@ def test_frozen_heads_on_hf_llama_keep_greedy_then_distill_and_export(llama, tmp
 
     # self-distillation: the model answers the prompts itself (sampled, seeded per record), sharded
     out_dir = tmp_path / "distilled"
-    cmd = [sys.executable, "distill.py", "experiment=smoke_lm", f"teacher=hf:{llama}", files, "distill.beam_size=1",
-           "distill.temperature=0.9", "distill.seed=3", "distill.shard_size=5", "distill.limit=null",
-           f"distill.output_dir={out_dir}", f"paths.artifacts={art}", f"hydra.run.dir={tmp_path / 'hd'}"]
+    cmd = [
+        sys.executable,
+        "distill.py",
+        "experiment=smoke_lm",
+        f"teacher=hf:{llama}",
+        files,
+        "distill.beam_size=1",
+        "distill.temperature=0.9",
+        "distill.seed=3",
+        "distill.shard_size=5",
+        "distill.limit=null",
+        f"distill.output_dir={out_dir}",
+        f"paths.artifacts={art}",
+        f"hydra.run.dir={tmp_path / 'hd'}",
+    ]
     r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((out_dir / "manifest.json").read_text())
@@ -127,8 +171,14 @@ def test_frozen_heads_on_hf_llama_keep_greedy_then_distill_and_export(llama, tmp
     assert shards[1].read_bytes() == first
     assert '"decoded_shards": 1' in r.stdout and '"skipped": 2' in r.stdout
     # beam search is not how a decoder-only teacher answers: one line
-    r = subprocess.run(cmd[:-1] + ["distill.beam_size=4", f"hydra.run.dir={tmp_path / 'hd2'}"], cwd=REPO_ROOT,
-                       env=offline_env(), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        cmd[:-1] + ["distill.beam_size=4", f"hydra.run.dir={tmp_path / 'hd2'}"],
+        cwd=REPO_ROOT,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and "set distill.beam_size=1" in r.stderr
 
 
@@ -140,9 +190,23 @@ def test_smoke_lm_pipeline_end_to_end(tmp_path):
     from bpd_train.model import LMModel
 
     art = tmp_path / "art"
-    r = subprocess.run([sys.executable, "-m", "bpd_train.pipeline", "--experiment", "smoke-lm", "--regimes",
-                        "frozen,both", f"paths.artifacts={art}"], cwd=REPO_ROOT,
-                       env=offline_env(), capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bpd_train.pipeline",
+            "--experiment",
+            "smoke-lm",
+            "--regimes",
+            "frozen,both",
+            f"paths.artifacts={art}",
+        ],
+        cwd=REPO_ROOT,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     corpus = art / "bible_en_fr"
     m = json.loads(next((corpus / "distill").glob("*/manifest.json")).read_text())
@@ -159,6 +223,7 @@ def test_smoke_lm_pipeline_end_to_end(tmp_path):
     base, frozen = load(corpus / "base"), load(corpus / "heads" / "frozen-k4")
     tok = base.lm_tokenizer()
     from bpd_train.decoding import greedy
+
     prompts = [tok.encode(f"English: {s}\nFrench:") for s in ("In the beginning", "God said", "Let there be light")]
     assert greedy(frozen.model, prompts, max_len=12).tokens == greedy(base.model, prompts, max_len=12).tokens
 
@@ -171,10 +236,20 @@ def test_ddp_two_processes_train_lm_heads(llama, tmp_path):
 
     rec = _records(tmp_path)
     art = tmp_path / "art"
-    r = run_train("+regime=finetune", "experiment=smoke_lm", f"regime.init_from=hf:{llama}",
-                  f"data.lm.files={{train:{rec},validation:{rec}}}", "model.block_size=3", "data.max_tokens=128",
-                  "strategy=ddp", "trainer.devices=2", "trainer.max_steps=4", "trainer.val_check_interval=2",
-                  artifacts=art, timeout=600)
+    r = run_train(
+        "+regime=finetune",
+        "experiment=smoke_lm",
+        f"regime.init_from=hf:{llama}",
+        f"data.lm.files={{train:{rec},validation:{rec}}}",
+        "model.block_size=3",
+        "data.max_tokens=128",
+        "strategy=ddp",
+        "trainer.devices=2",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        artifacts=art,
+        timeout=600,
+    )
     assert "MEMBER: 2/2" in r.stdout + r.stderr
     ck = read_checkpoint(next(art.glob("*/heads/finetune-k3")) / "checkpoints" / "last.ckpt")
     assert ck["global_step"] == 4 and ck["bpd"]["model_config"]["arch"] == "lm"

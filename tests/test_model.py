@@ -1,4 +1,5 @@
 """Model: shapes, BPD head initialisation and identity_p1, parameter groups, KV-cache parity, padding."""
+
 import pytest
 import torch
 
@@ -7,8 +8,17 @@ from bpd_train.model import BPDConfig, BPDModel
 
 def tiny(k=4, seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = dict(vocab_size=8, d_model=16, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=32,
-               block_size=k, dropout=0.0, max_positions=40)
+    cfg = dict(
+        vocab_size=8,
+        d_model=16,
+        n_heads=2,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        d_ff=32,
+        block_size=k,
+        dropout=0.0,
+        max_positions=40,
+    )
     cfg.update(kw)
     return BPDModel(BPDConfig(**cfg)).eval()
 
@@ -26,7 +36,7 @@ def batch(seed=0):
     src = torch.randint(3, 8, (3, 7), generator=g)
     src[:, -1] = 2
     src[1, 4] = 2
-    src[1, 5:] = 0          # right padding
+    src[1, 5:] = 0  # right padding
     tgt = torch.randint(3, 8, (3, 6), generator=g)
     tgt[:, 0] = 1
     return src, tgt
@@ -93,7 +103,7 @@ def test_incremental_decoding_matches_full_forward():
     st = m.start_decoding(mem, capacity=tgt.shape[1])
     steps = []
     for t in range(tgt.shape[1]):
-        steps.append(m.decode(st, tgt[:, t:t + 1]))
+        steps.append(m.decode(st, tgt[:, t : t + 1]))
         st.lengths += 1
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
     # uniform cache, several tokens per call
@@ -104,10 +114,10 @@ def test_incremental_decoding_matches_full_forward():
     torch.testing.assert_close(torch.cat([a, b], 1), full, atol=1e-5, rtol=0)
     # per-row cache with rollback: rows keep different lengths, junk written past them is discarded
     st = m.start_decoding(mem, capacity=12).per_row()
-    m.decode(st, torch.full((3, 4), 5))               # junk in slots 0..3
-    st.lengths = torch.zeros(3, dtype=torch.long)     # roll everything back
+    m.decode(st, torch.full((3, 4), 5))  # junk in slots 0..3
+    st.lengths = torch.zeros(3, dtype=torch.long)  # roll everything back
     m.decode(st, tgt[:, :3])
-    st.lengths = torch.tensor([3, 1, 2])              # rows keep 3, 1 and 2 tokens
+    st.lengths = torch.tensor([3, 1, 2])  # rows keep 3, 1 and 2 tokens
     h = m.decode(st, torch.stack([tgt[0, 3:6], tgt[1, 1:4], tgt[2, 2:5]]))
     torch.testing.assert_close(h[0], full[0, 3:6], atol=1e-5, rtol=0)
     torch.testing.assert_close(h[1], full[1, 1:4], atol=1e-5, rtol=0)
@@ -119,10 +129,10 @@ def test_inference_fast_paths_match_training_paths():
     m = perturb_heads(tiny(k=3, seed=4))
     src, tgt = batch(4)
     with torch.enable_grad():
-        mem = m.encode(src)                      # module path (autograd on)
+        mem = m.encode(src)  # module path (autograd on)
         ref = m(src, tgt)
     with torch.inference_mode():
-        fast = m.encode(src)                     # functional inference path
+        fast = m.encode(src)  # functional inference path
         torch.testing.assert_close(fast.out, mem.out.detach(), atol=1e-6, rtol=0)
         torch.testing.assert_close(m(src, tgt), ref.detach(), atol=1e-6, rtol=0)
 
@@ -130,7 +140,7 @@ def test_inference_fast_paths_match_training_paths():
 def test_source_padding_does_not_change_outputs():
     m = perturb_heads(tiny(k=2, seed=2))
     src, tgt = batch(2)
-    alone = m(src[1:2, :5], tgt[1:2])                 # row 1 without its padding
+    alone = m(src[1:2, :5], tgt[1:2])  # row 1 without its padding
     padded = m(torch.cat([src, torch.zeros(3, 4, dtype=torch.long)], 1), tgt)[1:2]
     torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)
 

@@ -1,5 +1,6 @@
 """BPDConfig architecture options (for imported checkpoints): the cached decode path, the inference fast paths
 and every decoder agree with the full-sequence forward, and the defaults are today's models."""
+
 import json
 
 import pytest
@@ -9,15 +10,33 @@ from bpd_train.decoding import Exact, beam_search, blockwise, greedy
 from bpd_train.model import BPDConfig, BPDModel
 from bpd_train.model.layers import sinusoidal_table
 
-BASE = dict(vocab_size=12, d_model=16, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=32, dropout=0.0,
-            max_positions=40, block_size=3)
+BASE = dict(
+    vocab_size=12,
+    d_model=16,
+    n_heads=2,
+    n_encoder_layers=2,
+    n_decoder_layers=2,
+    d_ff=32,
+    dropout=0.0,
+    max_positions=40,
+    block_size=3,
+)
 OPTIONS = {
     # Marian-like: post-norm, no final norms, [sin|cos] positions, swish, logits bias, separate embeddings
-    "marian": dict(pre_norm=False, final_norm=False, pos_layout="marian", activation="swish", logits_bias=True,
-                   share_embeddings=False, src_vocab_size=14, tie_output=False, scale_embedding=False, norm_eps=1e-5),
+    "marian": dict(
+        pre_norm=False,
+        final_norm=False,
+        pos_layout="marian",
+        activation="swish",
+        logits_bias=True,
+        share_embeddings=False,
+        src_vocab_size=14,
+        tie_output=False,
+        scale_embedding=False,
+        norm_eps=1e-5,
+    ),
     # M2M100/NLLB-like: fairseq positions from pad_id + 1, a decoder-start prefix before the language BOS
-    "m2m100": dict(pos_layout="fairseq", pos_offset=1, activation="gelu", decoder_prefix=(2,), bos_id=9,
-                   norm_eps=1e-5),
+    "m2m100": dict(pos_layout="fairseq", pos_offset=1, activation="gelu", decoder_prefix=(2,), bos_id=9, norm_eps=1e-5),
     # pre-norm ReLU layers run on the native step where it is built: with a prefix, a logits bias, a suppressed id
     "native-step": dict(pos_layout="marian", logits_bias=True, decoder_prefix=(2, 4), bos_id=9, suppress_ids=(5,)),
 }
@@ -84,7 +103,7 @@ def test_cached_decoding_matches_full_forward(name):
         st = m.start_decoding(mem, capacity=tgt.shape[1])
         steps = []
         for t in range(tgt.shape[1]):
-            steps.append(m.decode(st, tgt[:, t:t + 1]))
+            steps.append(m.decode(st, tgt[:, t : t + 1]))
             st.lengths += 1
         h = torch.cat(steps, 1)
         torch.testing.assert_close(h, m.features(mem, tgt), atol=1e-5, rtol=0)
@@ -105,13 +124,14 @@ def test_cached_decoding_matches_full_forward(name):
 @pytest.mark.parametrize("name", sorted(OPTIONS))
 def test_decoders_agree(name):
     from bpd_train.engine.fastlinear import native_kernels
+
     m = make(name, seed=2)
     if native_kernels() is not None:  # the one-call native step only where it implements the layer
         assert (m.decode_weights().native_layers is not None) == (name == "native-step")
     src, _ = batch(2, m.config.source_vocab_size)
     g = greedy(m, src, max_len=12)
     assert blockwise(m, src, accept=Exact(), max_len=12).tokens == g.tokens
-    assert [blockwise(m, src[i:i + 1], max_len=12).tokens[0] for i in range(3)] == g.tokens
+    assert [blockwise(m, src[i : i + 1], max_len=12).tokens[0] for i in range(3)] == g.tokens
     # one beam without length penalty is greedy (also through the prefix and the beam bookkeeping)
     assert beam_search(m, src, beam_size=1, length_penalty=0.0, max_len=12).tokens == g.tokens
 
@@ -124,8 +144,11 @@ def test_suppressed_ids_are_never_generated_but_still_trained():
     assert all(set(t) == {7} for t in greedy(m, src, max_len=5).tokens)
     m2 = make("marian", seed=3, suppress_ids=(7,))
     m2.load_state_dict(m.state_dict())
-    for dec in (greedy(m2, src, max_len=5), blockwise(m2, src, max_len=5), beam_search(m2, src, beam_size=2,
-                                                                                     max_len=5)):
+    for dec in (
+        greedy(m2, src, max_len=5),
+        blockwise(m2, src, max_len=5),
+        beam_search(m2, src, beam_size=2, max_len=5),
+    ):
         assert all(7 not in t for t in dec.tokens)
     torch.testing.assert_close(m2(src, tgt), m(src, tgt))  # forward (training) sees the full distribution
 

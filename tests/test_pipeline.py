@@ -4,6 +4,7 @@ The full chain with all four head regimes runs in tests/test_slurm.py (slurm/pip
 runs base (reused) -> teacher (the base trained on, as make demo does) -> distillation corpus from it -> frozen and
 distill -> evaluate -> export.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,23 @@ from bpd_train.evaluation.report import choose_best
 
 
 def run_pipeline(art, *args):
-    cmd = [sys.executable, "-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "frozen,distill,self", *args,
-           f"paths.artifacts={art}", f"paths.outputs={art.parent / 'outputs'}", "distill.limit=64",
-           "pipeline.teacher_steps=50", "pipeline.self_from=distill",
-           "pipeline.regime_overrides={distill: ['steps.heads=12'], self: ['steps.heads=8']}", "evaluate.max_sentences=12"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bpd_train.pipeline",
+        "--experiment",
+        "smoke",
+        "--regimes",
+        "frozen,distill,self",
+        *args,
+        f"paths.artifacts={art}",
+        f"paths.outputs={art.parent / 'outputs'}",
+        "distill.limit=64",
+        "pipeline.teacher_steps=50",
+        "pipeline.self_from=distill",
+        "pipeline.regime_overrides={distill: ['steps.heads=12'], self: ['steps.heads=8']}",
+        "evaluate.max_sentences=12",
+    ]
     r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     return r.stdout
@@ -54,7 +68,9 @@ def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
     assert own_manifest["complete"] and own_manifest["teacher_path"].startswith(str(corpus / "heads" / "distill-k4"))
     assert "=== self-distill: done" in out
     self_cfg = OmegaConf.load(corpus / "heads" / "self-k4" / "config.yaml")
-    assert self_cfg.regime.distilled_dir == str(own) and self_cfg.regime.init_from == str(corpus / "heads" / "distill-k4")
+    assert self_cfg.regime.distilled_dir == str(own) and self_cfg.regime.init_from == str(
+        corpus / "heads" / "distill-k4"
+    )
     assert json.loads((corpus / "heads" / "self-k4" / "done.json").read_text())["global_step"] == 8
     # pipeline.regime_overrides reached that regime's stage only
     assert json.loads((corpus / "heads" / "distill-k4" / "done.json").read_text())["global_step"] == 12
@@ -64,8 +80,10 @@ def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
     assert {c["name"] for c in report["checkpoints"]} == {"base", "frozen-k4", "distill-k4", "self-k4"}
     exact = [r for r in report["rows"] if r["rule"] == "exact"]
     assert exact and all(r["agreement"] == 100.0 for r in exact)
-    assert sorted(p.name for p in (corpus / "eval" / "demo-k4").glob("*.png")) == ["bleu_vs_khat.png",
-                                                                                 "speedup_vs_k.png"]
+    assert sorted(p.name for p in (corpus / "eval" / "demo-k4").glob("*.png")) == [
+        "bleu_vs_khat.png",
+        "speedup_vs_k.png",
+    ]
     bundle = corpus / "export" / "best"
     assert {"model.safetensors", "config.json", "tokenizer.model", "README.md"} <= {p.name for p in bundle.iterdir()}
     best = report["best"]  # the rule's choice (tests/test_eval_compare.py), announced and exported
@@ -75,8 +93,11 @@ def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
 
     again = run_pipeline(art)
     for stage in ("base", "teacher", "frozen", "distill", "self-distill", "self", "evaluate", "export"):
-        assert f"=== {stage}: complete" in again or f"=== {stage}: report is newer" in again \
-            or f"=== {stage}: bundle is newer" in again, again
+        assert (
+            f"=== {stage}: complete" in again
+            or f"=== {stage}: report is newer" in again
+            or f"=== {stage}: bundle is newer" in again
+        ), again
     assert " done in " not in again  # nothing ran a second time
 
 
@@ -85,8 +106,16 @@ def test_self_from_must_be_a_regime_trained_before_self(tmp_path, capsys):
 
     for regimes, self_from in (("frozen,self", "both"), ("self,both", "both")):
         with pytest.raises(SystemExit) as e:
-            main(["--experiment", "smoke", "--regimes", regimes, f"pipeline.self_from={self_from}",
-                  f"paths.artifacts={tmp_path}"])
+            main(
+                [
+                    "--experiment",
+                    "smoke",
+                    "--regimes",
+                    regimes,
+                    f"pipeline.self_from={self_from}",
+                    f"paths.artifacts={tmp_path}",
+                ]
+            )
         assert e.value.code == 2
         assert f"pipeline.self_from={self_from}" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # refused before any stage ran

@@ -1,6 +1,7 @@
 """The public API is declared: `bpd_train.__all__` lists the names `from bpd_train import ...` gives, the lazy ones
 (which import torch on first use) are visible to type checkers through `if TYPE_CHECKING:` imports, the package ships
 `py.typed`, and the public functions of the command-line layer carry type hints."""
+
 import ast
 import inspect
 import subprocess
@@ -15,12 +16,14 @@ INIT = REPO_ROOT / "bpd_train" / "__init__.py"
 
 
 def test_all_names_resolve_and_import_stays_light():
-    code = ("import sys, bpd_train\n"
-            "assert 'torch' not in sys.modules, 'import bpd_train imported torch'\n"
-            "missing = [n for n in bpd_train.__all__ if not hasattr(bpd_train, n)]\n"
-            "assert not missing, missing\n"
-            "ns = {}\nexec('from bpd_train import *', ns)\n"
-            "assert set(bpd_train.__all__) <= set(ns), sorted(set(bpd_train.__all__) - set(ns))\nprint('ok')")
+    code = (
+        "import sys, bpd_train\n"
+        "assert 'torch' not in sys.modules, 'import bpd_train imported torch'\n"
+        "missing = [n for n in bpd_train.__all__ if not hasattr(bpd_train, n)]\n"
+        "assert not missing, missing\n"
+        "ns = {}\nexec('from bpd_train import *', ns)\n"
+        "assert set(bpd_train.__all__) <= set(ns), sorted(set(bpd_train.__all__) - set(ns))\nprint('ok')"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
@@ -61,8 +64,11 @@ def test_public_functions_have_type_hints(module):
         if name.startswith("_") or not inspect.isfunction(fn) or fn.__module__ != mod.__name__:
             continue
         sig = inspect.signature(fn)
-        bare += [f"{name}({p})" for p in sig.parameters.values()
-                 if p.annotation is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        bare += [
+            f"{name}({p})"
+            for p in sig.parameters.values()
+            if p.annotation is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
         if sig.return_annotation is inspect.Signature.empty:
             bare.append(f"{name} -> ?")
     assert not bare, bare

@@ -2,6 +2,7 @@
 appears while an export runs is never replaced, two exports to one folder never both succeed, an edited distilled
 shard is refused by its sha256, distill.overwrite and stale-temp removal delete only files of ours (of processes
 that are gone), and translate stops on Ctrl-C / a non-finite --max-len with one line."""
+
 import gzip
 import json
 import os
@@ -35,8 +36,9 @@ from bpd_train.io import atomic_dir, atomic_write_text, sha256_file
 
 
 def _dead_pid() -> int:
-    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True).stdout)
+    return int(
+        subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout
+    )
 
 
 # ------------------------------------------------------------------------------------------ atomic_dir races
@@ -83,12 +85,26 @@ def test_two_concurrent_exports_one_wins(tmp_path_factory, tmp_path):
     and the output is the winner's whole bundle."""
     tiny = build_tiny(tmp_path_factory)
     out = tmp_path / "bundle"
-    procs = [subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "export.py"), f"export.checkpoint={tiny['run']}", f"export.output_dir={out}",
-         "export.overwrite=false", "experiment=smoke", f"paths.artifacts={tmp_path}/art",
-         f"hydra.run.dir={tmp_path}/hydra{i}"],
-        cwd=REPO_ROOT, env=offline_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO_ROOT / "export.py"),
+                f"export.checkpoint={tiny['run']}",
+                f"export.output_dir={out}",
+                "export.overwrite=false",
+                "experiment=smoke",
+                f"paths.artifacts={tmp_path}/art",
+                f"hydra.run.dir={tmp_path}/hydra{i}",
+            ],
+            cwd=REPO_ROOT,
+            env=offline_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     results = [(p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs]
     assert sorted(r[0] for r in results) == [0, 2], results
     _, _, err = next(r for r in results if r[0] == 2)
@@ -121,19 +137,37 @@ V = 50  # the teacher's vocabulary
 
 def _corpus(folder: Path, n: int = 12, shard_size: int = 4) -> Path:
     """A complete, verified distilled corpus written the way distill.py writes one."""
-    settings = TeacherSettings(teacher_sha256="t" * 64, tokenizer_hash="k" * 64, beam_size=1, length_penalty=0.0,
-                               max_len=[1.0, 6], split="train", src_lang="en", tgt_lang="fr")
+    settings = TeacherSettings(
+        teacher_sha256="t" * 64,
+        tokenizer_hash="k" * 64,
+        beam_size=1,
+        length_penalty=0.0,
+        max_len=[1.0, 6],
+        split="train",
+        src_lang="en",
+        tgt_lang="fr",
+    )
     ids = [f"ex{i}" for i in range(n)]
-    m = new_manifest(settings, ids, shard_size, corpus="tiny", teacher_path="teacher", limit=None,
-                     command="python distill.py")
+    m = new_manifest(
+        settings, ids, shard_size, corpus="tiny", teacher_path="teacher", limit=None, command="python distill.py"
+    )
     m["vocab_size"] = V  # what distill.py records: the teacher's vocabulary
     folder.mkdir(parents=True)
     write_manifest(folder, m)
     for s in m["shards"]:
-        write_shard(folder / s["file"], [
-            {"id": ids[i], "translation": {"en": f"source {i}", "fr": f"cible {i}"},
-             "teacher_ids": [5 + i % 7, 9, 2], "teacher_score": -1.0, "gold": f"gold {i}"}
-            for i in range(s["start"], s["stop"])])
+        write_shard(
+            folder / s["file"],
+            [
+                {
+                    "id": ids[i],
+                    "translation": {"en": f"source {i}", "fr": f"cible {i}"},
+                    "teacher_ids": [5 + i % 7, 9, 2],
+                    "teacher_score": -1.0,
+                    "gold": f"gold {i}",
+                }
+                for i in range(s["start"], s["stop"])
+            ],
+        )
     verify_corpus(folder, bleu=False)
     return folder
 
@@ -166,8 +200,11 @@ def test_out_of_range_teacher_ids_are_one_line(tmp_path):
     with pytest.raises(DistillError, match="changed since the corpus was verified"):
         load_distilled_corpus(c)
     _rewrite(c, shard, f"[5, {V + 1000}, 2]", f"[5, {V + 1000}, 2]", rehash=True)
-    with pytest.raises(DistillError, match=rf"record 0 \(id 'ex0'\) has teacher_ids outside the vocabulary "
-                                           rf"\[0, {V}\)"):
+    with pytest.raises(
+        DistillError,
+        match=rf"record 0 \(id 'ex0'\) has teacher_ids outside the vocabulary "
+        rf"\[0, {V}\)",
+    ):
         load_distilled_corpus(c)
     with pytest.raises(DistillError, match="outside the vocabulary"):
         load_distilled_corpus(c, vocab_size=V + 1000)  # the caller's vocabulary counts too
@@ -208,12 +245,31 @@ def teacher(tmp_path_factory):
         rows = [json.loads(line)["translation"] for _, line in zip(range(800), f)]
     (art / "tok").mkdir()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter([t[k] for t in rows for k in ("en", "fr")]), model_prefix=str(art / "tok/spm"),
-        vocab_size=200, model_type="unigram", pad_id=0, bos_id=1, eos_id=2, unk_id=3, hard_vocab_limit=False,
-        minloglevel=2, num_threads=1)
+        sentence_iterator=iter([t[k] for t in rows for k in ("en", "fr")]),
+        model_prefix=str(art / "tok/spm"),
+        vocab_size=200,
+        model_type="unigram",
+        pad_id=0,
+        bos_id=1,
+        eos_id=2,
+        unk_id=3,
+        hard_vocab_limit=False,
+        minloglevel=2,
+        num_threads=1,
+    )
     torch.manual_seed(0)
-    m = BPDModel(BPDConfig(vocab_size=200, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
-                           max_positions=128, dropout=0.0))
+    m = BPDModel(
+        BPDConfig(
+            vocab_size=200,
+            d_model=16,
+            n_heads=2,
+            n_encoder_layers=1,
+            n_decoder_layers=1,
+            d_ff=32,
+            max_positions=128,
+            dropout=0.0,
+        )
+    )
     write_checkpoint(art / CORPUS / "base/checkpoints/best.ckpt", m, art / "tok/spm.model", regime="base")
     return art
 
@@ -223,9 +279,18 @@ def _distill(art: Path, out: Path, *extra: str):
 
     from bpd_train.distillation import run
 
-    ov = ["experiment=smoke", f"paths.artifacts={art}", "distill.limit=6", "distill.shard_size=3",
-          "distill.beam_size=1", "distill.max_len=[1.0,4]", "distill.num_threads=1", "distill.progress=false",
-          f"distill.output_dir={out}", *extra]
+    ov = [
+        "experiment=smoke",
+        f"paths.artifacts={art}",
+        "distill.limit=6",
+        "distill.shard_size=3",
+        "distill.beam_size=1",
+        "distill.max_len=[1.0,4]",
+        "distill.num_threads=1",
+        "distill.progress=false",
+        f"distill.output_dir={out}",
+        *extra,
+    ]
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
         return run(compose("distill", overrides=ov), overrides=ov)
 
@@ -269,10 +334,28 @@ def test_translate_non_finite_max_len(bundle, bad):
 def test_translate_ctrl_c_reports_lines_written(bundle):
     """SIGINT while translate waits for more input: exit 130, one line 'interrupted: N of M lines written', no
     traceback, and stdout holds exactly the first N translations."""
-    p = subprocess.Popen([sys.executable, "-m", "bpd_train.translate", "--bundle", str(bundle), "--batch-size", "1",
-                          "--max-len", "1", "3", "--quiet"], cwd=REPO_ROOT, env=offline_env(), stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # (a background shell
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bpd_train.translate",
+            "--bundle",
+            str(bundle),
+            "--batch-size",
+            "1",
+            "--max-len",
+            "1",
+            "3",
+            "--quiet",
+        ],
+        cwd=REPO_ROOT,
+        env=offline_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # (a background shell
     # starts children with SIGINT ignored, and Python then keeps ignoring it)
     p.stdin.write("In the beginning.\nAnd God said.\n")
     p.stdin.flush()

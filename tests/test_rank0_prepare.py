@@ -1,5 +1,6 @@
 """Ranks started all at once (srun, torchrun): only global rank 0 trains the sentencepiece model and fills the
 datasets cache; the others wait for it (training/run.py prepare_data_once), then read the caches."""
+
 import subprocess
 import sys
 import time
@@ -34,10 +35,23 @@ def test_only_rank0_trains_the_tokenizer(tmp_path, monkeypatch):
     art = tmp_path / "artifacts"
     procs = {}
     for rank in (1, 0):  # rank 1 first: without the wait it would train the tokenizer itself
-        env = offline_env(TORCHELASTIC_RUN_ID="prep-test", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                          GROUP_RANK="0", LOCAL_WORLD_SIZE="2", PYTHONPATH=str(REPO_ROOT))
-        procs[rank] = subprocess.Popen([sys.executable, "-c", SCRIPT, str(art)], cwd=REPO_ROOT, env=env,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env = offline_env(
+            TORCHELASTIC_RUN_ID="prep-test",
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            GROUP_RANK="0",
+            LOCAL_WORLD_SIZE="2",
+            PYTHONPATH=str(REPO_ROOT),
+        )
+        procs[rank] = subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, str(art)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         time.sleep(3 if rank == 1 else 0)
     out = {rank: p.communicate(timeout=300)[0] for rank, p in procs.items()}
     assert all(p.returncode == 0 for p in procs.values()), out

@@ -1,5 +1,6 @@
 """make demo-real's chain (bpd_train/real_model.py): the prompts stage (kinds, a held-out kind, deterministic), the
 int8 self-distillation setting, and the whole chain at toy size on a tiny GGUF file (make smoke-real)."""
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,15 @@ def test_prompts_cycle_the_training_kinds_hold_one_out_and_are_deterministic():
     assert make_prompts(CORPUS, {**SPEC, "train": 8})["train"][:1] == train[:1]
 
 
-@pytest.mark.parametrize("change, match", [({"held_out": KINDS[1]}, "also a training kind"),
-                                           ({"kinds": ["no verse here"]}, "exactly once"),
-                                           ({"kinds": []}, "is empty"), ({"validation": 0}, ">= 1")])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"held_out": KINDS[1]}, "also a training kind"),
+        ({"kinds": ["no verse here"]}, "exactly once"),
+        ({"kinds": []}, "is empty"),
+        ({"validation": 0}, ">= 1"),
+    ],
+)
 def test_bad_prompt_settings_are_one_error(change, match):
     with pytest.raises(PromptsError, match=match):
         make_prompts(CORPUS, {**SPEC, **change})
@@ -45,8 +52,17 @@ def test_bad_prompt_settings_are_one_error(change, match):
 def test_a_decode_precision_is_part_of_an_lm_corpus_id_and_fp32_keeps_the_old_one():
     from bpd_train.data.distilled import TeacherSettings
 
-    kw = dict(teacher_sha256="a" * 64, tokenizer_hash="b", beam_size=1, length_penalty=0.0, max_len=64,
-              split="train", src_lang="en", tgt_lang="fr", kind="lm")
+    kw = dict(
+        teacher_sha256="a" * 64,
+        tokenizer_hash="b",
+        beam_size=1,
+        length_penalty=0.0,
+        max_len=64,
+        split="train",
+        src_lang="en",
+        tgt_lang="fr",
+        kind="lm",
+    )
     fp32, int8 = TeacherSettings(**kw), TeacherSettings(**kw, decode_dtype="int8")
     assert "decode_dtype" not in fp32.as_dict() and int8.as_dict()["decode_dtype"] == "int8"
     assert fp32.teacher_id != int8.teacher_id
@@ -63,15 +79,37 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
 
     gguf = tmp_path / "tiny.gguf"
     env = offline_env(BPD_CACHE=str(tmp_path / "cache"))
-    subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "_gguf_files.py"), str(gguf)], check=True, env=env,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tests" / "_gguf_files.py"), str(gguf)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     art = tmp_path / "art"
-    cmd = [sys.executable, "-m", "bpd_train.real_model", "--run", "--experiment", "smoke-real", "--gguf", str(gguf),
-           f"paths.artifacts={art}", f"hydra.run.dir={tmp_path / 'hydra'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bpd_train.real_model",
+        "--run",
+        "--experiment",
+        "smoke-real",
+        "--gguf",
+        str(gguf),
+        f"paths.artifacts={art}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+    ]
     r = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-    for stage in ("prompts", "distill", "distill-medusa-k3", "distill-bpd-k4", "evaluate", "export bundle",
-                  "export hf", "export vllm"):
+    for stage in (
+        "prompts",
+        "distill",
+        "distill-medusa-k3",
+        "distill-bpd-k4",
+        "evaluate",
+        "export bundle",
+        "export hf",
+        "export vllm",
+    ):
         assert f"=== {stage}: done in" in r.stdout, stage
 
     assert (art / "prompts" / "train.jsonl").is_file() and (art / "prompts" / "manifest.json").is_file()
@@ -84,10 +122,12 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     set_decode_options(model.model, DecodeOptions(dtype="int8"))
     tok = model.lm_tokenizer()
     recs = [json.loads(x) for x in sorted(made.glob("shard-*.jsonl"))[0].read_text().splitlines()][:4]
-    prompts = [tok.encode(tok.render_chat(x["messages"][:1], add_generation_prompt=True), add_special_tokens=False)
-               for x in recs]
+    prompts = [
+        tok.encode(tok.render_chat(x["messages"][:1], add_generation_prompt=True), add_special_tokens=False)
+        for x in recs
+    ]
     room = model.config.max_positions - 1  # a longer prompt keeps its newest tokens, as distill.py cuts it
-    prompts = [q[len(q) - room:] if len(q) > room else q for q in prompts]
+    prompts = [q[len(q) - room :] if len(q) > room else q for q in prompts]
     assert [list(t) for t in greedy(model.model, prompts, max_len=12).tokens] == [x["teacher_ids"] for x in recs]
 
     for run in ("distill-medusa-k3", "distill-bpd-k4"):

@@ -33,13 +33,27 @@ def _state(rec: dict) -> str:
 
 def test_array_and_dependency(slurm_cluster, tmp_path):  # noqa: F811
     c = slurm_cluster
-    arr = c.sbatch("--array=0-1", f"--output={tmp_path}/a-%A_%a.out",
-                   "--wrap", f"echo $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT > {tmp_path}/task$SLURM_ARRAY_TASK_ID")
-    dep = c.sbatch(f"--dependency=afterok:{arr}", "--kill-on-invalid-dep=yes", f"--output={tmp_path}/d.out",
-                   "--wrap", f"cat {tmp_path}/task0 {tmp_path}/task1 > {tmp_path}/joined")
+    arr = c.sbatch(
+        "--array=0-1",
+        f"--output={tmp_path}/a-%A_%a.out",
+        "--wrap",
+        f"echo $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT > {tmp_path}/task$SLURM_ARRAY_TASK_ID",
+    )
+    dep = c.sbatch(
+        f"--dependency=afterok:{arr}",
+        "--kill-on-invalid-dep=yes",
+        f"--output={tmp_path}/d.out",
+        "--wrap",
+        f"cat {tmp_path}/task0 {tmp_path}/task1 > {tmp_path}/joined",
+    )
     bad = c.sbatch(f"--output={tmp_path}/bad.out", "--wrap", "exit 3")
-    never = c.sbatch(f"--dependency=afterok:{bad}", "--kill-on-invalid-dep=yes", f"--output={tmp_path}/n.out",
-                     "--wrap", f"touch {tmp_path}/never")
+    never = c.sbatch(
+        f"--dependency=afterok:{bad}",
+        "--kill-on-invalid-dep=yes",
+        f"--output={tmp_path}/n.out",
+        "--wrap",
+        f"touch {tmp_path}/never",
+    )
     recs = c.wait([arr, dep, bad, never], timeout=120)
     assert [_state(r) for r in recs[arr]] == ["COMPLETED", "COMPLETED"], recs[arr]
     assert _state(recs[dep][0]) == "COMPLETED"
@@ -53,7 +67,8 @@ def test_sigusr1_requeue_mechanics(slurm_cluster, tmp_path):  # noqa: F811
     inside the job requeues it, the restarted job sees SLURM_RESTART_COUNT and appends to its log."""
     c = slurm_cluster
     script = tmp_path / "job.sh"
-    script.write_text(textwrap.dedent(f"""\
+    script.write_text(
+        textwrap.dedent(f"""\
         #!/bin/bash
         #SBATCH --requeue
         #SBATCH --signal=SIGUSR1@120
@@ -73,7 +88,8 @@ def test_sigusr1_requeue_mechanics(slurm_cluster, tmp_path):  # noqa: F811
         print("ready", flush=True)
         time.sleep(120)
         '
-        """))
+        """)
+    )
     jid = c.sbatch(str(script))
     out = tmp_path / "job.out"
     _wait_for(lambda: out.exists() and "ready" in out.read_text(), 60, "the job step to start")
@@ -121,17 +137,37 @@ def pipeline(slurm_cluster, tmp_path_factory):  # noqa: F811
     c = slurm_cluster
     tmp = tmp_path_factory.mktemp("pipeline")
     logs, artifacts = tmp / "logs", tmp / "artifacts"
-    env = dict(c.env, EXPERIMENT="smoke", GPUS_PER_NODE="0", CPUS_PER_TASK="1", DISTILL_TASKS="2",
-               REGIMES=" ".join(REGIMES), LOG_DIR=str(logs), PYTHON=sys.executable,
-               TRAIN_TIME="60:00", DISTILL_TIME="30:00", EVAL_TIME="30:00", EXPORT_TIME="10:00",
-               OMP_NUM_THREADS="1", BASE_ARGS="progress_bar=tqdm")
-    p = subprocess.run(["bash", "slurm/pipeline.sh", f"paths.artifacts={artifacts}", f"paths.outputs={tmp}/outputs"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    env = dict(
+        c.env,
+        EXPERIMENT="smoke",
+        GPUS_PER_NODE="0",
+        CPUS_PER_TASK="1",
+        DISTILL_TASKS="2",
+        REGIMES=" ".join(REGIMES),
+        LOG_DIR=str(logs),
+        PYTHON=sys.executable,
+        TRAIN_TIME="60:00",
+        DISTILL_TIME="30:00",
+        EVAL_TIME="30:00",
+        EXPORT_TIME="10:00",
+        OMP_NUM_THREADS="1",
+        BASE_ARGS="progress_bar=tqdm",
+    )
+    p = subprocess.run(
+        ["bash", "slurm/pipeline.sh", f"paths.artifacts={artifacts}", f"paths.outputs={tmp}/outputs"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     m = re.search(r"^jobs: (.*)$", p.stdout, re.M)
     assert m, p.stdout
     ids = dict(kv.split("=") for kv in m.group(1).split())
-    assert list(ids) == ["base", "distill-corpus-array", "distill-corpus-verify", *REGIMES, "evaluate", "export"], p.stdout
+    assert list(ids) == ["base", "distill-corpus-array", "distill-corpus-verify", *REGIMES, "evaluate", "export"], (
+        p.stdout
+    )
 
     # SIGUSR1 once Lightning has set its handlers and a few optimizer steps are done (so the hpc checkpoint
     # is mid-run); PYTHONUNBUFFERED (set by train.sbatch) makes the progress bar reach the log at once.
@@ -151,8 +187,15 @@ def pipeline(slurm_cluster, tmp_path_factory):  # noqa: F811
             break
         time.sleep(0.2)
     recs = c.wait(list(ids.values()), timeout=PIPELINE_TIMEOUT, poll=2)
-    return dict(ids=ids, recs=recs, logs=logs, artifacts=artifacts, stdout=p.stdout, signalled=signalled,
-                corpus=artifacts / "bible_en_fr")
+    return dict(
+        ids=ids,
+        recs=recs,
+        logs=logs,
+        artifacts=artifacts,
+        stdout=p.stdout,
+        signalled=signalled,
+        corpus=artifacts / "bible_en_fr",
+    )
 
 
 def _job_logs(pl) -> str:
@@ -178,14 +221,17 @@ def test_sigusr1_checkpoints_requeues_and_resumes(pipeline):
     assert 0 < saved < last["global_step"], (saved, last["global_step"])
     # The first run and the requeued one append to the same log; the second restores the hpc checkpoint.
     assert "restart 0" in text and "restart 1" in text, _tail(log, 80)
-    second = text[text.index("restart 1"):]
+    second = text[text.index("restart 1") :]
     assert re.search(r"Restor\w* .*hpc_ckpt_\d+\.ckpt", second), _tail(log, 120)
 
 
 def test_pipeline_smoke_completes(pipeline):
     pl = pipeline
-    bad = {name: [r.get("JobState") for r in pl["recs"][jid]] for name, jid in pl["ids"].items()
-           if any(r.get("JobState") != "COMPLETED" for r in pl["recs"][jid])}
+    bad = {
+        name: [r.get("JobState") for r in pl["recs"][jid]]
+        for name, jid in pl["ids"].items()
+        if any(r.get("JobState") != "COMPLETED" for r in pl["recs"][jid])
+    }
     assert not bad, f"stages not completed: {bad}\n{pl['stdout']}\n{_job_logs(pl)}"
     corpus = pl["corpus"]
     assert (corpus / "base/checkpoints/last.ckpt").is_file()
@@ -204,7 +250,8 @@ def test_hydra_submitit_launcher(slurm_cluster, tmp_path):  # noqa: F811
     array with Lightning's requeue signal, on the CPU-only local cluster."""
     c = slurm_cluster
     app = tmp_path / "app.py"
-    app.write_text(textwrap.dedent(f"""\
+    app.write_text(
+        textwrap.dedent(f"""\
         import os
         import hydra
 
@@ -215,11 +262,24 @@ def test_hydra_submitit_launcher(slurm_cluster, tmp_path):  # noqa: F811
             return cfg.x
 
         main()
-        """))
+        """)
+    )
     sweep = tmp_path / "sweep"
-    p = c.cmd(sys.executable, str(app), "-m", "hydra/launcher=slurm", f"hydra.searchpath=[file://{REPO}/conf]",
-              "hydra.launcher.gpus_per_node=null", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10",
-              f"hydra.sweep.dir={sweep}", "+x=1,2", check=False, timeout=180, cwd=tmp_path)
+    p = c.cmd(
+        sys.executable,
+        str(app),
+        "-m",
+        "hydra/launcher=slurm",
+        f"hydra.searchpath=[file://{REPO}/conf]",
+        "hydra.launcher.gpus_per_node=null",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.timeout_min=10",
+        f"hydra.sweep.dir={sweep}",
+        "+x=1,2",
+        check=False,
+        timeout=180,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     got = [(tmp_path / f"point{x}").read_text().split() for x in (1, 2)]
     assert got[0][0] == got[1][0] and got[0][1] == "1", got  # one array job, one task each

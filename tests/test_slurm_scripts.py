@@ -36,20 +36,39 @@ def fake(tmp_path):
         (bin_ / name).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(PATH=f"{bin_}:{env['PATH']}", FAKE_DIR=str(tmp_path), LOG_DIR=str(tmp_path / "logs"))
-    for k in ("PARTITION", "ACCOUNT", "NODES", "GPUS_PER_NODE", "CPUS_PER_TASK", "STRATEGY", "EXPERIMENT",
-              "REGIMES", "STAGES", "DISTILL_TASKS", "PYTHON"):
+    for k in (
+        "PARTITION",
+        "ACCOUNT",
+        "NODES",
+        "GPUS_PER_NODE",
+        "CPUS_PER_TASK",
+        "STRATEGY",
+        "EXPERIMENT",
+        "REGIMES",
+        "STAGES",
+        "DISTILL_TASKS",
+        "PYTHON",
+    ):
         env.pop(k, None)
 
     def run(script, *args, **extra_env):
-        p = subprocess.run(["bash", str(REPO / script), *args], env={**env, **extra_env}, cwd=REPO,
-                           capture_output=True, text=True, timeout=60)
+        p = subprocess.run(
+            ["bash", str(REPO / script), *args],
+            env={**env, **extra_env},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert p.returncode == 0, p.stdout + p.stderr
         return p.stdout
 
     def submitted():
         """{job id: [sbatch args]} in submission order."""
-        return {int(f.name.split(".")[1]): f.read_text().splitlines()
-                for f in sorted(tmp_path.glob("sbatch.*"), key=lambda f: int(f.name.split(".")[1]))}
+        return {
+            int(f.name.split(".")[1]): f.read_text().splitlines()
+            for f in sorted(tmp_path.glob("sbatch.*"), key=lambda f: int(f.name.split(".")[1]))
+        }
 
     run.submitted = submitted
     run.dir = tmp_path
@@ -75,20 +94,41 @@ def _stage(args):
 def test_pipeline_submits_the_pipelines_own_stages(fake):
     # the stage list and its dependencies are the local driver's (python -m bpd_train.pipeline --print-stages):
     # the demo's teacher and `self` stages, no second copy in the script
-    out = fake("slurm/pipeline.sh", "paths.artifacts=/scratch/a", EXPERIMENT="demo", GPUS_PER_NODE="4",
-               NODES="2", PARTITION="gpu", ACCOUNT="proj", DISTILL_TASKS="3", K="8", PYTHON=sys.executable)
+    out = fake(
+        "slurm/pipeline.sh",
+        "paths.artifacts=/scratch/a",
+        EXPERIMENT="demo",
+        GPUS_PER_NODE="4",
+        NODES="2",
+        PARTITION="gpu",
+        ACCOUNT="proj",
+        DISTILL_TASKS="3",
+        K="8",
+        PYTHON=sys.executable,
+    )
     jobs = dict(kv.split("=") for kv in re.search(r"^jobs: (.*)$", out, re.M).group(1).split())
-    assert list(jobs) == ["base", "teacher", "distill-corpus-array", "distill-corpus-verify", "frozen", "finetune",
-                          "distill", "both", "self-distill-array", "self-distill-verify", "self", "evaluate",
-                          "export"], out
+    assert list(jobs) == [
+        "base",
+        "teacher",
+        "distill-corpus-array",
+        "distill-corpus-verify",
+        "frozen",
+        "finetune",
+        "distill",
+        "both",
+        "self-distill-array",
+        "self-distill-verify",
+        "self",
+        "evaluate",
+        "export",
+    ], out
     sub = fake.submitted()
     jid = {name: int(j) for name, j in jobs.items()}
     for args in sub.values():
         assert _opt(args, "partition") == "gpu" and _opt(args, "account") == "proj" and "--parsable" in args
         wrap = _opt(args, "wrap")
         assert "-m bpd_train.pipeline --experiment demo --k 8 paths.artifacts=/scratch/a --stage" in wrap, wrap
-    assert {_stage(sub[j]) for j in jid.values()} == {n.rsplit("-array", 1)[0].rsplit("-verify", 1)[0]
-                                                      for n in jobs}
+    assert {_stage(sub[j]) for j in jid.values()} == {n.rsplit("-array", 1)[0].rsplit("-verify", 1)[0] for n in jobs}
     # training: multi-node, one task per GPU, and train.sbatch's requeue settings
     b = sub[jid["base"]]
     assert (_opt(b, "nodes"), _opt(b, "ntasks-per-node"), _opt(b, "gpus-per-node")) == ("2", "4", "4")
@@ -113,8 +153,14 @@ def test_pipeline_submits_the_pipelines_own_stages(fake):
 
 
 def test_pipeline_cpu_only_has_no_gres(fake):
-    fake("slurm/pipeline.sh", EXPERIMENT="smoke", GPUS_PER_NODE="0", CPUS_PER_TASK="1", REGIMES="frozen",
-         PYTHON=sys.executable)
+    fake(
+        "slurm/pipeline.sh",
+        EXPERIMENT="smoke",
+        GPUS_PER_NODE="0",
+        CPUS_PER_TASK="1",
+        REGIMES="frozen",
+        PYTHON=sys.executable,
+    )
     sub = fake.submitted()
     assert [_stage(a) for a in sub.values()] == ["base", "frozen", "evaluate", "export"]  # no corpus needed
     for args in sub.values():
@@ -124,8 +170,14 @@ def test_pipeline_cpu_only_has_no_gres(fake):
 
 
 def test_pipeline_stages_subset(fake):
-    fake("slurm/pipeline.sh", STAGES="heads evaluate", REGIMES="distill", GPUS_PER_NODE="0", EXPERIMENT="smoke",
-         PYTHON=sys.executable)
+    fake(
+        "slurm/pipeline.sh",
+        STAGES="heads evaluate",
+        REGIMES="distill",
+        GPUS_PER_NODE="0",
+        EXPERIMENT="smoke",
+        PYTHON=sys.executable,
+    )
     sub = fake.submitted()
     first, ev = sub
     assert _stage(sub[first]) == "distill" and _deps(sub[first]) == []  # artifacts assumed to exist
@@ -136,12 +188,36 @@ def test_stage_job_runs_its_command_through_the_sbatch_file(fake, tmp_path):
     # inside a stage job: the pipeline picks the stage's command and runs train.sbatch's job mode (srun), which
     # adds the allocation's settings
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(PATH=f"{fake.dir / 'bin'}:{env['PATH']}", FAKE_DIR=str(fake.dir), SLURM_JOB_ID="7",
-               SLURM_JOB_NUM_NODES="1", SLURM_NTASKS_PER_NODE="1", SLURM_NTASKS="1", PYTHON="python",
-               SLURM_SUBMIT_DIR=str(REPO), PYTHONPATH=str(REPO))
-    p = subprocess.run([sys.executable, "-m", "bpd_train.pipeline", "--experiment", "smoke", "--stage", "base",
-                        "--launcher", "slurm", f"paths.artifacts={tmp_path}/art"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=120)
+    env.update(
+        PATH=f"{fake.dir / 'bin'}:{env['PATH']}",
+        FAKE_DIR=str(fake.dir),
+        SLURM_JOB_ID="7",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_NTASKS_PER_NODE="1",
+        SLURM_NTASKS="1",
+        PYTHON="python",
+        SLURM_SUBMIT_DIR=str(REPO),
+        PYTHONPATH=str(REPO),
+    )
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bpd_train.pipeline",
+            "--experiment",
+            "smoke",
+            "--stage",
+            "base",
+            "--launcher",
+            "slurm",
+            f"paths.artifacts={tmp_path}/art",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     argv = (fake.dir / "srun").read_text().splitlines()
     assert argv[:3] == ["--kill-on-bad-exit=1", "python", "train.py"]
@@ -150,8 +226,9 @@ def test_stage_job_runs_its_command_through_the_sbatch_file(fake, tmp_path):
 
 
 def test_train_sbatch_submit_mode(fake):
-    out = fake("slurm/train.sbatch", "+regime=base", "model=big", GPUS_PER_NODE="8", NODES="4",
-               STRATEGY="deepspeed_zero2")
+    out = fake(
+        "slurm/train.sbatch", "+regime=base", "model=big", GPUS_PER_NODE="8", NODES="4", STRATEGY="deepspeed_zero2"
+    )
     (args,) = fake.submitted().values()
     assert (_opt(args, "nodes"), _opt(args, "ntasks-per-node"), _opt(args, "gpus-per-node")) == ("4", "8", "8")
     assert "STRATEGY=deepspeed_zero2" in _opt(args, "export")
@@ -168,27 +245,58 @@ def _job_mode(fake, *args, **env):
 
 
 def test_train_sbatch_job_mode_multinode_gpu(fake):
-    argv = _job_mode(fake, "+regime=base", SLURM_JOB_NUM_NODES="2", SLURM_NTASKS_PER_NODE="4(x2)",
-                     SLURM_NTASKS="8", SLURM_GPUS_ON_NODE="4")
+    argv = _job_mode(
+        fake,
+        "+regime=base",
+        SLURM_JOB_NUM_NODES="2",
+        SLURM_NTASKS_PER_NODE="4(x2)",
+        SLURM_NTASKS="8",
+        SLURM_GPUS_ON_NODE="4",
+    )
     assert argv[:3] == ["--kill-on-bad-exit=1", "python", "train.py"]
     assert argv[3:] == ["+regime=base", "trainer.num_nodes=2", "trainer.devices=4", "strategy=ddp"]
-    argv = _job_mode(fake, "+regime=both", "strategy=fsdp", "trainer.devices=2", SLURM_JOB_NUM_NODES="1",
-                     SLURM_NTASKS_PER_NODE="2", SLURM_NTASKS="2", SLURM_GPUS_ON_NODE="2", STRATEGY="ddp")
+    argv = _job_mode(
+        fake,
+        "+regime=both",
+        "strategy=fsdp",
+        "trainer.devices=2",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_NTASKS_PER_NODE="2",
+        SLURM_NTASKS="2",
+        SLURM_GPUS_ON_NODE="2",
+        STRATEGY="ddp",
+    )
     assert argv[3:] == ["+regime=both", "strategy=fsdp", "trainer.devices=2", "trainer.num_nodes=1"]
 
 
 def test_train_sbatch_job_mode_cpu(fake):
-    argv = _job_mode(fake, "+regime=base", "experiment=smoke", SLURM_JOB_NUM_NODES="1",
-                     SLURM_NTASKS_PER_NODE="1", SLURM_NTASKS="1", STRATEGY="auto")
-    assert argv[3:] == ["+regime=base", "experiment=smoke", "trainer.num_nodes=1", "trainer.devices=1",
-                        "trainer=cpu", "strategy=auto"]
+    argv = _job_mode(
+        fake,
+        "+regime=base",
+        "experiment=smoke",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_NTASKS_PER_NODE="1",
+        SLURM_NTASKS="1",
+        STRATEGY="auto",
+    )
+    assert argv[3:] == [
+        "+regime=base",
+        "experiment=smoke",
+        "trainer.num_nodes=1",
+        "trainer.devices=1",
+        "trainer=cpu",
+        "strategy=auto",
+    ]
 
 
-@pytest.mark.parametrize("extra", [
-    ["trainer.num_nodes=2", "trainer.devices=4", "strategy=ddp"],
-    ["experiment=smoke", "trainer.num_nodes=1", "trainer.devices=1", "trainer=cpu"],
-    ["experiment=smoke", "trainer.num_nodes=2", "trainer.devices=1", "trainer=cpu", "strategy=ddp"],
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["trainer.num_nodes=2", "trainer.devices=4", "strategy=ddp"],
+        ["experiment=smoke", "trainer.num_nodes=1", "trainer.devices=1", "trainer=cpu"],
+        ["experiment=smoke", "trainer.num_nodes=2", "trainer.devices=1", "trainer=cpu", "strategy=ddp"],
+    ],
+)
 def test_job_mode_overrides_compose(extra):
     """What train.sbatch adds is a valid set of overrides for conf/train.yaml (with and without a preset)."""
     from hydra import compose, initialize_config_dir

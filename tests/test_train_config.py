@@ -1,4 +1,5 @@
 """Every option of every training config group composes and instantiates; entry-point argument checks."""
+
 from __future__ import annotations
 
 import inspect
@@ -73,7 +74,7 @@ def test_model_options_build(name):
     from bpd_train.model import LMConfig, build_model, config_from_dict
 
     m = OmegaConf.to_container(cfg_for("+regime=base", f"model={name}").model, resolve=True)
-    cfg = config_from_dict({"vocab_size": 1000, **m})   # arch: lm -> the decoder-only family
+    cfg = config_from_dict({"vocab_size": 1000, **m})  # arch: lm -> the decoder-only family
     assert isinstance(cfg, LMConfig) == (m.get("arch") == "lm")
     if name == "tiny":
         out = BPDModel(cfg)(torch.tensor([[5, 6, 2]]), torch.tensor([[1, 7]]))
@@ -119,8 +120,9 @@ def test_strategy_options_instantiate(name, monkeypatch):
             assert s.config["zero_optimization"]["stage"] == int(name[-1])
         if name == "deepspeed_zero3":  # the persistence threshold reaches DeepSpeed's config, and can be overridden
             assert s.config["zero_optimization"]["stage3_param_persistence_threshold"] == 100000
-            s0 = make_strategy(cfg_for("+regime=base", f"strategy={name}", "strategy.param_persistence_threshold=0")
-                               .strategy)
+            s0 = make_strategy(
+                cfg_for("+regime=base", f"strategy={name}", "strategy.param_persistence_threshold=0").strategy
+            )
             assert s0.config["zero_optimization"]["stage3_param_persistence_threshold"] == 0
 
 
@@ -171,8 +173,16 @@ def test_slurm_environment_requeues_on_sigusr1(monkeypatch, tmp_path):
 
     from bpd_train.training.trainer import make_trainer
 
-    for k, v in {"SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "bpd", "SLURM_JOB_ID": "77",
-                 "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}.items():
+    for k, v in {
+        "SLURM_NTASKS": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_JOB_NAME": "bpd",
+        "SLURM_JOB_ID": "77",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_NODELIST": "localhost",
+    }.items():
         monkeypatch.setenv(k, v)
     cfg = cfg_for("+regime=base", "experiment=smoke", "logger=none", f"paths.artifacts={tmp_path}")
     t = make_trainer(cfg, Path(cfg.run_dir))
@@ -200,8 +210,14 @@ def test_checkpoint_callback_layout(tmp_path):
 def _train_py(*args: str) -> subprocess.CompletedProcess:
     from conftest import offline_env
 
-    return subprocess.run([sys.executable, str(bpd_train.REPO_ROOT / "train.py"), *args], capture_output=True,
-                          text=True, env=offline_env(), timeout=120, cwd=bpd_train.REPO_ROOT)
+    return subprocess.run(
+        [sys.executable, str(bpd_train.REPO_ROOT / "train.py"), *args],
+        capture_output=True,
+        text=True,
+        env=offline_env(),
+        timeout=120,
+        cwd=bpd_train.REPO_ROOT,
+    )
 
 
 def test_train_without_regime_lists_choices():

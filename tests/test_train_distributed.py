@@ -1,6 +1,7 @@
 """Multi-process training on CPU, always as subprocesses of pytest: 2-rank DDP (gloo), 2-rank FSDP (gloo,
 bpd_train/training/fsdp_cpu.py) and DeepSpeed ZeRO-2 through Lightning with the CPU shim
 (bpd_train/training/zero_cpu.py), which writes a real ZeRO checkpoint."""
+
 from __future__ import annotations
 
 import shutil
@@ -31,9 +32,18 @@ def test_ddp_two_processes_on_cpu(smoke_base, tmp_path):
     art = tmp_path / "art"
     corpus = copy_smoke_base(smoke_base, art)
     steps = 6
-    r = run_train("+regime=finetune", "experiment=smoke", "strategy=ddp", "trainer.devices=2", "loss.kd_weight=0.5",
-                  f"trainer.max_steps={steps}", "trainer.val_check_interval=3", f"seed={_seed_drawing_head1(steps)}",
-                  artifacts=art, timeout=900)
+    r = run_train(
+        "+regime=finetune",
+        "experiment=smoke",
+        "strategy=ddp",
+        "trainer.devices=2",
+        "loss.kd_weight=0.5",
+        f"trainer.max_steps={steps}",
+        "trainer.val_check_interval=3",
+        f"seed={_seed_drawing_head1(steps)}",
+        artifacts=art,
+        timeout=900,
+    )
     out = r.stdout + r.stderr
     assert "MEMBER: 2/2" in out
     ck = read_checkpoint(corpus / "heads" / f"finetune-k{K}" / "checkpoints" / "last.ckpt")
@@ -59,8 +69,9 @@ def test_fsdp_two_processes_on_cpu(smoke_base, tmp_path):
     shutil.copytree(base.parent / "spm", corpus / "spm")
     common = ("experiment=smoke", "strategy=fsdp", "trainer.devices=2", "trainer.gradient_clip_val=0.5")
     run_train("+regime=base", *common, "trainer.max_steps=3", artifacts=art, timeout=900)
-    run_train("+regime=frozen", *common, "trainer.max_steps=4", "trainer.val_check_interval=2", artifacts=art,
-              timeout=900)
+    run_train(
+        "+regime=frozen", *common, "trainer.max_steps=4", "trainer.val_check_interval=2", artifacts=art, timeout=900
+    )
     b = load_model(corpus / "base" / "checkpoints" / "last.ckpt")
     f = load_model(corpus / "heads" / f"frozen-k{K}" / "checkpoints" / "last.ckpt")
     assert b.meta.get("regime") == "base" and f.meta.get("regime") == "frozen"
@@ -71,8 +82,15 @@ def test_fsdp_two_processes_on_cpu(smoke_base, tmp_path):
     agree = [float(r["val/agreement"]) for r in rows if r.get("val/agreement")]
     assert len(agree) == 2 and set(agree) == {100.0}
     # resuming restores the sharded optimizer state through FSDP's full optimizer state dict
-    r = run_train("+regime=frozen", *common, "trainer.max_steps=6", "trainer.val_check_interval=2", "ckpt_path=last",
-                  artifacts=art, timeout=900)
+    r = run_train(
+        "+regime=frozen",
+        *common,
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=2",
+        "ckpt_path=last",
+        artifacts=art,
+        timeout=900,
+    )
     assert "Restored all states" in r.stdout + r.stderr
     ck = read_checkpoint(corpus / "heads" / f"frozen-k{K}" / "checkpoints" / "last.ckpt")
     assert ck["global_step"] == 6 and ck["optimizer_states"]
@@ -110,10 +128,12 @@ def test_fsdp_two_processes_lm_base_then_frozen(tmp_path):
     in-training blockwise evaluation (decoding outside the forward needs FSDP's gathered weights; ~35 s)."""
     art = tmp_path / "art"
     common = ("experiment=smoke_lm", "strategy=fsdp", "trainer.devices=2", "trainer.gradient_clip_val=0.5")
-    run_train("+regime=base", *common, "trainer.max_steps=2", "trainer.val_check_interval=2", artifacts=art,
-              timeout=600)
-    run_train("+regime=frozen", *common, "trainer.max_steps=4", "trainer.val_check_interval=2", artifacts=art,
-              timeout=600)
+    run_train(
+        "+regime=base", *common, "trainer.max_steps=2", "trainer.val_check_interval=2", artifacts=art, timeout=600
+    )
+    run_train(
+        "+regime=frozen", *common, "trainer.max_steps=4", "trainer.val_check_interval=2", artifacts=art, timeout=600
+    )
     _lm_checks(art / "bible_en_fr", f"frozen-k{K}")
 
 
@@ -129,19 +149,35 @@ def test_zero2_base_then_zero3_frozen_lm(tmp_path):
     corpus = art / "bible_en_fr"
 
     def zero(stage, *overrides):
-        cmd = [sys.executable, "-m", "bpd_train.training.zero_cpu", f"--stage={stage}", "--devices=2", *overrides,
-               "experiment=smoke_lm", "logger=csv", f"paths.artifacts={art}", f"hydra.run.dir={art}/hydra-{stage}"]
-        r = subprocess.run(cmd, cwd=REPO_ROOT, env=offline_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True,
-                           timeout=600)
+        cmd = [
+            sys.executable,
+            "-m",
+            "bpd_train.training.zero_cpu",
+            f"--stage={stage}",
+            "--devices=2",
+            *overrides,
+            "experiment=smoke_lm",
+            "logger=csv",
+            f"paths.artifacts={art}",
+            f"hydra.run.dir={art}/hydra-{stage}",
+        ]
+        r = subprocess.run(
+            cmd, cwd=REPO_ROOT, env=offline_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True, timeout=600
+        )
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-5000:]
 
     zero(2, "+regime=base", "trainer.max_steps=2", "trainer.val_check_interval=2")
     base = {p.name for p in (corpus / "base" / "checkpoints" / "last.ckpt" / "checkpoint").iterdir()}
-    assert base == {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                    "zero_pp_rank_1_mp_rank_00_optim_states.pt"}   # stage 2: one model file, sharded optimizer
+    assert base == {
+        "mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    }  # stage 2: one model file, sharded optimizer
     zero(3, "+regime=frozen", "trainer.max_steps=2", "trainer.val_check_interval=2")
-    frozen = {p.name for p in (corpus / "heads" / f"frozen-k{K}" / "checkpoints" / "last.ckpt" / "checkpoint").iterdir()}
-    assert {f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in (0, 1)} <= frozen   # stage 3: partitioned
+    frozen = {
+        p.name for p in (corpus / "heads" / f"frozen-k{K}" / "checkpoints" / "last.ckpt" / "checkpoint").iterdir()
+    }
+    assert {f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in (0, 1)} <= frozen  # stage 3: partitioned
     _lm_checks(corpus, f"frozen-k{K}")
     model, _, _ = load_bundle(export_checkpoint(corpus / "heads" / f"frozen-k{K}", tmp_path / "bundle"))
     assert isinstance(model, LMModel) and model.config.block_size == K

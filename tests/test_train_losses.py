@@ -1,4 +1,5 @@
 """Training losses, head metrics, schedules and the LightningModule's regime logic on synthetic batches."""
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,19 @@ PAD = 0
 
 def tiny(k=4, identity_p1=True, vocab=23, dropout=0.0) -> BPDModel:
     torch.manual_seed(0)
-    m = BPDModel(BPDConfig(vocab_size=vocab, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
-                           d_ff=32, dropout=dropout, block_size=k, identity_p1=identity_p1))
+    m = BPDModel(
+        BPDConfig(
+            vocab_size=vocab,
+            d_model=16,
+            n_heads=2,
+            n_encoder_layers=1,
+            n_decoder_layers=1,
+            d_ff=32,
+            dropout=dropout,
+            block_size=k,
+            identity_p1=identity_p1,
+        )
+    )
     for p in m.head_parameters():  # the zero-initialised output layer would make every head equal head 1
         if not p.any():
             torch.nn.init.normal_(p, std=0.3)
@@ -32,7 +44,7 @@ def batch(b=3, s=7, t=9, vocab=23, seed=1):
     lens = [t, t - 3, t - 5][:b]
     for r, n in enumerate(lens):  # eos then padding
         tgt[r, n] = 2
-        tgt[r, n + 1:] = PAD
+        tgt[r, n + 1 :] = PAD
     src[1, 5:] = PAD
     return {"src": src, "tgt_in": tgt[:, :-1].clone(), "tgt_out": tgt[:, 1:].clone()}
 
@@ -107,8 +119,14 @@ def test_head_stats_expected_accepted_by_hand():
 
 def test_schedules():
     f = lr_lambda("inverse_sqrt", warmup_steps=4)
-    assert [round(f(s), 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, round(math.sqrt(4 / 5), 4),
-                                                 round(math.sqrt(4 / 6), 4)]
+    assert [round(f(s), 4) for s in range(6)] == [
+        0.25,
+        0.5,
+        0.75,
+        1.0,
+        round(math.sqrt(4 / 5), 4),
+        round(math.sqrt(4 / 6), 4),
+    ]
     c = lr_lambda("cosine", warmup_steps=2, total_steps=10, min_lr_ratio=0.1)
     assert c(1) == 1.0 and abs(c(9) - 0.1) < 1e-9 and 0.1 < c(5) < 1.0
     assert lr_lambda("constant", 0)(100) == 1.0
@@ -119,8 +137,11 @@ def test_schedules():
 def _module(regime: dict, k=4, head_loss="random", loss: dict | None = None, **kw) -> BPDLightningModule:
     cfg = tiny(k=k).config.to_dict()
     reg = {"name": "t", "block_size": k, "head_loss": head_loss, **regime}
-    optim = {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2, "weight_decay": 0.1},
-             "head_lr_mult": 3.0, "schedule": {"name": "constant", "warmup_steps": 0}}
+    optim = {
+        "optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2, "weight_decay": 0.1},
+        "head_lr_mult": 3.0,
+        "schedule": {"name": "constant", "warmup_steps": 0},
+    }
     return BPDLightningModule(cfg, reg, optim, {"label_smoothing": 0.1, **(loss or {})}, seed=3, **kw)
 
 
@@ -129,8 +150,9 @@ def test_frozen_module_freezes_backbone_and_skips_head1():
     assert all(not p.requires_grad for p in m.model.backbone_parameters())
     assert all(p.requires_grad for p in m.model.head_parameters())
     assert m.train_heads == [1, 2, 3]
-    groups = param_groups(m.model.backbone_parameters(), m.model.head_parameters(), lr=1.0, weight_decay=0.1,
-                          head_lr_mult=3.0)
+    groups = param_groups(
+        m.model.backbone_parameters(), m.model.head_parameters(), lr=1.0, weight_decay=0.1, head_lr_mult=3.0
+    )
     in_opt = {id(p) for g in groups for p in g["params"]}
     assert not in_opt & {id(p) for p in m.model.backbone_parameters()}
     assert {g["name"] for g in groups} == {"heads", "heads_no_decay"} and all(g["lr"] == 3.0 for g in groups)
@@ -232,8 +254,18 @@ def test_kd_weight_zero_is_todays_loss_exactly():
     w = head_weights("mean", [0, 1, 2, 3], p1_weight=0.5)
     plain, per = bpd_loss(m.head_logits, h, b["tgt_out"], [0, 1, 2, 3], w, PAD, 0.1)
     teacher = torch.randn(*b["tgt_out"].shape, 23)
-    same, per0 = bpd_loss(m.head_logits, h, b["tgt_out"], [0, 1, 2, 3], w, PAD, 0.1, teacher_logits=teacher,
-                          kd_weight=0.0, kd_temperature=2.0)
+    same, per0 = bpd_loss(
+        m.head_logits,
+        h,
+        b["tgt_out"],
+        [0, 1, 2, 3],
+        w,
+        PAD,
+        0.1,
+        teacher_logits=teacher,
+        kd_weight=0.0,
+        kd_temperature=2.0,
+    )
     assert torch.equal(plain, same) and all(torch.equal(per[i], per0[i]) for i in per)
     mod = _module({"trainable": "all"}, head_loss="mean")  # the config default (kd_weight absent): no teacher needed
     assert mod.kd_weight == 0.0 and mod.compute_loss(b, [0, 1], [0.5, 0.5])[0].isfinite()
@@ -263,13 +295,24 @@ def test_kd_loss_is_the_mixture_of_ce_and_kl(recompute):
     teacher = torch.randn(*b["tgt_out"].shape, 23, generator=torch.Generator().manual_seed(5)) * 3
     lam, temp = 0.3, 2.0
     w = [0.5, 0.25, 0.25]
-    loss, per = bpd_loss(m.head_logits, h, b["tgt_out"], [0, 1, 2], w, PAD, 0.1, recompute=recompute,
-                         teacher_logits=teacher, kd_weight=lam, kd_temperature=temp)
+    loss, per = bpd_loss(
+        m.head_logits,
+        h,
+        b["tgt_out"],
+        [0, 1, 2],
+        w,
+        PAD,
+        0.1,
+        recompute=recompute,
+        teacher_logits=teacher,
+        kd_weight=lam,
+        kd_temperature=temp,
+    )
     ref, rper = bpd_loss(m.head_logits, h, b["tgt_out"], [0, 1, 2], w, PAD, 0.1)
     mask = b["tgt_out"].ne(PAD)
     s = torch.log_softmax(m.head_logits(h, 0)[mask] / temp, -1)
     p = torch.softmax(teacher[mask] / temp, -1)
-    kl = (p * (p.log() - s)).sum(-1).mean() * temp ** 2
+    kl = (p * (p.log() - s)).sum(-1).mean() * temp**2
     head1 = (1 - lam) * rper[0] + lam * kl
     assert per[0].item() == pytest.approx(head1.item(), rel=1e-5)
     assert per[1].item() == pytest.approx(rper[1].item()) and per[2].item() == pytest.approx(rper[2].item())
@@ -281,11 +324,16 @@ def test_kd_settings_are_checked():
     with pytest.raises(ValueError, match="kd_weight"):
         BPDLightningModule(tiny().config.to_dict(), {"name": "t", "block_size": 4}, {}, {"kd_weight": 1.5})
     with pytest.raises(ValueError, match="kd_temperature"):
-        BPDLightningModule(tiny().config.to_dict(), {"name": "t", "block_size": 4}, {},
-                           {"kd_weight": 0.5, "kd_temperature": -1})
+        BPDLightningModule(
+            tiny().config.to_dict(), {"name": "t", "block_size": 4}, {}, {"kd_weight": 0.5, "kd_temperature": -1}
+        )
     with pytest.raises(ValueError, match="head 1"):  # frozen backbone + identity_p1: head 1 does not train
-        BPDLightningModule(tiny().config.to_dict(), {"name": "t", "block_size": 4, "trainable": "heads",
-                                                      "init_from": "x"}, {}, {"kd_weight": 0.5})
+        BPDLightningModule(
+            tiny().config.to_dict(),
+            {"name": "t", "block_size": 4, "trainable": "heads", "init_from": "x"},
+            {},
+            {"kd_weight": 0.5},
+        )
     m = BPDLightningModule(tiny().config.to_dict(), {"name": "t", "block_size": 4}, {}, {"kd_weight": 0.5})
     with pytest.raises(RuntimeError, match="no teacher"):
         m.compute_loss(batch(), [0], [1.0])
@@ -298,14 +346,20 @@ def test_kd_settings_fail_early_and_refuse_sharding_strategies():
 
     from bpd_train.training.run import TrainError, check_kd_settings
 
-    for target in ("lightning.pytorch.strategies.FSDPStrategy", "lightning.pytorch.strategies.DeepSpeedStrategy",
-                   "bpd_train.training.zero_cpu.CPUDeepSpeedStrategy"):
+    for target in (
+        "lightning.pytorch.strategies.FSDPStrategy",
+        "lightning.pytorch.strategies.DeepSpeedStrategy",
+        "bpd_train.training.zero_cpu.CPUDeepSpeedStrategy",
+    ):
         cfg = OmegaConf.create({"loss": {"kd_weight": 0.5}, "strategy": {"_target_": target}})
         with pytest.raises(TrainError, match="strategy=auto or ddp"):
             check_kd_settings(cfg)
         check_kd_settings(OmegaConf.create({"loss": {"kd_weight": 0.0}, "strategy": {"_target_": target}}))
-    check_kd_settings(OmegaConf.create({"loss": {"kd_weight": 0.5},
-                                        "strategy": {"_target_": "lightning.pytorch.strategies.DDPStrategy"}}))
+    check_kd_settings(
+        OmegaConf.create(
+            {"loss": {"kd_weight": 0.5}, "strategy": {"_target_": "lightning.pytorch.strategies.DDPStrategy"}}
+        )
+    )
     check_kd_settings(OmegaConf.create({"loss": {"kd_weight": 0.5}, "strategy": {"name": "auto"}}))
     with pytest.raises(TrainError, match="kd_weight must be in"):
         check_kd_settings(OmegaConf.create({"loss": {"kd_weight": 1.5}, "strategy": {"name": "auto"}}))
@@ -357,13 +411,13 @@ def test_self_kd_mixes_each_future_head_with_head1s_own_distribution_ahead(recom
     assert torch.equal(zero, ref) and all(torch.equal(zper[i], rper[i]) for i in heads)
     assert torch.equal(per[0], rper[0])
     for i in heads[1:]:
-        mask = b["tgt_out"][:, i:].ne(PAD)                          # head i's valid targets (positions t < T - i)
-        p = torch.softmax(full[:, i:, 0][mask], -1)                 # head 1 at t + i
-        s = torch.log_softmax(full[:, : T - i, i][mask], -1)        # head i at t
+        mask = b["tgt_out"][:, i:].ne(PAD)  # head i's valid targets (positions t < T - i)
+        p = torch.softmax(full[:, i:, 0][mask], -1)  # head 1 at t + i
+        s = torch.log_softmax(full[:, : T - i, i][mask], -1)  # head i at t
         kl = (p * (p.log() - s)).sum(-1).mean()
         want = (1 - mu) * rper[i] + mu * kl
         assert per[i].item() == pytest.approx(want.item(), rel=1e-5), i
-        assert kl.item() > 1e-3                                     # random heads: a real term, not a no-op
+        assert kl.item() > 1e-3  # random heads: a real term, not a no-op
     loss.backward()
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in m.parameters())
     with pytest.raises(ValueError, match="self_kd_weight"):
@@ -373,8 +427,19 @@ def test_self_kd_mixes_each_future_head_with_head1s_own_distribution_ahead(recom
 
 def chained(k=4, vocab=23) -> BPDModel:
     torch.manual_seed(0)
-    m = BPDModel(BPDConfig(vocab_size=vocab, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
-                           d_ff=32, dropout=0.0, block_size=k, head_chain=True))
+    m = BPDModel(
+        BPDConfig(
+            vocab_size=vocab,
+            d_model=16,
+            n_heads=2,
+            n_encoder_layers=1,
+            n_decoder_layers=1,
+            d_ff=32,
+            dropout=0.0,
+            block_size=k,
+            head_chain=True,
+        )
+    )
     for p in m.head_parameters():
         if not p.any():
             torch.nn.init.normal_(p, std=0.3)
@@ -388,8 +453,9 @@ def test_chained_heads_learn_teacher_forced_on_the_token_before_their_own(self_t
     m, b = chained(), batch()
     h = m.features(m.encode(b["src"]), b["tgt_in"])
     y = b["tgt_out"]
-    loss, per = bpd_loss(m.head_logits, h, y, [0, 1, 2, 3], [0.25] * 4, PAD, recompute=False,
-                         self_targets=self_targets, chain=True)
+    loss, per = bpd_loss(
+        m.head_logits, h, y, [0, 1, 2, 3], [0.25] * 4, PAD, recompute=False, self_targets=self_targets, chain=True
+    )
     series = m.head_logits(h, 0).argmax(-1).masked_fill(y.eq(PAD), PAD) if self_targets else y
     for i in range(1, 4):
         tgt = head_targets(series, i, PAD)
@@ -426,7 +492,7 @@ def test_chained_config_needs_identity_p1_and_copy_weights_keeps_the_backbone():
     with pytest.raises(ValueError, match="head_chain needs identity_p1"):
         BPDConfig(vocab_size=23, block_size=4, head_chain=True, identity_p1=False)
     src, dst = tiny(), chained()
-    got = copy_weights(dst, src)                                   # BPD heads -> chained heads: backbone only
+    got = copy_weights(dst, src)  # BPD heads -> chained heads: backbone only
     assert all(not n.startswith("heads.") for n in got["copied"]) and "heads.tok" in got["new"]
     for n, t in src.state_dict().items():
         if not n.startswith("heads."):

@@ -18,6 +18,7 @@ BLEU"), each measured on the demo:
 5. k-hat: heads trained on their own model's greedy output (regime `self`) accept more than heads trained on gold
    (frozen 1.30 -> 1.61-1.65 at the base's BLEU) or on the teacher's output (distill 1.37); make demo trains
    `both` 1000 steps and retrains its heads that way (k-hat 2.08 -> 2.21-2.24 at 8.42 BLEU)."""
+
 from __future__ import annotations
 
 import pytest
@@ -39,11 +40,17 @@ def head1_share(regime: str, experiment: str | None, tmp_path, monkeypatch, step
     overrides = [f"+regime={regime}", "model.block_size=4", f"paths.artifacts={tmp_path}", *extra]
     with initialize_config_dir(str(CONF), version_base="1.3", job_name="train"):
         cfg = compose("train", overrides=overrides + ([f"experiment={experiment}"] if experiment else []))
-    model = BPDConfig(vocab_size=32, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
-                      block_size=4)
+    model = BPDConfig(
+        vocab_size=32, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, block_size=4
+    )
     plain = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
-    m = BPDLightningModule(model.to_dict(), Regime.from_cfg(plain(cfg.regime)).to_dict(), plain(cfg.optim),
-                           plain(cfg.loss), seed=int(cfg.seed))
+    m = BPDLightningModule(
+        model.to_dict(),
+        Regime.from_cfg(plain(cfg.regime)).to_dict(),
+        plain(cfg.optim),
+        plain(cfg.loss),
+        seed=int(cfg.seed),
+    )
     total = 0.0
     for step in range(steps):
         monkeypatch.setattr(type(m), "global_step", property(lambda self, s=step: s))  # the draw depends on it
@@ -61,7 +68,6 @@ def test_finetune_unchanged_and_the_command_line_still_decides(tmp_path, monkeyp
     assert head1_share("finetune", "demo", tmp_path, monkeypatch, 4) == 0.25  # the mean over k = 4 heads
     assert head1_share("both", "demo", tmp_path, monkeypatch, 4, "loss.p1_weight=null") == 0.25
     assert head1_share("both", "demo", tmp_path, monkeypatch, 4, "loss.p1_weight=0.8") == pytest.approx(0.8)
-
 
 
 @pytest.mark.parametrize("regime", ["frozen", "distill"])
@@ -93,8 +99,9 @@ def test_word_level_distillation_is_off_by_default(regime, experiment, tmp_path)
 
 def train_cfg(regime: str, experiment: str | None, *extra: str):
     with initialize_config_dir(str(CONF), version_base="1.3", job_name="train"):
-        return compose("train", overrides=[f"+regime={regime}", *([f"experiment={experiment}"] if experiment else []),
-                                           *extra])
+        return compose(
+            "train", overrides=[f"+regime={regime}", *([f"experiment={experiment}"] if experiment else []), *extra]
+        )
 
 
 def test_demo_distils_from_a_stronger_teacher_and_trains_both_longer():

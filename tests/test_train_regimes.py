@@ -1,5 +1,6 @@
 """One smoke run per regime on the bundled corpus (from the shared base smoke run), the frozen-backbone
 guarantees, and the init_from mismatch errors."""
+
 from __future__ import annotations
 
 import csv
@@ -103,13 +104,14 @@ def test_chained_heads_train_on_a_frozen_backbone_and_decode_exactly(heads_art):
     from bpd_train.decoding import blockwise, greedy
 
     art, corpus = heads_art
-    run_train("+regime=frozen", "experiment=smoke", "model.head_chain=true", "regime.run_subdir=heads/chain-k4",
-              artifacts=art)
+    run_train(
+        "+regime=frozen", "experiment=smoke", "model.head_chain=true", "regime.run_subdir=heads/chain-k4", artifacts=art
+    )
     run = corpus / "heads" / f"chain-k{K}"
     meta = assert_run_folder(run, "frozen", K)
     assert meta["model_config"]["head_chain"] is True
     base, ch = load_model(corpus / "base"), load_model(run)
-    assert ch.model.chained and ch.model.heads.tok.abs().sum() > 0          # the token maps trained
+    assert ch.model.chained and ch.model.heads.tok.abs().sum() > 0  # the token maps trained
     src = val_sources(base.tokenizer_path)
     want = greedy(base.model, src, max_len=30).tokens
     assert blockwise(ch.model, src, max_len=30).tokens == want
@@ -143,9 +145,20 @@ def test_finetune_trains_everything(heads_art):
 @pytest.mark.slow
 def test_distill_and_both_train_on_the_distilled_corpus(heads_art):
     art, corpus = heads_art
-    r = subprocess.run([sys.executable, str(REPO_ROOT / "distill.py"), "experiment=smoke", f"paths.artifacts={art}",
-                        f"hydra.run.dir={art}/hydra/distill"], cwd=REPO_ROOT, env=offline_env(),
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "distill.py"),
+            "experiment=smoke",
+            f"paths.artifacts={art}",
+            f"hydra.run.dir={art}/hydra/distill",
+        ],
+        cwd=REPO_ROOT,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     for regime in ("distill", "both"):
         run_train(f"+regime={regime}", "experiment=smoke", artifacts=art)
@@ -159,8 +172,15 @@ def test_word_level_kd_trains_and_resumes_exactly(heads_art):
     not in the checkpoint, and a run stopped at step 3 and resumed (teacher rebuilt from init_from) ends with
     exactly the weights of the uninterrupted run."""
     art, corpus = heads_art
-    kd = ("+regime=finetune", "experiment=smoke", "loss.head_loss=mean", "loss.p1_weight=0.5", "loss.kd_weight=0.5",
-          "loss.kd_temperature=2.0", "trainer.val_check_interval=3")
+    kd = (
+        "+regime=finetune",
+        "experiment=smoke",
+        "loss.head_loss=mean",
+        "loss.p1_weight=0.5",
+        "loss.kd_weight=0.5",
+        "loss.kd_temperature=2.0",
+        "trainer.val_check_interval=3",
+    )
     whole, parts = corpus / "heads" / "kd_whole", corpus / "heads" / "kd_parts"
     run_train(*kd, "trainer.max_steps=6", f"run_dir={whole}", artifacts=art)
     run_train(*kd, "trainer.max_steps=3", f"run_dir={parts}", artifacts=art)
@@ -186,8 +206,9 @@ def _error_line(r: subprocess.CompletedProcess) -> str:
 
 def test_missing_base_names_the_command(heads_art, tmp_path):
     art, corpus = heads_art
-    r = run_train("+regime=frozen", "experiment=smoke", f"regime.init_from={tmp_path}/nothing", artifacts=art,
-                  check=False)
+    r = run_train(
+        "+regime=frozen", "experiment=smoke", f"regime.init_from={tmp_path}/nothing", artifacts=art, check=False
+    )
     line = _error_line(r)
     assert f"{tmp_path}/nothing" in line and "python train.py +regime=base experiment=smoke" in line
 
@@ -219,8 +240,9 @@ def test_vocab_mismatch_is_refused(heads_art, tmp_path):
     art, corpus = heads_art
     bad = _variant(corpus / "base", tmp_path / "bad_vocab", vocab_delta=7)
     with pytest.raises(TrainError, match="vocabulary of") as e:
-        _train_in_process("+regime=frozen", "experiment=smoke", f"paths.artifacts={art}", "logger=none",
-                          f"regime.init_from={bad}")
+        _train_in_process(
+            "+regime=frozen", "experiment=smoke", f"paths.artifacts={art}", "logger=none", f"regime.init_from={bad}"
+        )
     assert str(bad) in str(e.value) and "\n" not in str(e.value)
 
 
@@ -237,16 +259,26 @@ def test_tokenizer_hash_mismatch_is_refused(heads_art, tmp_path):
         for line, _ in zip(f, range(6000)):
             t = json.loads(line)["translation"]
             out.write(t["fr"] + "\n" + t["en"] + "\n")
-    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "other"), vocab_size=n,
-                                   model_type="bpe", pad_id=0, bos_id=1, eos_id=2, unk_id=3, num_threads=1,
-                                   minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        input=str(text),
+        model_prefix=str(tmp_path / "other"),
+        vocab_size=n,
+        model_type="bpe",
+        pad_id=0,
+        bos_id=1,
+        eos_id=2,
+        unk_id=3,
+        num_threads=1,
+        minloglevel=2,
+    )
     other = tmp_path / "other.model"
     bad = _variant(corpus / "base", tmp_path / "bad_tok", tokenizer=other)
     from bpd_train.training.run import TrainError
 
     with pytest.raises(TrainError, match="tokenizer sha256") as e:
-        _train_in_process("+regime=finetune", "experiment=smoke", f"paths.artifacts={art}", "logger=none",
-                          f"regime.init_from={bad}")
+        _train_in_process(
+            "+regime=finetune", "experiment=smoke", f"paths.artifacts={art}", "logger=none", f"regime.init_from={bad}"
+        )
     assert "\n" not in str(e.value)
 
 
@@ -264,8 +296,10 @@ def test_init_from_an_exported_bundle(heads_art, tmp_path):
     bundle = tmp_path / "bundle"
     export_bundle(base.model, base.tokenizer_path, bundle)
     with initialize_config_dir(str(REPO_ROOT / "conf"), version_base="1.3", job_name="train"):
-        cfg = compose("train", overrides=["+regime=frozen", "experiment=smoke", f"paths.artifacts={art}",
-                                          f"regime.init_from={bundle}"])
+        cfg = compose(
+            "train",
+            overrides=["+regime=frozen", "experiment=smoke", f"paths.artifacts={art}", f"regime.init_from={bundle}"],
+        )
     module = build_module(cfg, Regime.from_cfg(cfg.regime), Tokenizer(base.tokenizer_path))
     sd = module.model.state_dict()
     for name, t in base.model.state_dict().items():

@@ -1,5 +1,6 @@
 """Kill a run mid-epoch (SIGKILL, no cleanup), resume with ckpt_path=last, and end with exactly the weights
 of the uninterrupted run -- the shared base smoke run (same command, CPU, one thread, deterministic)."""
+
 from __future__ import annotations
 
 import shutil
@@ -19,8 +20,14 @@ def test_kill_and_resume_matches_uninterrupted(smoke_base, tmp_path):
     shutil.copytree(base.parent / "spm", art / base.parent.name / "spm")  # same tokenizer, no retraining
     run = art / base.parent.name / "base"
 
-    killed = run_train("+regime=base", "experiment=smoke", "+callbacks.kill._target_=bpd_train.training.callbacks.KillAtStep",
-                       "+callbacks.kill.step=30", artifacts=art, check=False)
+    killed = run_train(
+        "+regime=base",
+        "experiment=smoke",
+        "+callbacks.kill._target_=bpd_train.training.callbacks.KillAtStep",
+        "+callbacks.kill.step=30",
+        artifacts=art,
+        check=False,
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     mid = read_checkpoint(run / "checkpoints" / "last.ckpt")
     assert mid["global_step"] == 20
@@ -59,7 +66,18 @@ def test_without_a_metric_best_is_the_latest_and_resume_works(smoke_base, tmp_pa
     shutil.copytree(base.parent / "spm", art / base.parent.name / "spm")
     run_train("+regime=base", "experiment=smoke", "checkpoint.monitor=null", "logger=none", artifacts=art)
     ckpts = art / base.parent.name / "base" / "checkpoints"
-    assert read_checkpoint(ckpts / "best.ckpt")["global_step"] == read_checkpoint(ckpts / "last.ckpt")["global_step"] == 40
-    run_train("+regime=base", "experiment=smoke", "checkpoint.monitor=null", "logger=none", "ckpt_path=last",
-              "steps.base=60", artifacts=art)
-    assert read_checkpoint(ckpts / "best.ckpt")["global_step"] == read_checkpoint(ckpts / "last.ckpt")["global_step"] == 60
+    assert (
+        read_checkpoint(ckpts / "best.ckpt")["global_step"] == read_checkpoint(ckpts / "last.ckpt")["global_step"] == 40
+    )
+    run_train(
+        "+regime=base",
+        "experiment=smoke",
+        "checkpoint.monitor=null",
+        "logger=none",
+        "ckpt_path=last",
+        "steps.base=60",
+        artifacts=art,
+    )
+    assert (
+        read_checkpoint(ckpts / "best.ckpt")["global_step"] == read_checkpoint(ckpts / "last.ckpt")["global_step"] == 60
+    )

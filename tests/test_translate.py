@@ -1,4 +1,5 @@
 """python -m bpd_train.translate: streaming, batched, blockwise by default; output == greedy with exact."""
+
 import io
 import subprocess
 import sys
@@ -36,8 +37,10 @@ def test_round_trip_equals_greedy(bundle):
     assert "k̂=" in err and "blockwise k=4 exact adaptive" in err and "sent/s" in err
     rc, greedy_out, err = _run(args + ["--greedy", "--batch-size", "2"], text)
     assert rc == 0 and greedy_out == blockwise_out and "greedy" in err
-    rc, int8_props_out, err = _run(args + ["--proposal-dtype", "int8", "--draft-vocab", "50", "--batch-size", "1"], text)
-    assert rc == 0 and int8_props_out == greedy_out                 # cheaper proposals, the same fp32 output
+    rc, int8_props_out, err = _run(
+        args + ["--proposal-dtype", "int8", "--draft-vocab", "50", "--batch-size", "1"], text
+    )
+    assert rc == 0 and int8_props_out == greedy_out  # cheaper proposals, the same fp32 output
     rc, top2_out, err = _run(args + ["--accept", "top2", "--block-size", "2", "--batch-size", "8"], text)
     assert rc == 0 and len(top2_out.split("\n")) == len(lines) + 1 and "blockwise k=2 top2" in err
 
@@ -55,9 +58,24 @@ def test_bad_arguments(bundle, tmp_path):
 
 def test_cli_subprocess(bundle):
     """The real command line: stdin -> stdout, summary on stderr."""
-    res = subprocess.run([sys.executable, "-m", "bpd_train.translate", "--bundle", str(bundle), "--batch-size", "2",
-                          "--max-len", "1", "3"], input="In the beginning.\nAnd God said.\n\n", capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bpd_train.translate",
+            "--bundle",
+            str(bundle),
+            "--batch-size",
+            "2",
+            "--max-len",
+            "1",
+            "3",
+        ],
+        input="In the beginning.\nAnd God said.\n\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert len(res.stdout.split("\n")) == 4 and res.stdout.endswith("\n\n")
     assert "translated 3 lines" in res.stderr
@@ -106,8 +124,10 @@ def test_non_utf8_input_keeps_every_other_line(bundle):
 
 def test_bad_decode_settings_are_one_line_naming_the_option(bundle):
     # checked once (decoding/settings.py DecodeSettings), before the bundle loads: the same words as Translator's
-    for args, message in ((["--dtype", "fp16"], "dtype='fp16': expected one of fp32, bf16, int8"),
-                          (["--adaptive", "--accept", "top0"], "accept='top0': "),
-                          (["--draft-vocab", "lots"], "draft_vocab must be a number of tokens, auto or null")):
+    for args, message in (
+        (["--dtype", "fp16"], "dtype='fp16': expected one of fp32, bf16, int8"),
+        (["--adaptive", "--accept", "top0"], "accept='top0': "),
+        (["--draft-vocab", "lots"], "draft_vocab must be a number of tokens, auto or null"),
+    ):
         rc, out, err = _run(["--bundle", str(bundle), *args], "hello\n")
         assert rc == 2 and out == "" and err.count("\n") == 1 and err.startswith(f"error: {message}"), err

@@ -1,6 +1,7 @@
 """Model folders are not trusted: an hf: folder or bundle whose config.json disagrees with its weights, asks for
 huge buffers, lists token ids the model does not have, holds a damaged safetensors file, or links / indexes files
 outside itself is refused in one line before anything is built, allocated or copied."""
+
 import json
 import shutil
 import struct
@@ -20,8 +21,14 @@ from bpd_train.convert.hf.lm import load_hf_lm, to_hf_lm  # noqa: E402
 from bpd_train.export import export_checkpoint, export_hf, load_bundle  # noqa: E402
 from bpd_train.io import sha256_file  # noqa: E402
 
-TEXTS = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine", "hello world how are you",
-         "der schnelle braune fuchs springt", "guten tag wie geht es dir", "machine translation is fun"]
+TEXTS = [
+    "the quick brown fox jumps over the lazy dog",
+    "a stitch in time saves nine",
+    "hello world how are you",
+    "der schnelle braune fuchs springt",
+    "guten tag wie geht es dir",
+    "machine translation is fun",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +37,18 @@ def marian(tmp_path_factory):
     import sentencepiece as spm
 
     tmp = tmp_path_factory.mktemp("marian")
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXTS * 20), model_prefix=str(tmp / "sp"), vocab_size=48,
-                                   model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=1, unk_id=2,
-                                   pad_id=-1, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXTS * 20),
+        model_prefix=str(tmp / "sp"),
+        vocab_size=48,
+        model_type="unigram",
+        character_coverage=1.0,
+        bos_id=-1,
+        eos_id=1,
+        unk_id=2,
+        pad_id=-1,
+        minloglevel=2,
+    )
     sp = spm.SentencePieceProcessor(model_file=str(tmp / "sp.model"))
     vocab = {"</s>": 0, "<unk>": 1}
     for i in range(sp.get_piece_size()):
@@ -44,12 +60,24 @@ def marian(tmp_path_factory):
     (folder / "vocab.json").write_text(json.dumps(vocab))
     shutil.copy(tmp / "sp.model", folder / "source.spm")
     shutil.copy(tmp / "sp.model", folder / "target.spm")
-    transformers.MarianTokenizer(str(folder / "source.spm"), str(folder / "target.spm"),
-                                 str(folder / "vocab.json")).save_pretrained(folder)
-    cfg = transformers.MarianConfig(vocab_size=len(vocab), d_model=16, encoder_layers=1, decoder_layers=1,
-                                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                                    decoder_ffn_dim=32, max_position_embeddings=64, pad_token_id=vocab["<pad>"],
-                                    eos_token_id=0, decoder_start_token_id=vocab["<pad>"], forced_eos_token_id=None)
+    transformers.MarianTokenizer(
+        str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json")
+    ).save_pretrained(folder)
+    cfg = transformers.MarianConfig(
+        vocab_size=len(vocab),
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=vocab["<pad>"],
+        eos_token_id=0,
+        decoder_start_token_id=vocab["<pad>"],
+        forced_eos_token_id=None,
+    )
     torch.manual_seed(0)
     transformers.MarianMTModel(cfg).eval().save_pretrained(folder)
     load_hf(folder)  # the untouched folder loads
@@ -95,9 +123,11 @@ def test_config_values_of_the_wrong_type(marian, tmp_path, value):
 def test_bundle_with_edited_sizes_and_recomputed_hashes(tmp_path_factory, tmp_path):
     tiny = build_tiny(tmp_path_factory)
     b = export_checkpoint(tiny["run"], tmp_path / "bundle")
-    for key, value, msg in (("max_positions", 2_000_000, "would allocate"),
-                            ("d_ff", 10_000_000, "does not fit the model config"),
-                            ("d_model", 4096, "does not fit the model config")):
+    for key, value, msg in (
+        ("max_positions", 2_000_000, "would allocate"),
+        ("d_ff", 10_000_000, "does not fit the model config"),
+        ("d_model", 4096, "does not fit the model config"),
+    ):
         cfg = json.loads((b / "config.json").read_text())
         saved = dict(cfg["model"])
         cfg["model"][key] = value
@@ -131,11 +161,27 @@ def test_vocab_json_ids_out_of_range_or_of_the_wrong_type(marian, tmp_path, bad)
 def llama(tmp_path_factory):
     f = tmp_path_factory.mktemp("llama")
     v = make_tokenizer(f, bos=True)
-    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
-    cfg = transformers.LlamaConfig(vocab_size=v, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                                   rope_parameters=rope, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }
+    cfg = transformers.LlamaConfig(
+        vocab_size=v,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        rope_parameters=rope,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(cfg).eval().save_pretrained(f)
     return f
@@ -192,6 +238,7 @@ def test_index_entries_outside_the_folder(marian, tmp_path, where):
     outside = tmp_path / "outside.safetensors"
     shutil.move(m / "model.safetensors", outside)
     from safetensors import safe_open
+
     with safe_open(str(outside), framework="pt") as f:
         names = list(f.keys())
     target = str(outside) if where == "ABSOLUTE" else where
@@ -217,9 +264,18 @@ def test_mistral_sliding_window_is_refused(tmp_path):
     f = tmp_path / "mistral"
     f.mkdir()
     v = make_tokenizer(f, bos=True)
-    cfg = transformers.MistralConfig(vocab_size=v, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
-                                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
-                                     sliding_window=32, bos_token_id=1, eos_token_id=2)
+    cfg = transformers.MistralConfig(
+        vocab_size=v,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+        sliding_window=32,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     transformers.MistralForCausalLM(cfg).eval().save_pretrained(f)
     with pytest.raises(ConvertError, match="sliding_window=32"):
         load_hf_lm(f)

@@ -1,6 +1,7 @@
 """Conversions between this project's models and other formats: transformers checkpoints of the encoder-decoder
 family (hf/mt.py) and the decoder-only family (hf/lm.py), on what both share (common.py); GGUF files (gguf.py); vLLM
 Medusa heads (vllm_medusa.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,12 +19,14 @@ class HFFormat:
     """A family's transformers adapter: which `hf:` folders it reads, how, and how it writes one (export.format=hf)."""
 
     claims: Callable[[Path], bool]
-    read: Callable[[Any, Any], tuple]   # (loading.Source, map_location) -> loading.Read's fields
-    write: Callable[..., Path]          # (model, out_dir, *, files, overwrite) -> the folder written
+    read: Callable[[Any, Any], tuple]  # (loading.Source, map_location) -> loading.Read's fields
+    write: Callable[..., Path]  # (model, out_dir, *, files, overwrite) -> the folder written
 
 
-HF_FORMATS: dict[str, HFFormat] = {"lm": HFFormat(lm.claims_hf, lm.read_hf, lm.to_hf_lm),
-                                   "mt": HFFormat(mt.claims_hf, mt.read_hf, mt.to_hf)}
+HF_FORMATS: dict[str, HFFormat] = {
+    "lm": HFFormat(lm.claims_hf, lm.read_hf, lm.to_hf_lm),
+    "mt": HFFormat(mt.claims_hf, mt.read_hf, mt.to_hf),
+}
 
 
 def hf_format(family: ModelFamily) -> HFFormat:

@@ -5,6 +5,7 @@ weights before anything is allocated, and the export folder both write (config.j
 model.safetensors, the heads in bpd_heads.safetensors with custom_generate/generate.py, tokenizer files),
 read back by read_heads, and the check that a folder is such an export (is_hf_export).
 """
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,10 @@ def read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConvertError(f"{path} not found: a transformers checkpoint folder holds config.json and "
-                           "model.safetensors (or pytorch_model.bin)") from None
+        raise ConvertError(
+            f"{path} not found: a transformers checkpoint folder holds config.json and "
+            "model.safetensors (or pytorch_model.bin)"
+        ) from None
     except (OSError, ValueError) as e:
         raise ConvertError(f"cannot read {path}: {e}") from None
 
@@ -91,14 +94,16 @@ def read_weights(folder: Path) -> dict[str, Tensor]:
             try:
                 part = load_file(str(f))
             except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # a truncated or lying header
-                raise ConvertError(f"{f} is not a readable safetensors file ({str(e).strip().splitlines()[0]})") \
-                    from None
+                raise ConvertError(
+                    f"{f} is not a readable safetensors file ({str(e).strip().splitlines()[0]})"
+                ) from None
         else:
             try:
                 part = torch.load(f, map_location="cpu", weights_only=True)
             except Exception as e:  # never fall back to unpickling arbitrary objects
-                raise ConvertError(f"{f} does not load with weights_only=True ({type(e).__name__}); "
-                                   "convert it to safetensors first") from None
+                raise ConvertError(
+                    f"{f} does not load with weights_only=True ({type(e).__name__}); convert it to safetensors first"
+                ) from None
         out.update({k: v.float() if v.is_floating_point() else v for k, v in part.items()})
     return out
 
@@ -112,9 +117,17 @@ def _indexed(folder: Path, index: str) -> list[Path]:
     return [folder_file(folder, f) for f in sorted(set(wmap.values()))]
 
 
-def write_hf_folder(out_dir: str | Path, cfg: dict, gen: dict, weights: dict[str, Tensor],
-                    heads: dict[str, Tensor] | None, heads_meta: dict[str, str], copies: dict[str, Path],
-                    overwrite: bool, replaceable=None) -> Path:
+def write_hf_folder(
+    out_dir: str | Path,
+    cfg: dict,
+    gen: dict,
+    weights: dict[str, Tensor],
+    heads: dict[str, Tensor] | None,
+    heads_meta: dict[str, str],
+    copies: dict[str, Path],
+    overwrite: bool,
+    replaceable=None,
+) -> Path:
     """What to_hf and to_hf_lm write: config.json, generation_config.json, model.safetensors, the heads in
     bpd_heads.safetensors (None: no such file; a translation model always writes it, with its config, even without
     heads) with custom_generate/generate.py beside them (bpd_train/hf_generate: transformers' own generate() then
@@ -148,8 +161,9 @@ def read_heads_file(folder: str | Path, key: str) -> tuple[dict, dict[str, Tenso
         return None
     meta, tensors = read_safetensors(folder_file(folder, HEADS_FILE))
     if meta.get("format") != HEADS_FORMAT or key not in meta:
-        raise ConvertError(f"{path} is not a bpd-train heads file for this model family (format "
-                           f"{meta.get('format')!r}, no {key})")
+        raise ConvertError(
+            f"{path} is not a bpd-train heads file for this model family (format {meta.get('format')!r}, no {key})"
+        )
     try:
         config = json.loads(meta[key])
     except ValueError as e:
@@ -185,9 +199,21 @@ def read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, Tensor]]:
 
 
 # ---------------------------------------------------------------------------------------- the hf: source
-_WEIGHT_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
-                    "tokenizer_config.json", "special_tokens_map.json", "source.spm", "target.spm", "vocab.json",
-                    "target_vocab.json", "sentencepiece.bpe.model", "tokenizer.json", "chat_template.jinja"]
+_WEIGHT_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "source.spm",
+    "target.spm",
+    "vocab.json",
+    "target_vocab.json",
+    "sentencepiece.bpe.model",
+    "tokenizer.json",
+    "chat_template.jinja",
+]
 
 
 def _offline() -> bool:
@@ -205,20 +231,28 @@ def resolve(path_or_id: str | Path) -> tuple[Path, str | None]:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise ConvertError(f"{ident} is not a local folder, and fetching hub ids needs huggingface_hub "
-                           "(pip install 'bpd-train[hf]')") from None
+        raise ConvertError(
+            f"{ident} is not a local folder, and fetching hub ids needs huggingface_hub (pip install 'bpd-train[hf]')"
+        ) from None
     try:
         folder = Path(snapshot_download(ident, allow_patterns=_WEIGHT_PATTERNS, local_files_only=_offline()))
         if not any(folder.glob("*.safetensors")):  # older repos ship only pytorch_model.bin
-            folder = Path(snapshot_download(ident, allow_patterns=_WEIGHT_PATTERNS + ["pytorch_model.bin*"],
-                                            local_files_only=_offline()))
+            folder = Path(
+                snapshot_download(
+                    ident, allow_patterns=_WEIGHT_PATTERNS + ["pytorch_model.bin*"], local_files_only=_offline()
+                )
+            )
     except Exception as e:
         if _offline():
-            raise ConvertError(f"{ident} is not a local folder and not in the hub cache, and HF_HUB_OFFLINE=1 "
-                               "forbids downloading it: download it where the network allows "
-                               f"(hf download {ident}) and pass that folder") from None
-        raise ConvertError(f"cannot fetch {ident} from the Hugging Face hub ({type(e).__name__}: "
-                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
+            raise ConvertError(
+                f"{ident} is not a local folder and not in the hub cache, and HF_HUB_OFFLINE=1 "
+                "forbids downloading it: download it where the network allows "
+                f"(hf download {ident}) and pass that folder"
+            ) from None
+        raise ConvertError(
+            f"cannot fetch {ident} from the Hugging Face hub ({type(e).__name__}: "
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})"
+        ) from None
     return folder, ident
 
 
@@ -280,5 +314,7 @@ def check_hf_output_dir(out_dir: str | Path, overwrite: bool) -> None:
     if not overwrite:
         raise FileExistsError(f"{out_dir} already exists; pass export.overwrite=true to replace it")
     if any(out_dir.iterdir()) and not is_hf_export(out_dir):
-        raise FileExistsError(f"export output {out_dir} is not a folder export.format=hf wrote (or holds other "
-                              "files too); overwrite only replaces an earlier export: choose another export.output_dir")
+        raise FileExistsError(
+            f"export output {out_dir} is not a folder export.format=hf wrote (or holds other "
+            "files too); overwrite only replaces an earlier export: choose another export.output_dir"
+        )

@@ -18,6 +18,7 @@ convert/hf/lm.py turns into LMConfig and our state dict):
   tokenizer.ggml.*      a tokenizer.json (byte-level BPE, the `gpt2` model) and tokenizer_config.json (special
                         tokens, chat template), written once per file into a cache folder the loaded model reads
 """
+
 from __future__ import annotations
 
 import json
@@ -42,21 +43,31 @@ from bpd_train.model.lm.model import LMModel
 log = logging.getLogger(__name__)
 
 ARCHITECTURES = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2")}
-MAX_DIMS = 4                 # GGML_MAX_DIMS
-MAX_KEY = 65535              # the spec's longest key
-MAX_ARRAY_DEPTH = 3          # arrays of arrays: deeper than any real file
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_KEY = 65535  # the spec's longest key
+MAX_ARRAY_DEPTH = 3  # arrays of arrays: deeper than any real file
 # value types of the format (gguf.GGUFValueType): fixed sizes; 8 = string, 9 = array
 _FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
 # token types (llama.cpp's llama_token_type)
 _CONTROL, _USER_DEFINED = 3, 4
 # how llama.cpp splits text before byte-level BPE, by tokenizer.ggml.pre (the default: GPT-2's regex)
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_SPLITS = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
-           "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLITS = {
+    "llama-bpe": _LLAMA3_SPLIT,
+    "llama3": _LLAMA3_SPLIT,
+    "llama-v3": _LLAMA3_SPLIT,
+    "smaug-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT,
+    "deepseek-r1-qwen": _QWEN2_SPLIT,
+}
 
 
 class GGUFError(ConvertError):
@@ -72,8 +83,10 @@ class _Cursor:
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
-            raise GGUFError(f"{self.path}: {what} runs past the end of the file (truncated or damaged: needs "
-                            f"{n} bytes at offset {self.pos}, the file has {self.size})")
+            raise GGUFError(
+                f"{self.path}: {what} runs past the end of the file (truncated or damaged: needs "
+                f"{n} bytes at offset {self.pos}, the file has {self.size})"
+            )
 
     def unpack(self, fmt: str, what: str):
         n = struct.calcsize(fmt)
@@ -87,7 +100,7 @@ class _Cursor:
         if limit is not None and n > limit:
             raise GGUFError(f"{self.path}: {what} is {n} bytes long (at most {limit})")
         self.need(n, what)
-        s = bytes(self.buf[self.pos:self.pos + n])
+        s = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         return s
 
@@ -142,7 +155,7 @@ class GGUFFile:
 
         dims, qtype, off, nbytes = self.tensors[name]
         shape = quant_shape_to_byte_shape(tuple(reversed(dims)), qtype)
-        return self.data[off:off + nbytes].reshape(shape)
+        return self.data[off : off + nbytes].reshape(shape)
 
 
 def check_gguf(path: str | os.PathLike) -> GGUFFile:
@@ -169,12 +182,13 @@ def _walk(c: _Cursor, sizes, qtypes) -> dict[str, Any]:
     version = c.unpack("I", "version")
     if version not in (2, 3):
         endian = " (a big-endian file?)" if version & 0xFFFF == 0 else ""
-        raise GGUFError(f"{path}: GGUF version {version}{endian} is not supported (versions 2 and 3, "
-                        "little-endian)")
+        raise GGUFError(f"{path}: GGUF version {version}{endian} is not supported (versions 2 and 3, little-endian)")
     n_tensors, n_kv = c.unpack("Q", "tensor count"), c.unpack("Q", "metadata count")
     if n_kv * 13 > c.size or n_tensors * 32 > c.size:  # the least one record takes
-        raise GGUFError(f"{path}: the header claims {n_kv} metadata entries and {n_tensors} tensors, more "
-                        f"than a {c.size}-byte file can hold")
+        raise GGUFError(
+            f"{path}: the header claims {n_kv} metadata entries and {n_tensors} tensors, more "
+            f"than a {c.size}-byte file can hold"
+        )
     alignment, fields = 32, {}
     for i in range(n_kv):
         key = c.text(f"metadata key {i}", MAX_KEY)
@@ -208,20 +222,25 @@ def _walk(c: _Cursor, sizes, qtypes) -> dict[str, Any]:
             raise GGUFError(f"{path}: tensor {name} has absurd dimensions {dims}")
         n = int(np.prod(dims, dtype=object))
         if dims[0] % block:
-            raise GGUFError(f"{path}: tensor {name} rows of {dims[0]} values are not whole {qtype.name} blocks "
-                            f"of {block}")
+            raise GGUFError(
+                f"{path}: tensor {name} rows of {dims[0]} values are not whole {qtype.name} blocks of {block}"
+            )
         nbytes = n // block * type_size
         if nbytes > c.size:
-            raise GGUFError(f"{path}: tensor {name} ({dims}, {qtype.name}) needs {nbytes} bytes, more than the "
-                            f"whole {c.size}-byte file")
+            raise GGUFError(
+                f"{path}: tensor {name} ({dims}, {qtype.name}) needs {nbytes} bytes, more than the "
+                f"whole {c.size}-byte file"
+            )
         if offset % alignment:
             raise GGUFError(f"{path}: tensor {name} offset {offset} is not aligned to {alignment}")
         tensors[name] = (dims, qtype, offset, nbytes)
     data = -(-c.pos // alignment) * alignment
     for name, (_, _, offset, nbytes) in tensors.items():
         if data + offset + nbytes > c.size:
-            raise GGUFError(f"{path}: tensor {name} (offset {offset}, {nbytes} bytes) runs past the end of the "
-                            f"file ({c.size} bytes): truncated or damaged")
+            raise GGUFError(
+                f"{path}: tensor {name} (offset {offset}, {nbytes} bytes) runs past the end of the "
+                f"file ({c.size} bytes): truncated or damaged"
+            )
     return {"version": version, "alignment": alignment, "data_offset": data, "tensors": tensors, "fields": fields}
 
 
@@ -248,8 +267,10 @@ def hf_config_of_gguf(reader: GGUFFile, tensor_names: set[str]) -> tuple[dict[st
     path = reader.path
     family = _field(reader, "general.architecture")
     if family not in ARCHITECTURES:
-        raise GGUFError(f"{path}: architecture {family!r} is not supported (bpd-train reads GGUF files of "
-                        f"{', '.join(ARCHITECTURES)}; Mistral and SmolLM files are llama)")
+        raise GGUFError(
+            f"{path}: architecture {family!r} is not supported (bpd-train reads GGUF files of "
+            f"{', '.join(ARCHITECTURES)}; Mistral and SmolLM files are llama)"
+        )
     cls, model_type = ARCHITECTURES[family]
     if "rope_freqs.weight" in tensor_names:
         raise GGUFError(f"{path}: rope_freqs (Llama 3.1-style rope scaling stored as a tensor) is not supported")
@@ -264,10 +285,16 @@ def hf_config_of_gguf(reader: GGUFFile, tensor_names: set[str]) -> tuple[dict[st
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
     vocab = int(_field(reader, f"{family}.vocab_size", len(tokens)) or 0)
     hf: dict[str, Any] = {
-        "architectures": [cls], "model_type": model_type, "vocab_size": vocab, "hidden_size": d,
+        "architectures": [cls],
+        "model_type": model_type,
+        "vocab_size": vocab,
+        "hidden_size": d,
         "intermediate_size": _require(reader, f"{family}.feed_forward_length"),
-        "num_hidden_layers": _require(reader, f"{family}.block_count"), "num_attention_heads": heads,
-        "num_key_value_heads": kv, "head_dim": head_dim, "hidden_act": "silu",
+        "num_hidden_layers": _require(reader, f"{family}.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
         "max_position_embeddings": int(_field(reader, f"{family}.context_length", 2048)),
         "rope_theta": float(_field(reader, f"{family}.rope.freq_base", 10000.0)),
         "rms_norm_eps": float(_require(reader, f"{family}.attention.layer_norm_rms_epsilon", float)),
@@ -277,8 +304,10 @@ def hf_config_of_gguf(reader: GGUFFile, tensor_names: set[str]) -> tuple[dict[st
     if scaling not in (None, "none"):
         if scaling != "linear":
             raise GGUFError(f"{path}: rope scaling {scaling!r} is not supported (none or linear)")
-        hf["rope_scaling"] = {"rope_type": "linear", "factor": float(_require(reader, f"{family}.rope.scaling.factor",
-                                                                               float))}
+        hf["rope_scaling"] = {
+            "rope_type": "linear",
+            "factor": float(_require(reader, f"{family}.rope.scaling.factor", float)),
+        }
     if family == "llama":
         hf["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
         hf["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_names
@@ -287,20 +316,30 @@ def hf_config_of_gguf(reader: GGUFFile, tensor_names: set[str]) -> tuple[dict[st
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     if eos is None:
-        raise GGUFError(f"{path}: tokenizer.ggml.eos_token_id is missing: bpd-train needs to know where an answer "
-                        "ends")
+        raise GGUFError(f"{path}: tokenizer.ggml.eos_token_id is missing: bpd-train needs to know where an answer ends")
     # llama.cpp stops on every end-of-generation token the file names; transformers on eos_token_id only
-    stops = [int(eos)] + [int(v) for k in ("eot", "eom") if (v := _field(reader, f"tokenizer.ggml.{k}_token_id"))
-                          is not None and int(v) != int(eos)]
+    stops = [int(eos)] + [
+        int(v)
+        for k in ("eot", "eom")
+        if (v := _field(reader, f"tokenizer.ggml.{k}_token_id")) is not None and int(v) != int(eos)
+    ]
     hf.update(bos_token_id=int(bos) if bos is not None else None, eos_token_id=int(eos))
     gen = {"bos_token_id": hf["bos_token_id"], "eos_token_id": stops if len(stops) > 1 else stops[0]}
     return hf, gen
 
 
 _RENAME = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
-          "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_LAYER = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 
 
 def hf_name(name: str) -> str | None:
@@ -331,13 +370,16 @@ def state_of_gguf(f: GGUFFile, hf: dict[str, Any]) -> tuple[dict[str, Tensor], d
     for gname, (dims, qtype, _, _) in f.tensors.items():
         name = hf_name(gname)
         if name is None:
-            raise GGUFError(f"{f.path}: tensor {gname} is not part of a {hf['model_type']} model this import knows: "
-                            "refusing to drop weights silently")
+            raise GGUFError(
+                f"{f.path}: tensor {gname} is not part of a {hf['model_type']} model this import knows: "
+                "refusing to drop weights silently"
+            )
         try:
             w = np.asarray(dequantize(f.raw(gname), qtype), dtype=np.float32)
         except NotImplementedError:
-            raise GGUFError(f"{f.path}: tensor {gname} has type {qtype.name}, which the gguf package cannot "
-                            "dequantize") from None
+            raise GGUFError(
+                f"{f.path}: tensor {gname} has type {qtype.name}, which the gguf package cannot dequantize"
+            ) from None
         w = w.reshape(tuple(reversed(dims)))
         if permuted and ".self_attn.q_proj." in name:
             w = _unpermute(w, hf["num_attention_heads"])
@@ -356,8 +398,10 @@ def tokenizer_files(reader: GGUFFile) -> dict[str, str]:
     path = reader.path
     kind = _field(reader, "tokenizer.ggml.model")
     if kind != "gpt2":
-        raise GGUFError(f"{path}: tokenizer model {kind!r} is not supported (byte-level BPE, 'gpt2': Llama 3, Qwen2, "
-                        "SmolLM); for a sentencepiece model convert the original checkpoint and pass it as hf:<folder>")
+        raise GGUFError(
+            f"{path}: tokenizer model {kind!r} is not supported (byte-level BPE, 'gpt2': Llama 3, Qwen2, "
+            "SmolLM); for a sentencepiece model convert the original checkpoint and pass it as hf:<folder>"
+        )
     tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens") or []]
     merges = [str(m) for m in _field(reader, "tokenizer.ggml.merges") or []]
     types = [int(t) for t in _field(reader, "tokenizer.ggml.token_type") or []]
@@ -377,11 +421,16 @@ def tokenizer_files(reader: GGUFFile) -> dict[str, str]:
         raise GGUFError(f"{path}: its vocabulary and merges do not make a BPE tokenizer ({e})") from None
     pre = _field(reader, "tokenizer.ggml.pre") or "default"
     if pre in _SPLITS:
-        tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated"),
-                                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tk.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     elif pre == "smollm":
-        tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                    pre_tokenizers.ByteLevel(add_prefix_space=False)])
+        tk.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
     else:
         if pre not in ("default", "gpt-2", "gpt2"):
             log.warning("%s: pre-tokenizer %r is not known here; splitting text as GPT-2 does", path, pre)
@@ -402,12 +451,21 @@ def tokenizer_files(reader: GGUFFile) -> dict[str, str]:
 
     bos, eos = tok("bos"), tok("eos")
     if _field(reader, "tokenizer.ggml.add_bos_token", False) and bos is not None:
-        tk.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                                          special_tokens=[(bos, tokens.index(bos))])
+        tk.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokens.index(bos))]
+        )
     else:
         tk.post_processor = processors.ByteLevel(trim_offsets=False)
-    config: dict[str, Any] = {name: t for name, t in (("bos_token", bos), ("eos_token", eos), ("unk_token", tok("unknown")),
-                                                       ("pad_token", tok("padding"))) if t is not None}
+    config: dict[str, Any] = {
+        name: t
+        for name, t in (
+            ("bos_token", bos),
+            ("eos_token", eos),
+            ("unk_token", tok("unknown")),
+            ("pad_token", tok("padding")),
+        )
+        if t is not None
+    }
     template = _field(reader, "tokenizer.chat_template")
     if template is not None:
         config["chat_template"] = str(template)
@@ -424,8 +482,9 @@ def tokenizer_folder(reader: GGUFFile, file_hash: str) -> Path:
     """The file's tokenizer as a folder (tokenizer.json, tokenizer_config.json), written once per file content."""
     folder = cache_root() / file_hash.removeprefix("sha256:")[:24]
     files = tokenizer_files(reader)
-    if folder.is_dir() and all((folder / n).is_file() and (folder / n).read_text(encoding="utf-8") == text
-                               for n, text in files.items()):
+    if folder.is_dir() and all(
+        (folder / n).is_file() and (folder / n).read_text(encoding="utf-8") == text for n, text in files.items()
+    ):
         return folder
     with atomic_dir(folder, overwrite=True, replaceable=lambda p: set(os.listdir(p)) <= set(files)) as tmp:
         for name, text in files.items():
@@ -434,9 +493,19 @@ def tokenizer_folder(reader: GGUFFile, file_hash: str) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ loading
-def load_gguf(path: str | os.PathLike, *, block_size: int | None = None, heads: str | None = None,
-              head_d_hidden: int | None = None, medusa_layers: int | None = None, identity_p1: bool = True,
-              tokenizer: bool = True, dropout: float | None = None, map_location="cpu", file_hash: str | None = None):
+def load_gguf(
+    path: str | os.PathLike,
+    *,
+    block_size: int | None = None,
+    heads: str | None = None,
+    head_d_hidden: int | None = None,
+    medusa_layers: int | None = None,
+    identity_p1: bool = True,
+    tokenizer: bool = True,
+    dropout: float | None = None,
+    map_location="cpu",
+    file_hash: str | None = None,
+):
     """`gguf:<file>` -> (LMModel in eval mode, LMTokenizer or None, meta), as load_hf_lm does for a folder: k = 1
     unless block_size asks for fresh, zero-initialised heads (heads: bpd | medusa)."""
     path = Path(path)
@@ -451,14 +520,25 @@ def load_gguf(path: str | os.PathLike, *, block_size: int | None = None, heads: 
     if not hf["vocab_size"] and "token_embd.weight" in names:
         hf["vocab_size"] = int(reader.tensors["token_embd.weight"][0][1])
     try:
-        config = config_from_hf_lm(hf, gen, block_size=block_size or 1, heads=heads or "bpd",
-                                   head_d_hidden=head_d_hidden, medusa_layers=medusa_layers or 1,
-                                   identity_p1=identity_p1, dropout=dropout)
+        config = config_from_hf_lm(
+            hf,
+            gen,
+            block_size=block_size or 1,
+            heads=heads or "bpd",
+            head_d_hidden=head_d_hidden,
+            medusa_layers=medusa_layers or 1,
+            identity_p1=identity_p1,
+            dropout=dropout,
+        )
     except ConvertError as e:
         raise GGUFError(f"{path}: {e}") from None
     state, types = state_of_gguf(reader, hf)
-    log.info("%s: %d tensors (%s) dequantized to fp32", path.name, len(state),
-             ", ".join(f"{n} {k}" for k, n in sorted(types.items())))
+    log.info(
+        "%s: %d tensors (%s) dequantized to fp32",
+        path.name,
+        len(state),
+        ", ".join(f"{n} {k}" for k, n in sorted(types.items())),
+    )
     try:
         ours = state_from_hf_lm(state, config)
         check_buildable(config, ours, where=f"{path}", optional=("heads.",))
@@ -479,10 +559,18 @@ def load_gguf(path: str | os.PathLike, *, block_size: int | None = None, heads: 
     missing, unexpected = model.load_state_dict(ours, strict=False)
     missing = [m for m in missing if not m.startswith("heads.")]
     if missing or unexpected:
-        raise GGUFError(f"{path}: the weights do not fit the model (missing {missing[:3]}, unexpected "
-                        f"{unexpected[:3]})")
+        raise GGUFError(
+            f"{path}: the weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     model.to(map_location).eval()
-    meta = {"source": "gguf", "family": hf["model_type"], "file": str(path.resolve()),
-            "architecture": hf["architectures"][0], "tensor_types": types, "dequantized": "fp32",
-            "heads_loaded": False, "tokenizer": tok.meta() if tok is not None else None}
+    meta = {
+        "source": "gguf",
+        "family": hf["model_type"],
+        "file": str(path.resolve()),
+        "architecture": hf["architectures"][0],
+        "tensor_types": types,
+        "dequantized": "fp32",
+        "heads_loaded": False,
+        "tokenizer": tok.meta() if tok is not None else None,
+    }
     return model, tok, meta

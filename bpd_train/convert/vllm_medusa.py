@@ -18,6 +18,7 @@ tests/test_lm_export_vllm.py replays that loader on our file and names the revis
 vLLM feeds the blocks the target model's final hidden state after its final norm, which is what our
 MedusaHeads read, and applies lm_head after them with no further norm, as ours does.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,12 +40,23 @@ def medusa_config(model, draft_vocab: Sequence[int] | None = None) -> dict[str, 
     heads = getattr(model, "heads", None)
     if not isinstance(heads, MedusaHeads):
         kind = getattr(c, "heads", "bpd (encoder-decoder)")
-        raise ConvertError(f"vLLM's medusa format holds Medusa heads; this model has heads={kind} "
-                           "(train a decoder-only model with heads=medusa and block_size >= 2)")
-    return {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": c.d_model,
-            "vocab_size": c.vocab_size, "num_heads": c.block_size - 1, "num_hidden_layers": heads.n_layers,
-            "truncated_vocab_size": len(draft_vocab) if draft_vocab is not None else c.vocab_size,
-            "original_lm_head": True, "medusa_fc_bias": True, "max_paths": 64, "topk": 10}
+        raise ConvertError(
+            f"vLLM's medusa format holds Medusa heads; this model has heads={kind} "
+            "(train a decoder-only model with heads=medusa and block_size >= 2)"
+        )
+    return {
+        "architectures": ["MedusaModel"],
+        "model_type": "medusa",
+        "hidden_size": c.d_model,
+        "vocab_size": c.vocab_size,
+        "num_heads": c.block_size - 1,
+        "num_hidden_layers": heads.n_layers,
+        "truncated_vocab_size": len(draft_vocab) if draft_vocab is not None else c.vocab_size,
+        "original_lm_head": True,
+        "medusa_fc_bias": True,
+        "max_paths": 64,
+        "topk": 10,
+    }
 
 
 def medusa_tensors(model, draft_vocab: Sequence[int] | None = None, dtype: str = "float32") -> dict[str, Tensor]:
@@ -79,8 +91,14 @@ def _written_here(folder: Path) -> bool:
         return False
 
 
-def export_medusa(model, out_dir: str | Path, *, draft_vocab: Sequence[int] | None = None, dtype: str = "float32",
-                  overwrite: bool = False) -> Path:
+def export_medusa(
+    model,
+    out_dir: str | Path,
+    *,
+    draft_vocab: Sequence[int] | None = None,
+    dtype: str = "float32",
+    overwrite: bool = False,
+) -> Path:
     """Write config.json + model.safetensors for vLLM's `medusa` speculative model (atomic: the folder
     appears complete or not at all). Serve with the base model as target and this folder as the draft
     (`speculative_config={"method": "medusa", "model": <out_dir>, "num_speculative_tokens": k-1}`)."""

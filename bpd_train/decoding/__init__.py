@@ -1,4 +1,5 @@
 """Batched, KV-cached decoders: greedy (reference), beam search, blockwise parallel decoding."""
+
 from bpd_train.decoding.acceptance import AcceptanceRule, Distance, Exact, TopK, make_acceptance
 from bpd_train.decoding.beam import BeamSearchPolicy, beam_search
 from bpd_train.decoding.blockwise import blockwise
@@ -6,6 +7,18 @@ from bpd_train.decoding.common import DEFAULT_MAX_LEN, MaxLen, parse_max_len
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
 
-__all__ = ["AcceptanceRule", "BeamSearchPolicy", "DecodeResult", "Distance", "Exact", "TopK", "beam_search",
-           "blockwise", "greedy", "make_acceptance",
-           "DEFAULT_MAX_LEN", "MaxLen", "parse_max_len"]
+__all__ = [
+    "AcceptanceRule",
+    "BeamSearchPolicy",
+    "DecodeResult",
+    "Distance",
+    "Exact",
+    "TopK",
+    "beam_search",
+    "blockwise",
+    "greedy",
+    "make_acceptance",
+    "DEFAULT_MAX_LEN",
+    "MaxLen",
+    "parse_max_len",
+]

@@ -7,6 +7,7 @@ argmax there [R,m] to a bool [R,m]. Blockwise accepts the longest all-True prefi
 Names (configs, evaluate.py, translate --accept; case-insensitive): `exact`; `top<N>` = `topk:<N>` (also
 `top-N`, `topk<N>`; bare `topk` is top-1); `distance:<eps>` (also `dist`/`eps` prefixes; bare `distance` is eps 0).
 """
+
 from __future__ import annotations
 
 import re

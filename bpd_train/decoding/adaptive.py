@@ -1,5 +1,6 @@
 """The cost-aware controller of `blockwise(..., adaptive=True)`: how many proposals to feed each step, from each
 head's measured acceptance and the measured cost of a step of that width (decoding/blockwise.py runs the steps)."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -32,43 +33,43 @@ class Adaptive:
     step costs ~k greedy steps on a CPU without AMX, while the last row of the same batch may gain from it, and
     one schedule shared by both probed the batch every 8 steps whenever the last rows' wide steps paid."""
 
-    COST_PRIOR = (0.5, 0.5)    # cost(w) ~ 1 + 0.5 (w - 1) + 0.5 (proposal pass) until measured: cautious between
+    COST_PRIOR = (0.5, 0.5)  # cost(w) ~ 1 + 0.5 (w - 1) + 0.5 (proposal pass) until measured: cautious between
     #                            the cheap wide steps of large models and the dear ones of small models
-    REFRESH = 512              # steps at width > 1 after which greedy steps are timed again
-    MARGIN = 1.15             # a width > 1 must promise 15% more tokens per second than greedy steps: with a
+    REFRESH = 512  # steps at width > 1 after which greedy steps are timed again
+    MARGIN = 1.15  # a width > 1 must promise 15% more tokens per second than greedy steps: with a
     #                           smaller margin, heads that barely pay (the demo's `frozen`) were fed 2-wide blocks in
     #                           some runs, where the calibration's noise priced them under greedy, and decoded slower
-    BATCH_MARGIN = 1.15       # ... 15% over several rows too: rows ending (each a return to Python and a cache reorder)
+    BATCH_MARGIN = 1.15  # ... 15% over several rows too: rows ending (each a return to Python and a cache reorder)
     #                           and ragged lengths cost the batch loop what a calibration on aligned rows does not
     #                           see (the demo's `self` at 32 rows: 2-wide steps priced a little ahead of greedy left
     #                           the batch behind it)
-    FLOOR = 0.05               # a w-wide step costs at least 1 + 0.05 w greedy steps
-    LONG_AFTER = 8             # failed probes at the cap after which the cap grows 8x
+    FLOOR = 0.05  # a w-wide step costs at least 1 + 0.05 w greedy steps
+    LONG_AFTER = 8  # failed probes at the cap after which the cap grows 8x
 
     def __init__(self, kb: int, threshold: float | None = None, probe: int = 8, max_interval: int = 64):
         self.kb = kb
-        self.offered = [1] * kb                       # index j: proposal j (index 0 unused)
+        self.offered = [1] * kb  # index j: proposal j (index 0 unused)
         self.accepted = [1] * kb
         self.threshold = threshold
         self.probe, self.max_interval = probe, max_interval
-        self._probes_by: dict[int, Probes] = {}      # rows bucket -> its probe schedule
-        self.seconds: dict[tuple[int, int], float] = {}   # (width, rows bucket) -> seconds per step
+        self._probes_by: dict[int, Probes] = {}  # rows bucket -> its probe schedule
+        self.seconds: dict[tuple[int, int], float] = {}  # (width, rows bucket) -> seconds per step
         self._times: dict[tuple[int, int], deque] = {}
         self._best: dict[int, int] = {}
-        self.chunk, self.last_fed = 1, 0              # native block loop (one row): steps per call, last width
-        self.wide_steps = 0                           # steps at width > 1 since greedy steps were last timed
-        self.calib_tried: set[int] = set()            # rows buckets _Blockwise.calibrate ran for (or gave up on)
+        self.chunk, self.last_fed = 1, 0  # native block loop (one row): steps per call, last width
+        self.wide_steps = 0  # steps at width > 1 since greedy steps were last timed
+        self.calib_tried: set[int] = set()  # rows buckets _Blockwise.calibrate ran for (or gave up on)
         # (width, rows bucket) -> cost in greedy steps from that calibration: widths and greedy timed alike,
         # interleaved. Preferred to the decoders' own timings, which compare unlike steps: greedy stretches
         # right after the encoder (cold caches, dearer than a warm step) against rare wide steps, so
         # every width once looked cheaper than it was and regimes whose heads never pay fed 2-wide blocks
         self.calib: dict[tuple[int, int], float] = {}
         self.calibrated_rows: set[int] = set()
-        self._probes = -1                             # probes made after every width was timed
+        self._probes = -1  # probes made after every width was timed
 
     @staticmethod
     def bucket(rows: int) -> int:
-        return rows.bit_length()                       # 1, 2-3, 4-7, ... rows
+        return rows.bit_length()  # 1, 2-3, 4-7, ... rows
 
     def run_length(self) -> int:
         """Steps per native call at the chosen width (one row), before the width is decided again: 8 until the heads
@@ -91,8 +92,12 @@ class Adaptive:
         batch 1 (the blockwise loop's bookkeeping, and a cache kb slots longer, whose layout moved greedy's own time
         either way), more at batch 32 (per-row cache writes where greedy's rows stay aligned).
         Rows that leave a batch do not bring the loop back: its last few rows are a small share of its time."""
-        return (self.threshold is None and self.calibrated(self.bucket(rows)) is not None and self.width(rows) == 1
-                and self.probes(rows).interval >= horizon)
+        return (
+            self.threshold is None
+            and self.calibrated(self.bucket(rows)) is not None
+            and self.width(rows) == 1
+            and self.probes(rows).interval >= horizon
+        )
 
     def width(self, rows: int = 1) -> int:
         """Block width to feed next for `rows` rows (1 = x0 only)."""
@@ -109,12 +114,15 @@ class Adaptive:
         for j in range(1, self.kb):
             # a head judged fewer than 8 times (its predecessors are rarely accepted) is assumed no better
             # than the one before it, rather than its optimistic prior
-            rate = self.accepted[j] / self.offered[j] if self.offered[j] >= 8 or j == 1 else \
-                min(rate, self.accepted[j] / self.offered[j])
+            rate = (
+                self.accepted[j] / self.offered[j]
+                if self.offered[j] >= 8 or j == 1
+                else min(rate, self.accepted[j] / self.offered[j])
+            )
             if self.threshold is not None and rate < self.threshold:
                 break
             chain *= rate
-            gain.append(gain[-1] + chain)              # gain[w-1] = E[w]
+            gain.append(gain[-1] + chain)  # gain[w-1] = E[w]
         return gain
 
     def calibrated(self, b: int) -> int | None:
@@ -134,7 +142,8 @@ class Adaptive:
         if self.threshold is not None:
             return len(gain)
         if self.calibrated(b) is None and (
-                self.wide_steps > self.REFRESH or (1, b) not in self.seconds and self.wide_steps > self.REFRESH // 8):
+            self.wide_steps > self.REFRESH or (1, b) not in self.seconds and self.wide_steps > self.REFRESH // 8
+        ):
             return 1  # time greedy steps again (a stale or missing greedy cost could lock wider steps in)
         best, best_rate = 1, self.MARGIN if b == 1 else self.BATCH_MARGIN
         for w in range(2, len(gain) + 1):
@@ -198,13 +207,13 @@ class Adaptive:
         """fed block width, n [R] proposals accepted per row (one_row: one row's, per step)."""
         if fed > 1:
             if one_row or n.shape[0] == 1:
-                for a in np.atleast_1d(n).tolist():    # proposal j was judged only if j-1 were accepted
+                for a in np.atleast_1d(n).tolist():  # proposal j was judged only if j-1 were accepted
                     for j in range(1, min(a + 2, fed)):
                         self.offered[j] += 1
                     for j in range(1, a + 1):
                         self.accepted[j] += 1
             else:
-                at_least = np.bincount(n, minlength=fed)[::-1].cumsum()[::-1]   # [j]: rows with n >= j
+                at_least = np.bincount(n, minlength=fed)[::-1].cumsum()[::-1]  # [j]: rows with n >= j
                 for j in range(1, fed):
                     self.offered[j] += int(at_least[j - 1])
                     self.accepted[j] += int(at_least[j])

@@ -1,5 +1,6 @@
 """Id lists in, decoded id lists out: beam search (greedy at beam 1) over length-sorted batches under a token budget.
 The distillation teacher's decode and the evaluator's teacher comparison both run it."""
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -12,9 +13,19 @@ from bpd_train.decoding.greedy import greedy
 from bpd_train.max_len import parse_max_len
 
 
-def translate_ids(model, sources: Sequence[Sequence[int]], *, beam_size: int, length_penalty: float,
-                  max_len: Any, max_tokens: int, max_sentences: int, device=None, progress=None,
-                  amp_dtype=None) -> list[tuple[list[int], float | None]]:
+def translate_ids(
+    model,
+    sources: Sequence[Sequence[int]],
+    *,
+    beam_size: int,
+    length_penalty: float,
+    max_len: Any,
+    max_tokens: int,
+    max_sentences: int,
+    device=None,
+    progress=None,
+    amp_dtype=None,
+) -> list[tuple[list[int], float | None]]:
     """Decode `sources` (ids + eos) with beam search (greedy when beam_size == 1), sorted by length and
     batched by token budget; returns (tokens, score) in the order of `sources`."""
     cfg = model.config
@@ -27,8 +38,10 @@ def translate_ids(model, sources: Sequence[Sequence[int]], *, beam_size: int, le
         for row, i in enumerate(batch):
             src[row, : len(sources[i])] = torch.tensor(sources[i], dtype=torch.long)
         src = src.to(device)
-        with torch.no_grad(), torch.autocast(device_type=torch.device(device).type, dtype=amp_dtype,
-                                             enabled=amp_dtype is not None):
+        with (
+            torch.no_grad(),
+            torch.autocast(device_type=torch.device(device).type, dtype=amp_dtype, enabled=amp_dtype is not None),
+        ):
             if beam_size == 1:
                 r = greedy(model, src, max_len=ml)
             else:

@@ -5,6 +5,7 @@ beam origin, finished sentences dropped from the batch.
 The step policy (which candidates to consider) is separate from the loop (bookkeeping, finalisation,
 cache reordering), as in fairseq's `search.BeamSearch` vs `SequenceGenerator`.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,8 +51,14 @@ class BeamSearchPolicy:
         return top_s, top_i // v, top_i % v
 
 
-def beam_search(model, src, beam_size: int = 4, length_penalty: float = 0.6, max_len=DEFAULT_MAX_LEN,
-                policy: BeamSearchPolicy | None = None) -> DecodeResult:
+def beam_search(
+    model,
+    src,
+    beam_size: int = 4,
+    length_penalty: float = 0.6,
+    max_len=DEFAULT_MAX_LEN,
+    policy: BeamSearchPolicy | None = None,
+) -> DecodeResult:
     """Best hypothesis per source by length-normalised log-probability. `scores` holds those scores.
 
     A sentence finishes when `beam_size` hypotheses have ended (fairseq's criterion) or when it reaches
@@ -62,7 +69,7 @@ def beam_search(model, src, beam_size: int = 4, length_penalty: float = 0.6, max
     beam = int(beam_size)
     alpha = float(length_penalty)
     policy = policy or BeamSearchPolicy()
-    eos, stop = cfg.eos_id, stop_ids(model)   # a forced end writes eos_id; any stop id ends a hypothesis
+    eos, stop = cfg.eos_id, stop_ids(model)  # a forced end writes eos_id; any stop id ends a hypothesis
     with decoding_mode(model):
         src = prepare_source(model, src)
         limits = row_limits(model, src, max_len, reserve=1)  # the forced EOS needs one more position
@@ -71,16 +78,16 @@ def beam_search(model, src, beam_size: int = 4, length_penalty: float = 0.6, max
         state = model.start_decoding(model.encode(src), cap, expand=beam)
         hyp = torch.full((b * beam, cap), cfg.pad_id, dtype=torch.long, device=dev)  # tokens so far per row
         scores = torch.zeros(b, beam, device=dev)
-        sent = list(range(b))                                    # original sentence of each active sentence
+        sent = list(range(b))  # original sentence of each active sentence
         limit = torch.tensor(limits, device=dev)
         finalized: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
         n_cand = 2 * beam
         cand_rank = torch.arange(n_cand, device=dev)
-        tok = start_tokens(model, state, b * beam, dev)                  # [b*K,1] BOS (an LM: last prompt tokens)
+        tok = start_tokens(model, state, b * beam, dev)  # [b*K,1] BOS (an LM: last prompt tokens)
         calls = sent_steps = 0
         for step in range(cap):
             nb = len(sent)
-            h = model.decode(state, tok)                                     # [nb*K,1,D]
+            h = model.decode(state, tok)  # [nb*K,1,D]
             state.lengths += 1
             if step:
                 calls += 1
@@ -88,14 +95,14 @@ def beam_search(model, src, beam_size: int = 4, length_penalty: float = 0.6, max
             lprobs = F.log_softmax(state.weights.head1(h[:, 0]).float(), dim=-1)  # [nb*K,V]
             v = lprobs.shape[-1]
             lprobs = lprobs.view(nb, beam, v)
-            forced = limit <= step                                           # [nb] max_len reached: EOS only
+            forced = limit <= step  # [nb] max_len reached: EOS only
             if bool(forced.any()):
                 only_eos = torch.full((v,), -math.inf, device=dev)
                 only_eos[eos] = 0.0
                 lprobs = torch.where(forced[:, None, None], lprobs + only_eos, lprobs)
             cand_scores, cand_beams, cand_tokens = policy.step(step, lprobs, scores, n_cand)  # [nb,2K]
             is_eos = is_stop(cand_tokens, stop) & torch.isfinite(cand_scores)
-            fin = is_eos[:, :beam]                                           # only the top K may end
+            fin = is_eos[:, :beam]  # only the top K may end
             finished_sent = [False] * nb
             if bool(fin.any()):
                 lp = gnmt_length_penalty(step + 1, alpha)
@@ -114,7 +121,7 @@ def beam_search(model, src, beam_size: int = 4, length_penalty: float = 0.6, max
                     finished_sent[i] = True
             # next beams: the first K candidates that did not end
             key = cand_rank + is_eos.long() * n_cand
-            pick = key.topk(beam, dim=1, largest=False).indices              # [nb,K]
+            pick = key.topk(beam, dim=1, largest=False).indices  # [nb,K]
             new_scores = cand_scores.gather(1, pick)
             new_beams = cand_beams.gather(1, pick)
             new_tokens = cand_tokens.gather(1, pick)
@@ -129,7 +136,7 @@ def beam_search(model, src, beam_size: int = 4, length_penalty: float = 0.6, max
                 base = kidx
             else:
                 base = torch.arange(nb, device=dev)
-            rows = (base[:, None] * beam + new_beams).view(-1)               # beam origin of each new row
+            rows = (base[:, None] * beam + new_beams).view(-1)  # beam origin of each new row
             state.reorder(rows)
             hyp = hyp.index_select(0, rows)
             hyp[:, step] = new_tokens.view(-1)
@@ -140,6 +147,11 @@ def beam_search(model, src, beam_size: int = 4, length_penalty: float = 0.6, max
         s, t = max(f, key=lambda e: e[0]) if f else (-math.inf, [])
         tokens.append(t)
         best_scores.append(s)
-    return DecodeResult(tokens=tokens, calls=calls, prefill_calls=1, mean_accepted=1.0,
-                        accepted_hist={1: sent_steps} if sent_steps else {}, scores=best_scores)
-
+    return DecodeResult(
+        tokens=tokens,
+        calls=calls,
+        prefill_calls=1,
+        mean_accepted=1.0,
+        accepted_hist={1: sent_steps} if sent_steps else {},
+        scores=best_scores,
+    )

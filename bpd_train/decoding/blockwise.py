@@ -15,24 +15,14 @@ adaptive mode while no head pays), the native loops (`block_native` for one row,
 one `python_step` (`verify`, `_accept_rows`, `write`, `propose`).
 
 Rows accept different numbers of tokens, so with more than one row the cache runs in per-row mode
-(model/cache.py); one row stays in the cheaper uniform mode. Rows that finish (EOS or max_len) leave the
-batch. Every projection goes through the model's DecodeWeights, the same arithmetic greedy uses, so Exact
-gives greedy's output token for token.
-
-Proposals that won't be accepted still cost a decoder row and a head each step. `adaptive=True` feeds the
-number of proposals that maximises expected tokens per second (each head's measured acceptance against the
-measured cost of a step of that width, relative to a greedy step; see decoding/adaptive.py), and runs plain greedy
-stretches, the greedy decoder's own native loop, while no width pays; a threshold in (0, 1) instead feeds
-proposals whose heads are accepted at least that often. The output is the same either way.
-
-Where the native kernels run the model (engine/mt.py DecodeWeights), the Exact, TopK and Distance rules
-(without min_block) run whole runs of steps in one C++ call (DecodeWeights.block_steps for one row,
-batch_block_steps for a batch: verify, accept, propose, no Python in between), and greedy stretches likewise
-(DecodeWeights.greedy_steps); other cases take the Python steps below. Both take the same steps (tested).
-
-Per-step bookkeeping (acceptance prefix, EOS, max_len, output) runs vectorised in numpy on the host: a few
-microseconds, where dozens of tiny tensor ops would cost more than the decoder call at batch 1.
+(model/cache.py); rows that finish leave the batch. Every projection goes through the model's DecodeWeights, the
+arithmetic greedy uses, so Exact gives greedy's output token for token. `adaptive=True` feeds only as many
+proposals as pay (decoding/adaptive.py) and runs greedy stretches while none does; the output is the same. Where
+the native kernels run the model, the Exact, TopK and Distance rules (without min_block) run whole runs of steps in
+one C++ call (block_steps / batch_block_steps / greedy_steps); other cases take the Python steps below (both take
+the same steps, tested). Per-step bookkeeping runs vectorised in numpy on the host.
 """
+
 from __future__ import annotations
 
 from time import perf_counter
@@ -75,18 +65,25 @@ def _accept_rows(x, g, ok, min_block, eos, room):
     else:
         ok = x[:, 1:] == g[:, :-1] if ok is None else ok.astype(bool)
         if min_block > 1:
-            ok[:, :min_block - 1] = True
-        ok &= ~is_stop(x[:, :-1], eos)                                  # nothing is accepted after an EOS
+            ok[:, : min_block - 1] = True
+        ok &= ~is_stop(x[:, :-1], eos)  # nothing is accepted after an EOS
         n = np.cumprod(ok, axis=1).sum(1)
     rows = np.arange(r)
     gn = g[rows, n]
-    eos_in_block = is_stop(x[rows, n], eos)                             # an accepted proposal was EOS
+    eos_in_block = is_stop(x[rows, n], eos)  # an accepted proposal was EOS
     c = np.minimum(n + 1 - eos_in_block, room)
     return n, gn, c, eos_in_block | is_stop(gn, eos)
 
 
-def blockwise(model, src, block_size: int | None = None, accept=None, min_block: int = 1,
-              max_len=DEFAULT_MAX_LEN, adaptive: bool | float = False) -> DecodeResult:
+def blockwise(
+    model,
+    src,
+    block_size: int | None = None,
+    accept=None,
+    min_block: int = 1,
+    max_len=DEFAULT_MAX_LEN,
+    adaptive: bool | float = False,
+) -> DecodeResult:
     """Decode with blocks of up to `block_size` tokens per decoder call (default: the model's k).
 
     accept: Exact() (default; output identical to greedy), TopK(n), Distance(eps), or their config
@@ -115,7 +112,7 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
             raise ValueError(f"adaptive must be a bool or a threshold in (0, 1), got {adaptive!r}")
     adaptive = adaptive is not None and adaptive is not False
     if getattr(getattr(model, "decode_options", None), "lookup", 0):
-        adaptive, threshold = False, None         # its statistics measure the heads; lookup proposes beside them
+        adaptive, threshold = False, None  # its statistics measure the heads; lookup proposes beside them
     if adaptive and int(min_block) > 1:
         raise ValueError("adaptive feeding and min_block > 1 do not combine (min_block forces proposals in)")
     if kb == 1:
@@ -123,7 +120,7 @@ def blockwise(model, src, block_size: int | None = None, accept=None, min_block:
         # histogram; the blockwise steps cost more per token there, and adaptive feeding had no width to probe)
         return greedy(model, src, max_len)
     if adaptive and threshold is None and _settled_on_greedy(model, kb, src, max_len):
-        return greedy(model, src, max_len)        # what the greedy stretch would have run, on greedy's own loop
+        return greedy(model, src, max_len)  # what the greedy stretch would have run, on greedy's own loop
     with decoding_mode(model):
         return _Blockwise(model, kb, rule, int(min_block), adaptive, threshold).run(src, max_len)
 
@@ -151,8 +148,8 @@ def _settled_on_greedy(model, kb: int, src, max_len) -> bool:
         return min(m if isinstance(m, int) else int(m[0] * n + m[1]), cfg.max_positions)
 
     if tensor:
-        settled = ad.settled_on_greedy(horizon(src.shape[-1]), rows)     # every row is at most this long
-        if not settled and not isinstance(m, int):                        # the shortest row's source tokens
+        settled = ad.settled_on_greedy(horizon(src.shape[-1]), rows)  # every row is at most this long
+        if not settled and not isinstance(m, int):  # the shortest row's source tokens
             n = int((src != cfg.pad_id).sum(-1).min())
             settled = ad.settled_on_greedy(horizon(n), rows)
     else:
@@ -198,21 +195,26 @@ class _Blockwise:
         if self.adaptive:  # acceptance statistics and step costs live as long as these weights (see Adaptive)
             stats = getattr(self.w, "stats", None)
             key = ("adaptive", kb, self.threshold)
-            self.adapt = Adaptive(kb, self.threshold) if stats is None else stats.setdefault(
-                key, Adaptive(kb, self.threshold))
+            self.adapt = (
+                Adaptive(kb, self.threshold) if stats is None else stats.setdefault(key, Adaptive(kb, self.threshold))
+            )
             b = self.adapt.bucket(orig.size)
-            if self.native_block and self.threshold is None and b not in self.adapt.calib_tried and \
-                    self.adapt.calibrated(b) is None:
+            if (
+                self.native_block
+                and self.threshold is None
+                and b not in self.adapt.calib_tried
+                and self.adapt.calibrated(b) is None
+            ):
                 self.calibrate(memory, limit)
         # a proposal vocabulary of N tokens: one-pass (fused) proposing while it is cheap
         vocab = len(self.w.draft_ids) if self.w.draft_ids is not None else self.w.vocab_size
         self.fused_unit = kb * max(kb - 1, 0) * vocab * model.config.d_model
 
-        length = np.zeros(orig.size, dtype=np.int64)                   # cached tokens = tokens out (BOS + x0..)
+        length = np.zeros(orig.size, dtype=np.int64)  # cached tokens = tokens out (BOS + x0..)
         self.calls = 0
         x, done = self.first_step(out, orig, limit, length)
         while True:
-            if done.any():                                             # finished rows leave the batch
+            if done.any():  # finished rows leave the batch
                 out_len[orig[done]] = length[done]
                 keep = keep_rows(done)
                 if keep.size == 0:
@@ -225,8 +227,9 @@ class _Blockwise:
         steps = int(self.hist.sum())
         accepted = {int(s): int(c) for s, c in enumerate(self.hist) if c}
         mean = float((self.hist * np.arange(kb + 1)).sum() / steps) if steps else 1.0
-        return DecodeResult(tokens=tokens, calls=self.calls, prefill_calls=1, mean_accepted=mean,
-                            accepted_hist=accepted)
+        return DecodeResult(
+            tokens=tokens, calls=self.calls, prefill_calls=1, mean_accepted=mean, accepted_hist=accepted
+        )
 
     # ---- the loop's steps: each takes the fed tokens x [R,b] of the rows still decoding (orig: their rows in
     # out, limit: their token limits, length: their cached tokens, advanced in place) and returns the next fed
@@ -238,18 +241,18 @@ class _Blockwise:
         model, state = self.model, self.state
         rows = orig.size
         if self.adapt is not None and self.adapt.width(rows) == 1:
-            first = start_tokens(model, state, rows, self.dev).cpu().numpy()   # [R,1] BOS / prompts' last
+            first = start_tokens(model, state, rows, self.dev).cpu().numpy()  # [R,1] BOS / prompts' last
             x, done = self.stretch(first, out, orig, limit, length)
-            self.calls -= 1                                            # (its first step is the prefill)
+            self.calls -= 1  # (its first step is the prefill)
             self.hist[1] -= rows
             return x, done
         if rows == 1 and self.native_block and getattr(self.w, "native_loop", None) is not None:
             # the prefill as the first step of the native block loop (BOS alone, then blocks of the width)
-            first = start_tokens(model, state, 1, self.dev).cpu().numpy()               # [1,1]
+            first = start_tokens(model, state, 1, self.dev).cpu().numpy()  # [1,1]
             got = self.block_native(first, out, orig, limit, length, width=self._width(1))
             if got is not None:
                 return got
-        x = self.prefill(rows)                                         # [R,b] x0 + proposals
+        x = self.prefill(rows)  # [R,b] x0 + proposals
         out[orig, 0] = x[:, 0]
         length += 1
         return x, is_stop(x[:, 0], self.eos) | (limit <= 1)
@@ -271,7 +274,7 @@ class _Blockwise:
         """One step through Python: verify the fed tokens, accept each row's prefix under the rule, write the
         tokens gained, then propose the next block (or, adaptive, start a greedy stretch where no head pays)."""
         r, kb = orig.size, self.kb
-        self.state.lengths = int(length[0]) if r == 1 else length      # one row: uniform mode, no scatter
+        self.state.lengths = int(length[0]) if r == 1 else length  # one row: uniform mode, no scatter
         t0 = perf_counter()
         # on an accelerator every host round trip costs more than proposing at every position: one transfer
         fused = x.shape[1] > 1 and (self.dev.type != "cpu" or self.fused_unit and r * self.fused_unit <= FUSED_MACS)
@@ -292,7 +295,7 @@ class _Blockwise:
             return x, done
         fed = x.shape[1]
         x = self.propose(h, n, gn, top)
-        if self.adapt is not None and fed > 1:   # what a step of this width cost, verify to proposals
+        if self.adapt is not None and fed > 1:  # what a step of this width cost, verify to proposals
             self.adapt.timed(fed, r, perf_counter() - t0)
         return x, done
 
@@ -316,16 +319,23 @@ class _Blockwise:
         if ad is not None:  # a probe runs 1 step per call, the width the costs chose a run (Adaptive.run_length)
             ad.chunk = ad.run_length() if ad.width(1) == fed else 1
             ad.last_fed, steps = fed, ad.chunk + prefill
-        got = self.w.block_steps(self.model, self.state, x[0], int(limit[0] - length[0]), steps,
-                                 rule=self.native_rule, **({"width": width} if prefill else {}),
-                                 **self._context(out, orig, length))
+        got = self.w.block_steps(
+            self.model,
+            self.state,
+            x[0],
+            int(limit[0] - length[0]),
+            steps,
+            rule=self.native_rule,
+            **({"width": width} if prefill else {}),
+            **self._context(out, orig, length),
+        )
         if got is None:
             self.native_block = False
             return None
         toks, nc, nxt, hn, ended = got
-        out[orig[0], length[0]:length[0] + toks.shape[0]] = toks
+        out[orig[0], length[0] : length[0] + toks.shape[0]] = toks
         length += toks.shape[0]
-        self.calls += nc.shape[0] - prefill                              # the prefill is not a verify call
+        self.calls += nc.shape[0] - prefill  # the prefill is not a verify call
         self.hist += np.bincount(nc[prefill:, 1], minlength=self.kb + 1)
         done = np.array([ended])
         if self.adapt is not None and nc.shape[0] > prefill:
@@ -356,16 +366,37 @@ class _Blockwise:
         native = getattr(self.w, "batch_block_steps", None)
         if ad is None and native is not None and self.state.mem_group == 1:
             # a fixed width: every row to its end in one call, finished rows leaving inside it (as greedy's)
-            got = native(self.model, self.state, x, length, limit - length, int((limit - length).max()),
-                         rule=self.native_rule, to_end=True, **self._context(out, orig, length))
+            got = native(
+                self.model,
+                self.state,
+                x,
+                length,
+                limit - length,
+                int((limit - length).max()),
+                rule=self.native_rule,
+                to_end=True,
+                **self._context(out, orig, length),
+            )
             if got is not None:
                 toks, hist, s, cnt = got
                 self._write(out, orig, length, toks, cnt)
                 self.calls += s
-                self.hist[:hist.size] += hist
+                self.hist[: hist.size] += hist
                 return x[:, :1], np.ones(r, dtype=bool)
-        got = native(self.model, self.state, x, length, limit - length, steps,
-                     rule=self.native_rule, **self._context(out, orig, length)) if native is not None else None
+        got = (
+            native(
+                self.model,
+                self.state,
+                x,
+                length,
+                limit - length,
+                steps,
+                rule=self.native_rule,
+                **self._context(out, orig, length),
+            )
+            if native is not None
+            else None
+        )
         if got is None:
             self.native_block = False
             return None
@@ -383,7 +414,7 @@ class _Blockwise:
             return nxt, done
         b = self._width(r)
         if b == 1:
-            if done.any():   # finished rows leave first (top of the loop); then the stretch
+            if done.any():  # finished rows leave first (top of the loop); then the stretch
                 return nxt[:, :1], done
             return self.stretch(nxt[:, :1], out, orig, limit, length)
         if b <= fed:
@@ -426,8 +457,8 @@ class _Blockwise:
             return
         lead = max(min(int(limit.min()), CALIB_LEAD), 0)
         st = model.start_decoding(memory, lead + steps * kb + kb + 1)
-        tok = start_tokens(model, st, rows, self.dev)                    # [R,1] BOS / the prompts' last tokens
-        room = np.full(rows, 10 ** 6)
+        tok = start_tokens(model, st, rows, self.dev)  # [R,1] BOS / the prompts' last tokens
+        room = np.full(rows, 10**6)
         h = None
         if lead:
             st.lengths = 0
@@ -435,9 +466,13 @@ class _Blockwise:
             if w.last_seconds is None:
                 return
             tok = torch.from_numpy(got[:, -1:]).to(self.dev)
-        x0 = tok.cpu().numpy()                                            # [R,1]
-        fed = {v: np.concatenate([x0, w.propose(h, 1, v, x0[:, 0]).cpu().numpy()], axis=1) if h is not None else
-               np.repeat(x0, v, axis=1) for v in range(2, kb + 1)}       # [R,v]
+        x0 = tok.cpu().numpy()  # [R,1]
+        fed = {
+            v: np.concatenate([x0, w.propose(h, 1, v, x0[:, 0]).cpu().numpy()], axis=1)
+            if h is not None
+            else np.repeat(x0, v, axis=1)
+            for v in range(2, kb + 1)
+        }  # [R,v]
         best: dict[int, float] = {}
         gain, top = ad.gains(), kb
         for rep in range(5):
@@ -448,7 +483,7 @@ class _Blockwise:
                 if width == 1:
                     w.greedy_steps(model, st, tok[:, 0], room, steps, eos=-1)
                 elif rows == 1:
-                    if w.block_steps(model, st, fed[width][0], 10 ** 6, steps, eos=-1) is None:
+                    if w.block_steps(model, st, fed[width][0], 10**6, steps, eos=-1) is None:
                         return
                 else:
                     lengths = np.full(rows, lead, dtype=np.int64)
@@ -465,7 +500,7 @@ class _Blockwise:
                     # of the calibration (k = 4 at batch 32: widths 3 and 4 are 7 of the 10 greedy-step units)
                     top = width
                     break
-        for width, t in best.items():   # (the decoders' own timings of each width are kept apart: see _cost)
+        for width, t in best.items():  # (the decoders' own timings of each width are kept apart: see _cost)
             ad.calib[(width, b)] = t / best[1]
         for width in range(top + 1, kb + 1):  # not timed: priced as the last width timed, per proposal
             ad.calib[(width, b)] = ad.calib[(top, b)] * width / top
@@ -496,8 +531,9 @@ class _Blockwise:
         r = x.shape[0]
         self.state.lengths = int(length[0]) if r == 1 else length
         t0 = perf_counter()
-        got, h = self.w.greedy_steps(self.model, self.state, torch.from_numpy(x[:, 0]).to(self.dev),
-                                     limit - length, steps)                               # [R,s]
+        got, h = self.w.greedy_steps(
+            self.model, self.state, torch.from_numpy(x[:, 0]).to(self.dev), limit - length, steps
+        )  # [R,s]
         s = got.shape[1]
         out[orig[:, None], length[:, None] + np.arange(s)] = got
         length += s
@@ -509,8 +545,8 @@ class _Blockwise:
 
     def prefill(self, rows: int) -> np.ndarray:
         """BOS -> head 1's first token and the first proposals."""
-        tok = start_tokens(self.model, self.state, rows, self.dev)     # [R,1] BOS, or an LM's last prompt tokens
-        h = self.model.decode(self.state, tok)[:, 0]                    # [R,D]
+        tok = start_tokens(self.model, self.state, rows, self.dev)  # [R,1] BOS, or an LM's last prompt tokens
+        h = self.model.decode(self.state, tok)[:, 0]  # [R,D]
         g = self.w.head1_argmax(h)
         b = self._width(rows)
         if b == 1:
@@ -522,19 +558,19 @@ class _Blockwise:
         the rule's verdicts ok [R,b-1] (None for Exact) and, fused, every head's proposal at every
         position [R,b,b-1] (else None)."""
         x_dev = torch.from_numpy(x).to(self.dev)
-        h = self.model.decode(self.state, x_dev)                        # [R,b,D]
+        h = self.model.decode(self.state, x_dev)  # [R,b,D]
         self.calls += 1
         ok = None
         if self.exact or x.shape[1] == 1:
-            g_dev = self.w.head1_argmax(h)                              # [R,b]
+            g_dev = self.w.head1_argmax(h)  # [R,b]
         else:
-            l1 = self.w.head1(h)                                        # [R,b,V]
+            l1 = self.w.head1(h)  # [R,b,V]
             g_dev = l1.argmax(-1)
             ok = self.rule(x_dev[:, 1:], l1[:, :-1], g_dev[:, :-1]).cpu().numpy()
         top = None
         if fused:
-            top = self.w.propose(h, 1, self.kb, g_dev)                  # [R,b,kb-1]
-            both = torch.cat([g_dev[..., None], top], dim=-1).cpu().numpy()   # one device -> host copy per step
+            top = self.w.propose(h, 1, self.kb, g_dev)  # [R,b,kb-1]
+            both = torch.cat([g_dev[..., None], top], dim=-1).cpu().numpy()  # one device -> host copy per step
             g, top = both[..., 0], both[..., 1:]
         else:
             g = g_dev.cpu().numpy()
@@ -554,8 +590,8 @@ class _Blockwise:
         if b == 1:
             return gn[:, None]
         r = gn.shape[0]
-        if top is not None:                                             # computed in the verify step
-            return np.concatenate([gn[:, None], top[np.arange(r), n, :b - 1]], axis=1)
+        if top is not None:  # computed in the verify step
+            return np.concatenate([gn[:, None], top[np.arange(r), n, : b - 1]], axis=1)
         hn = h[:, int(n[0])] if r == 1 else h[torch.arange(r, device=self.dev), torch.from_numpy(n).to(self.dev)]
-        fut = self.w.propose(hn, 1, b, gn).cpu().numpy()                # [R,b-1]
+        fut = self.w.propose(hn, 1, b, gn).cpu().numpy()  # [R,b-1]
         return np.concatenate([gn[:, None], fut], axis=1)

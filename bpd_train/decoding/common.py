@@ -1,4 +1,5 @@
 """Input checks and bookkeeping shared by the decoders, and their max_len default (the type: bpd_train/max_len.py)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +11,7 @@ from torch import Tensor, nn
 
 from bpd_train.max_len import MaxLen, max_len_json, parse_max_len  # noqa: F401 - the one max_len type
 
-DEFAULT_MAX_LEN: MaxLen = (1.5, 10)   # every decoder's and entry point's default: 1.5 * source tokens + 10
+DEFAULT_MAX_LEN: MaxLen = (1.5, 10)  # every decoder's and entry point's default: 1.5 * source tokens + 10
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -48,7 +49,7 @@ def _source(model: nn.Module, src) -> tuple[Tensor, np.ndarray]:
             raise ValueError("empty batch: no source rows to decode")
         a = np.full((len(rows), max(max(len(r) for r in rows), 1)), cfg.pad_id, dtype=np.int64)
         for i, r in enumerate(rows):
-            a[i, :len(r)] = r
+            a[i, : len(r)] = r
         t = torch.from_numpy(a)
         dev = model_device(model)
         if dev.type != "cpu":
@@ -105,9 +106,9 @@ def keep_rows(done: np.ndarray) -> np.ndarray:
     no output; decoders index their per-row bookkeeping with the same array."""
     keep = np.flatnonzero(~done)
     m = keep.size
-    holes = np.flatnonzero(done[:m])               # places in the new batch whose row ended
+    holes = np.flatnonzero(done[:m])  # places in the new batch whose row ended
     if holes.size:
-        tail = keep[keep >= m]                     # as many rows past the new end as there are holes
+        tail = keep[keep >= m]  # as many rows past the new end as there are holes
         keep = np.arange(m)
         keep[holes] = tail
     return keep
@@ -157,12 +158,13 @@ def trim(rows: list[list[int]], lengths: list[int], stop: Stop) -> list[list[int
 
 class Rows(NamedTuple):
     """The per-row bookkeeping every decoder starts from (host-side numpy: one sync per step, no per-row loops)."""
-    src: Tensor          # [R, S] the rows that may generate at all (limit > 0)
-    orig: np.ndarray     # [R] original row of each of them
-    limit: np.ndarray    # [R] token cap per row
-    out: np.ndarray      # [B, cap + spare] output buffer, pad-filled, for every original row
+
+    src: Tensor  # [R, S] the rows that may generate at all (limit > 0)
+    orig: np.ndarray  # [R] original row of each of them
+    limit: np.ndarray  # [R] token cap per row
+    out: np.ndarray  # [B, cap + spare] output buffer, pad-filled, for every original row
     out_len: np.ndarray  # [B] tokens written so far
-    cap: int             # the largest limit (>= 1)
+    cap: int  # the largest limit (>= 1)
 
 
 def start_rows(model: nn.Module, src, max_len, spare: int = 0) -> Rows:
@@ -173,5 +175,11 @@ def start_rows(model: nn.Module, src, max_len, spare: int = 0) -> Rows:
     orig = np.flatnonzero(limits > 0)
     if 0 < orig.size < b:
         src = src[torch.from_numpy(orig).to(src.device)]
-    return Rows(src, orig, limits[orig], np.full((b, cap + spare), model.config.pad_id, dtype=np.int64),
-                np.zeros(b, dtype=np.int64), cap)
+    return Rows(
+        src,
+        orig,
+        limits[orig],
+        np.full((b, cap + spare), model.config.pad_id, dtype=np.int64),
+        np.zeros(b, dtype=np.int64),
+        cap,
+    )

@@ -1,4 +1,5 @@
 """Greedy decoding with the KV cache: the reference every other decoder is checked against."""
+
 from __future__ import annotations
 
 import torch
@@ -27,23 +28,28 @@ def greedy(model, src, max_len=DEFAULT_MAX_LEN) -> DecodeResult:
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
         state = model.start_decoding(model.encode(src), cap)
         w = state.weights
-        tok = start_tokens(model, state, orig.size, dev)[:, 0]   # [R] BOS, or an LM's last prompt tokens
+        tok = start_tokens(model, state, orig.size, dev)[:, 0]  # [R] BOS, or an LM's last prompt tokens
         to_end = getattr(w, "greedy_to_end", None)
         got = to_end(model, state, tok, limit, cap) if to_end is not None else None
-        if got is not None:   # the whole batch in one native call, finished rows leaving inside it
+        if got is not None:  # the whole batch in one native call, finished rows leaving inside it
             toks, steps = got
-            out[orig, :toks.shape[1]] = toks
+            out[orig, : toks.shape[1]] = toks
             out_len[orig] = steps
-            return DecodeResult(tokens=trim(out.tolist(), out_len.tolist(), stop), calls=toks.shape[1] - 1,
-                                prefill_calls=1, mean_accepted=1.0, accepted_hist=_hist(int((steps - 1).sum())))
+            return DecodeResult(
+                tokens=trim(out.tolist(), out_len.tolist(), stop),
+                calls=toks.shape[1] - 1,
+                prefill_calls=1,
+                mean_accepted=1.0,
+                accepted_hist=_hist(int((steps - 1).sum())),
+            )
         calls = row_steps = step = 0
         while True:
             # steps until one row ends (one native call where the kernels are built: DecodeWeights.greedy_steps)
-            got, _ = w.greedy_steps(model, state, tok, limit - step, cap - step)     # [R,s]
+            got, _ = w.greedy_steps(model, state, tok, limit - step, cap - step)  # [R,s]
             s = got.shape[1]
             state.lengths += s
-            out[orig, step:step + s] = got
-            calls += s - (step == 0)                   # the first step (BOS) is the prefill call
+            out[orig, step : step + s] = got
+            calls += s - (step == 0)  # the first step (BOS) is the prefill call
             row_steps += orig.size * (s - (step == 0))
             step += s
             nxt_np = got[:, -1]

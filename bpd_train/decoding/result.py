@@ -1,4 +1,5 @@
 """What every decoder returns."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -7,10 +8,10 @@ from dataclasses import dataclass, field
 
 @dataclass
 class DecodeResult:
-    tokens: list[list[int]]          # one per source row, without BOS/EOS, cut at the first EOS
-    calls: int                       # batched decoder invocations after the prefill call
-    prefill_calls: int = 1           # decoder invocations before the first proposal/verify step
-    mean_accepted: float = 1.0       # k̂: tokens produced by the post-prefill calls / row-steps (= mean of accepted_hist)
+    tokens: list[list[int]]  # one per source row, without BOS/EOS, cut at the first EOS
+    calls: int  # batched decoder invocations after the prefill call
+    prefill_calls: int = 1  # decoder invocations before the first proposal/verify step
+    mean_accepted: float = 1.0  # k̂: tokens produced by the post-prefill calls / row-steps (= mean of accepted_hist)
     accepted_hist: dict[int, int] = field(default_factory=dict)  # tokens accepted in one row-step -> count
     scores: list[float] | None = None  # beam search: length-normalised log-probability of each returned hypothesis
 
@@ -70,6 +71,11 @@ class DecodeStats:
         return self.generated / self.calls if self.calls else 0.0
 
     def to_dict(self) -> dict:
-        return {"calls": self.calls, "prefill_calls": self.prefill_calls, "mean_accepted": self.mean_accepted,
-                "accepted_hist": {str(k): v for k, v in sorted(self.hist.items())}, "sentences": self.sentences,
-                "tokens": self.tokens}
+        return {
+            "calls": self.calls,
+            "prefill_calls": self.prefill_calls,
+            "mean_accepted": self.mean_accepted,
+            "accepted_hist": {str(k): v for k, v in sorted(self.hist.items())},
+            "sentences": self.sentences,
+            "tokens": self.tokens,
+        }

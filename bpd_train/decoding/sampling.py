@@ -5,6 +5,7 @@ trick (argmax of logits/T + Gumbel noise = a draw from softmax(logits/T)): a row
 never on its batch mates or on which rows finished first, so sharded, resumable corpora reproduce exactly.
 temperature 0 is greedy decoding.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -25,8 +26,9 @@ from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
 
 
-def sample(model, src, max_len=DEFAULT_MAX_LEN, temperature: float = 1.0, seed: int = 0,
-           row_seeds: Sequence[int] | None = None) -> DecodeResult:
+def sample(
+    model, src, max_len=DEFAULT_MAX_LEN, temperature: float = 1.0, seed: int = 0, row_seeds: Sequence[int] | None = None
+) -> DecodeResult:
     """One token per decoder call drawn from head 1's softmax(logits / temperature)."""
     t = float(temperature)
     if not t >= 0.0:
@@ -47,14 +49,14 @@ def sample(model, src, max_len=DEFAULT_MAX_LEN, temperature: float = 1.0, seed: 
         tok = start_tokens(model, state, orig.size, dev)
         calls = row_steps = 0
         for step in range(cap):
-            h = model.decode(state, tok)                                  # [R,1,D]
+            h = model.decode(state, tok)  # [R,1,D]
             state.lengths += 1
             if step:
                 calls += 1
                 row_steps += orig.size
-            logits = state.weights.head1(h[:, 0]).float() / t              # [R,V]
+            logits = state.weights.head1(h[:, 0]).float() / t  # [R,V]
             u = torch.stack([torch.rand(logits.shape[-1], generator=gens[int(r)], device=dev) for r in orig])
-            nxt = (logits - torch.log(-torch.log(u.clamp_(min=1e-20)))).argmax(-1)    # Gumbel-max
+            nxt = (logits - torch.log(-torch.log(u.clamp_(min=1e-20)))).argmax(-1)  # Gumbel-max
             nxt_np = nxt.cpu().numpy()
             out[orig, step] = nxt_np
             done = is_stop(nxt_np, stop) | (limit <= step + 1)
@@ -68,5 +70,10 @@ def sample(model, src, max_len=DEFAULT_MAX_LEN, temperature: float = 1.0, seed: 
                 nxt, orig, limit = nxt[idx], orig[keep], limit[keep]
             tok = nxt[:, None]
         tokens = trim(out.tolist(), out_len.tolist(), stop)
-    return DecodeResult(tokens=tokens, calls=calls, prefill_calls=1, mean_accepted=1.0,
-                        accepted_hist={1: row_steps} if row_steps else {})
+    return DecodeResult(
+        tokens=tokens,
+        calls=calls,
+        prefill_calls=1,
+        mean_accepted=1.0,
+        accepted_hist={1: row_steps} if row_steps else {},
+    )

@@ -1,8 +1,9 @@
 """Run a DecodeSettings over texts: the one decode path of Translator, the translate command line and the evaluator.
 
-    decoder = prepare(model, tokenizer, settings, device)   # block size checked, decode options set on the model
-    out = decode_texts(decoder, text, sources)              # text: the family's adapter (decoding/text.py)
+decoder = prepare(model, tokenizer, settings, device)   # block size checked, decode options set on the model
+out = decode_texts(decoder, text, sources)              # text: the family's adapter (decoding/text.py)
 """
+
 from __future__ import annotations
 
 import time
@@ -26,8 +27,8 @@ class Decoder:
     model: torch.nn.Module
     settings: DecodeSettings
     device: torch.device
-    k: int                      # the block size blockwise decoding runs with
-    adaptive: bool | float      # adaptive feeding as resolved for the device
+    k: int  # the block size blockwise decoding runs with
+    adaptive: bool | float  # adaptive feeding as resolved for the device
 
     @property
     def blockwise(self) -> bool:
@@ -44,8 +45,9 @@ class Decoder:
     def __call__(self, src) -> DecodeResult:
         s = self.settings
         if self.blockwise:  # (looked up on the package: tests watch the decoders there)
-            return decoding.blockwise(self.model, src, block_size=self.k, accept=s.rule, max_len=s.max_len,
-                                      adaptive=self.adaptive)
+            return decoding.blockwise(
+                self.model, src, block_size=self.k, accept=s.rule, max_len=s.max_len, adaptive=self.adaptive
+            )
         return decoding.greedy(self.model, src, max_len=s.max_len)
 
 
@@ -63,12 +65,17 @@ class Decoded:
 
     texts: list[str]
     tokens: list[list[int]]
-    stats: DecodeStats          # decoder calls, k̂ and tokens over every batch
-    seconds: float              # time spent decoding (CUDA synchronised), tokenizing excluded
+    stats: DecodeStats  # decoder calls, k̂ and tokens over every batch
+    seconds: float  # time spent decoding (CUDA synchronised), tokenizing excluded
 
 
-def decode_texts(decoder: Decoder, text, sources: Sequence, stats: DecodeStats | None = None,
-                 where: Callable[[int], str] | None = None) -> Decoded:
+def decode_texts(
+    decoder: Decoder,
+    text,
+    sources: Sequence,
+    stats: DecodeStats | None = None,
+    where: Callable[[int], str] | None = None,
+) -> Decoded:
     """Decode `sources` (sentences, prompts or chats, as the text adapter reads them) in batches of the settings'
     batch size, grouped by length. None or a blank string gives an empty output. `stats`: added to (and returned);
     `where(i)`: names source i in the error a source that cannot be read gives (e.g. "line 3")."""

@@ -1,6 +1,7 @@
 """How a model is decoded, written once: `DecodeSettings` (validated when built) and what it resolves to on a
 loaded model (block size, DecodeOptions, adaptive feeding). Translator, the translate command line and the
 evaluator all build one; decoding/serving.py runs it over texts."""
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ from bpd_train.engine.packed import DecodeOptions
 
 METHODS = ("blockwise", "greedy")
 AUTO = "auto"
-AUTO_DRAFT_MIN_VOCAB = 2048           # below this a draft vocabulary saves too little of the projection to matter
+AUTO_DRAFT_MIN_VOCAB = 2048  # below this a draft vocabulary saves too little of the projection to matter
 
 
 class DecodeError(ValueError):
@@ -125,7 +126,7 @@ def draft_vocabulary(sp, n, eos_id) -> tuple[int, ...] | None:
     if n is None:
         return None
     stops = {int(eos_id)} if isinstance(eos_id, int) else {int(i) for i in eos_id}
-    proc = getattr(sp, "sp", sp)          # SpmLMTokenizer -> Tokenizer -> SentencePieceProcessor
+    proc = getattr(sp, "sp", sp)  # SpmLMTokenizer -> Tokenizer -> SentencePieceProcessor
     proc = getattr(proc, "sp", proc)
     if hasattr(proc, "get_score"):
         size = proc.get_piece_size()
@@ -134,7 +135,7 @@ def draft_vocabulary(sp, n, eos_id) -> tuple[int, ...] | None:
         ids = [i for i in range(size) if not (proc.is_control(i) or proc.is_unknown(i) or proc.is_unused(i))]
         ids.sort(key=lambda i: -proc.get_score(i))
         return tuple(sorted(set(ids[:n]) | stops))
-    tk = getattr(sp, "tk", None)          # data/lm/tokenizer.LMTokenizer: a tokenizers.Tokenizer
+    tk = getattr(sp, "tk", None)  # data/lm/tokenizer.LMTokenizer: a tokenizers.Tokenizer
     if tk is None:
         raise DecodeError(f"draft_vocab: no token ranking for a {type(sp).__name__}; use decode.draft_vocab=null")
     size = int(sp.vocab_size)
@@ -167,14 +168,19 @@ def proposal_precision(proposal_dtype, dtype: str = "fp32", device="cpu") -> str
     return p
 
 
-def decode_options(sp, eos_id, dtype: str = "fp32", draft_vocab=AUTO, proposal_dtype=AUTO,
-                   device="cpu", lookup: int = 0) -> DecodeOptions:
+def decode_options(
+    sp, eos_id, dtype: str = "fp32", draft_vocab=AUTO, proposal_dtype=AUTO, device="cpu", lookup: int = 0
+) -> DecodeOptions:
     """DecodeOptions from config values (decode.dtype, decode.draft_vocab, decode.proposal_dtype); "auto" (the
     default of every decoding entry point) is the cheapest proposals that keep the output: see draft_vocabulary and
     proposal_precision. Bad values are DecodeErrors."""
     try:
-        return DecodeOptions(dtype=str(dtype), draft_vocab=draft_vocabulary(sp, draft_vocab, eos_id),
-                             proposal_dtype=proposal_precision(proposal_dtype, dtype, device), lookup=lookup)
+        return DecodeOptions(
+            dtype=str(dtype),
+            draft_vocab=draft_vocabulary(sp, draft_vocab, eos_id),
+            proposal_dtype=proposal_precision(proposal_dtype, dtype, device),
+            lookup=lookup,
+        )
     except DecodeError:
         raise
     except ValueError as e:
@@ -194,8 +200,9 @@ def set_decode_options(model, options: DecodeOptions) -> None:
 
 def _adaptive(value) -> bool | float | None:
     if isinstance(value, str):
-        value = {"true": True, "false": False, "auto": None, "none": None, "null": None}.get(value.strip().lower(),
-                                                                                            value)
+        value = {"true": True, "false": False, "auto": None, "none": None, "null": None}.get(
+            value.strip().lower(), value
+        )
     if value is None or isinstance(value, bool):
         return value
     try:
@@ -212,17 +219,17 @@ class DecodeSettings:
     """Everything that decides how texts are decoded, checked when built (a bad value is one DecodeError naming the
     field, the value and what it may be). "auto" values resolve against the model, tokenizer and device."""
 
-    method: str = "blockwise"          # blockwise | greedy
-    accept: Any = "exact"              # acceptance rule: exact | top<N> | distance:<eps> (decoding/acceptance.py)
-    block_size: int | None = None      # blockwise k, at most the model's (None: the model's k)
-    max_len: Any = DEFAULT_MAX_LEN     # generated tokens: an int, or (a, b) = a * source_len + b
-    dtype: str = "fp32"                # decode-step weights: fp32 | bf16 | int8
-    draft_vocab: Any = AUTO            # heads 2..k propose among the N most frequent tokens; auto | N | None (all)
-    proposal_dtype: Any = AUTO         # heads 2..k and their projection: auto | fp32 | bf16 | int8 | None (dtype)
-    adaptive: Any = None               # feed only proposals whose heads pay: None (on with exact on the CPU) | bool
+    method: str = "blockwise"  # blockwise | greedy
+    accept: Any = "exact"  # acceptance rule: exact | top<N> | distance:<eps> (decoding/acceptance.py)
+    block_size: int | None = None  # blockwise k, at most the model's (None: the model's k)
+    max_len: Any = DEFAULT_MAX_LEN  # generated tokens: an int, or (a, b) = a * source_len + b
+    dtype: str = "fp32"  # decode-step weights: fp32 | bf16 | int8
+    draft_vocab: Any = AUTO  # heads 2..k propose among the N most frequent tokens; auto | N | None (all)
+    proposal_dtype: Any = AUTO  # heads 2..k and their projection: auto | fp32 | bf16 | int8 | None (dtype)
+    adaptive: Any = None  # feed only proposals whose heads pay: None (on with exact on the CPU) | bool
     #                                    | a threshold in (0, 1)
-    batch_size: int = 32               # sentences per batch (grouped by length)
-    lookup: int = 0                    # decoder-only: also propose from the prompt and answer so far, matching the
+    batch_size: int = 32  # sentences per batch (grouped by length)
+    lookup: int = 0  # decoder-only: also propose from the prompt and answer so far, matching the
     #                                    last N..1 tokens (prompt lookup; N in 1..8, 0: off); adaptive feeding off
     rule: AcceptanceRule = field(init=False, repr=False, compare=False)
 

@@ -1,5 +1,6 @@
 """Texts in and out of the decoders: a family's text adapter turns a source (a sentence, a prompt or a chat) into
 ids and generated ids back into text (SpmText: encoder-decoder models; LMText: decoder-only models)."""
+
 from __future__ import annotations
 
 from typing import Iterable, Sequence
@@ -18,7 +19,7 @@ def pad_batch(seqs: Iterable[Sequence[int]], pad_id: int, device=None) -> torch.
     out = torch.full((len(seqs), max(width, 1)), pad_id, dtype=torch.long)
     for i, s in enumerate(seqs):
         if s:
-            out[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+            out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
     return out.to(device) if device is not None else out
 
 
@@ -54,8 +55,9 @@ class LMText:
     A prompt longer than the context (room for one generated token) keeps its newest tokens (after BOS), counted
     in `truncated`, or with context_policy="refuse" is a DecodeError."""
 
-    def __init__(self, tok, src_lang: str | None, tgt_lang: str | None, max_positions: int,
-                 context_policy: str = "truncate_left"):
+    def __init__(
+        self, tok, src_lang: str | None, tgt_lang: str | None, max_positions: int, context_policy: str = "truncate_left"
+    ):
         if context_policy not in CONTEXT_POLICIES:
             raise DecodeError(f"context policy must be one of {', '.join(CONTEXT_POLICIES)}, got {context_policy!r}")
         self.sp, self.src_lang, self.tgt_lang, self.max_positions = tok, src_lang, tgt_lang, max_positions
@@ -65,8 +67,9 @@ class LMText:
 
     def source_ids(self, source: str | Sequence[dict]) -> list[int]:
         if isinstance(source, str):
-            prompt = translation_prompt(source, self.src_lang, self.tgt_lang) if self.src_lang and self.tgt_lang \
-                else source
+            prompt = (
+                translation_prompt(source, self.src_lang, self.tgt_lang) if self.src_lang and self.tgt_lang else source
+            )
             ids = list(self.sp.encode(prompt))
         else:
             try:
@@ -77,11 +80,13 @@ class LMText:
         room = self.max_positions - 1
         if len(ids) > room:
             if self.context_policy == "refuse":
-                raise DecodeError(f"a prompt of {len(ids)} tokens does not fit the context of {self.max_positions} "
-                                "(with room for one generated token); shorten it or truncate it from the left "
-                                "(context policy truncate_left)")
+                raise DecodeError(
+                    f"a prompt of {len(ids)} tokens does not fit the context of {self.max_positions} "
+                    "(with room for one generated token); shorten it or truncate it from the left "
+                    "(context policy truncate_left)"
+                )
             keep = 1 if self.sp.bos_id is not None and ids[0] == self.sp.bos_id else 0
-            ids = ids[:keep] + ids[len(ids) - room + keep:]
+            ids = ids[:keep] + ids[len(ids) - room + keep :]
             self.truncated += 1
         return ids
 

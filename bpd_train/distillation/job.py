@@ -6,10 +6,10 @@ same plan, takes its round-robin share of the shards, skips the ones already on 
 shard atomically. The worker that sees every shard on disk verifies the corpus and marks it complete;
 ``distill.action=verify`` does the same on its own (the dependent step of a SLURM job array).
 """
+
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import time
 from dataclasses import dataclass
@@ -30,18 +30,30 @@ from bpd_train.data.distilled import (
     shards_for_worker,
     verify_corpus,
     write_manifest,
-    write_shard,
 )
+from bpd_train.distillation.shards import SHARD_WRITERS
 from bpd_train.distillation.workers import Worker, detect_worker, worker_device
 
 log = logging.getLogger(__name__)
 
-_TEST_SHARD_DELAY = float(os.environ.get("BPD_DISTILL_TEST_SHARD_DELAY", "0") or 0)
 ACTIONS = ("run", "verify", "plan", "status")
 # Overrides that differ between the workers of one corpus; the command stored in the manifest omits them.
-_WORKER_KEYS = ("distill.worker_index", "distill.num_workers", "distill.action", "distill.verify",
-                "distill.device", "distill.progress", "distill.overwrite", "distill.launcher", "distill.devices",
-                "distill.num_nodes", "distill.num_threads", "distill.precision", "num_threads", "hydra.")
+_WORKER_KEYS = (
+    "distill.worker_index",
+    "distill.num_workers",
+    "distill.action",
+    "distill.verify",
+    "distill.device",
+    "distill.progress",
+    "distill.overwrite",
+    "distill.launcher",
+    "distill.devices",
+    "distill.num_nodes",
+    "distill.num_threads",
+    "distill.precision",
+    "num_threads",
+    "hydra.",
+)
 
 
 def command_from_overrides(overrides: Sequence[str], program: str = "python distill.py") -> str:
@@ -74,8 +86,8 @@ class Job:
     cfg: Any
     out_dir: Path
     manifest: dict
-    dataset: Any          # the selected split (datasets.Dataset), rows in plan order
-    teacher: Any          # checkpoint.LoadedModel (on CPU until a worker needs it)
+    dataset: Any  # the selected split (datasets.Dataset), rows in plan order
+    teacher: Any  # checkpoint.LoadedModel (on CPU until a worker needs it)
     command: str
 
 
@@ -90,16 +102,20 @@ def _resolve_teacher(cfg, overrides: Sequence[str]):
             return resolve(str(d.teacher))
         p = Path(str(d.teacher)).expanduser()
         if not p.exists():
-            raise DistillError(f"teacher {p} does not exist (distill.teacher); pass a checkpoint file, a run "
-                               "folder, an exported bundle or hf:<folder or hub id>")
+            raise DistillError(
+                f"teacher {p} does not exist (distill.teacher); pass a checkpoint file, a run "
+                "folder, an exported bundle or hf:<folder or hub id>"
+            )
         try:
             return resolve(p)
         except CheckpointError as e:
             raise DistillError(f"cannot use {p} as the teacher: {e}") from e
     p = corpus_dir / "base"
     if not p.exists():
-        raise DistillError(f"no base model at {p} to use as the teacher; make it with "
-                           f"`{train_base_command(overrides)}`, or pass distill.teacher=PATH")
+        raise DistillError(
+            f"no base model at {p} to use as the teacher; make it with "
+            f"`{train_base_command(overrides)}`, or pass distill.teacher=PATH"
+        )
     return p
 
 
@@ -119,16 +135,26 @@ def _check_teacher(loaded, cfg, train_split) -> None:
         return
     corpus_tok = _corpus_tokenizer(cfg, train_split)
     if corpus_tok is None:
-        log.warning("corpus '%s' has no tokenizer under %s yet; using the teacher's own (%s)", cfg.data.name,
-                    cfg.paths.artifacts, loaded.tokenizer_path)
+        log.warning(
+            "corpus '%s' has no tokenizer under %s yet; using the teacher's own (%s)",
+            cfg.data.name,
+            cfg.paths.artifacts,
+            loaded.tokenizer_path,
+        )
         return
     from bpd_train.loading import check_tokenizer, tokenizer_hash
 
-    check_tokenizer(f"teacher {loaded.source}", loaded.tokenizer_hash, f"corpus '{cfg.data.name}'", corpus_tok,
-                    tokenizer_hash(corpus_tok), error=DistillError,
-                    hint=" (another corpus or tokenizer setting), and its token ids would not fit the students. Use "
-                         "a teacher trained on this corpus (or distill.check_corpus_tokenizer=false to keep only "
-                         "its text).")
+    check_tokenizer(
+        f"teacher {loaded.source}",
+        loaded.tokenizer_hash,
+        f"corpus '{cfg.data.name}'",
+        corpus_tok,
+        tokenizer_hash(corpus_tok),
+        error=DistillError,
+        hint=" (another corpus or tokenizer setting), and its token ids would not fit the students. Use "
+        "a teacher trained on this corpus (or distill.check_corpus_tokenizer=false to keep only "
+        "its text).",
+    )
 
 
 def _corpus_tokenizer(cfg, train_split) -> Path | None:
@@ -149,8 +175,9 @@ def _select_split(cfg, family):
     except (ValueError, FileNotFoundError) as e:
         raise DistillError(f"cannot load corpus '{cfg.data.name}': {e}") from e
     if d.split not in dsd:
-        raise DistillError(f"corpus '{cfg.data.name}' has no split '{d.split}' (it has {sorted(dsd)}); "
-                           "set distill.split")
+        raise DistillError(
+            f"corpus '{cfg.data.name}' has no split '{d.split}' (it has {sorted(dsd)}); set distill.split"
+        )
     ds = dsd[d.split]
     if d.limit is not None:
         if int(d.limit) < 1:
@@ -191,24 +218,39 @@ def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
     if decode_dtype not in ("fp32", "bf16", "int8"):
         raise DistillError(f"distill.dtype={decode_dtype!r}; use fp32, bf16 or int8")
     if decode_dtype != "fp32" and family.distill_kind != "lm":
-        raise DistillError(f"distill.dtype={decode_dtype}: only a decoder-only teacher decodes in another precision "
-                           "(a translation teacher: distill.precision=bf16)")
+        raise DistillError(
+            f"distill.dtype={decode_dtype}: only a decoder-only teacher decodes in another precision "
+            "(a translation teacher: distill.precision=bf16)"
+        )
     ds, train_split = _select_split(cfg, family)
     _check_teacher(teacher, cfg, train_split)
     ids = _ids(ds)
-    settings = TeacherSettings(teacher_sha256=_teacher_sha256(teacher), tokenizer_hash=teacher.tokenizer_hash,
-                               beam_size=int(d.beam_size),
-                               length_penalty=family.distill_length_penalty(float(d.length_penalty)),
-                               max_len=d.max_len, split=str(d.split), src_lang=str(cfg.data.src_lang),
-                               tgt_lang=str(cfg.data.tgt_lang), kind=family.distill_kind,
-                               temperature=temperature, seed=int(d.get("seed", 0) or 0),
-                               decode_dtype=decode_dtype)
+    settings = TeacherSettings(
+        teacher_sha256=_teacher_sha256(teacher),
+        tokenizer_hash=teacher.tokenizer_hash,
+        beam_size=int(d.beam_size),
+        length_penalty=family.distill_length_penalty(float(d.length_penalty)),
+        max_len=d.max_len,
+        split=str(d.split),
+        src_lang=str(cfg.data.src_lang),
+        tgt_lang=str(cfg.data.tgt_lang),
+        kind=family.distill_kind,
+        temperature=temperature,
+        seed=int(d.get("seed", 0) or 0),
+        decode_dtype=decode_dtype,
+    )
     corpus_dir = Path(cfg.paths.artifacts) / cfg.data.name
     out_dir = Path(d.output_dir) if d.output_dir else corpus_dir / "distill" / settings.teacher_id
-    wanted = new_manifest(settings, ids, int(d.shard_size), corpus=str(cfg.data.name),
-                          teacher_path=teacher.source.spec or str(Path(teacher.source).resolve()),
-                          limit=None if d.limit is None else int(d.limit), command=command,
-                          vocab_size=int(teacher.config.vocab_size))
+    wanted = new_manifest(
+        settings,
+        ids,
+        int(d.shard_size),
+        corpus=str(cfg.data.name),
+        teacher_path=teacher.source.spec or str(Path(teacher.source).resolve()),
+        limit=None if d.limit is None else int(d.limit),
+        command=command,
+        vocab_size=int(teacher.config.vocab_size),
+    )
     if (out_dir / "manifest.json").exists():
         existing = read_manifest(out_dir)
         if not d.overwrite:
@@ -216,8 +258,10 @@ def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
             wanted = existing
     elif out_dir.exists() and any(not p.name.startswith(".manifest.json.") for p in out_dir.iterdir()):
         # (another worker may be writing the manifest right now: its temp file is not foreign content)
-        raise DistillError(f"{out_dir} exists, is not empty and has no manifest.json: not a distilled corpus. "
-                           "Nothing was changed; choose another distill.output_dir or remove it.")
+        raise DistillError(
+            f"{out_dir} exists, is not empty and has no manifest.json: not a distilled corpus. "
+            "Nothing was changed; choose another distill.output_dir or remove it."
+        )
     return Job(cfg, out_dir, wanted, ds, teacher, command)
 
 
@@ -250,10 +294,23 @@ def run_worker(job: Job, worker: Worker, device=None) -> dict[str, Any]:
     if stale:
         log.info("removed %d partial shard file(s) left by an interrupted run", stale)
     todo = [s for s in mine if not shard_is_done(job.out_dir, s)]
-    stats = {"worker": worker.index, "workers": worker.count, "my_shards": len(mine), "skipped": len(mine) - len(todo),
-             "decoded_shards": 0, "sentences": 0, "seconds": 0.0}
-    log.info("%s: %d of %d shards are mine, %d already done, %d to decode", worker, len(mine), m["num_shards"],
-             stats["skipped"], len(todo))
+    stats = {
+        "worker": worker.index,
+        "workers": worker.count,
+        "my_shards": len(mine),
+        "skipped": len(mine) - len(todo),
+        "decoded_shards": 0,
+        "sentences": 0,
+        "seconds": 0.0,
+    }
+    log.info(
+        "%s: %d of %d shards are mine, %d already done, %d to decode",
+        worker,
+        len(mine),
+        m["num_shards"],
+        stats["skipped"],
+        len(todo),
+    )
     if not todo:
         return stats
     import torch
@@ -270,133 +327,15 @@ def run_worker(job: Job, worker: Worker, device=None) -> dict[str, Any]:
     return stats
 
 
-def _translation_shards(job: Job, worker: Worker, todo: list[dict], model, stats: dict, device, amp) -> None:
-    """An encoder-decoder teacher re-translates each shard's source sentences with beam search (greedy when
-    beam_size is 1) and writes {id, translation, teacher_ids, teacher_score, gold} records."""
-    from tqdm.auto import tqdm
-
-    from bpd_train.decoding.batched import translate_ids
-
-    d, m = job.cfg.distill, job.manifest
-    sp = job.teacher.tokenizer()
-    eos = model.config.eos_id
-    specials = {model.config.pad_id, model.config.bos_id, eos}
-    max_src = model.config.max_positions - 1  # room for eos; longer sources are cut (and counted)
-    src_lang, tgt_lang = m["src_lang"], m["tgt_lang"]
-    bar = tqdm(total=sum(s["num_examples"] for s in todo), unit="sent", desc=f"distill w{worker.index}",
-               disable=not d.get("progress", True), dynamic_ncols=True, mininterval=1.0)
-    cut = 0
-    for shard in todo:
-        rows = job.dataset[shard["start"]: shard["stop"]]
-        srcs = [t[src_lang] for t in rows["translation"]]
-        golds = [t[tgt_lang] for t in rows["translation"]]
-        ids = [str(i) for i in rows["id"]] if "id" in rows else [str(i) for i in range(shard["start"], shard["stop"])]
-        pieces = sp.encode(srcs)
-        cut += sum(len(p) > max_src for p in pieces)
-        sources = [p[:max_src] + [eos] for p in pieces]
-        ts = time.perf_counter()
-        hyps = translate_ids(model, sources, beam_size=int(m["beam_size"]), length_penalty=float(m["length_penalty"]),
-                             max_len=m["max_len"], max_tokens=int(d.max_tokens), max_sentences=int(d.max_sentences),
-                             device=device, progress=bar, amp_dtype=amp)
-        records = [{"id": i, "translation": {src_lang: s, tgt_lang: sp.decode([t for t in toks if t not in specials])},
-                    "teacher_ids": toks, "teacher_score": score, "gold": g}
-                   for i, s, g, (toks, score) in zip(ids, srcs, golds, hyps)]
-        write_shard(job.out_dir / shard["file"], records)
-        dt = time.perf_counter() - ts
-        if _TEST_SHARD_DELAY:  # lets the kill-and-resume test stop a run between shards reliably
-            time.sleep(_TEST_SHARD_DELAY)
-        stats["decoded_shards"] += 1
-        stats["sentences"] += len(records)
-        log.info("%s: wrote %s (%d sentences, %.1f sentences/s)", worker, shard["file"], len(records),
-                 len(records) / max(dt, 1e-9))
-    bar.close()
-    if cut:
-        log.warning("%d source(s) were longer than the teacher's %d positions and were cut", cut, max_src + 1)
-
-
-def _lm_shards(job: Job, worker: Worker, todo: list[dict], model, stats: dict, device=None, amp=None) -> None:
-    """A decoder-only teacher answers each shard's prompts itself (distillation/self_lm.py: greedy, or sampled from
-    a per-record seed, so a shard redone after a crash is the same) and writes {id, prompt|messages, response,
-    teacher_ids, gold} records, which LMDataModule trains on (regime.source=distilled). A prompt the model
-    answers with nothing keeps its row (the plan's ids) with response null: counted here, left out by training."""
-    from tqdm.auto import tqdm
-
-    from bpd_train.distillation.self_lm import distilled_record, prompt_ids, respond_ids
-
-    d, m = job.cfg.distill, job.manifest
-    tok = job.teacher.tokenizer()
-    src_lang, tgt_lang = m["src_lang"], m["tgt_lang"]
-    bar = tqdm(total=sum(s["num_examples"] for s in todo), unit="prompt", desc=f"distill w{worker.index}",
-               disable=not d.get("progress", True), dynamic_ncols=True, mininterval=1.0)
-    empty = cut = 0
-    room = model.config.max_positions - 1
-    if m.get("decode_dtype", "fp32") != "fp32":  # the native engine's step weights in that precision
-        from bpd_train.decoding.common import stop_ids
-        from bpd_train.decoding.settings import DecodeError, decode_options, set_decode_options
-
-        try:
-            set_decode_options(model, decode_options(tok, stop_ids(model), m["decode_dtype"], draft_vocab=None,
-                                                     proposal_dtype=None, device=str(device or "cpu")))
-        except DecodeError as e:
-            raise DistillError(f"distill.dtype={m['decode_dtype']}: {e}") from None
-    for shard in todo:
-        rows = [job.dataset[i] for i in range(shard["start"], shard["stop"])]
-        ids = [str(r["id"]) if r.get("id") is not None else str(shard["start"] + n) for n, r in enumerate(rows)]
-        prompts = [prompt_ids(r, tok, src_lang=src_lang, tgt_lang=tgt_lang, where=f"record {i}")
-                   for r, i in zip(rows, ids)]
-        for n, q in enumerate(prompts):  # longer than the context: its oldest tokens go (after BOS), as in training
-            if len(q) > room:
-                keep = 1 if tok.bos_id is not None and q[0] == tok.bos_id else 0
-                prompts[n] = q[:keep] + q[len(q) - room + keep:]
-                cut += 1
-        ts = time.perf_counter()
-        answers = respond_ids(model, prompts, max_len=m["max_len"], max_sentences=int(d.max_sentences),
-                              max_tokens=int(d.max_tokens), temperature=float(m.get("temperature") or 0.0),
-                              seed=int(m.get("seed") or 0), record_ids=ids, progress=bar)
-        records = []
-        for r, i, a in zip(rows, ids, answers):
-            rec = distilled_record(r, a, tok, src_lang=src_lang, tgt_lang=tgt_lang, where=f"record {i}")
-            if rec is None:
-                empty += 1
-                from bpd_train.data.lm.records import prompt_of
-
-                rec = {"prompt": prompt_of(r, tok, src_lang, tgt_lang, f"record {i}")[0], "response": None}
-            records.append({"id": i, **rec, "teacher_ids": a, "gold": _gold(r, tgt_lang)})
-        write_shard(job.out_dir / shard["file"], records)
-        if _TEST_SHARD_DELAY:
-            time.sleep(_TEST_SHARD_DELAY)
-        stats["decoded_shards"] += 1
-        stats["sentences"] += len(records)
-        log.info("%s: wrote %s (%d prompts, %.1f prompts/s)", worker, shard["file"], len(records),
-                 len(records) / max(time.perf_counter() - ts, 1e-9))
-    bar.close()
-    if empty:
-        log.warning("%d prompt(s) were answered with nothing (EOS at once): kept with response null, which "
-                    "training leaves out", empty)
-    if cut:
-        log.warning("%d prompt(s) were longer than the teacher's %d positions: their oldest tokens were cut",
-                    cut, room + 1)
-    stats["empty_responses"] = empty
-
-
-# what writes a teacher's shards, by its family's distill_kind (the manifest's `kind`)
-SHARD_WRITERS = {"translation": _translation_shards, "lm": _lm_shards}
-
-
-def _gold(record: dict, tgt_lang: str) -> str | None:
-    """The reference response of a record, if it has one (teacher BLEU in the manifest)."""
-    if record.get("translation"):
-        return record["translation"].get(tgt_lang)
-    if record.get("messages"):
-        last = record["messages"][-1]
-        return last.get("content") if last.get("role") == "assistant" else None
-    return record.get("response")
-
-
 def status(out_dir: Path, manifest: dict) -> dict[str, Any]:
     done = [s["index"] for s in manifest["shards"] if (out_dir / s["file"]).is_file()]
-    return {"out_dir": str(out_dir), "complete": bool(manifest.get("complete")), "shards": manifest["num_shards"],
-            "shards_on_disk": len(done), "missing": [s["index"] for s in manifest["shards"] if s["index"] not in done]}
+    return {
+        "out_dir": str(out_dir),
+        "complete": bool(manifest.get("complete")),
+        "shards": manifest["num_shards"],
+        "shards_on_disk": len(done),
+        "missing": [s["index"] for s in manifest["shards"] if s["index"] not in done],
+    }
 
 
 def run(cfg, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -408,33 +347,48 @@ def run(cfg, overrides: Sequence[str] = ()) -> dict[str, Any]:
     job = prepare(cfg, overrides)
     launcher = str(d.get("launcher", "env"))
     if launcher not in ("env", "lightning"):
-        raise DistillError(f"distill.launcher={launcher!r}; choose env (one process, torchrun, srun, job arrays) "
-                           "or lightning (Trainer.predict with DDP over distill.devices)")
+        raise DistillError(
+            f"distill.launcher={launcher!r}; choose env (one process, torchrun, srun, job arrays) "
+            "or lightning (Trainer.predict with DDP over distill.devices)"
+        )
     if launcher == "lightning":
         count = int(d.get("devices", 1)) * int(d.get("num_nodes", 1))
     else:
         count = detect_worker(index=d.get("worker_index"), count=d.get("num_workers")).count
     if d.overwrite and job.out_dir.exists():
         if count > 1:
-            raise DistillError("distill.overwrite=true with several workers would let them delete each other's "
-                               "shards; start over with one process (or remove the folder first)")
+            raise DistillError(
+                "distill.overwrite=true with several workers would let them delete each other's "
+                "shards; start over with one process (or remove the folder first)"
+            )
         ours = our_files(job.out_dir)  # manifest, shards, dead writers' temp files: never a user's file
         log.warning("distill.overwrite=true: removing the %d file(s) of the corpus in %s", len(ours), job.out_dir)
         for p in ours:
             p.unlink(missing_ok=True)
         kept = [p.name for p in job.out_dir.iterdir()]
         if kept:
-            log.warning("distill.overwrite=true: kept %d file(s) distillation did not write: %s", len(kept),
-                        ", ".join(sorted(kept)[:5]))
+            log.warning(
+                "distill.overwrite=true: kept %d file(s) distillation did not write: %s",
+                len(kept),
+                ", ".join(sorted(kept)[:5]),
+            )
     if d.action == "status":  # looks, writes nothing
         return status(job.out_dir, job.manifest)
     if not (job.out_dir / "manifest.json").exists():
         write_manifest(job.out_dir, job.manifest)
-    log.info("distilled corpus: %s (%d examples, %d shards)", job.out_dir, job.manifest["num_examples"],
-             job.manifest["num_shards"])
+    log.info(
+        "distilled corpus: %s (%d examples, %d shards)",
+        job.out_dir,
+        job.manifest["num_examples"],
+        job.manifest["num_shards"],
+    )
     if d.action == "plan":  # the folder and its manifest, so that a job array can be sized from num_shards
-        return {"out_dir": str(job.out_dir), "num_shards": job.manifest["num_shards"],
-                "num_examples": job.manifest["num_examples"], "teacher_id": job.manifest["teacher_id"]}
+        return {
+            "out_dir": str(job.out_dir),
+            "num_shards": job.manifest["num_shards"],
+            "num_examples": job.manifest["num_examples"],
+            "teacher_id": job.manifest["teacher_id"],
+        }
     if d.action == "verify":
         return _done(job.out_dir, verify_corpus(job.out_dir))
     if job.manifest.get("complete") and all(shard_is_done(job.out_dir, s) for s in job.manifest["shards"]):
@@ -448,8 +402,13 @@ def run(cfg, overrides: Sequence[str] = ()) -> dict[str, Any]:
     # finish together both verify, which is harmless: verification is idempotent and writes atomically).
     st = status(job.out_dir, job.manifest)
     if st["missing"]:
-        log.info("%d/%d shards on disk; the rest belong to other workers. The last worker to finish verifies "
-                 "the corpus, or run `%s distill.action=verify`", st["shards_on_disk"], st["shards"], job.command)
+        log.info(
+            "%d/%d shards on disk; the rest belong to other workers. The last worker to finish verifies "
+            "the corpus, or run `%s distill.action=verify`",
+            st["shards_on_disk"],
+            st["shards"],
+            job.command,
+        )
         return {**stats, **st}
     if not d.get("verify", True):
         return {**stats, **st}
@@ -473,18 +432,30 @@ def _run_lightning(job: Job) -> dict[str, Any]:
             w = Worker(self.global_rank, self.trainer.world_size, self.local_rank, "Lightning DDP")
             return run_worker(job, w, device=self.device)
 
-    trainer = pl.Trainer(accelerator=accelerator, devices=devices, num_nodes=nodes,
-                         strategy="ddp" if devices * nodes > 1 else "auto", logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         use_distributed_sampler=False)
+    trainer = pl.Trainer(
+        accelerator=accelerator,
+        devices=devices,
+        num_nodes=nodes,
+        strategy="ddp" if devices * nodes > 1 else "auto",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+    )
     return trainer.predict(DistillPredict(), return_predictions=True)[0]
 
 
 def _done(out_dir: Path, m: dict, **extra) -> dict[str, Any]:
     bleu = m.get("teacher_bleu") or {}
     log.info("complete: %s — %d examples, teacher BLEU %s vs gold", out_dir, m["num_examples"], bleu.get("bleu"))
-    return {"out_dir": str(out_dir), "complete": bool(m.get("complete")), "num_examples": m["num_examples"],
-            "teacher_bleu": bleu.get("bleu"), **extra}
+    return {
+        "out_dir": str(out_dir),
+        "complete": bool(m.get("complete")),
+        "num_examples": m["num_examples"],
+        "teacher_bleu": bleu.get("bleu"),
+        **extra,
+    }
 
 
 __all__ = ["run", "prepare", "run_worker", "translate_ids", "Job", "DEFAULT_COMMAND"]  # noqa: F822 - module __getattr__

@@ -7,6 +7,7 @@ the model's response ids into the `{"prompt", "response"}` record that LMEncoder
 answers with nothing (EOS at once) is reported, not written (an empty response has nothing to learn).
 The sharded, resumable job around it (manifest, shards, workers) is job.py's.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,9 +23,18 @@ def row_seed(seed: int, record_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{record_id}".encode()).digest()[:8], "little") >> 1
 
 
-def respond_ids(model, prompts: Sequence[Sequence[int]], *, max_len: Any, max_sentences: int = 32,
-                max_tokens: int | None = None, temperature: float = 0.0, seed: int = 0,
-                record_ids: Sequence[str] | None = None, progress=None) -> list[list[int]]:
+def respond_ids(
+    model,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_len: Any,
+    max_sentences: int = 32,
+    max_tokens: int | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    record_ids: Sequence[str] | None = None,
+    progress=None,
+) -> list[list[int]]:
     """The model's responses (ids, EOS cut) to `prompts`, in their order. temperature 0: greedy."""
     from bpd_train.data.sampler import length_batches
     from bpd_train.decoding import greedy, parse_max_len
@@ -39,8 +49,9 @@ def respond_ids(model, prompts: Sequence[Sequence[int]], *, max_len: Any, max_se
         rows = [list(prompts[i]) for i in batch]
         with torch.no_grad():
             if temperature > 0:
-                r = sample(model, rows, max_len=ml, temperature=temperature,
-                           row_seeds=[row_seed(seed, ids[i]) for i in batch])
+                r = sample(
+                    model, rows, max_len=ml, temperature=temperature, row_seeds=[row_seed(seed, ids[i]) for i in batch]
+                )
             else:
                 r = greedy(model, rows, max_len=ml)
         for row, i in enumerate(batch):
@@ -50,8 +61,15 @@ def respond_ids(model, prompts: Sequence[Sequence[int]], *, max_len: Any, max_se
     return out  # type: ignore[return-value]
 
 
-def distilled_record(record: Mapping[str, Any], response_ids: Sequence[int], tok, *, src_lang: str | None = None,
-                     tgt_lang: str | None = None, where: str = "record") -> dict[str, Any] | None:
+def distilled_record(
+    record: Mapping[str, Any],
+    response_ids: Sequence[int],
+    tok,
+    *,
+    src_lang: str | None = None,
+    tgt_lang: str | None = None,
+    where: str = "record",
+) -> dict[str, Any] | None:
     """The record LMEncoder trains on, with the model's response: {"prompt", "response"} (translation pairs
     become their prompt text), or for a chat {"messages": the conversation + the model's assistant turn}.
     None when the response is empty (the caller counts and reports those: nothing to learn from them).
@@ -68,8 +86,9 @@ def distilled_record(record: Mapping[str, Any], response_ids: Sequence[int], tok
     return {"prompt": prompt, "response": text}
 
 
-def prompt_ids(record: Mapping[str, Any], tok, *, src_lang: str | None = None, tgt_lang: str | None = None,
-               where: str = "record") -> list[int]:
+def prompt_ids(
+    record: Mapping[str, Any], tok, *, src_lang: str | None = None, tgt_lang: str | None = None, where: str = "record"
+) -> list[int]:
     """The ids the model is prompted with for a record (what LMEncoder puts before the response)."""
     prompt, rendered = prompt_of(record, tok, src_lang, tgt_lang, where)
     ids = tok.encode(prompt, add_special_tokens=not rendered)

@@ -4,6 +4,7 @@ Shards are handed out round-robin over `count` workers (see data.distilled.shard
 (array task) x (rank inside the task): index = task * ranks + rank, count = tasks * ranks. No process group
 is needed: workers share nothing but the output folder, so they never wait for each other.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,20 +54,23 @@ def _array(env: Mapping[str, str]) -> tuple[int, int] | None:
     if tid is None:
         return None
     if count is None:
-        raise DistillError("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not; "
-                           "set both, or distill.worker_index/num_workers")
+        raise DistillError(
+            "SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not; "
+            "set both, or distill.worker_index/num_workers"
+        )
     lo, hi = _int(env, "SLURM_ARRAY_TASK_MIN"), _int(env, "SLURM_ARRAY_TASK_MAX")
     lo = 0 if lo is None else lo
     step = _int(env, "SLURM_ARRAY_TASK_STEP") or (((hi - lo) // (count - 1)) if hi is not None and count > 1 else 1)
     idx, rem = divmod(tid - lo, max(step, 1))
     if rem or not 0 <= idx < count:
-        raise DistillError(f"SLURM array task {tid} does not fit --array={lo}-{hi}:{step} with {count} tasks; "
-                           "use a plain range such as --array=0-7")
+        raise DistillError(
+            f"SLURM array task {tid} does not fit --array={lo}-{hi}:{step} with {count} tasks; "
+            "use a plain range such as --array=0-7"
+        )
     return idx, count
 
 
-def detect_worker(env: Mapping[str, str] | None = None, index: int | None = None,
-                  count: int | None = None) -> Worker:
+def detect_worker(env: Mapping[str, str] | None = None, index: int | None = None, count: int | None = None) -> Worker:
     """Explicit index/count win (distill.worker_index/num_workers); otherwise the environment decides."""
     env = os.environ if env is None else env
     if (index is None) != (count is None):

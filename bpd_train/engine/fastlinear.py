@@ -13,6 +13,7 @@ row quantised to int8 with its own scale; the kernels multiply with vpdpbusd on 
 the same integer sums either way, see `int8_compute`; BPD_INT8_COMPUTE=0: weight-only int8, activations fp32).
 Exact blockwise decoding equals greedy decoding of the same precision.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,8 +32,8 @@ log = logging.getLogger(__name__)
 
 DTYPES = ("fp32", "bf16", "int8")
 _MODE = {"fp32": 0, "bf16": 1, "int8": 2}
-_COMPUTE_MODE = {"bf16": 3, "int8": 4}   # csrc/vec.h Mode BF16D / I8D: activations in that precision too
-_BF16_AMX = 5                            # csrc/vec.h Mode BF16A: bf16 x bf16 on AMX tiles, every row count
+_COMPUTE_MODE = {"bf16": 3, "int8": 4}  # csrc/vec.h Mode BF16D / I8D: activations in that precision too
+_BF16_AMX = 5  # csrc/vec.h Mode BF16A: bf16 x bf16 on AMX tiles, every row count
 _lock = threading.Lock()
 _ext = None
 _ext_tried = False
@@ -56,6 +57,7 @@ def cpu_model() -> str:
     except OSError:
         pass
     import platform
+
     return platform.processor() or platform.machine()
 
 
@@ -103,9 +105,10 @@ def native_kernels():
         if os.uname().machine not in ("x86_64", "AMD64"):
             return None
         csrc = Path(__file__).with_name("csrc")
-        src = csrc / "linear.cpp"                      # one translation unit: it includes every other part
+        src = csrc / "linear.cpp"  # one translation unit: it includes every other part
         try:
             from torch.utils.cpp_extension import _get_build_directory, load
+
             # CPU flags, sources (every file in csrc/, headers included) and checkout in the name: a build for
             # another CPU or an older source is never loaded, and two checkouts never rebuild into (and wait on the
             # lock of) one folder
@@ -126,12 +129,17 @@ def native_kernels():
                 log.warning("removing a stale build lock %s (older than 10 min)", lock)
                 lock.unlink(missing_ok=True)
             if not any(build.glob("*.so")):
-                print(f"bpd-train: compiling the CPU decode kernels once (~40 s; cached in {build.parent})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"bpd-train: compiling the CPU decode kernels once (~40 s; cached in {build.parent})",
+                    file=sys.stderr,
+                    flush=True,
+                )
             _ext = load(name=name, sources=[str(src)], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as e:  # no compiler, no AVX2, read-only cache, ...: correct but slower
-            log.warning("native decode kernels unavailable (%s); decoding uses torch's F.linear",
-                        str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
+            log.warning(
+                "native decode kernels unavailable (%s); decoding uses torch's F.linear",
+                str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__,
+            )
             _ext = None
     return _ext
 
@@ -220,7 +228,7 @@ class PackedLinear:
                 # an output projection's argmax (head 1) read through an int8 copy and a proven error bound, the
                 # few outputs that can win computed in fp32: the same ids and bits (csrc/screen.h)
                 self.lin.add_screen(w.float().contiguous())
-                self.screened = self.lin.screened()   # (not where a weight is inf / NaN)
+                self.screened = self.lin.screened()  # (not where a weight is inf / NaN)
         elif dtype == "fp32":
             self.weight = w
         elif dtype == "bf16":

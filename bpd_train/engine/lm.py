@@ -2,6 +2,7 @@
 for LMModel (model/lm/model.py), as engine/mt.py's DecodeWeights is for the encoder-decoder BPDModel. The model
 definition stays in model/lm/; this module is the decode engine's side: packed linears, the native layer stack and
 the native loops (engine/fastlinear.py, csrc/lm.h)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,8 +47,10 @@ class LMDecodeWeights(DecodeStep):
         emb = model.output_weight()
         ext = native_kernels() if emb.device.type == "cpu" and emb.dtype == torch.float32 else None
         if ext is None and dt != "fp32":
-            raise ValueError(f"decoder-only models decode in fp32 where the native CPU kernels do not run "
-                             f"(decode dtype {dt!r} asked; engine: torch)")
+            raise ValueError(
+                f"decoder-only models decode in fp32 where the native CPU kernels do not run "
+                f"(decode dtype {dt!r} asked; engine: torch)"
+            )
         self.vocab_size = c.vocab_size
         self.k, self.d = c.block_size, c.d_model
         self.stats: dict = {}
@@ -59,10 +62,11 @@ class LMDecodeWeights(DecodeStep):
         self.pdt = (options.proposal_dtype or dt) if self.identity_p1 else dt
         self.proj = PackedLinear(emb, None, dt, screen=True)
         self.draft_ids, self.draft_proj = draft_projection(emb, None, options.draft_vocab, self.pdt)
-        self.prop_proj = self.draft_proj or (self.proj if self.pdt == dt or heads is None
-                                             else PackedLinear(emb, None, self.pdt))
+        self.prop_proj = self.draft_proj or (
+            self.proj if self.pdt == dt or heads is None else PackedLinear(emb, None, self.pdt)
+        )
         self._props: dict[tuple[int, int], tuple] = {}
-        self.verify_group: int | None = None        # as DecodeWeights: None = verify_groups decides
+        self.verify_group: int | None = None  # as DecodeWeights: None = verify_groups decides
         self.batch_verify_group: int | None = None
         self.ext = ext
         self.native_layers = self.native_loop = None
@@ -74,12 +78,28 @@ class LMDecodeWeights(DecodeStep):
                 lins = [_plin(a.qkv, dt), _plin(a.o, dt), _plin(m.gate_up, dt), _plin(m.down, dt)]
                 self.lin.append(lins)
                 n1, n2 = layer._modules["norm1"], layer._modules["norm2"]
-                layers.append(ext.LMLayer(a.n_heads, a.n_kv, a.dh, n1.eps, n1._parameters["weight"].detach(),
-                                          lins[0].lin, lins[1].lin, n2._parameters["weight"].detach(), lins[2].lin,
-                                          lins[3].lin))
+                layers.append(
+                    ext.LMLayer(
+                        a.n_heads,
+                        a.n_kv,
+                        a.dh,
+                        n1.eps,
+                        n1._parameters["weight"].detach(),
+                        lins[0].lin,
+                        lins[1].lin,
+                        n2._parameters["weight"].detach(),
+                        lins[2].lin,
+                        lins[3].lin,
+                    )
+                )
             norm = model._modules["norm"]
-            self.native_layers = ext.LMNet(layers, model._modules["embed"]._parameters["weight"].detach(),
-                                           norm._parameters["weight"].detach(), norm.eps, self.proj.lin)
+            self.native_layers = ext.LMNet(
+                layers,
+                model._modules["embed"]._parameters["weight"].detach(),
+                norm._parameters["weight"].detach(),
+                norm.eps,
+                self.proj.lin,
+            )
             # the native loops: head 1 is the LM head itself (identity_p1; BPD heads with their own head 1 take
             # the Python steps over the same native pieces)
             self.native_loop = self.native_layers if self.identity_p1 else None
@@ -88,7 +108,7 @@ class LMDecodeWeights(DecodeStep):
     def final_norm(self, h: Tensor) -> Tensor:
         norm = self.model._modules["norm"]
         if self.native_layers is not None and h.dtype == torch.float32:
-            return self.ext.rms_norm(h, norm._parameters["weight"].detach(), norm.eps)   # the native loops' norm
+            return self.ext.rms_norm(h, norm._parameters["weight"].detach(), norm.eps)  # the native loops' norm
         return norm(h)
 
     def _head_lins(self, lo: int, hi: int):
@@ -105,8 +125,10 @@ class LMDecodeWeights(DecodeStep):
             else:
                 fc1, fc2 = hd.fc1._parameters, hd.fc2._parameters
                 s0, s1 = hd.slot(lo), hd.slot(hi)
-                lins = [PackedLinear(fc1["weight"], fc1["bias"], dt),
-                        PackedLinear(fc2["weight"][s0 * d:s1 * d], fc2["bias"][s0 * d:s1 * d], dt)]
+                lins = [
+                    PackedLinear(fc1["weight"], fc1["bias"], dt),
+                    PackedLinear(fc2["weight"][s0 * d : s1 * d], fc2["bias"][s0 * d : s1 * d], dt),
+                ]
                 kind, nl = 0, 0
             prop = None
             if self.ext is not None and all(p.lin is not None for p in lins) and self.prop_proj.lin is not None:
@@ -172,8 +194,19 @@ class LMDecodeWeights(DecodeStep):
         if net is not None and max_steps > 0:
             t, per_row = cache_start(state)
             toks, h, self.last_seconds = self.ext.lm_greedy_steps(
-                tok, net, state.self_kv, state.lpad, state.cos, state.sin, t, per_row, _stops(eos),
-                torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps), False)
+                tok,
+                net,
+                state.self_kv,
+                state.lpad,
+                state.cos,
+                state.sin,
+                t,
+                per_row,
+                _stops(eos),
+                torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)),
+                int(max_steps),
+                False,
+            )
             return toks.numpy(), h
         return python_greedy_steps(self, model, state, tok, room, max_steps, eos)
 
@@ -184,8 +217,19 @@ class LMDecodeWeights(DecodeStep):
             return None
         t, per_row = cache_start(state)
         toks, ends, self.last_seconds = self.ext.lm_greedy_steps(
-            tok, net, state.self_kv, state.lpad, state.cos, state.sin, t, per_row, _stops(self.stops),
-            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps), True)
+            tok,
+            net,
+            state.self_kv,
+            state.lpad,
+            state.cos,
+            state.sin,
+            t,
+            per_row,
+            _stops(self.stops),
+            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)),
+            int(max_steps),
+            True,
+        )
         return toks.numpy(), ends.numpy()
 
     def _block_prop(self, w: int, max_steps: int):
@@ -199,8 +243,18 @@ class LMDecodeWeights(DecodeStep):
             return [], 0
         return [torch.from_numpy(np.ascontiguousarray(c, dtype=np.int64)) for c in context], n
 
-    def block_steps(self, model, state, x: np.ndarray, room: int, max_steps: int, eos=None, width: int | None = None,
-                    rule: tuple[int, float] = (0, -1.0), context=None):
+    def block_steps(
+        self,
+        model,
+        state,
+        x: np.ndarray,
+        room: int,
+        max_steps: int,
+        eos=None,
+        width: int | None = None,
+        rule: tuple[int, float] = (0, -1.0),
+        context=None,
+    ):
         """DecodeWeights.block_steps (same contract) for one row: blockwise steps as one native call, or None
         where the native kernels do not run this model. context: [the row's prompt and tokens so far] for
         prompt lookup (DecodeOptions.lookup)."""
@@ -209,15 +263,38 @@ class LMDecodeWeights(DecodeStep):
         if prop is None:
             return None
         toks, nc, nxt, hn, ended, self.last_seconds = self.ext.lm_block_steps(
-            torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)), self.native_loop, prop, state.self_kv,
-            state.lpad, state.cos, state.sin, state.base + state.lengths,
-            _stops(self.stops if eos is None else eos), int(room), int(max_steps),
-            self.verify_group or verify_groups(self.proj)[0], w, *rule, *self._context(context))
+            torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)),
+            self.native_loop,
+            prop,
+            state.self_kv,
+            state.lpad,
+            state.cos,
+            state.sin,
+            state.base + state.lengths,
+            _stops(self.stops if eos is None else eos),
+            int(room),
+            int(max_steps),
+            self.verify_group or verify_groups(self.proj)[0],
+            w,
+            *rule,
+            *self._context(context),
+        )
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
-    def batch_block_steps(self, model, state, x: np.ndarray, lengths: np.ndarray, room: np.ndarray, max_steps: int,
-                          width: int | None = None, eos=None, rule: tuple[int, float] = (0, -1.0),
-                          to_end: bool = False, context=None):
+    def batch_block_steps(
+        self,
+        model,
+        state,
+        x: np.ndarray,
+        lengths: np.ndarray,
+        room: np.ndarray,
+        max_steps: int,
+        width: int | None = None,
+        eos=None,
+        rule: tuple[int, float] = (0, -1.0),
+        to_end: bool = False,
+        context=None,
+    ):
         """DecodeWeights.batch_block_steps (same contract, to_end too) for R rows in per-row cache mode, or None
         where the native kernels do not run this model. context: each row's prompt and tokens so far (lookup)."""
         w = x.shape[1] if width is None else int(width)
@@ -225,12 +302,24 @@ class LMDecodeWeights(DecodeStep):
         if prop is None:
             return None
         toks, nc, nxt, hn, ended, self.last_seconds = self.ext.lm_batch_block_steps(
-            torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)), self.native_loop, prop, state.self_kv,
-            state.lpad, state.cos, state.sin, state.base,
+            torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)),
+            self.native_loop,
+            prop,
+            state.self_kv,
+            state.lpad,
+            state.cos,
+            state.sin,
+            state.base,
             torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)),
             _stops(self.stops if eos is None else eos),
-            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps),
-            self.batch_verify_group or verify_groups(self.proj)[1], w, *rule, bool(to_end), *self._context(context))
+            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)),
+            int(max_steps),
+            self.batch_verify_group or verify_groups(self.proj)[1],
+            w,
+            *rule,
+            bool(to_end),
+            *self._context(context),
+        )
         if to_end:
             return toks.numpy(), nc.numpy(), int(nxt[0]), ended.numpy()
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)

@@ -7,6 +7,7 @@ through the same DecodeWeights, so they share one arithmetic path (engine/fastli
 decoding reproduces greedy decoding of the same precision. `BPDModel.decode_weights()` caches it
 (engine/packed.py cached_step_weights).
 """
+
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
@@ -23,6 +24,7 @@ from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps
 
 class StepWeights(NamedTuple):
     """One decoder layer's tensors and packed linears for decode_step."""
+
     n_heads: int
     shape: tuple
     eps: float
@@ -38,7 +40,7 @@ class StepWeights(NamedTuple):
     n3_b: Tensor
     f1: PackedLinear
     f2: PackedLinear
-    pre_norm: bool = True    # False: post-norm (imported Marian models); see layers.decode_step
+    pre_norm: bool = True  # False: post-norm (imported Marian models); see layers.decode_step
     act: Callable[[Tensor], Tensor] = torch.relu
 
 
@@ -51,7 +53,7 @@ class DecodeWeights(DecodeStep):
     """Decode-step weights of one BPDModel (see the module docstring; the DecodeStep of engine/step.py). h below is
     the decoder output [...,D] before the final norm."""
 
-    multi_stop = False   # one eos id ends a row
+    multi_stop = False  # one eos id ends a row
 
     def __init__(self, model: nn.Module, options: DecodeOptions):
         self.options = options
@@ -61,22 +63,55 @@ class DecodeWeights(DecodeStep):
             m = layer._modules
             sa, ca, ffn = m["self_attn"]._modules, m["cross_attn"]._modules, m["ffn"]._modules
             n1, n2, n3 = (m[k]._parameters for k in ("norm1", "norm2", "norm3"))
-            self.layers.append(StepWeights(
-                layer.self_attn.n_heads, m["norm1"].normalized_shape, m["norm1"].eps,
-                n1["weight"], n1["bias"], _lin(sa["qkv"], dt), _lin(sa["out"], dt),
-                n2["weight"], n2["bias"], _lin(ca["q"], dt), _lin(ca["out"], dt),
-                n3["weight"], n3["bias"], _lin(ffn["fc1"], dt), _lin(ffn["fc2"], dt),
-                layer.pre_norm, layer.ffn.act))
+            self.layers.append(
+                StepWeights(
+                    layer.self_attn.n_heads,
+                    m["norm1"].normalized_shape,
+                    m["norm1"].eps,
+                    n1["weight"],
+                    n1["bias"],
+                    _lin(sa["qkv"], dt),
+                    _lin(sa["out"], dt),
+                    n2["weight"],
+                    n2["bias"],
+                    _lin(ca["q"], dt),
+                    _lin(ca["out"], dt),
+                    n3["weight"],
+                    n3["bias"],
+                    _lin(ffn["fc1"], dt),
+                    _lin(ffn["fc2"], dt),
+                    layer.pre_norm,
+                    layer.ffn.act,
+                )
+            )
         # the native step runs all layers in one C++ call where every linear is on the native kernels (it
         # implements the pre-norm ReLU layer only; imported post-norm / gelu / swish layers run in Python)
         self.ext = self.layers[0].qkv.native if self.layers else None
         self.native_layers = None
-        if self.ext is not None and all(lin.lin is not None for w in self.layers
-                                         for lin in (w.qkv, w.so, w.q, w.co, w.f1, w.f2)) \
-                and all(w.pre_norm and w.act is torch.relu for w in self.layers):
-            self.native_layers = [self.ext.StepLayer(w.n_heads, w.eps, w.n1_w, w.n1_b, w.qkv.lin, w.so.lin, w.n2_w,
-                                                     w.n2_b, w.q.lin, w.co.lin, w.n3_w, w.n3_b, w.f1.lin, w.f2.lin)
-                                  for w in self.layers]
+        if (
+            self.ext is not None
+            and all(lin.lin is not None for w in self.layers for lin in (w.qkv, w.so, w.q, w.co, w.f1, w.f2))
+            and all(w.pre_norm and w.act is torch.relu for w in self.layers)
+        ):
+            self.native_layers = [
+                self.ext.StepLayer(
+                    w.n_heads,
+                    w.eps,
+                    w.n1_w,
+                    w.n1_b,
+                    w.qkv.lin,
+                    w.so.lin,
+                    w.n2_w,
+                    w.n2_b,
+                    w.q.lin,
+                    w.co.lin,
+                    w.n3_w,
+                    w.n3_b,
+                    w.f1.lin,
+                    w.f2.lin,
+                )
+                for w in self.layers
+            ]
         self.native_encoder = self._native_encoder(model) if self.native_layers is not None else None
         norm = model.decoder_norm
         self.norm = (norm.normalized_shape, norm.weight, norm.bias, norm.eps) if norm is not None else None
@@ -97,22 +132,32 @@ class DecodeWeights(DecodeStep):
         self.draft_ids, self.draft_proj = draft_projection(emb, bias, options.draft_vocab, self.pdt)
         # the projection proposals are made with: the draft's, else head 1's own unless proposals have their
         # own precision
-        self.prop_proj = self.draft_proj or (self.proj if self.pdt == dt or heads is None
-                                             else PackedLinear(emb, bias, self.pdt))
+        self.prop_proj = self.draft_proj or (
+            self.proj if self.pdt == dt or heads is None else PackedLinear(emb, bias, self.pdt)
+        )
         # chained heads (model/heads.py ChainHeads): per head 2..k its token map, FFN in and out, in the proposal
         # precision, and the token embedding they read (self.chain: the same for the native kernels)
         self.chained = bool(getattr(heads, "chained", False))
         self.chain = None
         if self.chained:
             hp = heads._parameters
-            self._chain_lins = [(PackedLinear(hp["tok"][j], None, self.pdt), PackedLinear(hp["w1"][j], hp["b1"][j], self.pdt),
-                                 PackedLinear(hp["w2"][j], hp["b2"][j], self.pdt)) for j in range(self.k - 1)]
+            self._chain_lins = [
+                (
+                    PackedLinear(hp["tok"][j], None, self.pdt),
+                    PackedLinear(hp["w1"][j], hp["b1"][j], self.pdt),
+                    PackedLinear(hp["w2"][j], hp["b2"][j], self.pdt),
+                )
+                for j in range(self.k - 1)
+            ]
             self._chain_emb = (model._modules["embed"]._parameters["weight"].detach(), float(model.embed_scale))
             if self.ext is not None and all(lin.lin is not None for lins in self._chain_lins for lin in lins):
-                self.chain = self.ext.ChainProp([t.lin for t, _, _ in self._chain_lins],
-                                                [f1.lin for _, f1, _ in self._chain_lins],
-                                                [f2.lin for _, _, f2 in self._chain_lins],
-                                                self._chain_emb[0].float().contiguous(), self._chain_emb[1])
+                self.chain = self.ext.ChainProp(
+                    [t.lin for t, _, _ in self._chain_lins],
+                    [f1.lin for _, f1, _ in self._chain_lins],
+                    [f2.lin for _, _, f2 in self._chain_lins],
+                    self._chain_emb[0].float().contiguous(),
+                    self._chain_emb[1],
+                )
 
         # head 1's positions per pass of the lazy verification, batch 1 / batch > 1 (None: verify_groups decides)
         self.verify_group: int | None = None
@@ -125,10 +170,32 @@ class DecodeWeights(DecodeStep):
             ext, scale, proj = self.ext, float(model.embed_scale), self.proj.lin
             self._emb_scale = scale
 
-            def native_loop(tok, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t, lengths, room, n, eos,
-                            to_end=False):
-                return ext.greedy_steps(tok, emb_w, scale, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t,
-                                        lengths, nw, nb, eps, proj, eos, room, n, to_end)
+            def native_loop(
+                tok, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t, lengths, room, n, eos, to_end=False
+            ):
+                return ext.greedy_steps(
+                    tok,
+                    emb_w,
+                    scale,
+                    pe,
+                    max_pos,
+                    layers,
+                    self_kv,
+                    mem_kv,
+                    mem_mask,
+                    g,
+                    t,
+                    lengths,
+                    nw,
+                    nb,
+                    eps,
+                    proj,
+                    eos,
+                    room,
+                    n,
+                    to_end,
+                )
+
             self.native_loop = native_loop
 
     def _native_encoder(self, model: nn.Module):
@@ -145,14 +212,30 @@ class DecodeWeights(DecodeStep):
             if any(lin.lin is None for lin in lins):
                 return None
             n1, n2 = m["norm1"], m["norm2"]
-            layers.append(ext.EncLayer(layer.attn.n_heads, n1.eps, n1.weight, n1.bias, lins[0].lin, lins[1].lin,
-                                       n2.weight, n2.bias, lins[2].lin, lins[3].lin))
+            layers.append(
+                ext.EncLayer(
+                    layer.attn.n_heads,
+                    n1.eps,
+                    n1.weight,
+                    n1.bias,
+                    lins[0].lin,
+                    lins[1].lin,
+                    n2.weight,
+                    n2.bias,
+                    lins[2].lin,
+                    lins[3].lin,
+                )
+            )
         kv = [_lin(layer._modules["cross_attn"]._modules["kv"], "fp32") for layer in model.decoder_layers]
         if any(lin.lin is None for lin in kv):
             return None
         norm = model.encoder_norm
-        return (layers, (norm.weight, norm.bias, norm.eps) if norm is not None else (None, None, 0.0),
-                [lin.lin for lin in kv], model.decoder_layers[0].cross_attn.n_heads)
+        return (
+            layers,
+            (norm.weight, norm.bias, norm.eps) if norm is not None else (None, None, 0.0),
+            [lin.lin for lin in kv],
+            model.decoder_layers[0].cross_attn.n_heads,
+        )
 
     def encode_ids(self, model: nn.Module, src: Tensor) -> tuple[Tensor, bool]:
         """The encoder stack on the native kernels (BPDModel.encode at inference): src [B,S] ids, right-padded
@@ -160,8 +243,17 @@ class DecodeWeights(DecodeStep):
         BPDModel._embed rounds it) and the padding mask are computed there too."""
         layers, (nw, nb, eps), _, _ = self.native_encoder
         table = model.src_embed if model.src_embed is not None else model.embed
-        return self.ext.encode_ids(src, table._parameters["weight"], float(model.embed_scale), model.pe,
-                                   int(model.config.pad_id), layers, nw, nb, eps)
+        return self.ext.encode_ids(
+            src,
+            table._parameters["weight"],
+            float(model.embed_scale),
+            model.pe,
+            int(model.config.pad_id),
+            layers,
+            nw,
+            nb,
+            eps,
+        )
 
     def memory_kv(self, out: Tensor) -> Tensor:
         """Every decoder layer's cross-attention keys and values of the encoder output out [B,S,d] -> [L,2,B,H,S,Dh]."""
@@ -188,8 +280,10 @@ class DecodeWeights(DecodeStep):
             s0, s1, d = hd.slot(lo), hd.slot(hi), self.d
             fc1, fc2 = hd.fc1._parameters, hd.fc2._parameters
             dt = self.pdt
-            got = self._slots[key] = (PackedLinear(fc1["weight"], fc1["bias"], dt),
-                                      PackedLinear(fc2["weight"][s0 * d:s1 * d], fc2["bias"][s0 * d:s1 * d], dt))
+            got = self._slots[key] = (
+                PackedLinear(fc1["weight"], fc1["bias"], dt),
+                PackedLinear(fc2["weight"][s0 * d : s1 * d], fc2["bias"][s0 * d : s1 * d], dt),
+            )
         return got
 
     def _chain_states(self, h: Tensor, lo: int, hi: int, first: Tensor | None):
@@ -246,8 +340,9 @@ class DecodeWeights(DecodeStep):
             return ext.norm_project_argmax(h, w, b, eps, self.proj.lin)
         return self.head1(h).argmax(-1)
 
-    def greedy_steps(self, model: nn.Module, state, tok: Tensor, room: np.ndarray, max_steps: int,
-                     eos: int | None = None):
+    def greedy_steps(
+        self, model: nn.Module, state, tok: Tensor, room: np.ndarray, max_steps: int, eos: int | None = None
+    ):
         """Up to `max_steps` greedy steps (one token per row per step, head 1's argmax fed back), stopping after
         the step in which a row ends (EOS, or its `room` tokens used up), so callers drop finished rows where
         a one-step loop would. tok [R] the next tokens to feed; the cache is written from `state.lengths` on
@@ -260,9 +355,21 @@ class DecodeWeights(DecodeStep):
         loop = self.native_loop
         if loop is not None and max_steps > 0:
             t, per_row = cache_start(state)
-            toks, h, self.last_seconds = loop(tok, model.pe, state.max_positions, self.native_layers, state.self_kv,
-                                              state.mem_kv, state.mem_mask, state.mem_group, t, per_row,
-                                              torch.from_numpy(room), max_steps, eos)
+            toks, h, self.last_seconds = loop(
+                tok,
+                model.pe,
+                state.max_positions,
+                self.native_layers,
+                state.self_kv,
+                state.mem_kv,
+                state.mem_mask,
+                state.mem_group,
+                t,
+                per_row,
+                torch.from_numpy(room),
+                max_steps,
+                eos,
+            )
             return toks.numpy(), h
         return python_greedy_steps(self, model, state, tok, room, max_steps, eos)
 
@@ -277,9 +384,22 @@ class DecodeWeights(DecodeStep):
         if loop is None or max_steps < 1 or state.mem_group != 1:
             return None
         t, per_row = cache_start(state)
-        toks, ends, self.last_seconds = loop(tok, model.pe, state.max_positions, self.native_layers, state.self_kv,
-                                             state.mem_kv, state.mem_mask, 1, t, per_row, torch.from_numpy(room),
-                                             max_steps, model.config.eos_id, True)
+        toks, ends, self.last_seconds = loop(
+            tok,
+            model.pe,
+            state.max_positions,
+            self.native_layers,
+            state.self_kv,
+            state.mem_kv,
+            state.mem_mask,
+            1,
+            t,
+            per_row,
+            torch.from_numpy(room),
+            max_steps,
+            model.config.eos_id,
+            True,
+        )
         return toks.numpy(), ends.numpy()
 
     def _block_parts(self, w: int, max_steps: int):
@@ -298,8 +418,17 @@ class DecodeWeights(DecodeStep):
         _, nw, nb, eps = self.norm
         return f1, f2, self.prop_proj, nw, nb, eps
 
-    def block_steps(self, model: nn.Module, state, x: np.ndarray, room: int, max_steps: int, eos: int | None = None,
-                    width: int | None = None, rule: tuple[int, float] = (0, -1.0)):
+    def block_steps(
+        self,
+        model: nn.Module,
+        state,
+        x: np.ndarray,
+        room: int,
+        max_steps: int,
+        eos: int | None = None,
+        width: int | None = None,
+        rule: tuple[int, float] = (0, -1.0),
+    ):
         """Blockwise steps for one row in uniform cache mode, as one native call (decoding/blockwise.py at batch 1;
         see csrc/loops.h block_steps): x [w] the fed tokens (x0 + w-1 proposals); rule: the acceptance rule's
         `native` (top_n, dist_eps), Exact by default. Returns
@@ -313,15 +442,47 @@ class DecodeWeights(DecodeStep):
             return None
         f1, f2, draft, nw, nb, eps = parts
         toks, nc, nxt, hn, ended, self.last_seconds = self.ext.block_steps(
-            torch.from_numpy(x), self._emb_w, self._emb_scale, model.pe, state.max_positions, self.native_layers,
-            state.self_kv, state.mem_kv, state.mem_mask, state.base + state.lengths, nw, nb, eps, self.proj.lin,
-            f1, f2, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos, int(room),
-            int(max_steps), self.verify_group or verify_groups(self.proj)[0], w, self.chain, *rule)
+            torch.from_numpy(x),
+            self._emb_w,
+            self._emb_scale,
+            model.pe,
+            state.max_positions,
+            self.native_layers,
+            state.self_kv,
+            state.mem_kv,
+            state.mem_mask,
+            state.base + state.lengths,
+            nw,
+            nb,
+            eps,
+            self.proj.lin,
+            f1,
+            f2,
+            draft.lin,
+            self.draft_ids,
+            model.config.eos_id if eos is None else eos,
+            int(room),
+            int(max_steps),
+            self.verify_group or verify_groups(self.proj)[0],
+            w,
+            self.chain,
+            *rule,
+        )
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 
-    def batch_block_steps(self, model: nn.Module, state, x: np.ndarray, lengths: np.ndarray, room: np.ndarray,
-                          max_steps: int, width: int | None = None, eos: int | None = None,
-                          rule: tuple[int, float] = (0, -1.0), to_end: bool = False):
+    def batch_block_steps(
+        self,
+        model: nn.Module,
+        state,
+        x: np.ndarray,
+        lengths: np.ndarray,
+        room: np.ndarray,
+        max_steps: int,
+        width: int | None = None,
+        eos: int | None = None,
+        rule: tuple[int, float] = (0, -1.0),
+        to_end: bool = False,
+    ):
         """Blockwise steps (rule: as block_steps) for R rows in per-row cache mode, as one native call (decoding/blockwise.py at
         batch > 1; csrc/loops.h batch_block_steps): x [R,w] the fed tokens, lengths [R] each row's cached tokens
         (after `state.base`), room [R]. Stops after the step in which a row ends. Returns (tokens [R,T] of which
@@ -338,12 +499,35 @@ class DecodeWeights(DecodeStep):
             return None
         f1, f2, draft, nw, nb, eps = parts
         toks, nc, nxt, hn, ended, self.last_seconds = self.ext.batch_block_steps(
-            torch.from_numpy(np.ascontiguousarray(x)), self._emb_w, self._emb_scale, model.pe, state.max_positions,
-            self.native_layers, state.self_kv, state.mem_kv, state.mem_mask, state.mem_group, state.base,
-            torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)), nw, nb, eps, self.proj.lin, f1,
-            f2, draft.lin, self.draft_ids, model.config.eos_id if eos is None else eos,
-            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)), int(max_steps),
-            self.batch_verify_group or verify_groups(self.proj)[1], w, self.chain, *rule, bool(to_end))
+            torch.from_numpy(np.ascontiguousarray(x)),
+            self._emb_w,
+            self._emb_scale,
+            model.pe,
+            state.max_positions,
+            self.native_layers,
+            state.self_kv,
+            state.mem_kv,
+            state.mem_mask,
+            state.mem_group,
+            state.base,
+            torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)),
+            nw,
+            nb,
+            eps,
+            self.proj.lin,
+            f1,
+            f2,
+            draft.lin,
+            self.draft_ids,
+            model.config.eos_id if eos is None else eos,
+            torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)),
+            int(max_steps),
+            self.batch_verify_group or verify_groups(self.proj)[1],
+            w,
+            self.chain,
+            *rule,
+            bool(to_end),
+        )
         if to_end:
             return toks.numpy(), nc.numpy(), int(nxt[0]), ended.numpy()
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
@@ -360,8 +544,9 @@ class DecodeWeights(DecodeStep):
                 if first is None:
                     first = self.head1_argmax(h)
                 _, w, b, eps = self.norm
-                return ext.propose_chain(h, torch.as_tensor(first, device=h.device), self.chain, hi - lo, w, b, eps, proj.lin,
-                                         self.draft_ids)
+                return ext.propose_chain(
+                    h, torch.as_tensor(first, device=h.device), self.chain, hi - lo, w, b, eps, proj.lin, self.draft_ids
+                )
             return self._chain_states(h, lo, hi, None if first is None else torch.as_tensor(first, device=h.device))[1]
         if ext is not None and lo >= 1 and self.norm is not None:
             f1, f2 = self._head_ffn(lo, hi)

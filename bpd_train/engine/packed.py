@@ -16,6 +16,7 @@ vocabulary): the key holds every parameter's storage pointer and in-place versio
                answer so far) where its last n (else fewer) tokens occurred before, the heads elsewhere: prompt
                lookup, for answers that copy from their prompt. Proposals only; the output stays greedy's.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,8 +48,9 @@ class DecodeOptions:
             object.__setattr__(self, "draft_vocab", ids)
 
 
-def draft_projection(emb: Tensor, bias: Tensor | None, draft_vocab, dtype: str
-                     ) -> tuple[Tensor | None, PackedLinear | None]:
+def draft_projection(
+    emb: Tensor, bias: Tensor | None, draft_vocab, dtype: str
+) -> tuple[Tensor | None, PackedLinear | None]:
     """The draft vocabulary's rows of the output projection (emb [V, d], bias [V] or None), packed in `dtype`:
     (ids [D], projection), or (None, None) without a draft vocabulary. Heads 2..k propose among these ids only."""
     if draft_vocab is None:
@@ -56,8 +58,12 @@ def draft_projection(emb: Tensor, bias: Tensor | None, draft_vocab, dtype: str
     ids = torch.tensor(draft_vocab, dtype=torch.long, device=emb.device)
     if int(ids.max()) >= emb.shape[0] or int(ids.min()) < 0:
         raise ValueError(f"draft_vocab holds ids outside the vocabulary (size {emb.shape[0]})")
-    return ids, PackedLinear(emb.detach().index_select(0, ids),   # (proposals read only its argmax: screened in fp32)
-                             bias.index_select(0, ids) if bias is not None else None, dtype, screen=True)
+    return ids, PackedLinear(
+        emb.detach().index_select(0, ids),  # (proposals read only its argmax: screened in fp32)
+        bias.index_select(0, ids) if bias is not None else None,
+        dtype,
+        screen=True,
+    )
 
 
 def verify_groups(proj: PackedLinear) -> tuple[int, int]:

@@ -8,6 +8,7 @@ decoder uses where present; a step without them (a test's scripted weights, say)
 h below is the decoder output [..., D] before the final norm. Exactness rests on these methods: a row's outputs
 are bit-identical whatever the number of rows or block positions computed with it, so exact blockwise decoding
 returns greedy decoding's tokens of the same precision (docs/engine.md)."""
+
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
@@ -19,15 +20,15 @@ from torch import Tensor
 
 @runtime_checkable
 class DecodeStep(Protocol):
-    options: Any                    # engine/packed.py DecodeOptions: dtype, draft_vocab, proposal_dtype
+    options: Any  # engine/packed.py DecodeOptions: dtype, draft_vocab, proposal_dtype
     vocab_size: int
-    draft_ids: Tensor | None        # the ids heads 2..k propose among (None: the full vocabulary)
-    stats: dict                     # decoders' statistics kept with these weights (adaptive feeding's)
-    last_seconds: float | None      # time of the last native loop call (what adaptive feeding compares)
-    native_loop: Any                # None where the native loops do not run (CUDA, torch engine, own head 1)
-    verify_group: int | None        # head-1 positions per pass in the loops' lazy verification, batch 1
+    draft_ids: Tensor | None  # the ids heads 2..k propose among (None: the full vocabulary)
+    stats: dict  # decoders' statistics kept with these weights (adaptive feeding's)
+    last_seconds: float | None  # time of the last native loop call (what adaptive feeding compares)
+    native_loop: Any  # None where the native loops do not run (CUDA, torch engine, own head 1)
+    verify_group: int | None  # head-1 positions per pass in the loops' lazy verification, batch 1
     batch_verify_group: int | None  # the same at batch > 1 (None: engine/packed.py verify_groups decides)
-    multi_stop: bool                # whether the native loops end rows on several stop ids
+    multi_stop: bool  # whether the native loops end rows on several stop ids
 
     def final_norm(self, h: Tensor) -> Tensor:
         """The model's final norm, as the native loops compute it."""
@@ -58,8 +59,17 @@ class DecodeStep(Protocol):
         """Exact blockwise steps for one row in one native call."""
         ...
 
-    def batch_block_steps(self, model, state, x: np.ndarray, lengths: np.ndarray, room: np.ndarray, max_steps: int,
-                          width: int | None = None, eos=None):
+    def batch_block_steps(
+        self,
+        model,
+        state,
+        x: np.ndarray,
+        lengths: np.ndarray,
+        room: np.ndarray,
+        max_steps: int,
+        width: int | None = None,
+        eos=None,
+    ):
         """Exact blockwise steps for R rows (per-row cache slots) in one native call."""
         ...
 

@@ -4,6 +4,7 @@ val/bleu, val/mean_accepted (k̂), val/speedup (and val/agreement with greedy).
 Cheap by design: a small evenly spaced subset (default 32 sentences), collected once from the validation
 dataloader (sources as fed to the model, references decoded from the gold targets), decoded on rank 0 only.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,8 +48,7 @@ def _full_state(model) -> dict:
     from itertools import chain
 
     strip = "_fsdp_wrapped_module."
-    return {n.replace(strip, ""): t.detach().clone()
-            for n, t in chain(model.named_parameters(), model.named_buffers())}
+    return {n.replace(strip, ""): t.detach().clone() for n, t in chain(model.named_parameters(), model.named_buffers())}
 
 
 def _decoding_model(trainer, model):
@@ -75,9 +75,17 @@ def _decoding_model(trainer, model):
 
 
 class BlockwiseEval(Callback):
-    def __init__(self, enabled: Any = "auto", n_sentences: int = 32, batch_size: int = 16,
-                 block_size: int | None = None, accept: str = "exact", max_len: Any = (1.5, 10),
-                 every_n_validations: int = 1, warmup: int = 1):
+    def __init__(
+        self,
+        enabled: Any = "auto",
+        n_sentences: int = 32,
+        batch_size: int = 16,
+        block_size: int | None = None,
+        accept: str = "exact",
+        max_len: Any = (1.5, 10),
+        every_n_validations: int = 1,
+        warmup: int = 1,
+    ):
         """enabled: True | False | "auto" (on when the model has heads, k > 1); block_size: None = the model's k."""
         super().__init__()
         self.enabled = enabled
@@ -134,8 +142,9 @@ class BlockwiseEval(Callback):
         metrics = self.evaluate(trainer, pl_module, decode_model)
         if metrics:
             for name, value in metrics.items():
-                pl_module.log(name, value, rank_zero_only=True, prog_bar=name == "val/mean_accepted",
-                              batch_size=self.n_sentences)
+                pl_module.log(
+                    name, value, rank_zero_only=True, prog_bar=name == "val/mean_accepted", batch_size=self.n_sentences
+                )
 
     @torch.no_grad()
     def evaluate(self, trainer, pl_module, model=None) -> dict[str, float]:
@@ -160,9 +169,17 @@ class BlockwiseEval(Callback):
         out_run = c.blockwise or c.greedy
         decode = tok.decode if hasattr(tok, "decode") else tok.sp.decode
         scores = corpus_scores([decode(t) for t in out_run.tokens], refs)
-        out = {"val/bleu": scores["bleu"], "val/mean_accepted": c.blockwise.stats.mean_accepted if c.blockwise else 1.0,
-               "val/speedup": c.speedup if c.blockwise is None or c.blockwise.seconds > 0 else 1.0,
-               "val/agreement": c.agreement}
-        log.info("blockwise eval (%d sentences, k=%d %s): %s", len(srcs), k, self.accept,
-                 ", ".join(f"{n}={v:.3f}" for n, v in out.items()))
+        out = {
+            "val/bleu": scores["bleu"],
+            "val/mean_accepted": c.blockwise.stats.mean_accepted if c.blockwise else 1.0,
+            "val/speedup": c.speedup if c.blockwise is None or c.blockwise.seconds > 0 else 1.0,
+            "val/agreement": c.agreement,
+        }
+        log.info(
+            "blockwise eval (%d sentences, k=%d %s): %s",
+            len(srcs),
+            k,
+            self.accept,
+            ", ".join(f"{n}={v:.3f}" for n, v in out.items()),
+        )
         return out

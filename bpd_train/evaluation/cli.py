@@ -1,4 +1,5 @@
 """What evaluate.py does with its Hydra config (the entry point stays thin; export.py's is bpd_train/export.py)."""
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,9 @@ log = logging.getLogger(__name__)
 
 
 def _plain(node) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) or OmegaConf.is_list(node) \
-        else node
+    return (
+        OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) or OmegaConf.is_list(node) else node
+    )
 
 
 def _hint(cfg: DictConfig) -> str:
@@ -60,8 +62,14 @@ def load_split(cfg: DictConfig, split: str, max_sentences: int | None) -> tuple[
     if max_sentences is not None and int(max_sentences) < n:
         ds = ds.select(evenly_spaced(n, int(max_sentences)))
     pairs = ds["translation"]
-    info = {"name": str(cfg.data.name), "split": split, "src_lang": src, "tgt_lang": tgt, "split_size": n,
-            "max_sentences": max_sentences}
+    info = {
+        "name": str(cfg.data.name),
+        "split": split,
+        "src_lang": src,
+        "tgt_lang": tgt,
+        "split_size": n,
+        "max_sentences": max_sentences,
+    }
     return [p[src] for p in pairs], [p[tgt] for p in pairs], info
 
 
@@ -74,8 +82,9 @@ def _load_prompts(cfg: DictConfig, files: dict, split: str, max_sentences: int |
         ds = ds.select(evenly_spaced(n, int(max_sentences)))
     cols = set(ds.column_names)
     if not ({"prompt", "response"} <= cols or "messages" in cols):
-        raise EvalError(f"evaluation reads prompt/response or chat `messages` records; {files[split]} holds "
-                        f"{ds.column_names}")
+        raise EvalError(
+            f"evaluation reads prompt/response or chat `messages` records; {files[split]} holds {ds.column_names}"
+        )
     sources, refs = [], []
     for i, rec in enumerate(ds):
         msgs = rec.get("messages")
@@ -83,8 +92,10 @@ def _load_prompts(cfg: DictConfig, files: dict, split: str, max_sentences: int |
             #       model's chat template, decoding/text.py LMText), that turn the reference
             last = msgs[-1] if isinstance(msgs[-1], dict) else {}
             if last.get("role") != "assistant" or not str(last.get("content") or "").strip():
-                raise EvalError(f"{files[split]} record {i}: a chat to evaluate must end with a non-empty assistant "
-                                "message (the reference)")
+                raise EvalError(
+                    f"{files[split]} record {i}: a chat to evaluate must end with a non-empty assistant "
+                    "message (the reference)"
+                )
             sources.append([{k: v for k, v in m.items() if v is not None} for m in msgs[:-1]])
             refs.append(str(last["content"]))
         elif rec.get("prompt") is not None and rec.get("response") is not None:
@@ -92,8 +103,14 @@ def _load_prompts(cfg: DictConfig, files: dict, split: str, max_sentences: int |
             refs.append(rec["response"])
         else:
             raise EvalError(f"{files[split]} record {i}: needs prompt and response, or messages")
-    info = {"name": str(cfg.data.name), "split": split, "prompts": True, "split_size": n,
-            "max_sentences": max_sentences, "chats": sum(not isinstance(s, str) for s in sources)}
+    info = {
+        "name": str(cfg.data.name),
+        "split": split,
+        "prompts": True,
+        "split_size": n,
+        "max_sentences": max_sentences,
+        "chats": sum(not isinstance(s, str) for s in sources),
+    }
     return sources, refs, info
 
 
@@ -113,8 +130,9 @@ def quality_split(cfg: DictConfig, timed: int, info: dict) -> tuple[list, list] 
         except (TypeError, ValueError):
             n = -1
         if n < 1:
-            raise EvalError(f"evaluate.bleu_sentences must be `all`, null or a positive number of sentences, "
-                            f"got {want!r}")
+            raise EvalError(
+                f"evaluate.bleu_sentences must be `all`, null or a positive number of sentences, got {want!r}"
+            )
     size = int(info.get("split_size") or 0)
     if (n if n is not None and n < size else size) <= timed:  # no more than the timed sentences: score those
         return None
@@ -144,14 +162,23 @@ def run_evaluate(cfg: DictConfig) -> Path:
     e, d = cfg.evaluate, cfg.decode
     if cfg.get("num_threads"):  # before any timing: the report records torch.get_num_threads()
         torch.set_num_threads(int(cfg.num_threads))
-    settings = EvalSettings(block_sizes=_plain(d.block_sizes), rules=_plain(d.rules), batch_sizes=_plain(e.batch_sizes),
-                            max_len=_plain(d.max_len), warmup=int(e.warmup), device=str(e.device),
-                            progress=bool(e.progress), dtype=str(d.get("dtype", "fp32")),
-                            draft_vocab=_plain(d.get("draft_vocab", "auto")), adaptive=_plain(d.get("adaptive", False)),
-                            proposal_dtype=_plain(d.get("proposal_dtype", "auto")), lookup=int(d.get("lookup", 0)),
-                            adaptive_speedup=bool(e.get("adaptive_speedup", True)),
-                            min_seconds=float(e.get("min_seconds") or 0.0),
-                            max_bleu_drop=float(e.get("max_bleu_drop", 1.0)))
+    settings = EvalSettings(
+        block_sizes=_plain(d.block_sizes),
+        rules=_plain(d.rules),
+        batch_sizes=_plain(e.batch_sizes),
+        max_len=_plain(d.max_len),
+        warmup=int(e.warmup),
+        device=str(e.device),
+        progress=bool(e.progress),
+        dtype=str(d.get("dtype", "fp32")),
+        draft_vocab=_plain(d.get("draft_vocab", "auto")),
+        adaptive=_plain(d.get("adaptive", False)),
+        proposal_dtype=_plain(d.get("proposal_dtype", "auto")),
+        lookup=int(d.get("lookup", 0)),
+        adaptive_speedup=bool(e.get("adaptive_speedup", True)),
+        min_seconds=float(e.get("min_seconds") or 0.0),
+        max_bleu_drop=float(e.get("max_bleu_drop", 1.0)),
+    )
     inputs = _plain(e.inputs)
     if isinstance(inputs, str):
         inputs = [inputs]
@@ -164,9 +191,20 @@ def run_evaluate(cfg: DictConfig) -> Path:
     distilled = distilled_corpus(cfg)
     sources, refs, info = load_split(cfg, str(e.split), e.max_sentences)
     quality = quality_split(cfg, len(sources), info)
-    report = evaluate_inputs(expanded, sources, refs, settings, out_dir, data_info=info, overwrite=bool(e.overwrite),
-                             plots=bool(e.plots), command=_command(), loaded=loaded,
-                             distilled_dir=distilled, quality=quality)
+    report = evaluate_inputs(
+        expanded,
+        sources,
+        refs,
+        settings,
+        out_dir,
+        data_info=info,
+        overwrite=bool(e.overwrite),
+        plots=bool(e.plots),
+        command=_command(),
+        loaded=loaded,
+        distilled_dir=distilled,
+        quality=quality,
+    )
     if str(e.wandb).lower() != "false":
         from bpd_train.evaluation.wandb_log import log_report
 

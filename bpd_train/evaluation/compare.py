@@ -1,5 +1,6 @@
 """Greedy vs blockwise on the same batches, timed interleaved: the one comparison that evaluate.py
 (evaluation/runner.py) and the in-training callback (evaluation/callback.py) both report from."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,10 +13,10 @@ from bpd_train.evaluation.metrics import DecodeStats, agreement, pad_batch, time
 
 @dataclass
 class Decoded:
-    tokens: list[list[int]]   # one per source, in the sources' order
+    tokens: list[list[int]]  # one per source, in the sources' order
     stats: DecodeStats
-    seconds: float            # timed batches only (after warm-up), every timed pass
-    passes: int = 1           # timed passes over the batches (stats and tokens: the first)
+    seconds: float  # timed batches only (after warm-up), every timed pass
+    passes: int = 1  # timed passes over the batches (stats and tokens: the first)
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Comparison:
 @dataclass
 class Batches:
     """Sources grouped by length (decoding.length_batches) and padded once, reused by every decoder compared."""
+
     groups: list[list[int]]
     tensors: list
     n: int
@@ -63,9 +65,20 @@ class Batches:
         return tokens
 
 
-def compare(model, batches: Batches, *, k: int | None, rule, max_len, device=None, warmup: int = 1,
-            adaptive: bool | float = False, also_adaptive: bool = False,
-            on_batch: Callable[[], None] | None = None, min_seconds: float = 0.0) -> Comparison:
+def compare(
+    model,
+    batches: Batches,
+    *,
+    k: int | None,
+    rule,
+    max_len,
+    device=None,
+    warmup: int = 1,
+    adaptive: bool | float = False,
+    also_adaptive: bool = False,
+    on_batch: Callable[[], None] | None = None,
+    min_seconds: float = 0.0,
+) -> Comparison:
     """Greedy and (when k > 1) blockwise with block size k and acceptance `rule` on every batch, alternating
     which runs first (metrics.time_interleaved), so the speedup is a ratio measured in one run. also_adaptive:
     blockwise with adaptive feeding as a third decoder in the same interleaved run (what the serving paths run on
@@ -73,11 +86,13 @@ def compare(model, batches: Batches, *, k: int | None, rule, max_len, device=Non
     until each decoder ran that long (metrics.time_interleaved)."""
     fns = {"greedy": lambda src: greedy(model, src, max_len=max_len)}
     if k is not None and k > 1:
-        fns["blockwise"] = lambda src: blockwise(model, src, block_size=k, accept=rule, max_len=max_len,
-                                                 adaptive=adaptive)
+        fns["blockwise"] = lambda src: blockwise(
+            model, src, block_size=k, accept=rule, max_len=max_len, adaptive=adaptive
+        )
         if also_adaptive:
-            fns["adaptive"] = lambda src: blockwise(model, src, block_size=k, accept=rule, max_len=max_len,
-                                                    adaptive=True)
+            fns["adaptive"] = lambda src: blockwise(
+                model, src, block_size=k, accept=rule, max_len=max_len, adaptive=True
+            )
     timed = time_interleaved(fns, batches.tensors, device, warmup=warmup, on_batch=on_batch, min_seconds=min_seconds)
     out = {}
     for name, t in timed.items():

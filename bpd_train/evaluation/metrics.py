@@ -1,4 +1,5 @@
 """Quality and speed metrics: sacrebleu BLEU/chrF with signatures, k̂, agreement, fair wall-clock timing."""
+
 from __future__ import annotations
 
 import time
@@ -29,14 +30,20 @@ def synchronize(device: torch.device | str | None) -> None:
 
 @dataclass
 class Timed:
-    seconds: float = 0.0       # all timed passes
-    results: list = field(default_factory=list)   # the first timed pass's, in batch order
+    seconds: float = 0.0  # all timed passes
+    results: list = field(default_factory=list)  # the first timed pass's, in batch order
     passes: int = 0
 
 
-def time_interleaved(fns: dict[str, Callable], batches: Sequence, device=None, warmup: int = 1,
-                     on_batch: Callable[[], None] | None = None, min_seconds: float = 0.0,
-                     max_passes: int = 20) -> dict[str, Timed]:
+def time_interleaved(
+    fns: dict[str, Callable],
+    batches: Sequence,
+    device=None,
+    warmup: int = 1,
+    on_batch: Callable[[], None] | None = None,
+    min_seconds: float = 0.0,
+    max_passes: int = 20,
+) -> dict[str, Timed]:
     """Run every fn on every batch, alternating which goes first per batch (so drift, caches and clock boosts hit
     all of them alike), after `warmup` untimed batches each. Returns per-fn total seconds and per-batch results
     (the results of the first timed pass, in batch order). min_seconds: more timed passes over all the batches
@@ -45,7 +52,7 @@ def time_interleaved(fns: dict[str, Callable], batches: Sequence, device=None, w
     names = list(fns)
     batches = list(batches)
     with torch.inference_mode():
-        for batch in batches[:max(0, warmup)]:
+        for batch in batches[: max(0, warmup)]:
             for n in names:
                 fns[n](batch)
         synchronize(device)
@@ -67,7 +74,6 @@ def time_interleaved(fns: dict[str, Callable], batches: Sequence, device=None, w
                     on_batch()
             for n in names:
                 out[n].passes += 1
-            if not batches or out[names[0]].passes >= max_passes or \
-                    min(t.seconds for t in out.values()) >= min_seconds:
+            if not batches or out[names[0]].passes >= max_passes or min(t.seconds for t in out.values()) >= min_seconds:
                 break
     return out

@@ -1,4 +1,5 @@
 """Evaluation reports: report.json (everything), report.md (tables shaped like the paper's Table 1), PNG plots."""
+
 from __future__ import annotations
 
 import json
@@ -9,12 +10,14 @@ from typing import Iterable
 
 from bpd_train.io import atomic_write_json, atomic_write_text
 
-NOTES = ("Cells: BLEU / k̂ / wall-clock speedup over greedy decoding of the same checkpoint. Row k = 1 is greedy "
-         "decoding itself. k̂ = generated tokens per decoder call after the prefill call (per sentence, "
-         "averaged over accepted blocks); speedup = greedy seconds ÷ blockwise seconds on the same batches, "
-         "greedy and blockwise alternating, after warm-up. \"(adaptive a×)\": the same blockwise decoding with "
-         "adaptive feeding (proposals only while the heads pay, else greedy steps; the same output), timed in the "
-         "same run: what translate.py and Translator run on the CPU with exact acceptance.")
+NOTES = (
+    "Cells: BLEU / k̂ / wall-clock speedup over greedy decoding of the same checkpoint. Row k = 1 is greedy "
+    "decoding itself. k̂ = generated tokens per decoder call after the prefill call (per sentence, "
+    "averaged over accepted blocks); speedup = greedy seconds ÷ blockwise seconds on the same batches, "
+    'greedy and blockwise alternating, after warm-up. "(adaptive a×)": the same blockwise decoding with '
+    "adaptive feeding (proposals only while the heads pay, else greedy steps; the same output), timed in the "
+    "same run: what translate.py and Translator run on the CPU with exact acceptance."
+)
 
 
 def cell_text(r: dict) -> str:
@@ -25,9 +28,11 @@ def cell_text(r: dict) -> str:
     return out
 
 
-BEST_RULE = ("the fastest of: the base model (greedy, 1.00×) and every heads run whose exact blockwise decoding "
-             "(output identical to its own greedy decoding) at the smallest batch size keeps BLEU within {drop:g} of "
-             "the base model's greedy BLEU; speed is the measured speedup over greedy decoding")
+BEST_RULE = (
+    "the fastest of: the base model (greedy, 1.00×) and every heads run whose exact blockwise decoding "
+    "(output identical to its own greedy decoding) at the smallest batch size keeps BLEU within {drop:g} of "
+    "the base model's greedy BLEU; speed is the measured speedup over greedy decoding"
+)
 
 
 def quality(entry: dict) -> dict:
@@ -110,8 +115,12 @@ def add_comparisons(report: dict) -> None:
     to recommend (report["best"], see BEST_RULE)."""
     base, teacher = base_entry(report), report.get("teacher") or {}
     base_bleu = quality(base)["bleu"] if base else None
-    report["comparison"] = {"base": base["name"] if base else None, "base_bleu": base_bleu,
-                            "teacher_bleu": teacher.get("bleu"), "teacher_train_bleu": teacher.get("train_bleu")}
+    report["comparison"] = {
+        "base": base["name"] if base else None,
+        "base_bleu": base_bleu,
+        "teacher_bleu": teacher.get("bleu"),
+        "teacher_train_bleu": teacher.get("train_bleu"),
+    }
     for c in report["checkpoints"]:
         c["bleu_vs_base"] = _diff(quality(c)["bleu"], base_bleu)
         c["bleu_vs_teacher"] = _diff(quality(c)["bleu"], teacher.get("bleu"))
@@ -124,25 +133,45 @@ def choose_best(report: dict) -> dict:
     rule = BEST_RULE.format(drop=drop) + (f"; BLEU{_over(report)} of the split" if _over(report) else "")
     base = base_entry(report)
     if base is None:
-        return {"checkpoint": None, "path": None, "rule": rule,
-                "reason": "no base model among the evaluated checkpoints: no BLEU to hold the heads runs to"}
+        return {
+            "checkpoint": None,
+            "path": None,
+            "rule": rule,
+            "reason": "no base model among the evaluated checkpoints: no BLEU to hold the heads runs to",
+        }
     floor = quality(base)["bleu"] - drop
     bs = min(report["settings"]["batch_sizes"])
-    rows = [r for r in report["rows"] if r["rule"] == "exact" and r["batch_size"] == bs and r["model_k"] > 1
-            and r["agreement"] == 100.0 and r["speedup"] is not None and not math.isnan(r["speedup"])]
+    rows = [
+        r
+        for r in report["rows"]
+        if r["rule"] == "exact"
+        and r["batch_size"] == bs
+        and r["model_k"] > 1
+        and r["agreement"] == 100.0
+        and r["speedup"] is not None
+        and not math.isnan(r["speedup"])
+    ]
     bleu = {c["name"]: quality(c)["bleu"] for c in report["checkpoints"]}  # exact output = greedy output
     ok = [r for r in rows if bleu[r["checkpoint"]] >= floor - 1e-9]
     fastest = max(ok, key=lambda r: (r["speedup"], r["mean_accepted"]), default=None)
     path = {c["name"]: c["path"] for c in report["checkpoints"]}
     if fastest is not None and fastest["speedup"] > 1.0:
-        return {"checkpoint": fastest["checkpoint"], "path": path[fastest["checkpoint"]], "k": fastest["k"],
-                "rule": rule, "reason": f"{fastest['speedup']:.2f}× at k = {fastest['k']}, BLEU "
-                                        f"{bleu[fastest['checkpoint']]:.2f} vs base {quality(base)['bleu']:.2f}"
-                                        f"{_over(report)}"}
+        return {
+            "checkpoint": fastest["checkpoint"],
+            "path": path[fastest["checkpoint"]],
+            "k": fastest["k"],
+            "rule": rule,
+            "reason": f"{fastest['speedup']:.2f}× at k = {fastest['k']}, BLEU "
+            f"{bleu[fastest['checkpoint']]:.2f} vs base {quality(base)['bleu']:.2f}"
+            f"{_over(report)}",
+        }
     lost = sorted({r["checkpoint"] for r in rows} - {r["checkpoint"] for r in ok})
-    why = ("no heads run is within the BLEU margin" if not ok else
-           f"no heads run within the BLEU margin is faster than greedy decoding (best: {fastest['checkpoint']}, "
-           f"{fastest['speedup']:.2f}× at k = {fastest['k']})")
+    why = (
+        "no heads run is within the BLEU margin"
+        if not ok
+        else f"no heads run within the BLEU margin is faster than greedy decoding (best: {fastest['checkpoint']}, "
+        f"{fastest['speedup']:.2f}× at k = {fastest['k']})"
+    )
     if lost:
         why += f"; lost too much BLEU: {', '.join(lost)}"
     return {"checkpoint": base["name"], "path": base["path"], "k": 1, "rule": rule, "reason": f"the base model: {why}"}
@@ -152,24 +181,37 @@ def comparison_table(report: dict) -> str:
     """One row per checkpoint: greedy BLEU, its difference from the base and the teacher, k̂ and speedup at its k."""
     bs = min(report["settings"]["batch_sizes"]) if report["rows"] else None
     n = quality_sentences(report)
-    lines = [f"| checkpoint | regime | BLEU{f' ({n} sentences)' if n else ''} | Δ base | Δ teacher | "
-             f"k̂ (exact, k, batch {bs}) | speedup |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"| checkpoint | regime | BLEU{f' ({n} sentences)' if n else ''} | Δ base | Δ teacher | "
+        f"k̂ (exact, k, batch {bs}) | speedup |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for c in report["checkpoints"]:
-        row = next((r for r in report["rows"] if r["checkpoint"] == c["name"] and r["rule"] == "exact"
-                    and r["k"] == c["k"] and r["batch_size"] == bs), None)
+        row = next(
+            (
+                r
+                for r in report["rows"]
+                if r["checkpoint"] == c["name"] and r["rule"] == "exact" and r["k"] == c["k"] and r["batch_size"] == bs
+            ),
+            None,
+        )
         sign = lambda x: "–" if x is None else f"{x:+.2f}"  # noqa: E731
-        lines.append(f"| {c['name']} | {c.get('regime') or '–'} | {_fmt(quality(c)['bleu'])} | "
-                     f"{sign(c.get('bleu_vs_base'))} | {sign(c.get('bleu_vs_teacher'))} | "
-                     f"{_fmt(row['mean_accepted']) if row else '–'} | {_fmt(row['speedup']) + '×' if row else '–'} |")
+        lines.append(
+            f"| {c['name']} | {c.get('regime') or '–'} | {_fmt(quality(c)['bleu'])} | "
+            f"{sign(c.get('bleu_vs_base'))} | {sign(c.get('bleu_vs_teacher'))} | "
+            f"{_fmt(row['mean_accepted']) if row else '–'} | {_fmt(row['speedup']) + '×' if row else '–'} |"
+        )
     return "\n".join(lines)
 
 
 def comparison_markdown(report: dict) -> list[str]:
     cmp, t = report.get("comparison") or {}, report.get("teacher")
     lines = ["## What each run cost", ""]
-    base = (f"base model `{cmp['base']}`: greedy BLEU {_fmt(cmp['base_bleu'])}{_over(report)}" if cmp.get("base")
-            else "base model: not among the evaluated checkpoints")
+    base = (
+        f"base model `{cmp['base']}`: greedy BLEU {_fmt(cmp['base_bleu'])}{_over(report)}"
+        if cmp.get("base")
+        else "base model: not among the evaluated checkpoints"
+    )
     lines.append(base + "  ")
     if t:
         how = f"beam {t.get('beam_size')}, α {t.get('length_penalty')}"
@@ -179,48 +221,73 @@ def comparison_markdown(report: dict) -> list[str]:
             here = "the base model itself (self-distillation, greedy): see its row"
         else:
             here = f"not decoded here ({t.get('missing', 'checkpoint missing')})"
-        lines.append(f"teacher `{t.get('teacher_path')}` ({how}; corpus `{t.get('corpus')}`): {here}; BLEU "
-                     f"{_fmt(t.get('train_bleu'))} on the {t.get('train_sentences')} training sources it "
-                     "re-translated  ")
+        lines.append(
+            f"teacher `{t.get('teacher_path')}` ({how}; corpus `{t.get('corpus')}`): {here}; BLEU "
+            f"{_fmt(t.get('train_bleu'))} on the {t.get('train_sentences')} training sources it "
+            "re-translated  "
+        )
     else:
         lines.append("teacher: no distillation corpus given (evaluate.distilled)  ")
     n = quality_sentences(report)
-    lines += ["", "Δ = the checkpoint's greedy BLEU minus the base's / the teacher's on the same sentences (exact "
-              "blockwise output equals greedy output, so this is what the regime cost at any k)"
-              + (f"; BLEU over {n} sentences of the split (evaluate.bleu_sentences), where the tables above "
-                 f"decode and time {(report.get('data') or {}).get('sentences')}." if n else "."), "",
-              comparison_table(report), ""]
+    lines += [
+        "",
+        "Δ = the checkpoint's greedy BLEU minus the base's / the teacher's on the same sentences (exact "
+        "blockwise output equals greedy output, so this is what the regime cost at any k)"
+        + (
+            f"; BLEU over {n} sentences of the split (evaluate.bleu_sentences), where the tables above "
+            f"decode and time {(report.get('data') or {}).get('sentences')}."
+            if n
+            else "."
+        ),
+        "",
+        comparison_table(report),
+        "",
+    ]
     best = report.get("best")
     if best:
-        lines += ["## Recommended run", "", f"Rule: {best['rule']}.  ",
-                  f"Choice: **{best['checkpoint'] or 'none'}** — {best['reason']}.", ""]
+        lines += [
+            "## Recommended run",
+            "",
+            f"Rule: {best['rule']}.  ",
+            f"Choice: **{best['checkpoint'] or 'none'}** — {best['reason']}.",
+            "",
+        ]
     return lines
 
 
 def detail_table(rows: list[dict]) -> str:
-    head = ("| checkpoint | k | rule | batch | BLEU | chrF | k̂ | calls | greedy calls | agreement % | greedy s | "
-            "blockwise s | speedup | adaptive |")
+    head = (
+        "| checkpoint | k | rule | batch | BLEU | chrF | k̂ | calls | greedy calls | agreement % | greedy s | "
+        "blockwise s | speedup | adaptive |"
+    )
     lines = [head, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['checkpoint']} | {r['k']} | {r.get('rule_label', r['rule'])} | {r['batch_size']} | "
-                     f"{_fmt(r['bleu'])} | {_fmt(r['chrf'])} | {_fmt(r['mean_accepted'])} | {r['calls']} | "
-                     f"{r['greedy_calls']} | {_fmt(r['agreement'], 1)} | {_fmt(r['greedy_seconds'], 3)} | "
-                     f"{_fmt(r['blockwise_seconds'], 3)} | {_fmt(r['speedup'])}× | "
-                     f"{_fmt(r.get('adaptive_speedup'))}{'×' if r.get('adaptive_speedup') is not None else ''} |")
+        lines.append(
+            f"| {r['checkpoint']} | {r['k']} | {r.get('rule_label', r['rule'])} | {r['batch_size']} | "
+            f"{_fmt(r['bleu'])} | {_fmt(r['chrf'])} | {_fmt(r['mean_accepted'])} | {r['calls']} | "
+            f"{r['greedy_calls']} | {_fmt(r['agreement'], 1)} | {_fmt(r['greedy_seconds'], 3)} | "
+            f"{_fmt(r['blockwise_seconds'], 3)} | {_fmt(r['speedup'])}× | "
+            f"{_fmt(r.get('adaptive_speedup'))}{'×' if r.get('adaptive_speedup') is not None else ''} |"
+        )
     return "\n".join(lines)
 
 
 def markdown(report: dict, plots: list[str] | None = None) -> str:
     d, env = report.get("data", {}), report.get("environment", {})
     title = f"{d.get('name', 'corpus')} {d.get('split', '')}".strip()
-    lines = [f"# Blockwise parallel decoding: {title}, {d.get('sentences')} sentences", "",
-             f"Command: `{report.get('command', '')}`  ",
-             f"Device: {env.get('device')}, torch {env.get('torch')}, {env.get('threads')} thread(s); "
-             f"{report.get('created', '')}  ",
-             f"Direction: {d.get('src_lang', '?')} → {d.get('tgt_lang', '?')}; "
-             f"max_len {report['settings']['max_len']}  ",
-             f"BLEU signature: `{report['signatures']['bleu']}`  ", f"chrF signature: `{report['signatures']['chrf']}`",
-             "", NOTES, ""]
+    lines = [
+        f"# Blockwise parallel decoding: {title}, {d.get('sentences')} sentences",
+        "",
+        f"Command: `{report.get('command', '')}`  ",
+        f"Device: {env.get('device')}, torch {env.get('torch')}, {env.get('threads')} thread(s); "
+        f"{report.get('created', '')}  ",
+        f"Direction: {d.get('src_lang', '?')} → {d.get('tgt_lang', '?')}; max_len {report['settings']['max_len']}  ",
+        f"BLEU signature: `{report['signatures']['bleu']}`  ",
+        f"chrF signature: `{report['signatures']['chrf']}`",
+        "",
+        NOTES,
+        "",
+    ]
     for rule, label, bs in _combos(report):
         what = "decoding" if rule == "greedy" else "acceptance"
         lines += [f"## {label} {what}, batch size {bs}", "", table1(report, rule, bs), ""]
@@ -230,12 +297,18 @@ def markdown(report: dict, plots: list[str] | None = None) -> str:
         lines += ["## All results", "", detail_table(report["rows"]), ""]
     n = quality_sentences(report)
     more = f" | BLEU, {n} sentences | chrF, {n} sentences" if n else ""
-    lines += ["## Checkpoints", "", f"| name | regime | k | greedy BLEU | greedy chrF{more} | path |",
-              "|---|---|---:|---:|---:|" + ("---:|---:|" if n else "") + "---|"]
+    lines += [
+        "## Checkpoints",
+        "",
+        f"| name | regime | k | greedy BLEU | greedy chrF{more} | path |",
+        "|---|---|---:|---:|---:|" + ("---:|---:|" if n else "") + "---|",
+    ]
     for c in report["checkpoints"]:
         q = f" | {_fmt(quality(c)['bleu'])} | {_fmt(quality(c)['chrf'])}" if n else ""
-        lines.append(f"| {c['name']} | {c.get('regime') or '–'} | {c['k']} | {_fmt(c['greedy']['bleu'])} | "
-                     f"{_fmt(c['greedy']['chrf'])}{q} | `{c['path']}` |")
+        lines.append(
+            f"| {c['name']} | {c.get('regime') or '–'} | {c['k']} | {_fmt(c['greedy']['bleu'])} | "
+            f"{_fmt(c['greedy']['chrf'])}{q} | `{c['path']}` |"
+        )
     lines.append("")
     for p in plots or []:
         lines += [f"![{Path(p).stem}]({p})", ""]
@@ -258,8 +331,11 @@ def write_plots(report: dict, out_dir: Path) -> list[str]:
     fig, axes = plt.subplots(1, len(bss), figsize=(5 * len(bss), 4), squeeze=False)
     for ax, bs in zip(axes[0], bss):
         for ck, rule in series:
-            pts = sorted((r["k"], r["speedup"]) for r in rows if r["batch_size"] == bs and r["checkpoint"] == ck
-                         and r.get("rule_label", r["rule"]) == rule)
+            pts = sorted(
+                (r["k"], r["speedup"])
+                for r in rows
+                if r["batch_size"] == bs and r["checkpoint"] == ck and r.get("rule_label", r["rule"]) == rule
+            )
             if pts:
                 ax.plot([1] + [p[0] for p in pts], [1.0] + [p[1] for p in pts], marker="o", label=f"{ck} {rule}")
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
@@ -275,8 +351,11 @@ def write_plots(report: dict, out_dir: Path) -> list[str]:
     bs0 = bss[0]
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for ck, rule in series:
-        pts = sorted((r["mean_accepted"], r["bleu"], r["k"]) for r in rows if r["batch_size"] == bs0
-                     and r["checkpoint"] == ck and r.get("rule_label", r["rule"]) == rule)
+        pts = sorted(
+            (r["mean_accepted"], r["bleu"], r["k"])
+            for r in rows
+            if r["batch_size"] == bs0 and r["checkpoint"] == ck and r.get("rule_label", r["rule"]) == rule
+        )
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{ck} {rule}")
             for x, y, k in pts:
@@ -347,9 +426,15 @@ def card_section(report_path: str | os.PathLike, source_id: str | None = None) -
     names = {c["name"] for c in cks}
     sub = dict(report, checkpoints=cks, rows=[r for r in report["rows"] if r["checkpoint"] in names])
     d = report.get("data", {})
-    lines = [f"From `{Path(report_path)}`: {d.get('name')} {d.get('split')}, {d.get('sentences')} sentences, "
-             f"{report.get('environment', {}).get('device')}.", "", NOTES, "",
-             f"BLEU signature: `{report['signatures']['bleu']}`", ""]
+    lines = [
+        f"From `{Path(report_path)}`: {d.get('name')} {d.get('split')}, {d.get('sentences')} sentences, "
+        f"{report.get('environment', {}).get('device')}.",
+        "",
+        NOTES,
+        "",
+        f"BLEU signature: `{report['signatures']['bleu']}`",
+        "",
+    ]
     for rule, label, bs in _combos(sub):
         what = "decoding" if rule == "greedy" else "acceptance"
         lines += [f"### {label} {what}, batch size {bs}", "", table1(sub, rule, bs), ""]

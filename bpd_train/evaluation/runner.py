@@ -5,6 +5,7 @@ sentences) and the wall-clock speedup, timed fairly (warm-up first; greedy and b
 batches; CUDA synchronized around every timing). Everything lands in one folder, written atomically:
 report.json, report.md, plots, src.txt/ref.txt and one hypothesis file per combination.
 """
+
 from __future__ import annotations
 
 import glob
@@ -48,22 +49,22 @@ KEEP_PARAMS = 300_000_000
 
 @dataclass
 class EvalSettings:
-    block_sizes: list[int] | None = None          # None: the model's k and every smaller even k
+    block_sizes: list[int] | None = None  # None: the model's k and every smaller even k
     rules: list[str] = field(default_factory=lambda: ["exact", "top2"])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 32])
-    max_len: list | int = field(default_factory=lambda: list(DEFAULT_MAX_LEN))   # a*src_len + b, or a fixed int
-    warmup: int = 1                               # untimed batches per decoder before timing
-    max_bleu_drop: float = 1.0                    # the recommended run may lose at most this much base BLEU
+    max_len: list | int = field(default_factory=lambda: list(DEFAULT_MAX_LEN))  # a*src_len + b, or a fixed int
+    warmup: int = 1  # untimed batches per decoder before timing
+    max_bleu_drop: float = 1.0  # the recommended run may lose at most this much base BLEU
     device: str = "auto"
     progress: bool = True
-    dtype: str = "fp32"                           # decode-step weights: fp32 | bf16 | int8
-    draft_vocab: int | str | None = "auto"        # heads 2..k propose among the N most frequent tokens (auto: V/4)
-    proposal_dtype: str | None = "auto"           # heads 2..k and their projection: fp32 | bf16 | int8 (None: dtype;
+    dtype: str = "fp32"  # decode-step weights: fp32 | bf16 | int8
+    draft_vocab: int | str | None = "auto"  # heads 2..k propose among the N most frequent tokens (auto: V/4)
+    proposal_dtype: str | None = "auto"  # heads 2..k and their projection: fp32 | bf16 | int8 (None: dtype;
     #                                               auto: int8 on a CPU with int8 kernels; decoding/settings.py)
-    adaptive: bool | float = False                # feed only proposals whose heads pay (threshold)
-    lookup: int = 0                               # decoder-only: proposals from the prompt and answer so far too
-    min_seconds: float = 0.0                      # timed passes over the sentences until each decoder ran this long
-    adaptive_speedup: bool = True                 # exact rule on the CPU: also time adaptive feeding (what the
+    adaptive: bool | float = False  # feed only proposals whose heads pay (threshold)
+    lookup: int = 0  # decoder-only: proposals from the prompt and answer so far too
+    min_seconds: float = 0.0  # timed passes over the sentences until each decoder ran this long
+    adaptive_speedup: bool = True  # exact rule on the CPU: also time adaptive feeding (what the
     #                                               serving paths run there) in the same interleaved run
 
     def __post_init__(self) -> None:
@@ -77,8 +78,10 @@ class EvalSettings:
             self.block_sizes = [int(b) for b in self.block_sizes]
         base = self.decode_settings()  # the decode fields checked once, before any decoding
         if base.adaptive is None:
-            raise EvalError(f"adaptive={self.adaptive!r}: expected true, false or a threshold in (0, 1) (the serving "
-                            "paths' automatic choice is timed too: evaluate.adaptive_speedup)")
+            raise EvalError(
+                f"adaptive={self.adaptive!r}: expected true, false or a threshold in (0, 1) (the serving "
+                "paths' automatic choice is timed too: evaluate.adaptive_speedup)"
+            )
         self.dtype, self.adaptive = base.dtype, base.adaptive
         self.max_bleu_drop = float(self.max_bleu_drop)
         if not self.max_bleu_drop >= 0:
@@ -86,9 +89,15 @@ class EvalSettings:
 
     def decode_settings(self, **changes) -> DecodeSettings:
         """The DecodeSettings every combination starts from (its rule, block size and batch size are the grid's)."""
-        return DecodeSettings(max_len=self.max_len, dtype=self.dtype, draft_vocab=self.draft_vocab,
-                              proposal_dtype=self.proposal_dtype, adaptive=self.adaptive, lookup=self.lookup,
-                              **changes)
+        return DecodeSettings(
+            max_len=self.max_len,
+            dtype=self.dtype,
+            draft_vocab=self.draft_vocab,
+            proposal_dtype=self.proposal_dtype,
+            adaptive=self.adaptive,
+            lookup=self.lookup,
+            **changes,
+        )
 
     def torch_device(self) -> torch.device:
         if self.device in (None, "auto"):
@@ -139,9 +148,11 @@ def default_inputs(corpus_dir: Path, train_hint: str) -> list[str]:
         runs.append(str(corpus_dir / "base"))
     runs += [str(p) for p in sorted((corpus_dir / "heads").glob("*")) if p.is_dir() and not p.name.startswith(".")]
     if not runs:
-        raise CheckpointError(f"no trained model under {corpus_dir} (base/ or heads/*): train one first with "
-                              f"`python train.py +regime=base{train_hint}` (and `+regime=frozen{train_hint}` for "
-                              "heads), or pass evaluate.inputs=[PATH]")
+        raise CheckpointError(
+            f"no trained model under {corpus_dir} (base/ or heads/*): train one first with "
+            f"`python train.py +regime=base{train_hint}` (and `+regime=frozen{train_hint}` for "
+            "heads), or pass evaluate.inputs=[PATH]"
+        )
     return runs
 
 
@@ -158,10 +169,17 @@ def imported_regime(meta: dict, cfg) -> str | None:
     return "base" if imported and int(cfg.block_size) == 1 else None
 
 
-def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[str], settings: EvalSettings,
-                    out_dir: Path, extra: dict | None = None,
-                    langs: tuple[str | None, str | None] = (None, None),
-                    quality: tuple[Sequence, Sequence] | None = None) -> tuple[dict, list[dict]]:
+def evaluate_loaded(
+    loaded,
+    name: str,
+    sources: Sequence[str],
+    refs: Sequence[str],
+    settings: EvalSettings,
+    out_dir: Path,
+    extra: dict | None = None,
+    langs: tuple[str | None, str | None] = (None, None),
+    quality: tuple[Sequence, Sequence] | None = None,
+) -> tuple[dict, list[dict]]:
     """Decode `sources` with one loaded model for every combination; write hypothesis files under out_dir/hyp/.
     A decoder-only model is prompted with each source as a prompt-format translation in `langs` (source,
     target), or with the source text itself when langs are None. `quality`: (sources, references) whose greedy
@@ -191,40 +209,73 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     q_ids = [text.source_ids(s) for s in quality[0]] if quality is not None else None
     q_batches = Batches.of(q_ids, max(settings.batch_sizes), cfg.pad_id, device) if q_ids else None
     n_batches += len(q_batches.groups) if q_batches else 0
-    bar = tqdm(total=n_batches, desc=f"eval {name}", unit="batch", disable=not settings.progress, file=sys.stderr,
-               leave=False)
+    bar = tqdm(
+        total=n_batches, desc=f"eval {name}", unit="batch", disable=not settings.progress, file=sys.stderr, leave=False
+    )
 
-    entry = {"name": name, "path": str(loaded.source), "regime": regime, "k": cfg.block_size,
-             "identity_p1": cfg.identity_p1, "tokenizer_hash": loaded.tokenizer_hash, "truncated_sources": 0,
-             "greedy": {"by_batch_size": {}}, "decode": {"dtype": settings.dtype,
-                                                          # as resolved ("auto"): draft tokens, proposal precision
-                                                          "draft_vocab": len(options.draft_vocab)
-                                                          if options.draft_vocab else None,
-                                                          "proposal_dtype": options.proposal_dtype,
-                                                          "adaptive": settings.adaptive, "engine": engine_name()},
-             **(extra or {})}
+    entry = {
+        "name": name,
+        "path": str(loaded.source),
+        "regime": regime,
+        "k": cfg.block_size,
+        "identity_p1": cfg.identity_p1,
+        "tokenizer_hash": loaded.tokenizer_hash,
+        "truncated_sources": 0,
+        "greedy": {"by_batch_size": {}},
+        "decode": {
+            "dtype": settings.dtype,
+            # as resolved ("auto"): draft tokens, proposal precision
+            "draft_vocab": len(options.draft_vocab) if options.draft_vocab else None,
+            "proposal_dtype": options.proposal_dtype,
+            "adaptive": settings.adaptive,
+            "engine": engine_name(),
+        },
+        **(extra or {}),
+    }
     rows: list[dict] = []
     greedy_ref: list | None = None
     for bs in settings.batch_sizes:
         batches = Batches.of(src_ids, bs, cfg.pad_id, device)
         for combo in combos or [None]:
             k, rname, rule = combo or (None, None, None)
-            also = (settings.adaptive_speedup and settings.adaptive is False and k is not None
-                    and base.replace(accept=rule, adaptive=None).adaptive_on(device) is True)
-            c = compare(model, batches, k=k, rule=rule, max_len=max_len, device=device, warmup=settings.warmup,
-                        adaptive=settings.adaptive, also_adaptive=also, on_batch=bar.update,
-                        min_seconds=settings.min_seconds)
+            also = (
+                settings.adaptive_speedup
+                and settings.adaptive is False
+                and k is not None
+                and base.replace(accept=rule, adaptive=None).adaptive_on(device) is True
+            )
+            c = compare(
+                model,
+                batches,
+                k=k,
+                rule=rule,
+                max_len=max_len,
+                device=device,
+                warmup=settings.warmup,
+                adaptive=settings.adaptive,
+                also_adaptive=also,
+                on_batch=bar.update,
+                min_seconds=settings.min_seconds,
+            )
             g = c.greedy
             if greedy_ref is None:
                 greedy_ref = g.tokens
                 hyps = [one_line(text.detok(t)) for t in g.tokens]
                 atomic_write_text(hyp_dir / "greedy.txt", "".join(h + "\n" for h in hyps))
-                entry["greedy"].update(corpus_scores(hyps, refs), hyp_file=str((hyp_dir / "greedy.txt")
-                                                                              .relative_to(out_dir)),
-                                       tokens=g.stats.tokens)
-            by_bs = entry["greedy"]["by_batch_size"].setdefault(str(bs), {
-                "calls": g.stats.calls, "prefill_calls": g.stats.prefill_calls, "seconds": [],
-                "same_output_as_first_batch_size": agreement(g.tokens, greedy_ref) == 100.0})
+                entry["greedy"].update(
+                    corpus_scores(hyps, refs),
+                    hyp_file=str((hyp_dir / "greedy.txt").relative_to(out_dir)),
+                    tokens=g.stats.tokens,
+                )
+            by_bs = entry["greedy"]["by_batch_size"].setdefault(
+                str(bs),
+                {
+                    "calls": g.stats.calls,
+                    "prefill_calls": g.stats.prefill_calls,
+                    "seconds": [],
+                    "same_output_as_first_batch_size": agreement(g.tokens, greedy_ref) == 100.0,
+                },
+            )
             by_bs["seconds"].append(g.seconds / g.passes)
             if c.blockwise is None:
                 continue
@@ -233,35 +284,61 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
             hyp_file = hyp_dir / f"k{k}.{_safe(rname)}.bs{bs}.txt"
             atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))
             scores = corpus_scores(hyps, refs)
-            rows.append({
-                "checkpoint": name, "regime": regime, "model_k": cfg.block_size, "k": k, "rule": rname,
-                "rule_label": rule.label, "batch_size": bs, "bleu": scores["bleu"], "chrf": scores["chrf"],
-                "greedy_bleu": entry["greedy"]["bleu"], "mean_accepted": b.stats.mean_accepted,
-                "calls": b.stats.calls, "prefill_calls": b.stats.prefill_calls, "greedy_calls": g.stats.calls,
-                # batch-level view: output tokens per batched decoder call, prefill included
-                "tokens_per_call": b.stats.tokens / max(1, b.stats.calls + b.stats.prefill_calls),
-                "accepted_hist": b.stats.to_dict()["accepted_hist"], "tokens": b.stats.tokens,
-                "greedy_tokens": g.stats.tokens, "agreement": c.agreement,
-                # seconds per pass over the sentences (timed_passes of them, interleaved)
-                "greedy_seconds": g.seconds / g.passes, "blockwise_seconds": b.seconds / b.passes,
-                "speedup": c.speedup, "timed_passes": g.passes,
-                "hyp_file": str(hyp_file.relative_to(out_dir)),
-            })
+            rows.append(
+                {
+                    "checkpoint": name,
+                    "regime": regime,
+                    "model_k": cfg.block_size,
+                    "k": k,
+                    "rule": rname,
+                    "rule_label": rule.label,
+                    "batch_size": bs,
+                    "bleu": scores["bleu"],
+                    "chrf": scores["chrf"],
+                    "greedy_bleu": entry["greedy"]["bleu"],
+                    "mean_accepted": b.stats.mean_accepted,
+                    "calls": b.stats.calls,
+                    "prefill_calls": b.stats.prefill_calls,
+                    "greedy_calls": g.stats.calls,
+                    # batch-level view: output tokens per batched decoder call, prefill included
+                    "tokens_per_call": b.stats.tokens / max(1, b.stats.calls + b.stats.prefill_calls),
+                    "accepted_hist": b.stats.to_dict()["accepted_hist"],
+                    "tokens": b.stats.tokens,
+                    "greedy_tokens": g.stats.tokens,
+                    "agreement": c.agreement,
+                    # seconds per pass over the sentences (timed_passes of them, interleaved)
+                    "greedy_seconds": g.seconds / g.passes,
+                    "blockwise_seconds": b.seconds / b.passes,
+                    "speedup": c.speedup,
+                    "timed_passes": g.passes,
+                    "hyp_file": str(hyp_file.relative_to(out_dir)),
+                }
+            )
             if c.adaptive is not None:  # the serving paths' decoding: the same output, its own speed and k-hat
-                rows[-1].update(adaptive_speedup=c.adaptive_speedup, adaptive_seconds=c.adaptive.seconds / c.adaptive.passes,
-                                adaptive_mean_accepted=c.adaptive.stats.mean_accepted,
-                                adaptive_agreement=agreement(c.adaptive.tokens, g.tokens))
+                rows[-1].update(
+                    adaptive_speedup=c.adaptive_speedup,
+                    adaptive_seconds=c.adaptive.seconds / c.adaptive.passes,
+                    adaptive_mean_accepted=c.adaptive.stats.mean_accepted,
+                    adaptive_agreement=agreement(c.adaptive.tokens, g.tokens),
+                )
     if q_batches is not None:
-        hyps = [one_line(text.detok(t)) for t in greedy_tokens(model, q_batches, max_len=max_len,
-                                                               on_batch=bar.update)]
+        hyps = [one_line(text.detok(t)) for t in greedy_tokens(model, q_batches, max_len=max_len, on_batch=bar.update)]
         hyp_file = hyp_dir / "greedy.quality.txt"
         atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))
         scores = corpus_scores(hyps, quality[1])
-        entry["quality"] = {"sentences": len(hyps), "bleu": scores["bleu"], "chrf": scores["chrf"],
-                            "hyp_file": str(hyp_file.relative_to(out_dir))}
+        entry["quality"] = {
+            "sentences": len(hyps),
+            "bleu": scores["bleu"],
+            "chrf": scores["chrf"],
+            "hyp_file": str(hyp_file.relative_to(out_dir)),
+        }
     else:  # the timed sentences are the quality set
-        entry["quality"] = {"sentences": len(sources), "bleu": entry["greedy"]["bleu"],
-                            "chrf": entry["greedy"]["chrf"], "hyp_file": entry["greedy"]["hyp_file"]}
+        entry["quality"] = {
+            "sentences": len(sources),
+            "bleu": entry["greedy"]["bleu"],
+            "chrf": entry["greedy"]["chrf"],
+            "hyp_file": entry["greedy"]["hyp_file"],
+        }
     bar.close()
     entry["truncated_sources"] = truncated
     for v in entry["greedy"]["by_batch_size"].values():
@@ -269,17 +346,27 @@ def evaluate_loaded(loaded, name: str, sources: Sequence[str], refs: Sequence[st
     return entry, rows
 
 
-def evaluate_teacher(distilled_dir: str | os.PathLike, sources: Sequence[str], refs: Sequence[str],
-                     settings: EvalSettings, out_dir: Path) -> dict:
+def evaluate_teacher(
+    distilled_dir: str | os.PathLike, sources: Sequence[str], refs: Sequence[str], settings: EvalSettings, out_dir: Path
+) -> dict:
     """The distillation teacher as a comparison point for the runs trained on its output: its BLEU on the training
     sources it re-translated (the corpus manifest) and, while its checkpoint exists, its beam search (the manifest's
     beam, alpha and max_len) on these evaluation sources, which is the number a regime's BLEU can be set against."""
     m = read_manifest(distilled_dir)
     train = m.get("teacher_bleu") or {}
-    entry = {"corpus": str(distilled_dir), "teacher_id": m.get("teacher_id"), "teacher_path": m.get("teacher_path"),
-             "beam_size": m.get("beam_size"), "length_penalty": m.get("length_penalty"), "max_len": m.get("max_len"),
-             "train_bleu": train.get("bleu"), "train_sentences": train.get("num_sentences"), "bleu": None,
-             "chrf": None, "hyp_file": None}
+    entry = {
+        "corpus": str(distilled_dir),
+        "teacher_id": m.get("teacher_id"),
+        "teacher_path": m.get("teacher_path"),
+        "beam_size": m.get("beam_size"),
+        "length_penalty": m.get("length_penalty"),
+        "max_len": m.get("max_len"),
+        "train_bleu": train.get("bleu"),
+        "train_sentences": train.get("num_sentences"),
+        "bleu": None,
+        "chrf": None,
+        "hyp_file": None,
+    }
     if m.get("kind") == "lm":  # the model answered its own prompts: its greedy column is the base run's
         entry["self_distilled"] = True
         return entry
@@ -290,9 +377,15 @@ def evaluate_teacher(distilled_dir: str | os.PathLike, sources: Sequence[str], r
         return entry
     model = loaded.model.to(settings.torch_device()).eval()
     text = loaded.family.text_adapter(loaded)
-    out = translate_ids(model, [text.source_ids(s) for s in sources], beam_size=int(m["beam_size"]),
-                        length_penalty=float(m["length_penalty"]), max_len=m["max_len"], max_tokens=8192,
-                        max_sentences=max(settings.batch_sizes))
+    out = translate_ids(
+        model,
+        [text.source_ids(s) for s in sources],
+        beam_size=int(m["beam_size"]),
+        length_penalty=float(m["length_penalty"]),
+        max_len=m["max_len"],
+        max_tokens=8192,
+        max_sentences=max(settings.batch_sizes),
+    )
     hyps = [one_line(text.detok(t)) for t, _ in out]
     hyp_file = out_dir / "hyp" / "teacher" / "beam.txt"
     hyp_file.parent.mkdir(parents=True, exist_ok=True)
@@ -302,8 +395,9 @@ def evaluate_teacher(distilled_dir: str | os.PathLike, sources: Sequence[str], r
 
 
 # ------------------------------------------------------------------------------------------------------ the run
-def load_inputs(inputs: Sequence[tuple[str, Path]], settings: EvalSettings,
-                expect_tokenizer_hash: str | None = None) -> list[tuple[str, Path, object]]:
+def load_inputs(
+    inputs: Sequence[tuple[str, Path]], settings: EvalSettings, expect_tokenizer_hash: str | None = None
+) -> list[tuple[str, Path, object]]:
     """Load (on CPU) and check every input before any decoding: bad input fails in seconds, not after an hour.
     Models are kept for the evaluation while they add up to < KEEP_PARAMS parameters, else reloaded then."""
     loaded_all, kept = [], 0
@@ -326,12 +420,22 @@ def _is_report_dir(path: Path) -> bool:
         return False
 
 
-def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], refs: Sequence[str],
-                    settings: EvalSettings, out_dir: str | os.PathLike, *, data_info: dict | None = None,
-                    overwrite: bool = True, plots: bool = True, command: str | None = None,
-                    expect_tokenizer_hash: str | None = None, loaded: list | None = None,
-                    distilled_dir: str | os.PathLike | None = None,
-                    quality: tuple[Sequence, Sequence] | None = None) -> dict:
+def evaluate_inputs(
+    inputs: Sequence[tuple[str, Path]],
+    sources: Sequence[str],
+    refs: Sequence[str],
+    settings: EvalSettings,
+    out_dir: str | os.PathLike,
+    *,
+    data_info: dict | None = None,
+    overwrite: bool = True,
+    plots: bool = True,
+    command: str | None = None,
+    expect_tokenizer_hash: str | None = None,
+    loaded: list | None = None,
+    distilled_dir: str | os.PathLike | None = None,
+    quality: tuple[Sequence, Sequence] | None = None,
+) -> dict:
     """Evaluate every (name, path) and write the report folder atomically. Returns the report dict.
     `loaded`: what load_inputs(inputs, settings) returned, if the caller already called it.
     `distilled_dir`: a distillation corpus whose teacher is reported as a comparison point.
@@ -359,28 +463,46 @@ def evaluate_inputs(inputs: Sequence[tuple[str, Path]], sources: Sequence[str], 
             if loaded is None:
                 loaded = load(path, map_location="cpu", expect_tokenizer_hash=expect_tokenizer_hash)
             loaded_all[i] = (name, path, None)  # free each model once evaluated
-            entry, r = evaluate_loaded(loaded, name, sources, refs, settings, tmp,
-                                       extra={"source_id": path.id, "input": str(path),
-                                              "wandb": _wandb_ids(path, loaded.meta or {})},
-                                       langs=(info.get("src_lang"), info.get("tgt_lang")), quality=quality)
+            entry, r = evaluate_loaded(
+                loaded,
+                name,
+                sources,
+                refs,
+                settings,
+                tmp,
+                extra={"source_id": path.id, "input": str(path), "wandb": _wandb_ids(path, loaded.meta or {})},
+                langs=(info.get("src_lang"), info.get("tgt_lang")),
+                quality=quality,
+            )
             del loaded
             checkpoints.append(entry)
             rows += r
         q_src, q_refs = quality if quality is not None else (sources, refs)
         teacher = evaluate_teacher(distilled_dir, q_src, q_refs, settings, tmp) if distilled_dir else None
         report = {
-            "format": REPORT_FORMAT, "format_version": 1,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": time.time() - t0,
+            "format": REPORT_FORMAT,
+            "format_version": 1,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "seconds": time.time() - t0,
             "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "data": {**(data_info or {}), "sentences": len(sources), "quality_sentences": len(q_src)},
             "settings": asdict(settings),
-            "environment": {"device": _device_name(device), "cpu": cpu_model(), "engine": engine_name(),
-                            "torch": torch.__version__, "threads": torch.get_num_threads(),
-                            "python": platform.python_version()},
-            "signatures": {"bleu": checkpoints[0]["greedy"]["bleu_signature"],
-                           "chrf": checkpoints[0]["greedy"]["chrf_signature"]},
+            "environment": {
+                "device": _device_name(device),
+                "cpu": cpu_model(),
+                "engine": engine_name(),
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "python": platform.python_version(),
+            },
+            "signatures": {
+                "bleu": checkpoints[0]["greedy"]["bleu_signature"],
+                "chrf": checkpoints[0]["greedy"]["chrf_signature"],
+            },
             "files": {"sources": "src.txt", "references": "ref.txt"},
-            "checkpoints": checkpoints, "rows": rows, "teacher": teacher,
+            "checkpoints": checkpoints,
+            "rows": rows,
+            "teacher": teacher,
         }
         add_comparisons(report)
         write_report(report, tmp, plots=plots)

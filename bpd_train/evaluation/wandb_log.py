@@ -1,4 +1,5 @@
 """Log an evaluation report to the W&B run each checkpoint was trained in (resumed by id): a table + the plots."""
+
 from __future__ import annotations
 
 import logging
@@ -7,8 +8,21 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ["checkpoint", "regime", "k", "rule", "batch_size", "bleu", "chrf", "mean_accepted", "calls",
-           "greedy_calls", "agreement", "speedup", "greedy_bleu"]
+COLUMNS = [
+    "checkpoint",
+    "regime",
+    "k",
+    "rule",
+    "batch_size",
+    "bleu",
+    "chrf",
+    "mean_accepted",
+    "calls",
+    "greedy_calls",
+    "agreement",
+    "speedup",
+    "greedy_bleu",
+]
 
 
 def log_report(report: dict, out_dir: str | os.PathLike, force: bool = False, project: str = "bpd-train") -> int:

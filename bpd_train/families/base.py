@@ -10,6 +10,7 @@ name, a saved config dict, a config dataclass, a Hydra node, a model or a Loaded
 A config without `arch` belongs to the encoder-decoder family (the configs and checkpoints written before there was
 a second family).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -25,13 +26,13 @@ class ModelFamily(ABC):
     methods. A family reads model/ and data/; loading, convert and bundle read the families, never the reverse
     (each family's transformers adapter is its HFFormat in convert/__init__.py)."""
 
-    name: str                   # "mt" | "lm": how docs and messages name the family
-    arch: str | None            # the `arch` its saved configs carry (None: they carry none)
-    title: str                  # what it is, for messages ("an encoder-decoder model")
-    verb: str                   # what decoding does to an input, for the CLI's summary line ("translated")
-    prompted: bool              # decodes prompts (generate(), translate --chat/--langs) rather than sentences
-    distill_kind: str           # the distilled-corpus manifest's `kind` its teachers write ("translation" | "lm")
-    pad_is_token: bool = True   # its pad_id is a vocabulary id (not a sentinel that no tokenizer has)
+    name: str  # "mt" | "lm": how docs and messages name the family
+    arch: str | None  # the `arch` its saved configs carry (None: they carry none)
+    title: str  # what it is, for messages ("an encoder-decoder model")
+    verb: str  # what decoding does to an input, for the CLI's summary line ("translated")
+    prompted: bool  # decodes prompts (generate(), translate --chat/--langs) rather than sentences
+    distill_kind: str  # the distilled-corpus manifest's `kind` its teachers write ("translation" | "lm")
+    pad_is_token: bool = True  # its pad_id is a vocabulary id (not a sentinel that no tokenizer has)
     head_fields: tuple[str, ...] = ("block_size", "head_d_hidden", "identity_p1")  # what a head regime may set
 
     def __repr__(self) -> str:
@@ -114,13 +115,15 @@ class ModelFamily(ABC):
         use, with the data pipeline's API."""
 
     @abstractmethod
-    def text_adapter(self, loaded, src_lang: str | None = None, tgt_lang: str | None = None,
-                     context_policy: str = "truncate_left"):
+    def text_adapter(
+        self, loaded, src_lang: str | None = None, tgt_lang: str | None = None, context_policy: str = "truncate_left"
+    ):
         """The text adapter the decoders' callers use (decoding/text.py SpmText or LMText): source text ->
         ids, a batch of ids -> the padded tensor, output ids -> text."""
 
-    def check_text_options(self, *, chat: bool = False, langs: bool = False, context_policy: bool = False,
-                           what: str = "this model") -> None:
+    def check_text_options(
+        self, *, chat: bool = False, langs: bool = False, context_policy: bool = False, what: str = "this model"
+    ) -> None:
         """Options only a prompted family takes (translate's --chat / --langs / --context-policy)."""
 
     # ------------------------------------------------------------------------------------------------ bundles
@@ -194,5 +197,4 @@ def family_of(x: Any) -> ModelFamily:
     for fam in _FAMILIES.values():
         if fam.arch == arch:
             return fam
-    raise ValueError(f"unknown model arch {arch!r}; known: "
-                     + ", ".join(repr(f.arch) for f in _FAMILIES.values()))
+    raise ValueError(f"unknown model arch {arch!r}; known: " + ", ".join(repr(f.arch) for f in _FAMILIES.values()))

@@ -1,15 +1,16 @@
 """The decoder-only family (the Llama / Qwen2 architecture): LMConfig / LMModel, `arch: lm` in its configs.
 
-  config, model     bpd_train/model/lm/config.py LMConfig, model/lm/model.py LMModel
-  decode steps      bpd_train/engine/lm.py LMDecodeWeights
-  data              bpd_train/data/lm/: prompt/response or chat records (records.py), or the translation corpus as
-                    prompts; batches of tokens/targets (datamodule.py LMDataModule); tokenizer.json folders
-                    (tokenizer.py) or the corpus's sentencepiece model behind SpmLMTokenizer
-  text adapter      decoding/text.py LMText: a prompt, a prompt-format translation or a chat -> ids
-  transformers      convert/hf/lm.py: Llama, Qwen2, Mistral (no sliding window); its HFFormat in convert/__init__
-  bundles           tokenizer.model, or the model's tokenizer/ folder (RunLMTokenizer); the heads' type recorded
-  distillation      the model answers the prompts itself, greedily or sampled (distillation/self_lm.py)
+config, model     bpd_train/model/lm/config.py LMConfig, model/lm/model.py LMModel
+decode steps      bpd_train/engine/lm.py LMDecodeWeights
+data              bpd_train/data/lm/: prompt/response or chat records (records.py), or the translation corpus as
+                  prompts; batches of tokens/targets (datamodule.py LMDataModule); tokenizer.json folders
+                  (tokenizer.py) or the corpus's sentencepiece model behind SpmLMTokenizer
+text adapter      decoding/text.py LMText: a prompt, a prompt-format translation or a chat -> ids
+transformers      convert/hf/lm.py: Llama, Qwen2, Mistral (no sliding window); its HFFormat in convert/__init__
+bundles           tokenizer.model, or the model's tokenizer/ folder (RunLMTokenizer); the heads' type recorded
+distillation      the model answers the prompts itself, greedily or sampled (distillation/self_lm.py)
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -41,8 +42,12 @@ class LMFamily(ModelFamily):
 
     def config_from_train_cfg(self, model_cfg: dict[str, Any], tokenizer: Any):
         # pad_id stays LMConfig's sentinel (-1): padding is never a vocabulary id in this family
-        return self.config_class(vocab_size=tokenizer.vocab_size, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
-                                 **{**model_cfg, "block_size": int(model_cfg["block_size"])})
+        return self.config_class(
+            vocab_size=tokenizer.vocab_size,
+            bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id,
+            **{**model_cfg, "block_size": int(model_cfg["block_size"])},
+        )
 
     # ------------------------------------------------------------------------------------------------ data
     def datamodule(self, cfg: Any, regime: Any, tokenizer: Any = None, max_positions: int | None = None):
@@ -51,10 +56,17 @@ class LMFamily(ModelFamily):
         data = cfg.data
         if max_positions is None:
             max_positions = int(cfg.model.get("max_positions", 2048))
-        return LMDataModule(data, artifacts_dir=str(cfg.paths.artifacts), seed=int(cfg.seed), source=regime.source,
-                            distilled_dir=regime.distilled_dir, max_tokens=int(data.max_tokens),
-                            num_workers=int(data.get("num_workers", 0) or 0), tokenizer=tokenizer,
-                            max_positions=int(max_positions))
+        return LMDataModule(
+            data,
+            artifacts_dir=str(cfg.paths.artifacts),
+            seed=int(cfg.seed),
+            source=regime.source,
+            distilled_dir=regime.distilled_dir,
+            max_tokens=int(data.max_tokens),
+            num_workers=int(data.get("num_workers", 0) or 0),
+            tokenizer=tokenizer,
+            max_positions=int(max_positions),
+        )
 
     # batches of data/lm/records.collate_lm; the targets' ignore id is the config's pad sentinel (-1), so the
     # losses take cfg.pad_id for either family
@@ -91,8 +103,14 @@ class LMFamily(ModelFamily):
     def data_tokenizer(self, loaded):
         return self.tokenizer(loaded)
 
-    def text_adapter(self, loaded, src_lang: str | None = None, tgt_lang: str | None = None,
-                     context_policy: str = "truncate_left", tokenizer: Any = None):
+    def text_adapter(
+        self,
+        loaded,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+        context_policy: str = "truncate_left",
+        tokenizer: Any = None,
+    ):
         tok = tokenizer if tokenizer is not None else self.tokenizer(loaded)
         return LMText(tok, src_lang, tgt_lang, loaded.config.max_positions, context_policy=context_policy)
 
@@ -103,8 +121,13 @@ class LMFamily(ModelFamily):
     def folder_tokenizer(self, folder: Path, config, meta: dict | None):
         tok = RunLMTokenizer(folder)
         tok.check_model(config.vocab_size)
-        return tok, {"vocab_size": config.vocab_size, "pad_id": config.pad_id, "bos_id": config.bos_id,
-                     "eos_id": config.eos_id, "meta": tok.meta}
+        return tok, {
+            "vocab_size": config.vocab_size,
+            "pad_id": config.pad_id,
+            "bos_id": config.bos_id,
+            "eos_id": config.eos_id,
+            "meta": tok.meta,
+        }
 
     def tokenizer_ids(self, tok, config):
         # an import's EOS may be its generation_config's: the model's; its pad is a sentinel (-1), never a token
@@ -120,11 +143,14 @@ class LMFamily(ModelFamily):
     # ------------------------------------------------------------------------------------------------ distillation
     def check_distill(self, beam_size: int, temperature: float) -> None:
         if int(beam_size) != 1:
-            raise DistillError(f"a decoder-only teacher answers greedily (or samples with distill.temperature > 0): "
-                               f"set distill.beam_size=1 (got {beam_size})")
+            raise DistillError(
+                f"a decoder-only teacher answers greedily (or samples with distill.temperature > 0): "
+                f"set distill.beam_size=1 (got {beam_size})"
+            )
         if temperature < 0:
-            raise DistillError(f"distill.temperature={temperature}: sampling (> 0) is for decoder-only teachers; "
-                               "0 = greedy")
+            raise DistillError(
+                f"distill.temperature={temperature}: sampling (> 0) is for decoder-only teachers; 0 = greedy"
+            )
 
     def distill_length_penalty(self, length_penalty: float) -> float:
         return 0.0

@@ -2,6 +2,7 @@
 `export.format=hf` folder with a heads file carries as custom_generate/generate.py (convert/common.py
 write_hf_folder), for decoder-only and encoder-decoder models alike; `from_pretrained(folder, trust_remote_code=True)`
 then runs it for `generate()`. `write_custom_generate(folder)` adds it to a folder written otherwise."""
+
 from __future__ import annotations
 
 import shutil

@@ -15,6 +15,7 @@ FFN heads) and medusa (residual SiLU blocks), as bpd_train/model/heads.py comput
 time with a KV cache that is cut back to the accepted tokens after every pass. After a call, `model.bpd_stats`
 holds {"passes": decoder forward passes, "tokens": tokens generated} over the batch.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -58,7 +59,7 @@ class Heads:
         self.k = int(cfg["block_size"])
         self.kind = cfg.get("heads", "bpd")
         self.identity_p1 = bool(cfg.get("identity_p1", True))
-        self.t = {k[len("heads."):]: v for k, v in tensors.items() if k.startswith("heads.")}
+        self.t = {k[len("heads.") :]: v for k, v in tensors.items() if k.startswith("heads.")}
         if self.kind not in ("bpd", "medusa"):
             raise ValueError(f"{path}: heads of kind {self.kind!r}; this decoder knows bpd and medusa")
         if self.k > 1 and not self.t:
@@ -77,20 +78,43 @@ class Heads:
         hidden = torch.relu(F.linear(h, self.t["fc1.weight"], self.t["fc1.bias"]))
         out = F.linear(hidden, self.t["fc2.weight"], self.t["fc2.bias"]).view(-1, d)
         first = 0 if self.identity_p1 else 1  # the output slice of head 2
-        return norm(h.unsqueeze(0) + out[first:first + self.k - 1])
+        return norm(h.unsqueeze(0) + out[first : first + self.k - 1])
 
 
 # generation options that change greedy decoding's choices, with the value that leaves them alone
-_GREEDY_AS_IS: dict[str, Any] = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "suppress_tokens": None,
-                                 "begin_suppress_tokens": None, "forced_eos_token_id": None, "min_length": 0,
-                                 "min_new_tokens": None, "sequence_bias": None, "encoder_repetition_penalty": 1.0,
-                                 "encoder_no_repeat_ngram_size": 0, "guidance_scale": 1.0,
-                                 "exponential_decay_length_penalty": None, "watermarking_config": None,
-                                 "stop_strings": None, "token_healing": False}
+_GREEDY_AS_IS: dict[str, Any] = {
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_eos_token_id": None,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "sequence_bias": None,
+    "encoder_repetition_penalty": 1.0,
+    "encoder_no_repeat_ngram_size": 0,
+    "guidance_scale": 1.0,
+    "exponential_decay_length_penalty": None,
+    "watermarking_config": None,
+    "stop_strings": None,
+    "token_healing": False,
+}
 # what this function does not return or does not do: asked for, it is refused rather than silently left out
-_NOT_HERE = ("return_dict_in_generate", "output_scores", "output_logits", "output_attentions", "output_hidden_states",
-             "streamer", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "assistant_model",
-             "decoder_input_ids", "inputs_embeds", "negative_prompt_ids")
+_NOT_HERE = (
+    "return_dict_in_generate",
+    "output_scores",
+    "output_logits",
+    "output_attentions",
+    "output_hidden_states",
+    "streamer",
+    "logits_processor",
+    "stopping_criteria",
+    "prefix_allowed_tokens_fn",
+    "assistant_model",
+    "decoder_input_ids",
+    "inputs_embeds",
+    "negative_prompt_ids",
+)
 
 
 def _crop(cache: Any, keep: int) -> None:
@@ -125,15 +149,23 @@ def _banned(gc: Any, kwargs: dict) -> list[int]:
 
 def _state_hook(decoder: Any, seen: list) -> Any:
     """Record the last decoder layer's output: the state (before the final norm, if any) the heads read."""
+
     def hook(_m: Any, _a: Any, out: Any) -> None:
         seen.append(out[0] if isinstance(out, (tuple, list)) else out)
+
     return decoder.layers[-1].register_forward_hook(hook)
 
 
 @torch.no_grad()
-def generate(*args: Any, model: Any = None, input_ids: torch.Tensor | None = None,
-             attention_mask: torch.Tensor | None = None, generation_config: Any = None,
-             max_new_tokens: int | None = None, **kwargs: Any) -> torch.Tensor:
+def generate(
+    *args: Any,
+    model: Any = None,
+    input_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    generation_config: Any = None,
+    max_new_tokens: int | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
     """Greedy output of `model` for each row of input_ids, decoded blockwise with the exported heads. Decoder-only:
     input_ids are prompts (left padding per attention_mask), returned with the new tokens appended. Encoder-decoder:
     input_ids are sources (padding per attention_mask), and the result is each row's decoder output from the
@@ -151,8 +183,11 @@ def generate(*args: Any, model: Any = None, input_ids: torch.Tensor | None = Non
         raise ValueError("blockwise decoding with heads gives the greedy output: use do_sample=False, num_beams=1")
     encdec = bool(getattr(model.config, "is_encoder_decoder", False))
     as_is = dict(_GREEDY_AS_IS, **({} if encdec else {"forced_bos_token_id": None}))
-    changed = [k for k, plain in as_is.items() if _option(k, gc, kwargs, plain) not in (plain, None)
-               and _option(k, gc, kwargs, plain)]
+    changed = [
+        k
+        for k, plain in as_is.items()
+        if _option(k, gc, kwargs, plain) not in (plain, None) and _option(k, gc, kwargs, plain)
+    ]
     changed += [k for k in _NOT_HERE if _given(_option(k, gc, kwargs))]
     if int(_option("num_return_sequences", gc, kwargs, 1) or 1) != 1:
         changed.append("num_return_sequences")
@@ -176,7 +211,7 @@ def generate(*args: Any, model: Any = None, input_ids: torch.Tensor | None = Non
     w_out = model.get_output_embeddings().weight
     bias = torch.zeros(w_out.shape[0], device=w_out.device, dtype=w_out.dtype)
     if getattr(model, "final_logits_bias", None) is not None:  # Marian, Pegasus
-        bias = bias + model.final_logits_bias.reshape(-1)[:bias.shape[0]]
+        bias = bias + model.final_logits_bias.reshape(-1)[: bias.shape[0]]
     bias[banned] = float("-inf")
     heads = Heads(_heads_file(model), w_out.device, w_out.dtype)
     cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -201,8 +236,10 @@ def generate(*args: Any, model: Any = None, input_ids: torch.Tensor | None = Non
                 prefix = [int(start)]
                 new = [int(forced)] if forced is not None and max_new_tokens > 0 else []
                 cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-                extra = {"encoder_outputs": BaseModelOutput(last_hidden_state=memory[r:r + 1]),
-                         "attention_mask": None if attention_mask is None else attention_mask[r:r + 1]}
+                extra = {
+                    "encoder_outputs": BaseModelOutput(last_hidden_state=memory[r : r + 1]),
+                    "attention_mask": None if attention_mask is None else attention_mask[r : r + 1],
+                }
                 ids_kw = "decoder_input_ids"
             else:
                 prefix = (row if attention_mask is None else row[attention_mask[r].bool()]).tolist()

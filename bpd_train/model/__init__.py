@@ -1,6 +1,7 @@
 """Pure-torch model: one folder per family with the same files (mt/: the encoder-decoder Transformer, lm/: the
 decoder-only LM; config.py and model.py in each), what both share (common.py, heads.py, layers.py), the decoding
 KV cache (cache.py)."""
+
 from typing import Any, Mapping
 
 from bpd_train.model.cache import DecoderState, Memory
@@ -44,5 +45,15 @@ def build_model(config: "BPDConfig | LMConfig | dict"):
     return _classes(config)[1](config)
 
 
-__all__ = ["ARCHS", "BPDConfig", "BPDModel", "DecoderState", "LMConfig", "LMModel", "Memory", "build_model",
-           "config_arch", "config_from_dict"]
+__all__ = [
+    "ARCHS",
+    "BPDConfig",
+    "BPDModel",
+    "DecoderState",
+    "LMConfig",
+    "LMModel",
+    "Memory",
+    "build_model",
+    "config_arch",
+    "config_from_dict",
+]

@@ -13,6 +13,7 @@ Two modes, chosen by the type of `lengths` (the number of cached tokens, BOS inc
 `base` slots before all of that hold a fixed decoder prefix (M2M100/NLLB's decoder-start token, cached by
 BPDModel.start_decoding): `lengths` counts the tokens after it, so decoders never see the prefix.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,9 +27,9 @@ from bpd_train.engine.packed import copy_rows
 
 @dataclass
 class Memory:
-    out: Tensor                 # [B,S,D] encoder output (after the encoder's final norm)
-    pad_mask: Tensor            # [B,S] bool, True at real source tokens
-    attn_mask: Tensor | None    # [B,1,1,S] bool for SDPA, None when no row is padded
+    out: Tensor  # [B,S,D] encoder output (after the encoder's final norm)
+    pad_mask: Tensor  # [B,S] bool, True at real source tokens
+    attn_mask: Tensor | None  # [B,1,1,S] bool for SDPA, None when no row is padded
 
     @property
     def batch_size(self) -> int:
@@ -42,8 +43,9 @@ class DecoderState:
     K/V and mask are stored once per group (decoder rows r*G..r*G+G-1 read memory row r): reordering beams
     within their sentences leaves them untouched, and only dropping sentences reindexes them."""
 
-    def __init__(self, self_kv: Tensor, mem_kv: Tensor, mem_mask: Tensor | None, max_positions: int,
-                 mem_group: int = 1):
+    def __init__(
+        self, self_kv: Tensor, mem_kv: Tensor, mem_mask: Tensor | None, max_positions: int, mem_group: int = 1
+    ):
         self.self_kv = self_kv
         self.mem_kv = mem_kv
         self.mem_mask = mem_mask
@@ -62,7 +64,8 @@ class DecoderState:
         built on first use: the native decode loops never ask."""
         if self._slot_positions is None:
             self._slot_positions = torch.arange(self.capacity, device=self.self_kv.device).clamp_(
-                max=self.max_positions - 1)
+                max=self.max_positions - 1
+            )
         return self._slot_positions
 
     @property
@@ -78,7 +81,7 @@ class DecoderState:
         if isinstance(self.lengths, int):
             # uniform mode leaves slots past `lengths` undefined after a reorder; per-row attention reads
             # (masked) slots past short rows, so they must hold finite numbers
-            self.self_kv[:, :, :, :, self.base + self.lengths:].zero_()
+            self.self_kv[:, :, :, :, self.base + self.lengths :].zero_()
             self.lengths = torch.full((self.rows,), self.lengths, dtype=torch.long, device=self.self_kv.device)
         elif isinstance(self.lengths, np.ndarray):
             self.lengths = torch.from_numpy(self.lengths).to(self.self_kv.device)
@@ -152,7 +155,8 @@ class DecoderState:
                 self.mem_group = 1
                 mem_index = index
             elif sent.numel() == self.mem_kv.shape[2] and bool(
-                    (sent == torch.arange(sent.numel(), device=sent.device)).all()):
+                (sent == torch.arange(sent.numel(), device=sent.device)).all()
+            ):
                 return  # beams moved within their sentences only: memory rows unchanged
             else:
                 mem_index = sent
@@ -164,9 +168,9 @@ class DecoderState:
         """[L,L] additive causal mask over cache slots, built once per state (uniform calls with n > 1)."""
         if self._causal_mask is None:
             slots = torch.arange(self.capacity, device=self.self_kv.device)
-            self._causal_mask = torch.zeros(self.capacity, self.capacity, dtype=self.self_kv.dtype,
-                                            device=self.self_kv.device).masked_fill_(slots[None, :] > slots[:, None],
-                                                                                     float("-inf"))
+            self._causal_mask = torch.zeros(
+                self.capacity, self.capacity, dtype=self.self_kv.dtype, device=self.self_kv.device
+            ).masked_fill_(slots[None, :] > slots[:, None], float("-inf"))
         return self._causal_mask
 
     def _float_mask(self, allowed: np.ndarray) -> Tensor:
@@ -185,17 +189,18 @@ class DecoderState:
                 raise RuntimeError(f"KV cache capacity {self.capacity} exceeded ({t}+{n})")
 
             def write(kv: Tensor, new: Tensor) -> None:
-                kv[:, :, :, t:t + n] = new
+                kv[:, :, :, t : t + n] = new
+
             write.t, write.index = t, None
 
             mask = None
             if n > 1:  # causal within the new tokens; everything cached before is visible
-                mask = self._causal()[t:t + n, :t + n]                                        # [n,t+n]
-            pos = slice(t, t + n) if t + n <= self.max_positions else self._positions[t:t + n]
+                mask = self._causal()[t : t + n, : t + n]  # [n,t+n]
+            pos = slice(t, t + n) if t + n <= self.max_positions else self._positions[t : t + n]
             return pos, write, t + n, mask
         r, (_, _, _, h, _, dh) = self.rows, self.self_kv.shape
         if isinstance(lengths, np.ndarray):  # host-side bookkeeping: build slots and mask with numpy
-            slots_np = lengths[:, None] + np.arange(base, base + n)           # [R,n]
+            slots_np = lengths[:, None] + np.arange(base, base + n)  # [R,n]
             kv_len = int(slots_np.max()) + 1
             mask = self._float_mask(np.arange(kv_len)[None, None, :] <= slots_np[:, :, None])[:, None]
             slots = torch.from_numpy(slots_np).to(self.self_kv.device)
@@ -213,6 +218,7 @@ class DecoderState:
 
         def write(kv: Tensor, new: Tensor) -> None:
             kv.scatter_(3, index, new)
+
         write.t, write.index = 0, index
 
         return self._positions[slots], write, kv_len, mask
@@ -222,5 +228,3 @@ class DecoderState:
         if a is None:
             a = self._arange[n] = torch.arange(n, device=self.self_kv.device)
         return a
-
-

@@ -1,6 +1,7 @@
 """What both model families share, written once: the config dataclasses' dict round trip (`ModelConfig`) and the
 head interface of the models (`HeadedModel`: k, the parameter groups regimes freeze by, the vocabulary projection,
 the decode-weight cache's state)."""
+
 from __future__ import annotations
 
 import dataclasses

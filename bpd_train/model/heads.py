@@ -5,6 +5,7 @@ state. The caller then applies the model's final norm and the shared (tied) voca
 With identity_p1 head 1 skips this layer (it is the base model's own path), so the layer only produces
 the k-1 future heads. The output projection starts at zero: every head initially equals head 1.
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,7 +48,7 @@ class BPDHeads(nn.Module):
         s = self.slot(head)
         d = self.d_model
         _, _, w2, b2 = self._params()
-        return h + F.linear(self.hidden(h), w2[s * d:(s + 1) * d], b2[s * d:(s + 1) * d])
+        return h + F.linear(self.hidden(h), w2[s * d : (s + 1) * d], b2[s * d : (s + 1) * d])
 
     def states(self, h: Tensor, lo: int, hi: int) -> Tensor:
         """h [...,D] -> pre-norm states of heads lo..hi-1 [...,hi-lo,D] (one matmul for all of them)."""
@@ -57,7 +58,7 @@ class BPDHeads(nn.Module):
         if s0 == 0 and s1 == self.n_out:
             out = F.linear(self.hidden(h), w2, b2)
         else:
-            out = F.linear(self.hidden(h), w2[s0 * d:s1 * d], b2[s0 * d:s1 * d])
+            out = F.linear(self.hidden(h), w2[s0 * d : s1 * d], b2[s0 * d : s1 * d])
         return h.unsqueeze(-2) + out.view(*h.shape[:-1], s1 - s0, d)
 
 
@@ -80,7 +81,7 @@ class ChainHeads(nn.Module):
         self.k = k
         self.d_model = d_model
         n = k - 1
-        self.tok = nn.Parameter(torch.zeros(n, d_model, d_model))           # [heads, out, in]
+        self.tok = nn.Parameter(torch.zeros(n, d_model, d_model))  # [heads, out, in]
         self.w1 = nn.Parameter(torch.empty(n, head_hidden, d_model))
         self.b1 = nn.Parameter(torch.zeros(n, head_hidden))
         self.w2 = nn.Parameter(torch.zeros(n, d_model, head_hidden))
@@ -127,8 +128,8 @@ class MedusaHeads(nn.Module):
         vocabulary projection."""
         if not 1 <= lo < hi <= self.k:
             raise IndexError(f"medusa heads {lo}..{hi - 1} out of range 1..{self.k - 1}")
-        x = n.unsqueeze(-2).expand(*n.shape[:-1], hi - lo, n.shape[-1])       # [...,heads,D]
-        w, b = self.weight[lo - 1:hi - 1], self.bias[lo - 1:hi - 1]
+        x = n.unsqueeze(-2).expand(*n.shape[:-1], hi - lo, n.shape[-1])  # [...,heads,D]
+        w, b = self.weight[lo - 1 : hi - 1], self.bias[lo - 1 : hi - 1]
         for layer in range(self.n_layers):
             y = torch.einsum("...hi,hoi->...ho", x, w[:, layer]) + b[:, layer]
             x = x + self.dropout(F.silu(y))

@@ -1,6 +1,7 @@
 """Transformer building blocks (pre-norm, or post-norm for imported Marian models). Each block has a full-sequence
 path (training) and a cached single-call path (decoding) that must give the same numbers; the cache itself lives in
 cache.py."""
+
 from __future__ import annotations
 
 import math
@@ -85,8 +86,9 @@ class SelfAttention(nn.Module):
         b, t, d = x.shape
         qkv = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         p = self.attn_dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=mask, dropout_p=p,
-                                           is_causal=causal and mask is None)
+        y = F.scaled_dot_product_attention(
+            qkv[0], qkv[1], qkv[2], attn_mask=mask, dropout_p=p, is_causal=causal and mask is None
+        )
         return self.out(merge_heads(y))
 
 
@@ -112,8 +114,16 @@ class CrossAttention(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, eps: float,
-                 pre_norm: bool = True, activation: str = "relu"):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float,
+        eps: float,
+        pre_norm: bool = True,
+        activation: str = "relu",
+    ):
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model, eps=eps)
         self.attn = SelfAttention(d_model, n_heads, dropout)
@@ -158,8 +168,16 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, eps: float,
-                 pre_norm: bool = True, activation: str = "relu"):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float,
+        eps: float,
+        pre_norm: bool = True,
+        activation: str = "relu",
+    ):
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model, eps=eps)
         self.self_attn = SelfAttention(d_model, n_heads, dropout)
@@ -187,8 +205,17 @@ class DecoderLayer(nn.Module):
         return x + self._drop(self.ffn(self.norm3(x)))
 
 
-def decode_step(w, x: Tensor, self_kv: Tensor, write, kv_len: int, self_mask: Tensor | None,
-                mem_kv: Tensor, mem_mask: Tensor | None, mem_group: int = 1) -> Tensor:
+def decode_step(
+    w,
+    x: Tensor,
+    self_kv: Tensor,
+    write,
+    kv_len: int,
+    self_mask: Tensor | None,
+    mem_kv: Tensor,
+    mem_mask: Tensor | None,
+    mem_group: int = 1,
+) -> Tensor:
     """DecoderLayer.forward for cached decoding (eval only). x [R,n,D] new tokens; self_kv [2,R,H,L,Dh]
     this layer's cache, where write(kv, new [2,R,H,n,Dh]) stores the new keys/values; attention reads
     slots [0, kv_len) under the additive self_mask. mem_kv [2,R/G,H,S,Dh] is shared by groups of G =
@@ -202,30 +229,41 @@ def decode_step(w, x: Tensor, self_kv: Tensor, write, kv_len: int, self_mask: Te
     y = torch.layer_norm(x, w.shape, w.n1_w, w.n1_b, w.eps)
     qkv = w.qkv(y).view(r, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
     write(self_kv, qkv[1:])
-    y = F.scaled_dot_product_attention(qkv[0], self_kv[0, :, :, :kv_len], self_kv[1, :, :, :kv_len],
-                                       attn_mask=self_mask)
+    y = F.scaled_dot_product_attention(
+        qkv[0], self_kv[0, :, :, :kv_len], self_kv[1, :, :, :kv_len], attn_mask=self_mask
+    )
     x = x + w.so(y.transpose(1, 2).reshape(r, n, d))
     y = torch.layer_norm(x, w.shape, w.n2_w, w.n2_b, w.eps)
     g = mem_group
-    q = w.q(y).view(r // g, g * n, h, d // h).transpose(1, 2)        # [R/G,H,G*n,Dh]
+    q = w.q(y).view(r // g, g * n, h, d // h).transpose(1, 2)  # [R/G,H,G*n,Dh]
     y = F.scaled_dot_product_attention(q, mem_kv[0], mem_kv[1], attn_mask=mem_mask)
     x = x + w.co(y.transpose(1, 2).reshape(r, n, d))
     y = torch.layer_norm(x, w.shape, w.n3_w, w.n3_b, w.eps)
     return x + w.f2(w.act(w.f1(y)))
 
 
-def _decode_step_post_norm(w, x: Tensor, self_kv: Tensor, write, kv_len: int, self_mask: Tensor | None,
-                           mem_kv: Tensor, mem_mask: Tensor | None, mem_group: int) -> Tensor:
+def _decode_step_post_norm(
+    w,
+    x: Tensor,
+    self_kv: Tensor,
+    write,
+    kv_len: int,
+    self_mask: Tensor | None,
+    mem_kv: Tensor,
+    mem_mask: Tensor | None,
+    mem_group: int,
+) -> Tensor:
     """decode_step of a post-norm DecoderLayer (Marian): each sublayer's norm follows its residual sum."""
     r, n, d = x.shape
     h = w.n_heads
     qkv = w.qkv(x).view(r, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
     write(self_kv, qkv[1:])
-    y = F.scaled_dot_product_attention(qkv[0], self_kv[0, :, :, :kv_len], self_kv[1, :, :, :kv_len],
-                                       attn_mask=self_mask)
+    y = F.scaled_dot_product_attention(
+        qkv[0], self_kv[0, :, :, :kv_len], self_kv[1, :, :, :kv_len], attn_mask=self_mask
+    )
     x = torch.layer_norm(x + w.so(y.transpose(1, 2).reshape(r, n, d)), w.shape, w.n1_w, w.n1_b, w.eps)
     g = mem_group
-    q = w.q(x).view(r // g, g * n, h, d // h).transpose(1, 2)        # [R/G,H,G*n,Dh]
+    q = w.q(x).view(r // g, g * n, h, d // h).transpose(1, 2)  # [R/G,H,G*n,Dh]
     y = F.scaled_dot_product_attention(q, mem_kv[0], mem_kv[1], attn_mask=mem_mask)
     x = torch.layer_norm(x + w.co(y.transpose(1, 2).reshape(r, n, d)), w.shape, w.n2_w, w.n2_b, w.eps)
     return torch.layer_norm(x + w.f2(w.act(w.f1(x))), w.shape, w.n3_w, w.n3_b, w.eps)

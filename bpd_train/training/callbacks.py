@@ -3,6 +3,7 @@
 `BlockwiseEval` is owned by evaluation (bpd_train/evaluation/callback.py) and re-exported here, where the
 training config (`callbacks.blockwise_eval`) names it.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,14 @@ class Throughput(Callback):
         tokens = torch.tensor(float(self._tokens), device=pl_module.device)
         tokens = trainer.strategy.reduce(tokens, reduce_op="sum")
         if elapsed > 0:
-            pl_module.log("train/tokens_per_s", float(tokens) / elapsed, on_step=True, on_epoch=False,
-                          rank_zero_only=True, batch_size=1)
+            pl_module.log(
+                "train/tokens_per_s",
+                float(tokens) / elapsed,
+                on_step=True,
+                on_epoch=False,
+                rank_zero_only=True,
+                batch_size=1,
+            )
         self._tokens = 0
         self._t0 = time.perf_counter()
 

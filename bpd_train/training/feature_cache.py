@@ -5,12 +5,12 @@ training, so recomputing the whole backbone for every batch of every epoch only 
 each row's states (keyed by the row's tokens) in memory, up to a budget, and assembles a batch from them when every
 row of it is known. Only the heads' forward and backward run then.
 """
+
 from __future__ import annotations
 
 import hashlib
 from typing import Callable
 
-import torch
 from torch import Tensor
 
 
@@ -29,8 +29,10 @@ class FeatureCache:
         # the real length is up to the last non-pad token (a pad id inside a row, if any, is kept in the key)
         lens = (real.flip(1).cumsum(1) > 0).sum(1).tolist()
         rows = tokens.cpu().numpy()
-        return [(hashlib.blake2b(rows[i, :n].tobytes(), digest_size=16).digest() + n.to_bytes(4, "little"), n)
-                for i, n in enumerate(lens)]
+        return [
+            (hashlib.blake2b(rows[i, :n].tobytes(), digest_size=16).digest() + n.to_bytes(4, "little"), n)
+            for i, n in enumerate(lens)
+        ]
 
     def features(self, tokens: Tensor, compute: Callable[[], Tensor]) -> Tensor:
         """tokens [B,T] -> h [B,T,D]: from the cache when every row is in it, else `compute()` (and its rows kept

@@ -10,6 +10,7 @@ full-state-dict context is built with offload_to_cpu=False. Everything else -- s
 checkpoints -- is Lightning's and PyTorch's own code. run.make_strategy picks this class for strategy=fsdp on
 trainer.accelerator=cpu.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,10 +28,12 @@ def _full_state_dict_context_on_cpu(module: Module, world_size: int, rank0_only:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.api import FullOptimStateDictConfig
 
-    return FSDP.state_dict_type(module=module, state_dict_type=StateDictType.FULL_STATE_DICT,
-                                state_dict_config=FullStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only),
-                                optim_state_dict_config=FullOptimStateDictConfig(offload_to_cpu=False,
-                                                                                 rank0_only=rank0_only))
+    return FSDP.state_dict_type(
+        module=module,
+        state_dict_type=StateDictType.FULL_STATE_DICT,
+        state_dict_config=FullStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only),
+        optim_state_dict_config=FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only),
+    )
 
 
 @contextlib.contextmanager
@@ -48,6 +51,7 @@ def _without_offload(method):
     def wrapper(self, *args, **kwargs):
         with _no_offload():
             return method(self, *args, **kwargs)
+
     return wrapper
 
 
@@ -63,10 +67,14 @@ class CPUFSDPStrategy(FSDPStrategy):
 
         if not any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
             # what FSDPStrategy._setup_model does, with the device named; it then skips its own wrapping
-            model = FullyShardedDataParallel(module=model, cpu_offload=self.cpu_offload,
-                                             mixed_precision=self.mixed_precision_config,
-                                             sharding_strategy=self.sharding_strategy,
-                                             device_id=torch.device("cpu"), **self.kwargs)
+            model = FullyShardedDataParallel(
+                module=model,
+                cpu_offload=self.cpu_offload,
+                mixed_precision=self.mixed_precision_config,
+                sharding_strategy=self.sharding_strategy,
+                device_id=torch.device("cpu"),
+                **self.kwargs,
+            )
         return super()._setup_model(model)
 
     lightning_module_state_dict = _without_offload(FSDPStrategy.lightning_module_state_dict)

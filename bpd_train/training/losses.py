@@ -5,6 +5,7 @@ The k×T×V logits are never materialised at once: `mean`/`weighted` run the hea
 `recompute`, wrap each head in torch.utils.checkpoint so that backward recomputes that head's logits instead of
 keeping all k of them alive -- peak memory stays near one head's, as for `random`.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -26,8 +27,13 @@ def head_targets(tgt_out: torch.Tensor, i: int, pad_id: int) -> torch.Tensor:
     return out
 
 
-def head_weights(head_loss: str, heads: Sequence[int], weights: Sequence[float] | None = None,
-                 decay: float = 0.8, p1_weight: float | None = None) -> list[float]:
+def head_weights(
+    head_loss: str,
+    heads: Sequence[int],
+    weights: Sequence[float] | None = None,
+    decay: float = 0.8,
+    p1_weight: float | None = None,
+) -> list[float]:
     """Normalised weights for the heads that enter the loss this step (they sum to 1).
 
     p1_weight: head 1's share whenever it enters the loss together with other heads; they share the rest in the
@@ -62,8 +68,13 @@ def check_p1_weight(p1_weight: float) -> float:
 
 def smoothed_ce_sum(logits: torch.Tensor, targets: torch.Tensor, pad_id: int, label_smoothing: float) -> torch.Tensor:
     """Summed label-smoothed cross-entropy over non-pad targets (fp32 whatever the logits' dtype)."""
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1),
-                           ignore_index=pad_id, label_smoothing=label_smoothing, reduction="sum")
+    return F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(),
+        targets.reshape(-1),
+        ignore_index=pad_id,
+        label_smoothing=label_smoothing,
+        reduction="sum",
+    )
 
 
 def check_kd(kd_weight: float, kd_temperature: float) -> tuple[float, float]:
@@ -81,23 +92,35 @@ def kd_settings(loss_cfg) -> tuple[float, float]:
     return check_kd(0.0 if w is None else w, 1.0 if t is None else t)
 
 
-def kd_kl_sum(logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor, pad_id: int,
-              temperature: float = 1.0) -> torch.Tensor:
+def kd_kl_sum(
+    logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor, pad_id: int, temperature: float = 1.0
+) -> torch.Tensor:
     """Summed KL(p_teacher || p_student) over the non-pad target positions, both at `temperature`, times T²
     (Hinton et al. 2015: the gradient's scale stays that of T = 1). Word-level distillation (Kim & Rush 2016)."""
     keep = targets.ne(pad_id)
     t = float(temperature)
-    s = F.log_softmax(logits[keep].float() / t, dim=-1)          # [N,V]
+    s = F.log_softmax(logits[keep].float() / t, dim=-1)  # [N,V]
     p = F.log_softmax(teacher_logits[keep].float() / t, dim=-1)  # [N,V]
     return F.kl_div(s, p, reduction="sum", log_target=True) * (t * t)
 
 
-def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.Tensor, tgt_out: torch.Tensor,
-             heads: Sequence[int], weights: Sequence[float], pad_id: int, label_smoothing: float = 0.0,
-             recompute: bool = True, teacher_logits: torch.Tensor | None = None, kd_weight: float = 0.0,
-             kd_temperature: float = 1.0, extras: dict[str, torch.Tensor] | None = None,
-             self_targets: bool = False, self_kd_weight: float = 0.0,
-             chain: bool = False) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+def bpd_loss(
+    head_logits: Callable[[torch.Tensor, int], torch.Tensor],
+    h: torch.Tensor,
+    tgt_out: torch.Tensor,
+    heads: Sequence[int],
+    weights: Sequence[float],
+    pad_id: int,
+    label_smoothing: float = 0.0,
+    recompute: bool = True,
+    teacher_logits: torch.Tensor | None = None,
+    kd_weight: float = 0.0,
+    kd_temperature: float = 1.0,
+    extras: dict[str, torch.Tensor] | None = None,
+    self_targets: bool = False,
+    self_kd_weight: float = 0.0,
+    chain: bool = False,
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Weighted sum over `heads` of each head's token-mean label-smoothed CE.
 
     head_logits(h, i) -> [B,T,V] (BPDModel.head_logits); h [B,T,D] is the decoder output.
@@ -124,9 +147,9 @@ def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.
         raise ValueError(f"loss.self_kd_weight must be in [0, 1] (the KL term's share of heads 2..k's loss), got {mu}")
     own = own_logits = None
     if (self_targets or mu > 0) and any(i > 0 for i in heads):
-        with torch.no_grad():                                           # [B,T,V] head 1, teacher-forced
+        with torch.no_grad():  # [B,T,V] head 1, teacher-forced
             own_logits = head_logits(h.detach(), 0)
-        if self_targets:                                                # [B,T] head 1's choices, pads kept
+        if self_targets:  # [B,T] head 1's choices, pads kept
             own = own_logits.argmax(-1).masked_fill(tgt_out.eq(pad_id), pad_id)
         if mu == 0:
             own_logits = None
@@ -136,7 +159,7 @@ def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.
         prev = head_targets(series, i - 1, pad_id) if chain and i > 0 else None
         n = tgt.ne(pad_id).sum().clamp_min(1)
         kd = (i == 0 and lam > 0) or (i > 0 and own_logits is not None)
-        if i > 0 and own_logits is not None:                            # head 1 at t+i, aligned with head i at t
+        if i > 0 and own_logits is not None:  # head 1 at t+i, aligned with head i at t
             soft = torch.zeros_like(own_logits)
             if i < soft.size(1):
                 soft[:, :-i] = own_logits[:, i:]
@@ -163,8 +186,15 @@ def bpd_loss(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.
 
 
 @torch.no_grad()
-def head_stats(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torch.Tensor, tgt_out: torch.Tensor,
-               k: int, pad_id: int, label_smoothing: float = 0.0, chain: bool = False) -> dict[str, torch.Tensor]:
+def head_stats(
+    head_logits: Callable[[torch.Tensor, int], torch.Tensor],
+    h: torch.Tensor,
+    tgt_out: torch.Tensor,
+    k: int,
+    pad_id: int,
+    label_smoothing: float = 0.0,
+    chain: bool = False,
+) -> dict[str, torch.Tensor]:
     """Teacher-forced sums for validation, reducible across ranks by addition.
 
     loss_sum[i], count[i], correct[i]: head i's summed loss, its non-pad targets, its top-1 hits.
@@ -189,6 +219,10 @@ def head_stats(head_logits: Callable[[torch.Tensor, int], torch.Tensor], h: torc
         run = run & hit
         accepted += run
     positions = tgt_out.ne(pad_id)
-    return {"loss_sum": loss_sum, "count": count, "correct": correct,
-            "accepted_sum": accepted[positions].sum().reshape(1),
-            "positions": positions.sum().double().reshape(1)}
+    return {
+        "loss_sum": loss_sum,
+        "count": count,
+        "correct": correct,
+        "accepted_sum": accepted[positions].sum().reshape(1),
+        "positions": positions.sum().double().reshape(1),
+    }

@@ -4,6 +4,7 @@ What differs between regimes is data (bpd_train.training.regimes.Regime): which 
 heads enter the loss and how they are weighted. The constructor takes plain Python types only, so
 `BPDLightningModule.load_from_checkpoint(path)` rebuilds it and `torch.load(weights_only=True)` reads the file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,10 +31,19 @@ def mix_seed(*parts: int) -> int:
 
 
 class BPDLightningModule(pl.LightningModule):
-    def __init__(self, model_config: dict[str, Any], regime: dict[str, Any], optim: dict[str, Any],
-                 loss: dict[str, Any] | None = None, seed: int = 0, tokenizer_file: str | None = None,
-                 tokenizer_hash: str | None = None, data_name: str | None = None, init_from: str | None = None,
-                 tokenizer_meta: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        model_config: dict[str, Any],
+        regime: dict[str, Any],
+        optim: dict[str, Any],
+        loss: dict[str, Any] | None = None,
+        seed: int = 0,
+        tokenizer_file: str | None = None,
+        tokenizer_hash: str | None = None,
+        data_name: str | None = None,
+        init_from: str | None = None,
+        tokenizer_meta: dict[str, Any] | None = None,
+    ):
         super().__init__()
         self.save_hyperparameters()
         self.model = build_model(dict(model_config))  # the config's family builds it (BPDModel, LMModel)
@@ -49,8 +59,10 @@ class BPDLightningModule(pl.LightningModule):
         self.kd_weight, self.kd_temperature = kd_settings(self.loss_cfg)
         targets = str(self.loss_cfg.get("head_targets", "data"))
         if targets not in ("data", "self"):
-            raise ValueError(f"loss.head_targets={targets!r}; choose data (the corpus's tokens) or self (heads 2..k "
-                             "learn head 1's own choices)")
+            raise ValueError(
+                f"loss.head_targets={targets!r}; choose data (the corpus's tokens) or self (heads 2..k "
+                "learn head 1's own choices)"
+            )
         self.self_targets = targets == "self"
         # loss.self_kd_weight = μ: heads 2..k also learn head 1's own distribution where they look ahead (losses.py)
         self.self_kd_weight = float(self.loss_cfg.get("self_kd_weight") or 0.0)
@@ -63,12 +75,21 @@ class BPDLightningModule(pl.LightningModule):
         cfg = self.model.config
         if self.draft_vocab:
             if not 0 < self.draft_vocab <= cfg.vocab_size:
-                raise ValueError(f"loss.draft_vocab={self.draft_vocab}: the number of lowest ids heads 2..k choose "
-                                 f"among, 1..{cfg.vocab_size} (or null: every id)")
-            if not self.regime.freeze_backbone or self.kd_weight > 0 or self.self_kd_weight > 0 \
-                    or getattr(self.model, "chained", False) or not hasattr(self.model, "head_states"):
-                raise ValueError("loss.draft_vocab trains heads 2..k alone on a frozen decoder-only backbone "
-                                 "(regimes frozen, distill), without kd_weight / self_kd_weight")
+                raise ValueError(
+                    f"loss.draft_vocab={self.draft_vocab}: the number of lowest ids heads 2..k choose "
+                    f"among, 1..{cfg.vocab_size} (or null: every id)"
+                )
+            if (
+                not self.regime.freeze_backbone
+                or self.kd_weight > 0
+                or self.self_kd_weight > 0
+                or getattr(self.model, "chained", False)
+                or not hasattr(self.model, "head_states")
+            ):
+                raise ValueError(
+                    "loss.draft_vocab trains heads 2..k alone on a frozen decoder-only backbone "
+                    "(regimes frozen, distill), without kd_weight / self_kd_weight"
+                )
         if self.regime.freeze_backbone:
             for p in self.model.backbone_parameters():
                 p.requires_grad_(False)
@@ -79,8 +100,10 @@ class BPDLightningModule(pl.LightningModule):
         if not self.train_heads:
             raise ValueError(f"regime {self.regime.name}: no head has trainable parameters (k={cfg.block_size})")
         if self.kd_weight > 0 and 0 not in self.train_heads:
-            raise ValueError(f"loss.kd_weight distils into head 1, which does not train in regime {self.regime.name}; "
-                             f"set loss.kd_weight=0")
+            raise ValueError(
+                f"loss.kd_weight distils into head 1, which does not train in regime {self.regime.name}; "
+                f"set loss.kd_weight=0"
+            )
         # Kept out of the module tree (a plain attribute, not a submodule): not in state_dict or checkpoints, not
         # in the optimiser, not wrapped or synchronised by DDP; train()/eval() and .to() do not reach it.
         object.__setattr__(self, "_teacher", None)
@@ -90,8 +113,12 @@ class BPDLightningModule(pl.LightningModule):
         # where the backbone is frozen and has no dropout, and the family names a batch's rows
         gb = float(self.regime.feature_cache_gb)
         cache = None
-        if self.regime.freeze_backbone and gb > 0 and self.family.row_features \
-                and float(getattr(cfg, "dropout", 0.0) or 0.0) == 0.0:
+        if (
+            self.regime.freeze_backbone
+            and gb > 0
+            and self.family.row_features
+            and float(getattr(cfg, "dropout", 0.0) or 0.0) == 0.0
+        ):
             cache = FeatureCache(cfg.pad_id, int(gb * 2**30))
         object.__setattr__(self, "_feature_cache", cache)
         self._val: dict[str, torch.Tensor] | None = None
@@ -112,16 +139,19 @@ class BPDLightningModule(pl.LightningModule):
                 heads = [0] if draw < check_p1_weight(p1) else [heads[1 + (r // 1_000_000) % (len(heads) - 1)]]
             else:
                 heads = [heads[r % len(heads)]]
-        weights = head_weights(mode, heads, self.loss_cfg.get("head_weights"),
-                               self.loss_cfg.get("head_weight_decay", 0.8), p1)
+        weights = head_weights(
+            mode, heads, self.loss_cfg.get("head_weights"), self.loss_cfg.get("head_weight_decay", 0.8), p1
+        )
         return heads, weights
 
     def attach_teacher(self, teacher: torch.nn.Module) -> None:
         """The frozen model whose head-1 distribution head 1 learns when loss.kd_weight > 0 (run.build_module
         passes the init_from model, or loss.kd_teacher; rebuilt the same way on resume)."""
         if getattr(teacher.config, "vocab_size", None) != self.model.config.vocab_size:
-            raise ValueError(f"the KD teacher's vocabulary ({teacher.config.vocab_size}) is not the student's "
-                             f"({self.model.config.vocab_size})")
+            raise ValueError(
+                f"the KD teacher's vocabulary ({teacher.config.vocab_size}) is not the student's "
+                f"({self.model.config.vocab_size})"
+            )
         teacher.eval()
         teacher.requires_grad_(False)
         object.__setattr__(self, "_teacher", teacher)
@@ -164,17 +194,27 @@ class BPDLightningModule(pl.LightningModule):
         extras: dict[str, torch.Tensor] = {}
         head_logits, targets = self.model.head_logits, self._targets(batch)
         if self.draft_vocab:  # heads 2..k only (head 1 does not train on a frozen backbone): the lowest ids
-            w = self.model.output_weight()[:self.draft_vocab]
+            w = self.model.output_weight()[: self.draft_vocab]
             head_logits = lambda x, i: F.linear(self.model.head_states(x, i, i + 1).squeeze(-2), w)  # noqa: E731
             targets = targets.masked_fill(targets >= self.draft_vocab, cfg.pad_id)
             h, targets = compact_rows(h, targets, max(heads), cfg.pad_id)
-        loss, per_head = bpd_loss(head_logits, h, targets, heads, weights, cfg.pad_id,
-                                  float(self.loss_cfg.get("label_smoothing", 0.0)),
-                                  bool(self.loss_cfg.get("recompute", True)),
-                                  teacher_logits=self.teacher_logits(batch) if kd else None,
-                                  kd_weight=self.kd_weight if kd else 0.0, kd_temperature=self.kd_temperature,
-                                  extras=extras, self_targets=self.self_targets,
-                                  self_kd_weight=self.self_kd_weight, chain=getattr(self.model, "chained", False))
+        loss, per_head = bpd_loss(
+            head_logits,
+            h,
+            targets,
+            heads,
+            weights,
+            cfg.pad_id,
+            float(self.loss_cfg.get("label_smoothing", 0.0)),
+            bool(self.loss_cfg.get("recompute", True)),
+            teacher_logits=self.teacher_logits(batch) if kd else None,
+            kd_weight=self.kd_weight if kd else 0.0,
+            kd_temperature=self.kd_temperature,
+            extras=extras,
+            self_targets=self.self_targets,
+            self_kd_weight=self.self_kd_weight,
+            chain=getattr(self.model, "chained", False),
+        )
         self._kd_stat = extras.get("kd")
         if cfg.block_size > 1 and cfg.identity_p1 and heads == [0]:
             # Head 1 alone does not reach the BPD layer; a zero-weighted touch keeps DDP's gradient
@@ -212,15 +252,19 @@ class BPDLightningModule(pl.LightningModule):
         # Reaching max_steps between two validations: ask for a stop, which makes Lightning validate (and
         # ModelCheckpoint save best/last) on the final weights.
         t = self.trainer
-        if t.max_steps and t.max_steps > 0 and self.global_step >= t.max_steps \
-                and (batch_idx + 1) % max(1, t.accumulate_grad_batches) == 0:
+        if (
+            t.max_steps
+            and t.max_steps > 0
+            and self.global_step >= t.max_steps
+            and (batch_idx + 1) % max(1, t.accumulate_grad_batches) == 0
+        ):
             t.should_stop = True
 
     def on_train_epoch_start(self) -> None:
         # Lightning only calls set_epoch on samplers it knows; the token-bucket batch sampler reshuffles
         # per epoch through its own set_epoch (a no-op for the epoch it already holds, so resume is safe).
         loaders = self.trainer.train_dataloader
-        for dl in (loaders if isinstance(loaders, (list, tuple)) else [loaders]):
+        for dl in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
             bs = getattr(dl, "batch_sampler", None)
             if bs is not None and hasattr(bs, "set_epoch"):
                 bs.set_epoch(self.current_epoch)
@@ -232,8 +276,15 @@ class BPDLightningModule(pl.LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         cfg = self.model.config
         h = self._hidden(batch)
-        stats = head_stats(self.model.head_logits, h, self._targets(batch), cfg.block_size, cfg.pad_id,
-                           float(self.loss_cfg.get("label_smoothing", 0.0)), chain=getattr(self.model, "chained", False))
+        stats = head_stats(
+            self.model.head_logits,
+            h,
+            self._targets(batch),
+            cfg.block_size,
+            cfg.pad_id,
+            float(self.loss_cfg.get("label_smoothing", 0.0)),
+            chain=getattr(self.model, "chained", False),
+        )
         if self._val is None:
             self._val = stats
         else:
@@ -245,14 +296,21 @@ class BPDLightningModule(pl.LightningModule):
         if self._val is None:  # this rank saw no batch: contribute zeros to the reduction
             z = torch.zeros(k, dtype=torch.float64, device=self.device)
             one = torch.zeros(1, dtype=torch.float64, device=self.device)
-            self._val = {"loss_sum": z, "count": z.clone(), "correct": z.clone(), "accepted_sum": one,
-                         "positions": one.clone()}
+            self._val = {
+                "loss_sum": z,
+                "count": z.clone(),
+                "correct": z.clone(),
+                "accepted_sum": one,
+                "positions": one.clone(),
+            }
         s = {key: self.trainer.strategy.reduce(v, reduce_op="sum") for key, v in self._val.items()}
         count = s["count"].clamp_min(1)
         loss = s["loss_sum"] / count
         acc = s["correct"] / count
-        metrics = {"val/loss": loss.mean(),
-                   "val/expected_accepted": s["accepted_sum"][0] / s["positions"][0].clamp_min(1)}
+        metrics = {
+            "val/loss": loss.mean(),
+            "val/expected_accepted": s["accepted_sum"][0] / s["positions"][0].clamp_min(1),
+        }
         for i in range(k):
             metrics[f"val/loss_head{i + 1}"] = loss[i]
             metrics[f"val/acc_head{i + 1}"] = acc[i]
@@ -266,9 +324,13 @@ class BPDLightningModule(pl.LightningModule):
         optim = dict(self.hparams.optim)
         factory = instantiate(dict(optim["optimizer"]))  # functools.partial(torch.optim.AdamW, lr=..., ...)
         kw = getattr(factory, "keywords", {})
-        groups = param_groups(self.model.backbone_parameters(), self.model.head_parameters(),
-                              lr=float(kw.get("lr", 1e-3)), weight_decay=float(kw.get("weight_decay", 0.0)),
-                              head_lr_mult=float(optim.get("head_lr_mult", 1.0)))
+        groups = param_groups(
+            self.model.backbone_parameters(),
+            self.model.head_parameters(),
+            lr=float(kw.get("lr", 1e-3)),
+            weight_decay=float(kw.get("weight_decay", 0.0)),
+            head_lr_mult=float(optim.get("head_lr_mult", 1.0)),
+        )
         total = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else None
         if total is None:
             try:
@@ -283,8 +345,11 @@ class BPDLightningModule(pl.LightningModule):
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         root = self.trainer.model
-        if (isinstance(root, FullyShardedDataParallel) and gradient_clip_val
-                and (gradient_clip_algorithm or "norm") == "norm"):
+        if (
+            isinstance(root, FullyShardedDataParallel)
+            and gradient_clip_val
+            and (gradient_clip_algorithm or "norm") == "norm"
+        ):
             root.clip_grad_norm_(float(gradient_clip_val))
             return
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
@@ -292,13 +357,22 @@ class BPDLightningModule(pl.LightningModule):
     # ------------------------------------------------------------------------------------ checkpoints
     def checkpoint_meta(self) -> dict[str, Any]:
         hp = self.hparams
-        return {"model_config": self.model.config.to_dict(), "tokenizer_hash": hp.get("tokenizer_hash"),
-                "tokenizer_file": hp.get("tokenizer_file"), "tokenizer_meta": hp.get("tokenizer_meta"),
-                "regime": self.regime.name,
-                "paper_regime": self.regime.paper_name, "block_size": self.model.config.block_size,
-                "head_loss": self.regime.head_loss, "trainable": self.regime.trainable,
-                "source": self.regime.source, "data": hp.get("data_name"), "init_from": hp.get("init_from"),
-                "seed": self.seed, "global_step": int(self.global_step) if self._trainer is not None else 0}
+        return {
+            "model_config": self.model.config.to_dict(),
+            "tokenizer_hash": hp.get("tokenizer_hash"),
+            "tokenizer_file": hp.get("tokenizer_file"),
+            "tokenizer_meta": hp.get("tokenizer_meta"),
+            "regime": self.regime.name,
+            "paper_regime": self.regime.paper_name,
+            "block_size": self.model.config.block_size,
+            "head_loss": self.regime.head_loss,
+            "trainable": self.regime.trainable,
+            "source": self.regime.source,
+            "data": hp.get("data_name"),
+            "init_from": hp.get("init_from"),
+            "seed": self.seed,
+            "global_step": int(self.global_step) if self._trainer is not None else 0,
+        }
 
     def setup(self, stage: str) -> None:
         # Before the strategy wraps the model: DeepSpeed with bf16/fp16 casts every parameter and keeps an fp32
@@ -306,15 +380,22 @@ class BPDLightningModule(pl.LightningModule):
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
         trainer = self._trainer
-        if (stage == "fit" and trainer is not None and isinstance(trainer.strategy, DeepSpeedStrategy)
-                and not str(trainer.precision).startswith(("32", "64"))):
+        if (
+            stage == "fit"
+            and trainer is not None
+            and isinstance(trainer.strategy, DeepSpeedStrategy)
+            and not str(trainer.precision).startswith(("32", "64"))
+        ):
             self.keep_frozen_fp32()
 
     def keep_frozen_fp32(self) -> None:
         """Keep the fp32 values of the frozen parameters (on CPU, rank 0 only: it writes the checkpoint that
         consolidation reads) so that checkpoints carry them unrounded (on_save_checkpoint; zero.py restores them)."""
-        frozen = {n: p.detach().to("cpu", torch.float32, copy=True) for n, p in self.model.named_parameters()
-                  if not p.requires_grad}
+        frozen = {
+            n: p.detach().to("cpu", torch.float32, copy=True)
+            for n, p in self.model.named_parameters()
+            if not p.requires_grad
+        }
         object.__setattr__(self, "_frozen_fp32", frozen if frozen and self.global_rank == 0 else None)
 
     def frozen_fp32_state(self) -> dict[str, torch.Tensor]:

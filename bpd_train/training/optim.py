@@ -1,4 +1,5 @@
 """Optimiser parameter groups and learning-rate schedules (all with linear warmup)."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,13 @@ from torch import nn
 SCHEDULES = ("inverse_sqrt", "cosine", "constant")
 
 
-def param_groups(backbone: Iterable[nn.Parameter], heads: Iterable[nn.Parameter], lr: float,
-                 weight_decay: float = 0.0, head_lr_mult: float = 1.0) -> list[dict[str, Any]]:
+def param_groups(
+    backbone: Iterable[nn.Parameter],
+    heads: Iterable[nn.Parameter],
+    lr: float,
+    weight_decay: float = 0.0,
+    head_lr_mult: float = 1.0,
+) -> list[dict[str, Any]]:
     """Trainable parameters only (frozen ones never reach the optimiser); no weight decay on vectors
     (norm gains, biases); heads get their own learning-rate multiplier."""
     groups = []
@@ -27,8 +33,9 @@ def param_groups(backbone: Iterable[nn.Parameter], heads: Iterable[nn.Parameter]
     return groups
 
 
-def lr_lambda(name: str, warmup_steps: int, total_steps: int | None = None,
-              min_lr_ratio: float = 0.0) -> Callable[[int], float]:
+def lr_lambda(
+    name: str, warmup_steps: int, total_steps: int | None = None, min_lr_ratio: float = 0.0
+) -> Callable[[int], float]:
     """Multiplier of the peak learning rate at optimiser step `step` (0-based, as LambdaLR counts)."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; choose one of {SCHEDULES}")
@@ -50,11 +57,19 @@ def lr_lambda(name: str, warmup_steps: int, total_steps: int | None = None,
     return f
 
 
-def build_optimizer(optimizer_factory: Callable[..., torch.optim.Optimizer], groups: list[dict[str, Any]],
-                    schedule: Mapping[str, Any], total_steps: int | None) -> dict[str, Any]:
+def build_optimizer(
+    optimizer_factory: Callable[..., torch.optim.Optimizer],
+    groups: list[dict[str, Any]],
+    schedule: Mapping[str, Any],
+    total_steps: int | None,
+) -> dict[str, Any]:
     """Lightning's configure_optimizers dict: the optimiser and a per-step LambdaLR."""
     opt = optimizer_factory(groups)
-    f = lr_lambda(schedule.get("name", "inverse_sqrt"), schedule.get("warmup_steps", 0), total_steps,
-                  schedule.get("min_lr_ratio", 0.0))
+    f = lr_lambda(
+        schedule.get("name", "inverse_sqrt"),
+        schedule.get("warmup_steps", 0),
+        total_steps,
+        schedule.get("min_lr_ratio", 0.0),
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, f)
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}

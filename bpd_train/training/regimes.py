@@ -3,6 +3,7 @@
 Paper Table 1 names: frozen = Regular, finetune = Fine Tuning, distill = Distillation, both = Both.
 The yaml files in conf/regime/ are the source of truth; this only validates and types them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,17 +28,17 @@ def available_regimes() -> list[str]:
 @dataclass(frozen=True)
 class Regime:
     name: str
-    trainable: str = "all"          # all | heads (backbone frozen)
-    source: str = "gold"            # gold | distilled | mixed (distilled pairs plus gold ones, see gold_share) | self
-    gold_share: float = 0.5         # source=mixed: the fraction of the training pairs that are gold
-    init_from: str | None = None    # checkpoint / run folder / bundle the backbone comes from
-    block_size: int = 1             # k of the model this regime trains
-    head_loss: str = "mean"         # random | mean | weighted
-    stage: str = "base"             # base | heads
+    trainable: str = "all"  # all | heads (backbone frozen)
+    source: str = "gold"  # gold | distilled | mixed (distilled pairs plus gold ones, see gold_share) | self
+    gold_share: float = 0.5  # source=mixed: the fraction of the training pairs that are gold
+    init_from: str | None = None  # checkpoint / run folder / bundle the backbone comes from
+    block_size: int = 1  # k of the model this regime trains
+    head_loss: str = "mean"  # random | mean | weighted
+    stage: str = "base"  # base | heads
     run_subdir: str = "base"
     distilled_dir: str | None = None
     paper_name: str | None = None
-    feature_cache_gb: float = 0.0   # frozen backbone: keep each row's hidden states (up to this many GiB) for reuse
+    feature_cache_gb: float = 0.0  # frozen backbone: keep each row's hidden states (up to this many GiB) for reuse
 
     def __post_init__(self) -> None:
         if self.trainable not in TRAINABLE:
@@ -47,8 +48,10 @@ class Regime:
         if self.source == "mixed" and not 0.0 <= float(self.gold_share) < 1.0:
             raise ValueError(f"regime {self.name}: gold_share (source=mixed) must be in [0, 1), got {self.gold_share}")
         if self.source == "self" and not self.init_from:
-            raise ValueError(f"regime {self.name}: source=self trains on a model's own greedy output; set "
-                             f"regime.init_from to that model")
+            raise ValueError(
+                f"regime {self.name}: source=self trains on a model's own greedy output; set "
+                f"regime.init_from to that model"
+            )
         if self.head_loss not in HEAD_LOSSES:
             raise ValueError(f"regime {self.name}: head_loss must be one of {HEAD_LOSSES}, got {self.head_loss!r}")
         if int(self.block_size) < 1:
@@ -56,8 +59,9 @@ class Regime:
         if self.trainable == "heads" and not self.init_from:
             raise ValueError(f"regime {self.name}: a frozen backbone needs init_from (a base checkpoint)")
         if self.trainable == "heads" and int(self.block_size) < 2:
-            raise ValueError(f"regime {self.name}: a frozen backbone with k=1 has nothing to train; "
-                             f"set model.block_size >= 2")
+            raise ValueError(
+                f"regime {self.name}: a frozen backbone with k=1 has nothing to train; set model.block_size >= 2"
+            )
 
     @property
     def freeze_backbone(self) -> bool:

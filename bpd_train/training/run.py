@@ -4,6 +4,7 @@ the CPU ZeRO path and benchmarks reuse them.
 Run folder (`cfg.run_dir`): ${paths.artifacts}/<corpus>/base or .../heads/<regime>-k<k>, holding
 checkpoints/{best,last}.ckpt, tokenizer.model and the resolved config.yaml.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,6 +39,7 @@ from bpd_train.training.trainer import (
 )
 
 log = logging.getLogger(__name__)
+
 
 # ------------------------------------------------------------------------------------------------ data
 def _launch_ranks() -> tuple[int, int, str | None]:
@@ -75,8 +77,10 @@ def prepare_data_once(dm: Any, run_dir: Path, timeout: float | None = None) -> N
     start = time.monotonic()
     while not marker.is_file():
         if time.monotonic() - start > limit:
-            raise TrainError(f"rank {rank}: rank 0 did not finish preparing the data within {limit:.0f} s (no {marker}); "
-                             "see rank 0's log (BPD_PREPARE_TIMEOUT sets the wait)")
+            raise TrainError(
+                f"rank {rank}: rank 0 did not finish preparing the data within {limit:.0f} s (no {marker}); "
+                "see rank 0's log (BPD_PREPARE_TIMEOUT sets the wait)"
+            )
         time.sleep(0.5)
 
 
@@ -87,8 +91,9 @@ def clear_data_marker(run_dir: Path) -> None:
         (run_dir / f".data-ready-{launch}").unlink(missing_ok=True)
 
 
-def make_datamodule(cfg: DictConfig, regime: Regime, tokenizer: Any = None, family: Any = None,
-                    max_positions: int | None = None):
+def make_datamodule(
+    cfg: DictConfig, regime: Regime, tokenizer: Any = None, family: Any = None, max_positions: int | None = None
+):
     """The run's datamodule, as the model's family makes it (family: the model's, default conf/model's).
     tokenizer: an imported model's own (LoadedModel.data_tokenizer()); None = the corpus's sentencepiece model.
     max_positions: the model's context (a decoder-only model's records are cut to it)."""
@@ -103,8 +108,9 @@ def self_corpus(cfg: DictConfig, regime: Regime) -> Regime:
 
     try:
         sha = resolve(regime.init_from).id.removeprefix("sha256:")
-        found = find_self_corpus(Path(str(cfg.paths.artifacts)) / str(cfg.data.name), sha, model=regime.init_from,
-                                 given=regime.distilled_dir)
+        found = find_self_corpus(
+            Path(str(cfg.paths.artifacts)) / str(cfg.data.name), sha, model=regime.init_from, given=regime.distilled_dir
+        )
     except (CheckpointError, DistillError) as e:
         raise TrainError(str(e)) from None
     log.info("train source: %s's own greedy output, %s", regime.init_from, found)
@@ -121,9 +127,12 @@ def _make_base_hint() -> str:
         if HydraConfig.initialized():
             for o in HydraConfig.get().overrides.task:
                 key = o.split("=", 1)[0].lstrip("+~")
-                if key == "regime" or key.startswith(("regime.", "hydra.", "callbacks.")) or key in (
-                        "ckpt_path", "model.block_size", "model.head_d_hidden", "model.identity_p1",
-                        "model.head_chain"):
+                if (
+                    key == "regime"
+                    or key.startswith(("regime.", "hydra.", "callbacks."))
+                    or key
+                    in ("ckpt_path", "model.block_size", "model.head_d_hidden", "model.identity_p1", "model.head_chain")
+                ):
                     continue
                 keep.append(o)
     except Exception:  # noqa: BLE001 - the hint is a courtesy
@@ -149,12 +158,21 @@ def load_init(init_from: str, tokenizer, loaded: Any = None) -> Any:
     loaded = loaded if loaded is not None else open_init(init_from)
     # an imported model's embedding may be padded beyond its tokenizer (checked when it loaded); its hash decides
     if loaded.config.vocab_size != tokenizer.vocab_size and not loaded.own_tokenizer:
-        raise TrainError(f"{loaded.source} has a vocabulary of {loaded.config.vocab_size} but this run's tokenizer "
-                         f"{tokenizer.path} has {tokenizer.vocab_size}: it was trained on another corpus or with "
-                         f"other sentencepiece settings (init_from={init_from})")
-    check_tokenizer(loaded.source, loaded.tokenizer_hash, "this run", tokenizer.path, tokenizer.hash, error=TrainError,
-                    hint="; same vocabulary size, different pieces: train the base model on this corpus/settings or "
-                         "point init_from at a matching one")
+        raise TrainError(
+            f"{loaded.source} has a vocabulary of {loaded.config.vocab_size} but this run's tokenizer "
+            f"{tokenizer.path} has {tokenizer.vocab_size}: it was trained on another corpus or with "
+            f"other sentencepiece settings (init_from={init_from})"
+        )
+    check_tokenizer(
+        loaded.source,
+        loaded.tokenizer_hash,
+        "this run",
+        tokenizer.path,
+        tokenizer.hash,
+        error=TrainError,
+        hint="; same vocabulary size, different pieces: train the base model on this corpus/settings or "
+        "point init_from at a matching one",
+    )
     return loaded
 
 
@@ -173,11 +191,15 @@ def check_block_size(cfg: DictConfig, regime: Regime) -> None:
     """k is model.block_size alone: regime.block_size reads it (conf/regime), and the base model has one head."""
     k = int(cfg.model.block_size)
     if regime.block_size != k:
-        raise TrainError(f"regime.block_size={regime.block_size}: the number of heads is set as model.block_size "
-                         "(regime.block_size reads it)")
+        raise TrainError(
+            f"regime.block_size={regime.block_size}: the number of heads is set as model.block_size "
+            "(regime.block_size reads it)"
+        )
     if regime.stage == "base" and k != 1:
-        raise TrainError(f"model.block_size={k}: regime base trains the base model, head 1 alone; k is for the head "
-                         "regimes (+regime=frozen|finetune|distill|both|self)")
+        raise TrainError(
+            f"model.block_size={k}: regime base trains the base model, head 1 alone; k is for the head "
+            "regimes (+regime=frozen|finetune|distill|both|self)"
+        )
 
 
 def base_model_config(cfg: DictConfig, tokenizer):
@@ -212,8 +234,10 @@ def copy_weights(dst: BPDModel, src: BPDModel) -> dict[str, list[str]]:
         elif n in src_heads or n in dst_heads:
             skipped.append(n)
         else:
-            raise TrainError(f"init_from tensor {n} {tuple(v.shape)} does not fit the new model "
-                             f"{tuple(dst_sd[n].shape) if n in dst_sd else '(absent)'}")
+            raise TrainError(
+                f"init_from tensor {n} {tuple(v.shape)} does not fit the new model "
+                f"{tuple(dst_sd[n].shape) if n in dst_sd else '(absent)'}"
+            )
     missing = sorted(set(dst_sd) - set(load))
     bad = [n for n in missing if n not in dst_heads]
     if bad:
@@ -239,8 +263,9 @@ def resolve_resume(cfg: DictConfig, run_dir: Path) -> str | None:
     return str(p)
 
 
-def build_module(cfg: DictConfig, regime: Regime, tokenizer, resume: str | None = None,
-                 init: Any = None) -> BPDLightningModule:
+def build_module(
+    cfg: DictConfig, regime: Regime, tokenizer, resume: str | None = None, init: Any = None
+) -> BPDLightningModule:
     """The LightningModule for this regime, with the backbone copied from init_from (head regimes; `init`: that
     model if the caller loaded it already). When resuming, the model config comes from the checkpoint and the
     weights are left to Lightning."""
@@ -255,8 +280,9 @@ def build_module(cfg: DictConfig, regime: Regime, tokenizer, resume: str | None 
             meta = checkpoint_meta(ckpt, resume)
         except CheckpointError as e:
             raise TrainError(str(e)) from None
-        check_tokenizer(resume, meta.get("tokenizer_hash"), "this run", tokenizer.path, tokenizer.hash,
-                        error=TrainError)
+        check_tokenizer(
+            resume, meta.get("tokenizer_hash"), "this run", tokenizer.path, tokenizer.hash, error=TrainError
+        )
 
         model_cfg = config_from_dict(dict(meta["model_config"]))
     elif init_from:
@@ -265,15 +291,26 @@ def build_module(cfg: DictConfig, regime: Regime, tokenizer, resume: str | None 
     else:
         model_cfg = base_model_config(cfg, tokenizer)
     module = BPDLightningModule(
-        model_config=model_cfg.to_dict(), regime=regime.to_dict(), optim=plain(cfg.optim), loss=plain(cfg.loss),
-        seed=int(cfg.seed), tokenizer_file=str(Path(tokenizer.path).resolve()), tokenizer_hash=tokenizer.hash,
+        model_config=model_cfg.to_dict(),
+        regime=regime.to_dict(),
+        optim=plain(cfg.optim),
+        loss=plain(cfg.loss),
+        seed=int(cfg.seed),
+        tokenizer_file=str(Path(tokenizer.path).resolve()),
+        tokenizer_hash=tokenizer.hash,
         data_name=str(cfg.data.name),
         init_from=(init.source.spec or str(init.source)) if init is not None else init_from,
-        tokenizer_meta=tokenizer.meta)
+        tokenizer_meta=tokenizer.meta,
+    )
     if init is not None:
         report = copy_weights(module.model, init.model)
-        log.info("init_from %s: copied %d tensors, %d new head tensors, %d skipped", init.source,
-                 len(report["copied"]), len(report["new"]), len(report["skipped"]))
+        log.info(
+            "init_from %s: copied %d tensors, %d new head tensors, %d skipped",
+            init.source,
+            len(report["copied"]),
+            len(report["new"]),
+            len(report["skipped"]),
+        )
     if module.kd_weight > 0:
         module.attach_teacher(kd_teacher(cfg, regime, tokenizer, init))
     return module
@@ -302,8 +339,10 @@ def check_kd_settings(cfg: DictConfig) -> None:
         return
     target = str((cfg.get("strategy") or {}).get("_target_", ""))
     if "FSDP" in target or "DeepSpeed" in target:
-        raise TrainError(f"loss.kd_weight > 0 (word-level distillation) is supported with strategy=auto or ddp, "
-                         f"not {target.rsplit('.', 1)[-1]}; use strategy=ddp or set loss.kd_weight=0")
+        raise TrainError(
+            f"loss.kd_weight > 0 (word-level distillation) is supported with strategy=auto or ddp, "
+            f"not {target.rsplit('.', 1)[-1]}; use strategy=ddp or set loss.kd_weight=0"
+        )
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -359,8 +398,12 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
         torch.set_num_threads(int(cfg.num_threads))
     pl.seed_everything(int(cfg.seed), workers=True)
     resume = resolve_resume(cfg, run_dir)
-    if resume is None and _is_rank_zero() and (run_dir / "checkpoints").is_dir() and any(
-            (run_dir / "checkpoints").glob("*.ckpt")):
+    if (
+        resume is None
+        and _is_rank_zero()
+        and (run_dir / "checkpoints").is_dir()
+        and any((run_dir / "checkpoints").glob("*.ckpt"))
+    ):
         log.warning("%s already holds checkpoints; this fresh run replaces them (ckpt_path=last resumes)", run_dir)
 
     init, own_tok = own_tokenizer(regime, resume)
@@ -381,11 +424,22 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
     clear_data_marker(run_dir)
     if _is_rank_zero() and not trainer.interrupted:
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
-        atomic_write_text(done, json.dumps({"global_step": int(trainer.global_step), "best_checkpoint": best,
-                                            "regime": regime.name}, indent=2) + "\n")
+        atomic_write_text(
+            done,
+            json.dumps(
+                {"global_step": int(trainer.global_step), "best_checkpoint": best, "regime": regime.name}, indent=2
+            )
+            + "\n",
+        )
         # The progress bar leaves no trace of where the run went; say it, and what usually comes next.
-        nxt = ("python distill.py, then python train.py +regime=frozen|finetune|distill|both"
-               if regime.name == "base" else "python evaluate.py, then python export.py export.checkpoint=" + str(run_dir))
-        print(f"\n{regime.name} finished after {int(trainer.global_step)} steps: {run_dir}\n"
-              f"  best checkpoint: {best or '-'}\n  next: {nxt} (with the same experiment=/overrides)", flush=True)
+        nxt = (
+            "python distill.py, then python train.py +regime=frozen|finetune|distill|both"
+            if regime.name == "base"
+            else "python evaluate.py, then python export.py export.checkpoint=" + str(run_dir)
+        )
+        print(
+            f"\n{regime.name} finished after {int(trainer.global_step)} steps: {run_dir}\n"
+            f"  best checkpoint: {best or '-'}\n  next: {nxt} (with the same experiment=/overrides)",
+            flush=True,
+        )
     return run_dir

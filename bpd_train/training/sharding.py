@@ -1,5 +1,6 @@
 """How FSDP shards the models: one FSDP unit per transformer layer (both families), so that a rank holds the full
 weights of one layer at a time, not of the whole model, during forward and backward (conf/strategy/fsdp.yaml)."""
+
 from __future__ import annotations
 
 from bpd_train.families import families

@@ -3,6 +3,7 @@ run, resumed with it), strategy (DDP / DeepSpeed ZeRO / FSDP, FSDP on CPU over g
 last.ckpt, progress bar, the config's own), SLURM requeue, TF32 on CUDA. Nothing here depends on the model
 family; training/run.py composes data, model and this Trainer.
 """
+
 from __future__ import annotations
 
 import os
@@ -118,12 +119,19 @@ def make_callbacks(cfg: DictConfig, run_dir: Path, has_logger: bool) -> list[pl.
     # best.ckpt (by the monitored metric) and last.ckpt (the latest validation, always) are two callbacks:
     # Lightning 2.6's save_last writes last.ckpt only when a top-k checkpoint is saved at the same step, so once
     # the metric stopped improving, last.ckpt (what ckpt_path=last and the pipeline resume from) stayed behind.
-    where = dict(dirpath=str(run_dir / "checkpoints"), save_top_k=1, save_last=False, auto_insert_metric_name=False,
-                 enable_version_counter=False)
+    where = dict(
+        dirpath=str(run_dir / "checkpoints"),
+        save_top_k=1,
+        save_last=False,
+        auto_insert_metric_name=False,
+        enable_version_counter=False,
+    )
     cbs: list[pl.Callback] = [
-        _best_checkpoint_class()(filename="best", monitor=ck.get("monitor", "val/loss"), mode=ck.get("mode", "min"),
-                                 **where),
-        ModelCheckpoint(filename="last", monitor=None, **where)]
+        _best_checkpoint_class()(
+            filename="best", monitor=ck.get("monitor", "val/loss"), mode=ck.get("mode", "min"), **where
+        ),
+        ModelCheckpoint(filename="last", monitor=None, **where),
+    ]
     if has_logger:
         cbs.append(LearningRateMonitor(logging_interval="step"))
     bar = str(cfg.get("progress_bar", "tqdm"))
@@ -148,8 +156,10 @@ def default_root_dir(run_dir: Path) -> Path:
 def check_accelerator(cfg: DictConfig) -> None:
     acc = str(cfg.trainer.get("accelerator", "auto"))
     if acc in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise TrainError(f"trainer.accelerator={acc} but no CUDA device is visible; on a CPU use trainer=cpu "
-                         f"(experiment=smoke and experiment=demo do)")
+        raise TrainError(
+            f"trainer.accelerator={acc} but no CUDA device is visible; on a CPU use trainer=cpu "
+            f"(experiment=smoke and experiment=demo do)"
+        )
 
 
 def enable_tf32(accelerator: str) -> bool:
@@ -173,11 +183,15 @@ def make_trainer(cfg: DictConfig, run_dir: Path, resuming: bool = False, **overr
     if SLURMEnvironment.detect():
         plugins.append(SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1))
     bar = str(cfg.get("progress_bar", "tqdm"))
-    kw = dict(callbacks=make_callbacks(cfg, run_dir, logger is not False), logger=logger,
-              strategy=make_strategy(cfg.get("strategy"), str(cfg.trainer.get("accelerator", "auto"))),
-              plugins=plugins or None,
-              default_root_dir=str(default_root_dir(run_dir)), use_distributed_sampler=False,
-              enable_progress_bar=bar != "none")
+    kw = dict(
+        callbacks=make_callbacks(cfg, run_dir, logger is not False),
+        logger=logger,
+        strategy=make_strategy(cfg.get("strategy"), str(cfg.trainer.get("accelerator", "auto"))),
+        plugins=plugins or None,
+        default_root_dir=str(default_root_dir(run_dir)),
+        use_distributed_sampler=False,
+        enable_progress_bar=bar != "none",
+    )
     kw.update(overrides)
     trainer = instantiate(cfg.trainer, **kw)
     if logger is not False:

@@ -20,6 +20,7 @@ Consolidate with lightning.pytorch.utilities.deepspeed.convert_zero_checkpoint_t
 does). The first run JIT-compiles DeepSpeed's CPU shared-memory comm op (~30 s-3 min) into
 $TORCH_EXTENSIONS_DIR (the Makefile points it at .torch_extensions/), later runs reuse it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,14 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
 
         params = filter(lambda p: p.requires_grad, model.parameters())
         engine, opt, _, _ = deepspeed.initialize(
-            args=argparse.Namespace(device_rank=self.local_rank), config=self.config, model=model,
-            model_parameters=params, optimizer=optimizer, lr_scheduler=lr_scheduler, dist_init_required=False)
+            args=argparse.Namespace(device_rank=self.local_rank),
+            config=self.config,
+            model=model,
+            model_parameters=params,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
         return engine, opt
 
 
@@ -79,13 +86,15 @@ def zero_cpu_overrides(stage: int = 2, devices: int = 1, precision: str = "32-tr
         raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS} on CPU, got {precision!r}")
-    return {"strategy": {"_target_": f"{__name__}.CPUDeepSpeedStrategy", "stage": stage,
-                         "logging_batch_size_per_gpu": 1},
-            "trainer": {"accelerator": "cpu", "devices": devices, "precision": precision}}
+    return {
+        "strategy": {"_target_": f"{__name__}.CPUDeepSpeedStrategy", "stage": stage, "logging_batch_size_per_gpu": 1},
+        "trainer": {"accelerator": "cpu", "devices": devices, "precision": precision},
+    }
 
 
-def train_zero_cpu(cfg: DictConfig, stage: int = 2, devices: int = 1, max_steps: int | None = None,
-                   precision: str = "32-true") -> Path:
+def train_zero_cpu(
+    cfg: DictConfig, stage: int = 2, devices: int = 1, max_steps: int | None = None, precision: str = "32-true"
+) -> Path:
     """Train `cfg` (any regime) with ZeRO-`stage` on CPU; returns the ZeRO checkpoint folder (last.ckpt/).
 
     devices > 1 launches the extra ranks by re-running this process's command line (Lightning's launcher),
@@ -113,11 +122,19 @@ def main(argv: list[str] | None = None) -> None:
     from hydra import compose, initialize_config_dir
 
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--stage", type=int, default=None,
-                    help="ZeRO stage (default: the stage of strategy=deepspeed_zero2|3 when given, else 2)")
+    ap.add_argument(
+        "--stage",
+        type=int,
+        default=None,
+        help="ZeRO stage (default: the stage of strategy=deepspeed_zero2|3 when given, else 2)",
+    )
     ap.add_argument("--devices", type=int, default=1)
-    ap.add_argument("--precision", choices=PRECISIONS, default="32-true",
-                    help="bf16-mixed: DeepSpeed's bf16 engine (parameters cast to bf16, fp32 masters)")
+    ap.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="32-true",
+        help="bf16-mixed: DeepSpeed's bf16 engine (parameters cast to bf16, fp32 masters)",
+    )
     args, overrides = ap.parse_known_args(argv)
     check_argv(overrides)
     with initialize_config_dir(str(bpd_train.REPO_ROOT / "conf"), version_base="1.3", job_name="train"):

@@ -19,6 +19,7 @@ Every tensor of the checkpoint must land somewhere: a name the map does not know
 `family_of(folder)` tells the `hf:` resolver (loading.py) whether a folder is one of these (then
 `load_hf_lm(folder)` loads it) or not (None: the encoder-decoder import, convert/hf/mt.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -66,8 +67,10 @@ def family_of(folder_or_config: str | Path | dict[str, Any]) -> str | None:
     if not archs and hf.get("model_type") in SUPPORTED_LM.values():
         return hf["model_type"]
     if any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs):  # GPT2LMHeadModel & co
-        raise ConvertError(f"unsupported decoder-only architecture {', '.join(archs)} (model_type "
-                           f"{hf.get('model_type')}); bpd-train imports {', '.join(SUPPORTED_LM)}")
+        raise ConvertError(
+            f"unsupported decoder-only architecture {', '.join(archs)} (model_type "
+            f"{hf.get('model_type')}); bpd-train imports {', '.join(SUPPORTED_LM)}"
+        )
     return None
 
 
@@ -84,8 +87,10 @@ def _rope(hf: dict[str, Any]) -> tuple[float, dict | None]:
     if kind in (None, "default"):
         return float(theta), None
     if kind not in ROPE_SCALING:
-        raise ConvertError(f"rope scaling type {kind!r} is not implemented (bpd-train computes "
-                           f"{', '.join(['default', *ROPE_SCALING])}); this checkpoint cannot be imported yet")
+        raise ConvertError(
+            f"rope scaling type {kind!r} is not implemented (bpd-train computes "
+            f"{', '.join(['default', *ROPE_SCALING])}); this checkpoint cannot be imported yet"
+        )
     out = {"rope_type": kind}
     for key in ROPE_SCALING[kind]:
         value = scaling.get(key, hf.get("max_position_embeddings") if key.startswith("original_max") else None)
@@ -116,14 +121,24 @@ def _head_dim(hf: dict[str, Any]) -> int | None:
     return int(d)
 
 
-def config_from_hf_lm(hf: dict[str, Any], generation: dict[str, Any] | None = None, *, block_size: int = 1,
-                      heads: str = "bpd", head_d_hidden: int | None = None, medusa_layers: int = 1,
-                      identity_p1: bool = True, dropout: float | None = None) -> LMConfig:
+def config_from_hf_lm(
+    hf: dict[str, Any],
+    generation: dict[str, Any] | None = None,
+    *,
+    block_size: int = 1,
+    heads: str = "bpd",
+    head_d_hidden: int | None = None,
+    medusa_layers: int = 1,
+    identity_p1: bool = True,
+    dropout: float | None = None,
+) -> LMConfig:
     """The LMConfig that computes what transformers computes for this config.json."""
     fam = family_of(hf)
     if fam is None:
-        raise ConvertError(f"{', '.join(hf.get('architectures') or ['this model'])} is not a decoder-only LM; "
-                           f"bpd-train imports {', '.join(SUPPORTED_LM)} here")
+        raise ConvertError(
+            f"{', '.join(hf.get('architectures') or ['this model'])} is not a decoder-only LM; "
+            f"bpd-train imports {', '.join(SUPPORTED_LM)} here"
+        )
     gen = generation or {}
     act = hf.get("hidden_act", "silu")
     if act != "silu":
@@ -132,9 +147,11 @@ def config_from_hf_lm(hf: dict[str, Any], generation: dict[str, Any] | None = No
         raise ConvertError("sliding-window attention (use_sliding_window) is not implemented")
     window = hf.get("sliding_window") if fam == "mistral" else None
     if window is not None:  # even one as long as the context: generation runs past it, where transformers masks
-        raise ConvertError(f"sliding-window attention (sliding_window={window}) is not implemented: bpd-train "
-                           "attends to the whole sequence, so tokens past the window would differ from transformers "
-                           "(Mistral v0.2 and later have sliding_window null)")
+        raise ConvertError(
+            f"sliding-window attention (sliding_window={window}) is not implemented: bpd-train "
+            "attends to the whole sequence, so tokens past the window would differ from transformers "
+            "(Mistral v0.2 and later have sliding_window null)"
+        )
     if hf.get("pretraining_tp", 1) not in (1, None):
         log.info("pretraining_tp=%s only changes how transformers splits its matmuls; ignored", hf["pretraining_tp"])
     bias = bool(hf.get("attention_bias", False)) if fam == "llama" else False
@@ -150,17 +167,31 @@ def config_from_hf_lm(hf: dict[str, Any], generation: dict[str, Any] | None = No
         bos = bos[0] if bos else None
     try:
         return LMConfig(
-            vocab_size=int(hf["vocab_size"]), d_model=int(hf["hidden_size"]), n_layers=int(hf["num_hidden_layers"]),
+            vocab_size=int(hf["vocab_size"]),
+            d_model=int(hf["hidden_size"]),
+            n_layers=int(hf["num_hidden_layers"]),
             n_heads=int(hf["num_attention_heads"]),
             n_kv_heads=int(hf.get("num_key_value_heads") or hf["num_attention_heads"]),
-            head_dim=_head_dim(hf), d_ff=int(hf["intermediate_size"]),
-            max_positions=int(hf.get("max_position_embeddings", 2048)), rope_theta=theta, rope_scaling=scaling,
-            norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_output=bool(hf.get("tie_word_embeddings", False)),
-            qkv_bias=True if fam == "qwen2" else bias, o_bias=False if fam == "qwen2" else bias,
+            head_dim=_head_dim(hf),
+            d_ff=int(hf["intermediate_size"]),
+            max_positions=int(hf.get("max_position_embeddings", 2048)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_output=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=True if fam == "qwen2" else bias,
+            o_bias=False if fam == "qwen2" else bias,
             mlp_bias=bool(hf.get("mlp_bias", False)) if fam == "llama" else False,  # Mistral: no biases at all
             dropout=float(hf.get("attention_dropout", 0.0) if dropout is None else dropout),
-            block_size=int(block_size), heads=heads, head_d_hidden=head_d_hidden, medusa_layers=int(medusa_layers),
-            identity_p1=identity_p1, bos_id=int(bos) if bos is not None else None, eos_id=eos[0], eos_ids=eos[1])
+            block_size=int(block_size),
+            heads=heads,
+            head_d_hidden=head_d_hidden,
+            medusa_layers=int(medusa_layers),
+            identity_p1=identity_p1,
+            bos_id=int(bos) if bos is not None else None,
+            eos_id=eos[0],
+            eos_ids=eos[1],
+        )
     except KeyError as e:
         raise ConvertError(f"config.json lacks {e.args[0]!r}: not a complete {fam} config") from None
     except (TypeError, ValueError) as e:
@@ -172,19 +203,23 @@ def _name_map(c: LMConfig) -> list[tuple[str, list[str]]]:
     pairs = [("norm.weight", ["model.norm.weight"])]
     for i in range(c.n_layers):
         hf, ours = f"model.layers.{i}", f"layers.{i}"
-        pairs += [(f"{ours}.norm1.weight", [f"{hf}.input_layernorm.weight"]),
-                  (f"{ours}.norm2.weight", [f"{hf}.post_attention_layernorm.weight"]),
-                  (f"{ours}.attn.qkv.weight", [f"{hf}.self_attn.{p}_proj.weight" for p in "qkv"]),
-                  (f"{ours}.attn.o.weight", [f"{hf}.self_attn.o_proj.weight"]),
-                  (f"{ours}.mlp.gate_up.weight", [f"{hf}.mlp.gate_proj.weight", f"{hf}.mlp.up_proj.weight"]),
-                  (f"{ours}.mlp.down.weight", [f"{hf}.mlp.down_proj.weight"])]
+        pairs += [
+            (f"{ours}.norm1.weight", [f"{hf}.input_layernorm.weight"]),
+            (f"{ours}.norm2.weight", [f"{hf}.post_attention_layernorm.weight"]),
+            (f"{ours}.attn.qkv.weight", [f"{hf}.self_attn.{p}_proj.weight" for p in "qkv"]),
+            (f"{ours}.attn.o.weight", [f"{hf}.self_attn.o_proj.weight"]),
+            (f"{ours}.mlp.gate_up.weight", [f"{hf}.mlp.gate_proj.weight", f"{hf}.mlp.up_proj.weight"]),
+            (f"{ours}.mlp.down.weight", [f"{hf}.mlp.down_proj.weight"]),
+        ]
         if c.qkv_bias:
             pairs.append((f"{ours}.attn.qkv.bias", [f"{hf}.self_attn.{p}_proj.bias" for p in "qkv"]))
         if c.o_bias:
             pairs.append((f"{ours}.attn.o.bias", [f"{hf}.self_attn.o_proj.bias"]))
         if c.mlp_bias:
-            pairs += [(f"{ours}.mlp.gate_up.bias", [f"{hf}.mlp.gate_proj.bias", f"{hf}.mlp.up_proj.bias"]),
-                      (f"{ours}.mlp.down.bias", [f"{hf}.mlp.down_proj.bias"])]
+            pairs += [
+                (f"{ours}.mlp.gate_up.bias", [f"{hf}.mlp.gate_proj.bias", f"{hf}.mlp.up_proj.bias"]),
+                (f"{ours}.mlp.down.bias", [f"{hf}.mlp.down_proj.bias"]),
+            ]
     return pairs
 
 
@@ -200,8 +235,10 @@ def state_from_hf_lm(sd: dict[str, Tensor], c: LMConfig) -> dict[str, Tensor]:
         used.add(name)
         return sd[name]
 
-    out = {ours: torch.cat([get(t) for t in theirs]) if len(theirs) > 1 else get(theirs[0])
-           for ours, theirs in _name_map(c)}
+    out = {
+        ours: torch.cat([get(t) for t in theirs]) if len(theirs) > 1 else get(theirs[0])
+        for ours, theirs in _name_map(c)
+    }
     out["embed.weight"] = get("model.embed_tokens.weight")
     if not c.tie_output:
         out["lm_head.weight"] = get("lm_head.weight")
@@ -217,8 +254,10 @@ def state_from_hf_lm(sd: dict[str, Tensor], c: LMConfig) -> dict[str, Tensor]:
         used.add(name)
     unknown = sorted(set(sd) - used)
     if unknown:
-        raise ConvertError(f"the checkpoint holds {len(unknown)} tensor(s) this import does not know, e.g. "
-                           f"{unknown[0]}: refusing to drop weights silently")
+        raise ConvertError(
+            f"the checkpoint holds {len(unknown)} tensor(s) this import does not know, e.g. "
+            f"{unknown[0]}: refusing to drop weights silently"
+        )
     v = out["embed.weight"].shape[0]
     if v != c.vocab_size:
         raise ConvertError(f"config.json says vocab_size {c.vocab_size} but the embedding has {v} rows")
@@ -238,19 +277,37 @@ def hf_config_of_lm(c: LMConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     when only q/k/v carry biases, else Llama."""
     qwen = c.qkv_bias and not c.o_bias and not c.mlp_bias
     if not qwen and c.qkv_bias != c.o_bias:
-        raise ConvertError("q/k/v biases without an output bias are Qwen2's layout, which has no MLP biases; "
-                           "this combination has no transformers equivalent")
+        raise ConvertError(
+            "q/k/v biases without an output bias are Qwen2's layout, which has no MLP biases; "
+            "this combination has no transformers equivalent"
+        )
     rope = {"rope_type": "default", "rope_theta": c.rope_theta}
     if c.rope_scaling is not None:  # a context length is an integer in transformers' config (a float warns)
-        rope.update({k: int(v) if k in _INT_ROPE_KEYS and float(v).is_integer() else v
-                     for k, v in c.rope_scaling.items()})
-    cfg = {"architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
-           "model_type": "qwen2" if qwen else "llama", "vocab_size": c.vocab_size, "hidden_size": c.d_model,
-           "intermediate_size": c.d_ff, "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads,
-           "num_key_value_heads": c.kv_heads, "head_dim": c.dh, "hidden_act": "silu",
-           "max_position_embeddings": c.max_positions, "rms_norm_eps": c.norm_eps, "rope_parameters": rope,
-           "rope_theta": c.rope_theta, "tie_word_embeddings": c.tie_output, "attention_dropout": 0.0,
-           "bos_token_id": c.bos_id, "eos_token_id": c.eos_id, "pad_token_id": None, "use_cache": True}
+        rope.update(
+            {k: int(v) if k in _INT_ROPE_KEYS and float(v).is_integer() else v for k, v in c.rope_scaling.items()}
+        )
+    cfg = {
+        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+        "model_type": "qwen2" if qwen else "llama",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.d_model,
+        "intermediate_size": c.d_ff,
+        "num_hidden_layers": c.n_layers,
+        "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.kv_heads,
+        "head_dim": c.dh,
+        "hidden_act": "silu",
+        "max_position_embeddings": c.max_positions,
+        "rms_norm_eps": c.norm_eps,
+        "rope_parameters": rope,
+        "rope_theta": c.rope_theta,
+        "tie_word_embeddings": c.tie_output,
+        "attention_dropout": 0.0,
+        "bos_token_id": c.bos_id,
+        "eos_token_id": c.eos_id,
+        "pad_token_id": None,
+        "use_cache": True,
+    }
     if qwen:
         cfg.update(use_sliding_window=False, sliding_window=None)
     else:
@@ -275,8 +332,13 @@ def state_to_hf_lm(model) -> dict[str, Tensor]:
     return {k: v.clone().contiguous() for k, v in out.items()}
 
 
-def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = None,
-             overwrite: bool = False, files: dict[str, str | Path] | None = None) -> Path:
+def to_hf_lm(
+    model,
+    out_dir: str | Path,
+    tokenizer_folder: str | Path | None = None,
+    overwrite: bool = False,
+    files: dict[str, str | Path] | None = None,
+) -> Path:
     """Write an LMModel as a transformers checkpoint folder (config.json, generation_config.json,
     model.safetensors), its heads in bpd_heads.safetensors (LMConfig in the metadata; load_hf_lm reads them
     back), and the tokenizer files of tokenizer_folder (or `files`: name in the folder -> file to copy, e.g. the
@@ -288,13 +350,23 @@ def to_hf_lm(model, out_dir: str | Path, tokenizer_folder: str | Path | None = N
     if tokenizer_folder is not None:
         copies = {name: Path(tokenizer_folder) / name for name in LMTokenizer(tokenizer_folder).files()}
     copies.update({name: Path(src) for name, src in (files or {}).items()})
-    return write_hf_folder(out_dir, cfg, gen, state_to_hf_lm(model), heads or None, meta, copies, overwrite,
-                           replaceable=is_hf_export)
+    return write_hf_folder(
+        out_dir, cfg, gen, state_to_hf_lm(model), heads or None, meta, copies, overwrite, replaceable=is_hf_export
+    )
 
 
-def load_hf_lm(folder_or_id: str | Path, *, block_size: int | None = None, heads: str | None = None,
-               head_d_hidden: int | None = None, medusa_layers: int | None = None, identity_p1: bool = True,
-               tokenizer: bool = True, dropout: float | None = None, map_location="cpu"):
+def load_hf_lm(
+    folder_or_id: str | Path,
+    *,
+    block_size: int | None = None,
+    heads: str | None = None,
+    head_d_hidden: int | None = None,
+    medusa_layers: int | None = None,
+    identity_p1: bool = True,
+    tokenizer: bool = True,
+    dropout: float | None = None,
+    map_location="cpu",
+):
     """`hf:<folder or hub id>` of a Llama/Qwen2/Mistral model -> (LMModel in eval mode, LMTokenizer or None, meta).
     block_size None: the heads saved beside the checkpoint (bpd_heads.safetensors, as to_hf_lm writes them) are
     loaded with their k and type, else k = 1. Any other k (or head type) adds fresh, zero-initialised heads
@@ -307,13 +379,25 @@ def load_hf_lm(folder_or_id: str | Path, *, block_size: int | None = None, heads
     tok = None
     saved = read_heads(folder, "lm_config", LMConfig)
     sc = saved[0] if saved is not None else None
-    same = sc is not None and block_size in (None, sc.block_size) and heads in (None, sc.heads) \
-        and head_d_hidden in (None, sc.head_d_hidden) and medusa_layers in (None, sc.medusa_layers) \
+    same = (
+        sc is not None
+        and block_size in (None, sc.block_size)
+        and heads in (None, sc.heads)
+        and head_d_hidden in (None, sc.head_d_hidden)
+        and medusa_layers in (None, sc.medusa_layers)
         and identity_p1 == sc.identity_p1
+    )
     if same:  # the exported heads, as they were trained
         block_size, heads, head_d_hidden, medusa_layers = sc.block_size, sc.heads, sc.head_d_hidden, sc.medusa_layers
-    config, state = from_hf_lm(folder, block_size=block_size or 1, heads=heads or "bpd", head_d_hidden=head_d_hidden,
-                               medusa_layers=medusa_layers or 1, identity_p1=identity_p1, dropout=dropout)
+    config, state = from_hf_lm(
+        folder,
+        block_size=block_size or 1,
+        heads=heads or "bpd",
+        head_d_hidden=head_d_hidden,
+        medusa_layers=medusa_layers or 1,
+        identity_p1=identity_p1,
+        dropout=dropout,
+    )
     if same and config.block_size > 1:
         state.update(saved[1])
     if tokenizer:
@@ -328,13 +412,19 @@ def load_hf_lm(folder_or_id: str | Path, *, block_size: int | None = None, heads
     if not (same and config.block_size > 1):  # fresh heads keep their zero initialisation
         missing = [m for m in missing if not m.startswith("heads.")]
     if missing or unexpected:
-        raise ConvertError(f"converted weights do not fit the model (missing {missing[:3]}, unexpected "
-                           f"{unexpected[:3]})")
+        raise ConvertError(
+            f"converted weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     model.to(map_location).eval()
-    meta = {"source": "hf", "family": fam, "folder": str(folder), "hub_id": hub_id,
-            "architecture": (hf.get("architectures") or [None])[0],
-            "heads_loaded": bool(same and config.block_size > 1),
-            "tokenizer": tok.meta() if tok is not None else None}
+    meta = {
+        "source": "hf",
+        "family": fam,
+        "folder": str(folder),
+        "hub_id": hub_id,
+        "architecture": (hf.get("architectures") or [None])[0],
+        "heads_loaded": bool(same and config.block_size > 1),
+        "tokenizer": tok.meta() if tok is not None else None,
+    }
     return model, tok, meta
 
 

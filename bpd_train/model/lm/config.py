@@ -6,6 +6,7 @@ nothing there (key/value heads, rotary base, RMSNorm, SwiGLU, attention biases).
 every field meaningful. `arch = "lm"` is stored in `to_dict()`, so a saved config says which family it
 builds (`bpd_train.model.config_from_dict` dispatches on it; BPDConfig has no such key).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 from bpd_train.model.common import ModelConfig
 
 HEAD_TYPES = ("bpd", "medusa")
-ROPE_SCALING = {"linear": ("factor",),
-                "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+ROPE_SCALING = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
 
 
 @dataclass
@@ -23,29 +26,29 @@ class LMConfig(ModelConfig):
     d_model: int = 512
     n_layers: int = 8
     n_heads: int = 8
-    n_kv_heads: int | None = None     # grouped-query attention: key/value heads (None: n_heads)
-    head_dim: int | None = None       # per-head size (None: d_model // n_heads; some checkpoints set it)
-    d_ff: int = 1408                  # SwiGLU hidden size
-    max_positions: int = 2048         # context length: the longest prompt the decoders accept
+    n_kv_heads: int | None = None  # grouped-query attention: key/value heads (None: n_heads)
+    head_dim: int | None = None  # per-head size (None: d_model // n_heads; some checkpoints set it)
+    d_ff: int = 1408  # SwiGLU hidden size
+    max_positions: int = 2048  # context length: the longest prompt the decoders accept
     rope_theta: float = 10000.0
     # None: plain rotary positions; {"rope_type": "linear", "factor"} or {"rope_type": "llama3", "factor",
     # "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} as transformers defines them
     rope_scaling: dict | None = None
     norm_eps: float = 1e-6
-    tie_output: bool = True           # vocabulary projection = token embedding
-    qkv_bias: bool = False            # Qwen2: biases on q/k/v; Llama attention_bias: on q/k/v and o
+    tie_output: bool = True  # vocabulary projection = token embedding
+    qkv_bias: bool = False  # Qwen2: biases on q/k/v; Llama attention_bias: on q/k/v and o
     o_bias: bool = False
     mlp_bias: bool = False
     dropout: float = 0.0
-    block_size: int = 1               # k: number of heads (1 = plain LM)
-    heads: str = "bpd"                # bpd: the paper's FFN heads | medusa: a residual SiLU block per head
+    block_size: int = 1  # k: number of heads (1 = plain LM)
+    heads: str = "bpd"  # bpd: the paper's FFN heads | medusa: a residual SiLU block per head
     head_d_hidden: int | None = None  # bpd heads: per-head hidden size (None: d_ff)
-    medusa_layers: int = 1            # medusa heads: residual blocks per head (vLLM's num_hidden_layers)
-    identity_p1: bool = True          # head 1 is the base LM head (always so for medusa)
+    medusa_layers: int = 1  # medusa heads: residual blocks per head (vLLM's num_hidden_layers)
+    identity_p1: bool = True  # head 1 is the base LM head (always so for medusa)
     # pad_id is a sentinel, not a vocabulary id: prompts batched for the decoders are right-padded with it, so
     # no real token (an instruct model's <|im_end|> inside a chat, say) is ever mistaken for padding
     pad_id: int = -1
-    bos_id: int | None = None         # the tokenizer's BOS, prepended to prompts by the data side; decoders
+    bos_id: int | None = None  # the tokenizer's BOS, prepended to prompts by the data side; decoders
     #                                   start from each prompt's last token, never from BOS
     eos_id: int = 2
     # every id that ends generation where a checkpoint lists several (generation_config.json's eos_token_id list:
@@ -90,8 +93,9 @@ class LMConfig(ModelConfig):
                 raise ValueError(f"eos_ids {ids} hold ids outside the vocabulary (size {self.vocab_size})")
             self.eos_ids = ids if len(ids) > 1 else None
         if self.pad_id >= 0:
-            raise ValueError(f"pad_id of a decoder-only model is a negative sentinel (not a token id), "
-                             f"got {self.pad_id}")
+            raise ValueError(
+                f"pad_id of a decoder-only model is a negative sentinel (not a token id), got {self.pad_id}"
+            )
 
     @property
     def kv_heads(self) -> int:

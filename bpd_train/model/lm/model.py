@@ -23,6 +23,7 @@ SDPA) in fp32.
 Shapes: B batch, T tokens, D d_model, H query heads, G key/value heads (H % G == 0), Dh head size, V vocab,
 R decoder rows while decoding, n new tokens per decoder call, P longest prompt, L cache slots.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,8 +75,8 @@ def rope_frequencies(dh: int, theta: float, scaling: dict | None = None, device=
 
 def rope_tables(n: int, dh: int, theta: float, device=None, scaling: dict | None = None) -> tuple[Tensor, Tensor]:
     """cos, sin [n, Dh] for positions 0..n-1, frequencies repeated over both halves (rotate-half layout)."""
-    inv = rope_frequencies(dh, theta, scaling, device)                                       # [Dh/2]
-    f = torch.arange(n, dtype=torch.float, device=device)[:, None] * inv[None, :]            # [n,Dh/2]
+    inv = rope_frequencies(dh, theta, scaling, device)  # [Dh/2]
+    f = torch.arange(n, dtype=torch.float, device=device)[:, None] * inv[None, :]  # [n,Dh/2]
     emb = torch.cat([f, f], dim=-1)
     return emb.cos(), emb.sin()
 
@@ -106,8 +107,15 @@ class Attention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
         """q [B,H,T,Dh], k/v [B,G,S,Dh] -> [B,T,H*Dh] after the output projection."""
         p = self.p if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal and mask is None,
-                                           enable_gqa=self.n_kv != self.n_heads)
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=p,
+            is_causal=causal and mask is None,
+            enable_gqa=self.n_kv != self.n_heads,
+        )
         b, _, t, _ = y.shape
         return self.o(y.transpose(1, 2).reshape(b, t, self.n_heads * self.dh))
 
@@ -140,8 +148,7 @@ class Layer(nn.Module):
         x = x + self.drop(self.attn(self.norm1(x), cos, sin))
         return x + self.drop(self.mlp(self.norm2(x)))
 
-    def step(self, x: Tensor, kv: Tensor, write, kv_len: int, mask: Tensor | None, cos: Tensor,
-             sin: Tensor) -> Tensor:
+    def step(self, x: Tensor, kv: Tensor, write, kv_len: int, mask: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
         """Cached decoding: x [R,n,D] new tokens; kv [2,R,G,L,Dh] this layer's cache, where write(kv, new
         [2,R,G,n,Dh]) stores the new keys/values; attention reads slots [0, kv_len) under the additive mask."""
         q, k, v = self.attn.qkv_heads(self.norm1(x), cos, sin)
@@ -153,8 +160,9 @@ class Layer(nn.Module):
 @dataclass
 class Prompt:
     """What `encode` gives the decoders: prompts left-padded to the longest."""
-    ids: Tensor    # [B,P] token ids; the pad slots hold 0 (hidden by the mask)
-    lpad: Tensor   # [B] pad slots in front of each row's first token
+
+    ids: Tensor  # [B,P] token ids; the pad slots hold 0 (hidden by the mask)
+    lpad: Tensor  # [B] pad slots in front of each row's first token
 
     @property
     def batch_size(self) -> int:
@@ -167,10 +175,11 @@ class LMState(DecoderState):
 
     def __init__(self, self_kv: Tensor, lpad: Tensor, config: LMConfig):
         super().__init__(self_kv, None, None, max_positions=self_kv.shape[4])
-        self.lpad = lpad                                                        # [R]
-        self.cos, self.sin = rope_tables(self.capacity, config.dh, config.rope_theta, self_kv.device,
-                                         config.rope_scaling)
-        self.first: Tensor | None = None                                        # [R,1] each prompt's last token
+        self.lpad = lpad  # [R]
+        self.cos, self.sin = rope_tables(
+            self.capacity, config.dh, config.rope_theta, self_kv.device, config.rope_scaling
+        )
+        self.first: Tensor | None = None  # [R,1] each prompt's last token
         self._pad_bias = self._key_pad_bias()
 
     def _key_pad_bias(self) -> Tensor | None:
@@ -179,8 +188,9 @@ class LMState(DecoderState):
             return None
         slots = torch.arange(self.capacity, device=self.lpad.device)
         hide = slots[None, :] < self.lpad[:, None]
-        return torch.zeros(hide.shape, dtype=self.self_kv.dtype, device=hide.device).masked_fill_(
-            hide, float("-inf"))[:, None, None, :]
+        return torch.zeros(hide.shape, dtype=self.self_kv.dtype, device=hide.device).masked_fill_(hide, float("-inf"))[
+            :, None, None, :
+        ]
 
     def _reorder_memory(self, index: Tensor) -> None:  # DecoderState.reorder's hook: per-row prompt data
         self.lpad = self.lpad.index_select(0, index)
@@ -203,7 +213,7 @@ class LMState(DecoderState):
         pos, write, kv_len, mask = super().prepare(n, kv_len)
         if isinstance(pos, slice):
             pos = torch.arange(pos.start, pos.stop, device=self.lpad.device)
-        pos = pos.expand(self.rows, n) - self.lpad[:, None]                     # [R,n]
+        pos = pos.expand(self.rows, n) - self.lpad[:, None]  # [R,n]
         if self._pad_bias is not None:
             pad = self._pad_bias[..., :kv_len]
             mask = pad if mask is None else mask + pad
@@ -231,8 +241,11 @@ class LMModel(HeadedModel):
         # k = 1 is a plain LM: no head parameters. Future heads start at zero: each equals head 1.
         heads = None
         if c.block_size > 1:
-            heads = (MedusaHeads(c.d_model, c.block_size, c.medusa_layers, c.dropout) if c.heads == "medusa"
-                     else BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout))
+            heads = (
+                MedusaHeads(c.d_model, c.block_size, c.medusa_layers, c.dropout)
+                if c.heads == "medusa"
+                else BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout)
+            )
         self.register_module("heads", heads)
         self._init_decoding()
 
@@ -304,13 +317,13 @@ class LMModel(HeadedModel):
         if prompts.dim() != 2:
             raise ValueError(f"prompts must be [B,S], got shape {tuple(prompts.shape)}")
         real = prompts != self.config.pad_id
-        lens = real.sum(1)                                                       # [B]
+        lens = real.sum(1)  # [B]
         p = int(lens.max())
         if p > self.config.max_positions:
             raise ValueError(f"prompt length {p} exceeds max_positions={self.config.max_positions}")
         lpad = p - lens
         ids = torch.zeros(prompts.shape[0], p, dtype=torch.long, device=prompts.device)
-        dest = torch.arange(prompts.shape[1], device=prompts.device)[None, :] + lpad[:, None]   # [B,S]
+        dest = torch.arange(prompts.shape[1], device=prompts.device)[None, :] + lpad[:, None]  # [B,S]
         ids[real.nonzero(as_tuple=True)[0], dest[real]] = prompts[real]
         return Prompt(ids, lpad)
 
@@ -337,15 +350,17 @@ class LMModel(HeadedModel):
         junk that the key mask then hides), real ones causally to the row's real tokens."""
         r, t = ids.shape
         net = getattr(state.weights, "native_layers", None)
-        if net is not None:   # the native stack (LMDecodeWeights): every row's prefix as it would be alone
-            state.weights.ext.lm_decode_layers(ids, net, state.self_kv, state.lpad, state.cos, state.sin,
-                                               torch.arange(t).expand(r, t))
+        if net is not None:  # the native stack (LMDecodeWeights): every row's prefix as it would be alone
+            state.weights.ext.lm_decode_layers(
+                ids, net, state.self_kv, state.lpad, state.cos, state.sin, torch.arange(t).expand(r, t)
+            )
             return
         slots = torch.arange(t, device=ids.device)
         key_ok = (slots[None, :] >= state.lpad[:, None])[:, None, :] | (slots[:, None] == slots[None, :])  # [R,t,t]
         allowed = key_ok & (slots[None, :] <= slots[:, None])
         mask = torch.zeros(allowed.shape, dtype=state.self_kv.dtype, device=ids.device).masked_fill_(
-            ~allowed, float("-inf"))[:, None]                                  # [R,1,t,t]
+            ~allowed, float("-inf")
+        )[:, None]  # [R,1,t,t]
         pos = (slots[None, :] - state.lpad[:, None]).clamp(min=0)
 
         def write(kv: Tensor, new: Tensor) -> None:
@@ -355,7 +370,7 @@ class LMModel(HeadedModel):
 
     def _run(self, state: LMState, tokens: Tensor, pos: Tensor, write, kv_len: int, mask) -> Tensor:
         x = self.embed(tokens)
-        cos, sin = state.cos[pos][:, None].to(x.dtype), state.sin[pos][:, None].to(x.dtype)   # [R,1,n,Dh]
+        cos, sin = state.cos[pos][:, None].to(x.dtype), state.sin[pos][:, None].to(x.dtype)  # [R,1,n,Dh]
         for i, layer in enumerate(self.layers):
             x = layer.step(x, state.self_kv[i], write, kv_len, mask, cos, sin)
         return x
@@ -367,8 +382,9 @@ class LMModel(HeadedModel):
         w = state.weights
         net = getattr(w, "native_layers", None)
         if net is not None:
-            return w.ext.lm_decode_layers(tokens, net, state.self_kv, state.lpad, state.cos, state.sin,
-                                          state.slots(tokens.shape[1]))
+            return w.ext.lm_decode_layers(
+                tokens, net, state.self_kv, state.lpad, state.cos, state.sin, state.slots(tokens.shape[1])
+            )
         pos, write, kv_len, mask = state.prepare(tokens.shape[1], kv_len)
         return self._run(state, tokens, pos, write, kv_len, mask)
 

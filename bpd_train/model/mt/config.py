@@ -1,4 +1,5 @@
 """Model configuration: a plain dataclass so it round-trips through JSON, checkpoints and Hydra."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,10 +20,12 @@ class BPDConfig(ModelConfig):
     d_ff: int = 2048
     dropout: float = 0.1
     max_positions: int = 1024
-    block_size: int = 1          # k: number of BPD heads (1 = plain Transformer)
-    head_d_hidden: int | None = None  # per-head hidden size of the BPD FFN (paper: d_hidden = d_ff); total k*head_d_hidden
-    identity_p1: bool = True     # head 1 is the untouched original path
-    head_chain: bool = False     # heads 2..k also see the token before their own (model/heads.py ChainHeads)
+    block_size: int = 1  # k: number of BPD heads (1 = plain Transformer)
+    head_d_hidden: int | None = (
+        None  # per-head hidden size of the BPD FFN (paper: d_hidden = d_ff); total k*head_d_hidden
+    )
+    identity_p1: bool = True  # head 1 is the untouched original path
+    head_chain: bool = False  # heads 2..k also see the token before their own (model/heads.py ChainHeads)
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
@@ -30,19 +33,19 @@ class BPDConfig(ModelConfig):
     norm_eps: float = 1e-6
     # Architecture options for imported checkpoints (bpd_train/convert/hf/mt.py); the defaults are this
     # project's own models, so older configs and checkpoints load unchanged.
-    pre_norm: bool = True             # False: post-norm layers (Marian: x = norm(x + sublayer(x)))
-    final_norm: bool = True           # encoder and decoder end with a LayerNorm (False: Marian)
-    activation: str = "relu"          # feed-forward activation: relu | gelu | swish
-    scale_embedding: bool = True      # token embeddings times sqrt(d_model)
-    pos_layout: str = "interleaved"   # sinusoid layout: interleaved (sin/cos alternate) | marian | fairseq
-    pos_offset: int = 0               # position p reads row p + pos_offset of the table (M2M100: pad_id + 1)
-    share_embeddings: bool = True     # encoder and decoder read one token embedding
+    pre_norm: bool = True  # False: post-norm layers (Marian: x = norm(x + sublayer(x)))
+    final_norm: bool = True  # encoder and decoder end with a LayerNorm (False: Marian)
+    activation: str = "relu"  # feed-forward activation: relu | gelu | swish
+    scale_embedding: bool = True  # token embeddings times sqrt(d_model)
+    pos_layout: str = "interleaved"  # sinusoid layout: interleaved (sin/cos alternate) | marian | fairseq
+    pos_offset: int = 0  # position p reads row p + pos_offset of the table (M2M100: pad_id + 1)
+    share_embeddings: bool = True  # encoder and decoder read one token embedding
     src_vocab_size: int | None = None  # encoder vocabulary when not shared (None: vocab_size)
-    tie_output: bool = True           # vocabulary projection = decoder token embedding
-    logits_bias: bool = False         # a bias on the vocabulary projection (Marian's final_logits_bias)
+    tie_output: bool = True  # vocabulary projection = decoder token embedding
+    logits_bias: bool = False  # a bias on the vocabulary projection (Marian's final_logits_bias)
     decoder_prefix: tuple[int, ...] = ()  # tokens before bos_id in every target (NLLB/M2M100: decoder start
     #                                       token; bos_id is then the forced target-language code)
-    suppress_ids: tuple[int, ...] = ()   # ids the decoders never generate (Marian's bad_words_ids: the pad)
+    suppress_ids: tuple[int, ...] = ()  # ids the decoders never generate (Marian's bad_words_ids: the pad)
     # the decoder's attention heads and FFN size where they differ from the encoder's (n_heads, d_ff), as
     # transformers allows for Marian / M2M100 / NLLB (None: the same)
     n_decoder_heads: int | None = None

@@ -7,6 +7,7 @@ embeddings, a logits bias, a decoder prefix) exist so that imported Marian / M2M
 Shapes: B batch, S source length, T target length, D d_model, V vocab, k heads, R decoder rows while
 decoding (batch x beam), n new tokens per decoder call.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,20 +36,28 @@ class BPDModel(HeadedModel):
         self.register_module("src_embed", None if c.share_embeddings else nn.Embedding(c.source_vocab_size, c.d_model))
         self.register_module("lm_head", None if c.tie_output else nn.Linear(c.d_model, c.vocab_size, bias=False))
         # Marian's final_logits_bias: a parameter (so the decode-weight cache sees it change) that no regime trains
-        self.register_parameter("logits_bias", nn.Parameter(torch.zeros(c.vocab_size), requires_grad=False)
-                                if c.logits_bias else None)
+        self.register_parameter(
+            "logits_bias", nn.Parameter(torch.zeros(c.vocab_size), requires_grad=False) if c.logits_bias else None
+        )
         self.embed_scale = math.sqrt(c.d_model) if c.scale_embedding else 1.0
-        self.register_buffer("pe", sinusoidal_table(c.max_positions, c.d_model, c.pos_layout, c.pos_offset),
-                             persistent=False)
+        self.register_buffer(
+            "pe", sinusoidal_table(c.max_positions, c.d_model, c.pos_layout, c.pos_offset), persistent=False
+        )
         self.dropout = nn.Dropout(c.dropout)
         arch = dict(pre_norm=c.pre_norm, activation=c.activation)
         self.encoder_layers = nn.ModuleList(
-            [EncoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_eps, **arch)
-             for _ in range(c.n_encoder_layers)])
+            [
+                EncoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_eps, **arch)
+                for _ in range(c.n_encoder_layers)
+            ]
+        )
         self.register_module("encoder_norm", nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.final_norm else None)
         self.decoder_layers = nn.ModuleList(
-            [DecoderLayer(c.d_model, c.decoder_heads, c.decoder_ff, c.dropout, c.norm_eps, **arch)
-             for _ in range(c.n_decoder_layers)])
+            [
+                DecoderLayer(c.d_model, c.decoder_heads, c.decoder_ff, c.dropout, c.norm_eps, **arch)
+                for _ in range(c.n_decoder_layers)
+            ]
+        )
         # the "final norm" every head goes through (None: heads go straight to the projection)
         self.register_module("decoder_norm", nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.final_norm else None)
         self._init_backbone()
@@ -62,10 +71,10 @@ class BPDModel(HeadedModel):
         self._init_decoding()
 
     def _init_backbone(self) -> None:
-        nn.init.normal_(self.embed.weight, std=self.config.d_model ** -0.5)
+        nn.init.normal_(self.embed.weight, std=self.config.d_model**-0.5)
         for extra in (self.src_embed, self.lm_head):
             if extra is not None:
-                nn.init.normal_(extra.weight, std=self.config.d_model ** -0.5)
+                nn.init.normal_(extra.weight, std=self.config.d_model**-0.5)
         for layer in [*self.encoder_layers, *self.decoder_layers]:
             for m in layer.modules():
                 if isinstance(m, nn.Linear):
@@ -86,12 +95,12 @@ class BPDModel(HeadedModel):
         s = src.shape[1]
         if s > self.config.max_positions:
             raise ValueError(f"source length {s} exceeds max_positions={self.config.max_positions}")
-        pad_mask = src != self.config.pad_id                      # [B,S]
+        pad_mask = src != self.config.pad_id  # [B,S]
         w = self._native_decoding(src.device, self._modules["embed"]._parameters["weight"].dtype)
         if w is not None:  # decoding on the CPU: embedding and the whole stack in one native call (engine/mt.py)
             out, padded = w.encode_ids(self, src)
             return Memory(out, pad_mask, pad_mask[:, None, None, :] if padded else None)
-        attn_mask = pad_mask[:, None, None, :]                    # [B,1,1,S]
+        attn_mask = pad_mask[:, None, None, :]  # [B,1,1,S]
         x = self._embed(src, slice(0, s), source=True)
         layer_mask = attn_mask
         if not torch.is_grad_enabled():  # decoding: same math, cheaper attention
@@ -99,7 +108,8 @@ class BPDModel(HeadedModel):
                 layer_mask = None  # nothing padded (always so at batch 1)
             else:  # additive float mask once, rather than SDPA converting the bool mask in every layer
                 layer_mask = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill_(
-                    ~attn_mask, float("-inf"))
+                    ~attn_mask, float("-inf")
+                )
         for layer in self.encoder_layers:
             x = layer(x, layer_mask)
         if self.encoder_norm is not None:
@@ -110,8 +120,12 @@ class BPDModel(HeadedModel):
         """The decode weights where a decoder runs this model on the native kernels (inside a decoder's
         decoding_mode, fp32 on the CPU, an encoder they implement), else None: training, validation (whose sharded
         strategies gather each layer's weights only around its own forward) and other devices keep the torch path."""
-        if getattr(self, "_decode_call", None) is None or not torch.is_inference_mode_enabled() \
-                or device.type != "cpu" or dtype != torch.float32:
+        if (
+            getattr(self, "_decode_call", None) is None
+            or not torch.is_inference_mode_enabled()
+            or device.type != "cpu"
+            or dtype != torch.float32
+        ):
             return None
         w = self.decode_weights()
         return w if getattr(w, "native_encoder", None) is not None else None
@@ -128,7 +142,7 @@ class BPDModel(HeadedModel):
         x = self._embed(tgt_in, slice(0, t))
         for layer in self.decoder_layers:
             x = layer(x, memory.out, memory.attn_mask)
-        return x[:, len(prefix):] if prefix else x
+        return x[:, len(prefix) :] if prefix else x
 
     def decode_logits_bias(self) -> Tensor | None:
         """[V] bias the decoders add to the projection: logits_bias, and -inf at config.suppress_ids (what
@@ -213,14 +227,14 @@ class BPDModel(HeadedModel):
         b, s, d = out.shape
         w = self._native_decoding(out.device, out.dtype)
         if w is not None:
-            mem_kv = w.memory_kv(out)                                            # [layers,2,B,H,S,Dh]
+            mem_kv = w.memory_kv(out)  # [layers,2,B,H,S,Dh]
         else:
             kvs = []
             for layer in self.decoder_layers:
                 ca = layer._modules["cross_attn"]
                 kv = ca._modules["kv"]._parameters
                 kvs.append(F.linear(out, kv["weight"], kv["bias"]).view(b, s, 2, ca.n_heads, d // ca.n_heads))
-            mem_kv = torch.stack(kvs).permute(0, 3, 1, 4, 2, 5)                 # [layers,2,B,H,S,Dh]
+            mem_kv = torch.stack(kvs).permute(0, 3, 1, 4, 2, 5)  # [layers,2,B,H,S,Dh]
         mask = memory.attn_mask
         if mask is not None and bool(memory.pad_mask.all()):
             mask = None  # nothing padded: the cheaper unmasked attention gives the same result
@@ -251,8 +265,9 @@ class BPDModel(HeadedModel):
         g = state.mem_group
         native = state.weights.native_layers
         if native is not None:  # the same steps in one C++ call (engine/csrc/encdec.h decode_layers)
-            return state.weights.ext.decode_layers(x, native, self_kv, mem_kv, mask, mem_mask, write.index, write.t,
-                                                   kv_len, g)
+            return state.weights.ext.decode_layers(
+                x, native, self_kv, mem_kv, mask, mem_mask, write.index, write.t, kv_len, g
+            )
         for i, w in enumerate(state.weights.layers):
             x = decode_step(w, x, self_kv[i], write, kv_len, mask, mem_kv[i], mem_mask, g)
         return x
