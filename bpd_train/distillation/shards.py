@@ -6,20 +6,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
 
 from bpd_train.data.distilled import DistillError, write_shard
-
-if TYPE_CHECKING:
-    from bpd_train.distillation.job import Job
-    from bpd_train.distillation.workers import Worker
+from bpd_train.distillation.workers import Worker
 
 log = logging.getLogger("bpd_train.distillation.job")
 
 _TEST_SHARD_DELAY = float(os.environ.get("BPD_DISTILL_TEST_SHARD_DELAY", "0") or 0)
 
 
-def _translation_shards(job: Job, worker: Worker, todo: list[dict], model, stats: dict, device, amp) -> None:
+def _translation_shards(job, worker: Worker, todo: list[dict], model, stats: dict, device, amp) -> None:
     """An encoder-decoder teacher re-translates each shard's source sentences with beam search (greedy when
     beam_size is 1) and writes {id, translation, teacher_ids, teacher_score, gold} records."""
     from tqdm.auto import tqdm
@@ -90,7 +86,7 @@ def _translation_shards(job: Job, worker: Worker, todo: list[dict], model, stats
         log.warning("%d source(s) were longer than the teacher's %d positions and were cut", cut, max_src + 1)
 
 
-def _lm_shards(job: Job, worker: Worker, todo: list[dict], model, stats: dict, device=None, amp=None) -> None:
+def _lm_shards(job, worker: Worker, todo: list[dict], model, stats: dict, device=None, amp=None) -> None:
     """A decoder-only teacher answers each shard's prompts itself (distillation/self_lm.py: greedy, or sampled from
     a per-record seed, so a shard redone after a crash is the same) and writes {id, prompt|messages, response,
     teacher_ids, gold} records, which LMDataModule trains on (regime.source=distilled). A prompt the model
