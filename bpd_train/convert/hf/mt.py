@@ -1,30 +1,9 @@
-"""transformers translation checkpoints <-> BPDModel: Marian (Helsinki-NLP opus-mt) and M2M100 (also NLLB-200).
+"""transformers translation checkpoints <-> BPDModel: Marian (opus-mt), M2M100 / NLLB, and Pegasus for export.
 
-Import reads a checkpoint folder itself (config.json, generation_config.json, model.safetensors -- sharded or
-not -- or pytorch_model.bin with torch.load(weights_only=True)); transformers is not needed. The BPDConfig
-architecture options make the imported model compute what transformers computes:
-
-                       Marian (MarianMTModel)             M2M100 / NLLB (M2M100ForConditionalGeneration)
-  layer norms          post-norm, no final norms           pre-norm, final encoder and decoder norms
-  positions            [sin | cos], 10000^(2i/D), from 0    fairseq [sin | cos], from pad_id + 1
-  logits               + final_logits_bias                  (no bias)
-  decoder input        decoder_start (= pad) is our BOS     [decoder_start] prefix, then the target-language
-                                                            code as BOS (generate's forced_bos_token_id)
-  generate's bad_words_ids of single tokens (opus-mt: the pad) become suppress_ids.
-
-This project's own models (pre-norm, final norms, interleaved sinusoids) are written as Pegasus, the one
-transformers family with that layer layout: its sinusoids are Marian's [sin | cos] halves of the same
-frequencies, so the model dimension is permuted (interleaved -> halves) on the way out and back on the way in
-(exact both ways). transformers' LayerNorm eps is 1e-5 where ours default to 1e-6, and its sinusoid table is
-computed in float64: the transformers copy of a native model agrees to ~1e-5 in the logits, not bit for bit;
-importing the export back restores the original weights exactly (bpd_heads.safetensors keeps the config).
-
-Export (`to_hf`) writes such a model back as a transformers folder (config.json, generation_config.json,
-model.safetensors) plus its BPD heads in `bpd_heads.safetensors` (tensors heads.* in the transformers model's
-basis, the BPDConfig in the metadata; see `heads_tensors`) with custom_generate/generate.py, with which
-transformers' own generate() decodes blockwise (bpd_train/hf_generate; docs/models.md), and copies the tokenizer
-files when given. `load_hf(path_or_id)` -> (model, tokenizer, meta) is the `hf:` source. Reading
-folders and weights, hub ids and the export folder are convert/common.py's, shared with convert/hf/lm.py.
+Import reads a checkpoint folder itself (no transformers needed) and sets the BPDConfig architecture options that
+make the model compute what transformers computes; this project's own models are written as Pegasus with the model
+dimension permuted (interleaved -> halves sinusoids), exactly invertible. The option table, the eps and float64
+caveats and the heads file are in docs/models.md. Folders, weights, hub ids and the export folder: convert/common.py.
 """
 
 from __future__ import annotations
@@ -61,6 +40,11 @@ SUPPORTED = {
 }
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
 _HF_EPS = 1e-5  # nn.LayerNorm's default, which both families use and neither config can change
+_ARCHITECTURES = {
+    "pegasus": "PegasusForConditionalGeneration",
+    "marian": "MarianMTModel",
+    "m2m_100": "M2M100ForConditionalGeneration",
+}
 _GENERATION_KEYS = ("bad_words_ids", "forced_bos_token_id", "decoder_start_token_id")
 
 
@@ -314,42 +298,22 @@ def from_hf(
 
 # ------------------------------------------------------------------------------------------ ours -> HF
 def hf_family_of(config: BPDConfig) -> str:
-    """The transformers architecture that computes what this config does (see the module docstring for the
-    native models' Pegasus), or a ConvertError."""
+    """The transformers architecture that computes what this config does (docs/models.md), or a ConvertError."""
     c = config
-    if (
-        c.pos_offset == 0
-        and c.pos_layout == "interleaved"
-        and c.pre_norm
-        and c.final_norm
-        and c.share_embeddings
-        and not c.decoder_prefix
-    ):
-        return "pegasus"  # a native model; eps may differ (documented above)
+    shared_pre_norm = c.pre_norm and c.final_norm and c.share_embeddings
+    if shared_pre_norm and c.pos_layout == "interleaved" and c.pos_offset == 0 and not c.decoder_prefix:
+        return "pegasus"  # a native model (permuted on the way out); its eps may differ
     if abs(c.norm_eps - _HF_EPS) > 1e-12:
         raise ConvertError(
             f"norm_eps {c.norm_eps} of an imported-architecture model has no transformers "
             "equivalent (Marian, M2M100 and Pegasus use 1e-5)"
         )
-    if not c.pre_norm and not c.final_norm and c.pos_layout == "marian" and c.pos_offset == 0 and not c.decoder_prefix:
-        return "marian"
-    if (
-        c.pre_norm
-        and c.final_norm
-        and c.pos_layout == "marian"
-        and c.pos_offset == 0
-        and c.share_embeddings
-        and not c.decoder_prefix
-    ):
-        return "pegasus"
-    if (
-        c.pre_norm
-        and c.final_norm
-        and c.pos_layout == "fairseq"
-        and c.pos_offset == c.pad_id + 1
-        and c.share_embeddings
-        and len(c.decoder_prefix) <= 1
-    ):
+    if c.pos_layout == "marian" and c.pos_offset == 0 and not c.decoder_prefix:
+        if not c.pre_norm and not c.final_norm:
+            return "marian"
+        if shared_pre_norm:
+            return "pegasus"
+    if shared_pre_norm and c.pos_layout == "fairseq" and c.pos_offset == c.pad_id + 1 and len(c.decoder_prefix) <= 1:
         return "m2m_100"
     raise ConvertError(
         "this model's architecture (pre_norm/final_norm/pos_layout/pos_offset/decoder_prefix) "
@@ -427,43 +391,24 @@ def hf_config_of(config: BPDConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     }
     if c.suppress_ids:
         gen["bad_words_ids"] = [[i] for i in c.suppress_ids]
-    if fam == "pegasus":
-        cfg = {
-            "architectures": ["PegasusForConditionalGeneration"],
-            "model_type": "pegasus",
-            "vocab_size": c.vocab_size,
-            "decoder_start_token_id": c.bos_id,
-            "forced_eos_token_id": None,
-            "bos_token_id": None,
-            **common,
-        }
-        gen["decoder_start_token_id"] = c.bos_id
-    elif fam == "marian":
-        cfg = {
-            "architectures": ["MarianMTModel"],
-            "model_type": "marian",
-            "vocab_size": c.source_vocab_size,
-            "decoder_vocab_size": c.vocab_size,
-            "share_encoder_decoder_embeddings": c.share_embeddings,
-            "decoder_start_token_id": c.bos_id,
-            "forced_eos_token_id": None,
-            "bos_token_id": None,
-            **common,
-        }
-        gen["decoder_start_token_id"] = c.bos_id
-    else:
-        start = c.decoder_prefix[0] if c.decoder_prefix else c.bos_id
-        cfg = {
-            "architectures": ["M2M100ForConditionalGeneration"],
-            "model_type": "m2m_100",
-            "vocab_size": c.vocab_size,
-            "decoder_start_token_id": start,
-            "bos_token_id": 0,
-            **common,
-        }
-        gen["decoder_start_token_id"] = start
-        if c.decoder_prefix:
-            gen["forced_bos_token_id"] = c.bos_id
+    start = c.decoder_prefix[0] if fam == "m2m_100" and c.decoder_prefix else c.bos_id
+    cfg = {
+        "architectures": [_ARCHITECTURES[fam]],
+        "model_type": fam,
+        "vocab_size": c.vocab_size,
+        "decoder_start_token_id": start,
+        **({"bos_token_id": 0} if fam == "m2m_100" else {"forced_eos_token_id": None, "bos_token_id": None}),
+        **common,
+    }
+    if fam == "marian":  # separate source and target vocabularies
+        cfg.update(
+            vocab_size=c.source_vocab_size,
+            decoder_vocab_size=c.vocab_size,
+            share_encoder_decoder_embeddings=c.share_embeddings,
+        )
+    gen["decoder_start_token_id"] = start
+    if fam == "m2m_100" and c.decoder_prefix:
+        gen["forced_bos_token_id"] = c.bos_id
     return cfg, gen
 
 
