@@ -7,6 +7,8 @@ Sections (each guarded: an error is reported in the JSON, the others still run):
   step_cost   one blockwise step (decode on k tokens + head 1 at the k positions + heads 2..k at one position)
               vs one greedy step (decode 1 token + head 1), demo size and Transformer-base size, k = 2/4/8,
               batch 1 and 32: median of interleaved timings, eager and (optional) replayed as CUDA graphs
+  lm_step_cost (optional) the same for decoder-only shapes of SmolLM2-135M and -1.7B with Medusa heads, bf16 on
+              CUDA, k = 4/8, batch 1 and 8
   compile     (optional) the same steps under torch.compile(mode="reduce-overhead"), base size, batch 1
   speedup     blockwise vs greedy wall clock on random-weight models and, if present, the demo's trained runs
   train       bf16-mixed smoke base -> frozen chain with strategy=deepspeed_zero2, deepspeed_zero3 (every
@@ -22,12 +24,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import gzip
 import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,363 +40,21 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
-from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
+from bench.gpu_decode import (  # noqa: E402
+    LM_SIZES,
+    QUICK_LM_SIZES,
+    QUICK_SIZES,
+    SIZES,
+    check_exactness,
+    compiled_step_cost,
+    demo_speedups,
+    log,
+    random_speedups,
+    step_cost_table,
+)
 
-PAD, BOS, EOS = 0, 1, 2
-# model sizes of the step-cost table: the demo preset and Transformer-base
-SIZES = {
-    "demo": dict(
-        d_model=128, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=512, vocab_size=4000, head_d_hidden=128
-    ),
-    "base": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, vocab_size=32000),
-}
 # seconds kept back from the training chains for the optional torch.compile section that runs after them
 COMPILE_RESERVE_S = 75
-QUICK_SIZES = {"tiny": dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=2, d_ff=64, vocab_size=50)}
-
-
-def log(msg: str) -> None:
-    print(f"[gpu-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-# ---------------------------------------------------------------------------------------------- exactness
-def random_model(
-    k: int,
-    seed: int,
-    vocab: int,
-    device,
-    d_model: int = 16,
-    std: float = 0.08,
-    eos_bias: float = 1.5,
-    scale: float = 2.5,
-) -> BPDModel:
-    """Random model whose heads 2..k often (not always) agree with head 1 one step later, so blocks of
-    several tokens get accepted and others rolled back (the construction of tests/test_decoding.py)."""
-    torch.manual_seed(seed)
-    cfg = BPDConfig(
-        vocab_size=vocab,
-        d_model=d_model,
-        n_heads=2,
-        n_encoder_layers=1,
-        n_decoder_layers=2,
-        d_ff=2 * d_model,
-        block_size=k,
-        dropout=0.0,
-        max_positions=128,
-    )
-    m = BPDModel(cfg).eval()
-    with torch.no_grad():
-        if m.heads is not None:
-            m.heads.fc2.weight.normal_(0, std)
-        for name, p in m.named_parameters():
-            if name.startswith("decoder_layers") and p.dim() == 2:
-                p.mul_(scale)
-        m.embed.weight[EOS] *= 1.0 + eos_bias
-    return m.to(device)
-
-
-def random_sources(batch: int, seed: int, vocab: int, max_src: int = 12) -> torch.Tensor:
-    """[B,S] ids + EOS, right-padded with PAD, rows of different lengths."""
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(1, max_src + 1, (batch,), generator=g).tolist()
-    src = torch.full((batch, max(lens)), PAD, dtype=torch.long)
-    for i, n in enumerate(lens):
-        src[i, : n - 1] = torch.randint(3, vocab, (n - 1,), generator=g)
-        src[i, n - 1] = EOS
-    return src
-
-
-def check_exactness(device, quick: bool = False, accept=None) -> dict:
-    """blockwise(accept) vs greedy token for token over random cases. accept=None means Exact(); a relaxed
-    rule (TopK(3)) must show mismatches, which is how the tests know this check can fail."""
-    accept = Exact() if accept is None else accept
-    device = torch.device(device)
-    ks = (2, 4, 8) if quick else tuple(range(1, 9))
-    batches = (1, 7) if quick else (1, 5, 16, 32)
-    vocabs = (7,) if quick else (7, 61)
-    cases = mismatched_rows = rows = 0
-    mismatches, accepted = [], []
-    with torch.no_grad():
-        for k in ks:
-            for vocab in vocabs:
-                for b in batches:
-                    seed = 1000 * k + 10 * b + vocab
-                    m = random_model(k, seed, vocab, device, d_model=16 if vocab < 32 else 32)
-                    src = random_sources(b, seed, vocab).to(device)
-                    max_len = (1.5, 4) if b % 2 else 24
-                    g = greedy(m, src, max_len=max_len)
-                    r = blockwise(m, src, block_size=k, accept=accept, max_len=max_len)
-                    bad = [i for i, (x, y) in enumerate(zip(r.tokens, g.tokens)) if x != y]
-                    cases += 1
-                    rows += b
-                    mismatched_rows += len(bad)
-                    if k > 1:
-                        accepted.append(r.mean_accepted)
-                    if bad and len(mismatches) < 5:
-                        i = bad[0]
-                        mismatches.append(
-                            dict(
-                                k=k,
-                                vocab=vocab,
-                                batch=b,
-                                seed=seed,
-                                row=i,
-                                greedy=g.tokens[i][:12],
-                                blockwise=r.tokens[i][:12],
-                            )
-                        )
-    return dict(
-        ok=mismatched_rows == 0,
-        accept=type(accept).__name__,
-        cases=cases,
-        rows=rows,
-        mismatched_rows=mismatched_rows,
-        mismatches=mismatches,
-        # > 1 shows multi-token blocks were accepted, so the comparison was not vacuous
-        mean_accepted=round(statistics.fmean(accepted), 3) if accepted else None,
-        tf32=bool(torch.backends.cuda.matmul.allow_tf32) if device.type == "cuda" else None,
-    )
-
-
-# ---------------------------------------------------------------------------------------------- step cost
-def size_model(spec: dict, k: int, device, dtype=torch.float32) -> BPDModel:
-    torch.manual_seed(0)
-    cfg = BPDConfig(block_size=k, dropout=0.0, max_positions=256, **spec)
-    return BPDModel(cfg).eval().to(device=device, dtype=dtype)
-
-
-class StepBench:
-    """One model with k = max(ks) heads, a decoder state holding a prefix, and the step functions of the
-    table. Each step decodes at the same cache position (state.lengths is set back after every call), so
-    repeated timings measure the same work and a captured CUDA graph stays valid."""
-
-    def __init__(self, spec: dict, ks, batch: int, device, prefix: int = 16, src_len: int = 24):
-        self.device, self.ks = torch.device(device), tuple(ks)
-        kmax = max(self.ks)
-        self.model = size_model(spec, kmax, self.device)
-        v = self.model.config.vocab_size
-        g = torch.Generator().manual_seed(batch)
-        src = torch.randint(4, v, (batch, src_len), generator=g)
-        src[:, -1] = EOS
-        self.tokens = torch.randint(4, v, (batch, kmax), generator=g).to(self.device)
-        with torch.no_grad():
-            self.state = self.model.start_decoding(self.model.encode(src.to(self.device)), prefix + kmax + 1)
-            pre = torch.randint(4, v, (batch, prefix), generator=g).to(self.device)
-            pre[:, 0] = BOS
-            self.model.decode(self.state, pre)
-        self.state.lengths = prefix
-        self.prefix = prefix
-
-    def greedy_step(self) -> torch.Tensor:
-        m = self.model
-        h = m.decode(self.state, self.tokens[:, :1])
-        self.state.lengths = self.prefix
-        return m.head_logits(h[:, -1], 0).argmax(-1)
-
-    def block_step(self, k: int) -> torch.Tensor:
-        m = self.model
-        h = m.decode(self.state, self.tokens[:, :k])  # [B,k,D]
-        self.state.lengths = self.prefix
-        verify = m.head_logits(h, 0).argmax(-1)  # head 1 at the k positions
-        propose = m.heads_logits(h[:, -1], 1, k).argmax(-1)  # heads 2..k at one position
-        return torch.cat([verify, propose], dim=1)
-
-    def steps(self) -> dict:
-        out = {"greedy": self.greedy_step}
-        for k in self.ks:
-            out[f"k{k}"] = lambda k=k: self.block_step(k)
-        return out
-
-
-def interleaved_ms(fns: dict, device, reps: int, warmup: int = 3) -> dict:
-    """Median milliseconds of each function, calls interleaved (A B C, C B A, ...) so drift hits all alike."""
-    device = torch.device(device)
-    names = list(fns)
-    times = {n: [] for n in names}
-    with torch.no_grad():
-        for _ in range(warmup):
-            for n in names:
-                fns[n]()
-        sync(device)
-        for r in range(reps):
-            for n in names if r % 2 == 0 else names[::-1]:
-                t0 = time.perf_counter()
-                fns[n]()
-                sync(device)
-                times[n].append(time.perf_counter() - t0)
-    return {n: statistics.median(t) * 1e3 for n, t in times.items()}
-
-
-def cost_row(ms: dict) -> dict:
-    g = ms["greedy"]
-    row = {"greedy_ms": round(g, 4)}
-    row.update({f"{n}_greedy_steps": round(t / g, 3) for n, t in ms.items() if n != "greedy"})
-    return row
-
-
-def graphed(fns: dict, device) -> dict:
-    """The same functions captured once as CUDA graphs and replayed (launch overhead removed)."""
-    out = {}
-    stream = torch.cuda.Stream(device)
-    with torch.no_grad():
-        for name, fn in fns.items():
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):  # warm-up off the default stream, as capture requires
-                for _ in range(3):
-                    fn()
-            torch.cuda.current_stream(device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            out[name] = graph.replay
-    return out
-
-
-def step_cost_table(device, sizes: dict, ks=(2, 4, 8), batches=(1, 32), reps: int = 50, graphs: bool = False) -> dict:
-    device = torch.device(device)
-    table, graph_table, graph_errors = {}, {}, {}
-    for size, spec in sizes.items():
-        for b in batches:
-            key = f"{size}_b{b}"
-            bench = StepBench(spec, ks, b, device)
-            fns = bench.steps()
-            table[key] = cost_row(interleaved_ms(fns, device, reps))
-            if graphs:
-                try:
-                    graph_table[key] = cost_row(interleaved_ms(graphed(fns, device), device, reps))
-                except Exception as e:  # optional: reported, never fatal
-                    graph_errors[key] = f"{type(e).__name__}: {e}"[:300]
-            del bench, fns
-            log(f"step cost {key}: {table[key]}")
-    out = {"eager": table}
-    if graphs:
-        out["cuda_graphs"] = graph_table
-        if graph_errors:
-            out["cuda_graph_errors"] = graph_errors
-    return out
-
-
-def compiled_step_cost(device, spec: dict, ks=(8,), batch: int = 1, reps: int = 50) -> dict:
-    """torch.compile(mode="reduce-overhead") of the greedy and blockwise steps vs eager, one size and batch."""
-    bench = StepBench(spec, ks, batch, device)
-    eager = bench.steps()
-    compiled = {f"{n}": torch.compile(f, mode="reduce-overhead", fullgraph=False) for n, f in eager.items()}
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        for f in compiled.values():  # compile (and record the graphs) before timing
-            for _ in range(3):
-                f()
-    compile_s = time.perf_counter() - t0
-    both = {**{f"eager_{n}": f for n, f in eager.items()}, **{f"compiled_{n}": f for n, f in compiled.items()}}
-    ms = interleaved_ms(both, device, reps)
-    row = {"compile_s": round(compile_s, 1)}
-    for kind in ("eager", "compiled"):
-        row[kind] = cost_row({n.split("_", 1)[1]: t for n, t in ms.items() if n.startswith(kind + "_")})
-    row["compiled_greedy_vs_eager"] = round(ms["eager_greedy"] / ms["compiled_greedy"], 3)
-    return row
-
-
-# ---------------------------------------------------------------------------------------------- speedup
-def time_decoders(model, batches: list[torch.Tensor], k: int, max_len, device, repeats: int = 3) -> dict:
-    """Greedy vs blockwise(Exact) over the same batches, interleaved; agreement, k̂ and wall-clock ratio."""
-    g_t, b_t, agree, rows, tok, steps, calls = 0.0, 0.0, 0, 0, 0.0, 0, 0
-    with torch.no_grad():
-        greedy(model, batches[0], max_len=max_len)  # warm-up (allocator, kernels)
-        blockwise(model, batches[0], block_size=k, max_len=max_len)
-        for rep in range(repeats):
-            for src in batches:
-                order = ("g", "b") if rep % 2 == 0 else ("b", "g")
-                for which in order:
-                    sync(device)
-                    t0 = time.perf_counter()
-                    if which == "g":
-                        g = greedy(model, src, max_len=max_len)
-                    else:
-                        r = blockwise(model, src, block_size=k, accept=Exact(), max_len=max_len)
-                    sync(device)
-                    dt = time.perf_counter() - t0
-                    if which == "g":
-                        g_t += dt
-                    else:
-                        b_t += dt
-                if rep == 0:
-                    agree += sum(x == y for x, y in zip(r.tokens, g.tokens))
-                    rows += len(g.tokens)
-                    tok += r.mean_accepted * r.row_steps  # k̂ per row-step, as DecodeResult defines it
-                    steps += r.row_steps
-                    calls += r.calls
-    return dict(
-        k=k,
-        agreement=round(agree / rows, 4),
-        mean_accepted=round(tok / max(steps, 1), 3),
-        calls=calls,
-        speedup=round(g_t / b_t, 3),
-        greedy_ms_per_batch=round(1e3 * g_t / (repeats * len(batches)), 3),
-    )
-
-
-def random_speedups(
-    device, sizes: dict, ks=(4, 8), batch_sizes=(1, 32), sentences: int = 32, max_len=32, repeats: int = 2
-) -> dict:
-    """Random weights: heads rarely agree, so k̂ ~ 1 and this is the overhead side of the trade."""
-    device = torch.device(device)
-    out = {}
-    for size, spec in sizes.items():
-        for k in ks:
-            model = size_model(spec, k, device)
-            v = model.config.vocab_size
-            src = random_sources(sentences, seed=k, vocab=v, max_src=24).to(device)
-            for b in batch_sizes:
-                batches = [src[i : i + b] for i in range(0, sentences, b)]
-                if b == 1:
-                    batches = batches[:8]
-                out[f"{size}_k{k}_b{b}"] = time_decoders(model, batches, k, max_len, device, repeats)
-                log(f"random speedup {size} k{k} b{b}: {out[f'{size}_k{k}_b{b}']}")
-            del model
-    return out
-
-
-def demo_sources(tokenizer_path: Path, n: int, device) -> torch.Tensor:
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
-    texts = []
-    with gzip.open(ROOT / "data" / "bible-en-fr" / "validation.jsonl.gz", "rt", encoding="utf-8") as f:
-        for line in f:
-            texts.append(json.loads(line)["translation"]["en"])
-            if len(texts) == n:
-                break
-    ids = [sp.encode(t)[:126] + [EOS] for t in texts]
-    src = torch.full((len(ids), max(map(len, ids))), PAD, dtype=torch.long)
-    for i, row in enumerate(ids):
-        src[i, : len(row)] = torch.tensor(row)
-    return src.to(device)
-
-
-def demo_speedups(device, demo_dir: Path, sentences: int = 64, repeats: int = 2) -> dict:
-    """The demo's trained head runs (make demo), if this tree has them: wall clock at batch 1 and 32."""
-    from bpd_train.loading import load
-
-    runs = sorted(p for p in demo_dir.glob("*/heads/*") if (p / "checkpoints").is_dir())
-    if not runs:
-        return {"present": False, "looked_in": str(demo_dir)}
-    out = {"present": True}
-    for run in runs:
-        lm = load(run, map_location=device)
-        model = lm.model.eval()
-        src = demo_sources(lm.tokenizer_path, sentences, device)
-        k = model.config.block_size
-        for b in (1, 32):
-            batches = [src[i : i + b] for i in range(0, sentences, b)][: (16 if b == 1 else None)]
-            out[f"{run.name}_b{b}"] = time_decoders(model, batches, k, (1.5, 10), device, repeats)
-            log(f"demo speedup {run.name} b{b}: {out[f'{run.name}_b{b}']}")
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -528,7 +186,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument(
         "--skip",
         default="",
-        help="comma-separated sections to leave out: exactness,step_cost,compile,speedup,demo,train",
+        help="comma-separated sections to leave out: exactness,step_cost,lm_step_cost,compile,speedup,demo,train",
     )
     ap.add_argument(
         "--demo-dir",
@@ -544,7 +202,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="also write gpu.json and the training logs here (default: $OUT when set)",
     )
     args = ap.parse_args(argv)
-    known = {"exactness", "step_cost", "compile", "speedup", "demo", "train"}
+    known = {"exactness", "step_cost", "lm_step_cost", "compile", "speedup", "demo", "train"}
     bad = set(filter(None, args.skip.split(","))) - known
     if bad:
         ap.error(f"--skip: unknown section(s) {sorted(bad)}; choose from {sorted(known)}")
@@ -605,6 +263,19 @@ def main(argv=None) -> int:
     run(
         "step_cost",
         lambda: step_cost_table(device, sizes, reps=reps, graphs=cuda, batches=(1, 4) if args.quick else (1, 32)),
+    )
+    run(  # decoder-only shapes of real LLMs in the precision they are served in: the step-cost rule on a GPU
+        "lm_step_cost",
+        lambda: step_cost_table(
+            device,
+            QUICK_LM_SIZES if args.quick else LM_SIZES,
+            ks=(4, 8),
+            batches=(1, 8),
+            reps=reps,
+            graphs=cuda,
+            dtype=torch.bfloat16 if cuda else torch.float32,
+        ),
+        required=False,
     )
     run(
         "speedup",
@@ -699,6 +370,13 @@ def markdown_summary(result: dict) -> str:
                 for s, v in sec.items()
                 if isinstance(v, dict)
             )
+        elif name in ("step_cost", "lm_step_cost"):
+            table = sec.get("cuda_graphs") or sec.get("eager") or {}
+            note = "; ".join(
+                f"{key}: " + ", ".join(f"{c.split('_')[0]} {v}" for c, v in row.items() if c.endswith("_greedy_steps"))
+                for key, row in table.items()
+            )
+            note = ("greedy steps per k-row step (CUDA graphs) " if sec.get("cuda_graphs") else "") + note
         elif name == "speedup":
             note = ", ".join(
                 f"{k} x{v.get('speedup', 0):.2f}" for k, v in sec.items() if isinstance(v, dict) and "speedup" in v

@@ -14,8 +14,9 @@ from conftest import REPO_ROOT, offline_env
 BENCH = REPO_ROOT / "bench"
 
 
-def _gpu_module():
-    spec = importlib.util.spec_from_file_location("bench_gpu", BENCH / "gpu.py")
+def _gpu_module(name: str = "gpu"):
+    """bench/gpu.py (or its decoding sections, bench/gpu_decode.py) loaded from its file, as the script runs."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -72,6 +73,8 @@ def test_cpu_quick_run_exercises_every_cpu_section(tmp_path):
     for row in s["step_cost"]["eager"].values():
         assert row["greedy_ms"] > 0 and all(row[f"k{k}_greedy_steps"] > 0 for k in (2, 4, 8))
     assert set(s["step_cost"]["eager"]) == {"tiny_b1", "tiny_b4"}
+    lm = s["lm_step_cost"]["eager"]
+    assert set(lm) == {"tiny_lm_b1", "tiny_lm_b8"} and all(r["k8_greedy_steps"] > 0 for r in lm.values())
     assert all(
         v["agreement"] == 1.0 and v["speedup"] > 0 and 1.0 <= v["mean_accepted"] <= v["k"]
         for k, v in s["speedup"].items()
@@ -85,7 +88,7 @@ def test_exactness_check_reports_mismatches_of_a_relaxed_rule():
     """TopK(3) accepts proposals greedy would not have chosen: the same check must say so."""
     from bpd_train.decoding import Exact, TopK
 
-    gpu = _gpu_module()
+    gpu = _gpu_module("gpu_decode")
     bad = gpu.check_exactness("cpu", quick=True, accept=TopK(3))
     assert bad["ok"] is False and bad["mismatched_rows"] > 0 and bad["mismatches"]
     m = bad["mismatches"][0]
@@ -96,17 +99,32 @@ def test_exactness_check_reports_mismatches_of_a_relaxed_rule():
 def test_step_bench_measures_the_same_work_as_decoding():
     """The timed block step verifies with head 1 at the k positions: its first verified token is the greedy
     step's token, and neither step moves the cache (so repeated timings do the same work)."""
-    gpu = _gpu_module()
-    bench = gpu.StepBench(gpu.QUICK_SIZES["tiny"], ks=(2, 4), batch=3, device="cpu", prefix=5)
+    gpu = _gpu_module("gpu_decode")
+    for sizes, lengths in ((gpu.QUICK_SIZES, 5), (gpu.QUICK_LM_SIZES, 0)):  # an LM's prefix is its cached prompt
+        (spec,) = sizes.values()
+        bench = gpu.StepBench(spec, ks=(2, 4), batch=3, device="cpu", prefix=5)
+        with torch.no_grad():
+            g = bench.greedy_step()
+            for k in (2, 4):
+                out = bench.block_step(k)
+                assert out.shape == (3, 2 * k - 1)
+                assert torch.equal(out[:, 0], g)
+                assert bench.state.lengths == lengths
+        ms = gpu.interleaved_ms(bench.steps(), "cpu", reps=3, warmup=1)
+        assert set(ms) == {"greedy", "k2", "k4"} and all(t > 0 for t in ms.values())
+
+
+def test_lm_step_bench_decodes_after_the_cached_prompt():
+    """The LM bench's steps decode after the cached prompt prefix: head 1's argmax at each of the k positions is
+    what a full forward pass over prefix + those tokens gives, and the cache is rolled back after every step."""
+    gpu = _gpu_module("gpu_decode")
+    bench = gpu.StepBench(gpu.QUICK_LM_SIZES["tiny_lm"], ks=(4,), batch=2, device="cpu", prefix=6)
+    assert bench.state.base == 6
     with torch.no_grad():
-        g = bench.greedy_step()
-        for k in (2, 4):
-            out = bench.block_step(k)
-            assert out.shape == (3, 2 * k - 1)
-            assert torch.equal(out[:, 0], g)
-            assert bench.state.lengths == 5
-    ms = gpu.interleaved_ms(bench.steps(), "cpu", reps=3, warmup=1)
-    assert set(ms) == {"greedy", "k2", "k4"} and all(t > 0 for t in ms.values())
+        full = bench.model(torch.cat([bench.prompt[:, :-1], bench.tokens], dim=1))[:, 6:, 0].argmax(-1)  # [B,4]
+        out = bench.block_step(4)
+        assert torch.equal(out[:, :4], full)
+        assert torch.equal(bench.greedy_step(), full[:, 0]) and bench.state.lengths == 0
 
 
 def test_bad_section_name_is_one_clear_error():
