@@ -20,13 +20,11 @@ The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +34,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+# bench.*: bench/ has no __init__.py, so with the checkout on sys.path it imports as a namespace package,
+# however this file was loaded (a script, bench/decode.py --engine, or by path as the tests do)
+from bench.engine_ct2 import bench_bundle, bench_ct2  # noqa: E402
+from bench.engine_regimes import bench_regimes  # noqa: E402
 from bpd_train.decoding import greedy  # noqa: E402
 from bpd_train.engine.fastlinear import cpu_model, engine_name, native_kernels  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions  # noqa: E402
@@ -439,349 +441,6 @@ class _engine:
         fl._ext, fl._ext_tried = self.saved
 
 
-# ---- CTranslate2 on the same weights ----
-def to_ct2(m: BPDModel, out_dir: str) -> list[str]:
-    """Write `m` (pre-norm Transformer, tied embeddings, sinusoidal positions) as a CTranslate2 model."""
-    from ctranslate2.specs import transformer_spec
-
-    c = m.config
-    spec = transformer_spec.TransformerSpec.from_config(
-        (c.n_encoder_layers, c.n_decoder_layers), c.n_heads, pre_norm=True
-    )
-    sd = {k: v.detach().numpy() for k, v in m.state_dict().items()}
-    pe = m.pe.numpy()
-
-    def ln(dst, name):
-        dst.gamma, dst.beta = sd[f"{name}.weight"], sd[f"{name}.bias"]
-
-    def lin(dst, name):
-        dst.weight, dst.bias = sd[f"{name}.weight"], sd[f"{name}.bias"]
-
-    for side, spec_side in (("encoder", spec.encoder), ("decoder", spec.decoder)):
-        emb = spec_side.embeddings[0] if side == "encoder" else spec_side.embeddings
-        emb.weight = sd["embed.weight"]
-        emb.multiply_by_sqrt_depth = True
-        spec_side.position_encodings.encodings = pe
-        ln(spec_side.layer_norm, f"{side}_norm")
-        for i, layer in enumerate(spec_side.layer):
-            p = f"{side}_layers.{i}"
-            if side == "encoder":
-                ln(layer.self_attention.layer_norm, f"{p}.norm1")
-                lin(layer.self_attention.linear[0], f"{p}.attn.qkv")
-                lin(layer.self_attention.linear[1], f"{p}.attn.out")
-                ln(layer.ffn.layer_norm, f"{p}.norm2")
-            else:
-                ln(layer.self_attention.layer_norm, f"{p}.norm1")
-                lin(layer.self_attention.linear[0], f"{p}.self_attn.qkv")
-                lin(layer.self_attention.linear[1], f"{p}.self_attn.out")
-                ln(layer.attention.layer_norm, f"{p}.norm2")
-                lin(layer.attention.linear[0], f"{p}.cross_attn.q")
-                lin(layer.attention.linear[1], f"{p}.cross_attn.kv")
-                lin(layer.attention.linear[2], f"{p}.cross_attn.out")
-                ln(layer.ffn.layer_norm, f"{p}.norm3")
-            lin(layer.ffn.linear_0, f"{p}.ffn.fc1")
-            lin(layer.ffn.linear_1, f"{p}.ffn.fc2")
-    spec.decoder.projection.weight = sd["embed.weight"]
-    vocab = ["<blank>", "<s>", "</s>", "<unk>"] + [f"t{i}" for i in range(4, c.vocab_size)]
-    spec.register_source_vocabulary(vocab)
-    spec.register_target_vocabulary(vocab)
-    spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = "<s>", "</s>", "<unk>"
-    spec.config.decoder_start_token = "<s>"
-    spec.validate()
-    spec.optimize(quantization=None)
-    spec.save(out_dir)
-    return vocab
-
-
-def bench_ct2(threads, batch_sizes, n_sent: int = 64, size: str = "base"):
-    try:
-        import ctranslate2
-    except ImportError:
-        print("ctranslate2 not installed: pip install ctranslate2==4.8.5 (skipping the comparison)")
-        return None
-    m = make_model(size, k=1)
-    v = m.config.vocab_size
-    g = torch.Generator().manual_seed(2)
-    lens = torch.randint(12, 40, (n_sent,), generator=g).tolist()
-    srcs = [torch.randint(4, v, (n,), generator=g).tolist() + [m.config.eos_id] for n in lens]
-    max_len = 48
-    rows = []
-    with tempfile.TemporaryDirectory() as d:
-        vocab = to_ct2(m, d)
-        toks = [[vocab[i] for i in s] for s in srcs]
-        index = {x: i for i, x in enumerate(vocab)}
-        for t in threads:
-            torch.set_num_threads(t)
-            for ct2_type, our_dtype in (("float32", "fp32"), ("int8", "int8")):
-                tr = ctranslate2.Translator(d, device="cpu", compute_type=ct2_type, inter_threads=1, intra_threads=t)
-                m.decode_options = DecodeOptions(dtype=our_dtype)
-                for bs in batch_sizes:
-                    res = {"ours": [], "ct2": []}
-                    ours_out, ct2_out = [], []
-                    for rep in range(2):  # interleaved A B A B over the same batches
-                        for i in range(0, n_sent, bs):
-                            for who in ("ours", "ct2") if rep % 2 == 0 else ("ct2", "ours"):
-                                t0 = time.perf_counter()
-                                if who == "ours":
-                                    out = greedy(m, srcs[i : i + bs], max_len=max_len).tokens
-                                else:
-                                    r = tr.translate_batch(
-                                        toks[i : i + bs], beam_size=1, max_decoding_length=max_len, max_batch_size=bs
-                                    )
-                                    out = [[index[x] for x in h.hypotheses[0]] for h in r]
-                                el = time.perf_counter() - t0
-                                res[who].append((el, sum(len(o) for o in out)))
-                                if rep == 0:
-                                    (ours_out if who == "ours" else ct2_out).extend(out)
-                    tps = {who: sum(n for _, n in v_) / sum(e for e, _ in v_) for who, v_ in res.items()}
-                    same = sum(a == b for a, b in zip(ours_out, ct2_out)) / len(ours_out)
-                    row = dict(
-                        size=size,
-                        threads=t,
-                        dtype=our_dtype,
-                        batch=bs,
-                        ours_tok_s=round(tps["ours"], 1),
-                        ct2_tok_s=round(tps["ct2"], 1),
-                        ratio=round(tps["ours"] / tps["ct2"], 2),
-                        identical=round(same, 3),
-                    )
-                    rows.append(row)
-                    print(
-                        f"greedy tok/s {size} threads={t} {our_dtype:4s} (CT2 {ct2_type}) batch {bs:2d}: ours "
-                        f"{tps['ours']:7.1f}  CTranslate2 {tps['ct2']:7.1f}  ratio {tps['ours'] / tps['ct2']:.2f}  "
-                        f"identical outputs {same:.0%}",
-                        flush=True,
-                    )
-    return rows
-
-
-def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: int = 1000):
-    """A trained bundle on the bundled validation sources at batch 1: CTranslate2 greedy (fp32, int8) on the
-    bundle's backbone vs our greedy and exact blockwise (plain, draft vocabulary, adaptive). Tokens/s."""
-    import gzip
-
-    from bpd_train.decoding import blockwise
-    from bpd_train.decoding.settings import draft_vocabulary
-    from bpd_train.export import load_bundle
-
-    torch.set_num_threads(threads)
-    m, sp, _ = load_bundle(bundle)
-    c = m.config
-    with gzip.open(ROOT / "data" / "bible-en-fr" / "validation.jsonl.gz", "rt", encoding="utf-8") as f:
-        lines = [json.loads(x)["translation"]["en"] for x in f]
-    step = max(1, len(lines) // n_sent)
-    srcs = [sp.encode(t, out_type=int)[: c.max_positions - 1] + [c.eos_id] for t in lines[::step][:n_sent]]
-    max_len = (1.5, 10)
-    draft = draft_vocabulary(sp, draft_vocab, c.eos_id)
-    ours = {
-        "greedy fp32": (DecodeOptions(), lambda mm, s: greedy(mm, [s], max_len=max_len)),
-        f"blockwise k={c.block_size} exact fp32": (DecodeOptions(), lambda mm, s: blockwise(mm, [s], max_len=max_len)),
-        f"blockwise k={c.block_size} exact fp32, draft {draft_vocab}": (
-            DecodeOptions(draft_vocab=draft),
-            lambda mm, s: blockwise(mm, [s], max_len=max_len),
-        ),
-        f"blockwise k={c.block_size} exact fp32, adaptive": (
-            DecodeOptions(),
-            lambda mm, s: blockwise(mm, [s], max_len=max_len, adaptive=True),
-        ),
-        "greedy int8": (DecodeOptions(dtype="int8"), lambda mm, s: greedy(mm, [s], max_len=max_len)),
-        f"blockwise k={c.block_size} exact int8": (
-            DecodeOptions(dtype="int8"),
-            lambda mm, s: blockwise(mm, [s], max_len=max_len),
-        ),
-    }
-    # one model per decoder: switching options on one model repacked its weights on every call, and the packing
-    # was charged to whichever decoder came first after a switch
-    import copy
-
-    models = {name: copy.deepcopy(m) for name in ours}
-    for name, (opts, _) in ours.items():
-        models[name].decode_options = opts
-    rows = []
-    try:
-        import ctranslate2
-    except ImportError:
-        ctranslate2 = None
-    with tempfile.TemporaryDirectory() as d:
-        fns = {}
-        if ctranslate2 is not None:
-            backbone = BPDModel(BPDConfig(**{**c.to_dict(), "block_size": 1})).eval()
-            backbone.load_state_dict({n: t for n, t in m.state_dict().items() if not n.startswith("heads.")})
-            vocab = to_ct2(backbone, d)
-            index = {x: i for i, x in enumerate(vocab)}
-            for ct2_type in ("float32", "int8"):
-                tr = ctranslate2.Translator(d, device="cpu", compute_type=ct2_type, intra_threads=threads)
-
-                def run_ct2(s, tr=tr):
-                    n = len(s)
-                    r = tr.translate_batch(
-                        [[vocab[i] for i in s]], beam_size=1, max_decoding_length=int(max_len[0] * n + max_len[1])
-                    )
-                    return [index[x] for x in r[0].hypotheses[0]]
-
-                fns[f"CTranslate2 greedy {ct2_type}"] = (None, run_ct2)
-        fns.update(ours)
-        totals = {name: [0.0, 0] for name in fns}
-        outs = {name: [] for name in fns}
-        for rep in range(2):
-            for s in srcs:
-                for name, (opts, fn) in fns.items():
-                    t0 = time.perf_counter()
-                    r = fn(s) if opts is None else fn(models[name], s)
-                    el = time.perf_counter() - t0
-                    toks = r if isinstance(r, list) else r.tokens[0]
-                    if rep == 1:  # the first pass warms caches and builds packed weights
-                        totals[name][0] += el
-                        totals[name][1] += len(toks)
-                        outs[name].append(toks)
-        ref = outs["greedy fp32"]
-        for name, (sec, ntok) in totals.items():
-            same = sum(a == b for a, b in zip(outs[name], ref if "int8" not in name else outs["greedy int8"]))
-            rows.append(dict(decoder=name, tok_s=round(ntok / sec, 1), same_as_greedy=round(same / len(ref), 3)))
-            print(
-                f"bundle {Path(bundle).name} threads={threads} batch 1: {name:45s} {ntok / sec:8.1f} tok/s  "
-                f"same output as our greedy of that precision: {same / len(ref):.0%}",
-                flush=True,
-            )
-    return rows
-
-
-def bench_regimes(
-    runs: list[str],
-    threads: int = 1,
-    batch_sizes=(1, 32),
-    reps: int = 2,
-    n_sent: int = 80,
-    draft_vocab: int = 1000,
-    dtype: str = "fp32",
-    rules=(),
-):
-    """Trained runs (e.g. make demo's heads/*-k4, or make demo-lm's) on the bundled validation sources: greedy vs
-    exact blockwise (plain, adaptive, and both with the draft vocabulary), every decoder on the same batches, taking
-    turns by chunks of ~1/8 of them (order reversed every chunk), the first pass a warm-up; speedup = greedy seconds /
-    decoder seconds,
-    greedy of the same `dtype`; with dtype bf16 / int8 also greedy fp32 and every decoder's speedup over it; `rules`
-    (e.g. top2, distance:1): also blockwise under those acceptance rules (draft vocabulary, int8 proposals). A
-    decoder-only run is prompted with each English source as its prompt-format translation into French (what
-    make demo-lm trains and evaluates); its family's text adapter makes the ids either way."""
-    import copy
-    import gzip
-
-    from bpd_train.decoding import blockwise
-    from bpd_train.decoding.common import decoding_mode, start_rows, stop_ids
-    from bpd_train.decoding.settings import draft_vocabulary
-    from bpd_train.loading import load
-
-    torch.set_num_threads(threads)
-    with gzip.open(ROOT / "data" / "bible-en-fr" / "validation.jsonl.gz", "rt", encoding="utf-8") as f:
-        lines = [json.loads(x)["translation"]["en"] for x in f]
-    rows = []
-    for run in runs:
-        loaded = load(run, map_location="cpu")
-        m = loaded.model.eval()
-        family = loaded.family
-        text = family.text_adapter(loaded, "en", "fr") if family.prompted else family.text_adapter(loaded)
-        stops = stop_ids(m)
-        mf = copy.deepcopy(m) if dtype != "fp32" else None  # fp32 greedy, the reference of a lower precision
-        md = copy.deepcopy(m)  # its own packed weights: switching options on one model would repack every call
-        m.decode_options = DecodeOptions(dtype=dtype)
-        md.decode_options = DecodeOptions(dtype=dtype, draft_vocab=draft_vocabulary(text.sp, draft_vocab, stops))
-        mp = copy.deepcopy(m)  # the draft vocabulary with int8 proposals (head 1 still verifies in `dtype`)
-        mp.decode_options = DecodeOptions(
-            dtype=dtype, draft_vocab=draft_vocabulary(text.sp, draft_vocab, stops), proposal_dtype="int8"
-        )
-        step = max(1, len(lines) // n_sent)
-        srcs = sorted((text.source_ids(t) for t in lines[::step][:n_sent]), key=len)
-        ml = (1.5, 10)
-        fns = {
-            "greedy": lambda s: greedy(m, s, max_len=ml),
-            "plain": lambda s: blockwise(m, s, max_len=ml),
-            "adaptive": lambda s: blockwise(m, s, max_len=ml, adaptive=True),
-            f"draft {draft_vocab}": lambda s: blockwise(md, s, max_len=ml),
-            f"draft {draft_vocab} adaptive": lambda s: blockwise(md, s, max_len=ml, adaptive=True),
-            f"draft {draft_vocab} int8 proposals": lambda s: blockwise(mp, s, max_len=ml),
-            f"draft {draft_vocab} int8 proposals adaptive": lambda s: blockwise(mp, s, max_len=ml, adaptive=True),
-        }
-        for rule in rules:
-            fns[f"draft {draft_vocab} int8 proposals {rule}"] = lambda s, r=rule: blockwise(mp, s, max_len=ml, accept=r)
-        if mf is not None:
-            fns["greedy fp32"] = lambda s: greedy(mf, s, max_len=ml)
-
-        def prefill(s):  # what every decoder does before its first step: the source's encoder / the prompt's cache
-            with decoding_mode(m):
-                rows = start_rows(m, s, ml)
-                return m.start_decoding(m.encode(rows.src), rows.cap)
-
-        fns["prefill"] = prefill
-        for bs in batch_sizes:
-            batches = [text.batch(srcs[i : i + bs]) for i in range(0, len(srcs), bs)]  # padded as evaluate pads
-            sec = {k: 0.0 for k in fns}
-            out = {k: [] for k in fns}
-            hist = {k: collections.Counter() for k in fns}
-            per_pass = {k: [0.0] * reps for k in fns}
-            # decoders take turns by chunks of ~1/8 of the batches (order reversed every chunk), each turn after one
-            # untimed call: a decoder serves its batches as a server would, its own weights warm in the caches
-            # (interleaved per batch, every call started on caches another copy of the weights had filled); whole
-            # passes per decoder (~0.5 s each) let the machine's drift move single decoders by 10-30%
-            size = max(1, len(batches) // 8)
-            chunks = [batches[i : i + size] for i in range(0, len(batches), size)]
-            turns = [
-                (rep, name, chunk)
-                for rep in range(reps + 1)
-                for ci, chunk in enumerate(chunks)
-                for name in (list(fns) if (rep * len(chunks) + ci) % 2 == 0 else list(fns)[::-1])
-            ]
-            for rep, name, chunk in turns:
-                fns[name](chunk[0])  # untimed: the turn starts on warm caches, whichever decoder came before
-                for b in chunk:
-                    t0 = time.perf_counter()
-                    r = fns[name](b)
-                    el = time.perf_counter() - t0
-                    if rep:
-                        sec[name] += el
-                        per_pass[name][rep - 1] += el
-                    if rep == reps and name != "prefill":
-                        out[name] += r.tokens
-                        hist[name].update(r.accepted_hist)
-            pre = sec.pop("prefill")
-            # BPD changes only the steps after the prefill: their speedup, greedy's steps over the decoder's
-            print(
-                f"regime {Path(run).name:12s} {dtype:4s} batch {bs:2d} prefill (encoder / prompt) "
-                f"{pre / sec['greedy']:.0%} of greedy's time",
-                flush=True,
-            )
-            for name in [n for n in fns if n != "prefill"]:
-                h = hist[name]
-                khat = sum(k * v for k, v in h.items()) / max(1, sum(h.values()))
-                same = sum(a == b for a, b in zip(out[name], out["greedy"])) / len(srcs)
-                row = dict(
-                    run=Path(run).name,
-                    batch=bs,
-                    threads=threads,
-                    dtype=dtype,
-                    decoder=name,
-                    speedup=round(sec["greedy"] / sec[name], 3),
-                    khat=round(khat, 2),
-                    same=round(same, 3),
-                    seconds=round(sec[name] / reps, 3),
-                    steps_speedup=round((sec["greedy"] - pre) / max(sec[name] - pre, 1e-9), 3),
-                    prefill_share=round(pre / sec["greedy"], 3),
-                    pass_speedups=[round(g / d, 3) for g, d in zip(per_pass["greedy"], per_pass[name])],
-                )
-                if mf is not None:
-                    row["speedup_vs_fp32_greedy"] = round(sec["greedy fp32"] / sec[name], 3)
-                rows.append(row)
-                vs = f"  {row['speedup_vs_fp32_greedy']:.3f}x vs greedy fp32" if mf is not None else ""
-                print(
-                    f"regime {row['run']:12s} {dtype:4s} batch {bs:2d} {name:22s} {row['speedup']:.3f}x "
-                    f"(steps {row['steps_speedup']:.3f}x; passes {min(row['pass_speedups']):.2f}-"
-                    f"{max(row['pass_speedups']):.2f}x)  k^ {khat:.2f}  "
-                    f"same as greedy {same:.0%}  ({sec[name] / reps:.3f} s per pass){vs}",
-                    flush=True,
-                )
-    return rows
-
-
 def _command(argv) -> str:
     """The command line as a user would type it, for the tables' header (run folders relative to the checkout)."""
     args = sys.argv[1:] if argv is None else list(argv)
@@ -852,13 +511,17 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.quick:
         a.threads, a.sizes, a.reps = [1], ["demo"], 5
-    if a.kernels:
+    if a.kernels or a.regimes:  # one bench alone: its rows, with the machine and the command that made them
         print(
             f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}, "
             f"load {os.getloadavg()[0]:.2f}",
             flush=True,
         )
-        rows = bench_kernels(a.sizes, threads=a.threads[0], reps=a.reps)
+        if a.kernels:
+            key, rows = "kernels", bench_kernels(a.sizes, threads=a.threads[0], reps=a.reps)
+        else:
+            opts = dict(threads=a.threads[0], batch_sizes=a.batch, reps=a.passes, rules=tuple(a.rules))
+            key, rows = "regimes", [r for dt in a.dtype for r in bench_regimes(a.regimes, dtype=dt, **opts)]
         print(
             json.dumps(
                 {
@@ -867,33 +530,7 @@ def main(argv=None) -> int:
                     "torch": torch.__version__,
                     "date": time.strftime("%Y-%m-%d", time.gmtime()),
                     "command": _command(argv),
-                    "kernels": rows,
-                }
-            )
-        )
-        return 0
-    if a.regimes:
-        print(
-            f"CPU: {cpu_model()} ({os.cpu_count()} cores), torch {torch.__version__}, engine {engine_name()}, "
-            f"load {os.getloadavg()[0]:.2f}",
-            flush=True,
-        )
-        rows = [
-            r
-            for dt in a.dtype
-            for r in bench_regimes(
-                a.regimes, threads=a.threads[0], batch_sizes=a.batch, reps=a.passes, dtype=dt, rules=tuple(a.rules)
-            )
-        ]
-        print(
-            json.dumps(
-                {
-                    "cpu": cpu_model(),
-                    "engine": engine_name(),
-                    "torch": torch.__version__,
-                    "date": time.strftime("%Y-%m-%d", time.gmtime()),
-                    "command": _command(argv),
-                    "regimes": rows,
+                    key: rows,
                 }
             )
         )
@@ -913,7 +550,14 @@ def main(argv=None) -> int:
             for size in a.sizes
             if size in SIZES
             for row in (
-                bench_ct2(a.threads, [1, 32] if not a.quick else [4], n_sent=64 if not a.quick else 8, size=size) or []
+                bench_ct2(
+                    lambda: make_model(size, k=1),
+                    a.threads,
+                    [1, 32] if not a.quick else [4],
+                    n_sent=64 if not a.quick else 8,
+                    size=size,
+                )
+                or []
             )
         ]
     if a.bundle:
