@@ -382,7 +382,8 @@ def demo_speedups(device, demo_dir: Path, sentences: int = 64, repeats: int = 2)
 
     runs = sorted(p for p in demo_dir.glob("*/heads/*") if (p / "checkpoints").is_dir())
     if not runs:
-        return {"present": False, "looked_in": str(demo_dir)}
+        where = demo_dir.resolve()
+        return {"present": False, "looked_in": str(where.relative_to(ROOT) if where.is_relative_to(ROOT) else where)}
     out = {"present": True}
     for run in runs:
         lm = load(run, map_location=device)

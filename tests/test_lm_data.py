@@ -10,7 +10,7 @@ pytest.importorskip("tokenizers")
 
 from _lm_tiny import make_tokenizer  # noqa: E402
 
-from bpd_train.data.lm.records import IGNORE, LMDataError, LMEncoder, collate_lm, load_lm_jsonl, translation_prompt  # noqa: E402
+from bpd_train.data.lm.processing import IGNORE, LMDataError, LMEncoder, collate_lm, load_lm_jsonl, translation_prompt  # noqa: E402
 from bpd_train.data.lm.tokenizer import LMTokenizer  # noqa: E402
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bpd_train.data.lm.records import IGNORE, LMDataError
+from bpd_train.data.lm.processing import IGNORE, LMDataError
 
 REPO = Path(__file__).resolve().parent.parent
 

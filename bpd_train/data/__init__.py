@@ -4,7 +4,7 @@ Shared by both model families (bpd_train/families): corpus.py (parallel corpora)
 sentencepiece model), hf_tokenizer.py (an imported model's tokenizer folder), sampler.py, batches.py (the
 resumable, rank-sharded data module base) and distilled.py (distilled-corpus shards). Per family:
   mt/   processing.py (source/target encoding and filtering, collate), datamodule.py (BPDDataModule)
-  lm/   records.py (prompt/response and chat records, collate_lm), tokenizer.py (tokenizer.json folders),
+  lm/   processing.py (prompt/response and chat records, collate_lm), tokenizer.py (tokenizer.json folders),
         datamodule.py (LMDataModule)
 
 Imports are lazy so that `import bpd_train.data` stays cheap (datasets and Lightning load on first use).

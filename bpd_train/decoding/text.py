@@ -7,7 +7,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from bpd_train.data.lm.records import CONTEXT_POLICIES, LMDataError, prompt_of, translation_prompt
+from bpd_train.data.lm.processing import CONTEXT_POLICIES, LMDataError, prompt_of, translation_prompt
 from bpd_train.decoding.settings import DecodeError
 from bpd_train.scoring import one_line  # noqa: F401 - re-exported: the decoders' callers import it here
 
@@ -47,7 +47,7 @@ class SpmText:
 
 class LMText:
     """SpmText's interface for a decoder-only model. A source is a text or a chat:
-      a text      its prompt-format translation prompt ("English: ...\nFrench:", data/lm/records.py) when languages
+      a text      its prompt-format translation prompt ("English: ...\nFrench:", data/lm/processing.py) when languages
                   are given, else the prompt itself (prompt/response records, the generate CLI)
       a chat      a list of {"role", "content"} messages (evaluation on `messages` records; the CLI's --chat),
                   rendered with the tokenizer's chat template (a trailing assistant message is the reference, not

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from bpd_train.data.lm.records import LMDataError, prompt_of
+from bpd_train.data.lm.processing import LMDataError, prompt_of
 
 
 def row_seed(seed: int, record_id: str) -> int:

@@ -154,7 +154,7 @@ def _lm_shards(job, worker: Worker, todo: list[dict], model, stats: dict, device
             rec = distilled_record(r, a, tok, src_lang=src_lang, tgt_lang=tgt_lang, where=f"record {i}")
             if rec is None:
                 empty += 1
-                from bpd_train.data.lm.records import prompt_of
+                from bpd_train.data.lm.processing import prompt_of
 
                 rec = {"prompt": prompt_of(r, tok, src_lang, tgt_lang, f"record {i}")[0], "response": None}
             records.append({"id": i, **rec, "teacher_ids": a, "gold": _gold(r, tgt_lang)})

@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from bpd_train.data.distilled import DistillError, find_distilled_corpus, read_manifest
-from bpd_train.data.lm.records import load_lm_jsonl
+from bpd_train.data.lm.processing import load_lm_jsonl
 from bpd_train.data.sampler import evenly_spaced
 from bpd_train.decoding.settings import DecodeError as EvalError
 

@@ -2,7 +2,7 @@
 
 config, model     bpd_train/model/lm/config.py LMConfig, model/lm/model.py LMModel
 decode steps      bpd_train/engine/lm.py LMDecodeWeights
-data              bpd_train/data/lm/: prompt/response or chat records (records.py), or the translation corpus as
+data              bpd_train/data/lm/: prompt/response or chat records (processing.py), or the translation corpus as
                   prompts; batches of tokens/targets (datamodule.py LMDataModule); tokenizer.json folders
                   (tokenizer.py) or the corpus's sentencepiece model behind SpmLMTokenizer
 text adapter      decoding/text.py LMText: a prompt, a prompt-format translation or a chat -> ids
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bpd_train.data.distilled import DistillError
-from bpd_train.data.lm.records import load_lm_jsonl
+from bpd_train.data.lm.processing import load_lm_jsonl
 from bpd_train.data.lm.tokenizer import RunLMTokenizer
 from bpd_train.decoding.text import LMText
 from bpd_train.families.base import ModelFamily, register
@@ -91,7 +91,7 @@ class LMFamily(ModelFamily):
 
     # ------------------------------------------------------------------------------------------------ tokenizers
     def tokenizer(self, loaded):
-        """The LMTokenizer interface (data/lm/records.py, distillation/self_lm, the decoders): the model's own tokenizer.json
+        """The LMTokenizer interface (data/lm/processing.py, distillation/self_lm, the decoders): the model's own tokenizer.json
         folder, or the corpus's sentencepiece model it was trained from scratch with."""
         if loaded.own_tokenizer:
             return RunLMTokenizer(loaded.tokenizer_path, hash=loaded.tokenizer_hash)

@@ -1,2 +1,2 @@
-"""The decoder-only family's data: prompt/response records (records.py), tokenizer.json folders (tokenizer.py)
+"""The decoder-only family's data: prompt/response records (processing.py), tokenizer.json folders (tokenizer.py)
 and LMDataModule (datamodule.py)."""

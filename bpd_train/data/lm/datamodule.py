@@ -1,4 +1,4 @@
-"""`LMDataModule`: the decoder-only family's batches. Prompt/response records (encoded by data/lm/records.py) ->
+"""`LMDataModule`: the decoder-only family's batches. Prompt/response records (encoded by data/lm/processing.py) ->
 tokens/targets batches, token-bucketed, sharded and resumable as data/batches.py makes every family's.
 
 Config (`data.lm`, all optional):
@@ -28,7 +28,7 @@ from bpd_train.data import distilled
 from bpd_train.data.corpus import _get, load_corpus
 from bpd_train.data.batches import TokenBatchesDataModule
 from bpd_train.data.hf_tokenizer import TokenizerError
-from bpd_train.data.lm.records import (CONTEXT_POLICIES, LMDataError, LMEncoder, ResponseTooLong, collate_lm,
+from bpd_train.data.lm.processing import (CONTEXT_POLICIES, LMDataError, LMEncoder, ResponseTooLong, collate_lm,
                                        load_lm_jsonl)
 from bpd_train.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, get_tokenizer
 
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 class SpmLMTokenizer:
-    """This project's sentencepiece model with the LMTokenizer interface that data/lm/records.py and the decoders
+    """This project's sentencepiece model with the LMTokenizer interface that data/lm/processing.py and the decoders
     use."""
 
     kind = "spm"
