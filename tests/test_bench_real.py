@@ -1,0 +1,45 @@
+"""bench/real.py's results page and bench/llama_cpp.py's guard, without the model or llama.cpp (both are bench-only)."""
+
+import importlib.util
+
+from conftest import REPO_ROOT
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO_ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_results_page_has_a_table_per_kind_of_row_with_its_numbers():
+    real = _load("real")
+    rows = [
+        {"what": "greedy: native fp32 vs transformers generate", "threads": 1, "native_tok_s": 40.0,
+         "transformers_tok_s": 16.0, "ratio": 2.5, "identical": True},
+        {"what": "step cost k=4 int8", "threads": 2, "greedy_tok_s": 90.0, "ratio": 0.5, "k_hat": 0.55,
+         "identical": True, "step_in_greedy_steps": 1.1, "batch": 1, "blockwise_tok_s": 45.0},
+        {"what": "run k=8 int8 lookup=3", "threads": 2, "lookup": 3, "batch": 1, "greedy_tok_s": 90.0,
+         "blockwise_tok_s": 180.0, "k_hat": 2.4, "ratio": 2.0, "identical": True},
+        {"what": "llama.cpp Q8_0", "dtype": "int8", "threads": 2, "greedy_tok_s": 60.0, "lookup3_tok_s": 70.0,
+         "ours_greedy_tok_s": 90.0, "ours_greedy_vs_llama": 1.5, "ours_blockwise_tok_s": 180.0,
+         "ours_blockwise_vs_llama": 3.0},
+    ]  # fmt: skip
+    md = real.page({"command": "python bench/real.py --threads 2", "cpu": "Test CPU", "torch": "2.13.0",
+                    "date": "2026-12-04", "rows": rows})  # fmt: skip
+    assert "`python bench/real.py --threads 2` on Test CPU" in md
+    assert "| 1 | 40.0 | 16.0 | 2.50x | True |" in md
+    assert "| 2 | k=4 int8 | 90.0 | 1.10 |" in md
+    assert "| 2 | run k=8 int8 lookup=3 | 1 | 90.0 | 180.0 | 2.40 | 2.00x | True |" in md
+    assert "its lookup3 tok/s" in md and "| 2 | Q8_0 | 60.0 | 70.0 | 90.0 | 1.50x | 180.0 | 3.00x |" in md
+
+
+def test_llama_cpp_guard_names_the_extra_when_missing():
+    lc = _load("llama_cpp")
+    why = lc.available()
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        assert why is not None and "[bench-llama]" in why
+    else:
+        assert why is None
