@@ -15,6 +15,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from bpd_train.data.sampler import evenly_spaced
+from bpd_train.decoding.common import DEFAULT_MAX_LEN
 from bpd_train.decoding.settings import max_len_arg, parse_rule
 from bpd_train.evaluation.compare import Batches, compare
 from bpd_train.evaluation.metrics import corpus_scores
@@ -82,7 +83,7 @@ class BlockwiseEval(Callback):
         batch_size: int = 16,
         block_size: int | None = None,
         accept: str = "exact",
-        max_len: Any = (1.5, 10),
+        max_len: Any = DEFAULT_MAX_LEN,
         every_n_validations: int = 1,
         warmup: int = 1,
     ):
