@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import platform
 import subprocess
@@ -73,6 +74,18 @@ def timed(fn, reps: int) -> tuple[float, object]:
     return best, out
 
 
+def user_turns(path: Path) -> list[str]:
+    """The first user turn of each chat record in a JSON-lines file."""
+    turns = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            msgs = json.loads(line).get("messages") or []
+            turns += [m["content"] for m in msgs[:1] if m.get("role") == "user"]
+    if not turns:
+        sys.exit(f"{path}: no chat records with a user turn")
+    return turns
+
+
 def with_zero_heads(model, k: int):
     from bpd_train.model.lm import LMModel
 
@@ -81,13 +94,14 @@ def with_zero_heads(model, k: int):
     return m.eval()
 
 
-def compare(a, b, prompts, new: int, reps: int, batch: int, tag: str) -> dict:
-    """Greedy with model a against exact blockwise with model b (same options), interleaved per batch."""
+def compare(a, b, prompts, new: int, reps: int, batch: int, tag: str, k: int | None = None) -> dict:
+    """Greedy with model a against exact blockwise with model b (same options; k: its first k heads, default all),
+    interleaved per batch."""
     ta = tb = 0.0
     toks = calls = 0
     same = True
     greedy(a, prompts[:batch], max_len=new)  # warm-up: packed weights, caches, threads
-    blockwise(b, prompts[:batch], accept=Exact(), max_len=new)
+    blockwise(b, prompts[:batch], block_size=k, accept=Exact(), max_len=new)
     for i in range(0, len(prompts), batch):
         rows = prompts[i : i + batch]
         for _ in range(reps):
@@ -95,7 +109,7 @@ def compare(a, b, prompts, new: int, reps: int, batch: int, tag: str) -> dict:
             g = greedy(a, rows, max_len=new)
             ta += time.perf_counter() - t
             t = time.perf_counter()
-            r = blockwise(b, rows, accept=Exact(), max_len=new)
+            r = blockwise(b, rows, block_size=k, accept=Exact(), max_len=new)
             tb += time.perf_counter() - t
         same &= g.tokens == r.tokens
         toks += sum(len(x) for x in r.tokens)
@@ -128,6 +142,14 @@ def main() -> None:
         default=[0, 3],
         help="prompt lookup settings timed with the trained heads (0: the heads alone)",
     )
+    ap.add_argument(
+        "--prompts",
+        type=Path,
+        default=None,
+        help="JSON lines of chat records (the user turns are asked; default: eight general questions), e.g. "
+        "make demo-real's held-out artifacts/real/prompts/validation.jsonl",
+    )
+    ap.add_argument("--heads-k", type=int, nargs="*", default=[], help="also time trained heads at these smaller k")
     ap.add_argument("--page", type=Path, default=None, help="also write the results as a markdown page here")
     ap.add_argument("--llama-cpp", action="store_true", help="also time llama.cpp (the bench extra) at each dtype")
     ap.add_argument("--llama-lookup", type=int, nargs="*", default=[3, 10], help="llama.cpp prompt-lookup sizes")
@@ -144,7 +166,8 @@ def main() -> None:
         spec = f"gguf:{f}"
     loaded = load(spec)
     model, tok = loaded.model, loaded.tokenizer()
-    prompts = [tok.chat_ids([{"role": "user", "content": p}]) for p in PROMPTS]
+    asked = PROMPTS if args.prompts is None else user_turns(args.prompts)
+    prompts = [tok.chat_ids([{"role": "user", "content": p}]) for p in asked]
     rows = []
     print(f"{spec}\nCPU: {cpu_name()}, torch {torch.__version__}", flush=True)
     for threads in args.threads:
@@ -162,23 +185,26 @@ def main() -> None:
             best = {}  # the fastest exact blockwise at batch 1 of this dtype
             for h in args.heads:
                 trained = load(h).model
-                for lookup in args.lookup:
+                kt = trained.config.block_size
+                for lookup, k, batch in itertools.product(
+                    args.lookup, [kt, *(k for k in args.heads_k if k < kt)], (1, 8)
+                ):
                     model.decode_options = trained.decode_options = options(model, tok, dtype, lookup)
-                    for batch in (1, 8):
-                        r = compare(
-                            model,
-                            trained,
-                            prompts,
-                            args.new_tokens,
-                            args.reps,
-                            batch,
-                            f"{h} k={trained.config.block_size} {dtype} lookup={lookup}",
-                        )
-                        r.update(threads=threads, lookup=lookup)
-                        rows.append(r)
-                        print(json.dumps(r), flush=True)
-                        if batch == 1 and r["identical"] and r["blockwise_tok_s"] > best.get("blockwise_tok_s", 0):
-                            best = r
+                    r = compare(
+                        model,
+                        trained,
+                        prompts,
+                        args.new_tokens,
+                        args.reps,
+                        batch,
+                        f"{Path(h).name} k={k} {dtype} lookup={lookup}",
+                        k=k,
+                    )
+                    r.update(threads=threads, lookup=lookup)
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
+                    if batch == 1 and r["identical"] and r["blockwise_tok_s"] > best.get("blockwise_tok_s", 0):
+                        best = r
             if args.llama_cpp and spec.startswith("gguf:"):
                 rows.append(vs_llama_cpp(spec, model, tok, prompts, args, threads, dtype, best))
     result = {
