@@ -18,8 +18,6 @@ import argparse
 import dataclasses
 import itertools
 import json
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from bench import llama_cpp  # noqa: E402
 from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
 from bpd_train.decoding.settings import draft_vocabulary  # noqa: E402
+from bpd_train.engine.fastlinear import cpu_model  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions  # noqa: E402
 from bpd_train.io import atomic_write_text  # noqa: E402
 from bpd_train.loading import load  # noqa: E402
@@ -46,14 +45,6 @@ PROMPTS = [
     "Describe a cat to someone who has never seen one.",
     "Summarize the plot of Cinderella.",
 ]
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name"))
-    except Exception:  # noqa: BLE001 - a name for the table only
-        return platform.processor() or "unknown CPU"
 
 
 def options(model, tok, dtype: str, lookup: int = 0) -> DecodeOptions:
@@ -151,9 +142,15 @@ def main() -> None:
     )
     ap.add_argument("--heads-k", type=int, nargs="*", default=[], help="also time trained heads at these smaller k")
     ap.add_argument("--page", type=Path, default=None, help="also write the results as a markdown page here")
+    ap.add_argument("--from-json", type=Path, default=None, help="write --page from an earlier run's last JSON line")
     ap.add_argument("--llama-cpp", action="store_true", help="also time llama.cpp (the bench extra) at each dtype")
     ap.add_argument("--llama-lookup", type=int, nargs="*", default=[3, 10], help="llama.cpp prompt-lookup sizes")
     args = ap.parse_args()
+    if args.from_json is not None:
+        if args.page is None:
+            sys.exit("--from-json needs --page")
+        atomic_write_text(args.page, page(json.loads(args.from_json.read_text().strip().splitlines()[-1])))
+        return
     if args.llama_cpp and (why := llama_cpp.available()):
         sys.exit(why)
     spec = args.model
@@ -169,7 +166,7 @@ def main() -> None:
     asked = PROMPTS if args.prompts is None else user_turns(args.prompts)
     prompts = [tok.chat_ids([{"role": "user", "content": p}]) for p in asked]
     rows = []
-    print(f"{spec}\nCPU: {cpu_name()}, torch {torch.__version__}", flush=True)
+    print(f"{spec}\nCPU: {cpu_model()}, torch {torch.__version__}", flush=True)
     for threads in args.threads:
         torch.set_num_threads(threads)
         if not args.no_transformers and spec.startswith("gguf:"):
@@ -209,7 +206,7 @@ def main() -> None:
                 rows.append(vs_llama_cpp(spec, model, tok, prompts, args, threads, dtype, best))
     result = {
         "model": spec,
-        "cpu": cpu_name(),
+        "cpu": cpu_model(),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
         "command": "python bench/real.py " + " ".join(sys.argv[1:]),
@@ -256,12 +253,13 @@ def page(result: dict) -> str:
     if trained:
         out += ["## Trained heads: exact blockwise against greedy of the same precision", ""]
         out += [
-            "| threads | heads, k, dtype, lookup | batch | greedy tok/s | blockwise tok/s | k-hat | speedup | identical |",
+            "| threads | heads, k, dtype, lookup | batch | greedy tok/s | blockwise tok/s | k-hat (batch 1) | speedup "
+            "| identical |",
             "|---:|---|---:|---:|---:|---:|---:|---|",
         ]
         out += [
             f"| {r['threads']} | {r['what']} | {r['batch']} | {f(r['greedy_tok_s'])} | {f(r['blockwise_tok_s'])} | "
-            f"{f(r['k_hat'], 2)} | {f(r['ratio'], 2)}x | {r['identical']} |"
+            f"{f(r['k_hat'] if r['batch'] == 1 else None, 2)} | {f(r['ratio'], 2)}x | {r['identical']} |"
             for r in trained
         ]
         out.append("")

@@ -49,16 +49,26 @@ def _cpu_tag() -> str:
 
 
 def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), for the header of every table a speed goes into."""
+    """The CPU for the header of every table a speed goes into: /proc/cpuinfo's model name, its family and model
+    numbers and the widest vector instructions (a VM may name only the vendor: "AMD EPYC")."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        info = dict(
+            line.split(":", 1)
+            for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+            if ":" in line
+        )
     except OSError:
-        pass
-    import platform
+        info = {}
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    if "model name" not in info:
+        import platform
 
-    return platform.processor() or platform.machine()
+        return platform.processor() or platform.machine()
+    flags = set(info.get("flags", "").split())
+    isa = [f for f in ("amx_tile", "avx512_bf16", "avx512_vnni", "avx512f", "avx2") if f in flags][:3] or ["no AVX2"]
+    return (
+        f"{info['model name']} (family {info.get('cpu family', '?')} model {info.get('model', '?')}; {', '.join(isa)})"
+    )
 
 
 _L2: int | None = None
