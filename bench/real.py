@@ -4,7 +4,7 @@
 greedy tokens/s of the native engine against transformers' `generate` on the same file, what one k-row blockwise
 step costs in greedy steps, and, for trained heads (--heads: runs, bundles, hf: folders with heads), the exact
 blockwise speedup over greedy of the same precision at batch 1 and 8; with --llama-cpp, llama.cpp's greedy and
-prompt-lookup tokens/s at the same precision (bench/llama_cpp.py) and our greedy and best exact blockwise against it.
+prompt-lookup tokens/s at the same precision (bench/llama_peer.py) and our greedy and best exact blockwise against it.
 
 The step cost: zero-initialised Medusa heads propose what head 1 would (k̂ ~ 1), so blockwise time / greedy time is
 the cost of a k-row step in greedy steps. Every timing alternates the engines over the same prompts (one warm-up
@@ -27,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import llama_cpp  # noqa: E402
+from bench import llama_peer  # noqa: E402
 from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
 from bpd_train.decoding.settings import draft_vocabulary  # noqa: E402
 from bpd_train.engine.fastlinear import cpu_model  # noqa: E402
@@ -140,7 +140,10 @@ def main() -> None:
         help="JSON lines of chat records (the user turns are asked; default: eight general questions), e.g. "
         "make demo-real's held-out artifacts/real/prompts/validation.jsonl",
     )
-    ap.add_argument("--heads-k", type=int, nargs="*", default=[], help="also time trained heads at these smaller k")
+    ap.add_argument(
+        "--heads-k", type=int, nargs="*", default=[], help="time trained heads at these k (default: theirs)"
+    )
+    ap.add_argument("--max-prompts", type=int, default=None, help="ask only the first N prompts")
     ap.add_argument("--page", type=Path, default=None, help="also write the results as a markdown page here")
     ap.add_argument("--from-json", type=Path, default=None, help="write --page from an earlier run's last JSON line")
     ap.add_argument("--llama-cpp", action="store_true", help="also time llama.cpp (the bench extra) at each dtype")
@@ -151,7 +154,7 @@ def main() -> None:
             sys.exit("--from-json needs --page")
         atomic_write_text(args.page, page(json.loads(args.from_json.read_text().strip().splitlines()[-1])))
         return
-    if args.llama_cpp and (why := llama_cpp.available()):
+    if args.llama_cpp and (why := llama_peer.available()):
         sys.exit(why)
     spec = args.model
     if spec is None:
@@ -163,7 +166,7 @@ def main() -> None:
         spec = f"gguf:{f}"
     loaded = load(spec)
     model, tok = loaded.model, loaded.tokenizer()
-    asked = PROMPTS if args.prompts is None else user_turns(args.prompts)
+    asked = (PROMPTS if args.prompts is None else user_turns(args.prompts))[: args.max_prompts]
     prompts = [tok.chat_ids([{"role": "user", "content": p}]) for p in asked]
     rows = []
     print(f"{spec}\nCPU: {cpu_model()}, torch {torch.__version__}", flush=True)
@@ -184,7 +187,7 @@ def main() -> None:
                 trained = load(h).model
                 kt = trained.config.block_size
                 for lookup, k, batch in itertools.product(
-                    args.lookup, [kt, *(k for k in args.heads_k if k < kt)], (1, 8)
+                    args.lookup, [k for k in args.heads_k if k <= kt] or [kt], (1, 8)
                 ):
                     model.decode_options = trained.decode_options = options(model, tok, dtype, lookup)
                     r = compare(
@@ -279,7 +282,8 @@ def page(result: dict) -> str:
                 f"| {r['threads']} | {r['what'].removeprefix('llama.cpp ')} | {f(r['greedy_tok_s'])} | "
                 + " | ".join(cells)
                 + f" | {f(r['ours_greedy_tok_s'])} | {f(r['ours_greedy_vs_llama'], 2)}x | "
-                f"{f(r.get('ours_blockwise_tok_s'))} | {f(r.get('ours_blockwise_vs_llama'), 2)}x |"
+                f"{f(r.get('ours_blockwise_tok_s'))} | {f(r.get('ours_blockwise_vs_llama'), 2)}"
+                + ("x |" if r.get("ours_blockwise_vs_llama") else " |")
             )
         out.append("")
     return "\n".join(out)
@@ -290,7 +294,7 @@ def vs_llama_cpp(spec: str, model, tok, prompts, args, threads: int, dtype: str,
     blockwise of the same dtype."""
     stops = set(model.config.eos_ids or [model.config.eos_id])
     src = Path(spec.removeprefix("gguf:"))
-    r = llama_cpp.bench(src, dtype, prompts, args.new_tokens, threads, stops, args.reps, args.llama_lookup)
+    r = llama_peer.bench(src, dtype, prompts, args.new_tokens, threads, stops, args.reps, args.llama_lookup)
     model.decode_options = options(model, tok, dtype)
     greedy(model, prompts[:1], max_len=args.new_tokens)  # warm-up
     sec, out = timed(lambda: [greedy(model, [p], max_len=args.new_tokens).tokens[0] for p in prompts], args.reps)

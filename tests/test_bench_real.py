@@ -1,4 +1,4 @@
-"""bench/real.py's results page and bench/llama_cpp.py's guard, without the model or llama.cpp (both are bench-only)."""
+"""bench/real.py's results page and bench/llama_peer.py's guard, without the model or llama.cpp (both are bench-only)."""
 
 import importlib.util
 
@@ -38,7 +38,7 @@ def test_results_page_has_a_table_per_kind_of_row_with_its_numbers():
 
 
 def test_llama_cpp_guard_names_the_extra_when_missing():
-    lc = _load("llama_cpp")
+    lc = _load("llama_peer")
     why = lc.available()
     try:
         import llama_cpp  # noqa: F401
