@@ -152,7 +152,10 @@ def main() -> None:
     if args.from_json is not None:
         if args.page is None:
             sys.exit("--from-json needs --page")
-        atomic_write_text(args.page, page(json.loads(args.from_json.read_text().strip().splitlines()[-1])))
+        runs = [ln for ln in args.from_json.read_text().splitlines() if ln.startswith('{"model"')]
+        if not runs:
+            sys.exit(f"{args.from_json}: no result line (the JSON object bench/real.py prints last)")
+        atomic_write_text(args.page, page(json.loads(runs[-1])))
         return
     if args.llama_cpp and (why := llama_peer.available()):
         sys.exit(why)
@@ -220,10 +223,26 @@ def main() -> None:
     print(json.dumps(result))
 
 
+def _table(title: str, header: list[str], align: str, lines: list[list[str]]) -> list[str]:
+    """A markdown section: title, header row, alignment row (one letter per column: l or r), one row per line."""
+    if not lines:
+        return []
+    rule = "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"
+    return [
+        f"## {title}",
+        "",
+        "| " + " | ".join(header) + " |",
+        rule,
+        *("| " + " | ".join(c) + " |" for c in lines),
+        "",
+    ]
+
+
 def page(result: dict) -> str:
     """The markdown results page of one run: every table from its rows, headed by the command and the CPU."""
     rows = result["rows"]
     f = lambda x, d=1: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
+    fx = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
     out = [
         "# SmolLM2-135M-Instruct on a CPU: measured decoding speed",
         "",
@@ -232,60 +251,93 @@ def page(result: dict) -> str:
         "with greedy of the same precision.",
         "",
     ]
-    greedy_rows = [r for r in rows if "native_tok_s" in r]
-    if greedy_rows:
-        out += ["## Greedy: native fp32 against transformers' generate", ""]
-        out += ["| threads | native tok/s | transformers tok/s | ratio | identical |", "|---:|---:|---:|---:|---|"]
-        out += [
-            f"| {r['threads']} | {f(r['native_tok_s'])} | {f(r['transformers_tok_s'])} | {f(r['ratio'], 2)}x | "
-            f"{r['identical']} |"
-            for r in greedy_rows
-        ]
-        out.append("")
-    steps = [r for r in rows if "step_in_greedy_steps" in r]
-    if steps:
-        out += ["## What a k-row step costs (zero-initialised Medusa heads)", ""]
-        out += ["| threads | step | greedy tok/s | step cost, greedy steps |", "|---:|---|---:|---:|"]
-        out += [
-            f"| {r['threads']} | {r['what'].removeprefix('step cost ')} | {f(r['greedy_tok_s'])} | "
-            f"{f(r['step_in_greedy_steps'], 2)} |"
-            for r in steps
-        ]
-        out.append("")
-    trained = [r for r in rows if "lookup" in r and "ratio" in r]
-    if trained:
-        out += ["## Trained heads: exact blockwise against greedy of the same precision", ""]
-        out += [
-            "| threads | heads, k, dtype, lookup | batch | greedy tok/s | blockwise tok/s | k-hat (batch 1) | speedup "
-            "| identical |",
-            "|---:|---|---:|---:|---:|---:|---:|---|",
-        ]
-        out += [
-            f"| {r['threads']} | {r['what']} | {r['batch']} | {f(r['greedy_tok_s'])} | {f(r['blockwise_tok_s'])} | "
-            f"{f(r['k_hat'] if r['batch'] == 1 else None, 2)} | {f(r['ratio'], 2)}x | {r['identical']} |"
-            for r in trained
-        ]
-        out.append("")
+    out += _table(
+        "Greedy: native fp32 against transformers' generate",
+        ["threads", "native tok/s", "transformers tok/s", "ratio", "identical"],
+        "rrrrl",
+        [
+            [str(r["threads"]), f(r["native_tok_s"]), f(r["transformers_tok_s"]), fx(r["ratio"]), str(r["identical"])]
+            for r in rows
+            if "native_tok_s" in r
+        ],
+    )
+    out += _table(
+        "What a k-row step costs (zero-initialised Medusa heads)",
+        ["threads", "step", "greedy tok/s", "step cost, greedy steps"],
+        "rlrr",
+        [
+            [
+                str(r["threads"]),
+                r["what"].removeprefix("step cost "),
+                f(r["greedy_tok_s"]),
+                f(r["step_in_greedy_steps"], 2),
+            ]
+            for r in rows
+            if "step_in_greedy_steps" in r
+        ],
+    )
+    out += _table(
+        "Trained heads: exact blockwise against greedy of the same precision",
+        [
+            "threads",
+            "heads, k, dtype, lookup",
+            "batch",
+            "greedy tok/s",
+            "blockwise tok/s",
+            "k-hat (batch 1)",
+            "speedup",
+            "identical",
+        ],  # fmt: skip
+        "rlrrrrrl",
+        [
+            [
+                str(r["threads"]),
+                r["what"],
+                str(r["batch"]),
+                f(r["greedy_tok_s"]),
+                f(r["blockwise_tok_s"]),
+                f(r["k_hat"] if r["batch"] == 1 else None, 2),
+                fx(r["ratio"]),
+                str(r["identical"]),
+            ]  # fmt: skip
+            for r in rows
+            if "lookup" in r and "ratio" in r
+        ],
+    )
     llama = [r for r in rows if r.get("what", "").startswith("llama.cpp")]
-    if llama:
-        looks = sorted({k for r in llama for k in r if k.startswith("lookup") and k.endswith("_tok_s")})
-        out += ["## Against llama.cpp (batch 1, the same prompts; our int8 against its Q8_0, fp32 against F32)", ""]
-        out += [
-            "| threads | llama.cpp | its greedy tok/s | "
-            + " | ".join(f"its {k.removesuffix('_tok_s')} tok/s" for k in looks)
-            + " | our greedy tok/s | ours / its greedy | our best exact blockwise tok/s | ours / its greedy |",
-            "|---:|---|---:|" + "---:|" * len(looks) + "---:|---:|---:|---:|",
-        ]
-        for r in llama:
-            cells = [f(r.get(k)) for k in looks]
-            out.append(
-                f"| {r['threads']} | {r['what'].removeprefix('llama.cpp ')} | {f(r['greedy_tok_s'])} | "
-                + " | ".join(cells)
-                + f" | {f(r['ours_greedy_tok_s'])} | {f(r['ours_greedy_vs_llama'], 2)}x | "
-                f"{f(r.get('ours_blockwise_tok_s'))} | {f(r.get('ours_blockwise_vs_llama'), 2)}"
-                + ("x |" if r.get("ours_blockwise_vs_llama") else " |")
-            )
-        out.append("")
+    looks = sorted(
+        {k.removesuffix("_tok_s") for r in llama for k in r if k.startswith("lookup") and k.endswith("_tok_s")}
+    )
+    out += _table(
+        "Against llama.cpp (batch 1, the same prompts; our int8 against its Q8_0, fp32 against F32)",
+        [
+            "threads",
+            "llama.cpp",
+            "its greedy tok/s",
+            *(f"its {n} tok/s" for n in looks),
+            "our greedy tok/s",
+            "ours / its greedy",
+            "our best exact blockwise tok/s",
+            "ours / its greedy",
+        ],  # fmt: skip
+        "rlr" + "r" * len(looks) + "rrrr",
+        [
+            [
+                str(r["threads"]),
+                r["what"].removeprefix("llama.cpp "),
+                f(r["greedy_tok_s"]),
+                *(
+                    f(r.get(f"{n}_tok_s")) + ("" if r.get(f"{n}_identical", True) else " (output changed)")
+                    for n in looks
+                ),
+                f(r["ours_greedy_tok_s"]),
+                fx(r["ours_greedy_vs_llama"]),
+                f(r.get("ours_blockwise_tok_s")),
+                fx(r.get("ours_blockwise_vs_llama")),
+            ]  # fmt: skip
+            for r in llama
+        ],
+    )
     return "\n".join(out)
 
 
