@@ -165,6 +165,28 @@ def test_screened_argmax_is_the_fp32_argmax_whatever_the_ties():
 
 
 @native
+def test_screen_decides_rows_with_outlier_features_without_the_full_pass():
+    """LLM hidden states have a few features far above the rest (max |x| near 20 rms): one int8 pass's activation
+    error then lets hundreds of tokens through; the residual pass keeps the candidates few, no row takes the full
+    fp32 pass, and the argmax is the fp32 one."""
+    ext = native_kernels()
+    torch.manual_seed(0)
+    n, k = 8192, 256
+    w = torch.randn(n, k) * 0.05
+    scr, full = PackedLinear(w, None, "fp32", screen=True), PackedLinear(w, None, "fp32")
+    x = torch.randn(64, k)
+    x[:, 5] *= 25.0  # outlier features, as in a real model's final states
+    x[:, 77] *= -18.0
+    nw, nb = torch.ones(k), torch.zeros(k)
+    ext.screen_stats(True)
+    got = ext.norm_project_argmax(x, nw, nb, 1e-5, scr.lin)
+    rows, full_rows, cands = ext.screen_stats(True)
+    assert torch.equal(got, ext.norm_project_argmax(x, nw, nb, 1e-5, full.lin))
+    assert rows == len(x) and full_rows == 0
+    assert cands / rows < n / 512, cands / rows  # (one pass: 43 a row here)
+
+
+@native
 def test_screened_projection_changes_no_token_and_no_step(monkeypatch):
     """fp32 decoding reads head 1 (and full-vocabulary fp32 proposals) through the int8 screen; BPD_SCREEN=0 turns
     it off. Greedy, exact and top-2 blockwise, chained heads, batch 1 and 6: the same tokens, calls and accepted

@@ -47,6 +47,13 @@ std::tuple<std::vector<double>, int64_t> profile(bool enable, bool reset) {
   return {out, steps};
 }
 
+// screened argmax rows since the last reset: (rows, rows decided by the full fp32 pass, candidates computed exactly)
+std::tuple<int64_t, int64_t, int64_t> screen_stats(bool reset) {
+  std::tuple<int64_t, int64_t, int64_t> out{g_screen_rows.load(), g_screen_full.load(), g_screen_cand.load()};
+  if (reset) g_screen_rows = g_screen_full = g_screen_cand = 0;
+  return out;
+}
+
 std::string isa() { return BPD_NATIVE_ISA; }
 bool bf16_dot() { return BPD_BF16_DOT; }
 bool i8_dot() { return BPD_I8_DOT; }
@@ -174,6 +181,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_steps", &block_steps);
   m.def("batch_block_steps", &batch_block_steps);
   m.def("profile", &profile);
+  m.def("screen_stats", &screen_stats, "screened argmax rows, full-pass rows, exact candidates since the last reset");
   m.def("copy_rows", &copy_rows, "rows dst of x = rows src (cache reorders)");
   m.def("param_states", &param_states, "a module tree's parameter (data pointer, version, on CPU) as bytes");
   // decoder-only models (model/lm.py)

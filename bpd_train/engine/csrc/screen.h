@@ -6,14 +6,14 @@
 #include "step.h"
 
 // An argmax over an fp32 projection's outputs without computing every output in fp32. An int8 copy of the weights
-// (the I8D kernels: int8 activations x int8 weights) gives every output n an approximation a_n with a proven bound
+// (the I8D kernels: int8 activations x int8 weights; each row and its residual, see screened_ids) gives every output n an approximation a_n with a proven bound
 // |z_n - a_n| <= E_n on its distance from the fp32 kernel's own result z_n (int8 rounding of the activation and of
 // the weights, the fp32 FMA chain's rounding, the roundings of a_n itself; see screened_ids). Only the outputs whose
 // a_n + E_n reaches max_m (a_m - E_m) can be the argmax; those are computed exactly as the fp32 kernel computes them
 // (the same FMA chain, in order, from zero; then the bias), and the first largest wins: the fp32 argmax, the same id
-// and the same logit bits, for a quarter of the weight bytes read plus a few exact rows.
+// and the same logit bits, for a quarter of the weight bytes read (two int8 rows) plus a few exact rows.
 struct Screen {
-  Lin q;                        // the int8-compute copy (mode I8D), bias included
+  Lin q;                        // the int8-compute copy (mode I8D), no bias (screened_ids adds it once)
   torch::Tensor w1, w2, e2;     // per output: sum_k |w_nk|, ||w_n||_2 and ||w_n - s_n q_n||_2, float, rounded up
   torch::Tensor w;              // the fp32 weight [N, K], row-major: a candidate's exact output reads one row
 };
@@ -38,7 +38,7 @@ void Lin::add_screen(const torch::Tensor& w) {
     w2.narrow(0, r0, r).copy_(wd.square().sum(1).sqrt() * up);
     e2.narrow(0, r0, r).copy_((wd - q * ss.to(torch::kDouble)).square().sum(1).sqrt() * up);
   }
-  screen = std::make_shared<const Screen>(Screen{Lin(pk[0], pk[1], bias, N, K, I8D), w1, w2, e2, wc});
+  screen = std::make_shared<const Screen>(Screen{Lin(pk[0], pk[1], c10::nullopt, N, K, I8D), w1, w2, e2, wc});
 }
 
 // the fp32 projection's output n for one row x [K], as its kernel computes it (one FMA per k, in order, from zero;
@@ -68,19 +68,76 @@ static void exact_outputs(const Lin& p, const float* x, const int64_t* n, int64_
     for (c = 0; c < count; c++) z[c] += b[n[c]];
 }
 
+// rows screened, rows that took the full fp32 pass, candidates computed exactly (screen_stats(); atomics: rows run
+// on several threads)
+static std::atomic<int64_t> g_screen_rows{0}, g_screen_full{0}, g_screen_cand{0};
+
+// the I8D kernel's quantisation of one row (run_mode's steps: the same q and scale), as floats; returns amax
+static inline float i8_quantise(const float* x, int64_t K, float* q, float* rs) {
+  float amax = 0.0f;
+  for (int64_t k = 0; k < K; k++) amax = std::max(amax, std::fabs(x[k]));
+  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  *rs = amax / 127.0f;
+  for (int64_t k = 0; k < K; k++) q[k] = std::min(127.0f, std::max(-127.0f, std::nearbyint(x[k] * inv)));
+  return amax;
+}
+
 // argmax of proj(y) for M rows y [M][K] through proj's int8 screen (struct Screen): the fp32 argmax exactly.
-// Per row, with x the row, amax = max |x_k|, the I8D kernel's quantisation q_k = round(x_k * 127 / amax), rs = amax /
-// 127, and D_n = sum_k q_k q_nk (exact integers), a_n = D_n rs s_n + b_n in fp32 and the fp32 result
-// z_n = fl(sum_k x_k w_nk) + b_n:
-//   |sum x w - rs s D| <= ||x - rs q|| ||w_n|| + rs ||q|| ||w_n - s_n q_n||   (int8 rounding; Cauchy-Schwarz, 2-norms)
+// Two int8 passes over the same weights in one call (2M rows): the row x, quantised by the I8D kernel as rs q, and
+// its residual r = fl(x - rs q), quantised by the kernel as rr q2. LLM hidden states have outlier features (max |x_k|
+// near 20 rms): one pass's activation error ||x - rs q|| left hundreds of candidates per row, and half the rows
+// above the N / 16 cut (a full fp32 pass); the residual pass shrinks that term about 100-fold for one more int8
+// row. With D1_n = sum_k q_k q_nk, D2_n = sum_k q2_k q_nk (exact integers), a_n = (fl(D1_n rs s_n) +
+// fl(D2_n rr s_n)) + b_n in fp32, e_n = w_n - s_n q_n, rho = r - rr q2 and delta = x - rs q - r (both in double,
+// exactly enough), and the fp32 result z_n = fl(sum_k x_k w_nk) + b_n:
+//   x w_n = rs s_n D1 + rs q e_n + rr s_n D2 + rr q2 e_n + (rho + delta) w_n
+//   |rs q e_n + rr q2 e_n| <= (rs ||q|| + rr ||q2||) ||e_n||; |(rho + delta) w_n| <= (||rho|| + ||delta||) ||w_n||
 //   |fl(sum x w) - sum x w| <= (K + 2) u amax sum|w_n| (+1%)                  (K FMAs, then the bias' addition)
-//   the roundings of a_n (int -> float, two products, the bias): <= 8 u (|a_n| + |b_n|)
+//   the roundings of a_n (two passes' int -> float and two products, their sum, the bias): <= 8 u (|a1| + |a2| + |b|)
 // E_n is their sum, widened by 0.1% for its own fp32 arithmetic. Rows with a non-finite input take the full path.
 static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* out, std::vector<float>& buf) {
   const Screen& sc = *proj.screen;
   const int64_t N = proj.N, K = proj.K;
-  float* a = grow(buf, M * N);
-  lin_rows(sc.q, y, a, M);
+  Work& ws = work();
+  float* xr = grow(ws.sres, 2 * M * K);                 // rows 0..M-1: y; rows M..2M-1: their residuals
+  float* qb = grow(ws.sq, K);
+  std::vector<float>& cst = ws.scst;                     // per row: amax, cx, cq, finite
+  cst.assign(4 * M, 0.0f);
+  for (int64_t m = 0; m < M; m++) {
+    const float* x = y + m * K;
+    float* r = xr + (M + m) * K;
+    std::memcpy(xr + m * K, x, K * sizeof(float));
+    bool finite = true;
+    for (int64_t k = 0; k < K; k++) finite &= std::isfinite(x[k]);
+    if (!finite) {
+      std::memset(r, 0, K * sizeof(float));
+      continue;
+    }
+    float rs, rr;
+    const float amax = i8_quantise(x, K, qb, &rs);
+    double q2 = 0.0, dl2 = 0.0;                          // ||q||^2, ||delta||^2
+    for (int64_t k = 0; k < K; k++) {
+      r[k] = x[k] - rs * qb[k];
+      q2 += (double)qb[k] * (double)qb[k];
+    }
+    for (int64_t k = 0; k < K; k++) {
+      const double dl = ((double)x[k] - (double)rs * (double)qb[k]) - (double)r[k];
+      dl2 += dl * dl;
+    }
+    i8_quantise(r, K, qb, &rr);
+    double p2 = 0.0, rh2 = 0.0;                          // ||q2||^2, ||rho||^2
+    for (int64_t k = 0; k < K; k++) {
+      const double rh = (double)r[k] - (double)rr * (double)qb[k];
+      rh2 += rh * rh;
+      p2 += (double)qb[k] * (double)qb[k];
+    }
+    cst[4 * m] = amax;
+    cst[4 * m + 1] = (float)((std::sqrt(rh2) + std::sqrt(dl2)) * 1.0001);                      // per unit ||w_n||
+    cst[4 * m + 2] = (float)(((double)rs * std::sqrt(q2) + (double)rr * std::sqrt(p2)) * 1.0001);  // per ||e_n||
+    cst[4 * m + 3] = 1.0f;
+  }
+  float* a = grow(buf, 2 * M * N);
+  lin_rows(sc.q, xr, a, 2 * M);
   const float* w1 = sc.w1.data_ptr<float>();
   const float* w2 = sc.w2.data_ptr<float>();
   const float* e2 = sc.e2.data_ptr<float>();
@@ -93,27 +150,17 @@ static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* ou
   float* hi = grow(tw.shi, N);
   for (int64_t m = m0; m < m1; m++) {
     const float* x = y + m * K;
-    const float* am = a + m * N;
-    // the row's quantisation, by run_mode's I8D steps (the same bytes)
-    float amax = 0.0f;
-    bool finite = true;
-    for (int64_t k = 0; k < K; k++) { finite &= std::isfinite(x[k]); amax = std::max(amax, std::fabs(x[k])); }
-    if (!finite) {
+    g_screen_rows++;
+    if (cst[4 * m + 3] == 0.0f) {
+      g_screen_full++;
       float* l = grow(tw.big, N);
       lin_rows(proj, x, l, 1);
       out[m] = argmax_row(l, N);
       continue;
     }
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f, rs = amax / 127.0f;
-    double ex2 = 0.0, q2 = 0.0;                          // ||x - rs q||^2 and ||q||^2 (exact enough in double)
-    for (int64_t k = 0; k < K; k++) {
-      const float q = std::min(127.0f, std::max(-127.0f, std::nearbyint(x[k] * inv)));
-      const double d = (double)x[k] - (double)rs * (double)q;
-      ex2 += d * d;
-      q2 += (double)q * (double)q;
-    }
-    const float cx = (float)(std::sqrt(ex2) * 1.0001);                              // per unit of ||w_n||
-    const float cq = (float)(rs * std::sqrt(q2) * 1.0001);                          // per unit of ||w_n - s q_n||
+    const float* a1 = a + m * N;
+    const float* a2 = a + (M + m) * N;
+    const float amax = cst[4 * m], cx = cst[4 * m + 1], cq = cst[4 * m + 2];
     const float cf = amax * (4.0f + 1.01f * (float)(K + 2)) * u;                    // per unit of sum |w_n|
     const vf vcx = vbcast(&cx), vcq = vbcast(&cq), vcf = vbcast(&cf);
     const float c8 = 8.0f * u, g = 1.001f, t = 1e-30f;
@@ -122,21 +169,28 @@ static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* ou
     vf lov = vbcast(&ninf);
     int64_t n = 0;
     for (; n + L <= N; n += L) {
-      const vf av = vload(am + n);
-      vf mag = vabs(av);
-      if (bias) mag = vadd(mag, vabs(vload(bias + n)));
+      const vf x1 = vload(a1 + n), x2 = vload(a2 + n);
+      vf s = vadd(x1, x2);
+      vf mag = vadd(vabs(x1), vabs(x2));
+      if (bias) {
+        const vf bv = vload(bias + n);
+        s = vadd(s, bv);
+        mag = vadd(mag, vabs(bv));
+      }
       vf e = vfma(vload(w2 + n), vcx, vmul(vload(e2 + n), vcq));
       e = vfma(vload(w1 + n), vcf, e);
       e = vfma(vfma(mag, v8, e), vg, vt);
-      lov = vmax(lov, vsub(av, e));
-      vstore(hi + n, vadd(av, e));
+      lov = vmax(lov, vsub(s, e));
+      vstore(hi + n, vadd(s, e));
     }
     float lo = hmax(lov);
     for (; n < N; n++) {
-      const float mag = std::fabs(am[n]) + (bias ? std::fabs(bias[n]) : 0.0f);
+      const float b = bias ? bias[n] : 0.0f;
+      const float s = (a1[n] + a2[n]) + b;
+      const float mag = std::fabs(a1[n]) + std::fabs(a2[n]) + std::fabs(b);
       const float e = (w2[n] * cx + e2[n] * cq + w1[n] * cf + mag * c8) * g + t;
-      lo = std::max(lo, am[n] - e);
-      hi[n] = am[n] + e;
+      lo = std::max(lo, s - e);
+      hi[n] = s + e;
     }
     // the candidates, in order; more than N / 16 of them (flat logits: an untrained model, a random one) cost more
     // one row at a time than the fp32 pass over every output, which then gives the row's logits (the same bits)
@@ -147,11 +201,13 @@ static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* ou
       for (uint32_t bits = vge(vload(hi + n), vlo); bits; bits &= bits - 1) cand.push_back(n + __builtin_ctz(bits));
     for (; n < N; n++) if (hi[n] >= lo) cand.push_back(n);
     if (cand.empty() || (int64_t)cand.size() > std::max<int64_t>(8, N / 16)) {   // (empty: only if a bound is NaN)
+      g_screen_full++;
       float* l = grow(tw.big, N);
       lin_rows(proj, x, l, 1);
       out[m] = argmax_row(l, N);
       continue;
     }
+    g_screen_cand += (int64_t)cand.size();
     float* z = grow(tw.scz, cand.size());
     exact_outputs(proj, x, cand.data(), (int64_t)cand.size(), z);
     int64_t best = -1;                                   // the first largest exact output

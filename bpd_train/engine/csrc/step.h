@@ -29,6 +29,7 @@ struct Work {
   std::vector<float> shi;                    // screened argmax: each output's upper bound
   std::vector<int64_t> scand;                // screened argmax: the outputs that can win
   std::vector<float> scz;                    // screened argmax: their exact outputs
+  std::vector<float> sres, sq, scst;         // screened argmax: rows and residuals, a quantised row, per-row terms
   std::vector<float> hid, st, sy, plog;      // proposal pass
   std::vector<float> ce, cx;                 // chained proposals: embedded previous tokens, head inputs
   std::vector<int64_t> cprev;                // chained proposals: each row's previous token

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <vector>
 #include <memory>
+#include <atomic>
 #include <limits>
 #include <sys/syscall.h>
 #include <unistd.h>
