@@ -69,7 +69,9 @@ static inline void half_block_id(const uint32_t* x, int64_t K4, const int8_t* w,
 // Integer sums are exact in any order, so every output is the VNNI kernels' integer, converted to float once: int8
 // compute gives the same bits on AVX2 and AVX-512 CPUs.
 // rows x[0..RR) times outputs j0..j0+NO-1 of one block over quads p0..p1-1: from the initial accumulators (p0 = 0)
-// or on from the int32 partial sums in acc32 [RR][NB] (integer sums: any split of k gives the same integers)
+// or on from the int32 partial sums in acc32 [RR][NB] (integer sums: any split of k gives the same integers). x holds
+// each row's u8 activations widened to int16, two per uint32 ([RR][2 K4]: run_mode's I8D step widens them once per
+// call), so a row's k pair is one broadcast load.
 template <int RR, int NO>
 static inline void pass_id2(const uint32_t* x, int64_t K4, const int8_t* w, int j0, int32_t* acc32, int64_t p0,
                             int64_t p1) {
@@ -83,34 +85,46 @@ static inline void pass_id2(const uint32_t* x, int64_t K4, const int8_t* w, int 
   for (int64_t p = p0; p < p1; p++) {
     for (int hp = 0; hp < 2; hp++) {                      // k pairs (0, 1) and (2, 3) of the quad
       const int8_t* wh = wb + p * 4 * NB + hp * 2 * NB + j0 * 2;
-      __m256i xv[RR];
-      for (int a = 0; a < RR; a++) {
-        const uint32_t u = x[a * K4 + p] >> (16 * hp);
-        xv[a] = _mm256_set1_epi32((int)((u & 0xffu) | ((u & 0xff00u) << 8)));   // two u8 as two int16
-      }
-      for (int c = 0; c < NA; c++) {
-        const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(wh + 16 * c)));   // 8 outputs x 2 k
-        for (int a = 0; a < RR; a++) acc[a][c] = _mm256_add_epi32(acc[a][c], _mm256_madd_epi16(xv[a], wv));
+      if (RR == 1) {                                      // one row: each weight vector used once, loaded as needed
+        const __m256i xv = _mm256_set1_epi32((int)x[2 * p + hp]);
+        for (int c = 0; c < NA; c++) {
+          const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(wh + 16 * c)));  // 8 outputs x 2 k
+          acc[0][c] = _mm256_add_epi32(acc[0][c], _mm256_madd_epi16(xv, wv));
+        }
+      } else {                                            // several rows: each weight vector widened once for all
+        __m256i wv[NA];
+        for (int c = 0; c < NA; c++) wv[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(wh + 16 * c)));
+        for (int a = 0; a < RR; a++) {
+          const __m256i xv = _mm256_set1_epi32((int)x[a * 2 * K4 + 2 * p + hp]);
+          for (int c = 0; c < NA; c++) acc[a][c] = _mm256_add_epi32(acc[a][c], _mm256_madd_epi16(xv, wv[c]));
+        }
       }
     }
   }
   for (int a = 0; a < RR; a++)
     for (int c = 0; c < NA; c++) _mm256_storeu_si256((__m256i*)(acc32 + a * NB + j0 + 8 * c), acc[a][c]);
 }
-// One row: all 64 outputs in one pass. Two or more rows: k in chunks of QC quads, every row pair and output half
-// within a chunk while its weights are in L1, so the block streams from memory once for all rows.
-constexpr int64_t QC = 4;
+// One row: all 64 outputs in one pass. Two or more rows: k in chunks of QC quads, every group of 4 rows (16 outputs
+// at a time: 8 accumulators, each weight vector widened once for the 4), then a pair, then a last row, while the
+// chunk's weights are in L1, so the block streams from memory once for all rows.
+constexpr int64_t QC = 8;
 template <int R>
 static inline void block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out /* [R][NB] */) {
   alignas(32) int32_t acc32[R * NB];
   if (R == 1) {
     pass_id2<1, NB>(x, K4, w, 0, acc32, 0, K4);
   } else {
+    const int64_t xs = 2 * K4;                            // uint32 per row
     for (int64_t p0 = 0; p0 < K4; p0 += QC) {
       const int64_t p1 = std::min<int64_t>(K4, p0 + QC);
-      for (int i = 0; i + 1 < R; i += 2)
-        for (int j0 = 0; j0 < NB; j0 += 32) pass_id2<2, 32>(x + i * K4, K4, w, j0, acc32 + i * NB, p0, p1);
-      if (R & 1) pass_id2<1, NB>(x + (R - 1) * K4, K4, w, 0, acc32 + (R - 1) * NB, p0, p1);
+      int i = 0;
+      for (; i + 4 <= R; i += 4)
+        for (int j0 = 0; j0 < NB; j0 += 16) pass_id2<4, 16>(x + i * xs, K4, w, j0, acc32 + i * NB, p0, p1);
+      if (R - i >= 2) {
+        for (int j0 = 0; j0 < NB; j0 += 32) pass_id2<2, 32>(x + i * xs, K4, w, j0, acc32 + i * NB, p0, p1);
+        i += 2;
+      }
+      if (R - i == 1) pass_id2<1, NB>(x + i * xs, K4, w, 0, acc32 + i * NB, p0, p1);
     }
   }
   for (int i = 0; i < R; i++)

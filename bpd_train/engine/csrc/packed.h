@@ -175,7 +175,20 @@ static void run_mode(int64_t mode, const float* xp, const torch::Tensor& packed,
       return;
     }
 #endif
+#if BPD_I8_AVX2
+    // the u8 activations widened to int16 once here, not per weight block in the kernels (vpmaddwd reads pairs)
+    thread_local std::vector<uint32_t> xw;
+    if ((int64_t)xw.size() < 2 * M * K4) xw.resize(2 * M * K4);
+    const uint8_t* src = (const uint8_t*)xq.data();
+    uint16_t* dst = (uint16_t*)xw.data();
+    int64_t e = 0;
+    for (; e + 16 <= 4 * M * K4; e += 16)
+      _mm256_storeu_si256((__m256i*)(dst + e), _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(src + e))));
+    for (; e < 4 * M * K4; e++) dst[e] = src[e];
+    run<I8DotKern>(xw.data(), packed.data_ptr<int8_t>(), sp, bp, yp, M, N, K4, rs.data());
+#else
     run<I8DotKern>(xq.data(), packed.data_ptr<int8_t>(), sp, bp, yp, M, N, K4, rs.data());
+#endif
   }
 #endif
   else TORCH_CHECK(false, "linear: unknown or unsupported mode ", mode);

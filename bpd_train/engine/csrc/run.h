@@ -42,7 +42,7 @@ struct Bf16DotKern {
 #if BPD_I8_DOT
 struct I8DotKern {
   using X = uint32_t; using WT = int8_t;
-  static constexpr int xw = 1;
+  static constexpr int xw = BPD_I8_AVX2 ? 2 : 1;         // AVX2: a quad's u8 widened to two int16 pairs
   static int64_t stride(int64_t K4) { return 4 * NB * (K4 + 1); }   // the initial accumulators, then the weights
   template <int R> static void blk(const X* x, int64_t K, const WT* w, float* o, const WT*) { block_id<R>(x, K, w, o); }
   static void one(const X* x, int64_t K, const WT* w, float* o, const WT*) { block_id<1>(x, K, w, o); }
