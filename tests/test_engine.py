@@ -112,8 +112,18 @@ def test_packed_linear_thread_count_does_not_change_results(dtype):
     assert torch.equal(one, two)
 
 
+@pytest.fixture(params=["one", "two"])
+def screen_passes(request):
+    """The screen's passes: the build's own (AVX2: one int16 pass; else two int8 passes), then two int8 passes on
+    every build (set_screen_two), so that both are tested on any CPU."""
+    ext = native_kernels()
+    ext.set_screen_two(request.param == "two")
+    yield request.param
+    ext.set_screen_two(False)
+
+
 @native
-def test_screened_argmax_is_the_fp32_argmax_whatever_the_ties():
+def test_screened_argmax_is_the_fp32_argmax_whatever_the_ties(screen_passes):
     """Head 1's argmax through the int8 screen (an int8 pass with a proven error bound, the outputs that can win
     computed in fp32) is the fp32 projection's argmax: the first largest logit, ties and 1-ulp differences included,
     for ragged shapes, with and without a bias, for rows the screen cannot quantise (non-finite) and for flat logits
@@ -165,10 +175,10 @@ def test_screened_argmax_is_the_fp32_argmax_whatever_the_ties():
 
 
 @native
-def test_screen_decides_rows_with_outlier_features_without_the_full_pass():
+def test_screen_decides_rows_with_outlier_features_without_the_full_pass(screen_passes):
     """LLM hidden states have a few features far above the rest (max |x| near 20 rms): one int8 pass's activation
-    error then lets hundreds of tokens through; the residual pass keeps the candidates few, no row takes the full
-    fp32 pass, and the argmax is the fp32 one."""
+    error then lets hundreds of tokens through; the residual pass (or AVX2's int16 pass) keeps the candidates few, no
+    row takes the full fp32 pass, and the argmax is the fp32 one."""
     ext = native_kernels()
     torch.manual_seed(0)
     n, k = 8192, 256
@@ -347,7 +357,7 @@ from tests.test_engine import test_every_head_size_gives_a_token_the_same_bits_i
 for d in (16, 48, 64, 128, 256):                     # attention's unrolled and run-time head sizes
     heads(d, 2)
 from tests.test_engine import test_screened_argmax_is_the_fp32_argmax_whatever_the_ties as screened
-screened()                                           # the AVX2 packing of the exact rows
+screened("own")                                       # the AVX2 packing of the exact rows
 print("ok")
 """
 

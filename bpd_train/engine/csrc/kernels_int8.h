@@ -72,7 +72,7 @@ static inline void half_block_id(const uint32_t* x, int64_t K4, const int8_t* w,
 // or on from the int32 partial sums in acc32 [RR][NB] (integer sums: any split of k gives the same integers). x holds
 // each row's u8 activations widened to int16, two per uint32 ([RR][2 K4]: run_mode's I8D step widens them once per
 // call), so a row's k pair is one broadcast load.
-template <int RR, int NO>
+template <int RR, int NO, bool S16 = false>
 static inline void pass_id2(const uint32_t* x, int64_t K4, const int8_t* w, int j0, int32_t* acc32, int64_t p0,
                             int64_t p1) {
   constexpr int NA = NO / 8;
@@ -81,7 +81,8 @@ static inline void pass_id2(const uint32_t* x, int64_t K4, const int8_t* w, int 
   __m256i acc[RR][NA];
   for (int a = 0; a < RR; a++)
     for (int c = 0; c < NA; c++)
-      acc[a][c] = _mm256_loadu_si256((const __m256i*)(p0 == 0 ? head + j0 + 8 * c : acc32 + a * NB + j0 + 8 * c));
+      acc[a][c] = p0 == 0 ? (S16 ? _mm256_setzero_si256() : _mm256_loadu_si256((const __m256i*)(head + j0 + 8 * c)))
+                          : _mm256_loadu_si256((const __m256i*)(acc32 + a * NB + j0 + 8 * c));
   for (int64_t p = p0; p < p1; p++) {
     for (int hp = 0; hp < 2; hp++) {                      // k pairs (0, 1) and (2, 3) of the quad
       const int8_t* wh = wb + p * 4 * NB + hp * 2 * NB + j0 * 2;
@@ -108,23 +109,23 @@ static inline void pass_id2(const uint32_t* x, int64_t K4, const int8_t* w, int 
 // at a time: 8 accumulators, each weight vector widened once for the 4), then a pair, then a last row, while the
 // chunk's weights are in L1, so the block streams from memory once for all rows.
 constexpr int64_t QC = 8;
-template <int R>
+template <int R, bool S16 = false>
 static inline void block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out /* [R][NB] */) {
   alignas(32) int32_t acc32[R * NB];
   if (R == 1) {
-    pass_id2<1, NB>(x, K4, w, 0, acc32, 0, K4);
+    pass_id2<1, NB, S16>(x, K4, w, 0, acc32, 0, K4);
   } else {
     const int64_t xs = 2 * K4;                            // uint32 per row
     for (int64_t p0 = 0; p0 < K4; p0 += QC) {
       const int64_t p1 = std::min<int64_t>(K4, p0 + QC);
       int i = 0;
       for (; i + 4 <= R; i += 4)
-        for (int j0 = 0; j0 < NB; j0 += 16) pass_id2<4, 16>(x + i * xs, K4, w, j0, acc32 + i * NB, p0, p1);
+        for (int j0 = 0; j0 < NB; j0 += 16) pass_id2<4, 16, S16>(x + i * xs, K4, w, j0, acc32 + i * NB, p0, p1);
       if (R - i >= 2) {
-        for (int j0 = 0; j0 < NB; j0 += 32) pass_id2<2, 32>(x + i * xs, K4, w, j0, acc32 + i * NB, p0, p1);
+        for (int j0 = 0; j0 < NB; j0 += 32) pass_id2<2, 32, S16>(x + i * xs, K4, w, j0, acc32 + i * NB, p0, p1);
         i += 2;
       }
-      if (R - i == 1) pass_id2<1, NB>(x + i * xs, K4, w, 0, acc32 + i * NB, p0, p1);
+      if (R - i == 1) pass_id2<1, NB, S16>(x + i * xs, K4, w, 0, acc32 + i * NB, p0, p1);
     }
   }
   for (int i = 0; i < R; i++)
@@ -134,6 +135,13 @@ static inline void block_id(const uint32_t* x, int64_t K4, const int8_t* w, floa
 template <int R>
 static inline void half_block_id(const uint32_t* x, int64_t K4, const int8_t* w, float* out, const int8_t*) {
   block_id<R>(x, K4, w, out);
+}
+// Signed int16 activations (two per uint32, [R][2 K4]) times the same packed int8 weights, from zero (no u8 offset):
+// the screened argmax's finer activation grid on AVX2, where vpmaddwd reads int16 anyway (the caller keeps every
+// int32 sum in range: |x| <= 2^31 / (127 * 4 K4))
+template <int R>
+static inline void block_i16(const uint32_t* x, int64_t K4, const int8_t* w, float* out) {
+  block_id<R, true>(x, K4, w, out);
 }
 #else
 #define BPD_I8_DOT 0

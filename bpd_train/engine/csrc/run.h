@@ -51,6 +51,16 @@ struct I8DotKern {
   }
 };
 #endif
+#if BPD_I8_AVX2
+struct I16DotKern {                                     // signed int16 activations x the I8D weights (AVX2 only)
+  using X = uint32_t; using WT = int8_t;
+  static constexpr int xw = 2;
+  static int64_t stride(int64_t K4) { return 4 * NB * (K4 + 1); }
+  template <int R> static void blk(const X* x, int64_t K, const WT* w, float* o, const WT*) { block_i16<R>(x, K, w, o); }
+  static void one(const X* x, int64_t K, const WT* w, float* o, const WT*) { block_i16<1>(x, K, w, o); }
+  template <int R> static void half(const X* x, int64_t K, const WT* w, float* o, const WT*) { block_i16<R>(x, K, w, o); }
+};
+#endif
 
 // results of rows m..m+r-1 for outputs n0..n0+nn-1 from a kernel's out [r][NB]: the same rounding steps for every kernel
 static inline void store_rows(const float* out, int r, float* y, int64_t m, int64_t N, int64_t n0, int nn,

@@ -71,6 +71,7 @@ static void exact_outputs(const Lin& p, const float* x, const int64_t* n, int64_
 // rows screened, rows that took the full fp32 pass, candidates computed exactly (screen_stats(); atomics: rows run
 // on several threads)
 static std::atomic<int64_t> g_screen_rows{0}, g_screen_full{0}, g_screen_cand{0};
+static bool g_screen_two = false;   // AVX2 builds: the two int8 passes instead of the int16 one (tests; set_screen_two)
 
 // the I8D kernel's quantisation of one row (run_mode's steps: the same q and scale), as floats; returns amax
 static inline float i8_quantise(const float* x, int64_t K, float* q, float* rs) {
@@ -82,27 +83,51 @@ static inline float i8_quantise(const float* x, int64_t K, float* q, float* rs) 
   return amax;
 }
 
-// argmax of proj(y) for M rows y [M][K] through proj's int8 screen (struct Screen): the fp32 argmax exactly.
-// Two int8 passes over the same weights in one call (2M rows): the row x, quantised by the I8D kernel as rs q, and
-// its residual r = fl(x - rs q), quantised by the kernel as rr q2. LLM hidden states have outlier features (max |x_k|
-// near 20 rms): one pass's activation error ||x - rs q|| left hundreds of candidates per row, and half the rows
-// above the N / 16 cut (a full fp32 pass); the residual pass shrinks that term about 100-fold for one more int8
-// row. With D1_n = sum_k q_k q_nk, D2_n = sum_k q2_k q_nk (exact integers), a_n = (fl(D1_n rs s_n) +
-// fl(D2_n rr s_n)) + b_n in fp32, e_n = w_n - s_n q_n, rho = r - rr q2 and delta = x - rs q - r (both in double,
-// exactly enough), and the fp32 result z_n = fl(sum_k x_k w_nk) + b_n:
-//   x w_n = rs s_n D1 + rs q e_n + rr s_n D2 + rr q2 e_n + (rho + delta) w_n
-//   |rs q e_n + rr q2 e_n| <= (rs ||q|| + rr ||q2||) ||e_n||; |(rho + delta) w_n| <= (||rho|| + ||delta||) ||w_n||
-//   |fl(sum x w) - sum x w| <= (K + 2) u amax sum|w_n| (+1%)                  (K FMAs, then the bias' addition)
-//   the roundings of a_n (two passes' int -> float and two products, their sum, the bias): <= 8 u (|a1| + |a2| + |b|)
-// E_n is their sum, widened by 0.1% for its own fp32 arithmetic. Rows with a non-finite input take the full path.
-static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* out, std::vector<float>& buf) {
-  const Screen& sc = *proj.screen;
-  const int64_t N = proj.N, K = proj.K;
+#if BPD_I8_AVX2
+// the AVX2 pass: rows y [M][K] quantised to int16 through the I8D weights -> a [M][N]; per row in cst: amax, the
+// activation error ||x - rs q||, rs ||q||, 1 (finite) or 0
+static void screen_pass_i16(const float* y, int64_t M, const Screen& sc, int64_t K, float* a, float* cst) {
+  Work& ws = work();
+  const int64_t N = sc.q.N;
+  const int64_t K4 = kgroups(K, 4);
+  const float Q = (float)std::min<int64_t>(32767, (int64_t)2147483647 / (127 * 4 * K4));
+  thread_local std::vector<uint32_t> xi;
+  if ((int64_t)xi.size() < 2 * M * K4) xi.resize(2 * M * K4);
+  std::memset(xi.data(), 0, 2 * M * K4 * sizeof(uint32_t));
+  float* rsr = grow(ws.sq, M);
+  for (int64_t m = 0; m < M; m++) {
+    const float* x = y + m * K;
+    int16_t* o = (int16_t*)(xi.data() + 2 * m * K4);
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t k = 0; k < K; k++) { finite &= std::isfinite(x[k]); amax = std::max(amax, std::fabs(x[k])); }
+    rsr[m] = 0.0f;
+    if (!finite) continue;
+    const float inv = amax > 0.0f ? Q / amax : 0.0f, rs = amax / Q;
+    double e2x = 0.0, q2 = 0.0;                          // ||x - rs q||^2, ||q||^2
+    for (int64_t k = 0; k < K; k++) {
+      const float q = std::min(Q, std::max(-Q, std::nearbyint(x[k] * inv)));
+      o[k] = (int16_t)q;
+      const double d = (double)x[k] - (double)rs * (double)q;
+      e2x += d * d;
+      q2 += (double)q * (double)q;
+    }
+    rsr[m] = rs;
+    cst[4 * m] = amax;
+    cst[4 * m + 1] = (float)(std::sqrt(e2x) * 1.0001);
+    cst[4 * m + 2] = (float)((double)rs * std::sqrt(q2) * 1.0001);
+    cst[4 * m + 3] = 1.0f;
+  }
+  run<I16DotKern>(xi.data(), sc.q.data.data_ptr<int8_t>(), sc.q.scale->data_ptr<float>(), nullptr, a, M, N, K4, rsr);
+}
+#endif
+
+// the two int8 passes: rows y [M][K] and their residuals through the I8D weights -> a [2M][N]; cst as above
+// (the error terms ||rho|| + ||delta|| and rs ||q|| + rr ||q2||)
+static void screen_pass_two(const float* y, int64_t M, const Screen& sc, int64_t K, float* a, float* cst) {
   Work& ws = work();
   float* xr = grow(ws.sres, 2 * M * K);                 // rows 0..M-1: y; rows M..2M-1: their residuals
   float* qb = grow(ws.sq, K);
-  std::vector<float>& cst = ws.scst;                     // per row: amax, cx, cq, finite
-  cst.assign(4 * M, 0.0f);
   for (int64_t m = 0; m < M; m++) {
     const float* x = y + m * K;
     float* r = xr + (M + m) * K;
@@ -136,8 +161,38 @@ static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* ou
     cst[4 * m + 2] = (float)(((double)rs * std::sqrt(q2) + (double)rr * std::sqrt(p2)) * 1.0001);  // per ||e_n||
     cst[4 * m + 3] = 1.0f;
   }
-  float* a = grow(buf, 2 * M * N);
   lin_rows(sc.q, xr, a, 2 * M);
+}
+
+// argmax of proj(y) for M rows y [M][K] through proj's int8 screen (struct Screen): the fp32 argmax exactly.
+// Two int8 passes over the same weights in one call (2M rows): the row x, quantised by the I8D kernel as rs q, and
+// its residual r = fl(x - rs q), quantised by the kernel as rr q2. LLM hidden states have outlier features (max |x_k|
+// near 20 rms): one pass's activation error ||x - rs q|| left hundreds of candidates per row, and half the rows
+// above the N / 16 cut (a full fp32 pass); the residual pass shrinks that term about 100-fold for one more int8
+// row. With D1_n = sum_k q_k q_nk, D2_n = sum_k q2_k q_nk (exact integers), a_n = (fl(D1_n rs s_n) +
+// fl(D2_n rr s_n)) + b_n in fp32, e_n = w_n - s_n q_n, rho = r - rr q2 and delta = x - rs q - r (both in double,
+// exactly enough), and the fp32 result z_n = fl(sum_k x_k w_nk) + b_n:
+//   x w_n = rs s_n D1 + rs q e_n + rr s_n D2 + rr q2 e_n + (rho + delta) w_n
+//   |rs q e_n + rr q2 e_n| <= (rs ||q|| + rr ||q2||) ||e_n||; |(rho + delta) w_n| <= (||rho|| + ||delta||) ||w_n||
+//   |fl(sum x w) - sum x w| <= (K + 2) u amax sum|w_n| (+1%)                  (K FMAs, then the bias' addition)
+//   the roundings of a_n (two passes' int -> float and two products, their sum, the bias): <= 8 u (|a1| + |a2| + |b|)
+// E_n is their sum, widened by 0.1% for its own fp32 arithmetic. Rows with a non-finite input take the full path.
+// AVX2 builds, whose int8 kernels multiply int16 (vpmaddwd), take one pass instead: x quantised to int16, |q| <= Q with
+// Q = min(32767, (2^31 - 1) / (127 * 4 K4)) so that no int32 sum overflows (rs = amax / Q, q2 = 0 above): a grid
+// finer than the two int8 passes' for the cost of one row.
+static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* out, std::vector<float>& buf) {
+  const Screen& sc = *proj.screen;
+  const int64_t N = proj.N, K = proj.K;
+  Work& ws = work();
+  std::vector<float>& cstv = ws.scst;                    // per row: amax, cx, cq, finite
+  cstv.assign(4 * M, 0.0f);
+  float* cst = cstv.data();
+  const bool two = !BPD_I8_AVX2 || g_screen_two;
+  float* a = grow(buf, (two ? 2 : 1) * M * N);
+#if BPD_I8_AVX2
+  if (!two) screen_pass_i16(y, M, sc, K, a, cst);
+#endif
+  if (two) screen_pass_two(y, M, sc, K, a, cst);
   const float* w1 = sc.w1.data_ptr<float>();
   const float* w2 = sc.w2.data_ptr<float>();
   const float* e2 = sc.e2.data_ptr<float>();
@@ -159,7 +214,7 @@ static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* ou
       continue;
     }
     const float* a1 = a + m * N;
-    const float* a2 = a + (M + m) * N;
+    const float* a2 = two ? a + (M + m) * N : nullptr;
     const float amax = cst[4 * m], cx = cst[4 * m + 1], cq = cst[4 * m + 2];
     const float cf = amax * (4.0f + 1.01f * (float)(K + 2)) * u;                    // per unit of sum |w_n|
     const vf vcx = vbcast(&cx), vcq = vbcast(&cq), vcf = vbcast(&cf);
@@ -169,9 +224,13 @@ static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* ou
     vf lov = vbcast(&ninf);
     int64_t n = 0;
     for (; n + L <= N; n += L) {
-      const vf x1 = vload(a1 + n), x2 = vload(a2 + n);
-      vf s = vadd(x1, x2);
-      vf mag = vadd(vabs(x1), vabs(x2));
+      const vf x1 = vload(a1 + n);
+      vf s = x1, mag = vabs(x1);
+      if (two) {
+        const vf x2 = vload(a2 + n);
+        s = vadd(x1, x2);
+        mag = vadd(mag, vabs(x2));
+      }
       if (bias) {
         const vf bv = vload(bias + n);
         s = vadd(s, bv);
@@ -186,8 +245,8 @@ static void screened_ids(const float* y, int64_t M, const Lin& proj, int64_t* ou
     float lo = hmax(lov);
     for (; n < N; n++) {
       const float b = bias ? bias[n] : 0.0f;
-      const float s = (a1[n] + a2[n]) + b;
-      const float mag = std::fabs(a1[n]) + std::fabs(a2[n]) + std::fabs(b);
+      const float s = (two ? a1[n] + a2[n] : a1[n]) + b;
+      const float mag = std::fabs(a1[n]) + (two ? std::fabs(a2[n]) : 0.0f) + std::fabs(b);
       const float e = (w2[n] * cx + e2[n] * cq + w1[n] * cf + mag * c8) * g + t;
       lo = std::max(lo, s - e);
       hi[n] = s + e;
