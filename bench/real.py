@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from bench import llama_peer  # noqa: E402
 from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
 from bpd_train.decoding.settings import draft_vocabulary  # noqa: E402
-from bpd_train.engine.fastlinear import cpu_model  # noqa: E402
+from bpd_train.engine.fastlinear import cpu_model, native_kernels  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions  # noqa: E402
 from bpd_train.io import atomic_write_text  # noqa: E402
 from bpd_train.loading import load  # noqa: E402
@@ -83,6 +83,37 @@ def with_zero_heads(model, k: int):
     m = LMModel(dataclasses.replace(model.config, block_size=k, heads="medusa", medusa_layers=1))
     m.load_state_dict(model.state_dict(), strict=False)  # the heads stay at zero
     return m.eval()
+
+
+PHASES = ("embed", "decoder linears", "attention", "norms etc.", "head 1", "heads FFN", "proposal proj")
+
+
+def phases(a, b, prompts, new: int, k: int) -> dict:
+    """Where a greedy step (model a) and a k-row blockwise step (model b) spend their time: ms per step per phase
+    (csrc/step.h's profile), and the screened argmax's rows / full passes / candidates (fp32)."""
+    ext = native_kernels()
+    out = {}
+    for name, run in (
+        ("greedy", lambda p: greedy(a, [p], max_len=new)),
+        (f"k={k}", lambda p: blockwise(b, [p], block_size=k, accept=Exact(), max_len=new)),
+    ):
+        run(prompts[0])
+        ext.screen_stats(True)
+        ext.profile(True, True)
+        calls = 0
+        t = time.perf_counter()
+        for p in prompts:
+            calls += run(p).calls
+        wall = time.perf_counter() - t
+        ph, _ = ext.profile(False, True)
+        rows, full, cands = ext.screen_stats(True)
+        out[name] = {
+            "ms_per_step": wall * 1e3 / calls,
+            **{n: v * 1e3 / calls for n, v in zip(PHASES, ph)},
+            "screen": {"rows": rows, "full_pass": full, "candidates_per_row": cands / max(rows - full, 1)},
+        }
+        print(f"  profile {name}: " + json.dumps(out[name]), flush=True)
+    return out
 
 
 def compare(a, b, prompts, new: int, reps: int, batch: int, tag: str, k: int | None = None) -> dict:
@@ -146,6 +177,7 @@ def main() -> None:
     ap.add_argument("--max-prompts", type=int, default=None, help="ask only the first N prompts")
     ap.add_argument("--page", type=Path, default=None, help="also write the results as a markdown page here")
     ap.add_argument("--from-json", type=Path, default=None, help="write --page from an earlier run's last JSON line")
+    ap.add_argument("--profile", action="store_true", help="also time each step cost's phases (page: its table)")
     ap.add_argument("--llama-cpp", action="store_true", help="also time llama.cpp (the bench extra) at each dtype")
     ap.add_argument("--llama-lookup", type=int, nargs="*", default=[3, 10], help="llama.cpp prompt-lookup sizes")
     args = ap.parse_args()
@@ -183,6 +215,8 @@ def main() -> None:
                 model.decode_options = z.decode_options = options(model, tok, dtype)
                 r = compare(model, z, prompts[:4], args.new_tokens, args.reps, 1, f"step cost k={k} {dtype}")
                 r.update(threads=threads, step_in_greedy_steps=r["k_hat"] / r["ratio"])
+                if args.profile:
+                    r["phases"] = phases(model, z, prompts[:4], args.new_tokens, k)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
             best = {}  # the fastest exact blockwise at batch 1 of this dtype
@@ -276,6 +310,20 @@ def page(result: dict) -> str:
             if "step_in_greedy_steps" in r
         ],
     )
+    prof = [r for r in rows if "phases" in r]
+    if prof:
+        out += _table(
+            "Where a step's time goes (ms per step; --profile)",
+            ["threads", "step", *PHASES, "screen: full passes / rows, candidates a row"],
+            "rl" + "r" * (len(PHASES) + 1),
+            [
+                [str(r["threads"]), f"{name} {r['what'].split()[-1]}"]
+                + [f(v[n], 2) for n in PHASES]
+                + [f"{v['screen']['full_pass']} / {v['screen']['rows']}, {v['screen']['candidates_per_row']:.1f}"]
+                for r in prof
+                for name, v in r["phases"].items()
+            ],
+        )
     out += _table(
         "Trained heads: exact blockwise against greedy of the same precision",
         [

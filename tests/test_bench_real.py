@@ -18,7 +18,10 @@ def test_results_page_has_a_table_per_kind_of_row_with_its_numbers():
         {"what": "greedy: native fp32 vs transformers generate", "threads": 1, "native_tok_s": 40.0,
          "transformers_tok_s": 16.0, "ratio": 2.5, "identical": True},
         {"what": "step cost k=4 int8", "threads": 2, "greedy_tok_s": 90.0, "ratio": 0.5, "k_hat": 0.55,
-         "identical": True, "step_in_greedy_steps": 1.1, "batch": 1, "blockwise_tok_s": 45.0},
+         "identical": True, "step_in_greedy_steps": 1.1, "batch": 1, "blockwise_tok_s": 45.0,
+         "phases": {"greedy": {"ms_per_step": 12.0, "embed": 0.0, "decoder linears": 10.0, "attention": 0.5,
+                               "norms etc.": 0.2, "head 1": 1.25, "heads FFN": 0.0, "proposal proj": 0.0,
+                               "screen": {"rows": 256, "full_pass": 0, "candidates_per_row": 6.5}}}},
         {"what": "run k=8 int8 lookup=3", "threads": 2, "lookup": 3, "batch": 1, "greedy_tok_s": 90.0,
          "blockwise_tok_s": 180.0, "k_hat": 2.4, "ratio": 2.0, "identical": True},
         {"what": "run k=8 int8 lookup=3", "threads": 2, "lookup": 3, "batch": 8, "greedy_tok_s": 300.0,
@@ -34,6 +37,7 @@ def test_results_page_has_a_table_per_kind_of_row_with_its_numbers():
     assert "| 2 | k=4 int8 | 90.0 | 1.10 |" in md
     assert "| 2 | run k=8 int8 lookup=3 | 1 | 90.0 | 180.0 | 2.40 | 2.00x | True |" in md
     assert "| 2 | run k=8 int8 lookup=3 | 8 | 300.0 | 330.0 | - | 1.10x | True |" in md  # k-hat: batch 1 only
+    assert "| 2 | greedy int8 | 0.00 | 10.00 | 0.50 | 0.20 | 1.25 | 0.00 | 0.00 | 0 / 256, 6.5 |" in md
     assert "its lookup3 tok/s" in md
     assert "| 2 | Q8_0 | 60.0 | 70.0 (output changed) | 90.0 | 1.50x | 180.0 | 3.00x |" in md
 
