@@ -124,12 +124,19 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def prompts_stage(cfg, spec: dict[str, Any], out_dir: Path) -> None:
     """Write the prompt files (atomically; manifest.json last, with the settings' hash) unless they are there for
-    these settings."""
+    these settings. Prompts made with other settings are refused, not replaced: the corpus, heads and report under
+    the same artifacts folder came from them, and the later stages would skip as complete (the same verse ids)."""
     key = hashlib.sha256(json.dumps({**spec, "corpus": str(cfg.data.path)}, sort_keys=True).encode()).hexdigest()
     manifest = out_dir / "manifest.json"
-    if manifest.is_file() and json.loads(manifest.read_text("utf-8")).get("settings_sha256") == key:
-        print(f"=== prompts: complete ({out_dir}), skipped")
-        return
+    if manifest.is_file():
+        if json.loads(manifest.read_text("utf-8")).get("settings_sha256") == key:
+            print(f"=== prompts: complete ({out_dir}), skipped")
+            return
+        raise PromptsError(
+            f"{out_dir} holds prompts made with other pipeline.real.prompts settings, and the answers, heads and "
+            f"report beside them came from those; nothing was changed. Give this run its own folder "
+            f"(paths.artifacts=...), or remove {out_dir.parent} to start again"
+        )
     print("\n=== prompts", flush=True)
     t0 = time.monotonic()
     recs = make_prompts(Path(str(cfg.data.path)), spec, str(cfg.data.src_lang))

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO_ROOT, offline_env
 
-from bpd_train.real_model import PromptsError, make_prompts
+from bpd_train.real_model import PromptsError, make_prompts, prompts_stage
 
 CORPUS = REPO_ROOT / "data" / "bible-en-fr"
 KINDS = ["Translate into French: {verse}", "Summarize: {verse}"]
@@ -47,6 +47,20 @@ def test_prompts_cycle_the_training_kinds_hold_one_out_and_are_deterministic():
 def test_bad_prompt_settings_are_one_error(change, match):
     with pytest.raises(PromptsError, match=match):
         make_prompts(CORPUS, {**SPEC, **change})
+
+
+def test_prompts_made_with_other_settings_are_refused_not_replaced(tmp_path):
+    """A rerun with other kinds would otherwise find the old answers, heads and report complete (same verse ids)."""
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(data=SimpleNamespace(path=str(CORPUS), src_lang="en"))
+    out = tmp_path / "prompts"
+    prompts_stage(cfg, SPEC, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    prompts_stage(cfg, SPEC, out)  # the same settings: skipped
+    with pytest.raises(PromptsError, match="other pipeline.real.prompts settings"):
+        prompts_stage(cfg, {**SPEC, "kinds": [*KINDS, "Give it a title: {verse}"]}, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_a_decode_precision_is_part_of_an_lm_corpus_id_and_fp32_keeps_the_old_one():
