@@ -313,7 +313,7 @@ def page(result: dict) -> str:
     prof = [r for r in rows if "phases" in r]
     if prof:
         out += _table(
-            "Where a step's time goes (ms per step; --profile)",
+            "Where a step's time goes (ms per decoder call, the prefill's share included; --profile)",
             ["threads", "step", *PHASES, "screen: full passes / rows, candidates a row"],
             "rl" + "r" * (len(PHASES) + 1),
             [
