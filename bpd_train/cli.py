@@ -300,7 +300,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "regime.trainable": ("all", "heads"),  # bpd_train.training.regimes.TRAINABLE
     "regime.source": ("gold", "distilled", "mixed", "self"),  # bpd_train.training.regimes.SOURCES
     "optim.schedule.name": ("inverse_sqrt", "cosine", "constant"),  # bpd_train.training.optim.SCHEDULES
-    "model.heads": ("bpd", "medusa"),  # bpd_train.model.lm.config.HEAD_TYPES
+    "model.heads": ("bpd", "medusa", "chain"),  # bpd_train.model.lm.config.HEAD_TYPES
     "progress_bar": ("tqdm", "rich", "none"),  # bpd_train.training.trainer.callbacks
     "decode.dtype": ("fp32", "bf16", "int8"),  # bpd_train.engine.fastlinear.DTYPES
     "export.format": ("bundle", "hf", "vllm"),  # bpd_train.export.FORMATS

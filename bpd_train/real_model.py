@@ -161,15 +161,16 @@ def _runs(real) -> list[tuple[str, int]]:
     out = []
     for r in real.runs:
         heads, _, k = str(r).partition("-k")
-        if heads not in ("medusa", "bpd") or not k.isdigit() or int(k) < 2:
-            raise PromptsError(f"pipeline.real.runs: {r!r} is not <medusa|bpd>-k<block size >= 2>")
+        if heads not in ("medusa", "bpd", "chain") or not k.isdigit() or int(k) < 2:
+            raise PromptsError(f"pipeline.real.runs: {r!r} is not <medusa|bpd|chain>-k<block size >= 2>")
         out.append((heads, int(k)))
     return out
 
 
-def chosen(report: dict, runs: dict[str, Path]) -> tuple[str | None, str | None]:
-    """(best run, best Medusa run): the fastest under exact acceptance at the smallest batch size (ties: higher
-    k̂). Every run has the frozen backbone's greedy output, so speed is the only thing between them."""
+def chosen(report: dict, runs: dict[str, Path]) -> tuple[str | None, str | None, str | None]:
+    """(best run, best run with a transformers heads format (not chained), best Medusa run): the fastest under exact
+    acceptance at the smallest batch size (ties: higher k̂). Every run has the frozen backbone's greedy output, so
+    speed is the only thing between them."""
     bs = min(report["settings"]["batch_sizes"])
     rows = [
         r
@@ -183,8 +184,9 @@ def chosen(report: dict, runs: dict[str, Path]) -> tuple[str | None, str | None]
     ]
     rank = lambda r: (max(r["speedup"], r.get("adaptive_speedup") or 0.0), r["mean_accepted"])  # noqa: E731
     best = max(rows, key=rank, default=None)
+    hf = max((r for r in rows if not r["checkpoint"].startswith("distill-chain")), key=rank, default=None)
     medusa = max((r for r in rows if r["checkpoint"].startswith("distill-medusa")), key=rank, default=None)
-    return (best and best["checkpoint"]), (medusa and medusa["checkpoint"])
+    return (best and best["checkpoint"]), (hf and hf["checkpoint"]), (medusa and medusa["checkpoint"])
 
 
 def parser() -> argparse.ArgumentParser:
@@ -275,12 +277,15 @@ def run_chain(args: argparse.Namespace) -> None:
             ],
         )
     report = json.loads(report_path.read_text("utf-8"))
-    best, medusa = chosen(report, dirs)
+    best, best_hf, medusa = chosen(report, dirs)
 
-    # export: the fastest exact run as a bundle and an hf folder; the fastest Medusa run for vLLM
+    # export: the fastest exact run as a bundle, the fastest with a transformers heads format (chained heads have
+    # none) as an hf folder, the fastest Medusa run for vLLM
     exports = []
     if best is not None:
-        exports += [("bundle", best, corpus / "export" / "best"), ("hf", best, corpus / "export" / "best-hf")]
+        exports.append(("bundle", best, corpus / "export" / "best"))
+    if best_hf is not None:
+        exports.append(("hf", best_hf, corpus / "export" / "best-hf"))
     if medusa is not None:
         exports.append(("vllm", medusa, corpus / "export" / "best-medusa-vllm"))
     for fmt, name, out in exports:

@@ -13,7 +13,7 @@ from bpd_train.training.module import BPDLightningModule
 PAD = -1
 
 
-def _lm(k=3, dropout=0.0) -> LMModel:
+def _lm(k=3, dropout=0.0, heads="medusa") -> LMModel:
     torch.manual_seed(0)
     return LMModel(
         LMConfig(
@@ -24,7 +24,8 @@ def _lm(k=3, dropout=0.0) -> LMModel:
             n_kv_heads=2,
             d_ff=48,
             block_size=k,
-            heads="medusa",
+            heads=heads,
+            head_d_hidden=24,
             dropout=dropout,
         )
     ).eval()
@@ -229,3 +230,54 @@ def test_draft_vocabulary_loss_skips_prompt_and_padding_positions_with_the_same_
     hc, tc = compact_rows(h, targets, 3, PAD)
     assert tc.shape[1] < targets.shape[1] and tc.ne(PAD).sum() == targets.ne(PAD).sum()
     assert compact_rows(h, torch.full_like(targets, PAD), 3, PAD)[1].ne(PAD).sum() == 0  # no target anywhere
+
+
+def test_chained_heads_learn_over_the_draft_vocabulary_from_the_token_before_their_own():
+    """Chained heads (heads=chain) with the draft-vocabulary loss: head i learns the target i+1 ahead among the lowest
+    ids, given the token before it whatever that token's id (head 1's is the model's own next token, often outside
+    the draft vocabulary): the loss and gradients of that teacher-forced cross-entropy, and training lowers it."""
+    import torch.nn.functional as F
+
+    m = BPDLightningModule(
+        _lm(k=4, heads="chain").config.to_dict(),
+        {"name": "t", "block_size": 4, "head_loss": "mean", "trainable": "heads", "init_from": "x"},
+        {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
+        {"draft_vocab": 20, "recompute": False},
+        seed=3,
+    )
+    assert m.model.chained
+    with torch.no_grad():
+        for p in m.model.head_parameters():
+            p.normal_(0, 0.2)
+    m.train()
+    rows = _rows([9, 14, 6, 12], seed=6)
+    tokens = _batch([r[:-1] for r in rows], width=16)
+    targets = torch.full_like(tokens, PAD)
+    for i, (r, prompt) in enumerate(zip(rows, (5, 2, 4, 8))):
+        targets[i, prompt - 1 : len(r) - 1] = torch.tensor(r[prompt:])
+    assert ((targets >= 20) & (targets != PAD)).any() and ((targets < 20) & (targets != PAD)).any()
+    b = {"tokens": tokens, "targets": targets, "prompts": [r[:1] for r in rows]}
+    loss, _ = m.compute_loss(b, [1, 2, 3], [1 / 3] * 3)
+    loss.backward()
+    got = [p.grad.clone() for p in m.model.head_parameters()]
+    m.zero_grad()
+    h = m.model.features(tokens).detach()
+    want = 0.0
+    for i in (1, 2, 3):
+        prev = torch.full_like(targets, PAD)
+        prev[:, : targets.size(1) - i + 1] = targets[:, i - 1 :]
+        logits = m.model.head_logits(h, i, prev)[..., :20]
+        t = torch.full_like(targets, PAD)
+        t[:, :-i] = targets[:, i:]
+        t[t >= 20] = PAD
+        want = want + F.cross_entropy(logits.reshape(-1, 20), t.reshape(-1), ignore_index=PAD) / 3
+    want.backward()
+    assert abs(loss.item() - want.item()) < 1e-5
+    assert all(torch.allclose(g, p.grad, atol=1e-6) for g, p in zip(got, m.model.head_parameters()))
+    opt = torch.optim.AdamW(m.model.head_parameters(), lr=3e-2)
+    first = loss.item()
+    for _ in range(60):
+        opt.zero_grad()
+        m.compute_loss(b, [1, 2, 3], [1 / 3] * 3)[0].backward()
+        opt.step()
+    assert m.compute_loss(b, [1, 2, 3], [1 / 3] * 3)[0].item() < 0.85 * first

@@ -64,6 +64,7 @@ CONFIGS = [  # (head type, GQA kv heads, qkv bias, tied output, extra config)
     ("bpd", 4, True, False, {}),  # MHA, q/k/v and o biases, separate lm_head
     ("medusa", 1, True, True, {}),  # multi-query attention
     ("medusa", 2, False, False, {"medusa_layers": 2}),
+    ("chain", 2, False, True, {}),  # heads that read the token before their own
     ("bpd", 2, True, True, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
     ("bpd", 2, False, False, {"head_dim": 16}),  # n_heads * head_dim != d_model
     (
@@ -157,7 +158,9 @@ def test_exact_blockwise_equals_greedy_of_the_same_precision(dtype):
 def test_native_loops_take_the_same_steps_as_the_one_step_loops(dtype, monkeypatch):
     # greedy_to_end / block_steps / batch_block_steps against the Python steps over the same native pieces (the
     # loops switched off): same tokens, same decoder calls, same accepted blocks (greedy's rows leave inside its call)
-    for i, (heads, batch) in enumerate([("bpd", 1), ("medusa", 1), ("bpd", 4), ("medusa", 6)]):
+    for i, (heads, batch) in enumerate(
+        [("bpd", 1), ("medusa", 1), ("bpd", 4), ("medusa", 6), ("chain", 1), ("chain", 5)]
+    ):
         m = lm(20 + i, heads, qkv_bias=i % 2 == 0, tie=i < 2)
         m.decode_options = DecodeOptions(dtype=dtype)
         src = prompts(batch, 20 + i)
@@ -185,6 +188,30 @@ def test_native_loops_take_the_same_steps_as_the_one_step_loops(dtype, monkeypat
         assert (b.calls, b.accepted_hist) == (b1.calls, b1.accepted_hist)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_chained_heads_propose_natively_what_the_torch_path_proposes(dtype):
+    # csrc/lm.h lm_propose_chain against engine/lm.py's torch steps over the same packed linears (bit for bit), and
+    # against LMModel's own chain (the model's argmax over the full vocabulary, fp32: the same ids); each head reads
+    # the token before its own target, so a different first token changes what the heads propose
+    m = lm(7, "chain", vocab=40, std=0.3)
+    m.decode_options = DecodeOptions(dtype=dtype, draft_vocab=tuple(range(0, 40, 3)) if dtype == "int8" else None)
+    w = m.decode_weights()
+    h = torch.randn(6, 32)
+    first = torch.randint(3, 40, (6,))
+    native = w.propose(h, 1, 4, first)
+    assert native.shape == (6, 3) and torch.equal(native, w.propose_torch(h, 1, 4, first))
+    own = w.propose(h, 1, 4)  # first computed: head 1's argmax
+    assert torch.equal(own, w.propose(h, 1, 4, w.head1_argmax(h)))
+    assert torch.equal(w.propose(h, 2, 4, own[:, 0]), own[:, 1:])  # the chain goes on from head 2's proposal
+    other = w.propose(h, 1, 4, (first + 1) % 40)
+    assert not torch.equal(native, other)
+    if dtype == "fp32":
+        with torch.no_grad():
+            logits = torch.stack([m.head_logits(h, i) for i in range(1, 4)], dim=1)  # the model's own chain
+        assert torch.equal(own, logits.argmax(-1))
+        assert torch.equal(m.head_logits(h, 2, own[:, 0]), m.head_logits(h, 2))
+
+
 def test_several_stop_ids_end_rows_in_the_native_loops(monkeypatch):
     m = lm(3, "bpd", vocab=12, eos_ids=[2, 3, 4])
     src = prompts(6, 3)
@@ -203,7 +230,7 @@ def test_several_stop_ids_end_rows_in_the_native_loops(monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_draft_vocabulary_and_proposal_precision_keep_the_output(dtype):
-    for heads in ("bpd", "medusa"):
+    for heads in ("bpd", "medusa", "chain"):
         m = lm(5, heads, vocab=40, std=0.3)
         m.decode_options = DecodeOptions(dtype=dtype)
         src = prompts(4, 5, vocab=40)

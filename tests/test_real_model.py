@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -119,6 +120,7 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
         "distill",
         "distill-medusa-k3",
         "distill-bpd-k4",
+        "distill-chain-k3",
         "evaluate",
         "export bundle",
         "export hf",
@@ -144,7 +146,7 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     prompts = [q[len(q) - room :] if len(q) > room else q for q in prompts]
     assert [list(t) for t in greedy(model.model, prompts, max_len=12).tokens] == [x["teacher_ids"] for x in recs]
 
-    for run in ("distill-medusa-k3", "distill-bpd-k4"):
+    for run in ("distill-medusa-k3", "distill-bpd-k4", "distill-chain-k3"):
         assert (corpus / "heads" / run / "done.json").is_file()
     report = json.loads((corpus / "eval" / "real" / "report.json").read_text())
     exact = [row for row in report["rows"] if row["rule"] == "exact"]
@@ -154,8 +156,33 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     assert (corpus / "export" / "best-hf" / "custom_generate" / "generate.py").is_file()
     assert json.loads((corpus / "export" / "best-medusa-vllm" / "config.json").read_text())
     assert load(corpus / "export" / "best").config.block_size in (3, 4)
+    assert load(f"hf:{corpus / 'export' / 'best-hf'}").config.heads in ("medusa", "bpd")  # chained: bundle only
 
     r2 = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert "done in" not in r2.stdout.replace("pipeline finished", ""), r2.stdout[-3000:]
-    assert r2.stdout.count("skipped") == 1 + 1 + 2 + 1 + 3
+    assert r2.stdout.count("skipped") == 1 + 1 + 3 + 1 + 3
+
+
+def test_the_exports_pick_the_fastest_exact_run_each_format_can_hold():
+    from bpd_train.real_model import chosen
+
+    def row(ckpt, speedup, k_hat=1.5, bs=1, agreement=100.0):
+        return dict(
+            rule="exact", batch_size=bs, k=4, agreement=agreement, speedup=speedup, mean_accepted=k_hat, checkpoint=ckpt
+        )
+
+    runs = {n: Path(n) for n in ("distill-medusa-k8", "distill-bpd-k8", "distill-chain-k8")}
+    report = {
+        "settings": {"batch_sizes": [1, 8]},
+        "rows": [
+            row("distill-chain-k8", 1.3),
+            row("distill-bpd-k8", 1.1),
+            row("distill-medusa-k8", 1.0),
+            row("distill-medusa-k8", 2.0, bs=8),  # not the smallest batch
+            row("distill-bpd-k8", 5.0, agreement=99.0),  # not exact
+        ],
+    }
+    assert chosen(report, runs) == ("distill-chain-k8", "distill-bpd-k8", "distill-medusa-k8")
+    report["rows"] = report["rows"][:1]
+    assert chosen(report, runs) == ("distill-chain-k8", None, None)

@@ -58,6 +58,7 @@ class LMDecodeWeights(DecodeStep):
         heads = model._modules.get("heads")
         self.heads = heads
         self.medusa = heads is not None and bool(medusa)
+        self.chained = bool(getattr(heads, "chained", False))  # heads that read the token before their own
         self.identity_p1 = heads is None or heads.identity_p1
         self.pdt = (options.proposal_dtype or dt) if self.identity_p1 else dt
         self.proj = PackedLinear(emb, None, dt, screen=True)
@@ -122,6 +123,18 @@ class LMDecodeWeights(DecodeStep):
                 w, b = hd._parameters["weight"].detach(), hd._parameters["bias"].detach()
                 lins = [PackedLinear(w[i - 1, j], b[i - 1, j], dt) for i in range(lo, hi) for j in range(hd.n_layers)]
                 kind, nl = 1, hd.n_layers
+            elif self.chained:
+                p = {n: t.detach() for n, t in hd._parameters.items()}
+                lins = [
+                    lin
+                    for i in range(lo, hi)
+                    for lin in (
+                        PackedLinear(p["tok"][i - 1], None, dt),
+                        PackedLinear(p["w1"][i - 1], p["b1"][i - 1], dt),
+                        PackedLinear(p["w2"][i - 1], p["b2"][i - 1], dt),
+                    )
+                ]
+                kind, nl = 2, 0
             else:
                 fc1, fc2 = hd.fc1._parameters, hd.fc2._parameters
                 s0, s1 = hd.slot(lo), hd.slot(hi)
@@ -136,16 +149,26 @@ class LMDecodeWeights(DecodeStep):
             got = self._props[key] = (lins, prop)
         return got
 
-    def states(self, h: Tensor, lo: int, hi: int) -> Tensor:
+    def states(self, h: Tensor, lo: int, hi: int, first: Tensor | None = None) -> Tensor:
         """h [...,D] -> what the vocabulary projection reads for heads lo..hi-1 [...,hi-lo,D] (model.head_states on
-        the packed linears)."""
+        the packed linears). Chained heads read first [...], the token before head lo's target (None: head lo-1's
+        argmax), then each head's own proposal."""
         parts = []
         if lo == 0 and self.identity_p1:
             parts.append(self.final_norm(h).unsqueeze(-2))
             lo = 1
         if lo < hi:
             lins, _ = self._head_lins(lo, hi)
-            if self.medusa:
+            if self.chained:
+                prev = first if first is not None else self.propose_torch(h, lo - 1, lo).squeeze(-1)
+                emb = self.model._modules["embed"]._parameters["weight"].detach()
+                for i in range(hi - lo):
+                    tok, w1, w2 = lins[3 * i : 3 * i + 3]
+                    x = h + tok(F.embedding(prev, emb))
+                    s = self.final_norm(h + w2(torch.relu(w1(x))))
+                    parts.append(s.unsqueeze(-2))
+                    prev = self._draft_argmax(s)
+            elif self.medusa:
                 n, nl = self.final_norm(h), self.heads.n_layers
                 for i in range(hi - lo):
                     x = n
@@ -175,15 +198,27 @@ class LMDecodeWeights(DecodeStep):
 
     def propose(self, h: Tensor, lo: int, hi: int, first: Tensor | None = None) -> Tensor:
         """Argmax ids of heads lo..hi-1 (lo >= 1) [...,hi-lo], over the draft vocabulary when one is set (first:
-        head 1's tokens, which only chained heads read; this family's heads do not)."""
+        the token before head lo's target, which only chained heads read; None: computed)."""
+        if self.chained:
+            if first is None:
+                first = self.head1_argmax(h) if lo == 1 else self.propose(h, lo - 1, lo)[..., 0]
+            first = torch.as_tensor(first, device=h.device).reshape(h.shape[:-1]).contiguous()
         if self.native_layers is not None and lo >= 1:
             _, prop = self._head_lins(lo, hi)
             if prop is not None:
-                return self.ext.lm_propose(h, self.native_layers, prop)
-        s = self.states(h, lo, hi)
+                return self.ext.lm_propose(h, self.native_layers, prop, first if self.chained else None)
+        return self.propose_torch(h, lo, hi, first)
+
+    def _draft_argmax(self, s: Tensor) -> Tensor:
         if self.draft_proj is None:
             return self.prop_proj(s).argmax(-1)
         return self.draft_ids[self.draft_proj(s).argmax(-1)]
+
+    def propose_torch(self, h: Tensor, lo: int, hi: int, first: Tensor | None = None) -> Tensor:
+        """propose() on the torch path (head 0: head 1's own argmax)."""
+        if lo == 0:
+            return self.head1_argmax(h).unsqueeze(-1)
+        return self._draft_argmax(self.states(h, lo, hi, first))
 
     # ---- loops ----
     def greedy_steps(self, model, state, tok: Tensor, room, max_steps: int, eos=None):

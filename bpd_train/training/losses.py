@@ -120,6 +120,7 @@ def bpd_loss(
     self_targets: bool = False,
     self_kd_weight: float = 0.0,
     chain: bool = False,
+    prev_series: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Weighted sum over `heads` of each head's token-mean label-smoothed CE.
 
@@ -133,7 +134,8 @@ def bpd_loss(
     the soft labels of Medusa-2's self-distillation (on a model's own greedy output the CE target is that
     distribution's argmax).
     chain: chained heads (model/heads.py ChainHeads): head_logits(h, i, prev) also takes the token before head i's
-    target, teacher-forced: the same series head i learns, shifted by i-1 (head 1's own choices under self_targets).
+    target, teacher-forced: the same series head i learns, shifted by i-1 (head 1's own choices under self_targets),
+    or prev_series [B,T] where given (the targets before a draft vocabulary's mask).
     Returns (loss, {head: detached per-head loss}); `extras`, if given, receives the detached token-mean "kd".
     """
     total = h.new_zeros((), dtype=torch.float32)
@@ -156,7 +158,7 @@ def bpd_loss(
     for i, w in zip(heads, weights):
         series = own if own is not None and i > 0 else tgt_out
         tgt = head_targets(series, i, pad_id)
-        prev = head_targets(series, i - 1, pad_id) if chain and i > 0 else None
+        prev = head_targets(series if prev_series is None else prev_series, i - 1, pad_id) if chain and i > 0 else None
         n = tgt.ne(pad_id).sum().clamp_min(1)
         kd = (i == 0 and lam > 0) or (i > 0 and own_logits is not None)
         if i > 0 and own_logits is not None:  # head 1 at t+i, aligned with head i at t

@@ -83,7 +83,6 @@ class BPDLightningModule(pl.LightningModule):
                 not self.regime.freeze_backbone
                 or self.kd_weight > 0
                 or self.self_kd_weight > 0
-                or getattr(self.model, "chained", False)
                 or not hasattr(self.model, "head_states")
             ):
                 raise ValueError(
@@ -193,11 +192,20 @@ class BPDLightningModule(pl.LightningModule):
         kd = self.kd_weight > 0 and 0 in heads
         extras: dict[str, torch.Tensor] = {}
         head_logits, targets = self.model.head_logits, self._targets(batch)
+        chain = getattr(self.model, "chained", False)
+        prev_series = None
         if self.draft_vocab:  # heads 2..k only (head 1 does not train on a frozen backbone): the lowest ids
             w = self.model.output_weight()[: self.draft_vocab]
-            head_logits = lambda x, i: F.linear(self.model.head_states(x, i, i + 1).squeeze(-2), w)  # noqa: E731
+
+            def head_logits(x, i, prev=None):
+                return F.linear(self.model.head_states(x, i, i + 1, prev).squeeze(-2), w)
+
+            full = targets
             targets = targets.masked_fill(targets >= self.draft_vocab, cfg.pad_id)
-            h, targets = compact_rows(h, targets, max(heads), cfg.pad_id)
+            # chained heads read the token before their target whatever its id (head 1's is the model's own)
+            h, targets, prev_series = compact_rows(h, targets, max(heads), cfg.pad_id, full)
+            if not chain:
+                prev_series = None
         loss, per_head = bpd_loss(
             head_logits,
             h,
@@ -213,7 +221,8 @@ class BPDLightningModule(pl.LightningModule):
             extras=extras,
             self_targets=self.self_targets,
             self_kd_weight=self.self_kd_weight,
-            chain=getattr(self.model, "chained", False),
+            chain=chain,
+            prev_series=prev_series,
         )
         self._kd_stat = extras.get("kd")
         if cfg.block_size > 1 and cfg.identity_p1 and heads == [0]:
@@ -414,11 +423,12 @@ class BPDLightningModule(pl.LightningModule):
             object.__setattr__(self, "_frozen_fp32", dict(kept) if isinstance(kept, dict) and kept else None)
 
 
-def compact_rows(h: torch.Tensor, targets: torch.Tensor, reach: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def compact_rows(h: torch.Tensor, targets: torch.Tensor, reach: int, pad_id: int, also: torch.Tensor | None = None):
     """h [B,T,D] and targets [B,T] with each row shifted left to the first position from which a head up to `reach`
     ahead has a target, and cut after the row's last target: the same (state, target-i-ahead) pairs for every head
     i <= reach, so the same loss, over fewer positions. A prompt's and the padding's positions have no target, and
-    the heads' projection over them was most of a decoder-only batch's cost."""
+    the heads' projection over them was most of a decoder-only batch's cost. also [B,T]: a second series
+    compacted the same way (returned third)."""
     valid = targets.ne(pad_id)
     t = targets.size(1)
     pos = torch.arange(t, device=targets.device)
@@ -429,5 +439,9 @@ def compact_rows(h: torch.Tensor, targets: torch.Tensor, reach: int, pad_id: int
     width = max(int(length.max()), 1)
     cols = torch.arange(width, device=targets.device)
     idx = (start[:, None] + cols[None, :]).clamp_max(t - 1)
-    out_t = targets.gather(1, idx).masked_fill(cols[None, :] >= length[:, None], pad_id)
-    return h.gather(1, idx[..., None].expand(-1, -1, h.size(-1))), out_t
+    cut = cols[None, :] >= length[:, None]
+    out_t = targets.gather(1, idx).masked_fill(cut, pad_id)
+    out_h = h.gather(1, idx[..., None].expand(-1, -1, h.size(-1)))
+    if also is None:
+        return out_h, out_t
+    return out_h, out_t, also.gather(1, idx).masked_fill(cut, pad_id)

@@ -343,6 +343,11 @@ def to_hf_lm(
     model.safetensors), its heads in bpd_heads.safetensors (LMConfig in the metadata; load_hf_lm reads them
     back), and the tokenizer files of tokenizer_folder (or `files`: name in the folder -> file to copy, e.g. the
     sentencepiece tokenizer.model of a model trained here from scratch). Atomic: complete or absent."""
+    if model.config.heads == "chain" and model.config.block_size > 1:
+        raise ConvertError(
+            "chained heads (model.heads=chain) have no transformers heads-file format; export this model as a "
+            "bundle (export.format=bundle), which keeps them"
+        )
     cfg, gen = hf_config_of_lm(model.config)
     heads = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items() if k.startswith("heads.")}
     meta = {"format": HEADS_FORMAT, "version": "1", "lm_config": json.dumps(model.config.to_dict(), sort_keys=True)}

@@ -195,7 +195,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lm_decode_layers", &lm_decode_layers);
   m.def("rms_norm", &rms_norm);
   m.def("lm_head1_argmax", &lm_head1_argmax);
-  m.def("lm_propose", &lm_propose);
+  m.def("lm_propose", &lm_propose, pybind11::arg("h"), pybind11::arg("net"), pybind11::arg("prop"),
+        pybind11::arg("first") = pybind11::none());
   m.def("lm_greedy_steps", &lm_greedy_steps);
   m.def("lm_block_steps", &lm_block_steps);
   m.def("lm_batch_block_steps", &lm_batch_block_steps);

@@ -86,7 +86,10 @@ struct LMNet {
 
 // The proposal path for heads 1..n_heads: kind 0 = BPD heads (lins = {fc1, fc2 rows of those heads}: state_i =
 // h + fc2(relu(fc1(h)))[i], then the final norm), kind 1 = Medusa heads (lins[i * n_layers + l]: x = norm(h),
-// x += silu(W_il x + b_il) per layer); then `proj` (the draft vocabulary's rows where one is set, ids mapped back).
+// x += silu(W_il x + b_il) per layer), kind 2 = chained heads (lins[3 i ..]: tok_i, w1_i, w2_i; model/heads.py
+// ChainHeads: x = h + tok_i(embed[prev]), state_i = h + w2_i(relu(w1_i x)), then the final norm; prev is head 1's
+// token for the first head, then each head's own proposal); then `proj` (the draft vocabulary's rows where one is
+// set, ids mapped back).
 struct LMProp {
   int64_t kind, n_heads, n_layers;
   std::vector<Lin> lins;
@@ -95,7 +98,10 @@ struct LMProp {
   LMProp(int64_t k, int64_t nh, int64_t nl, std::vector<Lin> l, Lin p, c10::optional<torch::Tensor> ids)
       : kind(k), n_heads(nh), n_layers(nl), lins(std::move(l)), proj(p) {
     if (ids.has_value()) draft = ids->to(torch::kLong).contiguous();
-    TORCH_CHECK(kind == 0 ? lins.size() == 2 : (int64_t)lins.size() == nh * nl, "LMProp: wrong number of linears");
+    TORCH_CHECK(kind == 0   ? lins.size() == 2
+                : kind == 1 ? (int64_t)lins.size() == nh * nl
+                            : kind == 2 && (int64_t)lins.size() == 3 * nh,
+                "LMProp: wrong kind or number of linears");
   }
 };
 
@@ -252,10 +258,51 @@ static void lm_head1_ids(const float* h, int64_t M, const LMNet& net, int64_t* o
   project_ids(y, M, net.proj, out, full, ws.logits);
 }
 
-// heads 1..n_heads at M positions h [M][d] -> ids [M][n_heads]
+// chained heads 1..n_heads at M positions h [M][d], first [M] head 1's tokens -> ids [M][n_heads]: one head after
+// another, each given the token the previous one proposed
+static void lm_propose_chain(const float* h, int64_t M, const LMNet& net, const LMProp& p, int64_t n_heads,
+                             const int64_t* first, int64_t* out) {
+  TORCH_CHECK(first != nullptr, "propose: chained heads need head 1's tokens");
+  Work& ws = work();
+  const int64_t d = net.d;
+  const float* nw = net.nw.data_ptr<float>();
+  const float* ew = net.embed.data_ptr<float>();
+  const int64_t V = net.embed.size(0);
+  const int64_t* dp = p.draft.defined() ? p.draft.data_ptr<int64_t>() : nullptr;
+  Tick tk;
+  float* e = grow(ws.ce, M * d);
+  float* x = grow(ws.cx, M * d);
+  float* st = grow(ws.st, M * d);
+  float* y = grow(ws.sy, M * d);
+  int64_t* ids = grow(ws.pids, M);
+  int64_t* prev = grow(ws.cprev, M);
+  std::memcpy(prev, first, M * sizeof(int64_t));
+  for (int64_t i = 0; i < n_heads; i++) {
+    const Lin &P = p.lins[3 * i], &W1 = p.lins[3 * i + 1], &W2 = p.lins[3 * i + 2];
+    float* hid = grow(ws.hid, M * W1.N);
+    for (int64_t m = 0; m < M; m++) {
+      TORCH_CHECK(prev[m] >= 0 && prev[m] < V, "propose: token id ", prev[m], " outside the vocabulary");
+      std::memcpy(e + m * d, ew + prev[m] * d, d * sizeof(float));
+    }
+    lin_rows(P, e, x, M);                                                    // [M][D]
+    for (int64_t j = 0; j < M * d; j++) x[j] += h[j];
+    lin_rows(W1, x, hid, M);                                                 // [M][H]
+    for (int64_t j = 0; j < M * W1.N; j++) hid[j] = std::max(hid[j], 0.0f);
+    lin_rows(W2, hid, st, M);                                                // [M][D]
+    for (int64_t j = 0; j < M * d; j++) st[j] += h[j];
+    rms_rows(st, y, M, d, nw, (float)net.eps);
+    tk.to(P_HEADS_FFN);
+    project_ids(y, M, p.proj, ids, false, ws.plog);
+    for (int64_t m = 0; m < M; m++) out[m * n_heads + i] = prev[m] = dp ? dp[ids[m]] : ids[m];
+    tk.to(P_PROPOSE_PROJ);
+  }
+}
+
+// heads 1..n_heads at M positions h [M][d] -> ids [M][n_heads]; first [M]: head 1's tokens (chained heads read them)
 static void lm_propose_raw(const float* h, int64_t M, const LMNet& net, const LMProp& p, int64_t n_heads,
-                           int64_t* out) {
+                           int64_t* out, const int64_t* first = nullptr) {
   TORCH_CHECK(n_heads == p.n_heads, "propose: ", n_heads, " heads asked of a proposal path for ", p.n_heads);
+  if (p.kind == 2) return lm_propose_chain(h, M, net, p, n_heads, first, out);
   Work& ws = work();
   const int64_t d = net.d;
   const float* nw = net.nw.data_ptr<float>();
@@ -322,9 +369,9 @@ struct LMLoop : LoopModel {
     c.move_row(dst, src, filled);
     return true;
   }
-  void propose(const float* h, int64_t M, int64_t n_heads, const int64_t*, int64_t* out) const override {
+  void propose(const float* h, int64_t M, int64_t n_heads, const int64_t* first, int64_t* out) const override {
     TORCH_CHECK(prop != nullptr, "propose: no proposal path given");
-    lm_propose_raw(h, M, net, *prop, n_heads, out);
+    lm_propose_raw(h, M, net, *prop, n_heads, out, first);
   }
 };
 
@@ -363,13 +410,21 @@ torch::Tensor lm_head1_argmax(const torch::Tensor& h, const LMNet& net) {
   return ids;
 }
 
-// heads' proposals h [...,D] -> ids [..., n_heads]
-torch::Tensor lm_propose(const torch::Tensor& h, const LMNet& net, const LMProp& p) {
+// heads' proposals h [...,D] -> ids [..., n_heads]; first [...]: head 1's tokens (chained heads: required)
+torch::Tensor lm_propose(const torch::Tensor& h, const LMNet& net, const LMProp& p,
+                         c10::optional<torch::Tensor> first) {
   auto x = h.to(torch::kFloat32).contiguous();
+  const int64_t M = x.numel() / net.d;
   auto shape = x.sizes().vec();
   shape.back() = p.n_heads;
   auto ids = torch::empty(shape, x.options().dtype(torch::kLong));
-  lm_propose_raw(x.data_ptr<float>(), x.numel() / net.d, net, p, p.n_heads, ids.data_ptr<int64_t>());
+  torch::Tensor f;
+  if (first.has_value()) {
+    f = first->to(torch::kLong).contiguous();
+    TORCH_CHECK(f.numel() == M, "lm_propose: one first token per position (", M, "), got ", f.numel());
+  }
+  lm_propose_raw(x.data_ptr<float>(), M, net, p, p.n_heads, ids.data_ptr<int64_t>(),
+                 f.defined() ? f.data_ptr<int64_t>() : nullptr);
   return ids;
 }
 

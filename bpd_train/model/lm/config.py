@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from bpd_train.model.common import ModelConfig
 
-HEAD_TYPES = ("bpd", "medusa")
+HEAD_TYPES = ("bpd", "medusa", "chain")
 ROPE_SCALING = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
@@ -41,7 +41,8 @@ class LMConfig(ModelConfig):
     mlp_bias: bool = False
     dropout: float = 0.0
     block_size: int = 1  # k: number of heads (1 = plain LM)
-    heads: str = "bpd"  # bpd: the paper's FFN heads | medusa: a residual SiLU block per head
+    heads: str = "bpd"  # bpd: the paper's FFN heads | medusa: a residual SiLU block per head | chain: FFN heads that
+    # also read the token before their own (Hydra-style; model/heads.py ChainHeads)
     head_d_hidden: int | None = None  # bpd heads: per-head hidden size (None: d_ff)
     medusa_layers: int = 1  # medusa heads: residual blocks per head (vLLM's num_hidden_layers)
     identity_p1: bool = True  # head 1 is the base LM head (always so for medusa)
@@ -72,8 +73,8 @@ class LMConfig(ModelConfig):
             raise ValueError(f"block_size (k) must be >= 1, got {self.block_size}")
         if self.heads not in HEAD_TYPES:
             raise ValueError(f"heads must be one of {', '.join(HEAD_TYPES)}, got {self.heads!r}")
-        if self.heads == "medusa" and not self.identity_p1:
-            raise ValueError("medusa heads keep head 1 as the base LM head: identity_p1 must be true")
+        if self.heads in ("medusa", "chain") and not self.identity_p1:
+            raise ValueError(f"{self.heads} heads keep head 1 as the base LM head: identity_p1 must be true")
         if self.medusa_layers < 1:
             raise ValueError(f"medusa_layers must be >= 1, got {self.medusa_layers}")
         if self.rope_scaling is not None:

@@ -38,7 +38,7 @@ from bpd_train.engine.lm import LMDecodeWeights
 from bpd_train.engine.packed import DecodeOptions, cached_step_weights
 from bpd_train.model.cache import DecoderState
 from bpd_train.model.common import HeadedModel
-from bpd_train.model.heads import BPDHeads, MedusaHeads
+from bpd_train.model.heads import BPDHeads, ChainHeads, MedusaHeads
 from bpd_train.model.lm.config import LMConfig
 
 
@@ -241,11 +241,12 @@ class LMModel(HeadedModel):
         # k = 1 is a plain LM: no head parameters. Future heads start at zero: each equals head 1.
         heads = None
         if c.block_size > 1:
-            heads = (
-                MedusaHeads(c.d_model, c.block_size, c.medusa_layers, c.dropout)
-                if c.heads == "medusa"
-                else BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout)
-            )
+            if c.heads == "medusa":
+                heads = MedusaHeads(c.d_model, c.block_size, c.medusa_layers, c.dropout)
+            elif c.heads == "chain":
+                heads = ChainHeads(c.d_model, c.block_size, c.head_hidden, c.dropout)
+            else:
+                heads = BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout)
         self.register_module("heads", heads)
         self._init_decoding()
 
@@ -279,9 +280,20 @@ class LMModel(HeadedModel):
         return self.heads_logits(self.features(tokens))
 
     # ---- heads ----
-    def head_states(self, h: Tensor, lo: int = 0, hi: int | None = None) -> Tensor:
-        """h [...,D] -> what the vocabulary projection reads for heads lo..hi-1 [...,hi-lo,D]: BPD heads go
-        through the final norm after their FFN, Medusa heads read the normed state."""
+    @property
+    def chained(self) -> bool:
+        """Heads 2..k read the token before their own (heads=chain): head_states / head_logits then take it."""
+        return getattr(self._modules.get("heads"), "chained", False)
+
+    def embed_prev(self, prev: Tensor) -> Tensor:
+        """prev [...] token ids -> [...,D] what chained heads read of them: the model's token embedding."""
+        return F.embedding(prev.clamp(min=0), self._modules["embed"]._parameters["weight"])
+
+    def head_states(self, h: Tensor, lo: int = 0, hi: int | None = None, prev: Tensor | None = None) -> Tensor:
+        """h [...,D] -> what the vocabulary projection reads for heads lo..hi-1 [...,hi-lo,D]: BPD and chained heads
+        go through the final norm after their FFN, Medusa heads read the normed state. Chained heads also read
+        prev [...], the token before head lo's target (hi = lo + 1; teacher-forced in training); None: the model's
+        own chain, each head given the previous head's argmax."""
         k = self.config.block_size
         hi = k if hi is None else hi
         if not 0 <= lo < hi <= k:
@@ -289,6 +301,20 @@ class LMModel(HeadedModel):
         heads = self.heads
         if heads is None:
             return self.norm(h).unsqueeze(-2)
+        if getattr(heads, "chained", False):
+            out = []
+            for i in range(lo, hi):
+                if i == 0:
+                    s = self.norm(h)
+                else:
+                    if prev is None:
+                        prev = F.linear(
+                            out[-1] if out else self.head_states(h, i - 1, i).squeeze(-2), self.output_weight()
+                        ).argmax(-1)
+                    s = self.norm(heads.state(h, i, self.embed_prev(prev)))
+                out.append(s)
+                prev = None
+            return torch.stack(out, dim=-2)
         if isinstance(heads, MedusaHeads):
             n = self.norm(h)
             if lo == 0:
@@ -304,11 +330,12 @@ class LMModel(HeadedModel):
         """h [...,D] -> logits of heads lo..hi-1 [...,hi-lo,V]."""
         return F.linear(self.head_states(h, lo, hi), self.output_weight())
 
-    def head_logits(self, h: Tensor, i: int) -> Tensor:
-        """h [...,D] -> logits [...,V] of head i (0 = the LM head: predicts the next token)."""
+    def head_logits(self, h: Tensor, i: int, prev: Tensor | None = None) -> Tensor:
+        """h [...,D] -> logits [...,V] of head i (0 = the LM head: predicts the next token); prev: chained heads'
+        token before head i's target (head_states)."""
         if not 0 <= i < self.config.block_size:
             raise IndexError(f"head {i} out of range for block_size={self.config.block_size}")
-        return self.heads_logits(h, i, i + 1).squeeze(-2)
+        return F.linear(self.head_states(h, i, i + 1, prev).squeeze(-2), self.output_weight())
 
     # ---- decoding ----
     def encode(self, prompts: Tensor) -> Prompt:
