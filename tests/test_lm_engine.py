@@ -332,6 +332,11 @@ def test_the_torch_engine_still_decodes_decoder_only_models_in_fp32(tmp_path):
         "src = prompts(3, 12)\n"
         "assert m.decode_weights().native_layers is None\n"
         "assert blockwise(m, src, max_len=12).tokens == greedy(m, src, max_len=12).tokens\n"
+        "c = lm(13, 'chain', vocab=40, std=0.3)\n"  # chained heads on the torch path too
+        "src2 = prompts(3, 13, vocab=40)\n"
+        "assert c.decode_weights().native_layers is None\n"
+        "assert blockwise(c, src2, max_len=12).tokens == greedy(c, src2, max_len=12).tokens\n"
+        "assert [blockwise(c, [p], max_len=12).tokens[0] for p in src2] == greedy(c, src2, max_len=12).tokens\n"
         "m.decode_options = DecodeOptions(dtype='int8')\n"
         "with pytest.raises(ValueError, match='fp32'):\n"
         "    greedy(m, src, max_len=4)\n"

@@ -324,3 +324,27 @@ def test_docs_python_block_runs(folders, tmp_path):
     code = text.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(code, "docs/decoder-only.md#python-api", "exec"), {"folder": folders["llama"], "out": tmp_path})
     assert (tmp_path / "medusa" / "model.safetensors").is_file() and (tmp_path / "hf" / "config.json").is_file()
+
+
+def test_chained_heads_are_refused_by_the_hf_export_and_kept_by_a_bundle(folders, tmp_path):
+    """Chained heads (model.heads=chain) have no transformers heads-file format: export.format=hf says so in one
+    line and writes nothing; a bundle keeps them (same proposals after loading)."""
+    from bpd_train.bundle import load_bundle, write_bundle
+    from bpd_train.convert.hf.lm import to_hf_lm
+
+    model, tok, _ = load_hf_lm(folders["llama"], block_size=3, heads="chain")
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for p in model.head_parameters():
+            p.normal_(0, 0.2)
+    with pytest.raises(ConvertError, match="chained heads.*export.format=bundle"):
+        to_hf_lm(model, tmp_path / "out", tokenizer_folder=folders["llama"])
+    assert not (tmp_path / "out").exists()
+    ids = torch.tensor([tok.encode(PROMPTS[2])])
+    with torch.no_grad():
+        want = model(ids)
+    write_bundle(model, folders["llama"], tmp_path / "bundle")
+    back_model, _, _ = load_bundle(tmp_path / "bundle")
+    assert back_model.config.heads == "chain"
+    with torch.no_grad():
+        assert torch.equal(back_model(ids), want)
