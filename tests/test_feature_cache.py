@@ -31,6 +31,57 @@ def _lm(k=3, dropout=0.0, heads="medusa") -> LMModel:
     ).eval()
 
 
+def _draft_module(draft: int, heads: str = "medusa") -> BPDLightningModule:
+    """A k = 4 regime module with the draft-vocabulary loss over the lowest `draft` ids and random heads."""
+    m = BPDLightningModule(
+        _lm(k=4, heads=heads).config.to_dict(),
+        {"name": "t", "block_size": 4, "head_loss": "mean", "trainable": "heads", "init_from": "x"},
+        {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
+        {"draft_vocab": draft, "recompute": False},
+        seed=3,
+    )
+    with torch.no_grad():
+        for p in m.model.head_parameters():
+            p.normal_(0, 0.2)
+    m.train()
+    return m
+
+
+def _prompted_batch(seed: int) -> dict:
+    """Four rows whose prompts (of different lengths) have no targets."""
+    rows = _rows([9, 14, 6, 12], seed=seed)
+    tokens = _batch([r[:-1] for r in rows], width=16)
+    targets = torch.full_like(tokens, PAD)
+    for i, (r, prompt) in enumerate(zip(rows, (5, 2, 4, 8))):
+        targets[i, prompt - 1 : len(r) - 1] = torch.tensor(r[prompt:])
+    return {"tokens": tokens, "targets": targets, "prompts": [r[:1] for r in rows]}
+
+
+def _same_loss_and_gradients(m, b: dict, draft: int, logits_of) -> torch.Tensor:
+    """The module's draft-vocabulary loss on batch b and its heads' gradients equal the mean over heads 1-3 of the
+    cross-entropy of logits_of(h, i) [B,T,V] over the lowest `draft` ids (targets outside ignored). Returns h."""
+    import torch.nn.functional as F
+
+    targets = b["targets"]
+    loss, _ = m.compute_loss(b, [1, 2, 3], [1 / 3] * 3)
+    loss.backward()
+    got = [p.grad.clone() for p in m.model.head_parameters()]
+    m.zero_grad()
+    h = m.model.features(b["tokens"]).detach()
+    want = 0.0
+    for i in (1, 2, 3):
+        t = torch.full_like(targets, PAD)
+        t[:, :-i] = targets[:, i:]
+        t[t >= draft] = PAD
+        lg = logits_of(h, i)[..., :draft]
+        want = want + F.cross_entropy(lg.reshape(-1, draft), t.reshape(-1), ignore_index=PAD) / 3
+    want.backward()
+    assert abs(loss.item() - want.item()) < 1e-5
+    assert all(torch.allclose(g, p.grad, atol=1e-6) for g, p in zip(got, m.model.head_parameters()))
+    m.zero_grad()
+    return h
+
+
 def _rows(lengths, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, 40, (n,), generator=g).tolist() for n in lengths]
@@ -191,42 +242,12 @@ def test_draft_vocabulary_loss_is_the_cross_entropy_over_the_lowest_ids():
 def test_draft_vocabulary_loss_skips_prompt_and_padding_positions_with_the_same_loss_and_gradients():
     """The draft-vocabulary loss runs the heads' projection only from each row's first useful position to its last
     target (compact_rows): the loss and the heads' gradients are those over the whole padded batch."""
-    import torch.nn.functional as F
-
     from bpd_train.training.module import compact_rows
 
-    m = BPDLightningModule(
-        _lm(k=4).config.to_dict(),
-        {"name": "t", "block_size": 4, "head_loss": "mean", "trainable": "heads", "init_from": "x"},
-        {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
-        {"draft_vocab": 30, "recompute": False},
-        seed=3,
-    )
-    with torch.no_grad():
-        for p in m.model.head_parameters():
-            p.normal_(0, 0.2)
-    m.train()
-    rows = _rows([9, 14, 6, 12], seed=5)
-    tokens = _batch([r[:-1] for r in rows], width=16)
-    targets = torch.full_like(tokens, PAD)
-    for i, (r, prompt) in enumerate(zip(rows, (5, 2, 4, 8))):  # prompts of different lengths: no loss there
-        targets[i, prompt - 1 : len(r) - 1] = torch.tensor(r[prompt:])
-    b = {"tokens": tokens, "targets": targets, "prompts": [r[:1] for r in rows]}
-    loss, _ = m.compute_loss(b, [1, 2, 3], [1 / 3] * 3)
-    loss.backward()
-    got = [p.grad.clone() for p in m.model.head_parameters()]
-    m.zero_grad()
-    h = m.model.features(tokens).detach()
-    want = 0.0
-    for i in (1, 2, 3):
-        logits = m.model.heads_logits(h, i, i + 1).squeeze(-2)[..., :30]
-        t = torch.full_like(targets, PAD)
-        t[:, :-i] = targets[:, i:]
-        t[t >= 30] = PAD
-        want = want + F.cross_entropy(logits.reshape(-1, 30), t.reshape(-1), ignore_index=PAD) / 3
-    want.backward()
-    assert abs(loss.item() - want.item()) < 1e-5
-    assert all(torch.allclose(g, p.grad, atol=1e-6) for g, p in zip(got, m.model.head_parameters()))
+    m = _draft_module(30)
+    b = _prompted_batch(5)
+    h = _same_loss_and_gradients(m, b, 30, lambda h, i: m.model.heads_logits(h, i, i + 1).squeeze(-2))
+    targets = b["targets"]
     hc, tc = compact_rows(h, targets, 3, PAD)
     assert tc.shape[1] < targets.shape[1] and tc.ne(PAD).sum() == targets.ne(PAD).sum()
     assert compact_rows(h, torch.full_like(targets, PAD), 3, PAD)[1].ne(PAD).sum() == 0  # no target anywhere
@@ -236,46 +257,20 @@ def test_chained_heads_learn_over_the_draft_vocabulary_from_the_token_before_the
     """Chained heads (heads=chain) with the draft-vocabulary loss: head i learns the target i+1 ahead among the lowest
     ids, given the token before it whatever that token's id (head 1's is the model's own next token, often outside
     the draft vocabulary): the loss and gradients of that teacher-forced cross-entropy, and training lowers it."""
-    import torch.nn.functional as F
-
-    m = BPDLightningModule(
-        _lm(k=4, heads="chain").config.to_dict(),
-        {"name": "t", "block_size": 4, "head_loss": "mean", "trainable": "heads", "init_from": "x"},
-        {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
-        {"draft_vocab": 20, "recompute": False},
-        seed=3,
-    )
+    m = _draft_module(20, "chain")
     assert m.model.chained
-    with torch.no_grad():
-        for p in m.model.head_parameters():
-            p.normal_(0, 0.2)
-    m.train()
-    rows = _rows([9, 14, 6, 12], seed=6)
-    tokens = _batch([r[:-1] for r in rows], width=16)
-    targets = torch.full_like(tokens, PAD)
-    for i, (r, prompt) in enumerate(zip(rows, (5, 2, 4, 8))):
-        targets[i, prompt - 1 : len(r) - 1] = torch.tensor(r[prompt:])
+    b = _prompted_batch(6)
+    targets = b["targets"]
     assert ((targets >= 20) & (targets != PAD)).any() and ((targets < 20) & (targets != PAD)).any()
-    b = {"tokens": tokens, "targets": targets, "prompts": [r[:1] for r in rows]}
-    loss, _ = m.compute_loss(b, [1, 2, 3], [1 / 3] * 3)
-    loss.backward()
-    got = [p.grad.clone() for p in m.model.head_parameters()]
-    m.zero_grad()
-    h = m.model.features(tokens).detach()
-    want = 0.0
-    for i in (1, 2, 3):
+
+    def logits(h, i):  # given the data's token before the target, whatever its id
         prev = torch.full_like(targets, PAD)
         prev[:, : targets.size(1) - i + 1] = targets[:, i - 1 :]
-        logits = m.model.head_logits(h, i, prev)[..., :20]
-        t = torch.full_like(targets, PAD)
-        t[:, :-i] = targets[:, i:]
-        t[t >= 20] = PAD
-        want = want + F.cross_entropy(logits.reshape(-1, 20), t.reshape(-1), ignore_index=PAD) / 3
-    want.backward()
-    assert abs(loss.item() - want.item()) < 1e-5
-    assert all(torch.allclose(g, p.grad, atol=1e-6) for g, p in zip(got, m.model.head_parameters()))
+        return m.model.head_logits(h, i, prev)
+
+    _same_loss_and_gradients(m, b, 20, logits)
     opt = torch.optim.AdamW(m.model.head_parameters(), lr=3e-2)
-    first = loss.item()
+    first = m.compute_loss(b, [1, 2, 3], [1 / 3] * 3)[0].item()
     for _ in range(60):
         opt.zero_grad()
         m.compute_loss(b, [1, 2, 3], [1 / 3] * 3)[0].backward()

@@ -391,12 +391,15 @@ struct ChainProp {
   }
 };
 
-// Chained heads 1..n_heads (0-based: head 1 predicts 2 ahead) at M positions h [M][D], first [M] the token before
-// head 1's target (head 0's, i.e. the base model's next token) -> argmax ids [M][n_heads] (draft ids mapped back).
-static void propose_chain_raw(const float* h, int64_t M, int64_t d, const ChainProp& c, const int64_t* first,
-                              int64_t n_heads, const float* nw, const float* nb, float eps, const Lin& proj,
-                              const int64_t* draft, int64_t* out) {
-  TORCH_CHECK(n_heads <= (int64_t)c.tok.size(), "propose: ", n_heads, " heads asked of ", c.tok.size(), " chained heads");
+// Chained heads 1..n_heads of either model family at M positions h [M][d], first [M] the token before head 1's target
+// (head 0's, i.e. the base model's next token) -> argmax ids [M][n_heads] (draft ids mapped back). lins(i, j): head
+// i's token map (j = 0), FFN in (1) and out (2); emb [V][d] the token embedding they read (times scale); norm(st, y,
+// M): the model's final norm.
+template <typename Lins, typename Norm>
+static void chain_propose(const float* h, int64_t M, int64_t d, int64_t n_heads, Lins lins, const float* emb,
+                          int64_t V, float scale, Norm norm, const Lin& proj, const int64_t* draft,
+                          const int64_t* first, int64_t* out) {
+  TORCH_CHECK(first != nullptr, "propose: chained heads need head 1's tokens");
   Work& ws = work();
   Tick tk;
   float* e = grow(ws.ce, M * d);
@@ -406,31 +409,35 @@ static void propose_chain_raw(const float* h, int64_t M, int64_t d, const ChainP
   int64_t* ids = grow(ws.pids, M);
   int64_t* prev = grow(ws.cprev, M);
   std::memcpy(prev, first, M * sizeof(int64_t));
-  const float* ew = c.emb.data_ptr<float>();
   for (int64_t i = 0; i < n_heads; i++) {
-    const Lin &P = c.tok[i], &F1 = c.fc1[i], &F2 = c.fc2[i];
+    const Lin &P = lins(i, 0), &F1 = lins(i, 1), &F2 = lins(i, 2);
     float* hid = grow(ws.hid, M * F1.N);
     for (int64_t m = 0; m < M; m++) {
-      const float* er = ew + prev[m] * d;
-      for (int64_t j = 0; j < d; j++) e[m * d + j] = er[j] * c.scale;
+      TORCH_CHECK(prev[m] >= 0 && prev[m] < V, "propose: token id ", prev[m], " outside the vocabulary");
+      const float* er = emb + prev[m] * d;
+      for (int64_t j = 0; j < d; j++) e[m * d + j] = er[j] * scale;
     }
-    lin_rows(P, e, x, M);
+    lin_rows(P, e, x, M);                                                    // [M][d]
     for (int64_t j = 0; j < M * d; j++) x[j] += h[j];
-    lin_rows(F1, x, hid, M);
+    lin_rows(F1, x, hid, M);                                                 // [M][H]
     for (int64_t j = 0; j < M * F1.N; j++) hid[j] = std::max(hid[j], 0.0f);
-    lin_rows(F2, hid, st, M);
+    lin_rows(F2, hid, st, M);                                                // [M][d]
     for (int64_t j = 0; j < M * d; j++) st[j] += h[j];
-    norm_rows(st, y, M, d, nw, nb, eps);
+    norm(st, y, M);
     tk.to(P_HEADS_FFN);
     project_ids(y, M, proj, ids, false, ws.plog);
-    for (int64_t m = 0; m < M; m++) {
-      const int64_t best = ids[m];
-      const int64_t id = draft ? draft[best] : best;
-      out[m * n_heads + i] = id;
-      prev[m] = id;
-    }
+    for (int64_t m = 0; m < M; m++) out[m * n_heads + i] = prev[m] = draft ? draft[ids[m]] : ids[m];
     tk.to(P_PROPOSE_PROJ);
   }
+}
+
+static void propose_chain_raw(const float* h, int64_t M, int64_t d, const ChainProp& c, const int64_t* first,
+                              int64_t n_heads, const float* nw, const float* nb, float eps, const Lin& proj,
+                              const int64_t* draft, int64_t* out) {
+  TORCH_CHECK(n_heads <= (int64_t)c.tok.size(), "propose: ", n_heads, " heads asked of ", c.tok.size(), " chained heads");
+  auto lins = [&](int64_t i, int j) -> const Lin& { return j == 0 ? c.tok[i] : j == 1 ? c.fc1[i] : c.fc2[i]; };
+  auto norm = [&](const float* st, float* y, int64_t m) { norm_rows(st, y, m, d, nw, nb, eps); };
+  chain_propose(h, M, d, n_heads, lins, c.emb.data_ptr<float>(), c.emb.size(0), c.scale, norm, proj, draft, first, out);
 }
 
 torch::Tensor propose_chain(const torch::Tensor& h_in, const torch::Tensor& first_in, const ChainProp& c,

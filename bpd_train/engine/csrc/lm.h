@@ -258,44 +258,14 @@ static void lm_head1_ids(const float* h, int64_t M, const LMNet& net, int64_t* o
   project_ids(y, M, net.proj, out, full, ws.logits);
 }
 
-// chained heads 1..n_heads at M positions h [M][d], first [M] head 1's tokens -> ids [M][n_heads]: one head after
-// another, each given the token the previous one proposed
+// chained heads (encdec.h chain_propose) with the model's RMSNorm and its unscaled token embedding
 static void lm_propose_chain(const float* h, int64_t M, const LMNet& net, const LMProp& p, int64_t n_heads,
                              const int64_t* first, int64_t* out) {
-  TORCH_CHECK(first != nullptr, "propose: chained heads need head 1's tokens");
-  Work& ws = work();
-  const int64_t d = net.d;
+  auto lins = [&](int64_t i, int j) -> const Lin& { return p.lins[3 * i + j]; };
   const float* nw = net.nw.data_ptr<float>();
-  const float* ew = net.embed.data_ptr<float>();
-  const int64_t V = net.embed.size(0);
-  const int64_t* dp = p.draft.defined() ? p.draft.data_ptr<int64_t>() : nullptr;
-  Tick tk;
-  float* e = grow(ws.ce, M * d);
-  float* x = grow(ws.cx, M * d);
-  float* st = grow(ws.st, M * d);
-  float* y = grow(ws.sy, M * d);
-  int64_t* ids = grow(ws.pids, M);
-  int64_t* prev = grow(ws.cprev, M);
-  std::memcpy(prev, first, M * sizeof(int64_t));
-  for (int64_t i = 0; i < n_heads; i++) {
-    const Lin &P = p.lins[3 * i], &W1 = p.lins[3 * i + 1], &W2 = p.lins[3 * i + 2];
-    float* hid = grow(ws.hid, M * W1.N);
-    for (int64_t m = 0; m < M; m++) {
-      TORCH_CHECK(prev[m] >= 0 && prev[m] < V, "propose: token id ", prev[m], " outside the vocabulary");
-      std::memcpy(e + m * d, ew + prev[m] * d, d * sizeof(float));
-    }
-    lin_rows(P, e, x, M);                                                    // [M][D]
-    for (int64_t j = 0; j < M * d; j++) x[j] += h[j];
-    lin_rows(W1, x, hid, M);                                                 // [M][H]
-    for (int64_t j = 0; j < M * W1.N; j++) hid[j] = std::max(hid[j], 0.0f);
-    lin_rows(W2, hid, st, M);                                                // [M][D]
-    for (int64_t j = 0; j < M * d; j++) st[j] += h[j];
-    rms_rows(st, y, M, d, nw, (float)net.eps);
-    tk.to(P_HEADS_FFN);
-    project_ids(y, M, p.proj, ids, false, ws.plog);
-    for (int64_t m = 0; m < M; m++) out[m * n_heads + i] = prev[m] = dp ? dp[ids[m]] : ids[m];
-    tk.to(P_PROPOSE_PROJ);
-  }
+  auto norm = [&](const float* st, float* y, int64_t m) { rms_rows(st, y, m, net.d, nw, (float)net.eps); };
+  chain_propose(h, M, net.d, n_heads, lins, net.embed.data_ptr<float>(), net.embed.size(0), 1.0f, norm, p.proj,
+                p.draft.defined() ? p.draft.data_ptr<int64_t>() : nullptr, first, out);
 }
 
 // heads 1..n_heads at M positions h [M][d] -> ids [M][n_heads]; first [M]: head 1's tokens (chained heads read them)
