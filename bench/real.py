@@ -47,12 +47,16 @@ PROMPTS = [
 ]
 
 
-def options(model, tok, dtype: str, lookup: int = 0) -> DecodeOptions:
+def options(model, tok, dtype: str, lookup: int = 0, narrow: int = 0) -> DecodeOptions:
     """The decode options every entry point uses by default: the draft vocabulary, int8 proposals in fp32; lookup:
-    proposals from the prompt and answer so far too (prompt lookup)."""
+    proposals from the prompt and answer so far too (prompt lookup); narrow: rows of a step without a repeat."""
     draft = draft_vocabulary(tok, "auto", model.config.eos_ids or model.config.eos_id)
     return DecodeOptions(
-        dtype=dtype, draft_vocab=draft, proposal_dtype="int8" if dtype == "fp32" else None, lookup=lookup
+        dtype=dtype,
+        draft_vocab=draft,
+        proposal_dtype="int8" if dtype == "fp32" else None,
+        lookup=lookup,
+        narrow=narrow if lookup else 0,
     )
 
 
@@ -165,6 +169,13 @@ def main() -> None:
         help="prompt lookup settings timed with the trained heads (0: the heads alone)",
     )
     ap.add_argument(
+        "--narrow",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="with lookup: rows of a step whose context repeats fewer than 2 tokens (0: the full block), each timed",
+    )
+    ap.add_argument(
         "--prompts",
         type=Path,
         default=None,
@@ -223,10 +234,12 @@ def main() -> None:
             for h in args.heads:
                 trained = load(h).model
                 kt = trained.config.block_size
-                for lookup, k, batch in itertools.product(
-                    args.lookup, [k for k in args.heads_k if k <= kt] or [kt], (1, 8)
+                for lookup, narrow, k, batch in itertools.product(
+                    args.lookup, args.narrow, [k for k in args.heads_k if k <= kt] or [kt], (1, 8)
                 ):
-                    model.decode_options = trained.decode_options = options(model, tok, dtype, lookup)
+                    if narrow and (not lookup or batch > 1 or narrow >= k):
+                        continue  # (narrow acts on one row with lookup only)
+                    model.decode_options = trained.decode_options = options(model, tok, dtype, lookup, narrow)
                     r = compare(
                         model,
                         trained,
@@ -234,10 +247,10 @@ def main() -> None:
                         args.new_tokens,
                         args.reps,
                         batch,
-                        f"{Path(h).name} k={k} {dtype} lookup={lookup}",
+                        f"{Path(h).name} k={k} {dtype} lookup={lookup}" + (f" narrow={narrow}" if narrow else ""),
                         k=k,
                     )
-                    r.update(threads=threads, lookup=lookup)
+                    r.update(threads=threads, lookup=lookup, narrow=narrow)
                     rows.append(r)
                     print(json.dumps(r), flush=True)
                     if batch == 1 and r["identical"] and r["blockwise_tok_s"] > best.get("blockwise_tok_s", 0):

@@ -98,6 +98,7 @@ class Translator:
         proposal_dtype="auto",
         context_policy: str = "truncate_left",
         lookup: int = 0,
+        narrow: int = 0,
     ) -> Output:
         """Translate `sentences` (a list of str). method: blockwise (default) | greedy; accept: exact (greedy's
         output) | top<N> | distance:<eps>; block_size: at most the model's k (default k); max_len: an int, or
@@ -105,7 +106,8 @@ class Translator:
         feed only proposals whose heads pay (output unchanged; None: on with the exact rule on the CPU);
         draft_vocab: heads 2..k propose among the N most frequent tokens (auto | N | None: all); proposal_dtype:
         heads 2..k in bf16 | int8 (auto: int8 on a CPU with the int8 kernels; None: dtype); lookup: N > 0 also
-        proposes from the prompt and answer so far (decoder-only; output unchanged). Options as
+        proposes from the prompt and answer so far (decoder-only; output unchanged); narrow: with lookup, a step
+        whose context repeats fewer than 2 tokens feeds this many rows (0: the full block). Options as
         bpd_train.decoding.settings.DecodeSettings checks them. A decoder-only model translates with its prompt
         format ("English: ...\\nFrench:") given src_lang/tgt_lang; context_policy: a prompt longer than its context
         is cut from the left (truncate_left) or refused."""
@@ -120,6 +122,7 @@ class Translator:
             adaptive=adaptive,
             batch_size=batch_size,
             lookup=lookup,
+            narrow=narrow,
         )
         sentences = _strings(sentences, "sentences")
         if self.family.prompted and not (src_lang and tgt_lang):
@@ -148,6 +151,7 @@ class Translator:
         draft_vocab="auto",
         proposal_dtype="auto",
         lookup: int = 0,
+        narrow: int = 0,
     ) -> Output:
         """A decoder-only model's answers to `prompts`: each prompt as it is, or (chat=True, or a list of
         {"role", "content"} messages per prompt) rendered with the tokenizer's chat template. At most
@@ -163,6 +167,7 @@ class Translator:
             adaptive=adaptive,
             batch_size=batch_size,
             lookup=lookup,
+            narrow=narrow,
         )
         if not self.family.prompted:
             raise DecodeError("generate() is for decoder-only models; this is a translation model: use translate()")

@@ -262,8 +262,16 @@ def run_chain(args: argparse.Namespace) -> None:
     eval_dir = corpus / "eval" / "real"
     report_path = eval_dir / "report.json"
     newest = max((d / "done.json").stat().st_mtime for d in dirs.values())
-    if report_path.exists() and report_path.stat().st_mtime > newest:
-        print(f"=== evaluate: report is newer than every run ({report_path}), skipped")
+    # what the report was made with: a changed decode or evaluate setting makes it stale, as a newer run does
+    asked = {"runs": [str(d) for d in dirs.values()], "decode": _plain(cfg.decode), "evaluate": _plain(cfg.evaluate)}
+    stamp = eval_dir.parent / f".{eval_dir.name}.done.json"
+    if (
+        report_path.exists()
+        and report_path.stat().st_mtime > newest
+        and stamp.is_file()
+        and json.loads(stamp.read_text("utf-8")) == json.loads(json.dumps(asked))
+    ):
+        print(f"=== evaluate: report is newer than every run, same settings ({report_path}), skipped")
     else:
         inputs = "[" + ",".join(str(d) for d in dirs.values()) + "]"
         run_stage(
@@ -276,6 +284,7 @@ def run_chain(args: argparse.Namespace) -> None:
                 "evaluate.distilled=null",
             ],
         )
+        _write_atomic(stamp, json.dumps(asked))
     report = json.loads(report_path.read_text("utf-8"))
     best, best_hf, medusa = chosen(report, dirs)
 

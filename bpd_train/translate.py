@@ -113,6 +113,14 @@ def parser() -> argparse.ArgumentParser:
         "occurred before (prompt lookup; output unchanged; adaptive feeding off); 0 (default): off",
     )
     p.add_argument(
+        "--narrow",
+        type=int,
+        default=0,
+        metavar="W",
+        help="with --lookup, one row: a step whose context repeats fewer than 2 tokens feeds W rows (the heads' "
+        "first W-1 proposals) instead of the full block; output unchanged; 0 (default): always the full block",
+    )
+    p.add_argument(
         "--adaptive",
         action=argparse.BooleanOptionalAction,
         default=None,

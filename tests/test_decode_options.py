@@ -81,6 +81,8 @@ def test_auto_proposal_precision_is_int8_on_a_cpu_with_int8_kernels_only():
         ({"batch_size": 0}, "batch_size must be an int >= 1, got 0"),
         ({"max_len": [1, float("inf")]}, "max_len [a, b] takes finite numbers"),
         ({"max_len": "long"}, "max_len must be an int or [a, b]"),
+        ({"lookup": 9}, "lookup=9: expected an int in 0..8 (0: off)"),
+        ({"narrow": 1}, "narrow=1: expected 0 (off) or an int >= 2"),
     ],
 )
 def test_bad_settings_are_one_error_naming_the_field_value_and_choices(kwargs, message):
@@ -105,3 +107,5 @@ def test_settings_are_normalised_once():
     )
     opts = DecodeSettings(draft_vocab=None, proposal_dtype=None).options(Ranked(4000), 2, "cpu")
     assert opts.draft_vocab is None and opts.proposal_dtype is None
+    opts = DecodeSettings(lookup=3, narrow=2).options(Ranked(4000), 2, "cpu")  # the options carry both
+    assert (opts.lookup, opts.narrow) == (3, 2)

@@ -400,3 +400,51 @@ def test_prompt_lookup_keeps_greedy_output_and_accepts_what_the_context_repeats(
     assert calls["on"] < 0.9 * calls["off"], calls  # lookup's proposals were accepted
     with pytest.raises(ValueError, match="lookup"):
         DecodeOptions(lookup=-1)
+
+
+def _repeats_two(c: list[int]) -> bool:
+    """Whether the context's last two tokens occurred before in it (a lookup match of >= 2 tokens)."""
+    return len(c) >= 3 and any(c[j : j + 2] == c[-2:] for j in range(len(c) - 2))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_narrow_steps_follow_the_lookup_rule_and_keep_greedy_output(dtype):
+    """DecodeOptions.narrow with lookup (one row, native loop): a step whose context (prompt and tokens so far)
+    does not repeat its last two tokens feeds `narrow` rows (the fed token and the heads' first proposals), one
+    that does feeds the full block. Driven one step per native call, the next fed block's width is checked against
+    that rule on the context the loop saw; whole decodes stay greedy's, alone and in a batch (where narrow does not
+    act), for Medusa and chained heads and BPD heads (fewer heads asked of a path that computes them all)."""
+    widths = set()
+    for i, (heads, kv, bias, tie, extra) in enumerate([CONFIGS[0], CONFIGS[2], CONFIGS[4]]):
+        m = lm(60 + i, heads, k=4, kv=kv, qkv_bias=bias, tie=tie, **extra)
+        src = prompts(5, 70 + i, longest=10)
+        m.decode_options = DecodeOptions(dtype=dtype)
+        g = greedy(m, src, max_len=40)
+        m.decode_options = DecodeOptions(dtype=dtype, lookup=3, narrow=2)
+        assert blockwise(m, src, max_len=40).tokens == g.tokens, f"{heads} batch"
+        assert [blockwise(m, [p], max_len=40).tokens[0] for p in src] == g.tokens, f"{heads} one row"
+        w = m.decode_weights()
+        if w.native_loop is None:  # heads with their own head 1 take the Python steps: no narrowing there
+            continue
+        assert w.narrows
+        for p in src:
+            with torch.inference_mode():
+                state = m.start_decoding(m.encode(torch.tensor([p])), 48)
+                x, out = state.first[0].numpy(), []
+                for _ in range(30):
+                    state.lengths = len(out)
+                    toks, nc, nxt, hn, ended = w.block_steps(
+                        m, state, x, 40 - len(out), 1, width=4, context=[np.array(p + out)]
+                    )
+                    out += toks.tolist()
+                    if ended:
+                        break
+                    want = 4 if _repeats_two(p + out) else 2
+                    assert len(nxt) == want, (heads, p, out, nxt)
+                    widths.add(want)
+                    x = nxt
+            gt = g.tokens[src.index(p)]  # (greedy's tokens stop before the end id the loop returns)
+            assert out[: len(gt)] == gt[: len(out)] and len(out) <= len(gt) + 1
+    assert widths == {2, 4}  # both kinds of step occurred
+    with pytest.raises(ValueError, match="narrow"):
+        DecodeOptions(narrow=1)

@@ -86,7 +86,8 @@ def test_a_decode_precision_is_part_of_an_lm_corpus_id_and_fp32_keeps_the_old_on
 @pytest.mark.slow
 def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     """python -m bpd_train.real_model --run --experiment smoke-real on a tiny GGUF file: every stage's artifact,
-    int8 answers identical to int8 greedy, exact evaluation, the exports; a rerun skips every stage."""
+    int8 answers identical to int8 greedy, exact evaluation, the exports; a rerun skips every stage, one with another
+    decode setting only the evaluation and the exports."""
     pytest.importorskip("gguf")
     from bpd_train.decoding import greedy
     from bpd_train.decoding.settings import DecodeOptions, set_decode_options
@@ -162,6 +163,11 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert "done in" not in r2.stdout.replace("pipeline finished", ""), r2.stdout[-3000:]
     assert r2.stdout.count("skipped") == 1 + 1 + 3 + 1 + 3
+    # another decode setting makes the report stale: evaluation and the exports again, nothing before them
+    r3 = subprocess.run([*cmd, "decode.narrow=0"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r3.returncode == 0, r3.stderr[-3000:]
+    assert "=== evaluate: done in" in r3.stdout and "=== export bundle: done in" in r3.stdout, r3.stdout[-3000:]
+    assert r3.stdout.count("skipped") == 1 + 1 + 3, r3.stdout[-3000:]
 
 
 def test_the_exports_pick_the_fastest_exact_run_each_format_can_hold():

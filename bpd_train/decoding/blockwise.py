@@ -319,6 +319,7 @@ class _Blockwise:
         if ad is not None:  # a probe runs 1 step per call, the width the costs chose a run (Adaptive.run_length)
             ad.chunk = ad.run_length() if ad.width(1) == fed else 1
             ad.last_fed, steps = fed, ad.chunk + prefill
+        narrows = getattr(self.w, "narrows", False)  # the loop picks each step's width (DecodeOptions.narrow)
         got = self.w.block_steps(
             self.model,
             self.state,
@@ -326,7 +327,7 @@ class _Blockwise:
             int(limit[0] - length[0]),
             steps,
             rule=self.native_rule,
-            **({"width": width} if prefill else {}),
+            **({"width": width} if prefill else {"width": self.kb} if narrows else {}),
             **self._context(out, orig, length),
         )
         if got is None:
@@ -346,7 +347,7 @@ class _Blockwise:
         b = self._width(1)
         if b == 1:
             return self.stretch(nxt[None, :1], out, orig, limit, length)
-        if b <= fed:
+        if b <= fed or narrows:
             return nxt[None, :b], done
         return np.concatenate([nxt[None, :1], self.w.propose(hn[None], 1, b, nxt[:1]).cpu().numpy()], axis=1), done
 

@@ -169,7 +169,14 @@ def proposal_precision(proposal_dtype, dtype: str = "fp32", device="cpu") -> str
 
 
 def decode_options(
-    sp, eos_id, dtype: str = "fp32", draft_vocab=AUTO, proposal_dtype=AUTO, device="cpu", lookup: int = 0
+    sp,
+    eos_id,
+    dtype: str = "fp32",
+    draft_vocab=AUTO,
+    proposal_dtype=AUTO,
+    device="cpu",
+    lookup: int = 0,
+    narrow: int = 0,
 ) -> DecodeOptions:
     """DecodeOptions from config values (decode.dtype, decode.draft_vocab, decode.proposal_dtype); "auto" (the
     default of every decoding entry point) is the cheapest proposals that keep the output: see draft_vocabulary and
@@ -180,6 +187,7 @@ def decode_options(
             draft_vocab=draft_vocabulary(sp, draft_vocab, eos_id),
             proposal_dtype=proposal_precision(proposal_dtype, dtype, device),
             lookup=lookup,
+            narrow=narrow,
         )
     except DecodeError:
         raise
@@ -231,6 +239,7 @@ class DecodeSettings:
     batch_size: int = 32  # sentences per batch (grouped by length)
     lookup: int = 0  # decoder-only: also propose from the prompt and answer so far, matching the
     #                                    last N..1 tokens (prompt lookup; N in 1..8, 0: off); adaptive feeding off
+    narrow: int = 0  # with lookup, one row: a step whose context repeats < 2 tokens feeds this many rows (0: all)
     rule: AcceptanceRule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -262,6 +271,9 @@ class DecodeSettings:
         n = self.lookup
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 8:
             raise _bad("lookup", n, "an int in 0..8 (0: off)")
+        n = self.narrow
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n == 1:
+            raise _bad("narrow", n, "0 (off) or an int >= 2 (rows of a step whose context repeats < 2 tokens)")
 
     @classmethod
     def names(cls) -> list[str]:
@@ -290,4 +302,6 @@ class DecodeSettings:
     def options(self, tokenizer, stop, device) -> DecodeOptions:
         """The model's DecodeOptions: "auto" draft vocabulary and proposal precision resolved for this tokenizer
         (its ranking of tokens), stop ids and device."""
-        return decode_options(tokenizer, stop, self.dtype, self.draft_vocab, self.proposal_dtype, device, self.lookup)
+        return decode_options(
+            tokenizer, stop, self.dtype, self.draft_vocab, self.proposal_dtype, device, self.lookup, self.narrow
+        )

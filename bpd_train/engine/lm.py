@@ -278,6 +278,12 @@ class LMDecodeWeights(DecodeStep):
             return [], 0
         return [torch.from_numpy(np.ascontiguousarray(c, dtype=np.int64)) for c in context], n
 
+    @property
+    def narrows(self) -> bool:
+        """Whether the one-row native loop picks each step's width (DecodeOptions.narrow with lookup): its next
+        fed block may be narrower than the block size, and is fed as it is."""
+        return bool(self.options.lookup and self.options.narrow and self.native_loop is not None)
+
     def block_steps(
         self,
         model,
@@ -313,6 +319,7 @@ class LMDecodeWeights(DecodeStep):
             w,
             *rule,
             *self._context(context),
+            self.options.narrow if context is not None else 0,
         )
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
 

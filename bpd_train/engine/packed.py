@@ -15,6 +15,9 @@ vocabulary): the key holds every parameter's storage pointer and in-place versio
   lookup       0, or n: decoder-only models on the native loops propose from the row's own context (prompt and
                answer so far) where its last n (else fewer) tokens occurred before, the heads elsewhere: prompt
                lookup, for answers that copy from their prompt. Proposals only; the output stays greedy's.
+  narrow       0, or w >= 2 (with lookup, batch 1): a step whose context repeats fewer than 2 tokens feeds w rows
+               (the heads' first w - 1 proposals) instead of the full block; a step with a longer repeat feeds the
+               full block. Wide steps where only the heads propose cost more rows than they gain on a CPU.
 """
 
 from __future__ import annotations
@@ -34,10 +37,15 @@ class DecodeOptions:
     draft_vocab: tuple[int, ...] | None = None
     proposal_dtype: str | None = None
     lookup: int = 0
+    narrow: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or not 0 <= self.lookup <= 8:
             raise ValueError(f"lookup must be an int in 0..8 (0: off), got {self.lookup!r}")
+        if isinstance(self.narrow, bool) or not isinstance(self.narrow, int) or self.narrow < 0 or self.narrow == 1:
+            raise ValueError(
+                f"narrow must be 0 (off) or an int >= 2 (rows of a step without a repeat), got {self.narrow!r}"
+            )
         object.__setattr__(self, "dtype", check_dtype(self.dtype))
         if self.proposal_dtype is not None:
             object.__setattr__(self, "proposal_dtype", check_dtype(self.proposal_dtype))

@@ -63,6 +63,7 @@ class EvalSettings:
     #                                               auto: int8 on a CPU with int8 kernels; decoding/settings.py)
     adaptive: bool | float = False  # feed only proposals whose heads pay (threshold)
     lookup: int = 0  # decoder-only: proposals from the prompt and answer so far too
+    narrow: int = 0  # with lookup, one row: rows of a step whose context repeats < 2 tokens (0: the full block)
     min_seconds: float = 0.0  # timed passes over the sentences until each decoder ran this long
     adaptive_speedup: bool = True  # exact rule on the CPU: also time adaptive feeding (what the
     #                                               serving paths run there) in the same interleaved run
@@ -96,6 +97,7 @@ class EvalSettings:
             proposal_dtype=self.proposal_dtype,
             adaptive=self.adaptive,
             lookup=self.lookup,
+            narrow=self.narrow,
             **changes,
         )
 

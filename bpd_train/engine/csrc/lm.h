@@ -271,7 +271,16 @@ static void lm_propose_chain(const float* h, int64_t M, const LMNet& net, const 
 // heads 1..n_heads at M positions h [M][d] -> ids [M][n_heads]; first [M]: head 1's tokens (chained heads read them)
 static void lm_propose_raw(const float* h, int64_t M, const LMNet& net, const LMProp& p, int64_t n_heads,
                            int64_t* out, const int64_t* first = nullptr) {
-  TORCH_CHECK(n_heads == p.n_heads, "propose: ", n_heads, " heads asked of a proposal path for ", p.n_heads);
+  TORCH_CHECK(n_heads >= 1 && n_heads <= p.n_heads, "propose: ", n_heads, " heads asked of a proposal path for ",
+              p.n_heads);
+  if (p.kind == 0 && n_heads < p.n_heads) {   // BPD heads' FFN makes every head at once: keep the first n_heads
+    thread_local std::vector<int64_t> all;
+    all.resize(M * p.n_heads);
+    lm_propose_raw(h, M, net, p, p.n_heads, all.data(), first);
+    for (int64_t m = 0; m < M; m++)
+      std::copy(all.data() + m * p.n_heads, all.data() + m * p.n_heads + n_heads, out + m * n_heads);
+    return;
+  }
   if (p.kind == 2) return lm_propose_chain(h, M, net, p, n_heads, first, out);
   Work& ws = work();
   const int64_t d = net.d;
@@ -412,12 +421,12 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, 
     torch::Tensor x_in, const LMNet& net, const LMProp& prop, const torch::Tensor& self_kv, const torch::Tensor& lpad,
     const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, const torch::Tensor& stops, int64_t room,
     int64_t max_steps, int64_t group, int64_t width, int64_t top_n, double dist_eps,
-    const std::vector<torch::Tensor>& context, int64_t lookup) {
+    const std::vector<torch::Tensor>& context, int64_t lookup, int64_t narrow) {
   const auto t_start = std::chrono::steady_clock::now();
   LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
   mdl.prop = &prop;
   mdl.set_rule(top_n, dist_eps);
-  mdl.set_context(context, lookup);
+  mdl.set_context(context, lookup, narrow);
   return block_loop(mdl, x_in, t, room, max_steps, group, width, t_start);
 }
 

@@ -54,10 +54,13 @@ struct LoopModel {
   // Prompt lookup: each row's context (prompt and tokens so far, by the row's place in the call's input); where
   // the context's last n (lookup_n, else fewer, down to 1) tokens occurred before, the tokens that followed them
   // there are the proposals, the heads' only past their end. Proposals only choose what head 1 verifies.
-  int64_t lookup_n = 0;
+  // narrow >= 2 (one row only): a step whose context repeats fewer than 2 tokens feeds `narrow` rows, the heads'
+  // proposals alone (a one-token match predicts little; the rows it saves cost more than they gain).
+  int64_t lookup_n = 0, narrow = 0;
   mutable std::vector<std::vector<int64_t>> ctx;
-  void set_context(const std::vector<torch::Tensor>& rows, int64_t n) {
+  void set_context(const std::vector<torch::Tensor>& rows, int64_t n, int64_t narrow_rows = 0) {
     lookup_n = n > 0 && !rows.empty() ? n : 0;
+    narrow = lookup_n > 0 ? narrow_rows : 0;
     ctx.clear();
     for (const auto& r : rows) {
       auto c = r.to(torch::kLong).contiguous();
@@ -67,8 +70,10 @@ struct LoopModel {
   void extend(int64_t row, const int64_t* t, int64_t c) const {
     if (lookup_n > 0 && row < (int64_t)ctx.size()) ctx[row].insert(ctx[row].end(), t, t + c);
   }
-  // proposals for row `row` into out[0..want) where its context says something: returns how many (0: none)
-  int64_t lookup(int64_t row, int64_t want, int64_t* out) const {
+  // proposals for row `row` into out[0..want) where its context says something: returns how many (0: none);
+  // matched (if given): the length of the repeat they follow (0: none)
+  int64_t lookup(int64_t row, int64_t want, int64_t* out, int64_t* matched = nullptr) const {
+    if (matched) *matched = 0;
     if (lookup_n <= 0 || row >= (int64_t)ctx.size()) return 0;
     const std::vector<int64_t>& c = ctx[row];
     const int64_t L = (int64_t)c.size();
@@ -78,6 +83,7 @@ struct LoopModel {
         if (!std::equal(key, key + n, c.data() + j)) continue;
         const int64_t got = std::min<int64_t>(want, L - (j + n));
         std::copy(c.data() + j + n, c.data() + j + n + got, out);
+        if (matched) *matched = n;
         return got;
       }
     }
@@ -251,7 +257,8 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, in
   group = std::max<int64_t>(1, group);
   width = std::max<int64_t>(1, width);
   const int64_t wm = std::max(w0, width);
-  std::vector<int64_t> x(xt.data_ptr<int64_t>(), xt.data_ptr<int64_t>() + w0), toks, nc, slot(wm), gh(wm), prop(wm);
+  std::vector<int64_t> x(xt.data_ptr<int64_t>(), xt.data_ptr<int64_t>() + w0), toks, nc, slot(wm), gh(wm), prop(wm),
+      look(wm);
   auto lopt = torch::TensorOptions().dtype(torch::kLong);
   std::vector<float> h(wm * d), hn(d, 0.0f);
   int64_t ended = 0;
@@ -289,9 +296,13 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, in
     x.assign(width, pad);
     x[0] = gn;
     if (!ended && width > 1) {
-      mdl.propose(hn.data(), 1, width - 1, &gn, prop.data());
-      mdl.lookup(0, width - 1, prop.data());
-      for (int64_t j = 0; j < width - 1; j++) x[j + 1] = prop[j];
+      int64_t matched = 0;
+      const int64_t got = mdl.lookup(0, width - 1, look.data(), &matched);
+      const int64_t wn = mdl.narrow >= 2 && matched < 2 ? std::min(mdl.narrow, width) : width;  // this step's rows
+      x.resize(wn);
+      mdl.propose(hn.data(), 1, wn - 1, &gn, prop.data());
+      if (matched >= 2 || wn == width) std::copy(look.data(), look.data() + std::min(got, wn - 1), prop.data());
+      for (int64_t j = 0; j < wn - 1; j++) x[j + 1] = prop[j];
     }
     if (g_prof) g_prof_steps += 1;
   }
