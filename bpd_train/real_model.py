@@ -9,7 +9,8 @@ python -m bpd_train.real_model --run [--experiment real] [--gguf FILE] [OVERRIDE
 Stages (each a subprocess of an entry point, as pipeline.py runs them; skipped when its artifact is complete, so
 a rerun resumes; each prints its time):
   prompts      chat requests made from the bundled corpus's verses: training verses in the training kinds, in
-               turn, and validation verses in a held-out kind (<artifacts>/prompts/{train,validation}.jsonl)
+               turn, and validation verses in a held-out kind (<artifacts>/prompts/{train,validation}.jsonl; the
+               same verses in the training kinds: seen.jsonl, for bench/real.py)
   distill      the model's own greedy answers to the training prompts (distill.py teacher=gguf:<file>, beam 1)
   heads        heads only, backbone frozen (train.py +regime=distill), one run per `pipeline.real.runs` entry
   evaluate     every heads run on the held-out prompts (evaluate.py: k̂, agreement with greedy, speedup)
@@ -67,12 +68,14 @@ def _read_verses(path: Path) -> list[dict]:
 
 
 def make_prompts(corpus_dir: Path, spec: dict[str, Any], src_lang: str = "en") -> dict[str, list[dict]]:
-    """{"train": [...], "validation": [...]} chat records. Training: `spec["train"]` verses spread evenly over the
+    """{"train": [...], "validation": [...], "seen": [...]} chat records. Training: `spec["train"]` verses spread evenly over the
     corpus's training split, each asked in one of `spec["kinds"]` in turn (records `{"id", "kind": "train<i>", "messages":
     [the user's request]}`, which the model answers itself). Validation: `spec["validation"]` verses of the validation
     split, all in the held-out kind `spec["held_out"]`, never a training kind; they end with an assistant turn
     holding the verse itself as the reference evaluate.py requires (the model's own greedy answer is what exact
-    decoding is held to). Deterministic: the same spec and corpus give the same records."""
+    decoding is held to). Seen: the same validation verses asked in the training kinds in turn (new requests of
+    the kinds the heads were trained on, for `bench/real.py --prompts`). Deterministic: the same spec and corpus give
+    the same records."""
     kinds, held_out = [str(k) for k in spec["kinds"]], str(spec["held_out"])
     if not kinds:
         raise PromptsError("pipeline.real.prompts.kinds is empty: name at least one training kind")
@@ -88,7 +91,7 @@ def make_prompts(corpus_dir: Path, spec: dict[str, Any], src_lang: str = "en") -
     if n_train < 1 or n_val < 1:
         raise PromptsError(f"pipeline.real.prompts: train and validation must be >= 1 (got {n_train}, {n_val})")
     splits = spec.get("splits") or {"train": "train.jsonl.gz", "validation": "validation.jsonl.gz"}
-    out: dict[str, list[dict]] = {"train": [], "validation": []}
+    out: dict[str, list[dict]] = {"train": [], "validation": [], "seen": []}
     train = _read_verses(corpus_dir / splits["train"])
     for n, i in enumerate(_evenly(len(train), n_train)):
         verse = train[i]["translation"][src_lang].strip()
@@ -113,6 +116,17 @@ def make_prompts(corpus_dir: Path, spec: dict[str, Any], src_lang: str = "en") -
                 ],
             }
         )
+        kind = kinds[len(out["seen"]) % len(kinds)]
+        out["seen"].append(
+            {
+                "id": str(val[i].get("id", i)),
+                "kind": f"seen{kinds.index(kind)}",
+                "messages": [
+                    {"role": "user", "content": kind.replace("{verse}", verse)},
+                    {"role": "assistant", "content": verse},
+                ],
+            }
+        )
     return out
 
 
@@ -130,6 +144,10 @@ def prompts_stage(cfg, spec: dict[str, Any], out_dir: Path) -> None:
     manifest = out_dir / "manifest.json"
     if manifest.is_file():
         if json.loads(manifest.read_text("utf-8")).get("settings_sha256") == key:
+            seen = out_dir / "seen.jsonl"
+            if not seen.is_file():  # (prompts made before the file existed: it changes no other stage's input)
+                rows = make_prompts(Path(str(cfg.data.path)), spec, str(cfg.data.src_lang))["seen"]
+                _write_atomic(seen, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
             print(f"=== prompts: complete ({out_dir}), skipped")
             return
         raise PromptsError(
@@ -150,7 +168,10 @@ def prompts_stage(cfg, spec: dict[str, Any], out_dir: Path) -> None:
         )
         + "\n",
     )
-    print(f"    {len(recs['train'])} training prompts, {len(recs['validation'])} held-out prompts in {out_dir}")
+    print(
+        f"    {len(recs['train'])} training prompts, {len(recs['validation'])} held-out prompts (and the same verses "
+        f"in the training kinds, seen.jsonl) in {out_dir}"
+    )
     print(f"=== prompts: done in {time.monotonic() - t0:.0f} s", flush=True)
 
 

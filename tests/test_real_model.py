@@ -34,6 +34,12 @@ def test_prompts_cycle_the_training_kinds_hold_one_out_and_are_deterministic():
     assert not {r["id"] for r in val} & {r["id"] for r in train}
     assert make_prompts(CORPUS, SPEC) == recs
     assert make_prompts(CORPUS, {**SPEC, "train": 8})["train"][:1] == train[:1]
+    # the held-out verses again, asked in the training kinds in turn (bench/real.py --prompts)
+    seen = recs["seen"]
+    assert [r["id"] for r in seen] == [r["id"] for r in val]
+    for n, (r, v) in enumerate(zip(seen, val)):
+        assert r["messages"][0]["content"] == KINDS[n % 2].replace("{verse}", v["messages"][1]["content"])
+        assert r["kind"] == f"seen{n % 2}"
 
 
 @pytest.mark.parametrize(
@@ -61,6 +67,10 @@ def test_prompts_made_with_other_settings_are_refused_not_replaced(tmp_path):
     prompts_stage(cfg, SPEC, out)  # the same settings: skipped
     with pytest.raises(PromptsError, match="other pipeline.real.prompts settings"):
         prompts_stage(cfg, {**SPEC, "kinds": [*KINDS, "Give it a title: {verse}"]}, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # prompts made before seen.jsonl existed get it on the next run, the other files untouched
+    (out / "seen.jsonl").unlink()
+    prompts_stage(cfg, SPEC, out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
