@@ -225,6 +225,9 @@ def main() -> None:
     print(f"{spec}\nCPU: {cpu_model()}, torch {torch.__version__}", flush=True)
     for threads in args.threads:
         torch.set_num_threads(threads)
+        for dtype in args.dtype:  # (the first timed cell after loading ran slow: step costs read 0.94x greedy)
+            model.decode_options = options(model, tok, dtype)
+            warm(model, prompts, args.new_tokens)
         if not args.no_transformers and spec.startswith("gguf:"):
             rows.append(vs_transformers(spec, model, prompts[:3], args.new_tokens, threads))
         for dtype in args.dtype:
