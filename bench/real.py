@@ -76,15 +76,32 @@ def warm(model, prompts, new: int) -> None:
         greedy(model, [p], max_len=new)
 
 
+def _bad(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
 def user_turns(path: Path) -> list[str]:
-    """The first user turn of each chat record in a JSON-lines file."""
+    """The first user turn of each chat record in a JSON-lines file, or each line of a plain text file."""
+    if not path.is_file():
+        _bad(f"--prompts {path}: no such file")
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if not lines:
+        _bad(f"--prompts {path}: empty (JSON lines of chat records, or one request a line)")
+    try:
+        records = [json.loads(ln) for ln in lines]
+    except json.JSONDecodeError:
+        records = None
+    if records is None or not all(isinstance(r, dict) for r in records):
+        return lines  # plain text: one request per line
     turns = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            msgs = json.loads(line).get("messages") or []
-            turns += [m["content"] for m in msgs[:1] if m.get("role") == "user"]
+    for r in records:
+        msgs = r.get("messages") or []
+        turns += [m["content"] for m in msgs[:1] if isinstance(m, dict) and m.get("role") == "user"]
     if not turns:
-        sys.exit(f"{path}: no chat records with a user turn")
+        _bad(
+            f'--prompts {path}: no chat records with a user turn (JSON lines of {{"messages": [...]}}, or one request a line)'
+        )
     return turns
 
 
@@ -186,7 +203,8 @@ def main() -> None:
         "--prompts",
         type=Path,
         default=None,
-        help="JSON lines of chat records (the user turns are asked; default: eight general questions), e.g. "
+        help="JSON lines of chat records (the user turns are asked) or a text file of one request a line (default: "
+        "eight general questions), e.g. "
         "make demo-real's held-out artifacts/real/prompts/validation.jsonl",
     )
     ap.add_argument(
