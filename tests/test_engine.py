@@ -566,3 +566,33 @@ def test_engine_bench_times_the_screened_argmax_against_the_full_one():
         (k, n) for k in ("argmax fp32", "argmax fp32, int8 screen") for n in (1, 4)
     }
     assert all(r["us"] > 0 and r["shape"] == "300x40" for r in rows)
+
+
+@native
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q4_0"])
+def test_4bit_gguf_blocks_run_on_their_codes_with_the_fp32_bits(monkeypatch, qtype):
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize, quantize
+
+    from bpd_train.engine.fastlinear import q4_blocks
+
+    qt = gguf.GGMLQuantizationType[qtype]
+    rng = torch.Generator().manual_seed(0)
+    for n, k in [(100, 64), (192, 576), (64, 1536)]:  # rows padded to 64, one / several groups of 32 per row
+        w = torch.from_numpy(dequantize(quantize(torch.randn(n, k, generator=rng).numpy(), qt), qt).copy())
+        b = torch.randn(n, generator=rng)
+        assert q4_blocks(w) is not None
+        lin = PackedLinear(w, b, "fp32")
+        monkeypatch.setenv("BPD_Q4F", "0")
+        ref = PackedLinear(w, b, "fp32")
+        monkeypatch.delenv("BPD_Q4F")
+        assert (lin.mode, ref.mode) == (6, 0)
+        assert lin.nbytes * 5 < ref.nbytes
+        x = torch.randn(9, k, generator=rng)
+        for m in range(1, 10):  # one row, 2-4 row blocks, 5-8 row half blocks, 8 + 1
+            assert torch.equal(lin(x[:m]).view(torch.int32), ref(x[:m]).view(torch.int32)), (n, k, m)
+        assert torch.allclose(lin(x), F.linear(x, w, b), rtol=1e-4, atol=1e-4)
+    # weights that are not 4-bit blocks, or one weight off by an ulp, stay fp32
+    assert q4_blocks(torch.randn(64, 64, generator=rng)) is None
+    w[5, 7] = torch.nextafter(w[5, 7], torch.tensor(1.0))
+    assert q4_blocks(w) is None and PackedLinear(w, None, "fp32").mode == 0

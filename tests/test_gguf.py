@@ -133,6 +133,32 @@ def test_logits_greedy_and_tokenizer_match_transformers(files, name, caplog):
         assert tok.encode("hello")[0] == SPECIALS.index("<|im_start|>")
 
 
+def test_4bit_tensors_decode_from_their_codes_with_the_same_tokens(files, monkeypatch):
+    from bpd_train.engine.fastlinear import native_kernels
+
+    if native_kernels() is None:
+        pytest.skip("native decode kernels not built on this machine")
+    model, tok, _ = load_gguf(files["llama"], block_size=3, heads="medusa")
+    # per layer: qkv, o, gate/up, down; blk.0's feed-forward is Q4_0, blk.1's attention Q4_1, the rest Q8_0 / F16
+    assert [[lin.mode for lin in layer] for layer in model.decode_weights().lin] == [[0, 0, 6, 6], [6, 6, 0, 0]]
+    monkeypatch.setenv("BPD_Q4F", "0")
+    ref, _, _ = load_gguf(files["llama"], block_size=3, heads="medusa")
+    assert {lin.mode for layer in ref.decode_weights().lin for lin in layer} == {0}
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p, q in zip(model.head_parameters(), ref.head_parameters()):
+            q.copy_(p.normal_(0, 0.3))
+    prompts = tok.encode(PROMPTS)
+    want = greedy(ref, prompts, max_len=MAX_NEW).tokens
+    assert greedy(model, prompts, max_len=MAX_NEW).tokens == want
+    assert blockwise(model, prompts, accept=Exact(), max_len=MAX_NEW).tokens == want
+    for p in prompts:
+        assert (
+            blockwise(model, [p], accept=Exact(), max_len=MAX_NEW).tokens[0]
+            == greedy(ref, [p], max_len=MAX_NEW).tokens[0]
+        )
+
+
 def test_loads_through_every_front_end(files, tmp_path):
     from bpd_train.api import Translator
     from bpd_train.loading import load, resolve

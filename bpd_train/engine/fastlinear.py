@@ -34,6 +34,8 @@ DTYPES = ("fp32", "bf16", "int8")
 _MODE = {"fp32": 0, "bf16": 1, "int8": 2}
 _COMPUTE_MODE = {"bf16": 3, "int8": 4}  # csrc/vec.h Mode BF16D / I8D: activations in that precision too
 _BF16_AMX = 5  # csrc/vec.h Mode BF16A: bf16 x bf16 on AMX tiles, every row count
+_Q4F = 6  # csrc/vec.h Mode Q4F: fp32 arithmetic over 4-bit codes (weights that are such blocks exactly)
+Q4_GROUP = 32  # weights of a row per scale and offset (GGUF's Q4_0 / Q4_1 blocks)
 _lock = threading.Lock()
 _ext = None
 _ext_tried = False
@@ -207,6 +209,68 @@ def check_dtype(dtype: str) -> str:
     return d
 
 
+def q4_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+    """(codes [N,K] uint8 in 0..15, d [N,K/32], m [N,K/32]) with w == (d * codes) + m exactly, each product and
+    sum rounded to float32 as gguf's dequantize computes them, or None where w [N,K] float32 is not such blocks (a
+    GGUF's Q4_1 and Q4_0 tensors are; trained weights are not). A group's offset is its smallest weight (code 0),
+    its scale the half-precision value nearest (range / top code) or a neighbour of it: a half-precision scale times
+    a 4-bit code is exact in float32, so the kernels' fma(code, d, m) rounds once, as (d * code) + m does."""
+    n, k = w.shape
+    if k % Q4_GROUP or w.numel() == 0 or w.dtype != torch.float32:
+        return None
+    b = w.reshape(n, k // Q4_GROUP, Q4_GROUP)
+    m = b.amin(-1)
+    span = b.amax(-1) - m
+    if not torch.isfinite(span).all():
+        return None
+    codes = torch.zeros(b.shape, dtype=torch.uint8)
+    d = torch.zeros_like(m)
+    todo = torch.ones(m.shape, dtype=torch.bool)
+    for top in range(15, 0, -1):
+        for step in (0, 1, -1):
+            idx = todo.nonzero(as_tuple=True)
+            if not idx[0].numel():
+                return codes.view(n, k), d, m
+            bb, mm = b[idx], m[idx].unsqueeze(-1)  # [G,32], [G,1]
+            dh = (span[idx] / top).half()
+            if step:  # the half-precision neighbour (scales are >= 0, so one bit step is one ulp)
+                dh = (dh.view(torch.int16) + step).clamp(min=0).view(torch.float16)
+            dd = dh.float().unsqueeze(-1)
+            q = torch.where(dd > 0, ((bb - mm) / dd).round(), torch.zeros_like(bb)).clamp(0, 15)
+            rec = dd * q + mm  # two roundings, as dequantize (no fused multiply-add in eager torch)
+            # == takes -0.0 for 0.0 (Q4_0's zero codes times a negative scale): a zero weight's sign cannot change
+            # an FMA chain that starts at +0 (it never holds -0), so the kernels' bits are the same
+            ok = (rec == bb).all(-1)
+            good = tuple(i[ok] for i in idx)
+            codes[good] = q[ok].to(torch.uint8)
+            d[good] = dd[ok].squeeze(-1)
+            todo[good] = False
+        if top == 15 and todo.float().mean() > 0.75:  # not 4-bit blocks (Q4_0 groups may lack the top code)
+            return None
+    return None if todo.any() else (codes.view(n, k), d, m)
+
+
+def pack_q4(codes: Tensor, d: Tensor, m: Tensor) -> Tensor:
+    """The Q4F kernels' layout (csrc/kernels_q4.h) of q4_blocks' output: per block of 64 rows (zero-padded), 4
+    sub-blocks of 16 rows, per group of 32 k: d[16], m[16] (float32 bytes), then 32 x 8 code bytes (row j's code in
+    byte j's low nibble, row j + 8's in its high one)."""
+    n, k = codes.shape
+    np_ = -(-n // 64) * 64
+    g = k // Q4_GROUP
+    pad = np_ - n
+    codes = torch.cat([codes, codes.new_zeros(pad, k)]) if pad else codes
+    d = torch.cat([d, d.new_zeros(pad, g)]) if pad else d
+    m = torch.cat([m, m.new_zeros(pad, g)]) if pad else m
+    c = codes.view(np_ // 64, 4, 16, g, Q4_GROUP).permute(0, 1, 3, 4, 2)  # [blocks, 4, g, 32, 16 rows]
+    nib = c[..., :8] | (c[..., 8:] << 4)  # [blocks, 4, g, 32, 8]
+
+    def groups(v: Tensor) -> Tensor:  # [N, g] float32 -> [blocks, 4, g, 64] bytes
+        return v.reshape(np_ // 64, 4, 16, g).permute(0, 1, 3, 2).contiguous().view(torch.uint8)
+
+    out = torch.cat([groups(d), groups(m), nib.reshape(np_ // 64, 4, g, 256)], -1)
+    return out.reshape(-1).contiguous()
+
+
 class PackedLinear:
     """y = x . W^T + b for decoding, with W packed once (see the module docstring)."""
 
@@ -229,7 +293,12 @@ class PackedLinear:
                     self.mode = _BF16_AMX
                 elif dtype == "int8":
                     amx()  # int8 takes the tiles from 4 rows on (the same bits): follow BPD_AMX now
-            packed = ext.pack(w, self.mode)
+            blocks = q4_blocks(w) if dtype == "fp32" and not screen and _on("BPD_Q4F") else None
+            if blocks is not None:  # 4-bit blocks exactly (a GGUF's Q4 tensors): the fp32 bits from 1/8 the bytes
+                self.mode = _Q4F
+                packed = [pack_q4(*blocks)]
+            else:
+                packed = ext.pack(w, self.mode)
             self.data = packed[0]
             self.scale = packed[1] if len(packed) > 1 else None
             # the C++ object the fused step functions chain (DecodeWeights.head1_argmax / propose)

@@ -20,14 +20,15 @@
 //
 // The code is in parts by concern, one translation unit (each part's header says what it holds):
 //   vec.h (vector helpers), kernels_fma.h / kernels_bf16.h / kernels_int8.h / kernels_amx.h (the kernels per
-//   instruction set), run.h (kernel drivers), packed.h (packing, packed linear layers), step.h (what every step
-//   shares), screen.h (screened argmax), attention.h, encdec.h / lm.h (each model family's step), loops.h (the
-//   decode loops); this file: the module's bindings.
+//   instruction set), kernels_q4.h (fp32 over 4-bit codes), run.h (kernel drivers), packed.h (packing, packed
+//   linear layers), step.h (what every step shares), screen.h (screened argmax), attention.h, encdec.h / lm.h
+//   (each model family's step), loops.h (the decode loops); this file: the module's bindings.
 #include "vec.h"
 #include "kernels_fma.h"
 #include "kernels_bf16.h"
 #include "kernels_int8.h"
 #include "kernels_amx.h"
+#include "kernels_q4.h"
 #include "run.h"
 #include "packed.h"
 #include "step.h"

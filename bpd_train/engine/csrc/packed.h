@@ -64,6 +64,10 @@ static void run_mode(int64_t mode, const float* xp, const torch::Tensor& packed,
   if (mode == F32) run<FmaKern<float>>(xp, packed.data_ptr<float>(), nullptr, bp, yp, M, N, K);
   else if (mode == BF16) run<FmaKern<uint16_t>>(xp, (const uint16_t*)packed.data_ptr<int16_t>(), nullptr, bp, yp, M, N, K);
   else if (mode == I8) run<FmaKern<int8_t>>(xp, packed.data_ptr<int8_t>(), sp, bp, yp, M, N, K);
+  else if (mode == Q4F) {
+    TORCH_CHECK(K % 32 == 0 && packed.numel() == (N + NB - 1) / NB * Q4Kern::stride(K), "linear: bad Q4F weight");
+    run<Q4Kern>(xp, packed.data_ptr<uint8_t>(), nullptr, bp, yp, M, N, K);
+  }
 #if BPD_BF16_DOT
   else if (mode == BF16D || mode == BF16A) {
     const int64_t K2 = kgroups(K, 2);

@@ -7,6 +7,7 @@
 #include "kernels_bf16.h"
 #include "kernels_int8.h"
 #include "kernels_amx.h"
+#include "kernels_q4.h"
 
 namespace {
 

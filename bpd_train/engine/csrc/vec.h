@@ -36,7 +36,9 @@ static_assert(MB == 4 && NV % 2 == 0, "run() dispatches blocks of 1..4 rows and 
 // int8.
 // BF16A: the BF16D format (inner dimension padded to whole AMX tiles) multiplied with AMX tiles (TDPBF16PS) for every
 // row count, on CPUs with AMX; I8D runs on AMX tiles from AMX_MIN_ROWS rows on (the same bits, see the AMX kernels).
-enum Mode { F32 = 0, BF16 = 1, I8 = 2, BF16D = 3, I8D = 4, BF16A = 5 };
+// Q4F: fp32 arithmetic over 4-bit codes with a scale and offset per 32 weights of a row, for weights that are
+// such blocks exactly (kernels_q4.h); the fp32 kernels' bits.
+enum Mode { F32 = 0, BF16 = 1, I8 = 2, BF16D = 3, I8D = 4, BF16A = 5, Q4F = 6 };
 
 #if defined(__AVX512F__)
 using vf = __m512;
