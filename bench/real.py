@@ -285,6 +285,8 @@ def main() -> None:
                         best = r
             if args.llama_cpp and spec.startswith("gguf:"):
                 rows.append(vs_llama_cpp(spec, model, tok, prompts, args, threads, dtype, best))
+                if dtype == "fp32":  # and llama.cpp on the file as shipped (its own quantized kernels)
+                    rows.append(vs_llama_cpp(spec, model, tok, prompts, args, threads, dtype, best, shipped=True))
     result = {
         "model": shown,
         "cpu": cpu_model(),
@@ -398,7 +400,8 @@ def page(result: dict) -> str:
         {k.removesuffix("_tok_s") for r in llama for k in r if k.startswith("lookup") and k.endswith("_tok_s")}
     )
     out += _table(
-        "Against llama.cpp (batch 1, the same prompts; our int8 against its Q8_0, fp32 against F32)",
+        "Against llama.cpp (batch 1, the same prompts; our int8 against its Q8_0, our fp32 against its F32 and "
+        "against the file as shipped, which it runs on its own quantized kernels)",
         [
             "threads",
             "llama.cpp",
@@ -430,12 +433,17 @@ def page(result: dict) -> str:
     return "\n".join(out)
 
 
-def vs_llama_cpp(spec: str, model, tok, prompts, args, threads: int, dtype: str, best: dict) -> dict:
-    """llama.cpp at dtype's precision on the same file and prompts (batch 1) against our greedy and our best exact
-    blockwise of the same dtype."""
+def vs_llama_cpp(
+    spec: str, model, tok, prompts, args, threads: int, dtype: str, best: dict, shipped: bool = False
+) -> dict:
+    """llama.cpp at dtype's precision (shipped: on the file as it is, greedy only) on the same file and prompts
+    (batch 1) against our greedy and our best exact blockwise of the same dtype."""
     stops = set(model.config.eos_ids or [model.config.eos_id])
     src = Path(spec.removeprefix("gguf:"))
-    r = llama_peer.bench(src, dtype, prompts, args.new_tokens, threads, stops, args.reps, args.llama_lookup)
+    lookups = [] if shipped else args.llama_lookup
+    r = llama_peer.bench(
+        src, "file" if shipped else dtype, prompts, args.new_tokens, threads, stops, args.reps, lookups
+    )
     model.decode_options = options(model, tok, dtype)
     warm(model, prompts, args.new_tokens)
     sec, out = timed(lambda: [greedy(model, [p], max_len=args.new_tokens).tokens[0] for p in prompts], args.reps)
