@@ -141,7 +141,7 @@ def test_4bit_tensors_decode_from_their_codes_with_the_same_tokens(files, monkey
     model, tok, _ = load_gguf(files["llama"], block_size=3, heads="medusa")
     # per layer: qkv, o, gate/up, down; blk.0's feed-forward is Q4_0, blk.1's attention Q4_1, the rest Q8_0 / F16
     assert [[lin.mode for lin in layer] for layer in model.decode_weights().lin] == [[0, 0, 6, 6], [6, 6, 0, 0]]
-    monkeypatch.setenv("BPD_Q4F", "0")
+    monkeypatch.setenv("BPD_COMPACT", "0")
     ref, _, _ = load_gguf(files["llama"], block_size=3, heads="medusa")
     assert {lin.mode for layer in ref.decode_weights().lin for lin in layer} == {0}
     torch.manual_seed(0)

@@ -250,6 +250,12 @@ def q4_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
     return None if todo.any() else (codes.view(n, k), d, m)
 
 
+def bf16_exact(w: Tensor) -> bool:
+    """Whether every weight of w (float32) is a bfloat16 value (a bf16 checkpoint loaded in fp32): then bf16 storage,
+    widened in registers (csrc Mode BF16, the fp32 kernels' FMA chain), gives the fp32 bits from half the bytes."""
+    return w.dtype == torch.float32 and bool((w.contiguous().view(torch.int32) & 0xFFFF).eq(0).all())
+
+
 def pack_q4(codes: Tensor, d: Tensor, m: Tensor) -> Tensor:
     """The Q4F kernels' layout (csrc/kernels_q4.h) of q4_blocks' output: per block of 64 rows (zero-padded), 4
     sub-blocks of 16 rows, per group of 32 k: d[16], m[16] (float32 bytes), then 32 x 8 code bytes (row j's code in
@@ -293,11 +299,14 @@ class PackedLinear:
                     self.mode = _BF16_AMX
                 elif dtype == "int8":
                     amx()  # int8 takes the tiles from 4 rows on (the same bits): follow BPD_AMX now
-            blocks = q4_blocks(w) if dtype == "fp32" and not screen and _on("BPD_Q4F") else None
-            if blocks is not None:  # 4-bit blocks exactly (a GGUF's Q4 tensors): the fp32 bits from 1/8 the bytes
+            lossless = dtype == "fp32" and not screen and _on("BPD_COMPACT")
+            blocks = q4_blocks(w) if lossless else None
+            if blocks is not None:  # 4-bit blocks exactly (a GGUF's Q4 tensors): the fp32 bits from 1/5 the bytes
                 self.mode = _Q4F
                 packed = [pack_q4(*blocks)]
             else:
+                if lossless and bf16_exact(w):  # a bf16 checkpoint's weights: the bf16 kernels widen them exactly
+                    self.mode = _MODE["bf16"]
                 packed = ext.pack(w, self.mode)
             self.data = packed[0]
             self.scale = packed[1] if len(packed) > 1 else None
