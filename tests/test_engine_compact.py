@@ -1,0 +1,64 @@
+"""fp32 decoding from fewer bytes (engine/fastlinear.py q4_blocks / bf16_exact, csrc/kernels_q4.h): weights that are
+a GGUF's 4-bit groups or bf16 values exactly are packed as such and give the fp32 kernels' bits, for any number of
+rows and threads; any other weight stays plain fp32."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bpd_train.engine.fastlinear import PackedLinear, native_kernels
+
+native = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
+
+
+@native
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q4_0"])
+def test_4bit_gguf_blocks_run_on_their_codes_with_the_fp32_bits(monkeypatch, qtype):
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize, quantize
+
+    from bpd_train.engine.fastlinear import q4_blocks
+
+    qt = gguf.GGMLQuantizationType[qtype]
+    rng = torch.Generator().manual_seed(0)
+    for n, k in [(100, 64), (192, 576), (64, 1536)]:  # rows padded to 64, one / several groups of 32 per row
+        w = torch.from_numpy(dequantize(quantize(torch.randn(n, k, generator=rng).numpy(), qt), qt).copy())
+        b = torch.randn(n, generator=rng)
+        assert q4_blocks(w) is not None
+        lin = PackedLinear(w, b, "fp32")
+        monkeypatch.setenv("BPD_COMPACT", "0")
+        ref = PackedLinear(w, b, "fp32")
+        monkeypatch.delenv("BPD_COMPACT")
+        assert (lin.mode, ref.mode) == (6, 0)
+        assert lin.nbytes * 5 < ref.nbytes
+        x = torch.randn(9, k, generator=rng)
+        for m in range(1, 10):  # one row, 2-4 row blocks, 5-8 row half blocks, 8 + 1
+            assert torch.equal(lin(x[:m]).view(torch.int32), ref(x[:m]).view(torch.int32)), (n, k, m)
+        assert torch.allclose(lin(x), F.linear(x, w, b), rtol=1e-4, atol=1e-4)
+        before = torch.get_num_threads()
+        try:  # blocks of 64 rows split over threads: the same bits with 2
+            torch.set_num_threads(2)
+            assert torch.equal(lin(x), ref(x))
+        finally:
+            torch.set_num_threads(before)
+    # weights that are not 4-bit blocks, or one weight off by an ulp, stay fp32
+    assert q4_blocks(torch.randn(64, 64, generator=rng)) is None
+    w[5, 7] = torch.nextafter(w[5, 7], torch.tensor(1.0))
+    assert q4_blocks(w) is None and PackedLinear(w, None, "fp32").mode == 0
+
+
+@native
+def test_bf16_valued_weights_decode_from_two_bytes_with_the_fp32_bits(monkeypatch):
+    torch.manual_seed(0)
+    w = torch.randn(100, 72).bfloat16().float()  # a bf16 checkpoint loaded in fp32
+    b = torch.randn(100)
+    lin = PackedLinear(w, b, "fp32")
+    monkeypatch.setenv("BPD_COMPACT", "0")
+    ref = PackedLinear(w, b, "fp32")
+    assert (lin.mode, ref.mode) == (1, 0) and lin.nbytes * 2 == ref.nbytes
+    x = torch.randn(9, 72)
+    for m in range(1, 10):
+        assert torch.equal(lin(x[:m]).view(torch.int32), ref(x[:m]).view(torch.int32))
+    w[3, 3] += 1e-3  # one weight that bf16 cannot hold: plain fp32
+    monkeypatch.delenv("BPD_COMPACT")
+    assert PackedLinear(w, b, "fp32").mode == 0
