@@ -188,6 +188,29 @@ def _runs(real) -> list[tuple[str, int]]:
     return out
 
 
+def stale_heads(run_dir: Path, corpus: Path) -> str | None:
+    """Why the heads run in run_dir cannot be resumed or kept for `corpus`: trained (or begun) on another corpus, as
+    its config.yaml says (another distill.* setting makes another corpus folder, not another heads folder); else
+    None."""
+    import yaml
+
+    cfg_file = run_dir / "config.yaml"
+    if not cfg_file.is_file() or not ((run_dir / "done.json").exists() or (run_dir / "checkpoints").is_dir()):
+        return None
+    try:
+        was = ((yaml.safe_load(cfg_file.read_text("utf-8")) or {}).get("regime") or {}).get("distilled_dir")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return (
+            f"{run_dir}: its config.yaml cannot be read; move that run away or give this chain its own paths.artifacts"
+        )
+    if was is None or Path(str(was)).resolve() == corpus.resolve():
+        return None
+    return (
+        f"{run_dir} holds heads trained on {was}, but these settings make the corpus {corpus}: give this chain its "
+        "own paths.artifacts (or move that run away); nothing was changed"
+    )
+
+
 def chosen(report: dict, runs: dict[str, Path]) -> tuple[str | None, str | None, str | None]:
     """(best run, best run with a transformers heads format (not chained), best Medusa run): the fastest under exact
     acceptance at the smallest batch size (ties: higher k̂). Every run has the frozen backbone's greedy output, so
@@ -256,13 +279,17 @@ def run_chain(args: argparse.Namespace) -> None:
     # the model's own greedy answers to the training prompts
     teacher = [f"teacher={model}", "distill.beam_size=1"]
     made = pipeline.distilled_dir([*common, "distill.beam_size=1"], model)  # type: ignore[arg-type]
+    corpus = art / str(cfg.data.name)
+    for heads, k in runs:  # before any work: heads trained on another corpus are not resumed or kept
+        if why := stale_heads(corpus / "heads" / f"distill-{heads}-k{k}", made):
+            print(f"error: {why}", file=sys.stderr)
+            sys.exit(2)
     if (made / "manifest.json").exists() and read_manifest(made).get("complete"):
         print(f"=== distill: complete ({made}), skipped")
     else:
         run_stage("distill", ["distill.py", *common, *teacher])
 
     # heads only, one run per entry of pipeline.real.runs
-    corpus = art / str(cfg.data.name)
     dirs: dict[str, Path] = {}
     for heads, k in runs:
         name = f"distill-{heads}-k{k}"

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO_ROOT, offline_env
 
-from bpd_train.real_model import PromptsError, make_prompts, prompts_stage
+from bpd_train.real_model import PromptsError, make_prompts, prompts_stage, stale_heads
 
 CORPUS = REPO_ROOT / "data" / "bible-en-fr"
 KINDS = ["Translate into French: {verse}", "Summarize: {verse}"]
@@ -96,7 +96,7 @@ def test_a_decode_precision_is_part_of_an_lm_corpus_id_and_fp32_keeps_the_old_on
 @pytest.mark.slow
 def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     """python -m bpd_train.real_model --run --experiment smoke-real on a tiny GGUF file: every stage's artifact,
-    int8 answers identical to int8 greedy, exact evaluation, the exports; a rerun skips every stage, one with another
+    answers identical to fp32 greedy, exact evaluation, the exports; a rerun skips every stage, one with another
     decode setting only the evaluation and the exports."""
     pytest.importorskip("gguf")
     from bpd_train.decoding import greedy
@@ -143,10 +143,10 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     corpus = art / "bible_chat"
     made = next((corpus / "distill").glob("*/manifest.json")).parent
     m = json.loads((made / "manifest.json").read_text())
-    assert m["complete"] and m["kind"] == "lm" and m["decode_dtype"] == "int8" and m["num_examples"] == 24
-    # the corpus is the model's own int8 greedy output
+    assert m["complete"] and m["kind"] == "lm" and "decode_dtype" not in m and m["num_examples"] == 24  # fp32
+    # the corpus is the model's own fp32 greedy output
     model = load(f"gguf:{gguf}")
-    set_decode_options(model.model, DecodeOptions(dtype="int8"))
+    set_decode_options(model.model, DecodeOptions(dtype="fp32"))
     tok = model.lm_tokenizer()
     recs = [json.loads(x) for x in sorted(made.glob("shard-*.jsonl"))[0].read_text().splitlines()][:4]
     prompts = [
@@ -162,7 +162,7 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     report = json.loads((corpus / "eval" / "real" / "report.json").read_text())
     exact = [row for row in report["rows"] if row["rule"] == "exact"]
     assert {row["batch_size"] for row in exact} == {1, 8} and all(row["agreement"] == 100.0 for row in exact)
-    assert {c["decode"]["dtype"] for c in report["checkpoints"]} == {"fp32"}  # the answers int8, the check fp32
+    assert {c["decode"]["dtype"] for c in report["checkpoints"]} == {"fp32"}
     assert (corpus / "export" / "best" / "model.safetensors").is_file()
     assert (corpus / "export" / "best-hf" / "custom_generate" / "generate.py").is_file()
     assert json.loads((corpus / "export" / "best-medusa-vllm" / "config.json").read_text())
@@ -202,3 +202,19 @@ def test_the_exports_pick_the_fastest_exact_run_each_format_can_hold():
     assert chosen(report, runs) == ("distill-chain-k8", "distill-bpd-k8", "distill-medusa-k8")
     report["rows"] = report["rows"][:1]
     assert chosen(report, runs) == ("distill-chain-k8", None, None)
+
+
+def test_heads_trained_on_another_corpus_are_refused_not_kept(tmp_path):
+    run = tmp_path / "heads" / "distill-medusa-k8"
+    old, new = tmp_path / "distill" / "train-lm-greedy-aaa", tmp_path / "distill" / "train-lm-greedy-bbb"
+    assert stale_heads(run, new) is None  # nothing there yet
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(f"regime:\n  name: distill\n  distilled_dir: {old}\n")
+    assert stale_heads(run, new) is None  # a config but no training yet
+    (run / "checkpoints").mkdir()  # begun: resuming it on another corpus would mix the two
+    why = stale_heads(run, new)
+    assert why is not None and str(old) in why and str(new) in why and "paths.artifacts" in why
+    (run / "done.json").write_text("{}")
+    assert stale_heads(run, old) is None  # the same corpus: resume or skip as before
+    (run / "config.yaml").write_text("regime: [unclosed\n")
+    assert "cannot be read" in stale_heads(run, old)
