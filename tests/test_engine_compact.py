@@ -62,3 +62,43 @@ def test_bf16_valued_weights_decode_from_two_bytes_with_the_fp32_bits(monkeypatc
     w[3, 3] += 1e-3  # one weight that bf16 cannot hold: plain fp32
     monkeypatch.delenv("BPD_COMPACT")
     assert PackedLinear(w, b, "fp32").mode == 0
+
+
+def _thp_eligible(ptr: int) -> bool | None:
+    """What /proc/self/smaps says of the mapping holding address ptr (None where it says nothing)."""
+    try:
+        text = open("/proc/self/smaps").read()
+    except OSError:
+        return None
+    inside = False
+    for line in text.splitlines():
+        head = line.split()[0] if line.split() else ""
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo <= ptr < hi
+        elif inside and line.startswith("THPeligible:"):
+            return line.split()[1] == "1"
+    return None
+
+
+@native
+def test_large_packed_weights_sit_in_memory_advised_for_huge_pages():
+    ext = native_kernels()
+    w = torch.randn(2048, 1024, generator=torch.Generator().manual_seed(1))  # 8 MiB packed: streamed every step
+    lin = PackedLinear(w, None, "fp32")
+    ext.set_huge_pages(False)
+    try:
+        ref = PackedLinear(w, None, "fp32")
+    finally:
+        ext.set_huge_pages(True)
+    assert lin.data.data_ptr() % (2 << 20) == 0  # starts on a 2 MiB page
+    x = torch.randn(5, 1024)
+    assert torch.equal(lin(x), ref(x))  # the same bits either way
+    try:
+        thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        thp = "[never]"  # no transparent huge pages on this system: alignment and bits are all there is to check
+    if "[never]" not in thp and (eligible := _thp_eligible(lin.data.data_ptr())) is not None:
+        assert eligible, "the packed weight's mapping is not eligible for transparent huge pages"
+        if "[madvise]" in thp:  # our advice is what makes it so
+            assert _thp_eligible(ref.data.data_ptr()) is False

@@ -147,6 +147,7 @@ def native_kernels():
                     flush=True,
                 )
             _ext = load(name=name, sources=[str(src)], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+            _ext.set_huge_pages(_on("BPD_HUGEPAGES"))  # packed weights in 2 MiB pages where the kernel allows
         except Exception as e:  # no compiler, no AVX2, read-only cache, ...: correct but slower
             log.warning(
                 "native decode kernels unavailable (%s); decoding uses torch's F.linear",
@@ -310,7 +311,7 @@ class PackedLinear:
                 if lossless and bf16_exact(w):  # a bf16 checkpoint's weights: the bf16 kernels widen them exactly
                     self.mode = _MODE["bf16"]
                 packed = ext.pack(w, self.mode)
-            self.data = packed[0]
+            self.data = ext.huge_pages(packed[0])  # streamed every step: 2 MiB pages spare a TLB miss per 4 KiB
             self.scale = packed[1] if len(packed) > 1 else None
             # the C++ object the fused step functions chain (DecodeWeights.head1_argmax / propose)
             self.lin = ext.Lin(self.data, self.scale, self.bias, self.out_features, self.in_features, self.mode)

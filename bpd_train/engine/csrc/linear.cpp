@@ -150,6 +150,8 @@ int64_t parallel_threads(int64_t chunks) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("parallel_threads", &parallel_threads, "distinct threads that ran the chunks of one at::parallel_for");
   m.def("pack", &pack, "pack a [N,K] float32 weight for linear()");
+  m.def("huge_pages", &huge_pages, "a copy of a large tensor in memory advised for 2 MiB pages (else the tensor)");
+  m.def("set_huge_pages", [](bool on) { g_huge_pages = on; }, "whether huge_pages copies (BPD_HUGEPAGES)");
   m.def("linear", &linear, "y = x . W^T (+ b) with a packed W");
   m.def("isa", &isa);
   m.def("i8_dot", &i8_dot, "whether mode 4 (int8 activations x int8 weights: vpdpbusd, or vpmaddwd on AVX2) is built");

@@ -214,6 +214,28 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   return y.view(sizes);
 }
 
+// A copy of t in memory the kernel may back with 2 MiB pages (madvise MADV_HUGEPAGE, before the first touch): a
+// decode step streams every packed weight once, and with 4 KiB pages a few hundred MB of weights cost a TLB miss per
+// page. Small tensors, other systems and a refused allocation return t itself (the same values either way).
+static bool g_huge_pages = true;
+static void huge_free(void* p) { std::free(p); }
+torch::Tensor huge_pages(const torch::Tensor& t) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr size_t HP = size_t(2) << 20;
+  const size_t bytes = t.nbytes();
+  if (!g_huge_pages || bytes < 2 * HP || !t.is_contiguous() || t.device().type() != c10::DeviceType::CPU) return t;
+  const size_t len = (bytes + HP - 1) / HP * HP;
+  void* p = nullptr;
+  if (posix_memalign(&p, HP, len) != 0) return t;
+  madvise(p, len, MADV_HUGEPAGE);   // advice only: where the kernel says no, the pages stay 4 KiB
+  auto out = torch::from_blob(p, t.sizes(), huge_free, t.options());
+  out.copy_(t);
+  return out;
+#else
+  return t;
+#endif
+}
+
 // A packed linear layer as one object (what engine/fastlinear.py PackedLinear holds), so that the fused
 // step functions below can chain several of them without returning to Python between ops.
 struct Screen;

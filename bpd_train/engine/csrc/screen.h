@@ -38,7 +38,7 @@ void Lin::add_screen(const torch::Tensor& w) {
     w2.narrow(0, r0, r).copy_(wd.square().sum(1).sqrt() * up);
     e2.narrow(0, r0, r).copy_((wd - q * ss.to(torch::kDouble)).square().sum(1).sqrt() * up);
   }
-  screen = std::make_shared<const Screen>(Screen{Lin(pk[0], pk[1], c10::nullopt, N, K, I8D), w1, w2, e2, wc});
+  screen = std::make_shared<const Screen>(Screen{Lin(huge_pages(pk[0]), pk[1], c10::nullopt, N, K, I8D), w1, w2, e2, wc});
 }
 
 // the fp32 projection's output n for one row x [K], as its kernel computes it (one FMA per k, in order, from zero;

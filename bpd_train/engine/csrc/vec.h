@@ -14,6 +14,10 @@
 #include <chrono>
 #include <vector>
 #include <memory>
+#include <cstdlib>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #include <atomic>
 #include <limits>
 #include <sys/syscall.h>
