@@ -242,6 +242,57 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _also_bf16(setting: Any, dtype: str) -> bool:
+    """pipeline.real.also_bf16: true / false, or auto (where the CPU computes in bf16: AVX512_BF16 or AMX)."""
+    if dtype == "bf16" or setting is False or str(setting).lower() in ("false", "no", "off", "0"):
+        return False
+    if setting is True or str(setting).lower() in ("true", "yes", "on", "1"):
+        return True
+    from bpd_train.engine.fastlinear import bf16_compute
+
+    return bool(bf16_compute())
+
+
+def _evaluate(
+    stage: str, common: list[str], dirs: dict[str, Path], eval_dir: Path, cfg, extra: tuple[str, ...] = ()
+) -> Path:
+    """evaluate.py over every heads run into eval_dir, unless its report is newer than every run and was made with
+    the same decode / evaluate settings (a changed setting makes it stale). Returns the report's path."""
+    from bpd_train.pipeline import compose, run_stage
+
+    report_path = eval_dir / "report.json"
+    newest = max((d / "done.json").stat().st_mtime for d in dirs.values())
+    settings = compose("train", ["+regime=distill", *common, *extra]) if extra else cfg
+    asked = {
+        "runs": [str(d) for d in dirs.values()],
+        "decode": _plain(settings.decode),
+        "evaluate": _plain(settings.evaluate),
+    }
+    stamp = eval_dir.parent / f".{eval_dir.name}.done.json"
+    if (
+        report_path.exists()
+        and report_path.stat().st_mtime > newest
+        and stamp.is_file()
+        and json.loads(stamp.read_text("utf-8")) == json.loads(json.dumps(asked))
+    ):
+        print(f"=== {stage}: report is newer than every run, same settings ({report_path}), skipped")
+        return report_path
+    inputs = "[" + ",".join(str(d) for d in dirs.values()) + "]"
+    run_stage(
+        stage,
+        [
+            "evaluate.py",
+            *common,
+            *extra,
+            f"evaluate.inputs={inputs}",
+            f"evaluate.output_dir={eval_dir}",
+            "evaluate.distilled=null",
+        ],
+    )
+    _write_atomic(stamp, json.dumps(asked))
+    return report_path
+
+
 def run_chain(args: argparse.Namespace) -> None:
     from bpd_train import pipeline
     from bpd_train.data.distilled import read_manifest
@@ -306,33 +357,14 @@ def run_chain(args: argparse.Namespace) -> None:
             name,
         )
 
-    # evaluation on the held-out prompts
-    eval_dir = corpus / "eval" / "real"
-    report_path = eval_dir / "report.json"
-    newest = max((d / "done.json").stat().st_mtime for d in dirs.values())
-    # what the report was made with: a changed decode or evaluate setting makes it stale, as a newer run does
-    asked = {"runs": [str(d) for d in dirs.values()], "decode": _plain(cfg.decode), "evaluate": _plain(cfg.evaluate)}
-    stamp = eval_dir.parent / f".{eval_dir.name}.done.json"
-    if (
-        report_path.exists()
-        and report_path.stat().st_mtime > newest
-        and stamp.is_file()
-        and json.loads(stamp.read_text("utf-8")) == json.loads(json.dumps(asked))
-    ):
-        print(f"=== evaluate: report is newer than every run, same settings ({report_path}), skipped")
-    else:
-        inputs = "[" + ",".join(str(d) for d in dirs.values()) + "]"
-        run_stage(
-            "evaluate",
-            [
-                "evaluate.py",
-                *common,
-                f"evaluate.inputs={inputs}",
-                f"evaluate.output_dir={eval_dir}",
-                "evaluate.distilled=null",
-            ],
+    # evaluation on the held-out prompts: in decode.dtype (what the exports are chosen by), and in bf16 too where
+    # pipeline.real.also_bf16 asks (auto: on a CPU that computes in bf16, the precision to decode in there)
+    report_path = _evaluate("evaluate", common, dirs, corpus / "eval" / "real", cfg)
+    reports = [report_path]
+    if _also_bf16(real.get("also_bf16", "auto"), str(cfg.decode.dtype)):
+        reports.append(
+            _evaluate("evaluate bf16", common, dirs, corpus / "eval" / "real-bf16", cfg, ("decode.dtype=bf16",))
         )
-        _write_atomic(stamp, json.dumps(asked))
     report = json.loads(report_path.read_text("utf-8"))
     best, best_hf, medusa = chosen(report, dirs)
 
@@ -364,8 +396,9 @@ def run_chain(args: argparse.Namespace) -> None:
             ],
         )
         _write_atomic(stamp, json.dumps(want) + "\n")
-    print(f"\nreport: {eval_dir / 'report.md'}")
-    print((eval_dir / "report.md").read_text(encoding="utf-8"))
+    for path in reports:
+        print(f"\nreport: {path.with_suffix('.md')}")
+        print(path.with_suffix(".md").read_text(encoding="utf-8"))
     print(f"best run: {best}; exports: {', '.join(f'{f}: {o}' for f, _, o in exports) or 'none'}")
     print(f"pipeline finished in {(time.monotonic() - t0) / 60:.1f} min")
 

@@ -133,6 +133,7 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
         "distill-bpd-k4",
         "distill-chain-k3",
         "evaluate",
+        "evaluate bf16",
         "export bundle",
         "export hf",
         "export vllm",
@@ -163,6 +164,10 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     exact = [row for row in report["rows"] if row["rule"] == "exact"]
     assert {row["batch_size"] for row in exact} == {1, 8} and all(row["agreement"] == 100.0 for row in exact)
     assert {c["decode"]["dtype"] for c in report["checkpoints"]} == {"fp32"}
+    # and in bf16 (pipeline.real.also_bf16): exact against bf16 greedy, its own report
+    bf16 = json.loads((corpus / "eval" / "real-bf16" / "report.json").read_text())
+    assert {c["decode"]["dtype"] for c in bf16["checkpoints"]} == {"bf16"}
+    assert all(row["agreement"] == 100.0 for row in bf16["rows"] if row["rule"] == "exact")
     assert (corpus / "export" / "best" / "model.safetensors").is_file()
     assert (corpus / "export" / "best-hf" / "custom_generate" / "generate.py").is_file()
     assert json.loads((corpus / "export" / "best-medusa-vllm" / "config.json").read_text())
@@ -172,11 +177,12 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     r2 = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert "done in" not in r2.stdout.replace("pipeline finished", ""), r2.stdout[-3000:]
-    assert r2.stdout.count("skipped") == 1 + 1 + 3 + 1 + 3
+    assert r2.stdout.count("skipped") == 1 + 1 + 3 + 2 + 3
     # another decode setting makes the report stale: evaluation and the exports again, nothing before them
     r3 = subprocess.run([*cmd, "decode.narrow=0"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r3.returncode == 0, r3.stderr[-3000:]
     assert "=== evaluate: done in" in r3.stdout and "=== export bundle: done in" in r3.stdout, r3.stdout[-3000:]
+    assert "=== evaluate bf16: done in" in r3.stdout, r3.stdout[-3000:]
     assert r3.stdout.count("skipped") == 1 + 1 + 3, r3.stdout[-3000:]
 
 
