@@ -214,26 +214,57 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   return y.view(sizes);
 }
 
-// A copy of t in memory the kernel may back with 2 MiB pages (madvise MADV_HUGEPAGE, before the first touch): a
+// A copy of t in memory the kernel may back with 2 MiB pages (madvise MADV_HUGEPAGE before the first touch): a
 // decode step streams every packed weight once, and with 4 KiB pages a few hundred MB of weights cost a TLB miss per
-// page. Small tensors, other systems and a refused allocation return t itself (the same values either way).
+// page. Most of a layer's weights are 0.5-4 MB, so they are placed one after another in shared 32 MiB regions (each
+// freed with the last tensor in it); larger ones get their own. Tensors under 64 KiB, other systems and a refused
+// allocation return t itself (the same values either way).
 static bool g_huge_pages = true;
-static void huge_free(void* p) { std::free(p); }
-torch::Tensor huge_pages(const torch::Tensor& t) {
+struct HugeRegion {
+  void* base = nullptr;
+  size_t cap = 0, used = 0;
+  ~HugeRegion() { std::free(base); }
+};
+static std::shared_ptr<HugeRegion> huge_region(size_t len) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr size_t HP = size_t(2) << 20;
+  auto r = std::make_shared<HugeRegion>();
+  r->cap = (len + HP - 1) / HP * HP;
+  if (posix_memalign(&r->base, HP, r->cap) != 0) return nullptr;
+  madvise(r->base, r->cap, MADV_HUGEPAGE);   // advice only: where the kernel says no, the pages stay 4 KiB
+  return r;
+#else
+  (void)len;
+  return nullptr;
+#endif
+}
+torch::Tensor huge_pages(const torch::Tensor& t) {
+  constexpr size_t REGION = size_t(32) << 20, ALIGN = 4096;
+  static std::mutex mu;
+  static std::shared_ptr<HugeRegion> open;   // the region being filled
   const size_t bytes = t.nbytes();
-  if (!g_huge_pages || bytes < 2 * HP || !t.is_contiguous() || t.device().type() != c10::DeviceType::CPU) return t;
-  const size_t len = (bytes + HP - 1) / HP * HP;
+  if (!g_huge_pages || bytes < (size_t(64) << 10) || !t.is_contiguous() || t.device().type() != c10::DeviceType::CPU)
+    return t;
+  std::shared_ptr<HugeRegion> r;
   void* p = nullptr;
-  if (posix_memalign(&p, HP, len) != 0) return t;
-  madvise(p, len, MADV_HUGEPAGE);   // advice only: where the kernel says no, the pages stay 4 KiB
-  auto out = torch::from_blob(p, t.sizes(), huge_free, t.options());
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (bytes > REGION / 2) {
+      r = huge_region(bytes);
+      if (r) p = r->base;
+    } else {
+      if (!open || open->used + bytes > open->cap) open = huge_region(REGION);
+      if (open) {
+        r = open;
+        p = (char*)r->base + r->used;
+        r->used += (bytes + ALIGN - 1) / ALIGN * ALIGN;
+      }
+    }
+  }
+  if (!r) return t;
+  auto out = torch::from_blob(p, t.sizes(), [r](void*) mutable { r.reset(); }, t.options());
   out.copy_(t);
   return out;
-#else
-  return t;
-#endif
 }
 
 // A packed linear layer as one object (what engine/fastlinear.py PackedLinear holds), so that the fused

@@ -15,6 +15,7 @@
 #include <vector>
 #include <memory>
 #include <cstdlib>
+#include <mutex>
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
