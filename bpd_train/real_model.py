@@ -51,7 +51,7 @@ def smollm2_file() -> Path | None:
 
 
 class PromptsError(ValueError):
-    """Bad prompt settings: one line, exit 2."""
+    """Bad pipeline.real settings (prompts, runs, also_bf16): one line, exit 2."""
 
 
 def _evenly(n: int, m: int) -> list[int]:
@@ -244,9 +244,12 @@ def parser() -> argparse.ArgumentParser:
 
 def _also_bf16(setting: Any, dtype: str) -> bool:
     """pipeline.real.also_bf16: true / false, or auto (where the CPU computes in bf16: AVX512_BF16 or AMX)."""
-    if dtype == "bf16" or setting is False or str(setting).lower() in ("false", "no", "off", "0"):
+    word = str(setting).lower()
+    if word not in ("auto", "true", "false"):
+        raise PromptsError(f"pipeline.real.also_bf16={setting!r}: auto, true or false")
+    if dtype == "bf16" or word == "false":
         return False
-    if setting is True or str(setting).lower() in ("true", "yes", "on", "1"):
+    if word == "true":
         return True
     from bpd_train.engine.fastlinear import bf16_compute
 
@@ -321,6 +324,7 @@ def run_chain(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     try:
         runs = _runs(real)
+        also_bf16 = _also_bf16(real.get("also_bf16", "auto"), str(cfg.decode.dtype))
         art = Path(str(cfg.paths.artifacts))
         prompts_stage(cfg, dict(_plain(real.prompts)), art / "prompts")
     except PromptsError as e:
@@ -361,7 +365,7 @@ def run_chain(args: argparse.Namespace) -> None:
     # pipeline.real.also_bf16 asks (auto: on a CPU that computes in bf16, the precision to decode in there)
     report_path = _evaluate("evaluate", common, dirs, corpus / "eval" / "real", cfg)
     reports = [report_path]
-    if _also_bf16(real.get("also_bf16", "auto"), str(cfg.decode.dtype)):
+    if also_bf16:
         reports.append(
             _evaluate("evaluate bf16", common, dirs, corpus / "eval" / "real-bf16", cfg, ("decode.dtype=bf16",))
         )

@@ -224,3 +224,14 @@ def test_heads_trained_on_another_corpus_are_refused_not_kept(tmp_path):
     assert stale_heads(run, old) is None  # the same corpus: resume or skip as before
     (run / "config.yaml").write_text("regime: [unclosed\n")
     assert "cannot be read" in stale_heads(run, old)
+
+
+def test_the_bf16_evaluation_follows_its_setting_and_the_cpu():
+    from bpd_train.engine.fastlinear import bf16_compute
+    from bpd_train.real_model import PromptsError, _also_bf16
+
+    assert _also_bf16(True, "fp32") and _also_bf16("true", "int8")
+    assert not _also_bf16(False, "fp32") and not _also_bf16("true", "bf16")  # (the main evaluation is bf16 already)
+    assert _also_bf16("auto", "fp32") == bool(bf16_compute())
+    with pytest.raises(PromptsError, match="auto, true or false"):
+        _also_bf16("sometimes", "fp32")
