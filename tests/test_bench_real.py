@@ -29,6 +29,9 @@ def test_results_page_has_a_table_per_kind_of_row_with_its_numbers():
         {"what": "llama.cpp Q8_0", "dtype": "int8", "threads": 2, "greedy_tok_s": 60.0, "lookup3_tok_s": 70.0,
          "lookup3_identical": False, "ours_greedy_tok_s": 90.0, "ours_greedy_vs_llama": 1.5, "ours_blockwise_tok_s": 180.0,
          "ours_blockwise_vs_llama": 3.0},
+        {"what": "llama.cpp BF16", "dtype": "bf16", "threads": 2, "greedy_tok_s": 50.0, "ours_greedy_tok_s": 75.0,
+         "ours_greedy_vs_llama": 1.5, "ours_blockwise_tok_s": 100.0, "ours_blockwise_vs_llama": 2.0,
+         "ours_identical": False},
         {"what": "llama.cpp Q4_1 (the file)", "dtype": "file", "threads": 2, "greedy_tok_s": 50.0,
          "ours_greedy_tok_s": 100.0, "ours_greedy_vs_llama": 2.0},
     ]  # fmt: skip
@@ -42,6 +45,7 @@ def test_results_page_has_a_table_per_kind_of_row_with_its_numbers():
     assert "| 2 | greedy int8 | 0.00 | 10.00 | 0.50 | 0.20 | 1.25 | 0.00 | 0.00 | 0 / 256, 6.5 |" in md
     assert "its lookup3 tok/s" in md
     assert "| 2 | Q8_0 | 60.0 | 70.0 (output changed) | 90.0 | 1.50x | 180.0 | 3.00x |" in md
+    assert "| 2 | BF16 | 50.0 | - | 75.0 | 1.50x | 100.0 (output changed) | 2.00x |" in md  # re-timed, not greedy's
     assert "| 2 | Q4_1 (the file) | 50.0 | - | 100.0 | 2.00x | - | - |" in md  # greedy only
 
 
