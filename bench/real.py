@@ -453,7 +453,9 @@ def vs_llama_cpp(
         model.decode_options = trained.decode_options = options(model, tok, dtype, lookup, narrow)
         again = compare(model, trained, prompts, args.new_tokens, args.reps, 1, best["what"], k=k)
         model.decode_options = options(model, tok, dtype)
-        r.update(ours_greedy_tok_s=again["greedy_tok_s"], ours_blockwise=best["what"], ours_identical=again["identical"])
+        r.update(
+            ours_greedy_tok_s=again["greedy_tok_s"], ours_blockwise=best["what"], ours_identical=again["identical"]
+        )
         r["ours_blockwise_tok_s"] = again["blockwise_tok_s"]
         r["ours_blockwise_vs_llama"] = again["blockwise_tok_s"] / r["greedy_tok_s"]
     else:

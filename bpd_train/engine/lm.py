@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bpd_train.engine.fastlinear import PackedLinear, native_kernels
+from bpd_train.engine.fastlinear import PackedLinear, _on, native_kernels
 from bpd_train.engine.packed import DecodeOptions, draft_projection, verify_groups
 from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps, stop_array
 
@@ -74,21 +74,33 @@ class LMDecodeWeights(DecodeStep):
         self.lin: list = []
         if ext is not None:
             layers = []
-            for layer in model.layers:
+            smooth = int8_smoothing(model) if dt == "int8" and _on("BPD_INT8_SMOOTH") else None
+            for i, layer in enumerate(model.layers):
                 a, m = layer._modules["attn"], layer._modules["mlp"]
-                lins = [_plin(a.qkv, dt), _plin(a.o, dt), _plin(m.gate_up, dt), _plin(m.down, dt)]
-                self.lin.append(lins)
                 n1, n2 = layer._modules["norm1"], layer._modules["norm2"]
+                n1w, n2w = n1._parameters["weight"].detach(), n2._parameters["weight"].detach()
+                if smooth is None:
+                    lins = [_plin(a.qkv, dt), _plin(a.o, dt), _plin(m.gate_up, dt), _plin(m.down, dt)]
+                else:
+                    w = smooth[i]
+                    n1w, n2w = w["norm1"], w["norm2"]
+                    lins = [
+                        PackedLinear(w["qkv"], w["qkv_b"], dt),
+                        PackedLinear(w["o"], a.o._parameters["bias"], dt),
+                        PackedLinear(w["gate_up"], w["gate_up_b"], dt),
+                        PackedLinear(w["down"], m.down._parameters["bias"], dt),
+                    ]
+                self.lin.append(lins)
                 layers.append(
                     ext.LMLayer(
                         a.n_heads,
                         a.n_kv,
                         a.dh,
                         n1.eps,
-                        n1._parameters["weight"].detach(),
+                        n1w,
                         lins[0].lin,
                         lins[1].lin,
-                        n2._parameters["weight"].detach(),
+                        n2w,
                         lins[2].lin,
                         lins[3].lin,
                     )
@@ -375,3 +387,77 @@ class LMDecodeWeights(DecodeStep):
 def _plin(mod: nn.Linear, dtype: str) -> PackedLinear:
     p = mod._parameters
     return PackedLinear(p["weight"], p["bias"], dtype)
+
+
+def int8_smoothing(model: nn.Module, alpha: float = 0.5) -> list[dict[str, Tensor]]:
+    """Each layer's weights with per-input-channel scales s folded in for int8 (SmoothQuant, Xiao et al. 2023):
+    (x / s) (W s)^T is x W^T, but int8's one scale per activation row no longer follows a few large channels.
+    s = amax(x)^alpha / amax(W)^(1 - alpha), x the model's own activations on fixed pseudo-random ids (the same
+    scales every time, no tokenizer or text needed). 1/s goes into the RMSNorm before q/k/v and gate/up, into v's
+    rows before o (shared by a kv group's heads) and into up's rows before down: the same function in exact
+    arithmetic, answers nearer fp32's in int8 (docs/engine.md)."""
+    c, layers = model.config, model.layers
+    amax: dict[tuple[int, str], Tensor] = {}
+
+    def hook(key):
+        def record(mod, inp, out):
+            a = inp[0].detach().abs().reshape(-1, inp[0].shape[-1]).amax(0)
+            amax[key] = torch.maximum(amax[key], a) if key in amax else a
+
+        return record
+
+    hooks = [
+        mod.register_forward_hook(hook((i, name)))
+        for i, layer in enumerate(layers)
+        for name, mod in (("qkv", layer.attn.qkv), ("o", layer.attn.o), ("gate_up", layer.mlp.gate_up),
+                          ("down", layer.mlp.down))
+    ]  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, min(c.vocab_size, 8192), (8, min(96, c.max_positions)), generator=g)
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.train(False)  # (no dropout in the statistics)
+            model.features(ids)
+    finally:
+        model.train(was_training)
+        for h in hooks:
+            h.remove()
+
+    def scales(key, w: Tensor) -> Tensor:  # [in]
+        x = amax[key].clamp(min=1e-5) ** alpha
+        return (x / w.abs().amax(0).clamp(min=1e-5) ** (1 - alpha)).clamp(1e-2, 1e2)
+
+    out = []
+    rep, dh, kv = layers[0].attn.n_heads // layers[0].attn.n_kv, layers[0].attn.dh, layers[0].attn.n_kv
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            qkv, o, gu, down = layer.attn.qkv, layer.attn.o, layer.mlp.gate_up, layer.mlp.down
+            s1, s2 = scales((i, "qkv"), qkv.weight), scales((i, "gate_up"), gu.weight)
+            so = scales((i, "o"), o.weight).view(kv, rep, dh).amax(1)  # [G,Dh]: one per kv group's channel
+            sd = scales((i, "down"), down.weight)
+            wqkv = qkv.weight * s1
+            bqkv = None if qkv.bias is None else qkv.bias.clone()
+            v0 = wqkv.shape[0] - kv * dh  # v's rows come last
+            wqkv[v0:] /= so.reshape(-1, 1)
+            if bqkv is not None:
+                bqkv[v0:] /= so.reshape(-1)
+            f = down.weight.shape[1]  # up's rows follow gate's
+            wgu = gu.weight * s2
+            wgu[f:] /= sd.reshape(-1, 1)
+            bgu = None if gu.bias is None else gu.bias.clone()
+            if bgu is not None:
+                bgu[f:] /= sd
+            out.append(
+                {
+                    "norm1": (layer.norm1.weight / s1).contiguous(),
+                    "qkv": wqkv.contiguous(),
+                    "qkv_b": bqkv,
+                    "o": (o.weight * so.unsqueeze(1).expand(kv, rep, dh).reshape(1, -1)).contiguous(),
+                    "norm2": (layer.norm2.weight / s2).contiguous(),
+                    "gate_up": wgu.contiguous(),
+                    "gate_up_b": bgu,
+                    "down": (down.weight * sd).contiguous(),
+                }
+            )
+    return out
