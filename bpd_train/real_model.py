@@ -51,7 +51,7 @@ def smollm2_file() -> Path | None:
 
 
 class PromptsError(ValueError):
-    """Bad pipeline.real settings (prompts, runs, also_bf16): one line, exit 2."""
+    """Bad pipeline.real settings (prompts, runs, also_bf16 / also_int8): one line, exit 2."""
 
 
 def _evenly(n: int, m: int) -> list[int]:
@@ -242,18 +242,45 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _also_bf16(setting: Any, dtype: str) -> bool:
-    """pipeline.real.also_bf16: true / false, or auto (where the CPU computes in bf16: AVX512_BF16 or AMX)."""
+def _also(setting: Any, extra: str, dtype: str) -> bool:
+    """pipeline.real.also_<extra> (bf16 or int8): true / false, or auto (where the CPU computes in that precision:
+    AVX512_BF16 or AMX for bf16, an int8 dot product for int8). Never where decode.dtype is that precision already."""
     word = str(setting).lower()
     if word not in ("auto", "true", "false"):
-        raise PromptsError(f"pipeline.real.also_bf16={setting!r}: auto, true or false")
-    if dtype == "bf16" or word == "false":
+        raise PromptsError(f"pipeline.real.also_{extra}={setting!r}: auto, true or false")
+    if dtype == extra or word == "false":
         return False
     if word == "true":
         return True
-    from bpd_train.engine.fastlinear import bf16_compute
+    from bpd_train.engine.fastlinear import bf16_compute, int8_compute
 
-    return bool(bf16_compute())
+    return bool(bf16_compute() if extra == "bf16" else int8_compute())
+
+
+def precisions(reports: list[Path]) -> str:
+    """A markdown table over the evaluation reports (one per precision): greedy and the fastest exact blockwise
+    decoding at batch 1 in tokens per second, so a user can pick the precision to serve in. Tokens/s are from the
+    same timed passes as the reports' speedups."""
+    lines = [
+        "| precision | greedy tok/s | fastest exact blockwise | tok/s | over greedy | k̂ | greedy chrF |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for path in reports:
+        rep = json.loads(path.read_text("utf-8"))
+        bs = min(rep["settings"]["batch_sizes"])
+        rows = [r for r in rep["rows"] if r["rule"] == "exact" and r["batch_size"] == bs and r["k"] > 1]
+        rows = [r for r in rows if r["agreement"] == 100.0 and r.get("blockwise_seconds")]
+        if not rows:
+            continue
+        best = max(rows, key=lambda r: r["greedy_seconds"] / r["blockwise_seconds"])
+        greedy = best["greedy_tokens"] / best["greedy_seconds"]
+        blockwise = best["tokens"] / best["blockwise_seconds"]
+        lines.append(
+            f"| {rep['settings']['dtype']} | {greedy:.1f} | {best['checkpoint']} k = {best['k']} | {blockwise:.1f} | "
+            f"{best['greedy_seconds'] / best['blockwise_seconds']:.2f}× | {best['mean_accepted']:.2f} | "
+            f"{best['chrf']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _evaluate(
@@ -324,7 +351,7 @@ def run_chain(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     try:
         runs = _runs(real)
-        also_bf16 = _also_bf16(real.get("also_bf16", "auto"), str(cfg.decode.dtype))
+        also = [x for x in ("bf16", "int8") if _also(real.get(f"also_{x}", "auto"), x, str(cfg.decode.dtype))]
         art = Path(str(cfg.paths.artifacts))
         prompts_stage(cfg, dict(_plain(real.prompts)), art / "prompts")
     except PromptsError as e:
@@ -361,13 +388,13 @@ def run_chain(args: argparse.Namespace) -> None:
             name,
         )
 
-    # evaluation on the held-out prompts: in decode.dtype (what the exports are chosen by), and in bf16 too where
-    # pipeline.real.also_bf16 asks (auto: on a CPU that computes in bf16, the precision to decode in there)
+    # evaluation on the held-out prompts: in decode.dtype (what the exports are chosen by), and in bf16 / int8 too
+    # where pipeline.real.also_bf16 / also_int8 ask (auto: on a CPU that computes in that precision)
     report_path = _evaluate("evaluate", common, dirs, corpus / "eval" / "real", cfg)
     reports = [report_path]
-    if also_bf16:
+    for x in also:
         reports.append(
-            _evaluate("evaluate bf16", common, dirs, corpus / "eval" / "real-bf16", cfg, ("decode.dtype=bf16",))
+            _evaluate(f"evaluate {x}", common, dirs, corpus / "eval" / f"real-{x}", cfg, (f"decode.dtype={x}",))
         )
     report = json.loads(report_path.read_text("utf-8"))
     best, best_hf, medusa = chosen(report, dirs)
@@ -403,6 +430,9 @@ def run_chain(args: argparse.Namespace) -> None:
     for path in reports:
         print(f"\nreport: {path.with_suffix('.md')}")
         print(path.with_suffix(".md").read_text(encoding="utf-8"))
+    table = precisions(reports)
+    _write_atomic(corpus / "eval" / "precisions.md", table)
+    print(f"\nbatch 1, each precision against its own greedy (also in {corpus / 'eval' / 'precisions.md'}):\n{table}")
     print(f"best run: {best}; exports: {', '.join(f'{f}: {o}' for f, _, o in exports) or 'none'}")
     print(f"pipeline finished in {(time.monotonic() - t0) / 60:.1f} min")
 

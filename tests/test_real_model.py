@@ -164,10 +164,14 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     exact = [row for row in report["rows"] if row["rule"] == "exact"]
     assert {row["batch_size"] for row in exact} == {1, 8} and all(row["agreement"] == 100.0 for row in exact)
     assert {c["decode"]["dtype"] for c in report["checkpoints"]} == {"fp32"}
-    # and in bf16 (pipeline.real.also_bf16): exact against bf16 greedy, its own report
-    bf16 = json.loads((corpus / "eval" / "real-bf16" / "report.json").read_text())
-    assert {c["decode"]["dtype"] for c in bf16["checkpoints"]} == {"bf16"}
-    assert all(row["agreement"] == 100.0 for row in bf16["rows"] if row["rule"] == "exact")
+    # and in bf16 and int8 (pipeline.real.also_bf16 / also_int8): exact against greedy of that precision, its own
+    # report; the three side by side in tokens/s
+    for dtype in ("bf16", "int8"):
+        other = json.loads((corpus / "eval" / f"real-{dtype}" / "report.json").read_text())
+        assert {c["decode"]["dtype"] for c in other["checkpoints"]} == {dtype}
+        assert all(row["agreement"] == 100.0 for row in other["rows"] if row["rule"] == "exact")
+    table = (corpus / "eval" / "precisions.md").read_text()
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == ["| fp32", "| bf16", "| int8"]
     assert (corpus / "export" / "best" / "model.safetensors").is_file()
     assert (corpus / "export" / "best-hf" / "custom_generate" / "generate.py").is_file()
     assert json.loads((corpus / "export" / "best-medusa-vllm" / "config.json").read_text())
@@ -177,12 +181,12 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     r2 = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert "done in" not in r2.stdout.replace("pipeline finished", ""), r2.stdout[-3000:]
-    assert r2.stdout.count("skipped") == 1 + 1 + 3 + 2 + 3
+    assert r2.stdout.count("skipped") == 1 + 1 + 3 + 3 + 3
     # another decode setting makes the report stale: evaluation and the exports again, nothing before them
     r3 = subprocess.run([*cmd, "decode.narrow=0"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r3.returncode == 0, r3.stderr[-3000:]
     assert "=== evaluate: done in" in r3.stdout and "=== export bundle: done in" in r3.stdout, r3.stdout[-3000:]
-    assert "=== evaluate bf16: done in" in r3.stdout, r3.stdout[-3000:]
+    assert "=== evaluate bf16: done in" in r3.stdout and "=== evaluate int8: done in" in r3.stdout, r3.stdout[-3000:]
     assert r3.stdout.count("skipped") == 1 + 1 + 3, r3.stdout[-3000:]
 
 
@@ -226,12 +230,46 @@ def test_heads_trained_on_another_corpus_are_refused_not_kept(tmp_path):
     assert "cannot be read" in stale_heads(run, old)
 
 
-def test_the_bf16_evaluation_follows_its_setting_and_the_cpu():
-    from bpd_train.engine.fastlinear import bf16_compute
-    from bpd_train.real_model import PromptsError, _also_bf16
+def test_the_extra_evaluations_follow_their_settings_and_the_cpu():
+    from bpd_train.engine.fastlinear import bf16_compute, int8_compute
+    from bpd_train.real_model import PromptsError, _also
 
-    assert _also_bf16(True, "fp32") and _also_bf16("true", "int8")
-    assert not _also_bf16(False, "fp32") and not _also_bf16("true", "bf16")  # (the main evaluation is bf16 already)
-    assert _also_bf16("auto", "fp32") == bool(bf16_compute())
-    with pytest.raises(PromptsError, match="auto, true or false"):
-        _also_bf16("sometimes", "fp32")
+    assert _also(True, "bf16", "fp32") and _also("true", "bf16", "int8") and _also("true", "int8", "bf16")
+    assert not _also(False, "bf16", "fp32") and not _also("true", "bf16", "bf16")  # (the main evaluation is bf16)
+    assert not _also("auto", "int8", "int8")
+    assert _also("auto", "bf16", "fp32") == bool(bf16_compute())
+    assert _also("auto", "int8", "fp32") == bool(int8_compute())
+    with pytest.raises(PromptsError, match="also_int8='sometimes': auto, true or false"):
+        _also("sometimes", "int8", "fp32")
+
+
+def test_the_precision_table_shows_each_reports_fastest_exact_cell_in_tokens_per_second(tmp_path):
+    from bpd_train.real_model import precisions
+
+    def row(k, blockwise_seconds, agreement=100.0, bs=1):
+        return dict(
+            rule="exact",
+            batch_size=bs,
+            k=k,
+            agreement=agreement,
+            checkpoint="distill-medusa-k8",
+            greedy_tokens=1000,
+            tokens=1000,
+            greedy_seconds=10.0,
+            blockwise_seconds=blockwise_seconds,
+            mean_accepted=1.9,
+            chrf=30.04,
+        )
+
+    paths = []
+    for dtype, rows in (
+        ("fp32", [row(8, 8.0), row(4, 5.0), row(4, 1.0, agreement=99.0), row(4, 1.0, bs=8)]),
+        ("int8", [row(8, 4.0), row(1, 10.0)]),
+        ("bf16", [row(4, None)]),  # nothing timed: no line
+    ):
+        paths.append(tmp_path / f"{dtype}.json")
+        paths[-1].write_text(json.dumps({"settings": {"batch_sizes": [1, 8], "dtype": dtype}, "rows": rows}))
+    lines = precisions(paths).splitlines()
+    assert len(lines) == 4
+    assert lines[2] == "| fp32 | 100.0 | distill-medusa-k8 k = 4 | 200.0 | 2.00× | 1.90 | 30.0 |"
+    assert lines[3] == "| int8 | 100.0 | distill-medusa-k8 k = 8 | 250.0 | 2.50× | 1.90 | 30.0 |"
