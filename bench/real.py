@@ -47,10 +47,14 @@ PROMPTS = [
 ]
 
 
+DRAFT_VOCAB = "auto"  # --draft-vocab
+
+
 def options(model, tok, dtype: str, lookup: int = 0, narrow: int = 0) -> DecodeOptions:
-    """The decode options every entry point uses by default: the draft vocabulary, int8 proposals above int8; lookup:
-    proposals from the prompt and answer so far too (prompt lookup); narrow: rows of a step without a repeat."""
-    draft = draft_vocabulary(tok, "auto", model.config.eos_ids or model.config.eos_id)
+    """The decode options every entry point uses by default: the draft vocabulary (--draft-vocab), int8 proposals
+    above int8; lookup: proposals from the prompt and answer so far too (prompt lookup); narrow: rows of a step
+    without a repeat."""
+    draft = draft_vocabulary(tok, DRAFT_VOCAB, model.config.eos_ids or model.config.eos_id)
     return DecodeOptions(
         dtype=dtype,
         draft_vocab=draft,
@@ -213,10 +217,15 @@ def main() -> None:
     ap.add_argument("--max-prompts", type=int, default=None, help="ask only the first N prompts")
     ap.add_argument("--page", type=Path, default=None, help="also write the results as a markdown page here")
     ap.add_argument("--from-json", type=Path, default=None, help="write --page from an earlier run's last JSON line")
+    ap.add_argument(
+        "--draft-vocab", default="auto", help="ids the heads propose from: auto (a quarter of the vocabulary) or N"
+    )
     ap.add_argument("--profile", action="store_true", help="also time each step cost's phases (page: its table)")
     ap.add_argument("--llama-cpp", action="store_true", help="also time llama.cpp (the bench extra) at each dtype")
     ap.add_argument("--llama-lookup", type=int, nargs="*", default=[3, 10], help="llama.cpp prompt-lookup sizes")
     args = ap.parse_args()
+    global DRAFT_VOCAB
+    DRAFT_VOCAB = args.draft_vocab
     if args.from_json is not None:
         if args.page is None:
             sys.exit("--from-json needs --page")

@@ -14,6 +14,15 @@ from bpd_train.engine.fastlinear import PackedLinear, _on, native_kernels
 from bpd_train.engine.packed import DecodeOptions, draft_projection, verify_groups
 from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps, stop_array
 
+PREFIX_CACHE_BYTES = 64 << 20  # the last prompt's K/V kept for the next one's shared prefix, up to this size
+
+
+def _common(a: Tensor, b: Tensor) -> int:
+    """Length of the common prefix of two id vectors."""
+    m = min(len(a), len(b))
+    diff = (a[:m] != b[:m]).nonzero()
+    return int(diff[0]) if len(diff) else m
+
 
 def _stops(eos) -> Tensor:
     """The stop id(s) as the native loops take them: int64 [n]."""
@@ -67,6 +76,7 @@ class LMDecodeWeights(DecodeStep):
             self.proj if self.pdt == dt or heads is None else PackedLinear(emb, None, self.pdt)
         )
         self._props: dict[tuple[int, int], tuple] = {}
+        self._prefix: tuple[Tensor, Tensor] | None = None  # (ids [n], K/V [L,2,G,n,Dh]) of the last prompt: prefill()
         self.verify_group: int | None = None  # as DecodeWeights: None = verify_groups decides
         self.batch_verify_group: int | None = None
         self.ext = ext
@@ -116,6 +126,31 @@ class LMDecodeWeights(DecodeStep):
             # the native loops: head 1 is the LM head itself (identity_p1; BPD heads with their own head 1 take
             # the Python steps over the same native pieces)
             self.native_loop = self.native_layers if self.identity_p1 else None
+
+    # ---- the prompt ----
+    def prefill(self, state, ids: Tensor) -> None:
+        """Cache the prompt prefixes ids [R,T] (left-padded by state.lpad) at slots 0..T-1 on the native stack, each
+        row as it would be alone. The tokens every row shares with the last prefilled prompt (a chat's system turn)
+        are copied from that prompt's cache instead of computed: the kernels are row-exact, so the copy holds the
+        bits a full prefill writes (BPD_PREFIX_CACHE=0: always the full prefill)."""
+        r, t = ids.shape
+        kv, lpad = state.self_kv, state.lpad  # kv [L,2,R,G,S,Dh]
+        keep = _on("BPD_PREFIX_CACHE")
+        n, start = 0, 0
+        got = self._prefix if keep else None
+        if got is not None:
+            old, old_kv = got
+            rows = [ids[i, int(lpad[i]) :] for i in range(r)]
+            n = min(_common(old, row) for row in rows)
+            for i in range(r):
+                kv[:, :, i, :, int(lpad[i]) : int(lpad[i]) + n] = old_kv[:, :, :, :n]
+            start = int(lpad.min()) + n  # slots below hold each row's pads or copied prefix
+        if start < t:
+            slots = torch.arange(start, t).expand(r, t - start)
+            self.ext.lm_decode_layers(ids[:, start:], self.native_layers, kv, lpad, state.cos, state.sin, slots)
+        p0 = int(lpad[0])
+        if keep and 0 < t - p0 and kv[:, :, 0, :, p0:t].numel() * kv.element_size() <= PREFIX_CACHE_BYTES:
+            self._prefix = (ids[0, p0:].clone(), kv[:, :, 0, :, p0:t].clone())
 
     # ---- the pieces of a step ----
     def final_norm(self, h: Tensor) -> Tensor:

@@ -376,11 +376,8 @@ class LMModel(HeadedModel):
         """Cache the prompt prefix ids [R,P-1] at slots 0..P-2. Pad queries attend to themselves only (finite
         junk that the key mask then hides), real ones causally to the row's real tokens."""
         r, t = ids.shape
-        net = getattr(state.weights, "native_layers", None)
-        if net is not None:  # the native stack (LMDecodeWeights): every row's prefix as it would be alone
-            state.weights.ext.lm_decode_layers(
-                ids, net, state.self_kv, state.lpad, state.cos, state.sin, torch.arange(t).expand(r, t)
-            )
+        if getattr(state.weights, "native_layers", None) is not None:  # the native stack: LMDecodeWeights.prefill
+            state.weights.prefill(state, ids)
             return
         slots = torch.arange(t, device=ids.device)
         key_ok = (slots[None, :] >= state.lpad[:, None])[:, None, :] | (slots[:, None] == slots[None, :])  # [R,t,t]

@@ -1,0 +1,89 @@
+"""The prompt prefix cache of decoder-only decoding (engine/lm.py LMDecodeWeights.prefill): the tokens a prompt shares
+with the last prefilled one (a chat's system turn) are copied from that prompt's K/V instead of computed. The copy
+must hold the bits a full prefill writes, for every row of a left-padded batch, in every precision: the cache
+parity litgpt checks for its KV cache, here between a prefill with and without the shared part."""
+
+import pytest
+import torch
+from test_lm_engine import DTYPES, lm
+
+from bpd_train.decoding import blockwise, greedy
+from bpd_train.engine.fastlinear import native_kernels
+from bpd_train.engine.packed import DecodeOptions
+
+pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
+
+SYSTEM = [5, 7, 3, 9, 4, 4, 8, 6, 10, 3, 5]  # the shared turn every request starts with
+
+
+class Counting:
+    """The extension with lm_decode_layers counting the tokens it is fed."""
+
+    def __init__(self, ext):
+        self.ext, self.fed = ext, []
+
+    def lm_decode_layers(self, ids, *rest):
+        self.fed.append(tuple(ids.shape))
+        return self.ext.lm_decode_layers(ids, *rest)
+
+    def __getattr__(self, name):
+        return getattr(self.ext, name)
+
+
+def prefilled(m, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K/V cache after start_decoding (the prompts but their last tokens) and each row's left padding."""
+    src = torch.full((len(rows), max(map(len, rows))), m.config.pad_id, dtype=torch.long)
+    for r, p in enumerate(rows):
+        src[r, : len(p)] = torch.tensor(p)
+    with torch.inference_mode():
+        state = m.start_decoding(m.encode(src), 4)
+    return state.self_kv.clone(), state.lpad.clone()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_shared_prefix_is_copied_with_the_bits_a_full_prefill_writes(dtype, monkeypatch):
+    m = lm(1, "medusa", vocab=12, kv=2)
+    m.decode_options = DecodeOptions(dtype=dtype)
+    batches = [
+        [SYSTEM + [6, 6, 7]],  # fills the cache
+        [SYSTEM + [9, 3]],  # shares the system turn
+        [SYSTEM + [9, 3]],  # the same prompt again: nothing left to compute but its last token
+        [SYSTEM[:4]],  # a prefix of the cached prompt
+        [SYSTEM + [8], SYSTEM[:7] + [4, 4, 4, 4, 4, 4, 4], SYSTEM + [3, 3, 3, 3]],  # rows of other lengths (pads)
+        [SYSTEM + [8, 5]],  # shares the padded first row's prompt
+        [[11, 10] + SYSTEM],  # nothing in common
+        [SYSTEM + [6]],
+    ]
+    w = m.decode_weights()
+    counting = Counting(w.ext)
+    monkeypatch.setattr(w, "ext", counting)
+    cached = [prefilled(m, rows) for rows in batches]
+    monkeypatch.setenv("BPD_PREFIX_CACHE", "0")
+    full = [prefilled(m, rows) for rows in batches]
+    for (kv, lpad), (ref, ref_lpad), rows in zip(cached, full, batches):
+        assert torch.equal(lpad, ref_lpad)
+        for r in range(len(rows)):  # the real slots of every row (pad slots hold junk no query reads)
+            p = int(lpad[r])
+            torch.testing.assert_close(
+                kv[:, :, r, :, p : len(rows[r]) - 1], ref[:, :, r, :, p : len(rows[r]) - 1], rtol=0, atol=0
+            )
+    # the tokens computed ([rows, tokens] per call): with the cache, only what the rows do not share with the last
+    # prompt (the same prompt again and a prefix of it: no call); without it, every prompt but its last token
+    with_cache = [(1, 13), (1, 1), (3, 11), (1, 1), (1, 12), (1, 11)]
+    assert counting.fed == with_cache + [(1, 13), (1, 12), (1, 12), (1, 3), (3, 14), (1, 12), (1, 12), (1, 11)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decoding_with_the_prefix_cache_gives_the_tokens_of_a_fresh_model(dtype, monkeypatch):
+    requests = [SYSTEM + [6, 6, 7], SYSTEM + [9, 3], SYSTEM + [9, 3, 8, 8], [4] + SYSTEM, SYSTEM + [10]]
+    m = lm(2, "medusa", vocab=12, kv=2, k=4)
+    m.decode_options = DecodeOptions(dtype=dtype)
+    got = [greedy(m, [p], max_len=12).tokens[0] for p in requests]
+    block = [blockwise(m, [p], block_size=4, max_len=12).tokens[0] for p in requests]
+    batch = greedy(m, requests[1:4], max_len=12).tokens
+    monkeypatch.setenv("BPD_PREFIX_CACHE", "0")
+    ref = lm(2, "medusa", vocab=12, kv=2, k=4)
+    ref.decode_options = DecodeOptions(dtype=dtype)
+    want = [greedy(ref, [p], max_len=12).tokens[0] for p in requests]
+    assert got == want and block == want and batch == want[1:4]
+    assert m.decode_weights()._prefix is not None and ref.decode_weights()._prefix is None
