@@ -82,8 +82,9 @@ def load(path: Path, threads: int, lookup: int = 0):
 
 
 def generate(llm, prompt: list[int], new: int, stops: set[int]) -> list[int]:
-    """Greedy (argmax) continuation of `prompt` from an empty cache, up to `new` tokens, ending at a stop id."""
-    llm.reset()
+    """Greedy (argmax) continuation of `prompt`, up to `new` tokens, ending at a stop id. llama-cpp-python keeps
+    the K/V of the prefix the prompt shares with the previous call's tokens (its prompt cache), as our engine does
+    (BPD_PREFIX_CACHE), so both prefill only what is new."""
     out: list[int] = []
     for t in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
         if t in stops:
