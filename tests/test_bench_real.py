@@ -97,3 +97,21 @@ def test_prompts_are_chat_records_or_lines_of_text_and_bad_files_are_one_error(t
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1
+
+
+def test_the_draft_vocabulary_follows_the_bench_setting(tmp_path, monkeypatch):
+    from _gguf_files import write_tiny_chat_llama
+
+    from bpd_train.loading import load
+
+    real = _load("real")
+    write_tiny_chat_llama(tmp_path / "tiny.gguf")
+    loaded = load(f"gguf:{tmp_path / 'tiny.gguf'}")
+    model, tok = loaded.model, loaded.tokenizer()
+    eos = model.config.eos_ids or model.config.eos_id
+    stops = {eos} if isinstance(eos, int) else set(eos)
+    monkeypatch.setattr(real, "DRAFT_VOCAB", "16")
+    draft = real.options(model, tok, "fp32").draft_vocab
+    assert 16 <= len(draft) <= 16 + len(stops) and stops <= set(draft)  # the 16 most frequent ids and the stops
+    monkeypatch.setattr(real, "DRAFT_VOCAB", "auto")
+    assert real.options(model, tok, "fp32").draft_vocab != draft
