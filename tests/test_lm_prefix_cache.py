@@ -87,3 +87,23 @@ def test_decoding_with_the_prefix_cache_gives_the_tokens_of_a_fresh_model(dtype,
     want = [greedy(ref, [p], max_len=12).tokens[0] for p in requests]
     assert got == want and block == want and batch == want[1:4]
     assert m.decode_weights()._prefix is not None and ref.decode_weights()._prefix is None
+
+
+def test_a_prompt_longer_than_the_cache_keeps_its_head(monkeypatch):
+    import bpd_train.engine.lm as engine_lm
+
+    m = lm(3, "medusa", vocab=12, kv=2)
+    m.decode_options = DecodeOptions(dtype="fp32")
+    w = m.decode_weights()
+    per_token = m.config.n_layers * 2 * m.config.kv_heads * m.config.dh * 4  # fp32 K/V of one token, every layer
+    monkeypatch.setattr(engine_lm, "PREFIX_CACHE_BYTES", 5 * per_token + 7)
+    counting = Counting(w.ext)
+    monkeypatch.setattr(w, "ext", counting)
+    first, second = SYSTEM + [6, 6], SYSTEM + [9, 9]
+    prefilled(m, [first])
+    assert w._prefix[0].tolist() == SYSTEM[:5] and w._prefix[1].shape[3] == 5
+    kv, _ = prefilled(m, [second])
+    assert counting.fed == [(1, 12), (1, len(second) - 1 - 5)]  # the second prompt: 5 tokens copied
+    monkeypatch.setenv("BPD_PREFIX_CACHE", "0")
+    ref, _ = prefilled(m, [second])
+    torch.testing.assert_close(kv[:, :, :, :, : len(second) - 1], ref[:, :, :, :, : len(second) - 1], rtol=0, atol=0)

@@ -149,8 +149,10 @@ class LMDecodeWeights(DecodeStep):
             slots = torch.arange(start, t).expand(r, t - start)
             self.ext.lm_decode_layers(ids[:, start:], self.native_layers, kv, lpad, state.cos, state.sin, slots)
         p0 = int(lpad[0])
-        if keep and 0 < t - p0 and kv[:, :, 0, :, p0:t].numel() * kv.element_size() <= PREFIX_CACHE_BYTES:
-            self._prefix = (ids[0, p0:].clone(), kv[:, :, 0, :, p0:t].clone())
+        per_token = kv[:, :, 0, :, 0].numel() * kv.element_size()
+        end = min(t, p0 + PREFIX_CACHE_BYTES // per_token)  # a long prompt keeps its head: where prompts agree
+        if keep and end > p0:
+            self._prefix = (ids[0, p0:end].clone(), kv[:, :, 0, :, p0:end].clone())
 
     # ---- the pieces of a step ----
     def final_norm(self, h: Tensor) -> Tensor:
