@@ -1,6 +1,7 @@
 # python bench/engine.py [--threads 1 2] [--sizes demo base] [--skip-ct2] [--profile]   (~3-6 min on 2 cores)
 # python bench/engine.py --threads 1 --regimes RUN... [--batch 1 32]          (trained runs: speedups by decoder)
-# python bench/engine.py --threads 1 --kernels [--sizes demo base]           (one linear per kernel family and rows)
+# python bench/engine.py --threads 1 --kernels [--sizes demo base]           (one linear per kernel family and rows,
+#                                                                              fp32 from 4-bit codes too)
 # python bench/engine.py --sizes lm-demo --threads 1 --skip-ct2 --lm-decode  (a random decoder-only LM: step costs,
 #                                                      greedy vs blockwise at batch 1, torch path vs native engine)
 """The CPU decode engine, measured in one run.
@@ -317,6 +318,30 @@ def bench_lm_decode(sizes, threads: int, dtypes, n_prompts: int = 8, max_len: in
 KERNEL_SHAPES = {"demo": [(4000, 128), (512, 128)], "base": [(32000, 512), (2048, 512)]}
 
 
+Q4_NAME = "fp32 from 4-bit codes"
+
+
+def q4_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """A random [n, k] float32 weight made of gguf Q4_1 blocks (per group of 32: half-precision scale d and offset m,
+    w = (d * code) + m rounded as gguf's dequantize does), every group using codes 0 and 15 as a real file's do."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k // 32, 32), generator=g).float()
+    codes[..., 0], codes[..., 1] = 0.0, 15.0
+    d = (torch.rand(n, k // 32, 1, generator=g) * 0.01 + 0.001).half().float()
+    m = (-torch.rand(n, k // 32, 1, generator=g) * 0.05).half().float()
+    return (d * codes + m).reshape(n, k)
+
+
+def q4_linear(n: int, k: int):
+    """q4_weight's PackedLinear where the engine runs it from its codes (Q4F), else None."""
+    from bpd_train.engine.fastlinear import _Q4F, PackedLinear
+
+    if k % 32:
+        return None
+    p = PackedLinear(q4_weight(n, k), None, "fp32")
+    return p if p.lin is not None and p.mode == _Q4F else None
+
+
 def kernel_families():
     """The kernel families this CPU runs, as (name, pack mode, AMX on): the names reports print."""
     ext = native_kernels()
@@ -383,15 +408,18 @@ def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: in
         print("kernels: the native kernels are not built here (torch path only)")
         return out
     torch.set_num_threads(threads)
-    fams = kernel_families()
     for size in sizes:
         for n, k in KERNEL_SHAPES[size]:
+            fams = kernel_families()
             torch.manual_seed(0)
             w = torch.randn(n, k) * 0.05
             lins = {}
             for name, mode, _ in fams:
                 p = ext.pack(w, mode)
                 lins[name] = ext.Lin(p[0], p[1] if len(p) > 1 else None, None, n, k, mode)
+            if (q4 := q4_linear(n, k)) is not None:  # a GGUF's Q4_0 / Q4_1 weights in fp32 (csrc/kernels_q4.h)
+                fams.append((Q4_NAME, q4.mode, False))
+                lins[Q4_NAME] = q4.lin
             for r in rows:
                 x = torch.randn(r, k)
                 best = {name: float("inf") for name, _, _ in fams}

@@ -566,3 +566,26 @@ def test_engine_bench_times_the_screened_argmax_against_the_full_one():
         (k, n) for k in ("argmax fp32", "argmax fp32, int8 screen") for n in (1, 4)
     }
     assert all(r["us"] > 0 and r["shape"] == "300x40" for r in rows)
+
+
+@native
+def test_engine_bench_times_fp32_from_4bit_codes_with_the_fp32_bits():
+    # bench/engine.py --kernels times the Q4F kernels on gguf-style 4-bit blocks: they must be such blocks, and the
+    # 1-8 row passes it times give the plain fp32 kernels' bits
+    import importlib.util
+    from pathlib import Path
+
+    from bpd_train.engine.fastlinear import native_kernels
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "engine.py"
+    spec = importlib.util.spec_from_file_location("bpd_bench_engine", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.q4_linear(64, 40) is None  # not whole groups of 32
+    q4 = mod.q4_linear(96, 128)
+    assert q4 is not None
+    ext = native_kernels()
+    ref = ext.Lin(ext.pack(mod.q4_weight(96, 128), 0)[0], None, None, 96, 128, 0)
+    for r in (1, 2, 3, 4, 5, 8):
+        x = torch.randn(r, 128)
+        assert torch.equal(q4.lin(x), ref(x))
