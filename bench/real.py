@@ -31,7 +31,7 @@ from bench import llama_peer  # noqa: E402
 from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
 from bpd_train.decoding.settings import draft_vocabulary  # noqa: E402
 from bpd_train.engine.fastlinear import cpu_model, native_kernels  # noqa: E402
-from bpd_train.engine.packed import DecodeOptions  # noqa: E402
+from bpd_train.engine.packed import DecodeOptions, parse_tree  # noqa: E402
 from bpd_train.io import atomic_write_text  # noqa: E402
 from bpd_train.loading import load  # noqa: E402
 
@@ -50,10 +50,10 @@ PROMPTS = [
 DRAFT_VOCAB = "auto"  # --draft-vocab
 
 
-def options(model, tok, dtype: str, lookup: int = 0, narrow: int = 0) -> DecodeOptions:
+def options(model, tok, dtype: str, lookup: int = 0, narrow: int = 0, tree=()) -> DecodeOptions:
     """The decode options every entry point uses by default: the draft vocabulary (--draft-vocab), int8 proposals
     above int8; lookup: proposals from the prompt and answer so far too (prompt lookup); narrow: rows of a step
-    without a repeat."""
+    without a repeat; tree: a candidate tree there instead."""
     draft = draft_vocabulary(tok, DRAFT_VOCAB, model.config.eos_ids or model.config.eos_id)
     return DecodeOptions(
         dtype=dtype,
@@ -61,7 +61,12 @@ def options(model, tok, dtype: str, lookup: int = 0, narrow: int = 0) -> DecodeO
         proposal_dtype="int8" if dtype != "int8" else None,
         lookup=lookup,
         narrow=narrow if lookup else 0,
+        tree=tree,
     )
+
+
+def tree_label(tree) -> str:
+    return ";".join(",".join(map(str, p)) for p in tree)
 
 
 def timed(fn, reps: int) -> tuple[float, object]:
@@ -204,6 +209,14 @@ def main() -> None:
         help="with lookup: rows of a step whose context repeats fewer than 2 tokens (0: the full block), each timed",
     )
     ap.add_argument(
+        "--tree",
+        type=parse_tree,
+        nargs="+",
+        default=[()],
+        help="candidate trees timed at batch 1 without narrow steps (which they replace): rank paths apart by ';', "
+        "ranks by ',', e.g. '0;1' (head 2's first two choices as siblings); 'none': the chain",
+    )
+    ap.add_argument(
         "--prompts",
         type=Path,
         default=None,
@@ -271,12 +284,14 @@ def main() -> None:
             for h in args.heads:
                 trained = load(h).model
                 kt = trained.config.block_size
-                for lookup, narrow, k, batch in itertools.product(
-                    args.lookup, args.narrow, [k for k in args.heads_k if k <= kt] or [kt], (1, 8)
+                for lookup, narrow, tree, k, batch in itertools.product(
+                    args.lookup, args.narrow, args.tree, [k for k in args.heads_k if k <= kt] or [kt], (1, 8)
                 ):
                     if narrow and (not lookup or batch > 1 or narrow >= k):
                         continue  # (narrow acts on one row with lookup only)
-                    model.decode_options = trained.decode_options = options(model, tok, dtype, lookup, narrow)
+                    if tree and (batch > 1 or narrow or max(map(len, tree)) >= k):
+                        continue  # (a tree acts on one row, in place of narrow steps, with heads as deep as it)
+                    model.decode_options = trained.decode_options = options(model, tok, dtype, lookup, narrow, tree)
                     r = compare(
                         model,
                         trained,
@@ -284,14 +299,16 @@ def main() -> None:
                         args.new_tokens,
                         args.reps,
                         batch,
-                        f"{Path(h).name} k={k} {dtype} lookup={lookup}" + (f" narrow={narrow}" if narrow else ""),
+                        f"{Path(h).name} k={k} {dtype} lookup={lookup}"
+                        + (f" narrow={narrow}" if narrow else "")
+                        + (f" tree={tree_label(tree)}" if tree else ""),
                         k=k,
                     )
-                    r.update(threads=threads, lookup=lookup, narrow=narrow)
+                    r.update(threads=threads, lookup=lookup, narrow=narrow, tree=tree_label(tree))
                     rows.append(r)
                     print(json.dumps(r), flush=True)
                     if batch == 1 and r["identical"] and r["blockwise_tok_s"] > best.get("blockwise_tok_s", 0):
-                        best = {**r, "rerun": (trained, k, lookup, narrow)}
+                        best = {**r, "rerun": (trained, k, lookup, narrow, tree)}
             if args.llama_cpp and spec.startswith("gguf:"):
                 rows.append(vs_llama_cpp(spec, model, tok, prompts, args, threads, dtype, best))
                 if dtype == "fp32":  # and llama.cpp on the file as shipped (its own quantized kernels)
@@ -458,8 +475,8 @@ def vs_llama_cpp(
     warm(model, prompts, args.new_tokens)
     if best:  # ours timed again right after llama.cpp, greedy and blockwise interleaved per request: a small VM's
         # speed at 2 threads can shift by a third between cells (docs/experiments.md), so no figure from minutes ago
-        trained, k, lookup, narrow = best["rerun"]
-        model.decode_options = trained.decode_options = options(model, tok, dtype, lookup, narrow)
+        trained, k, lookup, narrow, tree = best["rerun"]
+        model.decode_options = trained.decode_options = options(model, tok, dtype, lookup, narrow, tree)
         again = compare(model, trained, prompts, args.new_tokens, args.reps, 1, best["what"], k=k)
         model.decode_options = options(model, tok, dtype)
         r.update(

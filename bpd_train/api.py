@@ -99,6 +99,7 @@ class Translator:
         context_policy: str = "truncate_left",
         lookup: int = 0,
         narrow: int = 0,
+        tree=(),
     ) -> Output:
         """Translate `sentences` (a list of str). method: blockwise (default) | greedy; accept: exact (greedy's
         output) | top<N> | distance:<eps>; block_size: at most the model's k (default k); max_len: an int, or
@@ -107,7 +108,8 @@ class Translator:
         draft_vocab: heads 2..k propose among the N most frequent tokens (auto | N | None: all); proposal_dtype:
         heads 2..k in bf16 | int8 (auto: int8 on a CPU with the int8 kernels; None: dtype); lookup: N > 0 also
         proposes from the prompt and answer so far (decoder-only; output unchanged); narrow: with lookup, a step
-        whose context repeats fewer than 2 tokens feeds this many rows (0: the full block). Options as
+        whose context repeats fewer than 2 tokens feeds this many rows (0: the full block); tree: one row, such a
+        step feeds a candidate tree of the heads' ranked proposals instead ("0;1": head 2's top two). Options as
         bpd_train.decoding.settings.DecodeSettings checks them. A decoder-only model translates with its prompt
         format ("English: ...\\nFrench:") given src_lang/tgt_lang; context_policy: a prompt longer than its context
         is cut from the left (truncate_left) or refused."""
@@ -123,6 +125,7 @@ class Translator:
             batch_size=batch_size,
             lookup=lookup,
             narrow=narrow,
+            tree=tree,
         )
         sentences = _strings(sentences, "sentences")
         if self.family.prompted and not (src_lang and tgt_lang):
@@ -152,6 +155,7 @@ class Translator:
         proposal_dtype="auto",
         lookup: int = 0,
         narrow: int = 0,
+        tree=(),
     ) -> Output:
         """A decoder-only model's answers to `prompts`: each prompt as it is, or (chat=True, or a list of
         {"role", "content"} messages per prompt) rendered with the tokenizer's chat template. At most
@@ -168,6 +172,7 @@ class Translator:
             batch_size=batch_size,
             lookup=lookup,
             narrow=narrow,
+            tree=tree,
         )
         if not self.family.prompted:
             raise DecodeError("generate() is for decoder-only models; this is a translation model: use translate()")

@@ -121,6 +121,14 @@ def parser() -> argparse.ArgumentParser:
         "first W-1 proposals) instead of the full block; output unchanged; 0 (default): always the full block",
     )
     p.add_argument(
+        "--tree",
+        default="",
+        metavar="PATHS",
+        help="decoder-only, one row: a step whose context repeats fewer than 2 tokens feeds a candidate tree of "
+        "the heads' ranked proposals instead, e.g. '0;1' (head 2's first two choices; paths apart by ';', one "
+        "rank per head by ','); output unchanged; default: the chain",
+    )
+    p.add_argument(
         "--adaptive",
         action=argparse.BooleanOptionalAction,
         default=None,

@@ -45,6 +45,7 @@ from bpd_train.decoding.common import (
 )
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
+from bpd_train.engine.packed import tree_rows
 
 # Below this many multiply-adds per step (rows x b x (b-1) x proposal vocabulary x d_model), the proposal
 # heads run at every block position inside the verify step (one pass, no second decoder round trip); above
@@ -183,7 +184,8 @@ class _Blockwise:
         self.dev = src.device
         self.hist = np.zeros(kb + 1, dtype=np.int64)
         memory = model.encode(src)
-        self.state = state = model.start_decoding(memory, cap + kb)
+        tree = getattr(getattr(model, "decode_options", None), "tree", ())
+        self.state = state = model.start_decoding(memory, cap + max(kb, tree_rows(tree)))
         self.w = state.weights
         # prompt lookup (DecodeOptions.lookup, decoder-only native loops): each row's prompt, by row of `out`
         self.prompts = None

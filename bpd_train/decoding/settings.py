@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from bpd_train.decoding.acceptance import AcceptanceRule, Exact, make_acceptance
 from bpd_train.decoding.common import DEFAULT_MAX_LEN, MaxLen, parse_max_len
 from bpd_train.engine.fastlinear import DTYPES, check_dtype, int8_compute
-from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.packed import DecodeOptions, parse_tree
 
 METHODS = ("blockwise", "greedy")
 AUTO = "auto"
@@ -177,6 +177,7 @@ def decode_options(
     device="cpu",
     lookup: int = 0,
     narrow: int = 0,
+    tree=(),
 ) -> DecodeOptions:
     """DecodeOptions from config values (decode.dtype, decode.draft_vocab, decode.proposal_dtype); "auto" (the
     default of every decoding entry point) is the cheapest proposals that keep the output: see draft_vocabulary and
@@ -188,6 +189,7 @@ def decode_options(
             proposal_dtype=proposal_precision(proposal_dtype, dtype, device),
             lookup=lookup,
             narrow=narrow,
+            tree=tree,
         )
     except DecodeError:
         raise
@@ -240,6 +242,7 @@ class DecodeSettings:
     lookup: int = 0  # decoder-only: also propose from the prompt and answer so far, matching the
     #                                    last N..1 tokens (prompt lookup; N in 1..8, 0: off); adaptive feeding off
     narrow: int = 0  # with lookup, one row: a step whose context repeats < 2 tokens feeds this many rows (0: all)
+    tree: Any = ()  # decoder-only, one row: such a step feeds a candidate tree instead ("0;1": head 2's top two)
     rule: AcceptanceRule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -274,6 +277,10 @@ class DecodeSettings:
         n = self.narrow
         if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n == 1:
             raise _bad("narrow", n, "0 (off) or an int >= 2 (rows of a step whose context repeats < 2 tokens)")
+        try:
+            set_("tree", parse_tree(self.tree))
+        except ValueError as e:
+            raise DecodeError(str(e)) from None
 
     @classmethod
     def names(cls) -> list[str]:
@@ -303,5 +310,13 @@ class DecodeSettings:
         """The model's DecodeOptions: "auto" draft vocabulary and proposal precision resolved for this tokenizer
         (its ranking of tokens), stop ids and device."""
         return decode_options(
-            tokenizer, stop, self.dtype, self.draft_vocab, self.proposal_dtype, device, self.lookup, self.narrow
+            tokenizer,
+            stop,
+            self.dtype,
+            self.draft_vocab,
+            self.proposal_dtype,
+            device,
+            self.lookup,
+            self.narrow,
+            self.tree,
         )

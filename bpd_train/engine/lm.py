@@ -331,7 +331,9 @@ class LMDecodeWeights(DecodeStep):
     def narrows(self) -> bool:
         """Whether the one-row native loop picks each step's width (DecodeOptions.narrow with lookup): its next
         fed block may be narrower than the block size, and is fed as it is."""
-        return bool(self.options.lookup and self.options.narrow and self.native_loop is not None)
+        return bool(
+            ((self.options.lookup and self.options.narrow) or self.options.tree) and self.native_loop is not None
+        )
 
     def block_steps(
         self,
@@ -369,8 +371,20 @@ class LMDecodeWeights(DecodeStep):
             *rule,
             *self._context(context),
             self.options.narrow if context is not None else 0,
+            self._tree(w),
         )
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, bool(ended)
+
+    def _tree(self, w: int) -> Tensor | None:
+        """DecodeOptions.tree as the native loop's [paths, depth] ranks (-1 pads), or None; its depth must fit the
+        heads this call proposes with (w - 1)."""
+        tree = self.options.tree
+        if not tree:
+            return None
+        depth = max(len(p) for p in tree)
+        if depth > w - 1:
+            raise ValueError(f"tree: a path {depth} heads deep needs a block size of at least {depth + 1}, got {w}")
+        return torch.tensor([list(p) + [-1] * (depth - len(p)) for p in tree], dtype=torch.long)
 
     def batch_block_steps(
         self,

@@ -18,6 +18,12 @@ vocabulary): the key holds every parameter's storage pointer and in-place versio
   narrow       0, or w >= 2 (with lookup, batch 1): a step whose context repeats fewer than 2 tokens feeds w rows
                (the heads' first w - 1 proposals) instead of the full block; a step with a longer repeat feeds the
                full block. Wide steps where only the heads propose cost more rows than they gain on a CPU.
+  tree         () or rank paths (batch 1, decoder-only native loops): a step whose context repeats fewer than 2
+               tokens feeds a candidate tree instead (replacing narrow): path (1,) is head 2's second choice after
+               the token head 1 verifies, (0, 1) head 2's first then head 3's second; with lookup, a context whose
+               last token repeats adds the token that followed it as one more branch. Every node attends to the
+               context and its own ancestors only, bit for bit as the chain would, so the output stays greedy's.
+               `parse_tree("0 1")` = ((0,), (1,)).
 """
 
 from __future__ import annotations
@@ -38,8 +44,10 @@ class DecodeOptions:
     proposal_dtype: str | None = None
     lookup: int = 0
     narrow: int = 0
+    tree: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tree", parse_tree(self.tree))
         if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or not 0 <= self.lookup <= 8:
             raise ValueError(f"lookup must be an int in 0..8 (0: off), got {self.lookup!r}")
         if isinstance(self.narrow, bool) or not isinstance(self.narrow, int) or self.narrow < 0 or self.narrow == 1:
@@ -54,6 +62,36 @@ class DecodeOptions:
             if not ids:
                 raise ValueError("draft_vocab is empty: give at least one token id, or None for the full vocabulary")
             object.__setattr__(self, "draft_vocab", ids)
+
+
+TREE_NODES = 62  # the native loop's bound (one 64-bit ancestry mask per fed row)
+
+
+def parse_tree(value) -> tuple[tuple[int, ...], ...]:
+    """Candidate-tree rank paths from "0 1 0,0" (paths apart by spaces or ';', ranks by ','), a sequence of
+    sequences, or None / "" / () (no tree). Raises ValueError naming what was wrong."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null", "0")):
+        return ()
+    given = value
+    if isinstance(value, str):
+        value = [p.split(",") for p in value.replace(";", " ").split()]
+    try:
+        paths = tuple(tuple(int(r) for r in p) for p in value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"tree must be rank paths such as '0 1 0,0' (paths apart by spaces, ranks by commas), got {given!r}"
+        ) from None
+    if any(not p or min(p) < 0 for p in paths):
+        raise ValueError(f"tree: every path needs one rank >= 0 per head from head 2 on, got {given!r}")
+    nodes = {p[:i] for p in paths for i in range(1, len(p) + 1)}
+    if len(nodes) > TREE_NODES:
+        raise ValueError(f"tree: at most {TREE_NODES} nodes, got {len(nodes)}")
+    return tuple(sorted(set(paths)))
+
+
+def tree_rows(tree) -> int:
+    """The most rows a step of this candidate tree feeds: the root, its nodes, the lookup's branch."""
+    return len({p[:i] for p in tree for i in range(1, len(p) + 1)}) + 2 if tree else 0
 
 
 def draft_projection(

@@ -176,6 +176,7 @@ def run_evaluate(cfg: DictConfig) -> Path:
         proposal_dtype=_plain(d.get("proposal_dtype", "auto")),
         lookup=int(d.get("lookup", 0)),
         narrow=int(d.get("narrow", 0)),
+        tree=_plain(d.get("tree", ())) or (),
         adaptive_speedup=bool(e.get("adaptive_speedup", True)),
         min_seconds=float(e.get("min_seconds") or 0.0),
         max_bleu_drop=float(e.get("max_bleu_drop", 1.0)),

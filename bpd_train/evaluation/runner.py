@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -64,6 +64,7 @@ class EvalSettings:
     adaptive: bool | float = False  # feed only proposals whose heads pay (threshold)
     lookup: int = 0  # decoder-only: proposals from the prompt and answer so far too
     narrow: int = 0  # with lookup, one row: rows of a step whose context repeats < 2 tokens (0: the full block)
+    tree: Any = ()  # one row: a candidate tree there instead (rank paths, "0;1"; decoding/settings.py)
     min_seconds: float = 0.0  # timed passes over the sentences until each decoder ran this long
     adaptive_speedup: bool = True  # exact rule on the CPU: also time adaptive feeding (what the
     #                                               serving paths run there) in the same interleaved run
@@ -98,6 +99,7 @@ class EvalSettings:
             adaptive=self.adaptive,
             lookup=self.lookup,
             narrow=self.narrow,
+            tree=self.tree,
             **changes,
         )
 

@@ -156,6 +156,26 @@ static void mix(int nb, const float* const* p, const int64_t* len, int64_t lmin,
   }
 }
 
+// sc[0..len) -> softmax in place, by one fixed sequence (lanes of L slots from slot 0, padded to whole lanes with
+// -inf): the scores' layout from slot 0 decides the rounding, so equal layouts give equal bits
+static inline void softmax_row(float* sc, int64_t len) {
+  const int64_t lp = (len + L - 1) / L * L;
+  for (int64_t j = len; j < lp; j++) sc[j] = -INFINITY;
+  vf mv = vload(sc);
+  for (int64_t j = L; j < lp; j += L) mv = vmax(mv, vload(sc + j));
+  const float mxs = hmax(mv);
+  const vf mx = vbcast(&mxs);
+  vf sv = vzero();
+  for (int64_t j = 0; j < lp; j += L) {
+    const vf e = vexp(vsub(vload(sc + j), mx));
+    vstore(sc + j, e);
+    sv = vadd(sv, e);
+  }
+  const float inv = 1.0f / hsum(sv);
+  const vf iv = vbcast(&inv);
+  for (int64_t j = 0; j < lp; j += L) vstore(sc + j, vmul(vload(sc + j), iv));
+}
+
 template <int NC>
 static void attend_t(int64_t nq, const float* const* q, const int64_t* len, const float* k, const float* v,
                      int64_t stride, const float* mask, float scale, float* const* out, int64_t dh, float* sc) {
@@ -170,21 +190,7 @@ static void attend_t(int64_t nq, const float* const* q, const int64_t* len, cons
       float* scb = sc + b * sl;
       const int64_t ln = len[a0 + b];
       scores<NC>(q[a0 + b], k, stride, ln, dh, scale, mask, scb);
-      const int64_t lp = (ln + L - 1) / L * L;
-      for (int64_t j = ln; j < lp; j++) scb[j] = -INFINITY;
-      vf mv = vload(scb);
-      for (int64_t j = L; j < lp; j += L) mv = vmax(mv, vload(scb + j));
-      const float mxs = hmax(mv);
-      const vf mx = vbcast(&mxs);
-      vf sv = vzero();
-      for (int64_t j = 0; j < lp; j += L) {
-        const vf e = vexp(vsub(vload(scb + j), mx));
-        vstore(scb + j, e);
-        sv = vadd(sv, e);
-      }
-      const float inv = 1.0f / hsum(sv);
-      const vf iv = vbcast(&inv);
-      for (int64_t j = 0; j < lp; j += L) vstore(scb + j, vmul(vload(scb + j), iv));
+      softmax_row(scb, ln);
       p[b] = scb;
     }
     mix<NC>(nb, p, len + a0, lmin, lmax, v, stride, out + a0, dh);
@@ -199,6 +205,51 @@ static void attend(int64_t nq, const float* const* q, const int64_t* len, const 
     case 64: return attend_t<4>(nq, q, len, k, v, stride, mask, scale, out, dh, sc);
     case 128: return attend_t<8>(nq, q, len, k, v, stride, mask, scale, out, dh, sc);
     default: return attend_t<0>(nq, q, len, k, v, stride, mask, scale, out, dh, sc);
+  }
+}
+
+// nq queries, each over the slots j < len[a] with keep[a][j] set (a candidate tree's rows: the context and their own
+// ancestors): a query's kept scores are packed side by side before the softmax, so they sit where a chain's would
+// (the same lanes, the same bits as the query decoded alone after those tokens), then spread back with zero
+// weights, which the value mix adds exactly; up to QB queries share each value load, as in attend_t.
+// sc: scratch for QB * (max len rounded up to L, + 2 L) floats.
+static void attend_keep(int64_t nq, const float* const* q, const int64_t* len, const uint8_t* const* keep,
+                        const float* k, const float* v, int64_t stride, float scale, float* const* out, int64_t dh,
+                        float* sc) {
+  thread_local std::vector<float> packed_buf;
+  for (int64_t a0 = 0; a0 < nq; a0 += QB) {
+    const int nb = (int)std::min<int64_t>(QB, nq - a0);
+    int64_t lmin = len[a0], lmax = len[a0];
+    for (int b = 1; b < nb; b++) { lmin = std::min(lmin, len[a0 + b]); lmax = std::max(lmax, len[a0 + b]); }
+    const int64_t sl = (lmax + L - 1) / L * L + L;
+    float* packed = grow(packed_buf, sl);
+    const float* p[QB];
+    for (int b = 0; b < nb; b++) {
+      float* full = sc + b * sl;
+      const int64_t ln = len[a0 + b];
+      const uint8_t* kp = keep[a0 + b];
+      switch (dh) {
+        case 16: scores<1>(q[a0 + b], k, stride, ln, dh, scale, nullptr, full); break;
+        case 32: scores<2>(q[a0 + b], k, stride, ln, dh, scale, nullptr, full); break;
+        case 64: scores<4>(q[a0 + b], k, stride, ln, dh, scale, nullptr, full); break;
+        case 128: scores<8>(q[a0 + b], k, stride, ln, dh, scale, nullptr, full); break;
+        default: scores<0>(q[a0 + b], k, stride, ln, dh, scale, nullptr, full); break;
+      }
+      int64_t n = 0;
+      for (int64_t j = 0; j < ln; j++)
+        if (kp[j]) packed[n++] = full[j];
+      softmax_row(packed, n);
+      n = 0;
+      for (int64_t j = 0; j < ln; j++) full[j] = kp[j] ? packed[n++] : 0.0f;
+      p[b] = full;
+    }
+    switch (dh) {
+      case 16: mix<1>(nb, p, len + a0, lmin, lmax, v, stride, out + a0, dh); break;
+      case 32: mix<2>(nb, p, len + a0, lmin, lmax, v, stride, out + a0, dh); break;
+      case 64: mix<4>(nb, p, len + a0, lmin, lmax, v, stride, out + a0, dh); break;
+      case 128: mix<8>(nb, p, len + a0, lmin, lmax, v, stride, out + a0, dh); break;
+      default: mix<0>(nb, p, len + a0, lmin, lmax, v, stride, out + a0, dh); break;
+    }
   }
 }
 

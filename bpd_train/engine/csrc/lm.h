@@ -159,7 +159,14 @@ static inline void rope(float* x, int64_t n_h, int64_t dh, const float* c, const
 
 // x [M][d] (embedded tokens, in place -> output before the final norm); row m is cache row m / n at slot[m]. A query
 // at slot p of row r sees slots lpad[r]..p (a pad slot, in a prefill, sees itself only: its output is never read).
-static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, const LMNet& net, const LMCache& c) {
+// tree (one cache row, M = n <= 64 fed at slots slot[0]..): row m is a candidate tree's node at rotary slot
+// tree->pslot[m] (its depth after slot[0]) and sees the slots before slot[0] and the fed rows in bit set anc[m].
+struct TreeRows {
+  const int64_t* pslot;
+  const uint64_t* anc;
+};
+static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, const LMNet& net, const LMCache& c,
+                          const TreeRows* tree = nullptr) {
   Work& ws = work();
   const int64_t d = net.d;
   int64_t wide = 0, hd = 0, max_slot = 0;
@@ -187,7 +194,8 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
     float* kl = c.kv + li * ks[0];
     for (int64_t m = 0; m < M; m++) {
       const int64_t row = m / n;
-      const int64_t pos = std::min(std::max<int64_t>(slot[m] - c.lpad[row], 0), c.rope_n - 1);
+      const int64_t ps = tree ? tree->pslot[m] : slot[m];
+      const int64_t pos = std::min(std::max<int64_t>(ps - c.lpad[row], 0), c.rope_n - 1);
       float* q = big + m * qn;
       rope(q, h + g, dh, c.cos + pos * dh, c.sin + pos * dh);                 // q and k heads
       for (int64_t gg = 0; gg < g; gg++) {
@@ -207,6 +215,27 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
       int64_t* lens = buf.len;
       for (int64_t i = lo; i < hi; i++) {
         const int64_t row = i / g, gg = i % g;
+        if (tree) {                                        // the nodes over their kept slots
+          const int64_t start = c.lpad[row], t0 = slot[0];
+          thread_local std::vector<uint8_t> keep;
+          thread_local std::vector<const uint8_t*> kq;
+          const int64_t span = kmax - start;
+          keep.assign(M * span, 1);
+          kq.resize(n * rep);
+          for (int64_t m = 0; m < M; m++) {
+            uint8_t* km = keep.data() + m * span;
+            for (int64_t j = std::max(t0, start); j <= slot[m]; j++) km[j - start] = (tree->anc[m] >> (j - t0)) & 1;
+            for (int64_t hh = gg * rep, r = 0; hh < (gg + 1) * rep; hh++, r++) {
+              qs[m * rep + r] = big + m * qn + hh * dh;
+              os[m * rep + r] = a + m * h * dh + hh * dh;
+              lens[m * rep + r] = slot[m] + 1 - start;
+              kq[m * rep + r] = km;
+            }
+          }
+          const float* base = kl + row * ks[2] + gg * ks[3] + start * ks[4];
+          attend_keep(M * rep, qs, lens, kq.data(), base, base + ks[1], ks[4], scale, os, dh, scp);
+          continue;
+        }
         int64_t cnt = 0, run_start = -1;
         auto flush = [&]() {
           if (cnt == 0) return;
@@ -268,19 +297,33 @@ static void lm_propose_chain(const float* h, int64_t M, const LMNet& net, const 
                 p.draft.defined() ? p.draft.data_ptr<int64_t>() : nullptr, first, out);
 }
 
-// heads 1..n_heads at M positions h [M][d] -> ids [M][n_heads]; first [M]: head 1's tokens (chained heads read them)
+// the r largest of l[0..V) (ties: the lower index first), best first -> out[0..r)
+static void top_r_row(const float* l, int64_t V, int64_t r, int64_t* out) {
+  for (int64_t i = 0; i < r; i++) out[i] = -1;
+  for (int64_t v = 0; v < V; v++) {
+    int64_t i = r;
+    while (i > 0 && (out[i - 1] < 0 || l[v] > l[out[i - 1]])) i--;
+    if (i >= r) continue;
+    for (int64_t j = r - 1; j > i; j--) out[j] = out[j - 1];
+    out[i] = v;
+  }
+}
+
+// heads 1..n_heads at M positions h [M][d] -> ids [M][n_heads] (top_r > 1: each head's top_r best first, [M][n_heads]
+// [top_r]); first [M]: head 1's tokens (chained heads read them; they give their top 1 only)
 static void lm_propose_raw(const float* h, int64_t M, const LMNet& net, const LMProp& p, int64_t n_heads,
-                           int64_t* out, const int64_t* first = nullptr) {
+                           int64_t* out, const int64_t* first = nullptr, int64_t top_r = 1) {
   TORCH_CHECK(n_heads >= 1 && n_heads <= p.n_heads, "propose: ", n_heads, " heads asked of a proposal path for ",
               p.n_heads);
   if (p.kind == 0 && n_heads < p.n_heads) {   // BPD heads' FFN makes every head at once: keep the first n_heads
     thread_local std::vector<int64_t> all;
-    all.resize(M * p.n_heads);
-    lm_propose_raw(h, M, net, p, p.n_heads, all.data(), first);
-    for (int64_t m = 0; m < M; m++)
-      std::copy(all.data() + m * p.n_heads, all.data() + m * p.n_heads + n_heads, out + m * n_heads);
+    all.resize(M * p.n_heads * top_r);
+    lm_propose_raw(h, M, net, p, p.n_heads, all.data(), first, top_r);
+    const int64_t a = p.n_heads * top_r, b = n_heads * top_r;
+    for (int64_t m = 0; m < M; m++) std::copy(all.data() + m * a, all.data() + m * a + b, out + m * b);
     return;
   }
+  TORCH_CHECK(p.kind != 2 || top_r == 1, "propose: chained heads give one proposal per head (no candidate trees)");
   if (p.kind == 2) return lm_propose_chain(h, M, net, p, n_heads, first, out);
   Work& ws = work();
   const int64_t d = net.d;
@@ -314,10 +357,16 @@ static void lm_propose_raw(const float* h, int64_t M, const LMNet& net, const LM
     }
   }
   tk.to(P_HEADS_FFN);
-  int64_t* ids = grow(ws.pids, M * n_heads);
-  project_ids(y, M * n_heads, p.proj, ids, false, ws.plog);
+  int64_t* ids = grow(ws.pids, M * n_heads * top_r);
+  if (top_r == 1) {
+    project_ids(y, M * n_heads, p.proj, ids, false, ws.plog);
+  } else {
+    float* l = grow(ws.plog, M * n_heads * p.proj.N);
+    lin_rows(p.proj, y, l, M * n_heads);
+    for (int64_t m = 0; m < M * n_heads; m++) top_r_row(l + m * p.proj.N, p.proj.N, top_r, ids + m * top_r);
+  }
   const int64_t* dp = p.draft.defined() ? p.draft.data_ptr<int64_t>() : nullptr;
-  for (int64_t m = 0; m < M * n_heads; m++) out[m] = dp ? dp[ids[m]] : ids[m];
+  for (int64_t m = 0; m < M * n_heads * top_r; m++) out[m] = dp ? dp[ids[m]] : ids[m];
   tk.to(P_PROPOSE_PROJ);
 }
 
@@ -351,6 +400,23 @@ struct LMLoop : LoopModel {
   void propose(const float* h, int64_t M, int64_t n_heads, const int64_t* first, int64_t* out) const override {
     TORCH_CHECK(prop != nullptr, "propose: no proposal path given");
     lm_propose_raw(h, M, net, *prop, n_heads, out, first);
+  }
+  void propose_top(const float* h, int64_t n_heads, int64_t r, int64_t* out) const override {
+    TORCH_CHECK(prop != nullptr, "propose: no proposal path given");
+    lm_propose_raw(h, 1, net, *prop, n_heads, out, nullptr, r);
+  }
+  void layers_tree(float* x, int64_t M, const int64_t* slot, const int64_t* pslot, const uint64_t* anc) const override {
+    const TreeRows tr{pslot, anc};
+    lm_decode_raw(x, M, M, slot, net, c, &tr);
+  }
+  // cache row 0's K and V at slot dst = those at slot src, every layer and KV head
+  void move_slot(int64_t dst, int64_t src) const override {
+    for (int64_t li = 0; li < c.kn[0]; li++)
+      for (int64_t kv = 0; kv < 2; kv++)
+        for (int64_t gg = 0; gg < c.kn[3]; gg++) {
+          float* b = c.kv + li * c.ks[0] + kv * c.ks[1] + gg * c.ks[3];
+          std::memcpy(b + dst * c.ks[4], b + src * c.ks[4], c.dh * sizeof(float));
+        }
   }
 };
 
@@ -421,12 +487,13 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, 
     torch::Tensor x_in, const LMNet& net, const LMProp& prop, const torch::Tensor& self_kv, const torch::Tensor& lpad,
     const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, const torch::Tensor& stops, int64_t room,
     int64_t max_steps, int64_t group, int64_t width, int64_t top_n, double dist_eps,
-    const std::vector<torch::Tensor>& context, int64_t lookup, int64_t narrow) {
+    const std::vector<torch::Tensor>& context, int64_t lookup, int64_t narrow, c10::optional<torch::Tensor> tree) {
   const auto t_start = std::chrono::steady_clock::now();
   LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
   mdl.prop = &prop;
   mdl.set_rule(top_n, dist_eps);
   mdl.set_context(context, lookup, narrow);
+  mdl.set_tree(tree);
   return block_loop(mdl, x_in, t, room, max_steps, group, width, t_start);
 }
 

@@ -57,6 +57,43 @@ struct LoopModel {
   // narrow >= 2 (one row only): a step whose context repeats fewer than 2 tokens feeds `narrow` rows, the heads'
   // proposals alone (a one-token match predicts little; the rows it saves cost more than they gain).
   int64_t lookup_n = 0, narrow = 0;
+  // Candidate trees (decoder-only, one row): a step whose context repeats fewer than 2 tokens feeds the root and a
+  // tree of the heads' ranked proposals (rank paths, one rank per head from head 1 down, in depth-first order with
+  // the better rank first, so the top-1 chain comes first), plus the lookup's next token as one more branch where
+  // the last token repeats. Every node attends to the context and its own ancestors; the accepted path's K/V then
+  // move to the slots a chain would have used.
+  std::vector<std::vector<int64_t>> tree;
+  int64_t tree_r = 0, tree_depth = 0, tree_nodes = 0;
+  void set_tree(const c10::optional<torch::Tensor>& paths) {
+    tree.clear();
+    tree_r = tree_depth = tree_nodes = 0;
+    if (!paths.has_value() || paths->numel() == 0) return;
+    auto pt = paths->to(torch::kLong).contiguous();
+    TORCH_CHECK(pt.dim() == 2, "candidate tree: rank paths [P, depth] (-1 pads)");
+    const int64_t* v = pt.data_ptr<int64_t>();
+    std::set<std::vector<int64_t>> nodes;
+    for (int64_t i = 0; i < pt.size(0); i++) {
+      std::vector<int64_t> path;
+      for (int64_t j = 0; j < pt.size(1) && v[i * pt.size(1) + j] >= 0; j++) {
+        path.push_back(v[i * pt.size(1) + j]);
+        nodes.insert(path);
+        tree_r = std::max(tree_r, path.back() + 1);
+      }
+      tree_depth = std::max<int64_t>(tree_depth, (int64_t)path.size());
+      if (!path.empty()) tree.push_back(path);
+    }
+    std::sort(tree.begin(), tree.end());
+    tree_nodes = (int64_t)nodes.size();
+    TORCH_CHECK(tree_nodes <= 62, "candidate tree: at most 62 nodes (", tree_nodes, " given)");
+  }
+  virtual void propose_top(const float*, int64_t, int64_t, int64_t*) const {
+    TORCH_CHECK(false, "candidate trees: decoder-only models only");
+  }
+  // x [M][d] in place: a candidate tree's M nodes fed at slots slot[0].. (see lm_decode_raw)
+  virtual void layers_tree(float*, int64_t, const int64_t*, const int64_t*, const uint64_t*) const {
+    TORCH_CHECK(false, "candidate trees: decoder-only models only");
+  }
+  virtual void move_slot(int64_t, int64_t) const { TORCH_CHECK(false, "candidate trees: decoder-only models only"); }
   mutable std::vector<std::vector<int64_t>> ctx;
   void set_context(const std::vector<torch::Tensor>& rows, int64_t n, int64_t narrow_rows = 0) {
     lookup_n = n > 0 && !rows.empty() ? n : 0;
@@ -234,6 +271,31 @@ std::tuple<torch::Tensor, torch::Tensor, double> greedy_steps(
   return greedy_loop(mdl, tok, first_slots(tok.size(0), t, lengths), room, max_steps, t_start, to_end);
 }
 
+// The next step's candidate tree after head 1's token gn: the heads' ranked proposals at h along mdl.tree's rank
+// paths, then `extra` (the lookup's next token, -1: none) as a branch of its own; x = [gn, nodes...], par = each
+// node's parent row. Returns false where the tree came out a plain chain (then fed as one).
+static bool tree_block(const LoopModel& mdl, const float* h, int64_t gn, int64_t extra, std::vector<int64_t>& top,
+                       std::vector<int64_t>& x, std::vector<int64_t>& par) {
+  mdl.propose_top(h, mdl.tree_depth, mdl.tree_r, top.data());            // [depth][r]
+  x.assign(1, gn);
+  par.assign(1, -1);
+  auto child = [&](int64_t p, int64_t tok) {                              // p's child holding tok, added if new
+    for (int64_t c = p + 1; c < (int64_t)x.size(); c++)
+      if (par[c] == p && x[c] == tok) return c;
+    x.push_back(tok);
+    par.push_back(p);
+    return (int64_t)x.size() - 1;
+  };
+  for (const auto& path : mdl.tree) {
+    int64_t cur = 0;
+    for (size_t dd = 0; dd < path.size(); dd++) cur = child(cur, top[dd * mdl.tree_r + path[dd]]);
+  }
+  if (extra >= 0) child(0, extra);
+  for (int64_t j = 1; j < (int64_t)x.size(); j++)
+    if (par[j] != j - 1) return true;
+  return false;
+}
+
 // Blockwise steps for ONE row in uniform cache mode (decoding/blockwise.py at batch 1; the Exact, TopK or Distance
 // rule, LoopModel::accepts), in one call with no ATen op or allocation per step: feed x (x0 + w-1 proposals) at
 // slots t.., verify, accept the longest prefix of proposals the rule passes against head 1 (nothing after a stop
@@ -256,55 +318,94 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, in
   const int64_t pad = mdl.stops.empty() ? -1 : mdl.stops[0];   // fills the next block where no proposal runs
   group = std::max<int64_t>(1, group);
   width = std::max<int64_t>(1, width);
-  const int64_t wm = std::max(w0, width);
+  const int64_t wm = std::max(std::max(w0, width), mdl.tree_nodes + 2);
   std::vector<int64_t> x(xt.data_ptr<int64_t>(), xt.data_ptr<int64_t>() + w0), toks, nc, slot(wm), gh(wm), prop(wm),
-      look(wm);
+      look(wm), par, path, pslot(wm), top(std::max<int64_t>(1, mdl.tree_depth * mdl.tree_r));
+  std::vector<uint64_t> anc(wm);
   auto lopt = torch::TensorOptions().dtype(torch::kLong);
   std::vector<float> h(wm * d), hn(d, 0.0f);
   int64_t ended = 0;
+  bool is_tree = false;                                    // x is a candidate tree (par: each node's parent)
   for (int64_t s = 0; s < max_steps && !ended; s++) {
     const int64_t w = (int64_t)x.size();   // the first step may feed another width (the prefill: BOS alone)
     Tick tk;
     for (int64_t j = 0; j < w; j++) slot[j] = t + j;
     mdl.embed(x.data(), slot.data(), w, h.data());
     tk.to(P_EMBED);
-    mdl.layers(h.data(), w, w, slot.data());
-    tk = Tick();
-    int64_t n = 0, done = 0, first = 0;                    // first: the position of the last head1 call's row 0
-    for (;;) {
-      if (n >= done) {                                     // head 1 at the next `group` positions
-        const int64_t rows = std::min(group, w - done);
-        mdl.head1(h.data() + done * d, rows, gh.data() + done);
-        first = done;
-        done += rows;
+    int64_t n = 0, last = 0;                               // proposals accepted; the row of the last one
+    if (!is_tree) {
+      mdl.layers(h.data(), w, w, slot.data());
+      tk = Tick();
+      int64_t done = 0, first = 0;                         // first: the position of the last head1 call's row 0
+      for (;;) {
+        if (n >= done) {                                   // head 1 at the next `group` positions
+          const int64_t rows = std::min(group, w - done);
+          mdl.head1(h.data() + done * d, rows, gh.data() + done);
+          first = done;
+          done += rows;
+        }
+        if (n < w - 1 && mdl.accepts(x[n + 1], gh[n], n - first) && (n == 0 || !mdl.stop(x[n]))) n++;
+        else break;
       }
-      if (n < w - 1 && mdl.accepts(x[n + 1], gh[n], n - first) && (n == 0 || !mdl.stop(x[n]))) n++;
-      else break;
+      last = n;
+      path.resize(n);
+      for (int64_t j = 0; j < n; j++) path[j] = j + 1;
+    } else {
+      for (int64_t j = 0; j < w; j++) {                    // rotary slot by depth; attention by ancestry
+        pslot[j] = j == 0 ? t : pslot[par[j]] + 1;
+        anc[j] = (j == 0 ? 0 : anc[par[j]]) | (uint64_t(1) << j);
+      }
+      mdl.layers_tree(h.data(), w, slot.data(), pslot.data(), anc.data());
+      tk = Tick();
+      mdl.head1(h.data(), w, gh.data());                   // every node: the accepted path is known only after
+      path.clear();
+      for (;;) {                                           // down the tree while a child is head 1's token
+        if (n > 0 && mdl.stop(x[last])) break;
+        int64_t nx = -1;
+        for (int64_t c = last + 1; c < w && nx < 0; c++)
+          if (par[c] == last && mdl.accepts(x[c], gh[last], last)) nx = c;
+        if (nx < 0) break;
+        path.push_back(nx);
+        last = nx;
+        n++;
+      }
+      for (int64_t i = 0; i < n; i++)                      // the chain's slots (sources lie beyond each target)
+        if (path[i] != i + 1) mdl.move_slot(t + i + 1, t + path[i]);
     }
     tk.to(P_VERIFY);
-    const int64_t gn = gh[n];
-    const bool eos_in = n > 0 && mdl.stop(x[n]);
+    const int64_t gn = gh[last];
+    const bool eos_in = n > 0 && mdl.stop(x[last]);
     const int64_t cnt = std::min<int64_t>(n + 1 - (eos_in ? 1 : 0), room);
-    for (int64_t j = 0; j < cnt; j++) toks.push_back(j < n ? x[j + 1] : gn);
+    for (int64_t j = 0; j < cnt; j++) toks.push_back(j < n ? x[path[j]] : gn);
     mdl.extend(0, toks.data() + toks.size() - cnt, cnt);
     nc.push_back(n);
     nc.push_back(cnt);
     room -= cnt;
     t += cnt;
     ended = (eos_in || mdl.stop(gn) || room <= 0) ? 1 : 0;
-    std::memcpy(hn.data(), h.data() + n * d, d * sizeof(float));
+    std::memcpy(hn.data(), h.data() + last * d, d * sizeof(float));
     x.assign(width, pad);
     x[0] = gn;
+    is_tree = false;
     if (!ended && width > 1) {
       int64_t matched = 0;
       const int64_t got = mdl.lookup(0, width - 1, look.data(), &matched);
-      const int64_t wn = mdl.narrow >= 2 && matched < 2 ? std::min(mdl.narrow, width) : width;  // this step's rows
-      x.resize(wn);
-      mdl.propose(hn.data(), 1, wn - 1, &gn, prop.data());
-      if (matched >= 2 || wn == width) std::copy(look.data(), look.data() + std::min(got, wn - 1), prop.data());
-      for (int64_t j = 0; j < wn - 1; j++) x[j + 1] = prop[j];
+      if (!mdl.tree.empty() && matched < 2) {
+        is_tree = tree_block(mdl, hn.data(), gn, matched == 1 && got > 0 ? look[0] : -1, top, x, par);
+      } else {
+        const int64_t wn = mdl.narrow >= 2 && matched < 2 ? std::min(mdl.narrow, width) : width;  // this step's rows
+        x.resize(wn);
+        mdl.propose(hn.data(), 1, wn - 1, &gn, prop.data());
+        if (matched >= 2 || wn == width) std::copy(look.data(), look.data() + std::min(got, wn - 1), prop.data());
+        for (int64_t j = 0; j < wn - 1; j++) x[j + 1] = prop[j];
+      }
     }
     if (g_prof) g_prof_steps += 1;
+  }
+  if (is_tree) {                                           // hand back the tree's leading chain (its top-1 path)
+    int64_t len = 1;
+    while (len < (int64_t)x.size() && par[len] == len - 1) len++;
+    x.resize(len);
   }
   auto cp = [&](const std::vector<int64_t>& v) {
     return torch::from_blob(const_cast<int64_t*>(v.data()), {(int64_t)v.size()}, lopt).clone();

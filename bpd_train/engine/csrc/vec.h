@@ -13,6 +13,8 @@
 #include <tuple>
 #include <chrono>
 #include <vector>
+#include <set>
+#include <algorithm>
 #include <memory>
 #include <cstdlib>
 #include <mutex>
