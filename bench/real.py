@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -318,7 +319,7 @@ def main() -> None:
         "cpu": cpu_model(),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
-        "command": "python bench/real.py " + " ".join(sys.argv[1:]),
+        "command": "python bench/real.py " + shlex.join(sys.argv[1:]),
         "rows": rows,
     }
     if args.page is not None:
