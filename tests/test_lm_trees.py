@@ -10,6 +10,7 @@ import torch
 from bpd_train.decoding import blockwise, greedy
 from bpd_train.decoding.settings import DecodeError, DecodeSettings
 from bpd_train.engine.packed import DecodeOptions, parse_tree, tree_rows
+from tests.test_decoding import random_model
 from tests.test_lm_engine import CONFIGS, lm, prompts
 
 # siblings, a node under a second choice (two K/V moves when accepted), a top-1 chain three heads deep
@@ -91,3 +92,11 @@ def test_tree_options_are_checked_with_one_clear_message():
     with pytest.raises(ValueError, match="block size of at least 4"):
         blockwise(m, prompts(1, 98), max_len=8)
     np.testing.assert_equal(len(parse_tree("0;0;1")), 2)  # repeats count once
+    c = lm(99, "chain", k=3)  # chained heads propose one token per head: no ranks to branch on
+    c.decode_options = DecodeOptions(tree=parse_tree("0;1"))
+    with pytest.raises(ValueError, match="chained heads"):
+        c.decode_weights()
+    mt = random_model(3, 0)
+    mt.decode_options = DecodeOptions(tree=parse_tree("0;1"))
+    with pytest.raises(ValueError, match="decoder-only"):
+        mt.decode_weights()

@@ -126,6 +126,13 @@ class LMDecodeWeights(DecodeStep):
             # the native loops: head 1 is the LM head itself (identity_p1; BPD heads with their own head 1 take
             # the Python steps over the same native pieces)
             self.native_loop = self.native_layers if self.identity_p1 else None
+        if options.tree and (self.native_loop is None or self.chained):
+            raise ValueError(
+                "tree: candidate trees run on the native CPU loop with Medusa or BPD heads whose head 1 is the LM's "
+                "own (this model or engine has "
+                + ("chained heads" if self.chained else "no native loop: CUDA, BPD_DECODE_ENGINE=torch or own head 1")
+                + "); leave decode.tree empty"
+            )
 
     # ---- the prompt ----
     def prefill(self, state, ids: Tensor) -> None:

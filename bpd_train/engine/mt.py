@@ -56,6 +56,8 @@ class DecodeWeights(DecodeStep):
     multi_stop = False  # one eos id ends a row
 
     def __init__(self, model: nn.Module, options: DecodeOptions):
+        if options.tree:
+            raise ValueError("tree: candidate trees are for decoder-only models; leave decode.tree empty here")
         self.options = options
         dt = options.dtype
         self.layers: list[StepWeights] = []
