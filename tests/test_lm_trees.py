@@ -79,9 +79,16 @@ def test_tree_options_are_checked_with_one_clear_message():
     assert parse_tree("0 1;1,0") == ((0,), (1,), (1, 0))
     assert parse_tree([[1], [0, 2]]) == ((0, 2), (1,))
     assert parse_tree(None) == parse_tree("none") == parse_tree("") == ()
+    assert parse_tree("0") == ((0,),)  # head 2's first choice: narrow steps, plus the lookup's branch
     assert tree_rows(parse_tree("0;1;1,0")) == 5 and tree_rows(()) == 0
     many = ";".join(map(str, range(70)))
-    for bad, what in [("a", "rank paths"), ("0;-1", "rank >= 0"), ([[]], "rank >= 0"), (many, "at most")]:
+    for bad, what in [
+        ("a", "rank paths"),
+        (0, "rank paths"),
+        ("0;-1", "rank >= 0"),
+        ([[]], "rank >= 0"),
+        (many, "at most"),
+    ]:
         with pytest.raises(ValueError, match=what):
             DecodeOptions(tree=bad)
     with pytest.raises(DecodeError, match="tree"):

@@ -70,7 +70,7 @@ TREE_NODES = 62  # the native loop's bound (one 64-bit ancestry mask per fed row
 def parse_tree(value) -> tuple[tuple[int, ...], ...]:
     """Candidate-tree rank paths from "0 1 0,0" (paths apart by spaces or ';', ranks by ','), a sequence of
     sequences, or None / "" / () (no tree). Raises ValueError naming what was wrong."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null", "0")):
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         return ()
     given = value
     if isinstance(value, str):
