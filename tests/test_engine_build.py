@@ -46,3 +46,34 @@ def test_any_source_change_renames_the_build(tmp_path):
     (csrc / "extra.h").unlink()
     (csrc / "notes.txt").write_text("not a source\n")
     assert source_digest(csrc, flags) == base
+
+
+def test_a_broken_build_fails_the_test_run_where_the_kernels_can_build(tmp_path):
+    """Where the CPU and compiler support the kernels, a build that fails stops pytest (exit 1, the reason on one
+    line) instead of skipping the exactness suites; BPD_DECODE_ENGINE=torch runs without them."""
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    from conftest import REPO_ROOT, native_expected
+
+    if native_expected() is None:
+        pytest.skip("this machine cannot build the native kernels (no AVX2 / FMA or no compiler)")
+    (tmp_path / "test_one.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
+    shutil.copy(REPO_ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    env = dict(os.environ, BPD_NATIVE_MARCH="no-such-cpu", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stdout[-2000:]
+    assert "the native decode kernels did not build although this CPU has AVX2" in r.stdout + r.stderr
+    env["BPD_DECODE_ENGINE"] = "torch"
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0 and "native decode kernels: not built" in r.stdout, r.stdout[-2000:]

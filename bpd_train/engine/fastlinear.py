@@ -28,9 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from bpd_train.decode_settings import DTYPES  # noqa: F401 - the decode precisions, declared with the settings
+
 log = logging.getLogger(__name__)
 
-DTYPES = ("fp32", "bf16", "int8")
 _MODE = {"fp32": 0, "bf16": 1, "int8": 2}
 _COMPUTE_MODE = {"bf16": 3, "int8": 4}  # csrc/vec.h Mode BF16D / I8D: activations in that precision too
 _BF16_AMX = 5  # csrc/vec.h Mode BF16A: bf16 x bf16 on AMX tiles, every row count
@@ -39,6 +40,7 @@ Q4_GROUP = 32  # weights of a row per scale and offset (GGUF's Q4_0 / Q4_1 block
 _lock = threading.Lock()
 _ext = None
 _ext_tried = False
+_ext_error: str | None = None
 
 
 def _cpu_tag() -> str:
@@ -149,12 +151,16 @@ def native_kernels():
             _ext = load(name=name, sources=[str(src)], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
             _ext.set_huge_pages(_on("BPD_HUGEPAGES"))  # packed weights in 2 MiB pages where the kernel allows
         except Exception as e:  # no compiler, no AVX2, read-only cache, ...: correct but slower
-            log.warning(
-                "native decode kernels unavailable (%s); decoding uses torch's F.linear",
-                str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__,
-            )
+            global _ext_error
+            _ext_error = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            log.warning("native decode kernels unavailable (%s); decoding uses torch's F.linear", _ext_error)
             _ext = None
     return _ext
+
+
+def native_build_error() -> str | None:
+    """Why the last native_kernels() build failed (None: it built, or was never tried / turned off)."""
+    return _ext_error
 
 
 def loaded_kernels():

@@ -1,0 +1,268 @@
+# python bench/real.py --render docs/results/real-amx.json          (that page again)
+# python bench/real_page.py                                          (every committed page and README's block)
+"""The real-model results pages, rendered from the JSON bench/real.py writes, and nothing else: every committed
+page docs/results-real-<isa>.md is its docs/results/real-<isa>.json rendered (tests/test_bench_real.py re-renders
+and compares), and README.md's real-model block is README_JSON's headline table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN, END = "<!-- real:begin -->", "<!-- real:end -->"
+README_JSON = "docs/results/real-amx.json"  # the run README.md shows
+
+
+def tag(result: dict) -> str:
+    """The page's name part: the instruction set the engine ran on (amx, avx512, avx2, torch)."""
+    return str(result.get("isa", "torch")).removeprefix("native-")
+
+
+def _x(s: dict | None, quartiles: bool = True) -> str:
+    """A speed ratio: median [quartiles] over requests (or min-max)."""
+    if not s:
+        return "–"
+    lo, hi = (s["p25"], s["p75"]) if quartiles else (s["min"], s["max"])
+    return f"{s['median']:.2f}× [{lo:.2f}–{hi:.2f}]"
+
+
+def _tok(s: dict | None) -> str:
+    """Tokens/s: median (min–max) over passes."""
+    if not s:
+        return "–"
+    return f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})"
+
+
+def _frac(v) -> str:
+    return "–" if not v else f"{v[0]}/{v[1]}"
+
+
+def _bpw(e: dict) -> str:
+    b = e.get("bytes_per_weight")
+    return "" if b is None else f", {b:.2f} B"
+
+
+def _label(e: dict) -> str:
+    """Who and in what precision: 'ours int8, 1.00 B' / 'llama.cpp Q4_1 (the file), 0.63 B'."""
+    if e.get("engine") == "llama.cpp":
+        return f"llama.cpp {e.get('type', '')}".strip() + _bpw(e)
+    return f"{e.get('engine', 'ours')} {e.get('dtype', '')}".strip() + _bpw(e)
+
+
+def _decoding(e: dict) -> str:
+    if e.get("decoder") != "blockwise":
+        return e.get("decoder", "greedy")
+    out = f"exact blockwise, k = {e['k']}"
+    if e.get("lookup"):
+        out += f", lookup {e['lookup']}"
+    if e.get("narrow"):
+        out += f", narrow {e['narrow']}"
+    if e.get("tree"):
+        out += f", tree {e['tree']}"
+    if e.get("adaptive"):
+        out += ", adaptive"
+    return out
+
+
+def _table(header: list[str], align: str, lines: list[list[str]]) -> list[str]:
+    rule = "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"
+    return ["| " + " | ".join(header) + " |", rule, *("| " + " | ".join(c) + " |" for c in lines), ""]
+
+
+def _order(e: dict) -> tuple:
+    eng = {"llama.cpp": 0, "ours": 1}.get(e.get("engine"), 2)
+    dt = {"fp32": 0, "int8": 1, "bf16": 2}.get(e.get("dtype"), 3)
+    return (eng, dt, e.get("decoder") != "greedy")
+
+
+def headline_rows(cell: dict) -> list[list[str]]:
+    """One line per engine of a batch-1 cell: precision and bytes, decoding, tokens/s, speed over our greedy of
+    the same precision and over the reference (llama.cpp's greedy on the file), k-hat, exactness, fp32 answers."""
+    return [
+        [
+            _label(e),
+            _decoding(e),
+            _tok(e["tok_s"]),
+            _x(e.get("vs_greedy")),
+            "1 (reference)" if e["name"] == cell.get("reference") else _x(e.get("vs_reference")),
+            f"{e['k_hat']:.2f}" if e.get("decoder") == "blockwise" and "k_hat" in e else "–",
+            _frac(e.get("identical_to_greedy")),
+            _frac(e.get("matches_fp32")),
+        ]
+        for e in sorted(cell["engines"], key=_order)
+    ]
+
+
+HEADLINE_HEADER = [
+    "engine, precision, bytes a weight",
+    "decoding",
+    "tokens/s, median (min–max) over passes",
+    "× our greedy, same precision",
+    "× llama.cpp greedy, same file",
+    "k̂",
+    "ids = greedy's",
+    "answers = fp32's",
+]
+
+
+def _first(result: dict, kind: str) -> dict | None:
+    return next((r for r in result["rows"] if r.get("kind") == kind), None)
+
+
+def protocol_line(result: dict) -> str:
+    p, q = result["protocol"], result["prompts"]
+    src = f"`{q['file']}`" if q.get("file") else "the bench's eight general questions"
+    return (
+        f"{q['count']} requests ({src}), {result['new_tokens']} new tokens at most, batch 1 unless named; "
+        f"{p['warmup']}, then {p['reps']} timed passes with the engines taking turns request by request; "
+        f"prompt caches: {p['prompt_cache']}. Speed ratios are medians over requests of each request's rate ratio "
+        "(its median over passes), [quartiles over requests]; tokens/s are per pass, median (min–max)."
+    )
+
+
+def machine_line(result: dict) -> str:
+    llama = f", llama-cpp-python {result['llama_cpp']}" if result.get("llama_cpp") else ""
+    return (
+        f"{result['cpu']} ({result['isa']} engine), torch {result['torch']}{llama}, {result['date']}; "
+        f"model {result['model']} (matrices {result.get('shipped_type', '?')}); {result.get('minutes', '?')} min"
+    )
+
+
+def headline(result: dict, link: str) -> str:
+    """README's block: the first batch-1 cell's table, what produced it, and where the rest is."""
+    cell = _first(result, "batch 1")
+    if cell is None:
+        raise ValueError("no batch-1 cell in this result")
+    lines = [
+        f"`{result['command']}` — {machine_line(result)}, {cell['threads']} thread(s). {protocol_line(result)}",
+        "",
+        *_table(HEADLINE_HEADER, "llrrrrrr", headline_rows(cell)),
+        f"All cells, batch 8, step costs and transformers: [{link}]({link}).",
+    ]
+    return "\n".join(lines)
+
+
+def page(result: dict) -> str:
+    """The whole results page of one run."""
+    out = [
+        "# SmolLM2-135M-Instruct on a CPU: decoding speed under one protocol",
+        "",
+        f"Generated from its JSON by `python bench/real.py --render docs/results/real-{tag(result)}.json` (do not "
+        f"edit). Measured by `{result['command']}` on {machine_line(result)}.",
+        "",
+        protocol_line(result),
+        "",
+        "Columns: `× our greedy` is exact blockwise decoding over greedy decoding of the same precision in the same "
+        "cell; `ids = greedy's` counts the requests whose ids equal that greedy's (the exact rule); `answers = "
+        "fp32's` counts those equal to the model's fp32 greedy answers (the file's own weights, untimed reference).",
+        "",
+    ]
+    for cell in result["rows"]:
+        if "skipped" in cell:
+            out += [f"## {cell['kind']}, {cell['threads']} thread(s): skipped ({cell['skipped']})", ""]
+            continue
+        kind = cell["kind"]
+        if kind == "batch 1":
+            out += [f"## Batch 1, {cell['threads']} thread(s), every engine interleaved", ""]
+            out += _table(HEADLINE_HEADER, "llrrrrrr", headline_rows(cell))
+        elif kind == "batch":
+            out += [f"## Batch {cell['batch']}, {cell['dtype']}, {cell['threads']} thread(s)", ""]
+            out += _table(
+                ["decoding", "tokens/s, median (min–max)", "× greedy, median [quartiles] over batches", "k̂",
+                 "ids = greedy's"],  # fmt: skip
+                "lrrrr",
+                [
+                    [_decoding(e), _tok(e["tok_s"]), _x(e.get("vs_greedy")),
+                     f"{e['k_hat']:.2f}" if e.get("decoder") == "blockwise" and "k_hat" in e else "–",
+                     _frac(e.get("identical_to_greedy"))]  # fmt: skip
+                    for e in cell["engines"]
+                ],
+            )
+        elif kind == "step":
+            out += [
+                f"## What a k-row step costs, {cell['dtype']}, {cell['threads']} thread(s) (zero-initialised heads)",
+                "",
+            ]
+            g = next(e for e in cell["engines"] if e.get("decoder") == "greedy")
+            out += [f"Greedy: {_tok(g['tok_s'])} tokens/s over {cell['requests']} requests.", ""]
+            out += _table(
+                ["k", "step cost in greedy steps, median (min–max) over passes", "ids = greedy's"],
+                "rrr",
+                [
+                    [str(e["k"]), f"{e['step_cost']['median']:.2f} ({e['step_cost']['min']:.2f}–"
+                     f"{e['step_cost']['max']:.2f})", _frac(e.get("identical_to_greedy"))]  # fmt: skip
+                    for e in cell["engines"]
+                    if "step_cost" in e
+                ],
+            )
+        elif kind == "transformers":
+            out += [
+                f"## Greedy against transformers' generate (fp32, same file, no prompt cache on either side), "
+                f"{cell['threads']} thread(s); transformers {cell.get('transformers', '?')}",
+                "",
+            ]
+            out += _table(
+                ["engine", "tokens/s, median (min–max)", "× transformers, median [quartiles]", "ids = transformers'"],
+                "lrrr",
+                [
+                    [e["name"], _tok(e["tok_s"]), _x(e.get("vs_greedy")), _frac(e.get("identical_to_greedy"))]
+                    for e in cell["engines"]
+                ],
+            )
+    return "\n".join(out).rstrip() + "\n"
+
+
+def page_path(json_path: Path) -> Path:
+    """docs/results/real-<isa>.json -> docs/results-real-<isa>.md."""
+    return json_path.parent.parent / f"results-{json_path.stem}.md"
+
+
+def committed(root: Path = ROOT) -> list[tuple[Path, Path]]:
+    """Every committed (JSON, page) pair."""
+    return [(j, page_path(j)) for j in sorted((root / "docs" / "results").glob("real-*.json"))]
+
+
+def extract_block(text: str) -> str:
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"no {BEGIN} ... {END} block")
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+
+
+def replace_block(text: str, block: str) -> str:
+    head, rest = text.split(BEGIN, 1)
+    return f"{head}{BEGIN}\n{block}\n{END}{rest.split(END, 1)[1]}"
+
+
+def readme_block(root: Path = ROOT) -> str:
+    j = root / README_JSON
+    result = json.loads(j.read_text(encoding="utf-8"))
+    return headline(result, str(page_path(j).relative_to(root)))
+
+
+def render(json_path: Path, page_to: Path | None = None, readme: Path | None = None) -> None:
+    from bpd_train.io import atomic_write_text
+
+    result = json.loads(Path(json_path).read_text(encoding="utf-8"))
+    atomic_write_text(page_to or page_path(Path(json_path)), page(result))
+    if readme is not None:
+        link = "docs/" + (page_to or page_path(Path(json_path))).name
+        atomic_write_text(readme, replace_block(readme.read_text(encoding="utf-8"), headline(result, link)))
+
+
+def main() -> int:
+    sys.path.insert(0, str(ROOT))
+    from bpd_train.io import atomic_write_text
+
+    for j, p in committed():
+        render(j, p)
+        print(f"wrote {p.relative_to(ROOT)}")
+    readme = ROOT / "README.md"
+    atomic_write_text(readme, replace_block(readme.read_text(encoding="utf-8"), readme_block()))
+    print("wrote README.md's real-model block")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

