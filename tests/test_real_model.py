@@ -141,7 +141,7 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
         assert f"=== {stage}: done in" in r.stdout, stage
 
     assert (art / "prompts" / "train.jsonl").is_file() and (art / "prompts" / "manifest.json").is_file()
-    corpus = art / "bible_chat"
+    corpus = art / "general_chat"
     made = next((corpus / "distill").glob("*/manifest.json")).parent
     m = json.loads((made / "manifest.json").read_text())
     assert m["complete"] and m["kind"] == "lm" and "decode_dtype" not in m and m["num_examples"] == 24  # fp32
