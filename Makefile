@@ -8,6 +8,8 @@
 #                  evaluation, export (docs/real-model.md; under an hour on 2 cores); make smoke-real: a tiny GGUF file
 # make results — docs/results.md and README.md's results block from make demo's evaluation report (the only
 #                target that changes tracked files; make demo writes its page under artifacts/demo/results/)
+# make bench-real — make demo-real's heads timed against our greedy and llama.cpp on this CPU, one protocol for all
+#                  (about 15 min; artifacts/bench-real/); make results-real: the committed pages and README's block
 PY ?= python3
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
@@ -17,7 +19,7 @@ export WANDB_MODE := offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 
 .PHONY: install install-real lint test test-fast test-long test-all test-slurm demo smoke demo-lm smoke-lm demo-real \
-	smoke-real results bench clean
+	smoke-real results bench bench-real results-real clean
 
 # CPU torch by default: PyPI's Linux torch is the CUDA build (GBs), so torch comes first from the CPU wheel index
 # (TORCH_INDEX=https://download.pytorch.org/whl/cu128 for a GPU), then the project with constraints.txt, which pins
@@ -103,6 +105,23 @@ demo-real: install-real
 smoke-real: install
 	$(PYTHON) tests/_gguf_files.py artifacts/smoke-real/tiny.gguf
 	$(PYTHON) -m bpd_train.real_model --run --experiment smoke-real --gguf artifacts/smoke-real/tiny.gguf
+
+# make demo-real's heads timed on this CPU under bench/protocol.py (about 15 min on 2 idle cores): our greedy and exact
+# blockwise in int8 / bf16 / fp32, and llama.cpp on the file as shipped where the bench-llama extra is installed, on
+# the held-out requests; page and JSON under artifacts/bench-real/. Without heads it times greedy, steps and peers.
+# To publish a run: copy its JSON to docs/results/real-<isa>.json, then make results-real.
+BENCH_HEADS ?= artifacts/real/general_chat/heads/distill-medusa-k8
+BENCH_PROMPTS ?= artifacts/real/prompts/validation.jsonl
+BENCH_ARGS ?= --threads 1 --dtype int8 bf16 fp32 --k 4 8 --max-prompts 12 --new-tokens 64
+bench-real: install-real
+	$(PYTHON) bench/real.py $(BENCH_ARGS) \
+	  $(if $(wildcard $(BENCH_HEADS)),--heads $(BENCH_HEADS) --heads-k 8 --lookup 3 --narrow 2) \
+	  $(if $(wildcard $(BENCH_PROMPTS)),--prompts $(BENCH_PROMPTS)) \
+	  $(shell $(PYTHON) -c "import llama_cpp" 2>/dev/null && echo --llama-cpp) --out artifacts/bench-real
+
+# Every committed real-model page from its JSON, and README.md's real-model block (tests fail when they differ).
+results-real: install
+	$(PYTHON) bench/real_page.py
 
 # The headline table is generated, never edited: tests/test_docs.py fails when README.md and docs/results.md differ.
 results: install
