@@ -12,9 +12,13 @@
    V 32k), k = 2, 4, 8, 1 and 2 threads: this project's engine (packed kernels) vs torch's F.linear path,
    and with the proposal pass over a draft vocabulary of the V/4 most frequent ids.
    lm-demo / lm-base: the same step costs for a random decoder-only (Llama-style) model; with --lm-decode also
-   greedy vs exact blockwise at batch 1 on random prompts, torch's fp32 path vs the native engine per --dtype.
+   greedy vs exact blockwise at batch 1 on random prompts, torch's fp32 path vs the native engine per --dtype
+   (bench/protocol.py's measure(), the prompts as units: medians over >= 3 passes, speedups the median over prompts).
 2. Greedy tokens/s against CTranslate2 (fp32 and int8) on the SAME weights (our model written as a
-   CTranslate2 Transformer spec), batch 1 and 32, tokens checked identical in fp32.
+   CTranslate2 Transformer spec), batch 1 and 32, tokens checked identical in fp32 (bench/engine_ct2.py, on
+   bench/protocol.py's measure(): medians over >= 3 passes, the batches as units).
+--kernels: one kernel's cost, the median over --reps interleaved rounds of its mean over an inner loop of calls
+(a micro-timing of one kernel; no round is picked as the best).
 The last line printed is one JSON object.
 """
 
@@ -39,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 # however this file was loaded (a script, bench/decode.py --engine, or by path as the tests do)
 from bench.engine_ct2 import bench_bundle, bench_ct2  # noqa: E402
 from bench.engine_regimes import bench_regimes  # noqa: E402
+from bench.protocol import MIN_REPS, Run, measure, speedup, tok_s  # noqa: E402
 from bpd_train.decoding import greedy  # noqa: E402
 from bpd_train.engine.fastlinear import cpu_model, engine_name, native_kernels  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions  # noqa: E402
@@ -250,10 +255,15 @@ def bench_steps(sizes, threads, reps, profile=False, dtypes=("fp32",), chain=Fal
     return rows
 
 
-def bench_lm_decode(sizes, threads: int, dtypes, n_prompts: int = 8, max_len: int = 48, k: int = 4, passes: int = 2):
+def bench_lm_decode(
+    sizes, threads: int, dtypes, n_prompts: int = 8, max_len: int = 48, k: int = 4, passes: int = MIN_REPS, clock=None
+):
     """Decoder-only models: greedy and exact blockwise (k heads) at batch 1 on random prompts (4-24 tokens), the
-    torch path (fp32) vs the native engine (each --dtype), interleaved, best of `passes`; speedup = torch greedy's
-    seconds / these. Random heads are rarely accepted (k-hat near 1): this measures the engine, not trained heads."""
+    torch path (fp32) vs the native engine (each --dtype), every (engine, precision, decoder) timed by
+    bench/protocol.py's measure() with the prompts as units (a full warm-up pass, then `passes` >= 3 passes, taking
+    turns prompt by prompt). seconds / tokens_per_s: the median pass (tok_s_spread: its spread);
+    speedup_vs_torch_greedy: the median over prompts of the rate ratio to torch's greedy (vs_torch_greedy: with the
+    quartiles). Random heads are rarely accepted (k-hat near 1): this measures the engine, not trained heads."""
     torch.set_num_threads(threads)
     from bpd_train.decoding import blockwise
     from bpd_train.engine.packed import weights_key
@@ -265,33 +275,37 @@ def bench_lm_decode(sizes, threads: int, dtypes, n_prompts: int = 8, max_len: in
         v = m.config.vocab_size
         prompts = [g.integers(3, v, size=int(g.integers(4, 25))).tolist() for _ in range(n_prompts)]
         runs = [("torch", "fp32")] + [("native", dt) for dt in dtypes if native_kernels() is not None]
-        weights, best, out, khat = {}, {}, {}, {}
+        weights, stats = {}, {}
         for engine, dt in runs:  # weights built under each engine, kept for the timed passes
             m.decode_options = DecodeOptions(dtype=dt)
             m._decode_cache = None
             with _engine(engine):
                 weights[(engine, dt)] = m.decode_weights()
-        for rep in range(passes + 1):  # the first pass warms up
-            order = [(e, dt, dec) for e, dt in runs for dec in ("greedy", "blockwise")]
-            random.Random(rep).shuffle(order)
-            for engine, dt, dec in order:
+
+        def decoder(engine, dt, dec):
+            key = (engine, dt, dec)
+            stats[key] = {}
+
+            def run(unit):
+                i, p = unit
                 m.decode_options = DecodeOptions(dtype=dt)
-                m._decode_cache = (weights_key(m, m.decode_options), weights[(engine, dt)])
-                t = time.perf_counter()
-                toks, acc, steps = [], 0.0, 0
-                for p in prompts:
-                    r = greedy(m, [p], max_len=max_len) if dec == "greedy" else blockwise(m, [p], max_len=max_len)
-                    toks.append(r.tokens[0])
-                    acc += r.mean_accepted * r.row_steps
-                    steps += r.row_steps
-                sec = time.perf_counter() - t
-                key = (engine, dt, dec)
-                if rep:
-                    best[key] = min(best.get(key, sec), sec)
-                out[key], khat[key] = toks, acc / max(steps, 1)
-        base = best[("torch", "fp32", "greedy")]
-        for (engine, dt, dec), sec in best.items():
-            same = float(np.mean([a == b for a, b in zip(out[(engine, dt, dec)], out[(engine, dt, "greedy")])]))
+                # (key, weights, the decoding call that last checked them: none yet)
+                m._decode_cache = (weights_key(m, m.decode_options), weights[(engine, dt)], None)
+                r = greedy(m, [p], max_len=max_len) if dec == "greedy" else blockwise(m, [p], max_len=max_len)
+                stats[key][i] = (r.mean_accepted * r.row_steps, r.row_steps)
+                return Run([r.tokens[0]], r.row_steps)
+
+            return run
+
+        fns = {(e, dt, dec): decoder(e, dt, dec) for e, dt in runs for dec in ("greedy", "blockwise")}
+        kw = {} if clock is None else {"clock": clock}
+        t = measure(fns, list(enumerate(prompts)), passes, **kw)
+        base = t[("torch", "fp32", "greedy")]
+        for (engine, dt, dec), tm in t.items():
+            same = float(np.mean([a == b for a, b in zip(tm.tokens, t[(engine, dt, "greedy")].tokens)]))
+            acc, steps = (sum(x) for x in zip(*stats[(engine, dt, dec)].values()))
+            rate, vs = tok_s(tm), speedup(base, tm)
+            sec = statistics.median(sum(rep) for rep in tm.seconds)
             row = dict(
                 size=size,
                 threads=threads,
@@ -299,20 +313,38 @@ def bench_lm_decode(sizes, threads: int, dtypes, n_prompts: int = 8, max_len: in
                 dtype=dt,
                 decoder=dec,
                 batch=1,
+                reps=passes,
                 seconds=round(sec, 4),
-                tokens_per_s=round(sum(len(t) for t in out[(engine, dt, dec)]) / sec, 1),
-                speedup_vs_torch_greedy=round(base / sec, 2),
-                khat=round(khat[(engine, dt, dec)], 3),
+                tokens_per_s=round(rate["median"], 1),
+                tok_s_spread={x: round(y, 1) for x, y in rate.items()},
+                speedup_vs_torch_greedy=round(vs["median"], 2),
+                vs_torch_greedy={x: round(y, 3) for x, y in vs.items()},
+                khat=round(acc / max(steps, 1), 3),
                 same_as_greedy=same,
             )
             rows.append(row)
             print(
                 f"lm decode  {size:7s} threads={threads} {engine:6s} {dt:4s} {dec:9s} {sec * 1e3:8.1f} ms "
-                f"({row['tokens_per_s']:7.1f} tok/s)  x{row['speedup_vs_torch_greedy']:.2f} vs torch greedy  "
-                f"k-hat {row['khat']:.2f}  same {same:.2f}",
+                f"({rate['median']:7.1f} tok/s, {rate['min']:.1f}-{rate['max']:.1f})  x{vs['median']:.2f} "
+                f"[{vs['p25']:.2f}-{vs['p75']:.2f}] vs torch greedy  k-hat {row['khat']:.2f}  same {same:.2f}",
                 flush=True,
             )
     return rows
+
+
+def kernel_row(size: str, n: int, k: int, threads: int, kernel: str, rows: int, rounds: list[float]) -> dict:
+    """One kernel timing: `us` the median over rounds (each round a mean over an inner loop), min-max beside it."""
+    return dict(
+        size=size,
+        shape=f"{n}x{k}",
+        threads=threads,
+        kernel=kernel,
+        rows=rows,
+        us=round(statistics.median(rounds), 1),
+        us_min=round(min(rounds), 1),
+        us_max=round(max(rounds), 1),
+        rounds=len(rounds),
+    )
 
 
 KERNEL_SHAPES = {"demo": [(4000, 128), (512, 128)], "base": [(32000, 512), (2048, 512)]}
@@ -362,7 +394,8 @@ def kernel_families():
 def bench_argmax(size: str, n: int, k: int, threads: int, rows, reps: int) -> list[dict]:
     """Head 1's argmax (layer norm, output projection, argmax) over an n x k fp32 projection, every logit in fp32
     against the int8 screen (csrc/screen.h Screen: the same ids). Random weights and activations: a trained model's
-    logits are less flat, so fewer tokens reach the fp32 pass than here."""
+    logits are less flat, so fewer tokens reach the fp32 pass than here. Timed as bench_kernels times: the median
+    over `reps` interleaved rounds of the mean over an inner loop."""
     ext = native_kernels()
     torch.manual_seed(0)
     w = torch.randn(n, k) * 0.05
@@ -376,18 +409,15 @@ def bench_argmax(size: str, n: int, k: int, threads: int, rows, reps: int) -> li
         assert torch.equal(
             ext.norm_project_argmax(x, nw, nb, 1e-5, full), ext.norm_project_argmax(x, nw, nb, 1e-5, scr)
         )
-        best = {"argmax fp32": float("inf"), "argmax fp32, int8 screen": float("inf")}
+        rounds = {"argmax fp32": [], "argmax fp32, int8 screen": []}
         inner = max(1, int(2e6 // (n * k * r)))
         for _ in range(reps):
             for name, lin in (("argmax fp32", full), ("argmax fp32, int8 screen", scr)):
                 t0 = time.perf_counter()
                 for _ in range(inner):
                     ext.norm_project_argmax(x, nw, nb, 1e-5, lin)
-                best[name] = min(best[name], (time.perf_counter() - t0) / inner * 1e6)
-        out += [
-            dict(size=size, shape=f"{n}x{k}", threads=threads, kernel=name, rows=r, us=round(us, 1))
-            for name, us in best.items()
-        ]
+                rounds[name].append((time.perf_counter() - t0) / inner * 1e6)
+        out += [kernel_row(size, n, k, threads, name, r, us) for name, us in rounds.items()]
     for name in ("argmax fp32", "argmax fp32, int8 screen"):
         us = {row["rows"]: row["us"] for row in out if row["kernel"] == name}
         print(
@@ -400,8 +430,10 @@ def bench_argmax(size: str, n: int, k: int, threads: int, rows, reps: int) -> li
 
 def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: int = 30):
     """Cost of one packed linear per kernel family and number of activation rows (1: a greedy step at batch 1; k: a
-    blockwise verification; 32 / 4 x 32: greedy / blockwise at batch 32), interleaved, min of `reps`: microseconds
-    and the ratio to one row. Where rows are nearly free (AMX), a k-wide step costs about what a greedy step does."""
+    blockwise verification; 32 / 4 x 32: greedy / blockwise at batch 32): microseconds and the ratio to one row.
+    A micro-timing of one kernel: per round, the mean over an inner loop of calls (~2M multiply-adds); the kernels
+    take turns round by round, and `us` is the median over `reps` rounds (us_min / us_max beside it), never the
+    best round. Where rows are nearly free (AMX), a k-wide step costs about what a greedy step does."""
     ext = native_kernels()
     out = []
     if ext is None:
@@ -422,7 +454,7 @@ def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: in
                 lins[Q4_NAME] = q4.lin
             for r in rows:
                 x = torch.randn(r, k)
-                best = {name: float("inf") for name, _, _ in fams}
+                rounds = {name: [] for name, _, _ in fams}
                 inner = max(1, int(2e6 // (n * k * r)))
                 for _ in range(reps):
                     for name, _, tiles in fams:
@@ -430,11 +462,8 @@ def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: in
                         t0 = time.perf_counter()
                         for _ in range(inner):
                             lins[name](x)
-                        best[name] = min(best[name], (time.perf_counter() - t0) / inner * 1e6)
-                for name, _, _ in fams:
-                    out.append(
-                        dict(size=size, shape=f"{n}x{k}", threads=threads, kernel=name, rows=r, us=round(best[name], 1))
-                    )
+                        rounds[name].append((time.perf_counter() - t0) / inner * 1e6)
+                out += [kernel_row(size, n, k, threads, name, r, rounds[name]) for name, _, _ in fams]
             ext.set_amx(ext.amx())
             for name, _, _ in fams:
                 us = {row["rows"]: row["us"] for row in out if row["shape"] == f"{n}x{k}" and row["kernel"] == name}

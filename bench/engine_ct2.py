@@ -1,5 +1,11 @@
 """CTranslate2 against this project's engine on the same weights, for bench/engine.py: a model written as a
-CTranslate2 Transformer spec, greedy tokens/s on random weights and on a trained bundle."""
+CTranslate2 Transformer spec, greedy tokens/s on random weights and on a trained bundle.
+
+Timing: bench/protocol.py's measure() for ours and CTranslate2 alike (one full untimed warm-up pass of every engine
+over every unit, then `reps` >= 3 passes with the engines taking turns unit by unit, who goes first rotating); the
+units are the batches of one size (bench_ct2) or the sources at batch 1 (bench_bundle). Tokens/s: the median pass,
+min-max beside it; ours over CTranslate2: the median over units of each unit's rate ratio, with its quartiles.
+Outputs are compared from the first timed pass. No best pass anywhere."""
 
 from __future__ import annotations
 
@@ -10,11 +16,42 @@ from pathlib import Path
 
 import torch
 
+from bench.protocol import MIN_REPS, Run, matches, measure, speedup, tok_s
 from bpd_train.decoding import greedy
 from bpd_train.engine.packed import DecodeOptions
 from bpd_train.model import BPDConfig, BPDModel
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def rounded(spread: dict, nd: int) -> dict:
+    return {k: round(v, nd) for k, v in spread.items()}
+
+
+def _fmt(s: dict, nd: int = 1, x: str = "", lo: str = "min", hi: str = "max") -> str:
+    """'median (min-max)', or with lo/hi p25/p75 'median [quartiles]'."""
+    o, c = ("(", ")") if lo == "min" else ("[", "]")
+    return f"{s['median']:.{nd}f}{x} {o}{s[lo]:.{nd}f}-{s[hi]:.{nd}f}{c}"
+
+
+def ours_vs_ct2(ours, ct2, batches: list, reps: int = MIN_REPS, clock=time.perf_counter) -> dict:
+    """One cell of bench_ct2: measure() over `batches` with ours and CTranslate2 (batch -> Run), as a row's fields:
+    `ours_tok_s` / `ct2_tok_s` (the median pass), `tok_s_spread` (per engine: median, quartiles, min-max over
+    passes), `ratio` (ours over CTranslate2: the median over batches of the rate ratio) with `ratio_spread`, and
+    `identical` (the share of sentences whose ids agree, first timed pass)."""
+    t = measure({"ours": ours, "ct2": ct2}, batches, reps, clock=clock)
+    same, n = matches(t["ours"], t["ct2"])
+    r = speedup(t["ct2"], t["ours"])
+    return dict(
+        reps=reps,
+        ours_tok_s=round(tok_s(t["ours"])["median"], 1),
+        ct2_tok_s=round(tok_s(t["ct2"])["median"], 1),
+        ratio=round(r["median"], 2),
+        tok_s_spread={k: rounded(tok_s(v), 1) for k, v in t.items()},
+        ratio_spread=rounded(r, 3),
+        identical=round(same / n, 3),
+        stable=t["ours"].stable and t["ct2"].stable,
+    )
 
 
 def to_ct2(m: BPDModel, out_dir: str) -> list[str]:
@@ -70,9 +107,9 @@ def to_ct2(m: BPDModel, out_dir: str) -> list[str]:
     return vocab
 
 
-def bench_ct2(make_model, threads, batch_sizes, n_sent: int = 64, size: str = "base"):
+def bench_ct2(make_model, threads, batch_sizes, n_sent: int = 64, size: str = "base", reps: int = MIN_REPS):
     """Greedy tokens/s, ours against CTranslate2, on random sources; make_model() builds the greedy-only model of
-    `size` (only once CTranslate2 is there to compare with)."""
+    `size` (only once CTranslate2 is there to compare with). Each (threads, precision, batch size): ours_vs_ct2()."""
     try:
         import ctranslate2
     except ImportError:
@@ -87,56 +124,70 @@ def bench_ct2(make_model, threads, batch_sizes, n_sent: int = 64, size: str = "b
     rows = []
     with tempfile.TemporaryDirectory() as d:
         vocab = to_ct2(m, d)
-        toks = [[vocab[i] for i in s] for s in srcs]
         index = {x: i for i, x in enumerate(vocab)}
         for t in threads:
             torch.set_num_threads(t)
             for ct2_type, our_dtype in (("float32", "fp32"), ("int8", "int8")):
                 tr = ctranslate2.Translator(d, device="cpu", compute_type=ct2_type, inter_threads=1, intra_threads=t)
                 m.decode_options = DecodeOptions(dtype=our_dtype)
-                for bs in batch_sizes:
-                    res = {"ours": [], "ct2": []}
-                    ours_out, ct2_out = [], []
-                    for rep in range(2):  # interleaved A B A B over the same batches
-                        for i in range(0, n_sent, bs):
-                            for who in ("ours", "ct2") if rep % 2 == 0 else ("ct2", "ours"):
-                                t0 = time.perf_counter()
-                                if who == "ours":
-                                    out = greedy(m, srcs[i : i + bs], max_len=max_len).tokens
-                                else:
-                                    r = tr.translate_batch(
-                                        toks[i : i + bs], beam_size=1, max_decoding_length=max_len, max_batch_size=bs
-                                    )
-                                    out = [[index[x] for x in h.hypotheses[0]] for h in r]
-                                el = time.perf_counter() - t0
-                                res[who].append((el, sum(len(o) for o in out)))
-                                if rep == 0:
-                                    (ours_out if who == "ours" else ct2_out).extend(out)
-                    tps = {who: sum(n for _, n in v_) / sum(e for e, _ in v_) for who, v_ in res.items()}
-                    same = sum(a == b for a, b in zip(ours_out, ct2_out)) / len(ours_out)
-                    row = dict(
-                        size=size,
-                        threads=t,
-                        dtype=our_dtype,
-                        batch=bs,
-                        ours_tok_s=round(tps["ours"], 1),
-                        ct2_tok_s=round(tps["ct2"], 1),
-                        ratio=round(tps["ours"] / tps["ct2"], 2),
-                        identical=round(same, 3),
+
+                def ours(batch):
+                    return Run(greedy(m, batch, max_len=max_len).tokens)
+
+                def ct2(batch, tr=tr):
+                    r = tr.translate_batch(
+                        [[vocab[i] for i in s] for s in batch],
+                        beam_size=1,
+                        max_decoding_length=max_len,
+                        max_batch_size=len(batch),
                     )
+                    return Run([[index[x] for x in h.hypotheses[0]] for h in r])
+
+                for bs in batch_sizes:
+                    batches = [srcs[i : i + bs] for i in range(0, n_sent, bs)]
+                    row = dict(size=size, threads=t, dtype=our_dtype, batch=bs, **ours_vs_ct2(ours, ct2, batches, reps))
                     rows.append(row)
+                    sp = row["tok_s_spread"]
                     print(
-                        f"greedy tok/s {size} threads={t} {our_dtype:4s} (CT2 {ct2_type}) batch {bs:2d}: ours "
-                        f"{tps['ours']:7.1f}  CTranslate2 {tps['ct2']:7.1f}  ratio {tps['ours'] / tps['ct2']:.2f}  "
-                        f"identical outputs {same:.0%}",
+                        f"greedy tok/s {size} threads={t} {our_dtype:4s} (CT2 {ct2_type}) batch {bs:2d} ({reps} passes): "
+                        f"ours {_fmt(sp['ours'])}  CTranslate2 {_fmt(sp['ct2'])}  ratio "
+                        f"{_fmt(row['ratio_spread'], 2, 'x', 'p25', 'p75')}  identical outputs {row['identical']:.0%}",
                         flush=True,
                     )
     return rows
 
 
-def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: int = 1000):
+def time_decoders(fns: dict, srcs: list, reps: int = MIN_REPS, clock=time.perf_counter) -> list[dict]:
+    """bench_bundle's timing: measure() over the sources at batch 1 (fns: name -> source -> Run; CTranslate2's named
+    'CTranslate2 greedy float32' / '... int8', ours with 'greedy fp32' and 'greedy int8'), one row per decoder:
+    `tok_s` (the median pass) with `tok_s_spread`, `vs_ct2` (over CTranslate2 greedy of the same precision, median
+    over sources of the rate ratio, with quartiles; where CTranslate2 ran), `same_as_greedy` (ids as our greedy of
+    that precision, first timed pass)."""
+    t = measure(fns, srcs, reps, clock=clock)
+    rows = []
+    for name, tm in t.items():
+        int8 = "int8" in name
+        ref = t["greedy int8" if int8 else "greedy fp32"]
+        same, n = matches(tm, ref)
+        row = dict(
+            decoder=name,
+            reps=reps,
+            tok_s=round(tok_s(tm)["median"], 1),
+            tok_s_spread=rounded(tok_s(tm), 1),
+            same_as_greedy=round(same / n, 3),
+            stable=tm.stable,
+        )
+        peer = f"CTranslate2 greedy {'int8' if int8 else 'float32'}"
+        if peer in t and peer != name:
+            row["vs_ct2"] = rounded(speedup(t[peer], tm), 3)
+        rows.append(row)
+    return rows
+
+
+def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: int = 1000, reps: int = MIN_REPS):
     """A trained bundle on the bundled validation sources at batch 1: CTranslate2 greedy (fp32, int8) on the
-    bundle's backbone vs our greedy and exact blockwise (plain, draft vocabulary, adaptive). Tokens/s."""
+    bundle's backbone vs our greedy and exact blockwise (plain, draft vocabulary, adaptive). Tokens/s, by
+    time_decoders()."""
     import gzip
 
     from bpd_train.decoding import blockwise
@@ -176,7 +227,6 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
     models = {name: copy.deepcopy(m) for name in ours}
     for name, (opts, _) in ours.items():
         models[name].decode_options = opts
-    rows = []
     try:
         import ctranslate2
     except ImportError:
@@ -196,30 +246,18 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
                     r = tr.translate_batch(
                         [[vocab[i] for i in s]], beam_size=1, max_decoding_length=int(max_len[0] * n + max_len[1])
                     )
-                    return [index[x] for x in r[0].hypotheses[0]]
+                    return Run([[index[x] for x in r[0].hypotheses[0]]])
 
-                fns[f"CTranslate2 greedy {ct2_type}"] = (None, run_ct2)
-        fns.update(ours)
-        totals = {name: [0.0, 0] for name in fns}
-        outs = {name: [] for name in fns}
-        for rep in range(2):
-            for s in srcs:
-                for name, (opts, fn) in fns.items():
-                    t0 = time.perf_counter()
-                    r = fn(s) if opts is None else fn(models[name], s)
-                    el = time.perf_counter() - t0
-                    toks = r if isinstance(r, list) else r.tokens[0]
-                    if rep == 1:  # the first pass warms caches and builds packed weights
-                        totals[name][0] += el
-                        totals[name][1] += len(toks)
-                        outs[name].append(toks)
-        ref = outs["greedy fp32"]
-        for name, (sec, ntok) in totals.items():
-            same = sum(a == b for a, b in zip(outs[name], ref if "int8" not in name else outs["greedy int8"]))
-            rows.append(dict(decoder=name, tok_s=round(ntok / sec, 1), same_as_greedy=round(same / len(ref), 3)))
+                fns[f"CTranslate2 greedy {ct2_type}"] = run_ct2
+        for name, (_, fn) in ours.items():
+            fns[name] = lambda s, mm=models[name], fn=fn: Run(fn(mm, s).tokens)
+        rows = time_decoders(fns, srcs, reps)
+        for row in rows:
+            vs = f"  {_fmt(row['vs_ct2'], 2, 'x', 'p25', 'p75')} vs CTranslate2" if "vs_ct2" in row else ""
             print(
-                f"bundle {Path(bundle).name} threads={threads} batch 1: {name:45s} {ntok / sec:8.1f} tok/s  "
-                f"same output as our greedy of that precision: {same / len(ref):.0%}",
+                f"bundle {Path(bundle).name} threads={threads} batch 1 ({reps} passes): {row['decoder']:45s} "
+                f"{_fmt(row['tok_s_spread'])} tok/s{vs}  same output as our greedy of that precision: "
+                f"{row['same_as_greedy']:.0%}",
                 flush=True,
             )
     return rows

@@ -1,4 +1,4 @@
-# python bench/hf.py [--threads 1 2] [--batches 1 32] [--new-tokens 32]        (~3-5 min on a 2-core CPU)
+# python bench/hf.py [--threads 1 2] [--batches 1 32] [--new-tokens 32] [--reps 3]  (~10-15 min on a 2-core CPU)
 """Greedy tokens/s of one imported Marian checkpoint in three engines: transformers `generate`,
 CTranslate2 (its TransformersConverter on the same folder) and ours (`hf:` -> load_hf -> greedy).
 
@@ -12,8 +12,12 @@ sentence with EOS forbidden (transformers: min_new_tokens = max_new_tokens; CTra
 max_decoding_length; ours: EOS added to the model's suppress_ids, the same -inf transformers' min-length
 processor puts on EOS). The pad is never generated in any of the three (opus-mt's bad_words_ids in transformers,
 the model's suppress_ids in ours; CTranslate2's Marian converter drops the pad row from the vocabulary). Tokens
-are compared sentence by sentence (fp32 everywhere). Timing: one warm-up batch per engine, then the engines
-alternate over the same batches; tokens/s = generated tokens / seconds.
+are compared sentence by sentence (fp32 everywhere), from the first timed pass.
+
+Timing: bench/protocol.py's measure(), the batches of one size as its units: one full untimed warm-up pass of every
+engine over every batch, then --reps (>= 3) passes with the engines taking turns batch by batch (who goes first
+rotating). Per engine: tokens/s of a pass, median over passes (min-max beside it); ours/CTranslate2 and
+ours/transformers: the median over batches of each batch's rate ratio, with its quartiles. No best pass anywhere.
 The last line printed is one JSON object.
 """
 
@@ -34,6 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.protocol import MIN_REPS, Run, matches, measure, speedup, tok_s  # noqa: E402
 from bpd_train.decoding import greedy  # noqa: E402
 
 OPUS_MT = dict(
@@ -96,6 +101,39 @@ def make_folder(out: Path) -> dict:
     return {i: p for p, i in vocab.items()}
 
 
+def rounded(spread: dict, nd: int) -> dict:
+    return {k: round(v, nd) for k, v in spread.items()}
+
+
+def time_batches(engines: dict, batches: list, reps: int, n_new: int, clock=time.perf_counter) -> dict:
+    """One batch size: bench/protocol.py's measure() over `batches` (engines: ENGINES' names -> batch -> Run), its
+    summaries as a row's fields: per engine `<name>_tok_s` (the median pass) and `tok_s_spread` (median, quartiles,
+    min-max over passes), ours over each peer per batch (`ours_vs_ctranslate2`, `ours_vs_transformers`), identity
+    to transformers from the first timed pass."""
+    t = measure(engines, batches, reps, clock=clock)
+    ref = t["transformers"]
+    n_ref = len(ref.tokens)
+    return {
+        "sentences": n_ref,
+        "new_tokens": n_new,
+        "reps": reps,
+        **{f"{k}_tok_s": round(tok_s(t[k])["median"], 1) for k in engines},
+        "tok_s_spread": {k: rounded(tok_s(t[k]), 1) for k in engines},
+        "ours_vs_ctranslate2": rounded(speedup(t["ctranslate2"], t["ours"]), 3),
+        "ours_vs_transformers": rounded(speedup(ref, t["ours"]), 3),
+        "lengths_equal": all(len(o) == n_new for k in engines for o in t[k].tokens),
+        "stable": all(t[k].stable for k in engines),
+        "identical_ours_vs_transformers": matches(t["ours"], ref)[0] / n_ref,
+        "identical_ct2_vs_transformers": matches(t["ctranslate2"], ref)[0] / n_ref,
+    }
+
+
+def _fmt(s: dict, nd: int = 1, x: str = "", lo: str = "min", hi: str = "max") -> str:
+    """'median (min-max)', or with lo/hi p25/p75 'median [quartiles]'."""
+    o, c = ("(", ")") if lo == "min" else ("[", "]")
+    return f"{s['median']:.{nd}f}{x} {o}{s[lo]:.{nd}f}-{s[hi]:.{nd}f}{c}"
+
+
 def run(a) -> dict:
     import ctranslate2
     import transformers
@@ -148,11 +186,11 @@ def run(a) -> dict:
                     max_new_tokens=n_new,
                     min_new_tokens=n_new,
                 )
-            return [r[1:].tolist() for r in out]  # drop the decoder start
+            return Run([r[1:].tolist() for r in out])  # drop the decoder start
 
         def run_ours(batch):
             with torch.inference_mode():
-                return greedy(ours, pad_batch(batch), max_len=n_new).tokens
+                return Run(greedy(ours, pad_batch(batch), max_len=n_new).tokens)
 
         for threads in a.threads:
             torch.set_num_threads(threads)
@@ -168,41 +206,20 @@ def run(a) -> dict:
                     min_decoding_length=n_new,
                     max_batch_size=len(batch),
                 )
-                return [[piece2id[p] for p in h.hypotheses[0]] for h in r]
+                return Run([[piece2id[p] for p in h.hypotheses[0]] for h in r])
 
             engines = {"transformers": run_hf, "ctranslate2": run_ct2, "ours": run_ours}
             for bs in a.batches:
                 batches = [srcs[i : i + bs] for i in range(0, bs * a.batches_per_size, bs)]
-                for fn in engines.values():
-                    fn(batches[0])  # warm-up
-                secs = {k: 0.0 for k in engines}
-                toks = {k: 0 for k in engines}
-                outs = {k: [] for k in engines}
-                names = list(engines)
-                for j, b in enumerate(batches):
-                    for k in names[j % 3 :] + names[: j % 3]:  # rotate the order: no engine always runs first
-                        t0 = time.perf_counter()
-                        out = engines[k](b)
-                        secs[k] += time.perf_counter() - t0
-                        toks[k] += sum(len(o) for o in out)
-                        outs[k] += out
-                ref = outs["transformers"]
-                row = {
-                    "threads": threads,
-                    "batch": bs,
-                    "sentences": len(ref),
-                    "new_tokens": n_new,
-                    **{f"{k}_tok_s": round(toks[k] / secs[k], 1) for k in engines},
-                    "lengths_equal": all(len(o) == n_new for k in engines for o in outs[k]),
-                    "identical_ours_vs_transformers": sum(x == y for x, y in zip(outs["ours"], ref)) / len(ref),
-                    "identical_ct2_vs_transformers": sum(x == y for x, y in zip(outs["ctranslate2"], ref)) / len(ref),
-                }
+                row = {"threads": threads, "batch": bs, **time_batches(engines, batches, a.reps, n_new)}
                 rows.append(row)
+                sp = row["tok_s_spread"]
                 print(
-                    f"threads={threads} batch={bs:2d}: transformers {row['transformers_tok_s']:7.1f}  CTranslate2 "
-                    f"{row['ctranslate2_tok_s']:7.1f}  ours {row['ours_tok_s']:7.1f} tok/s; identical to "
-                    f"transformers: ours {row['identical_ours_vs_transformers']:.0%}, CTranslate2 "
-                    f"{row['identical_ct2_vs_transformers']:.0%}",
+                    f"threads={threads} batch={bs:2d} ({a.reps} passes): transformers {_fmt(sp['transformers'])}  "
+                    f"CTranslate2 {_fmt(sp['ctranslate2'])}  ours {_fmt(sp['ours'])} tok/s; ours/CTranslate2 "
+                    f"{_fmt(row['ours_vs_ctranslate2'], 2, 'x', 'p25', 'p75')}, ours/transformers "
+                    f"{_fmt(row['ours_vs_transformers'], 2, 'x', 'p25', 'p75')}; identical to transformers: ours "
+                    f"{row['identical_ours_vs_transformers']:.0%}, CTranslate2 {row['identical_ct2_vs_transformers']:.0%}",
                     flush=True,
                 )
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -217,6 +234,7 @@ def run(a) -> dict:
         "transformers": transformers.__version__,
         "ctranslate2": ctranslate2.__version__,
         "engine": engine_name(),
+        "protocol": {"reps": a.reps, "warmup": "one full untimed pass per engine", "units": "batches"},
         "rows": rows,
     }
 
@@ -227,7 +245,11 @@ def main(argv=None) -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     p.add_argument("--batches-per-size", type=int, default=3, help="batches timed per batch size (default 3)")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per sentence (default 32)")
-    print(json.dumps(run(p.parse_args(argv))))
+    p.add_argument("--reps", type=int, default=MIN_REPS, help=f"timed passes (>= {MIN_REPS}; default {MIN_REPS})")
+    a = p.parse_args(argv)
+    if a.reps < MIN_REPS:
+        p.error(f"--reps {a.reps}: the protocol times at least {MIN_REPS} passes")
+    print(json.dumps(run(a)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,213 @@
+"""bench/hf.py, bench/engine_ct2.py and bench/engine.py time their engine comparisons with bench/protocol.py's
+measure(): driven here with fake engines and fake clocks (or tiny models), a pass that is far faster than the others
+must show only in the spread, never as the reported number (a best-of-reps timer would report it)."""
+
+import importlib
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT))
+from bench.protocol import Run  # noqa: E402
+
+
+def _load(name: str):
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    return importlib.import_module(f"bench.{name}")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def fake(clock, seconds, tokens=4, log=None, name=None, out=7):
+    """An engine that 'takes' seconds(call number) on the clock per unit and answers `tokens` ids per request."""
+    n = {"i": 0}
+
+    def run(unit):
+        s = seconds(n["i"]) if callable(seconds) else seconds
+        n["i"] += 1
+        clock.now += s
+        if log is not None:
+            log.append((name, unit))
+        reqs = unit if isinstance(unit, list) else [unit]
+        return Run([[out(r) if callable(out) else out] * tokens for r in reqs])
+
+    return run
+
+
+def fast_first_pass(units, fast, slow):
+    """seconds(call): calls 0..units-1 are the warm-up, units..2*units-1 the first timed pass (made fast)."""
+    return lambda i: fast if units <= i < 2 * units else slow
+
+
+class PairClock:
+    """A clock for timers that read it twice around each timed call: the k-th pair is `seconds(k)` apart."""
+
+    def __init__(self, seconds):
+        self.seconds, self.calls, self.now = seconds, 0, 0.0
+
+    def __call__(self):
+        if self.calls % 2:
+            self.now += self.seconds(self.calls // 2)
+        self.calls += 1
+        return self.now
+
+
+def test_hf_bench_reports_the_median_pass_and_ratios_over_batches():
+    hf = _load("hf")
+    clock, log = Clock(), []
+    batches = [[[1, 2], [3]], [[4], [5, 6]], [[7], [8]]]  # 3 batches of 2 sentences
+    engines = {
+        "transformers": fake(clock, 2.0, tokens=8, log=log, name="t"),
+        "ctranslate2": fake(clock, 1.0, tokens=8, log=log, name="c"),
+        # ours: its first timed pass 10x faster than the others
+        "ours": fake(clock, fast_first_pass(3, 0.05, 0.5), tokens=8, log=log, name="o"),
+    }
+    row = hf.time_batches(engines, batches, 3, 8, clock=clock)
+    assert [n for n, _ in log].count("o") == [n for n, _ in log].count("t") == 3 * 4  # warm-up + 3 timed passes
+    assert row["reps"] == 3 and row["sentences"] == 6
+    assert row["ours_tok_s"] == pytest.approx(32.0)  # 48 tokens in 1.5 s: the median pass, not the 10x one
+    assert row["tok_s_spread"]["ours"]["max"] == pytest.approx(320.0)
+    assert row["transformers_tok_s"] == pytest.approx(8.0) and row["ctranslate2_tok_s"] == pytest.approx(16.0)
+    assert row["ours_vs_ctranslate2"]["median"] == pytest.approx(2.0)
+    assert row["ours_vs_transformers"]["median"] == pytest.approx(4.0)
+    assert set(row["ours_vs_transformers"]) == {"median", "p25", "p75", "min", "max"}
+    assert row["lengths_equal"] and row["stable"] and row["identical_ours_vs_transformers"] == 1.0
+
+
+def test_hf_bench_refuses_fewer_than_three_passes(capsys):
+    hf = _load("hf")
+    with pytest.raises(SystemExit) as e:
+        hf.main(["--reps", "2"])
+    assert e.value.code == 2 and "at least 3" in capsys.readouterr().err
+
+
+def test_ct2_cell_is_the_median_pass_and_compares_outputs():
+    ct2 = _load("engine_ct2")
+    clock = Clock()
+    batches = [[1, 2], [3, 4]]
+    ours = fake(clock, fast_first_pass(2, 0.01, 1.0), tokens=5, out=lambda r: r)
+    peer = fake(clock, 2.0, tokens=5, out=lambda r: r if r == 1 else 0)  # agrees on 1 sentence of 4
+    row = ct2.ours_vs_ct2(ours, peer, batches, reps=3, clock=clock)
+    assert row["ours_tok_s"] == pytest.approx(10.0)  # 20 tokens in 2 s, not the 100x pass
+    assert row["tok_s_spread"]["ours"]["max"] == pytest.approx(1000.0)
+    assert row["ct2_tok_s"] == pytest.approx(5.0)
+    assert row["ratio"] == pytest.approx(2.0) and row["ratio_spread"]["median"] == pytest.approx(2.0)
+    assert row["identical"] == pytest.approx(0.25) and row["reps"] == 3
+    with pytest.raises(ValueError, match="at least 3"):
+        ct2.ours_vs_ct2(ours, peer, batches, reps=2, clock=clock)
+
+
+def test_bundle_decoders_are_timed_alike_with_ctranslate2_and_compared_by_precision():
+    ct2 = _load("engine_ct2")
+    clock = Clock()
+    srcs = [10, 11, 12]
+    fns = {
+        "CTranslate2 greedy float32": fake(clock, 1.0, tokens=6),
+        "CTranslate2 greedy int8": fake(clock, 0.5, tokens=6),
+        "greedy fp32": fake(clock, 1.0, tokens=6),
+        "blockwise k=4 exact fp32": fake(clock, fast_first_pass(3, 0.001, 0.5), tokens=6),
+        "greedy int8": fake(clock, 0.5, tokens=6, out=8),
+        "blockwise k=4 exact int8": fake(clock, 0.25, tokens=6, out=8),
+    }
+    rows = {r["decoder"]: r for r in ct2.time_decoders(fns, srcs, reps=3, clock=clock)}
+    blk = rows["blockwise k=4 exact fp32"]
+    assert blk["tok_s"] == pytest.approx(12.0) and blk["tok_s_spread"]["max"] == pytest.approx(6000.0)
+    assert blk["vs_ct2"]["median"] == pytest.approx(2.0) and blk["same_as_greedy"] == 1.0
+    assert rows["blockwise k=4 exact int8"]["vs_ct2"]["median"] == pytest.approx(2.0)  # over CTranslate2 int8
+    assert rows["greedy int8"]["same_as_greedy"] == 1.0  # against our greedy int8, not fp32
+    assert rows["CTranslate2 greedy int8"]["same_as_greedy"] == 0.0 and "vs_ct2" not in rows["CTranslate2 greedy int8"]
+
+
+def test_ct2_bench_end_to_end_on_a_tiny_model():
+    pytest.importorskip("ctranslate2")
+    import torch
+
+    ct2 = _load("engine_ct2")
+    from bpd_train.model import BPDConfig, BPDModel
+
+    def make():
+        torch.manual_seed(0)
+        return BPDModel(
+            BPDConfig(vocab_size=300, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
+                      block_size=1, dropout=0.0)
+        ).eval()  # fmt: skip
+
+    rows = ct2.bench_ct2(make, [1], [2], n_sent=4, size="tiny", reps=3)
+    assert [(r["dtype"], r["batch"], r["reps"]) for r in rows] == [("fp32", 2, 3), ("int8", 2, 3)]
+    for r in rows:
+        for who in ("ours", "ct2"):
+            s = r["tok_s_spread"][who]
+            assert s["min"] <= r[f"{who}_tok_s"] == s["median"] <= s["max"]
+    assert rows[0]["identical"] == 1.0  # fp32: the same weights give the same ids
+
+
+def test_lm_decode_bench_reports_medians_under_the_protocol():
+    eng = _load("engine")
+    # every timed call 1 s, except the whole first timed pass (12 calls: 2 prompts x 6 decoders at most) 100x faster
+    n = {"runs": 0}
+
+    def seconds(k):
+        n["runs"] += 1
+        return 0.01 if k < n_first else 1.0
+
+    from bpd_train.engine.fastlinear import native_kernels
+
+    n_first = 2 * 2 * (1 + (native_kernels() is not None))
+    rows = eng.bench_lm_decode(["lm-demo"], 1, ["fp32"], n_prompts=2, max_len=6, passes=3, clock=PairClock(seconds))
+    assert n["runs"] == n_first * 3  # three timed passes, nothing else read the clock
+    for r in rows:
+        assert r["reps"] == 3 and r["seconds"] == pytest.approx(2.0)  # the median pass: 2 prompts x 1 s
+        assert r["tokens_per_s"] == r["tok_s_spread"]["median"] < r["tok_s_spread"]["max"]
+        assert r["tok_s_spread"]["max"] == pytest.approx(100 * r["tok_s_spread"]["median"], rel=0.01)
+    torch_greedy = next(r for r in rows if (r["engine"], r["decoder"]) == ("torch", "greedy"))
+    assert torch_greedy["speedup_vs_torch_greedy"] == 1.0 and torch_greedy["vs_torch_greedy"]["p25"] == 1.0
+
+
+def test_kernel_timings_are_the_median_round():
+    eng = _load("engine")
+    row = eng.kernel_row("demo", 8, 4, 1, "fp32", 1, [5.0, 0.5, 9.0])
+    assert (row["us"], row["us_min"], row["us_max"], row["rounds"]) == (5.0, 0.5, 9.0, 3)
+
+
+def test_argmax_kernel_bench_keeps_the_median_of_its_rounds(monkeypatch):
+    from bpd_train.engine.fastlinear import native_kernels
+
+    if native_kernels() is None:
+        pytest.skip("native kernels not built")
+    eng = _load("engine")
+    n, k, r = 300, 40, 1
+    inner = max(1, int(2e6 // (n * k * r)))
+    # 3 rounds x 2 kernels: the first round of each 100x faster
+    clock = PairClock(lambda p: (0.01 if p < 2 else 1.0) * inner * 1e-6)
+    monkeypatch.setattr(eng.time, "perf_counter", clock)
+    rows = eng.bench_argmax("demo", n, k, 1, (r,), 3)
+    assert clock.calls == 2 * 2 * 3
+    for row in rows:
+        assert row["us"] == pytest.approx(1.0) and row["us_min"] == pytest.approx(0.0, abs=0.05)
+
+
+def test_bundle_bench_end_to_end_on_a_tiny_bundle(tmp_path_factory):
+    from _eval_tiny import build_tiny
+
+    from bpd_train.export import export_checkpoint
+
+    ct2 = _load("engine_ct2")
+    bundle = export_checkpoint(build_tiny(tmp_path_factory)["run"], tmp_path_factory.mktemp("bundles") / "b")
+    rows = {r["decoder"]: r for r in ct2.bench_bundle(str(bundle), n_sent=3, draft_vocab=50, reps=3)}
+    assert {"greedy fp32", "greedy int8"} <= set(rows) and all(r["reps"] == 3 for r in rows.values())
+    for name, r in rows.items():
+        s = r["tok_s_spread"]
+        assert s["min"] <= r["tok_s"] == s["median"] <= s["max"]
+        if "exact" in name:  # exact blockwise: the ids of our greedy of that precision
+            assert r["same_as_greedy"] == 1.0
+        if "CTranslate2 greedy float32" in rows and not name.startswith("CTranslate2"):
+            assert set(r["vs_ct2"]) == {"median", "p25", "p75", "min", "max"}
