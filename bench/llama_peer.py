@@ -139,15 +139,20 @@ def shipped_type(src: Path) -> str:
 
 def engines(src: Path, types: list[str], lookups: list[int], new: int, threads: int, stops: set[int]) -> dict:
     """name -> (engine, info) for llama.cpp on `src`: each of `types` ("file": the file as shipped, else one of our
-    precisions, requantized to its llama.cpp type), greedy and with prompt lookup of each size."""
+    precisions, requantized to its llama.cpp type), greedy; the file as shipped also with prompt lookup of each size."""
     out = {}
     for t in types:
         path = src if t == "file" else requantized(src, t)
         name = shipped_type(src) if t == "file" else FTYPES[t][0]
         label = f"llama.cpp {name}" + (" (the file)" if t == "file" else "")
-        info = {"engine": "llama.cpp", "type": name, "bytes_per_weight": BYTES_PER_WEIGHT.get(name)}
+        info = {
+            "engine": "llama.cpp",
+            "type": name,
+            "as_shipped": t == "file",
+            "bytes_per_weight": BYTES_PER_WEIGHT.get(name),
+        }
         out[f"{label} greedy"] = (engine(load(path, threads), new, stops), {**info, "decoder": "greedy"})
-        for n in lookups:
+        for n in lookups if t == "file" else []:
             fn = engine(load(path, threads, lookup=n), new, stops)
             out[f"{label} lookup {n}"] = (fn, {**info, "decoder": f"prompt lookup {n}"})
     return out

@@ -83,7 +83,7 @@ def decoder(model, opts: DecodeOptions):
     """A decoder of `model`'s weights with its own options and packed-weight / prompt caches: the one place that
     knows how options reach greedy and blockwise."""
     m = type(model)(model.config)
-    m.load_state_dict(model.state_dict())
+    m.load_state_dict(model.state_dict(), assign=True)  # the same weight tensors: no copy of the model a decoder
     m.eval()
     m.decode_options = opts
     return m

@@ -47,7 +47,8 @@ def _bpw(e: dict) -> str:
 def _label(e: dict) -> str:
     """Who and in what precision: 'ours int8, 1.00 B' / 'llama.cpp Q4_1 (the file), 0.63 B'."""
     if e.get("engine") == "llama.cpp":
-        return f"llama.cpp {e.get('type', '')}".strip() + _bpw(e)
+        shipped = " (the file as shipped)" if e.get("as_shipped") else " (requantized)"
+        return f"llama.cpp {e.get('type', '')}{shipped}" + _bpw(e)
     return f"{e.get('engine', 'ours')} {e.get('dtype', '')}".strip() + _bpw(e)
 
 
@@ -74,7 +75,7 @@ def _table(header: list[str], align: str, lines: list[list[str]]) -> list[str]:
 def _order(e: dict) -> tuple:
     eng = {"llama.cpp": 0, "ours": 1}.get(e.get("engine"), 2)
     dt = {"fp32": 0, "int8": 1, "bf16": 2}.get(e.get("dtype"), 3)
-    return (eng, dt, e.get("decoder") != "greedy")
+    return (eng, not e.get("as_shipped"), dt, e.get("decoder") != "greedy")
 
 
 def headline_rows(cell: dict) -> list[list[str]]:
@@ -170,13 +171,22 @@ def page(result: dict) -> str:
         elif kind == "batch":
             out += [f"## Batch {cell['batch']}, {cell['dtype']}, {cell['threads']} thread(s)", ""]
             out += _table(
-                ["decoding", "tokens/s, median (min–max)", "× greedy, median [quartiles] over batches", "k̂",
-                 "ids = greedy's"],  # fmt: skip
+                [
+                    "decoding",
+                    "tokens/s, median (min–max)",
+                    "× greedy, median [quartiles] over batches",
+                    "k̂",
+                    "ids = greedy's",
+                ],  # fmt: skip
                 "lrrrr",
                 [
-                    [_decoding(e), _tok(e["tok_s"]), _x(e.get("vs_greedy")),
-                     f"{e['k_hat']:.2f}" if e.get("decoder") == "blockwise" and "k_hat" in e else "–",
-                     _frac(e.get("identical_to_greedy"))]  # fmt: skip
+                    [
+                        _decoding(e),
+                        _tok(e["tok_s"]),
+                        _x(e.get("vs_greedy")),
+                        f"{e['k_hat']:.2f}" if e.get("decoder") == "blockwise" and "k_hat" in e else "–",
+                        _frac(e.get("identical_to_greedy")),
+                    ]  # fmt: skip
                     for e in cell["engines"]
                 ],
             )
@@ -191,8 +201,11 @@ def page(result: dict) -> str:
                 ["k", "step cost in greedy steps, median (min–max) over passes", "ids = greedy's"],
                 "rrr",
                 [
-                    [str(e["k"]), f"{e['step_cost']['median']:.2f} ({e['step_cost']['min']:.2f}–"
-                     f"{e['step_cost']['max']:.2f})", _frac(e.get("identical_to_greedy"))]  # fmt: skip
+                    [
+                        str(e["k"]),
+                        f"{e['step_cost']['median']:.2f} ({e['step_cost']['min']:.2f}–{e['step_cost']['max']:.2f})",
+                        _frac(e.get("identical_to_greedy")),
+                    ]  # fmt: skip
                     for e in cell["engines"]
                     if "step_cost" in e
                 ],

@@ -203,6 +203,7 @@ def test_pages_and_the_readme_block_are_rendered_from_the_json(tmp_path):
              "vs_greedy": _spread(1.5, 1.25, 1.75), "identical_to_greedy": [3, 3],
              "vs_reference": _spread(2.6, 2.0, 3.0), "matches_fp32": [3, 3]},
             {"name": "llama.cpp Q4_1 (the file) greedy", "engine": "llama.cpp", "type": "Q4_1", "decoder": "greedy",
+             "as_shipped": True,
              "bytes_per_weight": 0.625, "tok_s": _spread(58.0, 50.0, 60.0), "matches_fp32": [1, 3]}]},
         {"kind": "step", "threads": 1, "batch": 1, "dtype": "int8", "requests": 2, "reps": 3, "reference": None,
          "engines": [{"name": "ours int8 greedy", "engine": "ours", "dtype": "int8", "decoder": "greedy",
@@ -216,7 +217,10 @@ def test_pages_and_the_readme_block_are_rendered_from_the_json(tmp_path):
     md = page.page(result)
     assert "| ours fp32, 0.75 B | exact blockwise, k = 8, lookup 3, narrow 2 | 150.0 (140.0–160.0) | 1.50× [1.25–1.75] " \
            "| 2.60× [2.00–3.00] | 2.20 | 3/3 | 3/3 |" in md  # fmt: skip
-    assert "| llama.cpp Q4_1, 0.62 B | greedy | 58.0 (50.0–60.0) | – | 1 (reference) | – | – | 1/3 |" in md
+    assert (
+        "| llama.cpp Q4_1 (the file as shipped), 0.62 B | greedy | 58.0 (50.0–60.0) | – | 1 (reference) | – | – | 1/3 |"
+        in md
+    )
     assert "| 4 | 1.20 (1.10–1.30) | 2/2 |" in md
     assert "Test CPU (native-avx2 engine)" in md and "3 timed passes" in md
     assert "**" not in md  # no single cell in bold
