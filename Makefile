@@ -109,7 +109,7 @@ smoke-real: install
 # make demo-real's heads timed on this CPU under bench/protocol.py (about 15 min on 2 idle cores): our greedy and exact
 # blockwise in int8 / bf16 / fp32, and llama.cpp on the file as shipped where the bench-llama extra is installed, on
 # the held-out requests; page and JSON under artifacts/bench-real/. Without heads it times greedy, steps and peers.
-# To publish a run: copy its JSON to docs/results/real-<isa>.json, then make results-real.
+# To publish a run: copy its real-<isa>.json into docs/results/, then make results-real.
 BENCH_HEADS ?= artifacts/real/general_chat/heads/distill-medusa-k8
 BENCH_PROMPTS ?= artifacts/real/prompts/validation.jsonl
 BENCH_ARGS ?= --threads 1 --dtype int8 bf16 fp32 --k 4 8 --max-prompts 12 --new-tokens 64

@@ -14,7 +14,8 @@ Cells (each one protocol measurement; bench/real_page.py renders them):
   step        what a k-row step costs in greedy steps (zero-initialised Medusa heads propose what head 1 would).
   transformers  our fp32 greedy against transformers' `generate` on the same file (both without a prompt cache).
 Every blockwise cell compares its ids with greedy of the same precision, request by request. Writes
-<out>/results-real-<isa>.json and .md (--out), and prints the JSON object last.
+<out>/real-<isa>.json and its page <out>/results-real-<isa>.md (--out; committed as docs/results/real-<isa>.json
+and docs/results-real-<isa>.md), and prints the JSON object last.
 """
 
 from __future__ import annotations
@@ -351,7 +352,7 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--max-prompts", type=int, default=None, help="ask only the first N prompts")
     ap.add_argument("--step-prompts", type=int, default=4, help="requests the step-cost cells time")
-    ap.add_argument("--out", type=Path, default=None, help="write results-real-<isa>.json and .md into this folder")
+    ap.add_argument("--out", type=Path, default=None, help="write real-<isa>.json and results-real-<isa>.md into this folder")
     ap.add_argument("--render", type=Path, default=None, help="render a committed JSON instead of measuring")
     ap.add_argument("--page", type=Path, default=None, help="with --render: the page to write")
     ap.add_argument("--readme", type=Path, default=None, help="with --render: also write README's real-model block")
@@ -508,7 +509,7 @@ def main(argv=None) -> None:
     }
     if args.out is not None:
         tag = real_page.tag(result)
-        atomic_write_text(args.out / f"results-real-{tag}.json", json.dumps(result, indent=1) + "\n")
+        atomic_write_text(args.out / f"real-{tag}.json", json.dumps(result, indent=1) + "\n")
         atomic_write_text(args.out / f"results-real-{tag}.md", real_page.page(result))
         print(f"wrote {args.out / f'results-real-{tag}.md'} and its JSON", flush=True)
     print(json.dumps(result))
