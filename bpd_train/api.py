@@ -8,9 +8,10 @@
 `translate` batches by length (the outputs come back in input order), decodes blockwise by default (exact
 acceptance: the model's own greedy output, in fewer decoder calls) and reports k̂ (`mean_accepted`) and the decoder
 calls. A decoder-only model answers prompts with `generate` (or translates with `translate` when its prompt
-languages are given). Every option is a field of `bpd_train.decoding.settings.DecodeSettings`, which the
-`python -m bpd_train.translate` command line and evaluate.py build too, and all three decode through
-bpd_train/decoding/serving.py, so they agree token for token.
+languages are given). Every option is a field of `DecodeSettings`, declared once in bpd_train/decode_settings.py,
+from which the `python -m bpd_train.translate` flags and evaluate.py's decode config derive too; all three decode
+through bpd_train/decoding/serving.py, so they agree token for token. Texts come back as decoded (line breaks
+kept).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from bpd_train.decoding.serving import decode_texts, prepare
-from bpd_train.decoding.settings import DEFAULT_MAX_LEN, DecodeError, DecodeSettings
+from bpd_train.decoding.settings import DecodeError, DecodeSettings
 
 
 @dataclass
@@ -44,27 +45,37 @@ class Output:
 
 
 class Translator:
-    """A loaded model and its tokenizer, ready to decode text. Build it with `Translator.from_pretrained`."""
+    """A loaded model and its tokenizer, ready to decode text. Build it with `Translator.from_pretrained`.
 
-    def __init__(self, loaded, device):
+    `settings` (a DecodeSettings) and keyword `overrides` (its field names: method, accept, block_size, max_len,
+    dtype, draft_top_tokens, proposal_dtype, adaptive, batch_size, lookup, narrow, tree; bpd_train/decode_settings.py
+    declares each with its help) are this translator's defaults; `translate` / `generate` take the same overrides
+    per call, as transformers' `generate` takes a GenerationConfig's fields."""
+
+    def __init__(self, loaded, device, settings: DecodeSettings | None = None, **overrides):
         self.loaded, self.device = loaded, device
         self.model = loaded.model
         self._tokenizer = loaded.tokenizer()
+        self.settings = (settings or DecodeSettings()).replace(**overrides)
 
     @classmethod
-    def from_pretrained(cls, spec: str | os.PathLike, device: str = "auto") -> "Translator":
+    def from_pretrained(
+        cls, spec: str | os.PathLike, device: str = "auto", settings: DecodeSettings | None = None, **overrides
+    ) -> "Translator":
         """`spec`: a bundle (export.py), a Lightning checkpoint, a run folder, a ZeRO folder or `hf:<folder>` (a
-        transformers checkpoint, imported on the fly; docs/models.md). `device`: auto | cpu | cuda | cuda:N."""
+        transformers checkpoint, imported on the fly; docs/models.md). `device`: auto | cpu | cuda | cuda:N.
+        `settings` / `overrides`: the decode defaults (see the class)."""
         import torch
 
         from bpd_train.loading import load
 
+        base = (settings or DecodeSettings()).replace(**overrides)  # a bad setting fails before the model loads
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(device)
         model = load(spec, map_location=device)
         model.model.eval()
-        return cls(model, device)
+        return cls(model, device, base)
 
     @property
     def block_size(self) -> int:
@@ -84,49 +95,20 @@ class Translator:
     def translate(
         self,
         sentences: Sequence[str],
-        batch_size: int = 32,
-        method: str = "blockwise",
-        accept: str = "exact",
-        block_size: int | None = None,
-        max_len=DEFAULT_MAX_LEN,
-        dtype: str = "fp32",
+        *,
         src_lang: str | None = None,
         tgt_lang: str | None = None,
-        adaptive: bool | None = None,
-        *,
-        draft_vocab="auto",
-        proposal_dtype="auto",
         context_policy: str = "truncate_left",
-        lookup: int = 0,
-        narrow: int = 0,
-        tree=(),
+        settings: DecodeSettings | None = None,
+        **overrides,
     ) -> Output:
-        """Translate `sentences` (a list of str). method: blockwise (default) | greedy; accept: exact (greedy's
-        output) | top<N> | distance:<eps>; block_size: at most the model's k (default k); max_len: an int, or
-        (a, b) = a * source_len + b tokens per sentence; dtype: fp32 | bf16 | int8 decode-step weights; adaptive:
-        feed only proposals whose heads pay (output unchanged; None: on with the exact rule on the CPU);
-        draft_vocab: heads 2..k propose among the N most frequent tokens (auto | N | None: all); proposal_dtype:
-        heads 2..k in bf16 | int8 (auto: int8 on a CPU with the int8 kernels; None: dtype); lookup: N > 0 also
-        proposes from the prompt and answer so far (decoder-only; output unchanged); narrow: with lookup, a step
-        whose context repeats fewer than 2 tokens feeds this many rows (0: the full block); tree: one row, such a
-        step feeds a candidate tree of the heads' ranked proposals instead ("0;1": head 2's top two). Options as
-        bpd_train.decoding.settings.DecodeSettings checks them. A decoder-only model translates with its prompt
-        format ("English: ...\\nFrench:") given src_lang/tgt_lang; context_policy: a prompt longer than its context
-        is cut from the left (truncate_left) or refused."""
-        settings = DecodeSettings(
-            method=method,
-            accept=accept,
-            block_size=block_size,
-            max_len=max_len,
-            dtype=dtype,
-            draft_vocab=draft_vocab,
-            proposal_dtype=proposal_dtype,
-            adaptive=adaptive,
-            batch_size=batch_size,
-            lookup=lookup,
-            narrow=narrow,
-            tree=tree,
-        )
+        """Translate `sentences` (a list of str), blockwise with exact acceptance by default (the model's own greedy
+        output in fewer decoder calls). `settings` / `overrides`: this call's decode settings, over the translator's
+        (e.g. method="greedy", accept="top2", block_size=4, max_len=(1, 5), dtype="int8"; every name and what it
+        takes: bpd_train/decode_settings.py, docs/api.md). A decoder-only model translates with its prompt format
+        ("English: ...\\nFrench:") given src_lang/tgt_lang; context_policy: a prompt longer than its context is cut
+        from the left (truncate_left) or refused."""
+        settings = (settings or self.settings).replace(**overrides)
         sentences = _strings(sentences, "sentences")
         if self.family.prompted and not (src_lang and tgt_lang):
             raise DecodeError(
@@ -141,39 +123,19 @@ class Translator:
     def generate(
         self,
         prompts: Sequence[str] | Sequence[Sequence[dict]],
-        batch_size: int = 32,
-        method: str = "blockwise",
-        accept: str = "exact",
-        block_size: int | None = None,
+        *,
         max_new_tokens: int = 128,
         chat: bool = False,
         context_policy: str = "truncate_left",
-        adaptive: bool | None = None,
-        *,
-        dtype: str = "fp32",
-        draft_vocab="auto",
-        proposal_dtype="auto",
-        lookup: int = 0,
-        narrow: int = 0,
-        tree=(),
+        settings: DecodeSettings | None = None,
+        **overrides,
     ) -> Output:
-        """A decoder-only model's answers to `prompts`: each prompt as it is, or (chat=True, or a list of
-        {"role", "content"} messages per prompt) rendered with the tokenizer's chat template. At most
-        max_new_tokens tokens each; the other options as translate()."""
-        settings = DecodeSettings(
-            method=method,
-            accept=accept,
-            block_size=block_size,
-            max_len=max_new_tokens,
-            dtype=dtype,
-            draft_vocab=draft_vocab,
-            proposal_dtype=proposal_dtype,
-            adaptive=adaptive,
-            batch_size=batch_size,
-            lookup=lookup,
-            narrow=narrow,
-            tree=tree,
-        )
+        """A decoder-only model's answers to `prompts`, each as decoded (line breaks kept): each prompt as it is,
+        or (chat=True, or a list of {"role", "content"} messages per prompt) rendered with the tokenizer's chat
+        template. At most max_new_tokens tokens each (the max_len setting); the other settings as translate()."""
+        if "max_len" in overrides:
+            raise DecodeError("generate() takes max_new_tokens=N (not max_len)")
+        settings = (settings or self.settings).replace(max_len=max_new_tokens, **overrides)
         if not self.family.prompted:
             raise DecodeError("generate() is for decoder-only models; this is a translation model: use translate()")
         if isinstance(prompts, str) or not isinstance(prompts, Sequence):

@@ -16,7 +16,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, NoReturn, TextIO, TypeVar
 
-from bpd_train.configs import config_dir, regime_names  # noqa: F401 - config_dir re-exported (commands.py)
+from bpd_train.configs import (  # noqa: F401 - config_dir re-exported (commands.py)
+    HEAD_LOSSES,
+    SOURCES,
+    TRAINABLE,
+    config_dir,
+    regime_names,
+)
+from bpd_train.decode_settings import DTYPES, RENAMED, DecodeError, DecodeSettings
 
 EXIT_USER_ERROR = 2
 
@@ -195,6 +202,11 @@ def _open(ancestor: object, path: list[str]) -> bool:
     )
 
 
+# Keys that were renamed: the new name, in one line.
+RENAMED_KEYS = {f"decode.{old}": f"decode.{new}" for old, new in RENAMED.items()} | {
+    "loss.draft_vocab": "loss.draft_lowest_ids"
+}
+
 # Keys whose value may be a number or a word (Lightning's devices=auto).
 _ANY_TYPE = {"trainer.devices"}
 
@@ -265,6 +277,8 @@ def check_config(config_name: str, argv: list[str], command: str, environment: b
                 if value is _MISSING:
                     if (o.is_add() or o.is_force_add()) and _open(ancestor, path):
                         continue
+                    if key in RENAMED_KEYS:
+                        fail(f"{key} is now {RENAMED_KEYS[key]}{hint}")
                     what = "'+' adds a key that nothing reads" if o.is_add() else "not a config key"
                     fail(f"unknown config key {key!r}: {what}{_suggest(key, tree)}{hint}")
                 if not (o.is_add() or o.is_force_add()):
@@ -290,19 +304,20 @@ def check_config(config_name: str, argv: list[str], command: str, environment: b
 
 
 # --- values: checked on the composed config, so a run is refused in a second, before torch, Lightning or a model
-# or corpus is loaded. The code that reads each key keeps its own tuple (named beside it); tests/test_config_values.py
-# checks that the two agree.
+# or corpus is loaded. The regime's and the decode settings' choices are the code's own tuples (bpd_train/configs.py,
+# bpd_train/decode_settings.py); the others are kept beside the code that reads them (named there), and
+# tests/test_config_values.py checks that the two agree.
 CHOICES: dict[str, tuple[str, ...]] = {
     "data.format": ("hf", "jsonl", "tsv", "parallel_text"),  # bpd_train.data.corpus.FORMATS
     "data.on_bad_line": ("error", "skip"),  # bpd_train.data.corpus.load_corpus
-    "loss.head_loss": ("random", "mean", "weighted"),  # bpd_train.training.losses.HEAD_LOSSES
-    "regime.head_loss": ("random", "mean", "weighted"),  # (its default is ${loss.head_loss})
-    "regime.trainable": ("all", "heads"),  # bpd_train.training.regimes.TRAINABLE
-    "regime.source": ("gold", "distilled", "mixed", "self"),  # bpd_train.training.regimes.SOURCES
+    "loss.head_loss": HEAD_LOSSES,
+    "regime.head_loss": HEAD_LOSSES,  # (its default is ${loss.head_loss})
+    "regime.trainable": TRAINABLE,
+    "regime.source": SOURCES,
     "optim.schedule.name": ("inverse_sqrt", "cosine", "constant"),  # bpd_train.training.optim.SCHEDULES
     "model.heads": ("bpd", "medusa", "chain"),  # bpd_train.model.lm.config.HEAD_TYPES
     "progress_bar": ("tqdm", "rich", "none"),  # bpd_train.training.trainer.callbacks
-    "decode.dtype": ("fp32", "bf16", "int8"),  # bpd_train.engine.fastlinear.DTYPES
+    "decode.dtype": DTYPES,
     "export.format": ("bundle", "hf", "vllm"),  # bpd_train.export.FORMATS
     "distill.action": ("run", "verify", "plan", "status"),  # bpd_train.distillation.job.ACTIONS
 }
@@ -342,6 +357,16 @@ def check_values(config_name: str, cfg: Any, hint: str = "") -> None:
             f"{key}={value}: not a choice; choose one of {', '.join(choices)}"
             f"{f' (did you mean {key}={guess}?)' if guess else ''}{hint}"
         )
+    decode = _value(cfg, "decode")
+    if decode is not _MISSING and decode is not None:  # every decode setting, checked by its declaration
+        from omegaconf import OmegaConf
+
+        try:
+            DecodeSettings.from_config(OmegaConf.to_container(decode, resolve=True))
+        except DecodeError as e:
+            fail(f"decode.{e}{hint}")
+        except Exception:  # an interpolation only Hydra's runtime resolves: the run decides
+            pass
     if config_name == "train":  # k is model.block_size alone (the same checks guard training/run.py train())
         k, rk = _value(cfg, "model.block_size"), _value(cfg, "regime.block_size")
         if _MISSING not in (k, rk) and rk != k:

@@ -11,6 +11,7 @@ from typing import Union
 
 # How many tokens a decoder may generate per row (EOS not counted): an int, or (a, b) meaning int(a*src_len + b).
 MaxLen = Union[int, tuple[float, float]]
+DEFAULT_MAX_LEN: MaxLen = (1.5, 10)  # every decoder's and entry point's default: 1.5 * source tokens + 10
 
 
 def parse_max_len(value, minimum: int = 0) -> MaxLen:

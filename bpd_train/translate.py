@@ -6,7 +6,8 @@
         [--context-policy truncate_left|refuse] [--max-new-tokens N] > responses.txt
 
 Streaming: reads stdin (or --input) in chunks of --batch-size lines, writes (and flushes) each chunk's outputs in
-input order, one line per input line (an empty line gives an empty line). k̂ and speed go to stderr at the end.
+input order, one line per input line (an empty line gives an empty line; an answer's own line breaks become spaces,
+or --jsonl writes {"text": ...} per line with them kept). k̂ and speed go to stderr at the end.
 An LM bundle answers each line as a prompt: as it is, as the user's message of a chat (--chat: the tokenizer's
 chat template), or as a prompt-format translation prompt (--langs en:fr: "English: <line>\nFrench:", the format
 the LM demo trains on). Exact blockwise and greedy give the same output.
@@ -15,13 +16,14 @@ the LM demo trains on). Exact blockwise and greedy give the same output.
 from __future__ import annotations
 
 import argparse
-import math
+import json
 import sys
 from typing import Iterable, Iterator, TextIO
 
 from bpd_train.cli import USER_ERRORS, report
+from bpd_train.decode_settings import DecodeError, DecodeSettings, _int, add_arguments, from_args
 from bpd_train.decoding.result import DecodeStats
-from bpd_train.decoding.settings import DEFAULT_MAX_LEN, DecodeError, DecodeSettings
+from bpd_train.scoring import one_line
 
 
 class _Lines:
@@ -69,72 +71,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command line: its decode options are DecodeSettings fields of the same names (decode_settings), each
-    also a Translator option (docs/api.md)."""
+    """The command line: its decode flags are derived from the declared settings (bpd_train/decode_settings.py, one
+    `--<name>` per DecodeSettings field, each also a Translator keyword); the rest say where text comes from and
+    goes."""
     p = argparse.ArgumentParser(prog="python -m bpd_train.translate", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--bundle", required=True, help="bundle folder written by export.py (a checkpoint or run folder loads too)"
     )
-    p.add_argument("--block-size", type=int, default=None, help="k for blockwise decoding (default: the model's k)")
-    p.add_argument("--accept", default="exact", help="acceptance rule: exact | top<N> (e.g. top2) | distance:<eps>")
-    p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
-    p.add_argument("--greedy", action="store_true", help="plain greedy decoding (no blockwise)")
-    p.add_argument(
-        "--max-len",
-        type=float,
-        nargs=2,
-        default=DEFAULT_MAX_LEN,
-        metavar=("A", "B"),
-        help="generate at most A*source_len + B tokens (default {} {})".format(*DEFAULT_MAX_LEN),
-    )
     p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (default)")
-    p.add_argument("--dtype", default="fp32", help="decode-step weights: fp32 (default) | bf16 | int8")
+    p.add_argument("--greedy", action="store_true", help="plain greedy decoding (--method greedy)")
     p.add_argument(
-        "--draft-vocab",
-        default="auto",
-        metavar="N",
-        help="heads 2..k propose among the N most frequent tokens (output unchanged); auto (default): a "
-        "quarter of a vocabulary of 2048+ tokens; none: all of them",
+        "--max-new-tokens", default=None, metavar="N", help="generate at most N tokens per line (--max-len N)"
     )
-    p.add_argument(
-        "--proposal-dtype",
-        default="auto",
-        metavar="DTYPE",
-        help="heads 2..k and their projection alone in bf16 | int8: cheaper proposals, output unchanged "
-        "(head 1 verifies in --dtype); auto (default): int8 on a CPU with the int8 kernels; none: "
-        "--dtype",
-    )
-    p.add_argument(
-        "--lookup",
-        type=int,
-        default=0,
-        metavar="N",
-        help="decoder-only: also propose from the prompt and answer so far where their last N..1 tokens "
-        "occurred before (prompt lookup; output unchanged; adaptive feeding off); 0 (default): off",
-    )
-    p.add_argument(
-        "--narrow",
-        type=int,
-        default=0,
-        metavar="W",
-        help="with --lookup, one row: a step whose context repeats fewer than 2 tokens feeds W rows (the heads' "
-        "first W-1 proposals) instead of the full block; output unchanged; 0 (default): always the full block",
-    )
-    p.add_argument(
-        "--tree",
-        default="",
-        metavar="PATHS",
-        help="decoder-only, one row: a step whose context repeats fewer than 2 tokens feeds a candidate tree of "
-        "the heads' ranked proposals instead, e.g. '0;1' (head 2's first two choices; paths apart by ';', one "
-        "rank per head by ','); output unchanged; default: the chain",
-    )
-    p.add_argument(
-        "--adaptive",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="feed only proposals whose heads pay (output unchanged); default: on with --accept exact "
-        "on the CPU, so no batch decodes slower than greedy; --no-adaptive feeds every proposal",
-    )
+    add_arguments(p)
     p.add_argument(
         "--errors",
         choices=("strict", "replace"),
@@ -142,14 +91,13 @@ def parser() -> argparse.ArgumentParser:
         help="input that is not UTF-8: strict (default) leaves that line's output empty, translates the "
         "rest and exits 2 naming the lines; replace translates it with U+FFFD for the bad bytes",
     )
-    p.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=None,
-        metavar="N",
-        help="generate at most N tokens per line (instead of --max-len)",
-    )
     p.add_argument("--input", default=None, metavar="FILE", help="read the lines from FILE instead of stdin")
+    p.add_argument(
+        "--jsonl",
+        action="store_true",
+        help='write one JSON object per input line, {"text": ...}, the text as decoded (line breaks kept); '
+        "without it each output is one line (line breaks become spaces)",
+    )
     lm = p.add_argument_group("decoder-only (LM) bundles")
     lm.add_argument(
         "--chat",
@@ -200,18 +148,9 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
     from bpd_train.loading import load
 
     try:
-        if args.batch_size < 1:
-            raise DecodeError(f"--batch-size must be >= 1, got {args.batch_size}")
+        settings = decode_settings(args)  # every decode value checked once, by the declaration
         auto = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(auto if args.device == "auto" else args.device)
-        if args.max_new_tokens is not None and args.max_new_tokens < 1:
-            raise DecodeError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-        if not all(math.isfinite(v) for v in args.max_len):
-            raise DecodeError(
-                f"--max-len takes two finite numbers A B (at most A*source_len + B tokens), got "
-                f"{' '.join(map(str, args.max_len))}"
-            )
-        settings = decode_settings(args)
         if args.input is not None:
             stdin = _input_file(args.input)
             data = stdin.getvalue()
@@ -228,14 +167,14 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
     # one context around the whole stream: a Ctrl-C that another thread received is raised in this thread at its
     # next Python call, here the context's exit at the latest, so inside main() even when stdin ends meanwhile
     with torch.inference_mode():
-        for lines in _chunks(source, args.batch_size):
+        for lines in _chunks(source, settings.batch_size):
             items = [[{"role": "user", "content": s}] if chat and s is not None and s.strip() else s for s in lines]
             try:
                 out = decode_texts(decoder, text, items, stats, where=lambda i: f"line {n_sent + i + 1}")
             except USER_ERRORS as e:  # an LM prompt too long under --context-policy refuse
                 return report(e, stderr)
             seconds += out.seconds
-            stdout.write("".join(o + "\n" for o in out.texts))
+            stdout.write("".join(_line(o, args.jsonl) for o in out.texts))
             stdout.flush()
             n_sent += len(lines)
             progress.written = n_sent
@@ -243,7 +182,7 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
         khat = f"k̂={stats.mean_accepted:.2f}, " if decoder.blockwise else ""
         rate = f"{n_sent / seconds:.1f} sent/s, {stats.tokens / seconds:.1f} tok/s" if seconds > 0 else "no decoding"
         print(
-            f"{loaded.family.verb} {n_sent} lines ({decoder.label}, batch {args.batch_size}, {device.type}): {khat}"
+            f"{loaded.family.verb} {n_sent} lines ({decoder.label}, batch {settings.batch_size}, {device.type}): {khat}"
             f"decoder calls={stats.calls}, {rate}, {seconds:.2f}s decoding"
             + (
                 f", {text.truncated} source(s) truncated to {model.config.max_positions} positions"
@@ -267,16 +206,22 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
 
 
 def decode_settings(args: argparse.Namespace) -> DecodeSettings:
-    """The command line's decode options as the DecodeSettings Translator takes (each option is one of its
-    fields; --greedy is method=greedy, --max-new-tokens replaces --max-len)."""
-    given = {name: getattr(args, name) for name in DecodeSettings.names() if name in vars(args)}
-    return DecodeSettings(
-        **{
-            **given,
-            "method": "greedy" if args.greedy else "blockwise",
-            "max_len": args.max_new_tokens if args.max_new_tokens is not None else list(args.max_len),
-        }
-    )
+    """The command line's decode settings, as Translator takes them: the declared flags, --greedy (method=greedy)
+    and --max-new-tokens N (max_len=N, which must be at least 1)."""
+    changes = {}
+    if args.greedy:
+        changes["method"] = "greedy"
+    if args.max_new_tokens is not None:
+        n = _int(args.max_new_tokens)
+        if n is None or n < 1:
+            raise DecodeError(f"max_new_tokens={args.max_new_tokens!r}: expected an int >= 1")
+        changes["max_len"] = n
+    return from_args(args, **changes)
+
+
+def _line(text: str, jsonl: bool) -> str:
+    """One output line: the text as decoded in a JSON object (--jsonl), else flattened to one line."""
+    return json.dumps({"text": text}, ensure_ascii=False) + "\n" if jsonl else one_line(text) + "\n"
 
 
 def _input_file(path: str):

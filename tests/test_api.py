@@ -4,6 +4,7 @@ runs as a doctest."""
 
 import doctest
 import io
+import json
 
 import pytest
 
@@ -12,6 +13,7 @@ from conftest import REPO_ROOT
 
 from bpd_train import Translator
 from bpd_train.export import export_checkpoint
+from bpd_train.scoring import one_line
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,10 @@ def test_translate_matches_the_command_line(bundle):
     tr = Translator.from_pretrained(bundle, device="cpu")
     out = tr.translate(lines, batch_size=3, max_len=(1, 5), adaptive=False)
     assert out.method == "blockwise k=4 exact"
-    assert out.texts == _cli(bundle, lines, "--max-len", "1", "5", "--batch-size", "3")
+    # the texts as decoded; the line-per-input command line flattens each to one line, --jsonl keeps it as it is
+    assert [one_line(t) for t in out.texts] == _cli(bundle, lines, "--max-len", "1", "5", "--batch-size", "3")
+    jsonl = _cli(bundle, lines, "--max-len", "1", "5", "--batch-size", "3", "--jsonl")
+    assert [json.loads(j)["text"] for j in jsonl] == out.texts
     assert out.texts[4] == "" and all(out.texts[i] for i in range(len(lines)) if i != 4)
     greedy = tr.translate(lines, batch_size=1, method="greedy", max_len=(1, 5))
     assert greedy.texts == out.texts and greedy.mean_accepted == 1.0  # exact blockwise == greedy
@@ -89,7 +94,7 @@ def test_from_a_run_folder_too(bundle, tmp_path_factory):
         ({"method": "beam"}, r"method='beam'"),
         ({"accept": "sometimes"}, r"unknown acceptance rule"),
         ({"block_size": 9}, r"block size 9 is above the k = 4"),
-        ({"batch_size": 0}, r"batch_size must be an int >= 1"),
+        ({"batch_size": 0}, r"batch_size=0: expected an int >= 1"),
         ({"sentences": "one string"}, r"sentences must be a list of str"),
         ({"sentences": ["ok", 3]}, r"sentences\[1\] is int"),
     ],
@@ -136,23 +141,25 @@ def test_draft_vocabulary_and_int8_proposals_can_be_turned_off(bundle):
     # the options reach the model (each call sets its own), and proposals never change the exact output
     lines = [s for s, _ in read_pairs("validation", 6)]
     tr = Translator.from_pretrained(bundle, device="cpu")
-    plain = tr.translate(lines, max_len=(1, 5), draft_vocab=None, proposal_dtype=None)
+    plain = tr.translate(lines, max_len=(1, 5), draft_top_tokens=None, proposal_dtype=None)
     opts = tr.model.decode_options
     assert opts.draft_vocab is None and opts.proposal_dtype is None and opts.dtype == "fp32"
-    draft = tr.translate(lines, max_len=(1, 5), draft_vocab=50, proposal_dtype="int8")
+    draft = tr.translate(lines, max_len=(1, 5), draft_top_tokens=50, proposal_dtype="int8")
     opts = tr.model.decode_options
     assert len(opts.draft_vocab) in (50, 51) and opts.proposal_dtype == "int8"
     assert draft.tokens == plain.tokens == tr.translate(lines, method="greedy", max_len=(1, 5)).tokens
     assert (
-        _cli(bundle, lines, "--max-len", "1", "5", "--draft-vocab", "none", "--proposal-dtype", "none") == plain.texts
+        _cli(bundle, lines, "--max-len", "1", "5", "--draft-top-tokens", "none", "--proposal-dtype", "none")
+        == plain.texts
     )
-    tr.translate(lines[:1], max_len=(1, 5), draft_vocab=None, proposal_dtype=None)
+    tr.translate(lines[:1], max_len=(1, 5), draft_top_tokens=None, proposal_dtype=None)
     assert tr.model.decode_options.draft_vocab is None  # not reset to "auto" by the next call
 
 
 def test_the_command_line_and_translator_take_the_same_options():
-    """Every option of `python -m bpd_train.translate` is a Translator option, and every DecodeSettings field is one
-    of both (a new option added to one and not the other fails here)."""
+    """Every decode flag of `python -m bpd_train.translate` is a declared setting (bpd_train/decode_settings.py), which
+    Translator takes as a keyword override; the other flags are where text comes from and goes, or a Translator
+    argument of the same meaning."""
     import inspect
 
     from bpd_train.decoding.settings import DEFAULT_MAX_LEN, DecodeSettings
@@ -161,31 +168,31 @@ def test_the_command_line_and_translator_take_the_same_options():
     translate = inspect.signature(Translator.translate).parameters
     generate = inspect.signature(Translator.generate).parameters
     from_pretrained = inspect.signature(Translator.from_pretrained).parameters
-    io_only = {"help", "errors", "input", "quiet"}  # how lines are read and reported: a stream's concern only
+    io_only = {"help", "errors", "input", "quiet", "jsonl"}  # how lines are read and written: a stream's concern only
     where = {
         "bundle": (from_pretrained, "spec"),
         "device": (from_pretrained, "device"),
-        "greedy": (translate, "method"),
+        "greedy": (None, "method"),
         "langs": (translate, "src_lang"),
         "chat": (generate, "chat"),
         "max_new_tokens": (generate, "max_new_tokens"),
         "context_policy": (generate, "context_policy"),
     }
+    dests = set()
     for action in parser()._actions:
-        if action.dest in io_only:
+        dests.add(action.dest)
+        if action.dest in io_only or action.dest in DecodeSettings.names():
             continue
-        params, name = where.get(action.dest, (translate, action.dest))
-        assert name in params, f"--{action.dest.replace('_', '-')} has no Translator option {name}"
-        if action.dest in DecodeSettings.names():
-            assert action.dest in generate or action.dest == "max_len"
-    for name in DecodeSettings.names():
-        assert name in translate and (name in generate or name == "max_len"), name
-    # one max_len default: the command line's, Translator's, the decoders' and the settings'
+        params, name = where[action.dest]
+        assert params is None and name in DecodeSettings.names() or name in params, action.dest
+    assert set(DecodeSettings.names()) <= dests
+    for fn in (translate, generate, from_pretrained):
+        assert "settings" in fn and any(p.kind is p.VAR_KEYWORD for p in fn.values())
+    # one max_len default: the settings', the evaluator's and the decoders'
     from bpd_train.decoding import blockwise, greedy
     from bpd_train.evaluation.runner import EvalSettings
 
-    assert tuple(parser().parse_args(["--bundle", "x"]).max_len) == DEFAULT_MAX_LEN == translate["max_len"].default
-    assert DecodeSettings().max_len == DEFAULT_MAX_LEN == tuple(EvalSettings().max_len)
+    assert DecodeSettings().max_len == DEFAULT_MAX_LEN == EvalSettings().decode.max_len
     for fn in (greedy, blockwise):
         assert inspect.signature(fn).parameters["max_len"].default == DEFAULT_MAX_LEN
 
@@ -205,7 +212,7 @@ def test_lm_generate_in_int8(tmp_path_factory):
         pytest.skip("the torch path decodes decoder-only models in fp32 only")
     lm_bundle = _bundle(tmp_path_factory.mktemp("api-lm-int8"), chat_template=False)
     lm = Translator.from_pretrained(lm_bundle, device="cpu")
-    out = lm.generate(PROMPTS, max_new_tokens=8, dtype="int8", draft_vocab=30, proposal_dtype="bf16")
+    out = lm.generate(PROMPTS, max_new_tokens=8, dtype="int8", draft_top_tokens=30, proposal_dtype="bf16")
     assert lm.model.decode_options.dtype == "int8" and len(lm.model.decode_options.draft_vocab) == 31
     loaded = load(lm_bundle)
     tok = loaded.lm_tokenizer()

@@ -161,7 +161,7 @@ def test_valid_values_pass(tmp_path):
 # where the code that reads each key keeps its choices: the pre-check's table must say the same
 SOURCES = {
     "data.format": ("bpd_train.data.corpus", "FORMATS"),
-    "regime.head_loss": ("bpd_train.training.losses", "HEAD_LOSSES"),
+    "regime.head_loss": ("bpd_train.training.losses", "HEAD_LOSSES"),  # the same tuple, imported (configs.py)
     "loss.head_loss": ("bpd_train.training.losses", "HEAD_LOSSES"),
     "regime.trainable": ("bpd_train.training.regimes", "TRAINABLE"),
     "regime.source": ("bpd_train.training.regimes", "SOURCES"),

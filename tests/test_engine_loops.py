@@ -103,11 +103,14 @@ def test_beam_search_runs_on_the_engine_in_every_precision():
 
 
 def test_bad_options_are_refused():
-    with pytest.raises(ValueError, match="fp32, bf16, int8"):
-        DecodeOptions(dtype="fp16")
-    with pytest.raises(ValueError, match="empty"):
-        DecodeOptions(draft_vocab=())
+    from bpd_train.decode_settings import DecodeError, DecodeSettings
+
+    with pytest.raises(DecodeError, match="fp32, bf16, int8"):  # checked once, by the settings
+        DecodeSettings(dtype="fp16")
     m = random_model(2, seed=1)
+    m.decode_options = DecodeOptions(dtype="fp16")  # derived data given by hand: the packing still refuses it
+    with pytest.raises(ValueError, match="fp32, bf16, int8"):
+        m.decode_weights()
     m.decode_options = DecodeOptions(draft_vocab=(1, 99))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         m.decode_weights()

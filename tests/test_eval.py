@@ -168,14 +168,13 @@ def test_bad_inputs(tiny, tmp_path):
     [
         ({"dtype": "fp16"}, "dtype='fp16': expected one of fp32, bf16, int8"),
         ({"proposal_dtype": "fp8"}, "proposal_dtype='fp8': expected"),
-        ({"draft_vocab": "many"}, "draft_vocab must be a number of tokens"),
+        ({"draft_top_tokens": "many"}, "draft_top_tokens='many': expected a number of tokens"),
         ({"adaptive": 1.5}, "adaptive=1.5: expected"),
-        ({"adaptive": None}, "adaptive=None: expected true, false or a threshold"),
-        ({"max_len": [1, float("nan")]}, "max_len [a, b] takes finite numbers"),
+        ({"max_len": [1, float("nan")]}, "max_len=[1, nan]: expected finite numbers"),
     ],
 )
 def test_decode_settings_are_checked_as_translate_checks_them(kwargs, message):
-    # the evaluator's decode fields are a DecodeSettings (decoding/settings.py), checked before any model loads
+    # the evaluator's decode fields are a DecodeSettings (bpd_train/decode_settings.py), checked before any model loads
     with pytest.raises(EvalError) as e:
         EvalSettings(**kwargs)
     assert str(e.value).startswith(message)
@@ -184,11 +183,13 @@ def test_decode_settings_are_checked_as_translate_checks_them(kwargs, message):
 def test_the_evaluator_decodes_with_the_serving_settings():
     from bpd_train.decoding.settings import DecodeSettings
 
-    s = EvalSettings(dtype="INT8", draft_vocab=30, proposal_dtype=None, max_len=[1, 4], adaptive="false")
-    assert s.dtype == "int8" and s.adaptive is False and s.max_len == [1, 4]  # the report keeps what was asked
+    s = EvalSettings(dtype="INT8", draft_top_tokens=30, proposal_dtype=None, max_len=[1, 4], adaptive="false")
+    assert s.decode.dtype == "int8" and s.adaptive is False and s.as_dict()["max_len"] == [1, 4]  # as the report has it
     assert s.decode_settings(accept="top2") == DecodeSettings(
-        accept="top2", dtype="int8", draft_vocab=30, proposal_dtype=None, max_len=(1, 4), adaptive=False
+        accept="top2", dtype="int8", draft_top_tokens=30, proposal_dtype=None, max_len=(1, 4), adaptive=False
     )
+    # adaptive auto (the declared default, as everywhere): the columns feed every proposal, auto is timed beside them
+    assert EvalSettings().decode.adaptive is None and EvalSettings().adaptive is False
 
 
 def test_expand_inputs_names(tiny):

@@ -37,7 +37,7 @@ def _draft_module(draft: int, heads: str = "medusa") -> BPDLightningModule:
         _lm(k=4, heads=heads).config.to_dict(),
         {"name": "t", "block_size": 4, "head_loss": "mean", "trainable": "heads", "init_from": "x"},
         {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
-        {"draft_vocab": draft, "recompute": False},
+        {"draft_lowest_ids": draft, "recompute": False},
         seed=3,
     )
     with torch.no_grad():
@@ -197,14 +197,14 @@ def test_no_cache_where_states_can_change():
 
 
 def test_draft_vocabulary_loss_is_the_cross_entropy_over_the_lowest_ids():
-    """loss.draft_vocab = N: heads 2..k's loss is the CE of their logits over ids < N, targets >= N ignored."""
+    """loss.draft_lowest_ids = N: heads 2..k's loss is the CE of their logits over ids < N, targets >= N ignored."""
     import torch.nn.functional as F
 
     m = BPDLightningModule(
         _lm().config.to_dict(),
         {"name": "t", "block_size": 3, "head_loss": "mean", "trainable": "heads", "init_from": "x"},
         {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
-        {"draft_vocab": 24, "recompute": False},
+        {"draft_lowest_ids": 24, "recompute": False},
         seed=3,
     )
     with torch.no_grad():
@@ -226,8 +226,8 @@ def test_draft_vocabulary_loss_is_the_cross_entropy_over_the_lowest_ids():
     assert (b["targets"] >= 24).any()  # some targets fall outside and are ignored
     import pytest
 
-    for bad in ({"draft_vocab": 0.5e9}, {"draft_vocab": 24, "self_kd_weight": 0.5}):
-        with pytest.raises(ValueError, match="draft_vocab"):
+    for bad in ({"draft_lowest_ids": 0.5e9}, {"draft_lowest_ids": 24, "self_kd_weight": 0.5}):
+        with pytest.raises(ValueError, match="draft_lowest_ids"):
             BPDLightningModule(
                 _lm().config.to_dict(),
                 {"name": "t", "block_size": 3, "trainable": "heads", "init_from": "x"},

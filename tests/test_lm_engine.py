@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from bpd_train.decode_settings import DecodeSettings
 from bpd_train.decoding import Distance, TopK, beam_search, blockwise, greedy
 from bpd_train.engine.fastlinear import native_kernels
 from bpd_train.engine.lm import LMDecodeWeights
@@ -399,7 +400,7 @@ def test_prompt_lookup_keeps_greedy_output_and_accepts_what_the_context_repeats(
             calls["on"] += on.calls
     assert calls["on"] < 0.9 * calls["off"], calls  # lookup's proposals were accepted
     with pytest.raises(ValueError, match="lookup"):
-        DecodeOptions(lookup=-1)
+        DecodeSettings(lookup=-1)  # checked once, by the settings (DecodeOptions is derived data)
 
 
 def _repeats_two(c: list[int]) -> bool:
@@ -447,4 +448,4 @@ def test_narrow_steps_follow_the_lookup_rule_and_keep_greedy_output(dtype):
             assert out[: len(gt)] == gt[: len(out)] and len(out) <= len(gt) + 1
     assert widths == {2, 4}  # both kinds of step occurred
     with pytest.raises(ValueError, match="narrow"):
-        DecodeOptions(narrow=1)
+        DecodeSettings(narrow=1)

@@ -189,7 +189,10 @@ def test_generate_cli_bad_input_is_one_line(bundle, tmp_path):
         timeout=120,
     )
     one_error(torch_engine.returncode, torch_engine.stdout, torch_engine.stderr, "decode in fp32")
-    one_error(*_run(["--bundle", str(bundle), "--draft-vocab", "-3"], "hi\n"), "draft_vocab must be a positive")
+    one_error(
+        *_run(["--bundle", str(bundle), "--draft-vocab", "-3"], "hi\n"),
+        "draft_top_tokens='-3': expected a number of tokens >= 1",
+    )
     plain = _bundle(tmp_path, chat_template=False)
     one_error(*_run(["--bundle", str(plain), "--chat"], "hi\n"), "has no chat template")
 
@@ -223,7 +226,7 @@ def test_evaluate_on_chat_records_applies_the_template(bundle, tmp_path):
         "evaluate.distilled=null",
         "evaluate.wandb=false",
         "decode.max_len=8",
-        "decode.draft_vocab=30",
+        "decode.draft_top_tokens=30",
         "decode.proposal_dtype=int8",
         f"paths.artifacts={tmp_path / 'a'}",
         f"hydra.run.dir={tmp_path / 'h'}",

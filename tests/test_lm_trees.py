@@ -3,12 +3,14 @@ tokens feeds the fed token and a tree of the heads' ranked proposals; every node
 own ancestors, so exact blockwise decoding stays greedy's token for token, and a node off the top-1 chain, once
 accepted, has its K/V moved to the chain's slots."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
 
 from bpd_train.decoding import blockwise, greedy
-from bpd_train.decoding.settings import DecodeError, DecodeSettings
+from bpd_train.decoding.settings import DecodeError, DecodeSettings, decode_options
 from bpd_train.engine.packed import DecodeOptions, parse_tree, tree_rows
 from tests.test_decoding import random_model
 from tests.test_lm_engine import CONFIGS, lm, prompts
@@ -90,10 +92,10 @@ def test_tree_options_are_checked_with_one_clear_message():
         (many, "at most"),
     ]:
         with pytest.raises(ValueError, match=what):
-            DecodeOptions(tree=bad)
-    with pytest.raises(DecodeError, match="tree"):
-        DecodeSettings(tree="x")
-    assert DecodeSettings(tree="0;1", lookup=3).options(None, 2, "cpu").tree == ((0,), (1,))
+            parse_tree(bad)
+        with pytest.raises(DecodeError, match=f"^tree={re.escape(repr(bad))}: expected .*{what}"):  # checked once
+            DecodeSettings(tree=bad)
+    assert decode_options(DecodeSettings(tree="0;1", lookup=3), None, 2, "cpu").tree == ((0,), (1,))
     m = lm(97, "medusa", k=3)
     m.decode_options = DecodeOptions(tree=parse_tree("0,0,0"))  # three heads deep, two heads here
     with pytest.raises(ValueError, match="block size of at least 4"):

@@ -123,11 +123,13 @@ def test_non_utf8_input_keeps_every_other_line(bundle):
 
 
 def test_bad_decode_settings_are_one_line_naming_the_option(bundle):
-    # checked once (decoding/settings.py DecodeSettings), before the bundle loads: the same words as Translator's
+    # checked once (bpd_train/decode_settings.py), before the bundle loads: the same words as Translator's
     for args, message in (
         (["--dtype", "fp16"], "dtype='fp16': expected one of fp32, bf16, int8"),
         (["--adaptive", "--accept", "top0"], "accept='top0': "),
-        (["--draft-vocab", "lots"], "draft_vocab must be a number of tokens, auto or null"),
+        (["--draft-vocab", "lots"], "draft_top_tokens='lots': expected a number of tokens"),  # the old flag too
+        (["--max-new-tokens", "0"], "max_new_tokens='0': expected an int >= 1"),
+        (["--max-len", "1", "inf"], "max_len=['1', 'inf']: expected finite numbers"),
     ):
         rc, out, err = _run(["--bundle", str(bundle), *args], "hello\n")
         assert rc == 2 and out == "" and err.count("\n") == 1 and err.startswith(f"error: {message}"), err

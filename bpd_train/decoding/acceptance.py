@@ -10,10 +10,11 @@ Names (configs, evaluate.py, translate --accept; case-insensitive): `exact`; `to
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from torch import Tensor
+
+from bpd_train.decode_settings import RULE_NAMES, rule_spec
 
 
 class AcceptanceRule:
@@ -82,39 +83,18 @@ class Distance(AcceptanceRule):
         return (proposals - argmax).abs() <= self.eps
 
 
-_TOPK = re.compile(r"^top(?:[-_:]?k)?[-_:]?(\d+)$")
-_DISTANCE = re.compile(r"^(?:distance|dist|eps)[-_:]?([0-9.]+)$")
-NAMES = "exact, top<N> (e.g. top2, topk:2) or distance:<eps>"
+NAMES = RULE_NAMES
 
 
 def make_acceptance(spec) -> AcceptanceRule:
-    """An AcceptanceRule as is, or a rule named as in the module docstring (also a dict {"name": ..., "n"/"eps":
-    ...}). Anything else is a ValueError that lists the names."""
-    if isinstance(spec, AcceptanceRule):
+    """An AcceptanceRule as is, or a rule named in the grammar of bpd_train/decode_settings.py `rule_spec` (the
+    one parser every option and config goes through; also a dict {"name": ..., "n"/"eps": ...}). Anything else is a
+    ValueError that lists the names."""
+    if isinstance(spec, AcceptanceRule) or (callable(spec) and hasattr(spec, "label")):
         return spec
-    if spec is None:
-        return Exact()
-    if isinstance(spec, dict) or hasattr(spec, "keys"):
-        d = dict(spec)
-        name = str(d.pop("name", d.pop("rule", ""))).lower()
-        if name == "exact" and not d:
-            return Exact()
-        if name == "topk" and set(d) <= {"n"}:
-            return TopK(int(d.get("n", 1)))
-        if name == "distance" and set(d) <= {"eps"}:
-            return Distance(float(d.get("eps", 0.0)))
-        raise ValueError(f"unknown acceptance rule {spec!r}; use exact, topk (n) or distance (eps)")
-    if isinstance(spec, str):
-        s = spec.strip().lower()
-        try:
-            if s == "exact":
-                return Exact()
-            if s in ("topk", "distance"):
-                return TopK(1) if s == "topk" else Distance(0.0)
-            if m := _TOPK.match(s):
-                return TopK(int(m.group(1)))
-            if m := _DISTANCE.match(s):
-                return Distance(float(m.group(1)))
-        except ValueError as e:
-            raise ValueError(f"bad acceptance rule {spec!r}: {e}") from e
-    raise ValueError(f"unknown acceptance rule {spec!r}: use {NAMES}, or Exact(), TopK(n), Distance(eps)")
+    name, arg = rule_spec(spec)
+    if name == "topk":
+        return TopK(int(arg))
+    if name == "distance":
+        return Distance(float(arg))
+    return Exact()

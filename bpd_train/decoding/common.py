@@ -9,9 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from bpd_train.max_len import MaxLen, max_len_json, parse_max_len  # noqa: F401 - the one max_len type
-
-DEFAULT_MAX_LEN: MaxLen = (1.5, 10)  # every decoder's and entry point's default: 1.5 * source tokens + 10
+from bpd_train.max_len import DEFAULT_MAX_LEN, MaxLen, max_len_json, parse_max_len  # noqa: F401 - the one max_len type
 
 
 def model_device(model: nn.Module) -> torch.device:

@@ -14,10 +14,10 @@ import torch
 
 from bpd_train import decoding
 from bpd_train.data.sampler import length_batches
+from bpd_train.decoding.acceptance import AcceptanceRule
 from bpd_train.decoding.common import stop_ids
 from bpd_train.decoding.result import DecodeResult, DecodeStats
-from bpd_train.decoding.settings import DecodeError, DecodeSettings, set_decode_options
-from bpd_train.decoding.text import one_line
+from bpd_train.decoding.settings import DecodeError, DecodeSettings, decode_options, parse_rule, set_decode_options
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class Decoder:
     device: torch.device
     k: int  # the block size blockwise decoding runs with
     adaptive: bool | float  # adaptive feeding as resolved for the device
+    rule: AcceptanceRule  # the settings' acceptance rule
 
     @property
     def blockwise(self) -> bool:
@@ -40,13 +41,13 @@ class Decoder:
         """How it decodes, as reports and the command line's summary name it."""
         if not self.blockwise:
             return "greedy"
-        return f"blockwise k={self.k} {self.settings.accept}{' adaptive' if self.adaptive else ''}"
+        return f"blockwise k={self.k} {self.settings.accept_label}{' adaptive' if self.adaptive else ''}"
 
     def __call__(self, src) -> DecodeResult:
         s = self.settings
         if self.blockwise:  # (looked up on the package: tests watch the decoders there)
             return decoding.blockwise(
-                self.model, src, block_size=self.k, accept=s.rule, max_len=s.max_len, adaptive=self.adaptive
+                self.model, src, block_size=self.k, accept=self.rule, max_len=s.max_len, adaptive=self.adaptive
             )
         return decoding.greedy(self.model, src, max_len=s.max_len)
 
@@ -55,8 +56,8 @@ def prepare(model, tokenizer, settings: DecodeSettings, device, where: str = "th
     """Check `settings` against the model (block size at most its k) and set its decode options (draft vocabulary
     and proposal precision resolved for this tokenizer and device). `where` names the model in errors."""
     k = settings.k(int(model.config.block_size), where)
-    set_decode_options(model, settings.options(tokenizer, stop_ids(model), device))
-    return Decoder(model, settings, torch.device(device), k, settings.adaptive_on(device))
+    set_decode_options(model, decode_options(settings, tokenizer, stop_ids(model), device))
+    return Decoder(model, settings, torch.device(device), k, settings.adaptive_on(device), parse_rule(settings.accept))
 
 
 @dataclass
@@ -106,5 +107,5 @@ def decode_texts(
             stats.add(r)
             for i, toks in zip(rows, r.tokens):
                 out_tokens[i] = list(toks)
-                out_text[i] = one_line(text.detok(toks))
+                out_text[i] = text.detok(toks).strip()  # line breaks inside kept (a line-per-input writer flattens)
     return Decoded(out_text, out_tokens, stats, seconds)

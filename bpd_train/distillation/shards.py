@@ -110,20 +110,11 @@ def _lm_shards(job, worker: Worker, todo: list[dict], model, stats: dict, device
     room = model.config.max_positions - 1
     if m.get("decode_dtype", "fp32") != "fp32":  # the native engine's step weights in that precision
         from bpd_train.decoding.common import stop_ids
-        from bpd_train.decoding.settings import DecodeError, decode_options, set_decode_options
+        from bpd_train.decoding.settings import DecodeError, DecodeSettings, decode_options, set_decode_options
 
         try:
-            set_decode_options(
-                model,
-                decode_options(
-                    tok,
-                    stop_ids(model),
-                    m["decode_dtype"],
-                    draft_vocab=None,
-                    proposal_dtype=None,
-                    device=str(device or "cpu"),
-                ),
-            )
+            settings = DecodeSettings(dtype=m["decode_dtype"], draft_top_tokens=None, proposal_dtype=None)
+            set_decode_options(model, decode_options(settings, tok, stop_ids(model), str(device or "cpu")))
         except DecodeError as e:
             raise DistillError(f"distill.dtype={m['decode_dtype']}: {e}") from None
     for shard in todo:

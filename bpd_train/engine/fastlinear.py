@@ -28,9 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from bpd_train.decode_settings import DTYPES  # noqa: F401 - the decode precisions, declared with the settings
+
 log = logging.getLogger(__name__)
 
-DTYPES = ("fp32", "bf16", "int8")
 _MODE = {"fp32": 0, "bf16": 1, "int8": 2}
 _COMPUTE_MODE = {"bf16": 3, "int8": 4}  # csrc/vec.h Mode BF16D / I8D: activations in that precision too
 _BF16_AMX = 5  # csrc/vec.h Mode BF16A: bf16 x bf16 on AMX tiles, every row count

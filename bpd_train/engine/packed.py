@@ -34,59 +34,21 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from bpd_train.engine.fastlinear import PackedLinear, check_dtype, l2_bytes, loaded_kernels
+from bpd_train.decode_settings import TREE_NODES, parse_tree  # noqa: F401 - re-exported (bench/real.py)
+from bpd_train.engine.fastlinear import PackedLinear, l2_bytes, loaded_kernels
 
 
 @dataclass(frozen=True)
 class DecodeOptions:
+    """Derived data: built from a checked DecodeSettings (decoding/settings.py decode_options), never checked again
+    here. Its fields as above; `draft_vocab` a sorted tuple of ids, `tree` parsed rank paths."""
+
     dtype: str = "fp32"
     draft_vocab: tuple[int, ...] | None = None
     proposal_dtype: str | None = None
     lookup: int = 0
     narrow: int = 0
     tree: tuple[tuple[int, ...], ...] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tree", parse_tree(self.tree))
-        if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or not 0 <= self.lookup <= 8:
-            raise ValueError(f"lookup must be an int in 0..8 (0: off), got {self.lookup!r}")
-        if isinstance(self.narrow, bool) or not isinstance(self.narrow, int) or self.narrow < 0 or self.narrow == 1:
-            raise ValueError(
-                f"narrow must be 0 (off) or an int >= 2 (rows of a step without a repeat), got {self.narrow!r}"
-            )
-        object.__setattr__(self, "dtype", check_dtype(self.dtype))
-        if self.proposal_dtype is not None:
-            object.__setattr__(self, "proposal_dtype", check_dtype(self.proposal_dtype))
-        if self.draft_vocab is not None:
-            ids = tuple(sorted({int(i) for i in self.draft_vocab}))
-            if not ids:
-                raise ValueError("draft_vocab is empty: give at least one token id, or None for the full vocabulary")
-            object.__setattr__(self, "draft_vocab", ids)
-
-
-TREE_NODES = 62  # the native loop's bound (one 64-bit ancestry mask per fed row)
-
-
-def parse_tree(value) -> tuple[tuple[int, ...], ...]:
-    """Candidate-tree rank paths from "0 1 0,0" (paths apart by spaces or ';', ranks by ','), a sequence of
-    sequences, or None / "" / () (no tree). Raises ValueError naming what was wrong."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
-        return ()
-    given = value
-    if isinstance(value, str):
-        value = [p.split(",") for p in value.replace(";", " ").split()]
-    try:
-        paths = tuple(tuple(int(r) for r in p) for p in value)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"tree must be rank paths such as '0 1 0,0' (paths apart by spaces, ranks by commas), got {given!r}"
-        ) from None
-    if any(not p or min(p) < 0 for p in paths):
-        raise ValueError(f"tree: every path needs one rank >= 0 per head from head 2 on, got {given!r}")
-    nodes = {p[:i] for p in paths for i in range(1, len(p) + 1)}
-    if len(nodes) > TREE_NODES:
-        raise ValueError(f"tree: at most {TREE_NODES} nodes, got {len(nodes)}")
-    return tuple(sorted(set(paths)))
 
 
 def tree_rows(tree) -> int:

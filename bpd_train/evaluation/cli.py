@@ -14,6 +14,7 @@ from bpd_train.data.distilled import DistillError, find_distilled_corpus, read_m
 from bpd_train.data.lm.processing import load_lm_jsonl
 from bpd_train.data.sampler import evenly_spaced
 from bpd_train.decoding.settings import DecodeError as EvalError
+from bpd_train.decoding.settings import DecodeSettings
 
 log = logging.getLogger(__name__)
 
@@ -166,20 +167,13 @@ def run_evaluate(cfg: DictConfig) -> Path:
         block_sizes=_plain(d.block_sizes),
         rules=_plain(d.rules),
         batch_sizes=_plain(e.batch_sizes),
-        max_len=_plain(d.max_len),
         warmup=int(e.warmup),
         device=str(e.device),
         progress=bool(e.progress),
-        dtype=str(d.get("dtype", "fp32")),
-        draft_vocab=_plain(d.get("draft_vocab", "auto")),
-        adaptive=_plain(d.get("adaptive", False)),
-        proposal_dtype=_plain(d.get("proposal_dtype", "auto")),
-        lookup=int(d.get("lookup", 0)),
-        narrow=int(d.get("narrow", 0)),
-        tree=_plain(d.get("tree", ())) or (),
         adaptive_speedup=bool(e.get("adaptive_speedup", True)),
         min_seconds=float(e.get("min_seconds") or 0.0),
         max_bleu_drop=float(e.get("max_bleu_drop", 1.0)),
+        decode=DecodeSettings.from_config(_plain(d)),  # every decode setting the config gives (decode_settings.py)
     )
     inputs = _plain(e.inputs)
     if isinstance(inputs, str):

@@ -14,7 +14,6 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -26,13 +25,12 @@ from bpd_train.data.sampler import length_batches
 from bpd_train.decoding.batched import translate_ids
 from bpd_train.decoding.serving import prepare
 from bpd_train.decoding.settings import (
-    DEFAULT_MAX_LEN,
+    DecodeError as EvalError,
+)
+from bpd_train.decoding.settings import (
     DecodeSettings,
     check_block_sizes,
     parse_rule,
-)
-from bpd_train.decoding.settings import (
-    DecodeError as EvalError,
 )
 from bpd_train.decoding.text import one_line
 from bpd_train.engine.fastlinear import cpu_model, engine_name
@@ -47,61 +45,59 @@ REPORT_FORMAT = "bpd-train-eval-report"
 KEEP_PARAMS = 300_000_000
 
 
-@dataclass
 class EvalSettings:
-    block_sizes: list[int] | None = None  # None: the model's k and every smaller even k
-    rules: list[str] = field(default_factory=lambda: ["exact", "top2"])
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 32])
-    max_len: list | int = field(default_factory=lambda: list(DEFAULT_MAX_LEN))  # a*src_len + b, or a fixed int
-    warmup: int = 1  # untimed batches per decoder before timing
-    max_bleu_drop: float = 1.0  # the recommended run may lose at most this much base BLEU
-    device: str = "auto"
-    progress: bool = True
-    dtype: str = "fp32"  # decode-step weights: fp32 | bf16 | int8
-    draft_vocab: int | str | None = "auto"  # heads 2..k propose among the N most frequent tokens (auto: V/4)
-    proposal_dtype: str | None = "auto"  # heads 2..k and their projection: fp32 | bf16 | int8 (None: dtype;
-    #                                               auto: int8 on a CPU with int8 kernels; decoding/settings.py)
-    adaptive: bool | float = False  # feed only proposals whose heads pay (threshold)
-    lookup: int = 0  # decoder-only: proposals from the prompt and answer so far too
-    narrow: int = 0  # with lookup, one row: rows of a step whose context repeats < 2 tokens (0: the full block)
-    tree: Any = ()  # one row: a candidate tree there instead (rank paths, "0;1"; decoding/settings.py)
-    min_seconds: float = 0.0  # timed passes over the sentences until each decoder ran this long
-    adaptive_speedup: bool = True  # exact rule on the CPU: also time adaptive feeding (what the
-    #                                               serving paths run there) in the same interleaved run
+    """What evaluate.py runs: the grid (block sizes x rules x batch sizes), how it times, and one DecodeSettings
+    (`decode`: every other decode setting, as Translator and the translate command line take them, declared in
+    bpd_train/decode_settings.py). `decode` fields may be given as keywords too: EvalSettings(dtype="int8")."""
 
-    def __post_init__(self) -> None:
-        self.rules = [str(r) for r in (self.rules or [])]
+    def __init__(
+        self,
+        block_sizes: Sequence[int] | None = None,  # None: the model's k and every smaller even k
+        rules: Sequence[str] | None = ("exact", "top2"),
+        batch_sizes: Sequence[int] | None = (1, 32),
+        *,
+        warmup: int = 1,  # untimed batches per decoder before timing
+        max_bleu_drop: float = 1.0,  # the recommended run may lose at most this much base BLEU
+        device: str = "auto",
+        progress: bool = True,
+        min_seconds: float = 0.0,  # timed passes over the sentences until each decoder ran this long
+        adaptive_speedup: bool = True,  # exact rule on the CPU: also time adaptive feeding (what the serving
+        #                                 paths run there with adaptive=auto) in the same interleaved run
+        decode: DecodeSettings | None = None,
+        **overrides,
+    ) -> None:
+        self.decode = (decode or DecodeSettings()).replace(**overrides)  # checked once, before any decoding
+        self.rules = [str(r) for r in (rules or [])]
         for r in self.rules:
             parse_rule(r)  # fail before any decoding
-        self.batch_sizes = [int(b) for b in (self.batch_sizes or [])]
+        self.batch_sizes = [int(b) for b in (batch_sizes or [])]
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise EvalError(f"batch_sizes must be a non-empty list of positive ints, got {self.batch_sizes}")
-        if self.block_sizes is not None:
-            self.block_sizes = [int(b) for b in self.block_sizes]
-        base = self.decode_settings()  # the decode fields checked once, before any decoding
-        if base.adaptive is None:
-            raise EvalError(
-                f"adaptive={self.adaptive!r}: expected true, false or a threshold in (0, 1) (the serving "
-                "paths' automatic choice is timed too: evaluate.adaptive_speedup)"
-            )
-        self.dtype, self.adaptive = base.dtype, base.adaptive
-        self.max_bleu_drop = float(self.max_bleu_drop)
+        self.block_sizes = [int(b) for b in block_sizes] if block_sizes is not None else None
+        self.warmup, self.device, self.progress = int(warmup), device, bool(progress)
+        self.min_seconds, self.adaptive_speedup = float(min_seconds), bool(adaptive_speedup)
+        self.max_bleu_drop = float(max_bleu_drop)
         if not self.max_bleu_drop >= 0:
             raise EvalError(f"max_bleu_drop must be a BLEU difference >= 0, got {self.max_bleu_drop}")
 
+    @property
+    def adaptive(self) -> bool | float:
+        """Adaptive feeding in the timed columns: auto (None) times the full feed there, and the serving paths'
+        automatic choice beside it (adaptive_speedup); true / a threshold feed adaptively in the columns."""
+        return False if self.decode.adaptive is None else self.decode.adaptive
+
     def decode_settings(self, **changes) -> DecodeSettings:
         """The DecodeSettings every combination starts from (its rule, block size and batch size are the grid's)."""
-        return DecodeSettings(
-            max_len=self.max_len,
-            dtype=self.dtype,
-            draft_vocab=self.draft_vocab,
-            proposal_dtype=self.proposal_dtype,
-            adaptive=self.adaptive,
-            lookup=self.lookup,
-            narrow=self.narrow,
-            tree=self.tree,
-            **changes,
-        )
+        return self.decode.replace(**changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        """As report.json records it: the grid and timing, then the decode settings a decode config lists."""
+        grid = ("block_sizes", "rules", "batch_sizes", "warmup", "max_bleu_drop", "device", "progress")
+        out = {k: getattr(self, k) for k in grid}
+        decode = self.decode.as_config()
+        out.update({k: decode[k] for k in DecodeSettings.yaml_names()})
+        out.update(min_seconds=self.min_seconds, adaptive_speedup=self.adaptive_speedup)
+        return out
 
     def torch_device(self) -> torch.device:
         if self.device in (None, "auto"):
@@ -227,7 +223,7 @@ def evaluate_loaded(
         "truncated_sources": 0,
         "greedy": {"by_batch_size": {}},
         "decode": {
-            "dtype": settings.dtype,
+            "dtype": base.dtype,
             # as resolved ("auto"): draft tokens, proposal precision
             "draft_vocab": len(options.draft_vocab) if options.draft_vocab else None,
             "proposal_dtype": options.proposal_dtype,
@@ -490,7 +486,7 @@ def evaluate_inputs(
             "seconds": time.time() - t0,
             "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "data": {**(data_info or {}), "sentences": len(sources), "quality_sentences": len(q_src)},
-            "settings": asdict(settings),
+            "settings": settings.as_dict(),
             "environment": {
                 "device": _device_name(device),
                 "cpu": cpu_model(),

@@ -68,15 +68,16 @@ class BPDLightningModule(pl.LightningModule):
         self.self_kd_weight = float(self.loss_cfg.get("self_kd_weight") or 0.0)
         if not 0.0 <= self.self_kd_weight <= 1.0:
             raise ValueError(f"loss.self_kd_weight must be in [0, 1], got {self.self_kd_weight}")
-        # loss.draft_vocab = N: heads 2..k learn to choose among the N lowest ids only, the draft vocabulary they
-        # propose from when decoding (decode.draft_vocab); a softmax over N ids instead of the whole vocabulary
-        self.draft_vocab = int(self.loss_cfg.get("draft_vocab") or 0)
+        # loss.draft_lowest_ids = N: heads 2..k learn to choose among the N lowest ids only, the draft vocabulary
+        # they propose from when decoding (decode.draft_top_tokens); a softmax over N ids instead of the whole
+        # vocabulary. (loss.draft_vocab, its old name, is read too: a checkpoint's hyperparameters may hold it.)
+        self.draft_vocab = int(self.loss_cfg.get("draft_lowest_ids") or self.loss_cfg.get("draft_vocab") or 0)
         self.seed = int(seed)
         cfg = self.model.config
         if self.draft_vocab:
             if not 0 < self.draft_vocab <= cfg.vocab_size:
                 raise ValueError(
-                    f"loss.draft_vocab={self.draft_vocab}: the number of lowest ids heads 2..k choose "
+                    f"loss.draft_lowest_ids={self.draft_vocab}: the number of lowest ids heads 2..k choose "
                     f"among, 1..{cfg.vocab_size} (or null: every id)"
                 )
             if (
@@ -86,7 +87,7 @@ class BPDLightningModule(pl.LightningModule):
                 or not hasattr(self.model, "head_states")
             ):
                 raise ValueError(
-                    "loss.draft_vocab trains heads 2..k alone on a frozen decoder-only backbone "
+                    "loss.draft_lowest_ids trains heads 2..k alone on a frozen decoder-only backbone "
                     "(regimes frozen, distill), without kd_weight / self_kd_weight"
                 )
         if self.regime.freeze_backbone:
