@@ -12,6 +12,7 @@ from _eval_tiny import build_tiny, read_pairs
 from conftest import REPO_ROOT
 
 from bpd_train import Translator
+from bpd_train.decode_settings import DecodeSettings
 from bpd_train.export import export_checkpoint
 from bpd_train.scoring import one_line
 
@@ -220,3 +221,36 @@ def test_lm_generate_in_int8(tmp_path_factory):
     want = [tok.decode(t).strip() for t in greedy(loaded.model, tok.encode(PROMPTS), max_len=8).tokens]
     assert out.texts == want and any(want)
     assert out.texts == lm.generate(PROMPTS, max_new_tokens=8, dtype="int8", method="greedy").texts
+
+
+class _Lines:
+    """A text adapter whose answers hold line breaks (a chat model's list): ids 1..n decode to numbered lines."""
+
+    def source_ids(self, s):
+        return [1, 2, 3][: len(s.split())]
+
+    def detok(self, ids):
+        return "".join(f"- item {i}\n" for i in ids) + "```\ncode\n```\n"
+
+    def batch(self, ids, device=None):
+        return ids
+
+
+def test_decoded_texts_keep_their_line_breaks_and_only_the_line_per_input_writer_flattens():
+    import torch
+
+    from bpd_train.decoding.result import DecodeResult
+    from bpd_train.decoding.serving import decode_texts
+    from bpd_train.translate import _line
+
+    class Decoder:
+        device = torch.device("cpu")
+        settings = DecodeSettings(batch_size=2)
+
+        def __call__(self, src):
+            return DecodeResult(tokens=[list(s) for s in src], calls=1)
+
+    out = decode_texts(Decoder(), _Lines(), ["a b", "", "a b c"])
+    assert out.texts[0] == "- item 1\n- item 2\n```\ncode\n```" and out.texts[1] == ""  # as decoded (ends trimmed)
+    assert _line(out.texts[2], jsonl=False) == "- item 1 - item 2 - item 3 ``` code ```\n"  # one line per input
+    assert json.loads(_line(out.texts[2], jsonl=True))["text"] == out.texts[2]  # --jsonl: the text as it is
