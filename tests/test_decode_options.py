@@ -147,13 +147,16 @@ def test_the_translate_flags_are_the_declared_settings():
 
 @pytest.mark.parametrize("name", ["blockwise", "greedy"])
 def test_the_decode_configs_list_every_declared_setting_at_its_default(name):
-    """conf/decode/*.yaml: every setting a decode config shows, at the declared default (auto adaptive included)."""
-    import yaml
+    """conf/decode/*.yaml (composed: each takes _settings.yaml): every setting a decode config shows, at the declared
+    default (auto adaptive included), and nothing else besides the evaluator's grid."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
     from bpd_train.configs import config_dir
     from bpd_train.decode_settings import DecodeSettings as Declared
 
-    cfg = yaml.safe_load((config_dir() / "decode" / f"{name}.yaml").read_text(encoding="utf-8"))
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir())):
+        cfg = OmegaConf.to_container(compose("evaluate", overrides=[f"decode={name}"]).decode, resolve=True)
     assert set(cfg) - {"block_sizes", "rules"} == set(Declared.yaml_names())
     assert Declared.from_config(cfg) == Declared()
 
