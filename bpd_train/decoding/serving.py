@@ -60,6 +60,12 @@ def prepare(model, tokenizer, settings: DecodeSettings, device, where: str = "th
     return Decoder(model, settings, torch.device(device), k, settings.adaptive_on(device), parse_rule(settings.accept))
 
 
+def answer(settings: DecodeSettings, text, ids: Sequence[int]) -> tuple[str, list[int]]:
+    """One source's answer as every front end gives it (Translator, the translate command line, the evaluator's
+    hypotheses): the adapter's text of the generated `ids`, its ends trimmed and its line breaks kept, and the ids."""
+    return text.detok(ids).strip(), list(ids)
+
+
 @dataclass
 class Decoded:
     """decode_texts's answer: one text and one id list per source, in input order."""
@@ -105,7 +111,6 @@ def decode_texts(
                 torch.cuda.synchronize(device)
             seconds += time.perf_counter() - t0
             stats.add(r)
-            for i, toks in zip(rows, r.tokens):
-                out_tokens[i] = list(toks)
-                out_text[i] = text.detok(toks).strip()  # line breaks inside kept (a line-per-input writer flattens)
+            for i, toks in zip(rows, r.tokens):  # line breaks kept (a line-per-input writer flattens)
+                out_text[i], out_tokens[i] = answer(decoder.settings, text, toks)
     return Decoded(out_text, out_tokens, stats, seconds)

@@ -23,7 +23,7 @@ from bpd_train.checkpoint import CheckpointError
 from bpd_train.data.distilled import read_manifest
 from bpd_train.data.sampler import length_batches
 from bpd_train.decoding.batched import translate_ids
-from bpd_train.decoding.serving import prepare
+from bpd_train.decoding.serving import answer, prepare
 from bpd_train.decoding.settings import (
     DecodeError as EvalError,
 )
@@ -260,7 +260,7 @@ def evaluate_loaded(
             g = c.greedy
             if greedy_ref is None:
                 greedy_ref = g.tokens
-                hyps = [one_line(text.detok(t)) for t in g.tokens]
+                hyps = [one_line(answer(base, text, t)[0]) for t in g.tokens]
                 atomic_write_text(hyp_dir / "greedy.txt", "".join(h + "\n" for h in hyps))
                 entry["greedy"].update(
                     corpus_scores(hyps, refs),
@@ -280,7 +280,7 @@ def evaluate_loaded(
             if c.blockwise is None:
                 continue
             b = c.blockwise
-            hyps = [one_line(text.detok(t)) for t in b.tokens]
+            hyps = [one_line(answer(base, text, t)[0]) for t in b.tokens]
             hyp_file = hyp_dir / f"k{k}.{_safe(rname)}.bs{bs}.txt"
             atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))
             scores = corpus_scores(hyps, refs)
@@ -322,7 +322,8 @@ def evaluate_loaded(
                     adaptive_agreement=agreement(c.adaptive.tokens, g.tokens),
                 )
     if q_batches is not None:
-        hyps = [one_line(text.detok(t)) for t in greedy_tokens(model, q_batches, max_len=max_len, on_batch=bar.update)]
+        q_tokens = greedy_tokens(model, q_batches, max_len=max_len, on_batch=bar.update)
+        hyps = [one_line(answer(base, text, t)[0]) for t in q_tokens]
         hyp_file = hyp_dir / "greedy.quality.txt"
         atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))
         scores = corpus_scores(hyps, quality[1])
