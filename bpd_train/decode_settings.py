@@ -214,6 +214,13 @@ def _tree(value) -> tuple[tuple[int, ...], ...]:
     return tuple(sorted(set(paths)))
 
 
+def _strings(v) -> tuple[str, ...]:
+    v = (v,) if isinstance(v, str) else tuple(v or ())
+    if not all(isinstance(x, str) and x for x in v):
+        raise ValueError("expected non-empty strings")
+    return v
+
+
 def setting(default, help: str, check: Callable[[Any], Any], **cli) -> Any:
     """One declared setting: its default, its help text (the command line's and the docs'), the check that
     normalises a value or refuses it, and how the command line spells it where not `--<name>` taking one value
@@ -292,6 +299,14 @@ class DecodeSettings:
         "per head by ','); output unchanged; empty: the chain",
         _tree,
         metavar="PATHS",
+    )
+    stop: Any = setting(
+        (),
+        "end each answer before the first of these strings (repeat the flag for several); its ids end at the token "
+        "that completes it (the rows still decode to EOS or max_len)",
+        _strings,
+        action="append",
+        metavar="TEXT",
     )
 
     def __post_init__(self) -> None:

@@ -254,3 +254,31 @@ def test_decoded_texts_keep_their_line_breaks_and_only_the_line_per_input_writer
     assert out.texts[0] == "- item 1\n- item 2\n```\ncode\n```" and out.texts[1] == ""  # as decoded (ends trimmed)
     assert _line(out.texts[2], jsonl=False) == "- item 1 - item 2 - item 3 ``` code ```\n"  # one line per input
     assert json.loads(_line(out.texts[2], jsonl=True))["text"] == out.texts[2]  # --jsonl: the text as it is
+
+
+def test_stop_strings_end_the_answers_from_the_api_the_command_line_and_the_evaluator(bundle, tmp_path):
+    """decode setting `stop` (declared once in bpd_train/decode_settings.py): each answer ends before the first stop
+    string, its ids at the token that completes it; Translator, translate --stop and evaluate.py agree."""
+    from bpd_train.evaluation.runner import EvalSettings, evaluate_inputs, expand_inputs
+
+    lines = [s for s, _ in read_pairs("validation", 6)]
+    tr = Translator.from_pretrained(bundle, device="cpu", max_len=(1, 5))
+    full = tr.translate(lines)
+    t = max(full.texts, key=len)
+    stop = t[len(t) // 2 : len(t) // 2 + 3]
+    want = [x[: x.find(stop)].strip() if stop in x else x for x in full.texts]
+    assert any(w != x for w, x in zip(want, full.texts))
+    out = tr.translate(lines, stop=[stop])
+    assert out.texts == want
+    detok = tr.family.text_adapter(tr.loaded, None, None, tokenizer=tr._tokenizer).detok
+    for ids, cut, x in zip(full.tokens, out.tokens, full.texts):
+        assert ids[: len(cut)] == cut
+        if stop in x:  # the ids end at the token that completes the stop string
+            assert stop in detok(cut) and stop not in detok(cut[:-1])
+        else:
+            assert cut == ids
+    assert _cli(bundle, lines, "--max-len", "1", "5", "--stop", stop) == [one_line(w) for w in want]
+    settings = EvalSettings(rules=["exact"], batch_sizes=[2], max_len=[1, 5], stop=[stop], progress=False)
+    evaluate_inputs(expand_inputs([str(bundle)]), lines, lines, settings, tmp_path / "eval", plots=False)
+    hyps = sorted((tmp_path / "eval" / "hyp").rglob("*.txt"))
+    assert hyps and all(h.read_text(encoding="utf-8").splitlines() == [one_line(w) for w in want] for h in hyps)

@@ -62,8 +62,14 @@ def prepare(model, tokenizer, settings: DecodeSettings, device, where: str = "th
 
 def answer(settings: DecodeSettings, text, ids: Sequence[int]) -> tuple[str, list[int]]:
     """One source's answer as every front end gives it (Translator, the translate command line, the evaluator's
-    hypotheses): the adapter's text of the generated `ids`, its ends trimmed and its line breaks kept, and the ids."""
-    return text.detok(ids).strip(), list(ids)
+    hypotheses): the adapter's text of the generated `ids`, its ends trimmed and its line breaks kept, and the ids;
+    with `settings.stop`, the text ends before the first stop string and the ids at the token that completes it."""
+    out = text.detok(ids)
+    cut = min((i for i in (out.find(s) for s in settings.stop) if i >= 0), default=-1)
+    if cut < 0:
+        return out.strip(), list(ids)
+    n = next((n for n in range(1, len(ids)) if any(s in text.detok(ids[:n]) for s in settings.stop)), len(ids))
+    return out[:cut].strip(), list(ids[:n])
 
 
 @dataclass
