@@ -173,3 +173,23 @@ def test_a_bad_requests_file_is_one_line_exit_2_and_nothing_written(tmp_path, ca
 def test_requests_errors_are_value_errors_with_the_file_name(tmp_path):
     with pytest.raises(RequestsError, match=str(tmp_path / "nope.txt")):
         read_requests(Path(tmp_path / "nope.txt"))
+
+
+def test_the_corpus_files_are_byte_identical_across_processes_and_hash_seeds(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    outs = []
+    for seed in ("1", "2"):
+        out = tmp_path / seed
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run(
+            [sys.executable, "-m", "bpd_train.data.requests", str(out)],
+            check=True,
+            env=env,
+            cwd=REPO_ROOT,
+            capture_output=True,
+        )
+        outs.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
+    assert outs[0] == outs[1] and set(outs[0]) == {"train.jsonl", "seen.jsonl", "unseen.jsonl", "manifest.json"}
