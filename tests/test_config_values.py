@@ -193,3 +193,22 @@ def test_refused_inside_the_run_leaves_no_run_folder(tmp_path):
     assert r.returncode == 2
     root = tmp_path / "root"
     assert sorted(root.rglob("*")) == sorted([root / "outputs", root / "outputs" / "export", keep])
+
+
+@pytest.mark.parametrize(
+    "config, override, line",
+    [
+        ("evaluate", "decode.lookup=9", "decode.lookup=9: expected an int in 0..8 (0: off)"),  # the settings' words
+        ("evaluate", "decode.adaptive=2", "decode.adaptive=2: expected true, false, auto (None) or a threshold"),
+        ("evaluate", "decode.draft_vocab=30", "decode.draft_vocab is now decode.draft_top_tokens"),
+        ("train", "loss.draft_vocab=30", "loss.draft_vocab is now loss.draft_lowest_ids"),
+    ],
+)
+def test_decode_values_are_checked_by_their_declaration_before_torch(config, override, line, capsys):
+    from bpd_train.cli import check_config
+
+    args = [override] + (["+regime=frozen"] if config == "train" else [])
+    with pytest.raises(SystemExit) as e:
+        check_config(config, args, f"python {config}.py", environment=False)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: {line}") and err.count("\n") == 1, err
