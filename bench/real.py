@@ -352,7 +352,9 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--max-prompts", type=int, default=None, help="ask only the first N prompts")
     ap.add_argument("--step-prompts", type=int, default=4, help="requests the step-cost cells time")
-    ap.add_argument("--out", type=Path, default=None, help="write real-<isa>.json and results-real-<isa>.md into this folder")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="write real-<isa>.json and results-real-<isa>.md into this folder"
+    )
     ap.add_argument("--render", type=Path, default=None, help="render a committed JSON instead of measuring")
     ap.add_argument("--page", type=Path, default=None, help="with --render: the page to write")
     ap.add_argument("--readme", type=Path, default=None, help="with --render: also write README's real-model block")

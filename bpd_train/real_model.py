@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bpd_train.data.requests import RequestsError, build_general, kind_balanced, read_requests, split_requests
+
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -162,7 +164,6 @@ def general_prompts(corpus_dir: Path, spec: dict[str, Any]) -> tuple[dict[str, l
       unseen      the held-out kinds on held-out topics (never trained: the headline evaluation set)
       validation  `spec["validation"]` of unseen, round-robin over its kinds: what the chain's evaluation runs
       seen        the training kinds on held-out topics (bench/real.py --prompts)"""
-    from bpd_train.data.requests import build_general, kind_balanced
 
     n_train, n_val = int(spec["train"]), int(spec["validation"])
     if n_train < 1 or n_val < 1:
@@ -193,7 +194,6 @@ def general_prompts(corpus_dir: Path, spec: dict[str, Any]) -> tuple[dict[str, l
 def requests_prompts(spec: dict[str, Any]) -> dict[str, list[dict]]:
     """A user's own requests file (spec["file"]): {"train": up to spec["train"] of them, "validation": the held-out
     part (by hash, at most spec["validation"] and a fifth of the file)}. RequestsError (one line) on a bad file."""
-    from bpd_train.data.requests import read_requests, split_requests
 
     path = Path(str(spec["file"]))
     records, _ = read_requests(path)
@@ -217,8 +217,6 @@ def prompts_stage(cfg, spec: dict[str, Any], out_dir: Path) -> None:
         inputs["topics_sha256"] = hashlib.sha256(_topics_file(spec).read_bytes()).hexdigest()
         inputs["python"] = sys.version.split()[0]
     elif source == "requests":
-        from bpd_train.data.requests import read_requests
-
         inputs["file_sha256"] = read_requests(Path(str(spec["file"])))[1]
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     manifest = out_dir / "manifest.json"
@@ -447,7 +445,6 @@ def run_chain(args: argparse.Namespace) -> None:
     model = f"gguf:{gguf.resolve()}"
     for k, v in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("WANDB_MODE", "offline")):
         os.environ.setdefault(k, v)
-    from bpd_train.data.requests import RequestsError, read_requests
 
     requests = None
     if args.requests is not None:  # checked before anything else: a bad file writes nothing
