@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import llama_peer, real_page  # noqa: E402
-from bench.protocol import MIN_REPS, Run, k_hat, matches, measure, speedup, step_cost, tok_s  # noqa: E402
+from bench.protocol import MIN_REPS, Run, Timing, k_hat, matches, measure, speedup, step_cost, tok_s  # noqa: E402
 from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
 from bpd_train.decoding.settings import draft_vocabulary  # noqa: E402
 from bpd_train.engine.fastlinear import cpu_model, engine_name, native_kernels  # noqa: E402
@@ -123,8 +123,9 @@ def _bad(msg: str) -> None:
     sys.exit(2)
 
 
-def user_turns(path: Path) -> list[str]:
-    """The first user turn of each chat record in a JSON-lines file, or each line of a plain text file."""
+def requests(path: Path) -> list[dict]:
+    """{"text", "kind", "id"} per request: the first user turn of each chat record in a JSON-lines file (its "kind"
+    and "id" where it has them), or each line of a plain text file."""
     if not path.is_file():
         _bad(f"--prompts {path}: no such file")
     lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
@@ -135,16 +136,43 @@ def user_turns(path: Path) -> list[str]:
     except json.JSONDecodeError:
         records = None
     if records is None or not all(isinstance(r, dict) for r in records):
-        return lines  # plain text: one request per line
-    turns = []
+        return [{"text": ln, "kind": None, "id": None} for ln in lines]  # plain text: one request per line
+    out = []
     for r in records:
         msgs = r.get("messages") or []
-        turns += [m["content"] for m in msgs[:1] if isinstance(m, dict) and m.get("role") == "user"]
-    if not turns:
+        out += [
+            {"text": m["content"], "kind": r.get("kind"), "id": r.get("id")}
+            for m in msgs[:1]
+            if isinstance(m, dict) and m.get("role") == "user"
+        ]
+    if not out:
         _bad(
             f'--prompts {path}: no chat records with a user turn (JSON lines of {{"messages": [...]}}, or one request a line)'
         )
-    return turns
+    return out
+
+
+def user_turns(path: Path) -> list[str]:
+    """The first user turn of each chat record in a JSON-lines file, or each line of a plain text file."""
+    return [r["text"] for r in requests(path)]
+
+
+def choose(reqs: list[dict], n: int | None, exclude: set) -> list[dict]:
+    """The requests timed: those whose id is not in `exclude` (e.g. the ones an evaluation chose settings on), and
+    of those the first n taken in turn from each kind (the file's order within a kind), so a few requests still
+    cover every kind."""
+    reqs = [r for r in reqs if r["id"] is None or r["id"] not in exclude]
+    if n is None or n >= len(reqs):
+        return reqs
+    kinds: dict = {}
+    for r in reqs:
+        kinds.setdefault(r["kind"], []).append(r)
+    out, queues = [], [list(q) for q in kinds.values()]
+    while len(out) < n:
+        for q in queues:
+            if q and len(out) < n:
+                out.append(q.pop(0))
+    return out
 
 
 def with_zero_heads(model, k: int):
@@ -250,7 +278,7 @@ def bytes_per_weight(dtype: str, shipped: str) -> float:
 
 
 def cell(
-    kind: str, meta: dict, engines: dict, unit_list: list, reps: int, reference=None, fp32=None, clock=None
+    kind: str, meta: dict, engines: dict, unit_list: list, reps: int, reference=None, fp32=None, clock=None, kinds=None
 ) -> dict:
     """One protocol measurement of `engines` (name -> (engine, info)) over `unit_list`, as a results row: each
     engine's tokens/s (median over passes, spread), k-hat, and, where its info names the greedy engine of its
@@ -272,6 +300,8 @@ def cell(
             e["identical_to_greedy"] = list(matches(t[g], t[n]))
             if is_step:
                 e["step_cost"] = step_cost(t[g], t[n])
+            if kinds is not None:  # batch 1: one request a unit
+                e["per_kind"] = per_kind(t[g], t[n], kinds)
         if reference is not None and n != reference:
             e["vs_reference"] = speedup(t[reference], t[n])
         if fp32 is not None:
@@ -280,6 +310,17 @@ def cell(
         _say(f"{n}: {e['tok_s']['median']:.1f} tok/s" + (f", x{e['vs_greedy']['median']:.2f} greedy" if g else ""))
     requests = sum(len(u) for u in unit_list)
     return {"kind": kind, **meta, "requests": requests, "reps": reps, "reference": reference, "engines": rows}
+
+
+def per_kind(g, t, kinds: list) -> dict:
+    """kind -> requests, k-hat and t's speed over g (median over that kind's requests of the rate ratio)."""
+    out = {}
+    for kind in dict.fromkeys(kinds):
+        idx = [i for i, k in enumerate(kinds) if k == kind]
+        sub = lambda x: Timing(x.name, [[rep[i] for i in idx] for rep in x.seconds], [x.runs[i] for i in idx])  # noqa: E731
+        a, b = sub(g), sub(t)
+        out[str(kind)] = {"requests": len(idx), "k_hat": k_hat(b), "vs_greedy": speedup(a, b)}
+    return out
 
 
 def transformers_engine(hf, eos: int, new: int):
@@ -350,7 +391,18 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--heads-k", type=int, nargs="*", default=[], help="time trained heads at these k (default: theirs)"
     )
-    ap.add_argument("--max-prompts", type=int, default=None, help="ask only the first N prompts")
+    ap.add_argument(
+        "--max-prompts",
+        type=int,
+        default=None,
+        help="ask only N prompts (taken in turn from each kind, where records have one)",
+    )
+    ap.add_argument(
+        "--exclude",
+        type=Path,
+        default=None,
+        help="a prompts file whose request ids are left out (e.g. the evaluation's)",
+    )
     ap.add_argument("--step-prompts", type=int, default=4, help="requests the step-cost cells time")
     ap.add_argument(
         "--out", type=Path, default=None, help="write real-<isa>.json and results-real-<isa>.md into this folder"
@@ -393,8 +445,13 @@ def main(argv=None) -> None:
     t_start = time.perf_counter()
     loaded = load(spec)
     model, tok = loaded.model, loaded.tokenizer()
-    asked = (PROMPTS if args.prompts is None else user_turns(args.prompts))[: args.max_prompts]
-    prompts = [tok.chat_ids([{"role": "user", "content": p}]) for p in asked]
+    exclude = {r["id"] for r in requests(args.exclude)} if args.exclude else set()
+    if args.prompts is None:
+        asked = [{"text": p, "kind": None, "id": None} for p in PROMPTS][: args.max_prompts]
+    else:
+        asked = choose(requests(args.prompts), args.max_prompts, exclude)
+    prompts = [tok.chat_ids([{"role": "user", "content": r["text"]}]) for r in asked]
+    kinds = [r["kind"] for r in asked]
     gguf = Path(spec.removeprefix("gguf:")) if spec.startswith("gguf:") else None
     shipped = llama_peer.shipped_type(gguf) if gguf is not None else "?"
     heads = [(Path(h).name, load(h).model) for h in args.heads]
@@ -427,7 +484,14 @@ def main(argv=None) -> None:
             reference = f"llama.cpp {shipped} (the file) greedy"
         rows.append(
             cell(
-                "batch 1", {"threads": threads, "batch": 1}, engines, units(prompts, 1), args.reps, reference, fp32_ref
+                "batch 1",
+                {"threads": threads, "batch": 1},
+                engines,
+                units(prompts, 1),
+                args.reps,
+                reference,
+                fp32_ref,
+                kinds=kinds if any(kinds) else None,
             )
         )
         del engines
@@ -503,7 +567,12 @@ def main(argv=None) -> None:
         "shipped_type": shipped,
         "date": time.strftime("%Y-%m-%d"),
         "command": "python bench/real.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "prompts": {"file": args.prompts.name if args.prompts else None, "count": len(prompts)},
+        "prompts": {
+            "file": args.prompts.name if args.prompts else None,
+            "count": len(prompts),
+            "excluded": args.exclude.name if args.exclude else None,
+            "kinds": kinds if any(kinds) else None,
+        },
         "new_tokens": args.new_tokens,
         "protocol": {"reps": args.reps, "warmup": "one full untimed pass per engine", "prompt_cache": PROMPT_CACHE},
         "minutes": round((time.perf_counter() - t_start) / 60, 1),

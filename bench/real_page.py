@@ -168,6 +168,7 @@ def page(result: dict) -> str:
         if kind == "batch 1":
             out += [f"## Batch 1, {cell['threads']} thread(s), every engine interleaved", ""]
             out += _table(HEADLINE_HEADER, "llrrrrrr", headline_rows(cell))
+            out += per_kind_table(cell)
         elif kind == "batch":
             out += [f"## Batch {cell['batch']}, {cell['dtype']}, {cell['threads']} thread(s)", ""]
             out += _table(
@@ -225,6 +226,28 @@ def page(result: dict) -> str:
                 ],
             )
     return "\n".join(out).rstrip() + "\n"
+
+
+def per_kind_table(cell: dict) -> list[str]:
+    """Per kind of request: k-hat / speed over greedy of the same precision, for each blockwise engine."""
+    blk = [e for e in sorted(cell["engines"], key=_order) if "per_kind" in e]
+    if not blk:
+        return []
+    kinds = list(blk[0]["per_kind"])
+    lines = [
+        [k, str(blk[0]["per_kind"][k]["requests"])]
+        + [
+            f"{e['per_kind'][k]['k_hat']:.2f} / {e['per_kind'][k]['vs_greedy']['median']:.2f}×"
+            if e["per_kind"][k].get("k_hat") is not None
+            else "–"
+            for e in blk
+        ]
+        for k in kinds
+    ]
+    head = ["kind of request", "requests", *(f"{e['dtype']}: k̂ / × greedy" for e in blk)]
+    return ["Per kind of request (k̂, and the median over that kind's requests of the speed over greedy):", ""] + _table(
+        head, "lr" + "r" * len(blk), lines
+    )
 
 
 def page_path(json_path: Path) -> Path:

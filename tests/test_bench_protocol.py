@@ -257,3 +257,34 @@ def test_bench_real_refuses_fewer_than_three_passes(capsys):
     with pytest.raises(SystemExit) as e:
         real.main(["--reps", "1", "--no-transformers"])
     assert e.value.code == 2 and "at least 3" in capsys.readouterr().err
+
+
+def test_requests_are_taken_in_turn_from_each_kind_leaving_out_the_excluded(tmp_path):
+    real = _load("real")
+    recs = [{"id": f"{k}{i}", "kind": k, "messages": [{"role": "user", "content": f"{k} {i}"}]}
+            for k in ("a", "b", "c") for i in range(3)]  # fmt: skip
+    f = tmp_path / "held_out.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    got = real.choose(real.requests(f), 5, exclude={"a0", "b1"})
+    assert [r["id"] for r in got] == ["a1", "b0", "c0", "a2", "b2"]
+    assert [r["text"] for r in real.choose(real.requests(f), None, set())] == [
+        r["messages"][0]["content"] for r in recs
+    ]
+
+
+def test_a_batch1_cell_breaks_speed_and_k_hat_down_by_kind():
+    real = _load("real")
+    clock, log = Clock(), []
+    units = [[[1]], [[2]], [[3]]]
+    blk_s = [0.5, 0.25, 0.5] * 4  # per call: request 1 (kind y) is twice as fast as the others
+    engines = {
+        "g": (fake(clock, log, "g", 1.0, tokens=8, calls=8), {"engine": "ours", "dtype": "int8", "decoder": "greedy"}),
+        "b": (fake(clock, log, "b", lambda i: blk_s[i], tokens=8, calls=4),
+              {"engine": "ours", "dtype": "int8", "decoder": "blockwise", "k": 4, "greedy": "g"}),
+    }  # fmt: skip
+    row = real.cell("batch 1", {"threads": 1, "batch": 1}, engines, units, 3, clock=clock, kinds=["x", "y", "x"])
+    pk = next(e for e in row["engines"] if e["name"] == "b")["per_kind"]
+    assert pk["x"]["requests"] == 2 and pk["x"]["vs_greedy"]["median"] == pytest.approx(2.0)
+    assert pk["y"]["vs_greedy"]["median"] == pytest.approx(4.0) and pk["y"]["k_hat"] == pytest.approx(2.0)
+    md = _load("real_page").per_kind_table(row)
+    assert "| y | 1 | 2.00 / 4.00× |" in "\n".join(md)
