@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from bpd_train.decode_settings import carried
 from bpd_train.decoding.serving import decode_texts, prepare
 from bpd_train.decoding.settings import DecodeError, DecodeSettings
 
@@ -50,13 +51,16 @@ class Translator:
     `settings` (a DecodeSettings) and keyword `overrides` (its field names: method, accept, block_size, max_len,
     dtype, draft_top_tokens, proposal_dtype, adaptive, batch_size, lookup, narrow, tree; bpd_train/decode_settings.py
     declares each with its help) are this translator's defaults; `translate` / `generate` take the same overrides
-    per call, as transformers' `generate` takes a GenerationConfig's fields."""
+    per call, as transformers' `generate` takes a GenerationConfig's fields. Without `settings`, a bundle's own
+    decode settings (the ones its evaluation found fastest, `carried_why` says why) are the starting point, as a
+    transformers model's generation_config.json is."""
 
     def __init__(self, loaded, device, settings: DecodeSettings | None = None, **overrides):
         self.loaded, self.device = loaded, device
         self.model = loaded.model
         self._tokenizer = loaded.tokenizer()
-        self.settings = (settings or DecodeSettings()).replace(**overrides)
+        own, self.carried_why = carried(getattr(loaded, "meta", None), f"bundle {getattr(loaded, 'source', '?')}")
+        self.settings = (settings or DecodeSettings(**own)).replace(**overrides)
 
     @classmethod
     def from_pretrained(
@@ -69,13 +73,13 @@ class Translator:
 
         from bpd_train.loading import load
 
-        base = (settings or DecodeSettings()).replace(**overrides)  # a bad setting fails before the model loads
+        (settings or DecodeSettings()).replace(**overrides)  # a bad setting fails before the model loads
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(device)
         model = load(spec, map_location=device)
         model.model.eval()
-        return cls(model, device, base)
+        return cls(model, device, settings, **overrides)
 
     @property
     def block_size(self) -> int:

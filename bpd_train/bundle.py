@@ -81,10 +81,12 @@ def write_bundle(
     provenance: dict | None = None,
     card_extra: str | None = None,
     tokenizer_meta: dict | None = None,
+    decode: dict | None = None,
 ) -> Path:
     """Write `model` (a BPDModel) and its tokenizer as a bundle folder, atomically (temp folder + rename).
     tokenizer_path: a sentencepiece file, or an imported model's folder (its tokenizer files are copied to
-    tokenizer/; tokenizer_meta: its languages)."""
+    tokenizer/; tokenizer_meta: its languages). decode: the decode settings its users get by default (config.json
+    "decode", as transformers' generation_config.json; {"settings": {...}, "why": "..."})."""
     from safetensors.torch import save_file
 
     out_dir, tokenizer_path = Path(out_dir), Path(tokenizer_path)
@@ -132,6 +134,8 @@ def write_bundle(
             },
             "training": dict(provenance or {}),
         }
+        if decode:
+            config["decode"] = decode
         atomic_write_json(tmp / CONFIG, config)
         atomic_write_text(tmp / CARD, model_card(config, card_extra))
         atomic_write_json(

@@ -462,7 +462,29 @@ def _adaptive_action():
     return Adaptive
 
 
-def from_args(args, **changes) -> DecodeSettings:
-    """The settings a command line gave (add_arguments's flags; not given: the declared default), with `changes`."""
+def from_args(args, defaults: Mapping[str, Any] | None = None, **changes) -> DecodeSettings:
+    """The settings a command line gave (add_arguments's flags; not given: `defaults`, e.g. a bundle's, else the
+    declared default), with `changes`."""
     given = {name: getattr(args, name) for name in DecodeSettings.names() if getattr(args, name, None) is not None}
-    return DecodeSettings(**{**given, **changes})
+    return DecodeSettings(**{**dict(defaults or {}), **given, **changes})
+
+
+def carried(meta: Mapping[str, Any] | None, where: str) -> tuple[dict[str, Any], str | None]:
+    """The decode settings a bundle carries (its config.json "decode": {"settings", "why"}, written by export.py
+    from its evaluation) as (settings, why), checked: a bad value is one DecodeError naming the bundle; settings
+    this version does not know are left out with a warning. ({}, None) where it carries none."""
+    d = (meta or {}).get("decode")
+    if not d:
+        return {}, None
+    if not isinstance(d, Mapping) or not isinstance(d.get("settings", {}), Mapping):
+        raise DecodeError(f"{where}: config.json's decode entry must be {{'settings': {{...}}, 'why': ...}}")
+    given = dict(d.get("settings") or {})
+    unknown = sorted(k for k in given if k not in DecodeSettings.names() and k not in RENAMED)
+    if unknown:
+        warnings.warn(f"{where}: decode settings {unknown} are not known to this version; left out", stacklevel=2)
+    given = {k: v for k, v in given.items() if k not in unknown}
+    try:
+        DecodeSettings(**_known(given))
+    except DecodeError as e:
+        raise DecodeError(f"{where}: its decode settings: {e}") from None
+    return given, (str(d["why"]) if d.get("why") else None)

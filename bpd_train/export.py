@@ -73,7 +73,7 @@ def export_checkpoint(
     name: str | None = None,
 ) -> Path:
     """A Lightning checkpoint / run folder / ZeRO folder / bundle -> a bundle at `out_dir`."""
-    from bpd_train.evaluation.report import card_section
+    from bpd_train.evaluation.report import card_section, recommended_settings
 
     src = resolve(source, tag=tag)
     out_dir = Path(out_dir)
@@ -83,6 +83,7 @@ def export_checkpoint(
     prov["source_id"] = src.id
     prov["bundle_name"] = out_dir.name
     card = card_section(report, src.id) if report else None
+    decode = recommended_settings(report, src.id) if report else None
     return export_bundle(
         loaded.model,
         loaded.tokenizer_path,
@@ -92,6 +93,7 @@ def export_checkpoint(
         provenance=prov,
         card_extra=card,
         tokenizer_meta=loaded.tokenizer_meta,
+        decode=decode,
     )
 
 

@@ -21,7 +21,7 @@ import sys
 from typing import Iterable, Iterator, TextIO
 
 from bpd_train.cli import USER_ERRORS, report
-from bpd_train.decode_settings import DecodeError, DecodeSettings, _int, add_arguments, from_args
+from bpd_train.decode_settings import DecodeError, DecodeSettings, _int, add_arguments, carried, from_args
 from bpd_train.decoding.result import DecodeStats
 from bpd_train.scoring import one_line
 
@@ -156,6 +156,12 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
             data = stdin.getvalue()
             progress.total = data.count(b"\n") + (not data.endswith(b"\n"))
         loaded = load(args.bundle, map_location=device)  # bpd_train/loading.py: a bundle (or any other source)
+        own, why = carried(loaded.meta, f"bundle {args.bundle}")
+        if own:  # the bundle's own settings (its evaluation's fastest), under every flag given here
+            settings = decode_settings(args, own)
+            mine, default = DecodeSettings(**own).as_config(), DecodeSettings().as_config()
+            shown = " ".join(f"{k}={mine[k]}" for k in sorted(own) if k == "method" or mine[k] != default[k])
+            print(f"decode settings from the bundle: {shown} ({why or 'no reason given'}); flags override", file=stderr)
         model, sp = loaded.model, loaded.tokenizer()
         text = _text(args, loaded, sp)
         decoder = prepare(model, sp, settings, device, where=f"bundle {args.bundle}")
@@ -205,9 +211,9 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
     return 0
 
 
-def decode_settings(args: argparse.Namespace) -> DecodeSettings:
+def decode_settings(args: argparse.Namespace, defaults: dict | None = None) -> DecodeSettings:
     """The command line's decode settings, as Translator takes them: the declared flags, --greedy (method=greedy)
-    and --max-new-tokens N (max_len=N, which must be at least 1)."""
+    and --max-new-tokens N (max_len=N, which must be at least 1); flags not given take `defaults` (a bundle's)."""
     changes = {}
     if args.greedy:
         changes["method"] = "greedy"
@@ -216,7 +222,7 @@ def decode_settings(args: argparse.Namespace) -> DecodeSettings:
         if n is None or n < 1:
             raise DecodeError(f"max_new_tokens={args.max_new_tokens!r}: expected an int >= 1")
         changes["max_len"] = n
-    return from_args(args, **changes)
+    return from_args(args, defaults, **changes)
 
 
 def _line(text: str, jsonl: bool) -> str:

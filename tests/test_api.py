@@ -282,3 +282,66 @@ def test_stop_strings_end_the_answers_from_the_api_the_command_line_and_the_eval
     evaluate_inputs(expand_inputs([str(bundle)]), lines, lines, settings, tmp_path / "eval", plots=False)
     hyps = sorted((tmp_path / "eval" / "hyp").rglob("*.txt"))
     assert hyps and all(h.read_text(encoding="utf-8").splitlines() == [one_line(w) for w in want] for h in hyps)
+
+
+def _report(path, source_id: str, rows: list[dict], **settings) -> str:
+    """A minimal evaluation report over one checkpoint (what export.py reads)."""
+    s = {"batch_sizes": [1, 8], "dtype": "fp32", "draft_top_tokens": "auto", "proposal_dtype": "auto", "lookup": 0,
+         "narrow": 0, "tree": "", **settings}  # fmt: skip
+    rep = {"format": "bpd-train-eval-report", "settings": s, "data": {}, "signatures": {"bleu": "x"},
+           "checkpoints": [{"name": "heads", "source_id": source_id}],
+           "rows": [{"checkpoint": "heads", "rule": "exact", "agreement": 100.0, **r} for r in rows]}  # fmt: skip
+    path.write_text(json.dumps(rep))
+    return str(path)
+
+
+def test_a_bundle_carries_the_settings_its_evaluation_found_fastest(tmp_path_factory, tmp_path, monkeypatch):
+    from bpd_train.decode_settings import DecodeError
+    from bpd_train.evaluation.report import recommended_settings
+    from bpd_train.loading import resolve
+    from bpd_train.translate import main
+
+    tiny = build_tiny(tmp_path_factory)
+    sid = resolve(tiny["run"]).id
+    rows = [
+        {"k": 2, "batch_size": 1, "speedup": 1.10, "mean_accepted": 1.5},
+        {"k": 4, "batch_size": 1, "speedup": 1.30, "mean_accepted": 1.9},
+        {"k": 4, "batch_size": 8, "speedup": 2.00, "mean_accepted": 1.9},  # another batch size: not the choice
+    ]
+    report = _report(tmp_path / "report.json", sid, rows, lookup=0, dtype="fp32")
+    got = recommended_settings(report, sid)
+    assert got["settings"] == {"method": "blockwise", "block_size": 4, "dtype": "fp32", "draft_top_tokens": "auto",
+                               "proposal_dtype": "auto", "lookup": 0, "narrow": 0, "tree": ""}  # fmt: skip
+    assert "1.30x" in got["why"]
+    slow = _report(tmp_path / "slow.json", sid, [{"k": 4, "batch_size": 1, "speedup": 0.8, "mean_accepted": 1.1}])
+    assert recommended_settings(slow, sid)["settings"] == {"method": "greedy"}
+    assert recommended_settings(report, "another-model") is None
+
+    monkeypatch.setattr("bpd_train.evaluation.report.card_section", lambda *a: None)  # (the card needs a full report)
+    b = export_checkpoint(tiny["run"], tmp_path / "bundle", report=report)
+    assert json.loads((b / "config.json").read_text())["decode"] == got
+    tr = Translator.from_pretrained(b, device="cpu")
+    assert tr.settings.block_size == 4 and tr.settings.method == "blockwise" and "1.30x" in tr.carried_why
+    assert Translator.from_pretrained(b, device="cpu", block_size=2).settings.block_size == 2  # the caller's wins
+    assert Translator.from_pretrained(b, device="cpu", settings=DecodeSettings()).settings.block_size is None
+    err = io.StringIO()
+    assert (
+        main(["--bundle", str(b), "--quiet"], stdin=io.StringIO("Jesus wept.\n"), stdout=io.StringIO(), stderr=err) == 0
+    )
+    assert "decode settings from the bundle: block_size=4 method=blockwise (" in err.getvalue()
+
+    g = export_checkpoint(tiny["run"], tmp_path / "greedy", report=slow)
+    assert Translator.from_pretrained(g, device="cpu").settings.method == "greedy"
+    assert Translator.from_pretrained(g, device="cpu", method="blockwise").settings.method == "blockwise"
+
+    cfg = json.loads((b / "config.json").read_text())  # a bundle from elsewhere with a bad value: one line
+    cfg["decode"]["settings"]["lookup"] = 99
+    bad = tmp_path / "bad"
+    import shutil
+
+    shutil.copytree(b, bad)
+    (bad / "config.json").write_text(json.dumps(cfg))
+    from bpd_train.decode_settings import carried
+
+    with pytest.raises(DecodeError, match=r"bundle x: its decode settings: lookup=99"):
+        carried(cfg, "bundle x")

@@ -122,6 +122,10 @@ def test_card_section_and_find_report(evaluated, tiny, tmp_path):
     sid = source_id(tiny["run"])
     assert find_report(out.parent, sid) == out / "report.json"
     bundle = export_checkpoint(tiny["run"], tmp_path / "b", report=out)
+    from bpd_train.evaluation.report import recommended_settings
+
+    carried = json.loads((bundle / "config.json").read_text())["decode"]  # the settings users of the bundle get
+    assert carried == recommended_settings(out, sid) and carried["settings"]["method"] in ("blockwise", "greedy")
     card = (bundle / "README.md").read_text()
     assert (
         "### Exact acceptance, batch size 1" in card

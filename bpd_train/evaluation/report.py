@@ -417,6 +417,36 @@ def find_report(eval_root: str | os.PathLike, source_id: str) -> Path | None:
     return max(hits, key=lambda p: p.stat().st_mtime) if hits else None
 
 
+CARRIED = ("dtype", "draft_top_tokens", "proposal_dtype", "lookup", "narrow", "tree")  # what a bundle carries
+
+
+def recommended_settings(report_path: str | os.PathLike, source_id: str | None = None) -> dict | None:
+    """The decode settings that paid for the checkpoint with this content id in its evaluation, for its bundle to
+    carry ({"settings": {...}, "why": "..."}): the fastest exact setting at the smallest batch size whose output
+    equalled greedy's everywhere (its k and the report's proposal settings), or greedy decoding where none beat
+    greedy; None where the report does not cover it."""
+    report = load_report(report_path)
+    names = {c["name"] for c in report["checkpoints"] if source_id is None or c.get("source_id") == source_id}
+    s = report["settings"]
+    bs = min(s["batch_sizes"])
+    rows = [
+        r
+        for r in report["rows"]
+        if r["checkpoint"] in names and r["rule"] == "exact" and r["batch_size"] == bs and r["k"] > 1
+        and r["agreement"] == 100.0 and r.get("speedup") is not None
+    ]  # fmt: skip
+    if not rows:
+        return None
+    best = max(rows, key=lambda r: (r["speedup"], r["mean_accepted"]))
+    where = f"{Path(report_path).name}, batch {bs}, {s.get('dtype', 'fp32')}"
+    if best["speedup"] <= 1.0:
+        why = f"no exact setting beat greedy decoding ({where}: best {best['speedup']:.2f}x at k = {best['k']})"
+        return {"settings": {"method": "greedy"}, "why": why}
+    settings = {"method": "blockwise", "block_size": best["k"], **{k: s[k] for k in CARRIED if k in s}}
+    why = f"the fastest exact setting in its evaluation ({where}: {best['speedup']:.2f}x, k-hat {best['mean_accepted']:.2f})"
+    return {"settings": settings, "why": why}
+
+
 def card_section(report_path: str | os.PathLike, source_id: str | None = None) -> str | None:
     """Markdown for a model card: the Table-1 tables restricted to the checkpoint with this content id."""
     report = load_report(report_path)
