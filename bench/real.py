@@ -442,7 +442,7 @@ def main(argv=None) -> None:
     for h in args.heads:
         if not (Path(h).exists() or h.startswith(("hf:", "gguf:"))):
             _bad(f"--heads {h}: no such run or bundle (make demo-real writes them under artifacts/real/)")
-    t_start = time.perf_counter()
+    t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     loaded = load(spec)
     model, tok = loaded.model, loaded.tokenizer()
     exclude = {r["id"] for r in requests(args.exclude)} if args.exclude else set()
@@ -576,6 +576,7 @@ def main(argv=None) -> None:
         "new_tokens": args.new_tokens,
         "protocol": {"reps": args.reps, "warmup": "one full untimed pass per engine", "prompt_cache": PROMPT_CACHE},
         "minutes": round((time.perf_counter() - t_start) / 60, 1),
+        "load_average": [round(load_start, 2), round(os.getloadavg()[0], 2)],  # 1-min load at the start and the end
         "rows": rows,
     }
     if args.out is not None:

@@ -125,9 +125,11 @@ def protocol_line(result: dict) -> str:
 
 def machine_line(result: dict) -> str:
     llama = f", llama-cpp-python {result['llama_cpp']}" if result.get("llama_cpp") else ""
+    load = result.get("load_average")
+    busy = f", 1-min load average {load[0]:.1f} at the start and {load[1]:.1f} at the end" if load else ""
     return (
         f"{result['cpu']} ({result['isa']} engine), torch {result['torch']}{llama}, {result['date']}; "
-        f"model {result['model']} (matrices {result.get('shipped_type', '?')}); {result.get('minutes', '?')} min"
+        f"model {result['model']} (matrices {result.get('shipped_type', '?')}); {result.get('minutes', '?')} min{busy}"
     )
 
 
