@@ -49,11 +49,11 @@ class Translator:
     """A loaded model and its tokenizer, ready to decode text. Build it with `Translator.from_pretrained`.
 
     `settings` (a DecodeSettings) and keyword `overrides` (its field names: method, accept, block_size, max_len,
-    dtype, draft_top_tokens, proposal_dtype, adaptive, batch_size, lookup, narrow, tree; bpd_train/decode_settings.py
-    declares each with its help) are this translator's defaults; `translate` / `generate` take the same overrides
-    per call, as transformers' `generate` takes a GenerationConfig's fields. Without `settings`, a bundle's own
-    decode settings (the ones its evaluation found fastest, `carried_why` says why) are the starting point, as a
-    transformers model's generation_config.json is."""
+    dtype, draft_top_tokens, proposal_dtype, adaptive, batch_size, lookup, narrow, tree, stop, temperature, top_k,
+    top_p, seed; bpd_train/decode_settings.py declares each with its help) are this translator's defaults;
+    `translate` / `generate` take the same overrides per call, as transformers' `generate` takes a
+    GenerationConfig's fields. Without `settings`, a bundle's own decode settings (the ones its evaluation found
+    fastest, `carried_why` says why) are the starting point, as a transformers model's generation_config.json is."""
 
     def __init__(self, loaded, device, settings: DecodeSettings | None = None, **overrides):
         self.loaded, self.device = loaded, device

@@ -221,6 +221,31 @@ def _strings(v) -> tuple[str, ...]:
     return v
 
 
+def _temperature(v) -> float:
+    t = _number(v)
+    if t is None or not 0.0 <= t <= 100.0:
+        raise ValueError("expected a number >= 0 (0: greedy decoding; 1: the model's own distribution)")
+    return 0.0 if t == 0 else t
+
+
+def _top_p(v) -> float:
+    p = _number(v)
+    if p is None or not 0.0 < p <= 1.0:
+        raise ValueError("expected a probability in (0, 1] (1: off)")
+    return p
+
+
+def _number(v) -> float | None:
+    """A finite float as written (a number, or a string of one); None for anything else (bools included)."""
+    if isinstance(v, bool):
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
 def setting(default, help: str, check: Callable[[Any], Any], **cli) -> Any:
     """One declared setting: its default, its help text (the command line's and the docs'), the check that
     normalises a value or refuses it, and how the command line spells it where not `--<name>` taking one value
@@ -309,6 +334,34 @@ class DecodeSettings:
         metavar="TEXT",
     )
 
+    temperature: float = setting(
+        0.0,
+        "0: greedy decoding (exact blockwise gives greedy's output); T > 0: sample from softmax(logits / T), "
+        "blockwise with the same distribution as plain sampling (heads draft, head 1 accepts with min(1, p/q))",
+        _temperature,
+        metavar="T",
+    )
+    top_k: int = setting(
+        0,
+        "with temperature > 0: sample among the N most likely tokens (heads' drafts too); 0: all tokens",
+        _ints(0, None, "an int >= 0 (0: all tokens)"),
+        metavar="N",
+    )
+    top_p: float = setting(
+        1.0,
+        "with temperature > 0: sample among the most likely tokens whose probabilities sum to at least P "
+        "(nucleus; after top_k); 1: all tokens",
+        _top_p,
+        metavar="P",
+    )
+    seed: int = setting(
+        0,
+        "with temperature > 0: input i of a call samples from its own generator seeded seed + i (same seed, "
+        "settings and inputs: same tokens, whatever the batch)",
+        _ints(0, 2**63 - 1, "an int >= 0"),
+        metavar="N",
+    )
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
@@ -316,6 +369,17 @@ class DecodeSettings:
                 object.__setattr__(self, f.name, f.metadata["check"](value))
             except ValueError as e:
                 raise DecodeError(f"{f.name}={value!r}: {e}") from None
+        if self.temperature > 0 and rule_spec(self.accept)[0] != "exact":
+            raise DecodeError(
+                f"accept={self.accept_label!r} with temperature={self.temperature:g}: acceptance rules are for "
+                "greedy decoding (temperature 0); sampling accepts a draft with probability min(1, p/q), which "
+                "keeps the model's distribution"
+            )
+
+    @property
+    def sampling(self) -> bool:
+        """Whether these settings sample (temperature > 0) rather than decode greedily."""
+        return self.temperature > 0
 
     # ------------------------------------------------------------------------------------------ derived views
     @classmethod

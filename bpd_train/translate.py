@@ -176,7 +176,7 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
         for lines in _chunks(source, settings.batch_size):
             items = [[{"role": "user", "content": s}] if chat and s is not None and s.strip() else s for s in lines]
             try:
-                out = decode_texts(decoder, text, items, stats, where=lambda i: f"line {n_sent + i + 1}")
+                out = decode_texts(decoder, text, items, stats, where=lambda i: f"line {n_sent + i + 1}", first=n_sent)
             except USER_ERRORS as e:  # an LM prompt too long under --context-policy refuse
                 return report(e, stderr)
             seconds += out.seconds

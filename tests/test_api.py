@@ -345,3 +345,42 @@ def test_a_bundle_carries_the_settings_its_evaluation_found_fastest(tmp_path_fac
 
     with pytest.raises(DecodeError, match=r"bundle x: its decode settings: lookup=99"):
         carried(cfg, "bundle x")
+
+
+def test_sampling_from_the_api_the_command_line_and_the_evaluator(bundle, tmp_path):
+    """temperature / top_k / top_p / seed (declared once): blockwise sampling through Translator, translate flags
+    and evaluate.py's decode settings; input i is seeded seed + i, so the batch size changes no text; temperature 0
+    is greedy's output; an acceptance rule other than exact is refused with a temperature."""
+    from bpd_train.decoding.settings import DecodeError
+    from bpd_train.evaluation.runner import EvalSettings, evaluate_inputs, expand_inputs
+
+    lines = [s for s, _ in read_pairs("validation", 7)]
+    tr = Translator.from_pretrained(bundle, device="cpu", max_len=(1, 5))
+    hot = dict(temperature=0.9, top_p=0.95, seed=7)
+    out = tr.translate(lines, batch_size=3, **hot)
+    assert out.method.startswith("blockwise sampling k=4 T=0.9 top_p=0.95 seed=7")
+    assert tr.translate(lines, batch_size=2, **hot).texts == out.texts  # row seeds follow the inputs, not batches
+    cli = _cli(bundle, lines, "--max-len", "1", "5", "--temperature", "0.9", "--top-p", "0.95", "--seed", "7")
+    assert cli == [one_line(t) for t in out.texts]
+    assert (
+        _cli(bundle, lines[3:], "--max-len", "1", "5", "--temperature", "0.9", "--top-p", "0.95", "--seed", "10")[:2]
+        == cli[3:5]
+    )  # line i of the input is seeded seed + i
+    other = tr.translate(lines, temperature=0.9, top_p=0.95, seed=8)
+    greedy = tr.translate(lines, method="greedy")
+    assert other.texts != out.texts and greedy.texts != out.texts
+    assert tr.translate(lines, temperature=0).texts == greedy.texts
+    plain = tr.translate(lines, method="greedy", **hot)
+    assert plain.method == "sampling T=0.9 top_p=0.95 seed=7" and plain.mean_accepted == 1.0
+    with pytest.raises(DecodeError, match="accept='top2' with temperature=0.9"):
+        tr.translate(lines, accept="top2", temperature=0.9)
+    settings = EvalSettings(
+        block_sizes=[4], rules=["exact", "top2"], batch_sizes=[3], max_len=[1, 5], progress=False, **hot
+    )
+    evaluate_inputs(expand_inputs([str(bundle)]), lines, lines, settings, tmp_path / "eval", plots=False)
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    rows = report["rows"]
+    assert [(r["k"], r["rule"]) for r in rows] == [(4, "sampling")] and rows[0]["mean_accepted"] > 1.0
+    hyp = (tmp_path / "eval" / rows[0]["hyp_file"]).read_text(encoding="utf-8").splitlines()
+    assert hyp == [one_line(t) for t in out.texts]
+    assert report["checkpoints"][0]["decode"]["sampling"] == {"temperature": 0.9, "top_k": 0, "top_p": 0.95, "seed": 7}

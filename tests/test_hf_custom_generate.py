@@ -107,9 +107,18 @@ def test_custom_generate_on_a_plain_load_and_heads_not_first_head(tmp_path):
         trust_remote_code=True,
     )
     assert torch.equal(got, want)
-    with pytest.raises(ValueError, match="greedy output"):
+    with pytest.raises(ValueError, match="num_beams=1"):
         plain.generate(
-            input_ids=ids, max_new_tokens=4, do_sample=True, custom_generate=str(folder), trust_remote_code=True
+            input_ids=ids, max_new_tokens=4, num_beams=2, custom_generate=str(folder), trust_remote_code=True
+        )
+    with pytest.raises(ValueError, match="typical_p"):  # a sampling option this decoder does not apply: refused
+        plain.generate(
+            input_ids=ids,
+            max_new_tokens=4,
+            do_sample=True,
+            typical_p=0.5,
+            custom_generate=str(folder),
+            trust_remote_code=True,
         )
     with pytest.raises(ValueError, match="repetition_penalty"):  # would change greedy's choices: refused
         plain.generate(
@@ -418,3 +427,89 @@ def test_what_generate_does_not_return_is_refused(tmp_path):
     plain = AutoModelForCausalLM.from_pretrained(folder).eval()  # max_length (prompt included) as transformers reads it
     want = plain.generate(input_ids=ids, max_length=9, do_sample=False, pad_token_id=0)
     assert torch.equal(hf.generate(input_ids=ids, max_length=9, pad_token_id=0), want)
+
+
+# ------------------------------------------------------------------------------------ do_sample=True
+def test_do_sample_draws_from_transformers_sampling_distribution(tmp_path):
+    """do_sample=True with temperature / top_k / top_p: the heads draft, the model verifies with min(1, p/q), so
+    the answers are distributed as transformers' own sampling makes them (its logits processors computed here):
+    the first two tokens of 1,500 answers of one prompt (the second one drafted by a head) against the exact
+    distribution, chi-square below its 1e-3 quantile; a residual that draws from p instead of max(0, p - q) fails
+    it. top_k=1 is greedy; torch.manual_seed reproduces."""
+    import math
+
+    from transformers import AutoModelForCausalLM
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    _, folder = _export(tmp_path, "bpd", "random")
+    hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    plain = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids, mask = _padded(PROMPTS)
+    greedy = plain.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)
+    one = hf.generate(
+        input_ids=ids, attention_mask=mask, do_sample=True, top_k=1, max_new_tokens=MAX_NEW, pad_token_id=0
+    )
+    assert torch.equal(one, greedy)  # p and q masked alike: top-1 sampling is blockwise greedy
+    torch.manual_seed(3)
+    a = hf.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=MAX_NEW, pad_token_id=0)
+    torch.manual_seed(3)
+    assert torch.equal(
+        a, hf.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=MAX_NEW, pad_token_id=0)
+    )
+
+    t, top_k, top_p, n = 1.5, 6, 0.9, 1500
+    prompt = torch.tensor([PROMPTS[1]])
+    warp = [TemperatureLogitsWarper(t), TopKLogitsWarper(top_k), TopPLogitsWarper(top_p)]
+
+    def dist(ids):
+        with torch.no_grad():
+            x = plain(input_ids=ids).logits[:, -1]
+        for w in warp:
+            x = w(ids, x)
+        return torch.softmax(x.double(), -1)
+
+    exact = {}
+    p1 = dist(prompt)[0]
+    for a1 in torch.nonzero(p1).flatten().tolist():
+        if a1 == 2:  # EOS ends the answer
+            exact[(a1,)] = float(p1[a1])
+            continue
+        p2 = dist(torch.tensor([PROMPTS[1] + [a1]]))[0]
+        for a2 in torch.nonzero(p2).flatten().tolist():
+            exact[(a1, a2)] = float(p1[a1] * p2[a2])
+
+    def chi2(hf) -> tuple[float, float]:
+        torch.manual_seed(11)
+        kw = dict(do_sample=True, temperature=t, top_k=top_k, top_p=top_p, max_new_tokens=3, pad_token_id=0)
+        counts = {}
+        out = hf.generate(input_ids=prompt.repeat(n, 1), **kw)[:, prompt.shape[1] : prompt.shape[1] + 2].tolist()
+        for row in out:
+            key = tuple(row[:1]) if row[0] == 2 else tuple(row)
+            counts[key] = counts.get(key, 0) + 1
+        assert set(counts) <= set(exact)
+        e = {a: q * n for a, q in exact.items()}
+        cells = [a for a in e if e[a] >= 5]
+        rest_e, rest_o = sum(e[a] for a in e if e[a] < 5), sum(counts.get(a, 0) for a in e if e[a] < 5)
+        stat = sum((counts.get(a, 0) - e[a]) ** 2 / e[a] for a in cells) + (
+            (rest_o - rest_e) ** 2 / rest_e if rest_e > 0 else 0.0
+        )
+        df = len(cells) - (rest_e == 0)
+        crit = df * (1 - 2 / (9 * df) + 3.090232306167813 * math.sqrt(2 / (9 * df))) ** 3
+        return stat, crit
+
+    stat, crit = chi2(hf)
+    print(f"do_sample: chi2={stat:.1f} (crit {crit:.1f})")
+    assert stat < crit, (stat, crit)
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    code = broken / "custom_generate" / "generate.py"
+    right = "rest = (ps[a] - qs[a]).clamp(min=0.0) if a < len(props) else ps[a]"
+    assert right in code.read_text()
+    code.write_text(code.read_text().replace(right, "rest = ps[a]"))
+    stat, crit = chi2(AutoModelForCausalLM.from_pretrained(broken, trust_remote_code=True).eval())
+    print(f"do_sample, broken residual: chi2={stat:.1f} (crit {crit:.1f})")
+    assert stat > crit, (stat, crit)

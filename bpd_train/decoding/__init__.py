@@ -1,4 +1,5 @@
-"""Batched, KV-cached decoders: greedy (reference), beam search, blockwise parallel decoding."""
+"""Batched, KV-cached decoders: greedy (reference), beam search, blockwise parallel decoding, sampling (plain and
+blockwise)."""
 
 from bpd_train.decoding.acceptance import AcceptanceRule, Distance, Exact, TopK, make_acceptance
 from bpd_train.decoding.beam import BeamSearchPolicy, beam_search
@@ -6,6 +7,8 @@ from bpd_train.decoding.blockwise import blockwise
 from bpd_train.decoding.common import DEFAULT_MAX_LEN, MaxLen, parse_max_len
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
+from bpd_train.decoding.sampling import sample
+from bpd_train.decoding.speculative import speculative_sample
 
 __all__ = [
     "AcceptanceRule",
@@ -21,4 +24,6 @@ __all__ = [
     "DEFAULT_MAX_LEN",
     "MaxLen",
     "parse_max_len",
+    "sample",
+    "speculative_sample",
 ]

@@ -1,9 +1,10 @@
-"""Ancestral sampling with the KV cache (self-distillation with temperature).
+"""Ancestral sampling with the KV cache (self-distillation with temperature; plain sampling for serving).
 
 Each row draws from its own generator, seeded by `row_seeds` (default: seed + row index), with the Gumbel-max
 trick (argmax of logits/T + Gumbel noise = a draw from softmax(logits/T)): a row's tokens depend on its seed,
 never on its batch mates or on which rows finished first, so sharded, resumable corpora reproduce exactly.
-temperature 0 is greedy decoding.
+temperature 0 is greedy decoding. `top_k` / `top_p` restrict the draw to the most likely tokens (`keep_mask`, the
+one mask blockwise sampling applies too: decoding/speculative.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+from torch import Tensor
 
 from bpd_train.decoding.common import (
     DEFAULT_MAX_LEN,
@@ -26,13 +28,61 @@ from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
 
 
-def sample(
-    model, src, max_len=DEFAULT_MAX_LEN, temperature: float = 1.0, seed: int = 0, row_seeds: Sequence[int] | None = None
-) -> DecodeResult:
-    """One token per decoder call drawn from head 1's softmax(logits / temperature)."""
+def check_sampling(temperature: float, top_k: int = 0, top_p: float = 1.0) -> float:
+    """The temperature as a float, or a ValueError naming a bad temperature, top_k or top_p."""
     t = float(temperature)
     if not t >= 0.0:
         raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+    if int(top_k) < 0:
+        raise ValueError(f"top_k must be >= 0 (0: all tokens), got {top_k!r}")
+    if not 0.0 < float(top_p) <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    return t
+
+
+def keep_mask(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor | None:
+    """Which tokens a draw may pick [..., V] (bool), from temperature-scaled logits [..., V]: the top_k highest
+    logits (ties with the k-th kept; 0: all), then the smallest set of the most likely of those whose probabilities
+    sum to at least top_p (1: all; the most likely token always stays). None where nothing is masked."""
+    top_k, top_p = int(top_k), float(top_p)
+    v = logits.shape[-1]
+    keep = None
+    if 0 < top_k < v:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        keep = logits >= kth
+    if top_p < 1.0:
+        x = logits if keep is None else logits.masked_fill(~keep, float("-inf"))
+        probs = torch.softmax(x.double(), dim=-1)
+        sp, order = probs.sort(dim=-1, descending=True, stable=True)
+        before = sp.cumsum(-1) - sp  # probability of the tokens ranked above
+        nucleus = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, before < top_p)
+        keep = nucleus if keep is None else keep & nucleus
+    return keep
+
+
+def sampling_probs(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """The distribution a draw is made from, float64 [..., V]: softmax(logits / temperature) restricted to
+    keep_mask and renormalised. Blockwise sampling computes head 1's p and the heads' q with it alike."""
+    x = logits.double() / float(temperature)
+    keep = keep_mask(x, top_k, top_p)
+    if keep is not None:
+        x = x.masked_fill(~keep, float("-inf"))
+    return torch.softmax(x, dim=-1)
+
+
+def sample(
+    model,
+    src,
+    max_len=DEFAULT_MAX_LEN,
+    temperature: float = 1.0,
+    seed: int = 0,
+    row_seeds: Sequence[int] | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> DecodeResult:
+    """One token per decoder call drawn from head 1's softmax(logits / temperature), among the top_k / top_p
+    tokens where set (keep_mask)."""
+    t = check_sampling(temperature, top_k, top_p)
     if t == 0.0:
         return greedy(model, src, max_len=max_len)
     stop = stop_ids(model)
@@ -54,7 +104,11 @@ def sample(
             if step:
                 calls += 1
                 row_steps += orig.size
-            logits = state.weights.head1(h[:, 0]).float() / t  # [R,V]
+            l1 = state.weights.head1(h[:, 0])
+            logits = l1.float() / t  # [R,V]
+            keep = keep_mask(l1.double() / t, top_k, top_p) if top_k or top_p < 1.0 else None  # as sampling_probs
+            if keep is not None:
+                logits = logits.masked_fill(~keep, float("-inf"))
             u = torch.stack([torch.rand(logits.shape[-1], generator=gens[int(r)], device=dev) for r in orig])
             nxt = (logits - torch.log(-torch.log(u.clamp_(min=1e-20)))).argmax(-1)  # Gumbel-max
             nxt_np = nxt.cpu().numpy()

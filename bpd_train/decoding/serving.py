@@ -39,12 +39,24 @@ class Decoder:
     @property
     def label(self) -> str:
         """How it decodes, as reports and the command line's summary name it."""
+        s = self.settings
+        if s.sampling:
+            how = f"T={s.temperature:g}" + (f" top_k={s.top_k}" if s.top_k else "")
+            how += (f" top_p={s.top_p:g}" if s.top_p < 1 else "") + f" seed={s.seed}"
+            return f"blockwise sampling k={self.k} {how} (reference decoder)" if self.blockwise else f"sampling {how}"
         if not self.blockwise:
             return "greedy"
         return f"blockwise k={self.k} {self.settings.accept_label}{' adaptive' if self.adaptive else ''}"
 
-    def __call__(self, src) -> DecodeResult:
+    def __call__(self, src, row_seeds: Sequence[int] | None = None) -> DecodeResult:
+        """Decode a padded source batch. row_seeds (sampling): each row's generator seed (default: the settings'
+        seed + row index); decode_texts gives seed + each source's index among the inputs."""
         s = self.settings
+        if s.sampling:  # blockwise sampling keeps plain sampling's distribution (decoding/speculative.py)
+            kw = dict(max_len=s.max_len, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+            if self.blockwise:
+                return decoding.speculative_sample(self.model, src, block_size=self.k, row_seeds=row_seeds, **kw)
+            return decoding.sample(self.model, src, row_seeds=row_seeds, **kw)
         if self.blockwise:  # (looked up on the package: tests watch the decoders there)
             return decoding.blockwise(
                 self.model, src, block_size=self.k, accept=self.rule, max_len=s.max_len, adaptive=self.adaptive
@@ -88,10 +100,13 @@ def decode_texts(
     sources: Sequence,
     stats: DecodeStats | None = None,
     where: Callable[[int], str] | None = None,
+    first: int = 0,
 ) -> Decoded:
     """Decode `sources` (sentences, prompts or chats, as the text adapter reads them) in batches of the settings'
     batch size, grouped by length. None or a blank string gives an empty output. `stats`: added to (and returned);
-    `where(i)`: names source i in the error a source that cannot be read gives (e.g. "line 3")."""
+    `where(i)`: names source i in the error a source that cannot be read gives (e.g. "line 3"). Sampling: source i
+    draws from its own generator seeded settings.seed + first + i, whatever the batches (`first`: the index of
+    sources[0] in a longer input that comes in parts, as the command line's chunks do)."""
     device = decoder.device
     ids = {}
     for i, s in enumerate(sources):
@@ -112,7 +127,8 @@ def decode_texts(
             rows = [todo[j] for j in group]
             src = text.batch([ids[i] for i in rows], device)
             t0 = time.perf_counter()
-            r = decoder(src)
+            seeds = [decoder.settings.seed + first + i for i in rows] if decoder.settings.sampling else None
+            r = decoder(src) if seeds is None else decoder(src, row_seeds=seeds)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds += time.perf_counter() - t0

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from bpd_train.data.sampler import length_batches
-from bpd_train.decoding import blockwise, greedy
+from bpd_train.decoding import blockwise, greedy, sample, speculative_sample
 from bpd_train.evaluation.metrics import DecodeStats, agreement, pad_batch, time_interleaved
 
 
@@ -78,12 +78,18 @@ def compare(
     also_adaptive: bool = False,
     on_batch: Callable[[], None] | None = None,
     min_seconds: float = 0.0,
+    sampling: dict | None = None,
 ) -> Comparison:
     """Greedy and (when k > 1) blockwise with block size k and acceptance `rule` on every batch, alternating
     which runs first (metrics.time_interleaved), so the speedup is a ratio measured in one run. also_adaptive:
     blockwise with adaptive feeding as a third decoder in the same interleaved run (what the serving paths run on
     the CPU with exact acceptance: decoding/settings.py DecodeSettings.adaptive_on). min_seconds: timed passes over the batches
-    until each decoder ran that long (metrics.time_interleaved)."""
+    until each decoder ran that long (metrics.time_interleaved).
+    sampling: {temperature, top_k, top_p, seed} with temperature > 0: plain sampling takes greedy's place and
+    blockwise sampling blockwise's (decoding/speculative.py; the rule is not used), source i seeded seed + i in
+    both; their tokens differ (the same distribution, other draws), so agreement is not a check there."""
+    if sampling:
+        return _compare_sampling(model, batches, k, max_len, device, warmup, on_batch, min_seconds, dict(sampling))
     fns = {"greedy": lambda src: greedy(model, src, max_len=max_len)}
     if k is not None and k > 1:
         fns["blockwise"] = lambda src: blockwise(
@@ -101,6 +107,24 @@ def compare(
             stats.add(r)
         out[name] = Decoded(batches.scatter(t.results), stats, t.seconds, t.passes)
     return Comparison(out["greedy"], out.get("blockwise"), out.get("adaptive"))
+
+
+def _compare_sampling(model, batches, k, max_len, device, warmup, on_batch, min_seconds, s: dict) -> Comparison:
+    seed = int(s.pop("seed", 0))
+    seeds = {id(t): [seed + i for i in g] for g, t in zip(batches.groups, batches.tensors)}
+    fns = {"greedy": lambda src: sample(model, src, max_len=max_len, row_seeds=seeds[id(src)], **s)}
+    if k is not None and k > 1:
+        fns["blockwise"] = lambda src: speculative_sample(
+            model, src, block_size=k, max_len=max_len, row_seeds=seeds[id(src)], **s
+        )
+    timed = time_interleaved(fns, batches.tensors, device, warmup=warmup, on_batch=on_batch, min_seconds=min_seconds)
+    out = {}
+    for name, t in timed.items():
+        stats = DecodeStats()
+        for r in t.results:
+            stats.add(r)
+        out[name] = Decoded(batches.scatter(t.results), stats, t.seconds, t.passes)
+    return Comparison(out["greedy"], out.get("blockwise"))
 
 
 def greedy_tokens(model, batches: Batches, *, max_len, on_batch: Callable[[], None] | None = None) -> list[list[int]]:

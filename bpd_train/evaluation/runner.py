@@ -194,6 +194,10 @@ def evaluate_loaded(
     rules = [(r, parse_rule(r)) for r in settings.rules]
     text = loaded.family.text_adapter(loaded, langs[0], langs[1])
     base = settings.decode_settings()
+    sampling = None
+    if base.sampling:  # plain vs blockwise sampling; acceptance rules are for temperature 0 (one column per k)
+        sampling = {n: getattr(base, n) for n in ("temperature", "top_k", "top_p", "seed")}
+        rules = [("sampling", parse_rule("exact"))]
     prepare(model, text.sp, base, device)  # sets the decode options, resolved for this tokenizer and device
     options = model.decode_options
     src_ids = [text.source_ids(s) for s in sources]
@@ -229,6 +233,8 @@ def evaluate_loaded(
             "proposal_dtype": options.proposal_dtype,
             "adaptive": settings.adaptive,
             "engine": engine_name(),
+            # temperature > 0: the greedy columns are plain sampling, the blockwise ones blockwise sampling
+            "sampling": sampling,
         },
         **(extra or {}),
     }
@@ -239,7 +245,8 @@ def evaluate_loaded(
         for combo in combos or [None]:
             k, rname, rule = combo or (None, None, None)
             also = (
-                settings.adaptive_speedup
+                sampling is None
+                and settings.adaptive_speedup
                 and settings.adaptive is False
                 and k is not None
                 and base.replace(accept=rule, adaptive=None).adaptive_on(device) is True
@@ -256,6 +263,7 @@ def evaluate_loaded(
                 also_adaptive=also,
                 on_batch=bar.update,
                 min_seconds=settings.min_seconds,
+                sampling=sampling,
             )
             g = c.greedy
             if greedy_ref is None:
@@ -291,7 +299,7 @@ def evaluate_loaded(
                     "model_k": cfg.block_size,
                     "k": k,
                     "rule": rname,
-                    "rule_label": rule.label,
+                    "rule_label": rule.label if sampling is None else "Sampling",
                     "batch_size": bs,
                     "bleu": scores["bleu"],
                     "chrf": scores["chrf"],

@@ -8,6 +8,11 @@ encoder-decoder Marian / Pegasus / M2M100 translation folders); then
 
 decodes with the heads: each forward pass checks the heads' last proposals against the model's own next tokens
 and makes new ones, so the output is the model's greedy output (what `do_sample=False` gives) in fewer passes.
+With `do_sample=True` (and transformers' temperature, top_k, top_p) it samples blockwise: the heads draft from their
+own adjusted distributions q, each draft is accepted with probability min(1, p/q) against the model's p, the first
+rejection draws from max(0, p - q) normalised, a fully accepted block draws one more token from p -- so the answers
+are distributed as transformers' own sampling gives them (not the same tokens for the same torch seed). Draws use
+torch's global generator (`torch.manual_seed` reproduces a call), as transformers' sampling does.
 (`model.generate(..., custom_generate=folder, trust_remote_code=True)` does the same on a model loaded without it.)
 
 Self-contained: torch, safetensors and transformers only (bpd-train need not be installed). Heads: bpd (the paper's
@@ -99,6 +104,8 @@ _GREEDY_AS_IS: dict[str, Any] = {
     "stop_strings": None,
     "token_healing": False,
 }
+# sampling options other than temperature, top_k and top_p, with the value that leaves them alone
+_SAMPLE_AS_IS: dict[str, Any] = {"typical_p": 1.0, "min_p": None, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
 # what this function does not return or does not do: asked for, it is refused rather than silently left out
 _NOT_HERE = (
     "return_dict_in_generate",
@@ -147,6 +154,33 @@ def _banned(gc: Any, kwargs: dict) -> list[int]:
     return sorted({int(w[0]) for w in words})
 
 
+class Sampling:
+    """transformers' sampling distribution, as its logits processors make it: logits / temperature, then the top_k
+    highest (ties with the k-th kept), then the smallest most likely set whose probability reaches top_p."""
+
+    def __init__(self, temperature: float, top_k: int, top_p: float):
+        if not temperature > 0:
+            raise ValueError(f"do_sample=True needs temperature > 0, got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        self.t, self.top_k, self.top_p = float(temperature), int(top_k or 0), float(top_p)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [..., V] -> probabilities [..., V] (float64)."""
+        x = logits.double() / self.t
+        if 0 < self.top_k < x.shape[-1]:
+            x = x.masked_fill(x < x.topk(self.top_k, dim=-1).values[..., -1:], float("-inf"))
+        if self.top_p < 1.0:
+            sp, order = torch.softmax(x, -1).sort(dim=-1, descending=True, stable=True)
+            drop = (sp.cumsum(-1) - sp) >= self.top_p  # the mass ranked above already reaches top_p
+            x = x.masked_fill(torch.zeros_like(drop).scatter_(-1, order, drop), float("-inf"))
+        return torch.softmax(x, -1)
+
+
+def _draw(p: torch.Tensor) -> int:
+    return int(torch.multinomial(p.float() / p.sum(), 1))
+
+
 def _state_hook(decoder: Any, seen: list) -> Any:
     """Record the last decoder layer's output: the state (before the final norm, if any) the heads read."""
 
@@ -166,7 +200,8 @@ def generate(
     max_new_tokens: int | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """Greedy output of `model` for each row of input_ids, decoded blockwise with the exported heads. Decoder-only:
+    """Greedy output of `model` (do_sample=True: a sample of its distribution) for each row of input_ids, decoded
+    blockwise with the exported heads. Decoder-only:
     input_ids are prompts (left padding per attention_mask), returned with the new tokens appended. Encoder-decoder:
     input_ids are sources (padding per attention_mask), and the result is each row's decoder output from the
     decoder start token on. Finished rows are padded with pad_token_id, as transformers' greedy `generate` does."""
@@ -179,10 +214,22 @@ def generate(
     if model is None or input_ids is None:
         raise TypeError("generate() needs the model and input_ids")
     gc = generation_config if generation_config is not None else model.generation_config
-    if _option("do_sample", gc, kwargs, False) or int(_option("num_beams", gc, kwargs, 1) or 1) != 1:
-        raise ValueError("blockwise decoding with heads gives the greedy output: use do_sample=False, num_beams=1")
+    if int(_option("num_beams", gc, kwargs, 1) or 1) != 1:
+        raise ValueError(
+            "blockwise decoding with heads gives the greedy output (do_sample=False) or samples (do_sample=True); "
+            "use num_beams=1"
+        )
+    sampler = None
+    if _option("do_sample", gc, kwargs, False):
+        sampler = Sampling(
+            _option("temperature", gc, kwargs, 1.0) or 1.0,
+            _option("top_k", gc, kwargs, 50),
+            _option("top_p", gc, kwargs, 1.0) if _option("top_p", gc, kwargs, 1.0) is not None else 1.0,
+        )
     encdec = bool(getattr(model.config, "is_encoder_decoder", False))
     as_is = dict(_GREEDY_AS_IS, **({} if encdec else {"forced_bos_token_id": None}))
+    if sampler is not None:
+        as_is.update(_SAMPLE_AS_IS)
     changed = [
         k
         for k, plain in as_is.items()
@@ -244,7 +291,7 @@ def generate(
             else:
                 prefix = (row if attention_mask is None else row[attention_mask[r].bool()]).tolist()
                 new, cache, extra, ids_kw = [], DynamicCache(), {}, "input_ids"
-            feed, props = prefix + new, []
+            feed, props, qs = prefix + new, [], None
             done = len(new) >= max_new_tokens or bool(new and new[-1] in eos)
             while not done:
                 seen.clear()
@@ -255,11 +302,19 @@ def generate(
                 if banned:
                     logits = logits.clone()
                     logits[:, banned] = float("-inf")
-                nxt = logits[last:].argmax(-1).tolist()  # the model's own next token after each position
-                a = 0
-                while a < len(props) and nxt[a] == props[a]:
-                    a += 1
-                got = props[:a] + [nxt[a]]
+                if sampler is None:
+                    nxt = logits[last:].argmax(-1).tolist()  # the model's own next token after each position
+                    a = 0
+                    while a < len(props) and nxt[a] == props[a]:
+                        a += 1
+                    got = props[:a] + [nxt[a]]
+                else:  # accept draft a with probability min(1, p/q); then the residual, or after a full block p
+                    ps = sampler.probs(logits[last:])
+                    a = 0
+                    while a < len(props) and float(torch.rand(())) * qs[a, props[a]] < ps[a, props[a]]:
+                        a += 1
+                    rest = (ps[a] - qs[a]).clamp(min=0.0) if a < len(props) else ps[a]
+                    got = props[:a] + [_draw(rest if float(rest.sum()) > 0 else ps[a])]
                 _crop(cache, cache.get_seq_length() - (len(props) - a))  # drop the rejected proposals
                 for t in got:
                     new.append(t)
@@ -271,7 +326,12 @@ def generate(
                     room = max(max_new_tokens - len(new) - 1, 0)
                     if heads.k > 1 and room:
                         states = heads.states(seen[-1][0, last + a], norm)
-                        props = (F.linear(states, w_out) + bias).argmax(-1).tolist()[:room]
+                        head_logits = (F.linear(states, w_out) + bias)[:room]
+                        if sampler is None:
+                            props = head_logits.argmax(-1).tolist()
+                        else:  # each head drafts from its own adjusted distribution
+                            qs = sampler.probs(head_logits)
+                            props = [_draw(q) for q in qs]
                     else:
                         props = []
             rows.append((row.tolist() if not encdec else prefix) + new)

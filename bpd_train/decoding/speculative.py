@@ -1,0 +1,191 @@
+"""Blockwise sampling: the heads draft, head 1 verifies, and the output is distributed exactly as sampling from the
+model (speculative sampling: Leviathan et al. 2023, arXiv 2211.17192; Chen et al. 2023, arXiv 2302.01318).
+
+    p      head 1's distribution at a position, softmax(logits / T) within top_k / top_p (sampling.sampling_probs):
+           the model's sampling distribution, what plain `sample` draws from.
+    q_i    head i's (i = 2..b) distribution, adjusted by the same function and settings (any q keeps the output's
+           distribution; a q closer to p accepts more).
+    step   one decoder call on [x0, d1..d(b-1)] per row (x0: the last token, not yet cached; d_i ~ q_(i+1) drafted
+           at the previous step's last accepted position). Draft d_i is accepted with probability
+           min(1, p(d_i) / q(d_i)), p at the position before it given the accepted prefix; at the first rejection
+           the row's next token is drawn from the normalised residual max(0, p - q) there; after a fully accepted
+           block from p at the last position (the bonus token). Nothing is accepted after a stop id.
+    draft  heads 2..b at the last accepted position give the next drafts, each drawn from its q.
+
+Every token is then distributed as p given the tokens before it, so whole answers are distributed as plain
+ancestral sampling's -- not the same tokens as a plain sampled run with the same seed: the two consume their random
+numbers differently. Temperature 0 is greedy, on the exact blockwise path (greedy's tokens).
+
+Each row draws from its own torch.Generator, seeded by `row_seeds` (default seed + row index), a fixed number of
+uniforms per step (2b - 1: b - 1 acceptance tests, one residual or bonus draw, b - 1 drafts), so a row's tokens
+depend on its seed and its own steps only, never on its batch mates or on which rows finished first.
+
+This is the reference PyTorch decoder: the native loops (engine/) do not sample yet, so every decode step goes
+through `model.decode` and the step weights' full-vocabulary logits (`head1`, `logits`); the draft vocabulary,
+proposal precision, prompt lookup, candidate trees and adaptive feeding are not used here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from bpd_train.decoding.blockwise import blockwise
+from bpd_train.decoding.common import (
+    DEFAULT_MAX_LEN,
+    decoding_mode,
+    is_stop,
+    keep_rows,
+    start_rows,
+    start_tokens,
+    stop_ids,
+    trim,
+)
+from bpd_train.decoding.result import DecodeResult
+from bpd_train.decoding.sampling import check_sampling, sample, sampling_probs
+
+log = logging.getLogger(__name__)
+_said = False
+
+
+def residual(p: Tensor, q: Tensor) -> Tensor:
+    """What a row draws from at its first rejected draft: max(0, p - q) (unnormalised; `draw` normalises). After a
+    fully accepted block q is 0 there: p itself, the bonus token's distribution."""
+    return (p - q).clamp_(min=0.0)
+
+
+def draw(probs: Tensor, u: Tensor) -> Tensor:
+    """Inverse-CDF draws: probs [..., V] (non-negative, unnormalised), u [...] uniforms in [0, 1) -> ids [...].
+    A token of probability 0 is never drawn."""
+    v = probs.shape[-1]
+    cdf = probs.reshape(-1, v).cumsum(-1)
+    at = (u.reshape(-1, 1).to(cdf.dtype) * cdf[:, -1:]).contiguous()
+    return torch.searchsorted(cdf, at, right=True).clamp_(max=v - 1).reshape(u.shape)
+
+
+def uniforms(gens: list[torch.Generator], n: int) -> Tensor:
+    """[R, n] float64 uniforms, row r's from its own generator gens[r]."""
+    return torch.stack([torch.rand(n, generator=g, dtype=torch.float64) for g in gens])
+
+
+def speculative_sample(
+    model,
+    src,
+    block_size: int | None = None,
+    max_len=DEFAULT_MAX_LEN,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    row_seeds: Sequence[int] | None = None,
+) -> DecodeResult:
+    """Sample from the model (softmax(logits / temperature) within top_k / top_p) with blocks of up to
+    `block_size` tokens per decoder call (default: the model's k); the output is distributed exactly as `sample`'s.
+    temperature 0: exact blockwise decoding (greedy's tokens). A model without heads (or block_size 1): `sample`."""
+    t = check_sampling(temperature, top_k, top_p)
+    k = int(model.config.block_size)
+    kb = k if block_size is None else int(block_size)
+    if not 1 <= kb <= k:
+        raise ValueError(f"block_size must be in 1..{k} (the model's heads), got {block_size}")
+    if t == 0.0:
+        return blockwise(model, src, block_size=kb, max_len=max_len)
+    if kb == 1:
+        return sample(model, src, max_len, t, seed=seed, row_seeds=row_seeds, top_k=top_k, top_p=top_p)
+    global _said
+    if not _said:
+        log.info("blockwise sampling runs on the reference PyTorch decoder (the native loops do not sample yet)")
+        _said = True
+    with decoding_mode(model):
+        return _Sampler(model, kb, t, int(top_k), float(top_p)).run(src, max_len, seed, row_seeds)
+
+
+class _Sampler:
+    def __init__(self, model, kb: int, temperature: float, top_k: int, top_p: float):
+        self.model, self.kb = model, kb
+        self.t, self.top_k, self.top_p = temperature, top_k, top_p
+        self.eos = stop_ids(model)
+
+    def probs(self, logits: Tensor) -> Tensor:
+        return sampling_probs(logits, self.t, self.top_k, self.top_p)
+
+    def drafts(self, h: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+        """Heads 2..b at h [R,D]: their distributions q [R,b-1,V] and drafts d [R,b-1], one uniform each (u [R,b-1])."""
+        q = self.probs(self.w.logits(h, 1, self.kb))
+        return q, draw(q, u)
+
+    def run(self, src, max_len, seed: int, row_seeds) -> DecodeResult:
+        model, kb, eos = self.model, self.kb, self.eos
+        src, orig, limit, out, out_len, cap = start_rows(model, src, max_len, spare=kb)
+        b = out.shape[0]
+        seeds = [seed + i for i in range(b)] if row_seeds is None else [int(s) for s in row_seeds]
+        if len(seeds) != b:
+            raise ValueError(f"row_seeds has {len(seeds)} seeds for {b} rows")
+        if orig.size == 0:
+            return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
+        dev = src.device
+        gens = [torch.Generator().manual_seed(seeds[int(r)]) for r in orig]
+        state = model.start_decoding(model.encode(src), cap + kb)
+        self.w = state.weights
+        hist = np.zeros(kb + 1, dtype=np.int64)
+        calls = 0
+
+        # prefill: head 1's first token and the first drafts, from BOS (or each prompt's last token)
+        h = model.decode(state, start_tokens(model, state, orig.size, dev))[:, 0]  # [R,D]
+        u = uniforms(gens, kb)
+        x0 = draw(self.probs(self.w.head1(h)), u[:, 0].to(dev))  # [R]
+        q, d = self.drafts(h, u[:, 1:].to(dev))
+        out[orig, 0] = x0.cpu().numpy()
+        length = np.ones(orig.size, dtype=np.int64)  # cached tokens = tokens out (BOS + x0..)
+        done = is_stop(out[orig, 0], eos) | (limit <= 1)
+        while True:
+            if done.any():  # finished rows leave the batch
+                out_len[orig[done]] = length[done]
+                keep = keep_rows(done)
+                if keep.size == 0:
+                    break
+                state.lengths = length
+                idx = torch.from_numpy(keep).to(dev)
+                state.reorder(idx)
+                x0, q, d = x0[idx], q[idx], d[idx]
+                orig, limit, length = orig[keep], limit[keep], length[keep]
+                gens = [gens[i] for i in keep]
+            r = orig.size
+            rows = torch.arange(r, device=dev)
+            x = torch.cat([x0[:, None], d], dim=1)  # [R,b]
+            state.lengths = int(length[0]) if r == 1 else length
+            h = model.decode(state, x)  # [R,b,D]
+            calls += 1
+            p = self.probs(self.w.head1(h))  # [R,b,V]: p at position j judges draft j+1 (x[:, j + 1])
+            u = uniforms(gens, 2 * kb - 1).to(dev)
+            pd = p[:, :-1].gather(-1, d[..., None])[..., 0]  # [R,b-1]
+            qd = q.gather(-1, d[..., None])[..., 0]
+            ok = u[:, : kb - 1] * qd < pd  # accepted with probability min(1, p/q)
+            ok &= ~is_stop(x[:, :-1], eos)  # nothing is accepted after a stop id
+            n = ok.long().cumprod(1).sum(1)  # accepted drafts [R]
+            q_end = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)  # q = 0 past the last draft: the bonus is p
+            nxt = draw(residual(p[rows, n], q_end[rows, n]), u[:, kb - 1])  # [R]
+            new = torch.cat([d, nxt[:, None]], dim=1)
+            new[rows, n] = nxt
+            x_np, n_np, new_np = x.cpu().numpy(), n.cpu().numpy(), new.cpu().numpy()
+            eos_in_block = is_stop(x_np[np.arange(r), n_np], eos)  # the last accepted draft was a stop id
+            c = np.minimum(n_np + 1 - eos_in_block, limit - length)
+            out[orig[:, None], length[:, None] + np.arange(kb)] = new_np
+            length += c
+            hist += np.bincount(c, minlength=kb + 1)
+            done = eos_in_block | is_stop(new_np[np.arange(r), n_np], eos) | (length >= limit)
+            x0 = nxt
+            q, d = self.drafts(h[rows, n], u[:, kb:])
+        tokens = trim(out.tolist(), out_len.tolist(), eos)
+        steps = int(hist.sum())
+        mean = float((hist * np.arange(kb + 1)).sum() / steps) if steps else 1.0
+        return DecodeResult(
+            tokens=tokens,
+            calls=calls,
+            prefill_calls=1,
+            mean_accepted=mean,
+            accepted_hist={int(s): int(c) for s, c in enumerate(hist) if c},
+        )
