@@ -36,10 +36,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import llama_peer, real_page  # noqa: E402
+from bench.hf_peer import transformers_engine, without_prefix_cache  # noqa: E402
 from bench.protocol import MIN_REPS, Run, Timing, k_hat, matches, measure, speedup, step_cost, tok_s  # noqa: E402
+from bench.real_profile import phases  # noqa: E402
 from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
 from bpd_train.decoding.settings import draft_vocabulary  # noqa: E402
-from bpd_train.engine.fastlinear import cpu_model, engine_name, native_kernels  # noqa: E402
+from bpd_train.engine.fastlinear import cpu_model, engine_name  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions, parse_tree  # noqa: E402
 from bpd_train.io import atomic_write_text  # noqa: E402
 from bpd_train.loading import load  # noqa: E402
@@ -183,37 +185,6 @@ def with_zero_heads(model, k: int):
     return m.eval()
 
 
-PHASES = ("embed", "decoder linears", "attention", "norms etc.", "head 1", "heads FFN", "proposal proj")
-
-
-def phases(a, b, prompts, new: int, k: int) -> dict:
-    """Where a greedy step (model a) and a k-row blockwise step (model b) spend their time: ms per step per phase
-    (csrc/step.h's profile), and the screened argmax's rows / full passes / candidates (fp32)."""
-    ext = native_kernels()
-    out = {}
-    for name, run in (
-        ("greedy", lambda p: greedy(a, [p], max_len=new)),
-        (f"k={k}", lambda p: blockwise(b, [p], block_size=k, accept=Exact(), max_len=new)),
-    ):
-        run(prompts[0])
-        ext.screen_stats(True)
-        ext.profile(True, True)
-        calls = 0
-        t = time.perf_counter()
-        for p in prompts:
-            calls += run(p).calls
-        wall = time.perf_counter() - t
-        ph, _ = ext.profile(False, True)
-        rows, full, cands = ext.screen_stats(True)
-        out[name] = {
-            "ms_per_step": wall * 1e3 / calls,
-            **{n: v * 1e3 / calls for n, v in zip(PHASES, ph)},
-            "screen": {"rows": rows, "full_pass": full, "candidates_per_row": cands / max(rows - full, 1)},
-        }
-        print(f"  profile {name}: " + json.dumps(out[name]), flush=True)
-    return out
-
-
 @dataclasses.dataclass(frozen=True)
 class Heads:
     """One exact blockwise setting of trained heads: which heads, how many of them (k), and the proposal options."""
@@ -321,37 +292,6 @@ def per_kind(g, t, kinds: list) -> dict:
         a, b = sub(g), sub(t)
         out[str(kind)] = {"requests": len(idx), "k_hat": k_hat(b), "vs_greedy": speedup(a, b)}
     return out
-
-
-def transformers_engine(hf, eos: int, new: int):
-    def run(unit) -> Run:
-        out = []
-        for p in unit:
-            with torch.no_grad():
-                ids = hf.generate(
-                    torch.tensor([p]), do_sample=False, max_new_tokens=new, eos_token_id=eos, pad_token_id=eos
-                )[0, len(p) :].tolist()
-            out.append(ids[: ids.index(eos)] if eos in ids else ids)
-        return Run(out)
-
-    return run
-
-
-def without_prefix_cache(fn):
-    """fn with our prefix cache off for its calls (BPD_PREFIX_CACHE is read at every prefill)."""
-
-    def run(unit) -> Run:
-        before = os.environ.get("BPD_PREFIX_CACHE")
-        os.environ["BPD_PREFIX_CACHE"] = "0"
-        try:
-            return fn(unit)
-        finally:
-            if before is None:
-                os.environ.pop("BPD_PREFIX_CACHE", None)
-            else:
-                os.environ["BPD_PREFIX_CACHE"] = before
-
-    return run
 
 
 def main(argv=None) -> None:
