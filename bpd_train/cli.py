@@ -302,7 +302,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.schedule.name": ("inverse_sqrt", "cosine", "constant"),  # bpd_train.training.optim.SCHEDULES
     "model.heads": ("bpd", "medusa", "chain"),  # bpd_train.model.lm.config.HEAD_TYPES
     "progress_bar": ("tqdm", "rich", "none"),  # bpd_train.training.trainer.callbacks
-    "decode.dtype": ("fp32", "bf16", "int8"),  # bpd_train.engine.fastlinear.DTYPES
+    "decode.dtype": ("fp32", "bf16", "int8", "q4"),  # bpd_train.engine.fastlinear.DTYPES
     "export.format": ("bundle", "hf", "vllm"),  # bpd_train.export.FORMATS
     "distill.action": ("run", "verify", "plan", "status"),  # bpd_train.distillation.job.ACTIONS
 }
@@ -441,7 +441,7 @@ _OPTIONS = {
         ("decode=greedy", "greedy only"),
         ("evaluate.split=test evaluate.max_sentences=N", "what to decode"),
         ("evaluate.batch_sizes=[1,32]", "batch sizes timed"),
-        ("decode.dtype=fp32|bf16|int8", "decode precision"),
+        ("decode.dtype=fp32|bf16|int8|q4", "decode precision"),
     ],
     "export": [
         ("export.checkpoint=PATH", "checkpoint, run folder, ZeRO folder, bundle or hf:<folder> (default: newest run)"),

@@ -88,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
         help="generate at most A*source_len + B tokens (default {} {})".format(*DEFAULT_MAX_LEN),
     )
     p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (default)")
-    p.add_argument("--dtype", default="fp32", help="decode-step weights: fp32 (default) | bf16 | int8")
+    p.add_argument("--dtype", default="fp32", help="decode-step weights: fp32 (default) | bf16 | int8 | q4")
     p.add_argument(
         "--draft-vocab",
         default="auto",
