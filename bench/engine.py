@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from bench.engine_ct2 import bench_bundle, bench_ct2  # noqa: E402
 from bench.engine_regimes import bench_regimes  # noqa: E402
 from bpd_train.decoding import greedy  # noqa: E402
-from bpd_train.engine.fastlinear import cpu_model, engine_name, native_kernels  # noqa: E402
+from bpd_train.engine.fastlinear import PackedLinear, cpu_model, engine_name, native_kernels  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions  # noqa: E402
 from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
 
@@ -334,7 +334,7 @@ def q4_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
 
 def q4_linear(n: int, k: int):
     """q4_weight's PackedLinear where the engine runs it from its codes (Q4F), else None."""
-    from bpd_train.engine.fastlinear import _Q4F, PackedLinear
+    from bpd_train.engine.fastlinear import _Q4F
 
     if k % 32:
         return None
@@ -420,6 +420,11 @@ def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: in
             if (q4 := q4_linear(n, k)) is not None:  # a GGUF's Q4_0 / Q4_1 weights in fp32 (csrc/kernels_q4.h)
                 fams.append((Q4_NAME, q4.mode, False))
                 lins[Q4_NAME] = q4.lin
+                # the same 4-bit blocks times int8 activations per block of 32 (decode dtype q4, csrc/kernels_q4q.h)
+                q4q = PackedLinear(q4_weight(n, k), None, "q4")
+                name = "q4 x int8 blocks, " + ("vpdpbusd" if ext.q4q_vnni() else "vpmaddubsw (AVX2)")
+                fams.append((name, q4q.mode, False))
+                lins[name] = q4q.lin
             for r in rows:
                 x = torch.randn(r, k)
                 best = {name: float("inf") for name, _, _ in fams}
