@@ -74,6 +74,8 @@ def test_q4_rows_are_the_same_bits_alone_in_batches_any_order_and_thread_count(s
                 assert torch.equal(lin(x[i : i + 1])[0], y[i])
         perm = torch.randperm(11)
         assert torch.equal(lin(x[perm]), y[perm])
+        many = torch.cat([x, x, x])  # more rows than one pass takes (8 + 8 + ... + 1)
+        assert torch.equal(lin(many), torch.cat([y, y, y]))
         before = torch.get_num_threads()
         try:
             torch.set_num_threads(2)

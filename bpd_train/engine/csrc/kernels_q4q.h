@@ -60,10 +60,13 @@ static void q8_rows(const float* x, int64_t M, int64_t K, Q8Block* out) {
 #define BPD_Q4Q_VNNI 1
 // R rows ([R][G] blocks) times S sub-blocks side by side (16 weight rows each, ss bytes apart): out[i][s * 16 ..]
 // at out + i * NB. C integer chains per (row, sub-block) (the low and the high nibbles apart where registers allow:
-// one row's 8 dependent vpdpbusd per block would wait on their latency), added at the block's end (exact).
+// one row's 8 dependent vpdpbusd per block would wait on their latency), added at the block's end (exact). With
+// one or two rows (H) the high nibbles are multiplied in place (v & 0xf0: 16 x the code, no shift per 64 bytes) and
+// their chain divided by 16 at the block's end (an exact shift: every product is a multiple of 16).
 template <int R, int S>
 static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64_t ss, float* out) {
   constexpr int C = R * S <= 4 ? 2 : 1;
+  constexpr bool H = C == 2 && R <= 2;
   __m512 acc[R][S];
 #pragma GCC unroll 8
   for (int i = 0; i < R; i++)
@@ -84,7 +87,7 @@ static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64
       for (int s = 0; s < S; s++) {
         const __m512i v = _mm512_loadu_si512((const void*)(w + s * ss + g * Q4QG + 64 + 64 * t));
         const __m512i lo = _mm512_and_si512(v, nib);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        const __m512i hi = H ? _mm512_andnot_si512(nib, v) : _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
           const int32_t* xq = (const int32_t*)x[i * G + g].q;
@@ -100,7 +103,8 @@ static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64
       const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32)));
 #pragma GCC unroll 8
       for (int i = 0; i < R; i++) {
-        const __m512i sum = C == 2 ? _mm512_add_epi32(si[i][s][0], si[i][s][C - 1]) : si[i][s][0];
+        const __m512i sum = C == 1 ? si[i][s][0]
+                            : _mm512_add_epi32(si[i][s][0], H ? _mm512_srai_epi32(si[i][s][C - 1], 4) : si[i][s][C - 1]);
         const Q8Block& b = x[i * G + g];
         acc[i][s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(b.d)), acc[i][s]);
         acc[i][s] = _mm512_fmadd_ps(mw, _mm512_set1_ps(b.s), acc[i][s]);
