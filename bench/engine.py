@@ -420,11 +420,8 @@ def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: in
             if (q4 := q4_linear(n, k)) is not None:  # a GGUF's Q4_0 / Q4_1 weights in fp32 (csrc/kernels_q4.h)
                 fams.append((Q4_NAME, q4.mode, False))
                 lins[Q4_NAME] = q4.lin
-                # the same 4-bit blocks times int8 activations per block of 32 (decode dtype q4, csrc/kernels_q4q.h)
-                q4q = PackedLinear(q4_weight(n, k), None, "q4")
-                name = "q4 x int8 blocks, " + ("vpdpbusd" if ext.q4q_vnni() else "vpmaddubsw (AVX2)")
-                fams.append((name, q4q.mode, False))
-                lins[name] = q4q.lin
+                fams.append((name := "q4 " + ("vpdpbusd" if ext.q4q_vnni() else "vpmaddubsw (AVX2)"), 7, False))
+                lins[name] = PackedLinear(q4_weight(n, k), None, "q4").lin  # x int8 per 32 (csrc/kernels_q4q.h)
             for r in rows:
                 x = torch.randn(r, k)
                 best = {name: float("inf") for name, _, _ in fams}

@@ -9,7 +9,9 @@ import logging
 import pytest
 import torch
 
+from bpd_train.convert.gguf import load_gguf
 from bpd_train.decoding import blockwise, greedy
+from bpd_train.decoding.settings import DecodeSettings
 from bpd_train.engine.fastlinear import PackedLinear, native_kernels, q4_weight
 from bpd_train.engine.packed import DecodeOptions, parse_tree
 from bpd_train.model import LMConfig, LMModel
@@ -174,8 +176,6 @@ def test_a_q4_gguf_keeps_its_4bit_blocks_and_decodes_exactly(tmp_path, monkeypat
     pytest.importorskip("gguf")
     from _gguf_files import bpe, hf_model, write_gguf
 
-    from bpd_train.convert.gguf import load_gguf
-
     monkeypatch.setenv("BPD_CACHE", str(tmp_path / "cache"))
     tokens, merges, types = bpe(320)
     eos = tokens.index("<|im_end|>")
@@ -253,7 +253,5 @@ def test_the_avx2_build_gives_this_cpus_q4_bits(tmp_path):
 
 
 def test_q4_is_a_decode_dtype_everywhere():
-    from bpd_train.decoding.settings import DecodeSettings
-
     assert DecodeSettings(dtype="q4").dtype == "q4"
     assert DecodeOptions(dtype="Q4").dtype == "q4"
