@@ -32,7 +32,7 @@ def reference(x: torch.Tensor, codes, d, m) -> tuple[torch.Tensor, torch.Tensor]
     for row in x:
         xb = row.view(g, 32)
         amax = xb.abs().amax(-1)
-        inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+        inv = torch.where(amax > 0, torch.full_like(amax, 127) / amax, torch.zeros_like(amax))  # (127 / t: 1/t * 127)
         q = (xb * inv.unsqueeze(-1)).round().clamp(-127, 127).double()
         dx = (amax / 127).double()
         terms = torch.stack([(w * q).sum(-1) * d.double() * dx, m.double() * dx * q.sum(-1)])
