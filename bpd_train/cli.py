@@ -466,7 +466,7 @@ _OPTIONS = {
         ("decode=greedy", "greedy only"),
         ("evaluate.split=test evaluate.max_sentences=N", "what to decode"),
         ("evaluate.batch_sizes=[1,32]", "batch sizes timed"),
-        ("decode.dtype=fp32|bf16|int8", "decode precision"),
+        ("decode.dtype=fp32|bf16|int8|q4", "decode precision"),
     ],
     "export": [
         ("export.checkpoint=PATH", "checkpoint, run folder, ZeRO folder, bundle or hf:<folder> (default: newest run)"),

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 from bpd_train.max_len import DEFAULT_MAX_LEN, parse_max_len
 
 METHODS = ("blockwise", "greedy")
-DTYPES = ("fp32", "bf16", "int8")  # decode-step weights (engine/fastlinear.py packs them)
+DTYPES = ("fp32", "bf16", "int8", "q4")  # decode-step weights (engine/fastlinear.py packs them)
 AUTO = "auto"
 TREE_NODES = 62  # the native loop's bound (one 64-bit ancestry mask per fed row)
 RULE_NAMES = "exact, top<N> (e.g. top2, topk:2) or distance:<eps>"
@@ -277,7 +277,11 @@ class DecodeSettings:
         nargs=2,
         metavar=("A", "B"),
     )
-    dtype: str = setting("fp32", "decode-step weights: fp32 | bf16 | int8", _choice(DTYPES))
+    dtype: str = setting(
+        "fp32",
+        "decode-step weights: fp32 | bf16 | int8 | q4 (a GGUF file's own 4-bit blocks, 8-bit activations)",
+        _choice(DTYPES),
+    )
     draft_top_tokens: Any = setting(
         AUTO,
         "heads 2..k propose among the N tokens the tokenizer ranks highest (head 1 still verifies over all: output "

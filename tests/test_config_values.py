@@ -47,7 +47,7 @@ CASES = {
     "decode dtype": (
         "evaluate.py",
         ["decode.dtype=fp16"],
-        r"^error: decode\.dtype=fp16: not a choice; choose one of fp32, bf16, int8 "
+        r"^error: decode\.dtype=fp16: not a choice; choose one of fp32, bf16, int8, q4 "
         r"\(did you mean decode\.dtype=bf16\?\)",
     ),
     "head loss": (

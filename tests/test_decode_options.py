@@ -73,7 +73,7 @@ def test_auto_proposal_precision_is_int8_on_a_cpu_with_int8_kernels_only():
         ({"method": "beam"}, "method='beam': expected one of blockwise, greedy"),
         ({"accept": "sometimes"}, "accept='sometimes': unknown acceptance rule 'sometimes': use exact, top<N>"),
         ({"dtype": "fp16"}, "dtype='fp16': expected one of fp32, bf16, int8"),
-        ({"proposal_dtype": "fp8"}, "proposal_dtype='fp8': expected one of fp32, bf16, int8, auto or none"),
+        ({"proposal_dtype": "fp8"}, "proposal_dtype='fp8': expected one of fp32, bf16, int8, q4, auto or none"),
         ({"draft_top_tokens": -3}, "draft_top_tokens=-3: expected a number of tokens >= 1, auto, or null"),
         ({"draft_top_tokens": "many"}, "draft_top_tokens='many': expected a number of tokens >= 1, auto, or null"),
         ({"adaptive": 2}, "adaptive=2: expected true, false, auto (None) or a threshold in (0, 1)"),

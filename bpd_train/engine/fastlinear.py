@@ -10,7 +10,10 @@ Precision (`dtype`): "fp32" (default), "bf16" (weights rounded to bfloat16; on a
 activations are rounded to bfloat16 too and the kernels multiply with vdpbf16ps, twice the fp32 FMA rate, see
 `bf16_compute`; elsewhere activations stay fp32), "int8" (weights quantised per output row, each activation
 row quantised to int8 with its own scale; the kernels multiply with vpdpbusd on AVX512_VNNI, with vpmaddwd on AVX2,
-the same integer sums either way, see `int8_compute`; BPD_INT8_COMPUTE=0: weight-only int8, activations fp32).
+the same integer sums either way, see `int8_compute`; BPD_INT8_COMPUTE=0: weight-only int8, activations fp32),
+"q4" (weights as 4-bit codes with a half-precision scale and offset per 32 weights of a row: a GGUF's own Q4_0 /
+Q4_1 blocks where the weights are such blocks, else quantised so at load; activations quantised to int8 per block
+of 32; vpdpbusd on AVX512_VNNI, vpmaddubsw on AVX2, the same bits either way; see `q4_weight`).
 Exact blockwise decoding equals greedy decoding of the same precision.
 """
 
@@ -36,6 +39,7 @@ _MODE = {"fp32": 0, "bf16": 1, "int8": 2}
 _COMPUTE_MODE = {"bf16": 3, "int8": 4}  # csrc/vec.h Mode BF16D / I8D: activations in that precision too
 _BF16_AMX = 5  # csrc/vec.h Mode BF16A: bf16 x bf16 on AMX tiles, every row count
 _Q4F = 6  # csrc/vec.h Mode Q4F: fp32 arithmetic over 4-bit codes (weights that are such blocks exactly)
+_Q4Q = 7  # csrc/vec.h Mode Q4Q: 4-bit codes (half-precision d, m per 32) x int8 activations per block of 32
 Q4_GROUP = 32  # weights of a row per scale and offset (GGUF's Q4_0 / Q4_1 blocks)
 _lock = threading.Lock()
 _ext = None
@@ -286,16 +290,94 @@ def pack_q4(codes: Tensor, d: Tensor, m: Tensor) -> Tensor:
     return out.reshape(-1).contiguous()
 
 
+def q4_weight(w: Tensor, quantize: bool = True) -> tuple[Tensor, Tensor, Tensor, bool] | None:
+    """The "q4" form of w [N, K] float32 (K a multiple of 32): (codes [N,K] uint8 in 0..15, d [N,K/32] float16,
+    m [N,K/32] float16, from_blocks); weight = d * code + m. from_blocks: w is 4-bit blocks (a GGUF's Q4_0 / Q4_1
+    tensors, q4_blocks) and every d and m is a half-precision value, so the form holds the file's weights exactly
+    (Q4_0's d (q - 8) as the file has it: offset -8 d, where the group's smallest weight need not be a half).
+    Otherwise the weights are quantised here as gguf's Q4_1 does (per 32: the
+    offset the group's minimum, the scale its range / 15, both rounded to half precision, codes rounded to the
+    nearest step from them); quantize=False: None instead. None where a weight is not finite or beyond half
+    precision's range."""
+    n, k = w.shape
+    if k % Q4_GROUP or w.numel() == 0 or w.dtype != torch.float32:
+        return None
+    g = k // Q4_GROUP
+    blocks = q4_blocks(w)
+    if blocks is not None:
+        codes, d, m = blocks
+        codes = codes.view(n, g, Q4_GROUP)
+        bad = m.half().float() != m
+        if bad.any():  # Q4_0: d (q - 8), whose smallest weight (q4_blocks' offset) need not be a half: offset -8 d
+            r = torch.where(d > 0, m / d, torch.zeros_like(m)).round()
+            c = codes.int()
+            up = c + (r + 8).int().unsqueeze(-1)  # scale d, offset -8 d
+            down = (8 - r).int().unsqueeze(-1) - c  # scale -d, offset 8 d (the group's largest weight is d * 8)
+            ok = bad & (d * r == m)
+            use_up = ok & (up.amin(-1) >= 0) & (up.amax(-1) <= 15)
+            use_down = ok & ~use_up & (down.amin(-1) >= 0) & (down.amax(-1) <= 15)
+            codes = torch.where(use_up.unsqueeze(-1), up, torch.where(use_down.unsqueeze(-1), down, c)).to(torch.uint8)
+            m = torch.where(use_up, -8 * d, torch.where(use_down, 8 * d, m))
+            d = torch.where(use_down, -d, d)
+        dh, mh = d.half(), m.half()
+        if bool((dh.float() == d).all() and (mh.float() == m).all()):
+            return codes.view(n, k), dh, mh, True
+    if not quantize:
+        return None
+    b = w.reshape(n, g, Q4_GROUP)
+    lo, hi = b.amin(-1), b.amax(-1)
+    dh, mh = ((hi - lo) / 15).half(), lo.half()
+    if not (torch.isfinite(dh).all() and torch.isfinite(mh).all()):
+        return None
+    dd, mm = dh.float().unsqueeze(-1), mh.float().unsqueeze(-1)
+    q = torch.where(dd > 0, ((b - mm) / dd).round(), torch.zeros_like(b)).clamp(0, 15)
+    return q.to(torch.uint8).view(n, k), dh, mh, False
+
+
+def pack_q4q(codes: Tensor, d: Tensor, m: Tensor) -> Tensor:
+    """The Q4Q kernels' layout (csrc/kernels_q4q.h) of q4_weight's form: per block of 64 rows (zero-padded), 4
+    sub-blocks of 16 rows, per group of 32 k: d[16], m[16] (float16 bytes), then 4 chunks of 64 bytes, chunk t
+    holding row n's codes of k = 4t..4t+3 in bytes 4n..4n+3, low nibbles, and of k = 16+4t..16+4t+3, high nibbles."""
+    n, k = codes.shape
+    np_ = -(-n // 64) * 64
+    g = k // Q4_GROUP
+    pad = np_ - n
+    if pad:
+        codes = torch.cat([codes, codes.new_zeros(pad, k)])
+        d, m = torch.cat([d, d.new_zeros(pad, g)]), torch.cat([m, m.new_zeros(pad, g)])
+    c = codes.view(np_ // 64, 4, 16, g, 2, 4, 4).permute(0, 1, 3, 4, 5, 2, 6)  # [blocks, 4, g, half, t, 16 rows, j]
+    nib = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(np_ // 64, 4, g, 256)
+
+    def groups(v: Tensor) -> Tensor:  # [N, g] float16 -> [blocks, 4, g, 32] bytes
+        return v.reshape(np_ // 64, 4, 16, g).permute(0, 1, 3, 2).contiguous().view(torch.uint8)
+
+    return torch.cat([groups(d), groups(m), nib], -1).reshape(-1).contiguous()
+
+
 class PackedLinear:
     """y = x . W^T + b for decoding, with W packed once (see the module docstring)."""
 
-    __slots__ = ("out_features", "in_features", "mode", "data", "scale", "bias", "weight", "native", "lin", "screened")
+    __slots__ = (
+        "out_features", "in_features", "mode", "data", "scale", "bias", "weight", "native", "lin", "screened", "q4"
+    )  # fmt: skip
 
-    def __init__(self, weight: Tensor, bias: Tensor | None = None, dtype: str = "fp32", screen: bool = False):
+    def __init__(
+        self, weight: Tensor, bias: Tensor | None = None, dtype: str = "fp32", screen: bool = False, quantize=True
+    ):
+        """quantize (q4): weights that are not 4-bit blocks are quantised to them (True) or run in int8 (False)."""
         dtype = check_dtype(dtype)
         w = weight.detach()
         self.out_features, self.in_features = w.shape
-        self.mode = _MODE[dtype]
+        # q4: "file" (the weights are 4-bit blocks, kept), "load" (quantised to them here), None (not q4)
+        self.q4: str | None = None
+        q4 = None
+        if dtype == "q4":
+            q4 = q4_weight(w.cpu(), quantize) if w.dtype == torch.float32 else None
+            if q4 is None:  # not blocks (quantize=False), K not a multiple of 32, beyond half precision: int8
+                dtype = "int8"
+            else:
+                self.q4 = "file" if q4[3] else "load"
+        self.mode = _Q4Q if q4 is not None else _MODE[dtype]
         self.bias = bias.detach().float().contiguous() if bias is not None else None
         ext = native_kernels() if w.device.type == "cpu" and w.dtype == torch.float32 else None
         self.native = ext
@@ -310,7 +392,9 @@ class PackedLinear:
                     amx()  # int8 takes the tiles from 4 rows on (the same bits): follow BPD_AMX now
             lossless = dtype == "fp32" and not screen and _on("BPD_COMPACT")
             blocks = q4_blocks(w) if lossless else None
-            if blocks is not None:  # 4-bit blocks exactly (a GGUF's Q4 tensors): the fp32 bits from 1/5 the bytes
+            if q4 is not None:  # 4-bit codes x int8 activations per block of 32
+                packed = [pack_q4q(*q4[:3])]
+            elif blocks is not None:  # 4-bit blocks exactly (a GGUF's Q4 tensors): the fp32 bits from 1/5 the bytes
                 self.mode = _Q4F
                 packed = [pack_q4(*blocks)]
             else:
@@ -326,6 +410,11 @@ class PackedLinear:
                 # few outputs that can win computed in fp32: the same ids and bits (csrc/screen.h)
                 self.lin.add_screen(w.float().contiguous())
                 self.screened = self.lin.screened()  # (not where a weight is inf / NaN)
+        elif q4 is not None:  # q4 on torch: the 4-bit weights dequantised, activations fp32 (correct, not faster)
+            codes, d, m, _ = q4
+            g = self.in_features // Q4_GROUP
+            rows = codes.view(-1, g, Q4_GROUP).float() * d.float().unsqueeze(-1) + m.float().unsqueeze(-1)
+            self.weight = rows.view(self.out_features, self.in_features).to(w.device)
         elif dtype == "fp32":
             self.weight = w
         elif dtype == "bf16":

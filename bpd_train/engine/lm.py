@@ -5,6 +5,8 @@ the native loops (engine/fastlinear.py, csrc/lm.h)."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,8 @@ from torch import Tensor, nn
 from bpd_train.engine.fastlinear import PackedLinear, _on, native_kernels
 from bpd_train.engine.packed import DecodeOptions, draft_projection, verify_groups
 from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps, stop_array
+
+log = logging.getLogger(__name__)
 
 PREFIX_CACHE_BYTES = 64 << 20  # the last prompt's K/V kept for the next one's shared prefix, up to this size
 
@@ -70,10 +74,11 @@ class LMDecodeWeights(DecodeStep):
         self.chained = bool(getattr(heads, "chained", False))  # heads that read the token before their own
         self.identity_p1 = heads is None or heads.identity_p1
         self.pdt = (options.proposal_dtype or dt) if self.identity_p1 else dt
-        self.proj = PackedLinear(emb, None, dt, screen=True)
-        self.draft_ids, self.draft_proj = draft_projection(emb, None, options.draft_vocab, self.pdt)
+        vdt, vpdt = _vocab_dtype(dt), _vocab_dtype(self.pdt)
+        self.proj = PackedLinear(emb, None, vdt, screen=True)
+        self.draft_ids, self.draft_proj = draft_projection(emb, None, options.draft_vocab, vpdt)
         self.prop_proj = self.draft_proj or (
-            self.proj if self.pdt == dt or heads is None else PackedLinear(emb, None, self.pdt)
+            self.proj if vpdt == vdt or heads is None else PackedLinear(emb, None, vpdt)
         )
         self._props: dict[tuple[int, int], tuple] = {}
         self._prefix: tuple[Tensor, Tensor] | None = None  # (ids [n], K/V [L,2,G,n,Dh]) of the last prompt: prefill()
@@ -83,14 +88,17 @@ class LMDecodeWeights(DecodeStep):
         self.native_layers = self.native_loop = None
         self.lin: list = []
         if ext is not None:
-            layers = []
             smooth = int8_smoothing(model) if dt == "int8" and _on("BPD_INT8_SMOOTH") else None
+            norms = []
             for i, layer in enumerate(model.layers):
                 a, m = layer._modules["attn"], layer._modules["mlp"]
                 n1, n2 = layer._modules["norm1"], layer._modules["norm2"]
                 n1w, n2w = n1._parameters["weight"].detach(), n2._parameters["weight"].detach()
                 if smooth is None:
-                    lins = [_plin(a.qkv, dt), _plin(a.o, dt), _plin(m.gate_up, dt), _plin(m.down, dt)]
+                    # q4: a file's own 4-bit blocks; its other tensors in int8 (quantised to 4 bits at load below
+                    # where the model holds no 4-bit blocks at all)
+                    lins = [_plin(a.qkv, dt, False), _plin(a.o, dt, False), _plin(m.gate_up, dt, False),
+                            _plin(m.down, dt, False)]  # fmt: skip
                 else:
                     w = smooth[i]
                     n1w, n2w = w["norm1"], w["norm2"]
@@ -101,6 +109,17 @@ class LMDecodeWeights(DecodeStep):
                         PackedLinear(w["down"], m.down._parameters["bias"], dt),
                     ]
                 self.lin.append(lins)
+                norms.append((n1w, n2w))
+            if dt == "q4":
+                if not any(p.q4 for lins in self.lin for p in lins):  # hf: / own models: 4-bit blocks made at load
+                    for lins, layer in zip(self.lin, model.layers):
+                        a, m = layer._modules["attn"], layer._modules["mlp"]
+                        lins[:] = [_plin(a.qkv, dt), _plin(a.o, dt), _plin(m.gate_up, dt), _plin(m.down, dt)]
+                _log_q4([lin for lins in self.lin for lin in lins])
+            layers = []
+            for layer, lins, (n1w, n2w) in zip(model.layers, self.lin, norms):
+                a = layer._modules["attn"]
+                n1 = layer._modules["norm1"]
                 layers.append(
                     ext.LMLayer(
                         a.n_heads,
@@ -442,9 +461,36 @@ class LMDecodeWeights(DecodeStep):
     lookup_context = True
 
 
-def _plin(mod: nn.Linear, dtype: str) -> PackedLinear:
+def _vocab_dtype(dtype: str) -> str:
+    """The vocabulary projection's precision: q4 reads it in int8 (llama.cpp keeps a file's output projection at its
+    own 8 or 6 bits: 4 bits there move answers most), any other dtype as given."""
+    return "int8" if dtype == "q4" else dtype
+
+
+def _log_q4(lins: list[PackedLinear]) -> None:
+    """One line on what q4 made of a model's layer linears: the file's 4-bit blocks, quantised at load, or int8."""
+    n = len(lins)
+    kept = sum(p.q4 == "file" for p in lins)
+    load = sum(p.q4 == "load" for p in lins)
+    if kept == n:
+        log.info("decode dtype q4: all %d layer linears keep the file's 4-bit blocks (Q4_0 / Q4_1)", n)
+    elif kept:
+        log.warning(
+            "decode dtype q4: %d of %d layer linears keep the file's 4-bit blocks; the other %d (not Q4_0 / Q4_1 "
+            "blocks of 32: K-quants, Q8_0, F16 / F32 tensors) run in int8",
+            kept, n, n - kept,
+        )  # fmt: skip
+    else:
+        log.warning(
+            "decode dtype q4: the model holds no Q4_0 / Q4_1 blocks of 32; %d of its %d layer linears are quantised "
+            "to 4-bit blocks at load (as gguf's Q4_1)%s",
+            load, n, f", {n - load} run in int8 (inner size not a multiple of 32)" if n > load else "",
+        )  # fmt: skip
+
+
+def _plin(mod: nn.Linear, dtype: str, quantize: bool = True) -> PackedLinear:
     p = mod._parameters
-    return PackedLinear(p["weight"], p["bias"], dtype)
+    return PackedLinear(p["weight"], p["bias"], dtype, quantize=quantize)
 
 
 def int8_smoothing(model: nn.Module, alpha: float = 0.5) -> list[dict[str, Tensor]]:

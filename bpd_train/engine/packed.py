@@ -4,7 +4,7 @@ a model's step weights whenever a parameter changed (optimizer step, load_state_
 vocabulary): the key holds every parameter's storage pointer and in-place version counter.
 
 `DecodeOptions`:
-  dtype        "fp32" | "bf16" | "int8": precision of the decode-step weights (encoder stays fp32).
+  dtype        "fp32" | "bf16" | "int8" | "q4": precision of the decode-step weights (encoder stays fp32).
   draft_vocab  None, or the ids heads 2..k may propose (e.g. the N most frequent target tokens). Head 1
                always verifies over the full vocabulary, so the output stays exact; a proposal pass over
                N of V tokens reads N/V of the projection (EAGLE-3's draft vocabulary idea).

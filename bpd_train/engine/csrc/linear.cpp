@@ -20,7 +20,8 @@
 //
 // The code is in parts by concern, one translation unit (each part's header says what it holds):
 //   vec.h (vector helpers), kernels_fma.h / kernels_bf16.h / kernels_int8.h / kernels_amx.h (the kernels per
-//   instruction set), kernels_q4.h (fp32 over 4-bit codes), run.h (kernel drivers), packed.h (packing, packed
+//   instruction set), kernels_q4.h (fp32 over 4-bit codes), kernels_q4q.h (4-bit codes x int8
+//   activations per block of 32), run.h (kernel drivers), packed.h (packing, packed
 //   linear layers), step.h (what every step shares), screen.h (screened argmax), attention.h, encdec.h / lm.h
 //   (each model family's step), loops.h (the decode loops); this file: the module's bindings.
 #include "vec.h"
@@ -29,6 +30,7 @@
 #include "kernels_int8.h"
 #include "kernels_amx.h"
 #include "kernels_q4.h"
+#include "kernels_q4q.h"
 #include "run.h"
 #include "packed.h"
 #include "step.h"
@@ -158,6 +160,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("i8_avx2", []() { return (bool)BPD_I8_AVX2; }, "whether mode 4 runs on the AVX2 (vpmaddwd) kernels");
   m.def("amx", &amx, "whether AMX tiles run mode 5 (bf16) and int8 from 4 rows (this build, and the process may use them)");
   m.def("set_amx", &set_amx, "int8: whether AMX tiles may run it (bits unchanged either way)");
+  m.def("q4q_vnni", []() { return (bool)BPD_Q4Q_VNNI; }, "whether mode 7 (4-bit weights x int8 blocks) runs on vpdpbusd (else AVX2)");
   m.def("bf16_dot", &bf16_dot, "whether mode 3 (bf16 activations x bf16 weights, vdpbf16ps) is built");
   pybind11::class_<Lin>(m, "Lin")
       .def(pybind11::init<torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t, int64_t,

@@ -8,6 +8,7 @@
 #include "kernels_int8.h"
 #include "kernels_amx.h"
 #include "kernels_q4.h"
+#include "kernels_q4q.h"
 
 namespace {
 

@@ -45,7 +45,9 @@ static_assert(MB == 4 && NV % 2 == 0, "run() dispatches blocks of 1..4 rows and 
 // row count, on CPUs with AMX; I8D runs on AMX tiles from AMX_MIN_ROWS rows on (the same bits, see the AMX kernels).
 // Q4F: fp32 arithmetic over 4-bit codes with a scale and offset per 32 weights of a row, for weights that are
 // such blocks exactly (kernels_q4.h); the fp32 kernels' bits.
-enum Mode { F32 = 0, BF16 = 1, I8 = 2, BF16D = 3, I8D = 4, BF16A = 5, Q4F = 6 };
+// Q4Q: 4-bit codes with a half-precision scale and offset per 32 weights of a row times activations quantised to
+// int8 per block of 32 (kernels_q4q.h): a GGUF's Q4_0 / Q4_1 blocks multiplied as llama.cpp's CPU backend does.
+enum Mode { F32 = 0, BF16 = 1, I8 = 2, BF16D = 3, I8D = 4, BF16A = 5, Q4F = 6, Q4Q = 7 };
 
 #if defined(__AVX512F__)
 using vf = __m512;
