@@ -139,12 +139,12 @@ def headline(result: dict, link: str) -> str:
     if cell is None:
         raise ValueError("no batch-1 cell in this result")
     lines = [
-        f"`{result['command']}` — {machine_line(result)}, {cell['threads']} thread(s). {protocol_line(result)}",
+        f"`{result['command']}` — {machine_line(result)}, {cell['threads']} thread(s). {protocol_line(result)} "
+        f"Every cell, batch 8, step costs, per kind of request and transformers: [{link}]({link}).",
         "",
         *_table(HEADLINE_HEADER, "llrrrrrr", headline_rows(cell)),
-        f"All cells, batch 8, step costs and transformers: [{link}]({link}).",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip("\n")
 
 
 def page(result: dict) -> str:
