@@ -103,6 +103,8 @@ def test_evaluate_export_translate(artifacts, tmp_path):
             "4",
             "--max-len",
             *map(str, report["settings"]["max_len"]),
+            "--method",
+            "blockwise",  # over the bundle's own setting (its evaluation found greedy fastest for this tiny model)
         ],
         input=(out / "src.txt").read_text(),
         capture_output=True,
@@ -113,7 +115,7 @@ def test_evaluate_export_translate(artifacts, tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout == (out / "hyp" / "frozen-k4" / "k4.exact.bs3.txt").read_text()
-    assert "k̂=" in res.stderr
+    assert "k̂=" in res.stderr and "decode settings from the bundle:" in res.stderr
 
 
 def test_bad_input_is_one_line(artifacts, tmp_path):

@@ -81,22 +81,27 @@ def test_cli_subprocess(bundle):
     assert "translated 3 lines" in res.stderr
 
 
-def test_readme_python_api_snippet_runs(bundle, capsys):
-    """The README's Python API block is run as written (only the bundle path differs): it stays true."""
+def test_readme_python_api_snippet_runs(bundle, capsys, tmp_path):
+    """The README's Python API block is run as written (only the bundle's and the GGUF file's paths differ: a tiny
+    chat model stands for SmolLM2): it stays true."""
     import re
     from pathlib import Path
+
+    from _gguf_files import write_tiny_chat_llama
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Python API", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    assert 'load_bundle("artifacts/demo/bible_en_fr/export/best")' in code
+    assert 'Translator.from_pretrained("artifacts/demo/bible_en_fr/export/best")' in code
+    write_tiny_chat_llama(tmp_path / "tiny.gguf")
     code = code.replace("artifacts/demo/bible_en_fr/export/best", str(bundle))
+    code = code.replace("gguf:SmolLM2-135M-Instruct.Q4_1.gguf", f"gguf:{tmp_path / 'tiny.gguf'}")
     scope: dict = {}
     exec(compile(code, "README.md#python-api", "exec"), scope)
-    r, model, src = scope["r"], scope["model"], scope["src"]
-    assert src.shape[0] == 2 and len(r.tokens) == 2 and r.calls >= 1 and r.mean_accepted >= 1.0
-    assert scope["logits"].shape == (2, scope["tgt_in"].shape[1], model.config.block_size, model.config.vocab_size)
-    assert "[" in capsys.readouterr().out  # the print line ran
+    out, lm = scope["out"], scope["lm"]
+    assert len(out.texts) == 2 and out.calls >= 1 and out.mean_accepted >= 1.0
+    assert lm.settings.dtype == "int8"
+    assert capsys.readouterr().out.count("[") >= 2  # both print lines ran
 
 
 def test_non_utf8_input_keeps_every_other_line(bundle):
