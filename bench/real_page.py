@@ -178,16 +178,14 @@ def page(result: dict) -> str:
                     "decoding",
                     "tokens/s, median (min–max)",
                     "× greedy, median [quartiles] over batches",
-                    "k̂",
                     "ids = greedy's",
                 ],  # fmt: skip
-                "lrrrr",
+                "lrrr",
                 [
                     [
                         _decoding(e),
                         _tok(e["tok_s"]),
                         _x(e.get("vs_greedy")),
-                        f"{e['k_hat']:.2f}" if e.get("decoder") == "blockwise" and "k_hat" in e else "–",
                         _frac(e.get("identical_to_greedy")),
                     ]  # fmt: skip
                     for e in cell["engines"]
