@@ -2,31 +2,18 @@
 engines and a fake clock: warm-up, interleaving, medians (never a best pass), peers timed exactly as ours, and the
 pages rendered from the JSON alone."""
 
-import importlib
 import json
 import sys
 
 import pytest
+from _bench_fakes import Clock
+from _bench_fakes import load_bench as _load
 
 from conftest import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT))
 from bench import protocol  # noqa: E402
 from bench.protocol import Run  # noqa: E402
-
-
-def _load(name: str):
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    return importlib.import_module(f"bench.{name}")
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
 
 
 def fake(clock, log, name, seconds, tokens=4, calls=None):

@@ -1,15 +1,6 @@
 """bench/real.py's results page and bench/llama_peer.py's guard, without the model or llama.cpp (both are bench-only)."""
 
-import importlib
-import sys
-
-from conftest import REPO_ROOT
-
-
-def _load(name: str):
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    return importlib.import_module(f"bench.{name}")
+from _bench_fakes import load_bench as _load
 
 
 def test_llama_cpp_guard_names_the_extra_when_missing():

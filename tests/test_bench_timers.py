@@ -2,29 +2,16 @@
 measure(): driven here with fake engines and fake clocks (or tiny models), a pass that is far faster than the others
 must show only in the spread, never as the reported number (a best-of-reps timer would report it)."""
 
-import importlib
 import sys
 
 import pytest
+from _bench_fakes import Clock
+from _bench_fakes import load_bench as _load
 
 from conftest import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT))
 from bench.protocol import Run  # noqa: E402
-
-
-def _load(name: str):
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    return importlib.import_module(f"bench.{name}")
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
 
 
 def fake(clock, seconds, tokens=4, log=None, name=None, out=7):
