@@ -99,6 +99,12 @@ def compare(
             fns["adaptive"] = lambda src: blockwise(
                 model, src, block_size=k, accept=rule, max_len=max_len, adaptive=True
             )
+    out = _timed(fns, batches, device, warmup, on_batch, min_seconds)
+    return Comparison(out["greedy"], out.get("blockwise"), out.get("adaptive"))
+
+
+def _timed(fns, batches, device, warmup, on_batch, min_seconds) -> dict:
+    """name -> Decoded: the decoders timed interleaved over the batches, outputs back in input order."""
     timed = time_interleaved(fns, batches.tensors, device, warmup=warmup, on_batch=on_batch, min_seconds=min_seconds)
     out = {}
     for name, t in timed.items():
@@ -106,7 +112,7 @@ def compare(
         for r in t.results:
             stats.add(r)
         out[name] = Decoded(batches.scatter(t.results), stats, t.seconds, t.passes)
-    return Comparison(out["greedy"], out.get("blockwise"), out.get("adaptive"))
+    return out
 
 
 def _compare_sampling(model, batches, k, max_len, device, warmup, on_batch, min_seconds, s: dict) -> Comparison:
@@ -117,13 +123,7 @@ def _compare_sampling(model, batches, k, max_len, device, warmup, on_batch, min_
         fns["blockwise"] = lambda src: speculative_sample(
             model, src, block_size=k, max_len=max_len, row_seeds=seeds[id(src)], **s
         )
-    timed = time_interleaved(fns, batches.tensors, device, warmup=warmup, on_batch=on_batch, min_seconds=min_seconds)
-    out = {}
-    for name, t in timed.items():
-        stats = DecodeStats()
-        for r in t.results:
-            stats.add(r)
-        out[name] = Decoded(batches.scatter(t.results), stats, t.seconds, t.passes)
+    out = _timed(fns, batches, device, warmup, on_batch, min_seconds)
     return Comparison(out["greedy"], out.get("blockwise"))
 
 
