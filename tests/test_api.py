@@ -139,14 +139,14 @@ def test_lm_generate(tmp_path_factory):
 
 
 def test_draft_vocabulary_and_int8_proposals_can_be_turned_off(bundle):
-    # the options reach the model (each call sets its own), and proposals never change the exact output
+    # the options reach the decoder (each call sets its own), and proposals never change the exact output
     lines = [s for s, _ in read_pairs("validation", 6)]
     tr = Translator.from_pretrained(bundle, device="cpu")
     plain = tr.translate(lines, max_len=(1, 5), draft_top_tokens=None, proposal_dtype=None)
-    opts = tr.model.decode_options
+    opts = tr.decoder.options
     assert opts.draft_vocab is None and opts.proposal_dtype is None and opts.dtype == "fp32"
     draft = tr.translate(lines, max_len=(1, 5), draft_top_tokens=50, proposal_dtype="int8")
-    opts = tr.model.decode_options
+    opts = tr.decoder.options
     assert len(opts.draft_vocab) in (50, 51) and opts.proposal_dtype == "int8"
     assert draft.tokens == plain.tokens == tr.translate(lines, method="greedy", max_len=(1, 5)).tokens
     assert (
@@ -154,7 +154,7 @@ def test_draft_vocabulary_and_int8_proposals_can_be_turned_off(bundle):
         == plain.texts
     )
     tr.translate(lines[:1], max_len=(1, 5), draft_top_tokens=None, proposal_dtype=None)
-    assert tr.model.decode_options.draft_vocab is None  # not reset to "auto" by the next call
+    assert tr.decoder.options.draft_vocab is None  # not reset to "auto" by the next call
 
 
 def test_the_command_line_and_translator_take_the_same_options():
@@ -207,6 +207,7 @@ def test_lm_generate_in_int8(tmp_path_factory):
     from bpd_train.decoding import greedy
     from bpd_train.engine.fastlinear import native_kernels
     from bpd_train.engine.packed import DecodeOptions
+    from bpd_train.engine.weights import PackedWeights
     from bpd_train.loading import load
 
     if not native_kernels():
@@ -214,11 +215,11 @@ def test_lm_generate_in_int8(tmp_path_factory):
     lm_bundle = _bundle(tmp_path_factory.mktemp("api-lm-int8"), chat_template=False)
     lm = Translator.from_pretrained(lm_bundle, device="cpu")
     out = lm.generate(PROMPTS, max_new_tokens=8, dtype="int8", draft_top_tokens=30, proposal_dtype="bf16")
-    assert lm.model.decode_options.dtype == "int8" and len(lm.model.decode_options.draft_vocab) == 31
+    assert lm.decoder.options.dtype == "int8" and len(lm.decoder.options.draft_vocab) == 31
     loaded = load(lm_bundle)
     tok = loaded.lm_tokenizer()
-    loaded.model.decode_options = DecodeOptions(dtype="int8")
-    want = [tok.decode(t).strip() for t in greedy(loaded.model, tok.encode(PROMPTS), max_len=8).tokens]
+    pw = PackedWeights(DecodeOptions(dtype="int8"))
+    want = [tok.decode(t).strip() for t in greedy(loaded.model, tok.encode(PROMPTS), max_len=8, weights=pw).tokens]
     assert out.texts == want and any(want)
     assert out.texts == lm.generate(PROMPTS, max_new_tokens=8, dtype="int8", method="greedy").texts
 

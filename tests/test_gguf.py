@@ -19,6 +19,7 @@ from _gguf_files import SPECIALS, TEXT, bpe, hf_model, write_gguf  # noqa: E402
 
 from bpd_train.convert.gguf import GGUFError, check_gguf, load_gguf  # noqa: E402
 from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
+from bpd_train.engine.weights import default_weights  # noqa: E402
 
 PROMPTS = ["the quick brown fox", "hello world, how are", "12345 and 678", "le renard brun jumps over the lazy dog"]
 MAX_NEW = 16
@@ -140,10 +141,13 @@ def test_4bit_tensors_decode_from_their_codes_with_the_same_tokens(files, monkey
         pytest.skip("native decode kernels not built on this machine")
     model, tok, _ = load_gguf(files["llama"], block_size=3, heads="medusa")
     # per layer: qkv, o, gate/up, down; blk.0's feed-forward is Q4_0, blk.1's attention Q4_1, the rest Q8_0 / F16
-    assert [[lin.mode for lin in layer] for layer in model.decode_weights().lin] == [[0, 0, 6, 6], [6, 6, 0, 0]]
+    assert [[lin.mode for lin in layer] for layer in default_weights(model).get(model).lin] == [
+        [0, 0, 6, 6],
+        [6, 6, 0, 0],
+    ]
     monkeypatch.setenv("BPD_COMPACT", "0")
     ref, _, _ = load_gguf(files["llama"], block_size=3, heads="medusa")
-    assert {lin.mode for layer in ref.decode_weights().lin for lin in layer} == {0}
+    assert {lin.mode for layer in default_weights(ref).get(ref).lin for lin in layer} == {0}
     torch.manual_seed(0)
     with torch.no_grad():
         for p, q in zip(model.head_parameters(), ref.head_parameters()):

@@ -133,6 +133,7 @@ def test_generate_cli_int8_draft_vocab_blockwise_equals_int8_greedy(bundle):
     from bpd_train.decoding import greedy
     from bpd_train.decoding.settings import draft_vocabulary
     from bpd_train.engine.packed import DecodeOptions
+    from bpd_train.engine.weights import PackedWeights
     from bpd_train.loading import load
 
     text = "\n".join(PROMPTS) + "\n"
@@ -157,8 +158,8 @@ def test_generate_cli_int8_draft_vocab_blockwise_equals_int8_greedy(bundle):
     draft = draft_vocabulary(tok, 30, tok.eos_id)
     special = {i for i, t in tok.tk.get_added_tokens_decoder().items() if t.special}
     assert len(draft) == 31 and tok.eos_id in draft and not (set(draft) - {tok.eos_id}) & special
-    loaded.model.decode_options = DecodeOptions(dtype="int8")
-    want = [tok.decode(t).strip() for t in greedy(loaded.model, tok.encode(PROMPTS), max_len=8).tokens]
+    pw = PackedWeights(DecodeOptions(dtype="int8"))
+    want = [tok.decode(t).strip() for t in greedy(loaded.model, tok.encode(PROMPTS), max_len=8, weights=pw).tokens]
     assert out.split("\n")[:-1] == want and any(want)
 
 

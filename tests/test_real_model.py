@@ -100,7 +100,7 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     decode setting only the evaluation and the exports."""
     pytest.importorskip("gguf")
     from bpd_train.decoding import greedy
-    from bpd_train.decoding.settings import DecodeOptions, set_decode_options
+    from bpd_train.decoding.settings import DecodeOptions, packed_weights
     from bpd_train.loading import load
 
     gguf = tmp_path / "tiny.gguf"
@@ -147,7 +147,7 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     assert m["complete"] and m["kind"] == "lm" and "decode_dtype" not in m and m["num_examples"] == 24  # fp32
     # the corpus is the model's own fp32 greedy output
     model = load(f"gguf:{gguf}")
-    set_decode_options(model.model, DecodeOptions(dtype="fp32"))
+    pw = packed_weights(model.model, DecodeOptions(dtype="fp32"))
     tok = model.lm_tokenizer()
     recs = [json.loads(x) for x in sorted(made.glob("shard-*.jsonl"))[0].read_text().splitlines()][:4]
     prompts = [
@@ -156,7 +156,9 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     ]
     room = model.config.max_positions - 1  # a longer prompt keeps its newest tokens, as distill.py cuts it
     prompts = [q[len(q) - room :] if len(q) > room else q for q in prompts]
-    assert [list(t) for t in greedy(model.model, prompts, max_len=12).tokens] == [x["teacher_ids"] for x in recs]
+    assert [list(t) for t in greedy(model.model, prompts, max_len=12, weights=pw).tokens] == [
+        x["teacher_ids"] for x in recs
+    ]
 
     for run in ("distill-medusa-k3", "distill-bpd-k4", "distill-chain-k3"):
         assert (corpus / "heads" / run / "done.json").is_file()

@@ -20,6 +20,7 @@ from bpd_train.decode_settings import (  # noqa: F401 - re-exported: the setting
 from bpd_train.decoding.acceptance import AcceptanceRule, make_acceptance
 from bpd_train.engine.fastlinear import int8_compute
 from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.weights import PackedWeights
 
 AUTO_DRAFT_MIN_VOCAB = 2048  # below this a draft vocabulary saves too little of the projection to matter
 
@@ -121,15 +122,16 @@ def decode_options(settings: DecodeSettings, tokenizer, stop, device) -> DecodeO
     )
 
 
-def set_decode_options(model, options: DecodeOptions) -> None:
-    """model.decode_options = options, and build the decode-step weights now, so that an option this model or
-    machine cannot run (e.g. bf16 for a decoder-only model on the torch path) is one DecodeError here rather than
-    a traceback inside the first decoder call."""
-    model.decode_options = options
+def packed_weights(model, options: DecodeOptions) -> PackedWeights:
+    """A decoder's packed-weight cache for `options`, its step weights built for `model` now, so that an option this
+    model or machine cannot run (e.g. bf16 for a decoder-only model on the torch path) is one DecodeError here
+    rather than a traceback inside the first decoder call."""
+    weights = PackedWeights(options)
     try:
-        model.decode_weights()
+        weights.get(model)
     except ValueError as e:
         raise DecodeError(str(e)) from None
+    return weights
 
 
 def max_len_arg(max_len):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bpd_train.engine.fastlinear import PackedLinear, _on, native_kernels
-from bpd_train.engine.packed import DecodeOptions, draft_projection, verify_groups
+from bpd_train.engine.packed import DecodeOptions, copy_rows, draft_projection, verify_groups
 from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps, stop_array
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,17 @@ class LMDecodeWeights(DecodeStep):
     Elsewhere (CUDA, BPD_DECODE_ENGINE=torch, no compiler) the step is LMModel's torch path in fp32.
 
     What the engine does not look up in the model is given: `medusa`, whether the heads are Medusa heads (else BPD
-    heads, or none), and `stops`, the id or ids that end a row where a caller passes no `eos` (model/lm/model.py builds
-    these step weights)."""
+    heads, or none), and `stops`, the id or ids that end a row where a caller passes no `eos` (engine/weights.py
+    build_step_weights reads them off the model)."""
+
+    # cache rows copied in one native call where the kernels are loaded (model/cache.py DecoderState.reorder)
+    copy_rows = staticmethod(copy_rows)
 
     def __init__(self, model: nn.Module, options: DecodeOptions, *, medusa: bool, stops):
-        self.model, self.options = model, options
+        self.options = options
+        # the modules a step reads outside the packed linears (not the model itself: a decoder's cache of these
+        # weights must not keep the model alive)
+        self._norm, self._embed = model._modules["norm"], model._modules["embed"]
         self.stops = stop_array(stops)
         c = model.config
         dt = options.dtype
@@ -182,7 +188,7 @@ class LMDecodeWeights(DecodeStep):
 
     # ---- the pieces of a step ----
     def final_norm(self, h: Tensor) -> Tensor:
-        norm = self.model._modules["norm"]
+        norm = self._norm
         if self.native_layers is not None and h.dtype == torch.float32:
             return self.ext.rms_norm(h, norm._parameters["weight"].detach(), norm.eps)  # the native loops' norm
         return norm(h)
@@ -236,7 +242,7 @@ class LMDecodeWeights(DecodeStep):
             lins, _ = self._head_lins(lo, hi)
             if self.chained:
                 prev = first if first is not None else self.propose_torch(h, lo - 1, lo).squeeze(-1)
-                emb = self.model._modules["embed"]._parameters["weight"].detach()
+                emb = self._embed._parameters["weight"].detach()
                 for i in range(hi - lo):
                     tok, w1, w2 = lins[3 * i : 3 * i + 3]
                     x = h + tok(F.embedding(prev, emb))

@@ -198,8 +198,8 @@ def evaluate_loaded(
     if base.sampling:  # plain vs blockwise sampling; acceptance rules are for temperature 0 (one column per k)
         sampling = {n: getattr(base, n) for n in ("temperature", "top_k", "top_p", "seed")}
         rules = [("sampling", parse_rule("exact"))]
-    prepare(model, text.sp, base, device)  # sets the decode options, resolved for this tokenizer and device
-    options = model.decode_options
+    decoder = prepare(model, text.sp, base, device)  # the decode options for this tokenizer and device, packed
+    options = decoder.options
     src_ids = [text.source_ids(s) for s in sources]
     truncated = text.truncated  # of the timed sources
     max_len = base.max_len
@@ -264,6 +264,7 @@ def evaluate_loaded(
                 on_batch=bar.update,
                 min_seconds=settings.min_seconds,
                 sampling=sampling,
+                weights=decoder.weights,
             )
             g = c.greedy
             if greedy_ref is None:
@@ -330,7 +331,7 @@ def evaluate_loaded(
                     adaptive_agreement=agreement(c.adaptive.tokens, g.tokens),
                 )
     if q_batches is not None:
-        q_tokens = greedy_tokens(model, q_batches, max_len=max_len, on_batch=bar.update)
+        q_tokens = greedy_tokens(model, q_batches, max_len=max_len, on_batch=bar.update, weights=decoder.weights)
         hyps = [one_line(answer(base, text, t)[0]) for t in q_tokens]
         hyp_file = hyp_dir / "greedy.quality.txt"
         atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))
