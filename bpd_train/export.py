@@ -146,7 +146,7 @@ def export_vllm(
 # ------------------------------------------------------------------------------------------------- export.py
 def default_export_source(cfg) -> Path:
     """The newest trained head run of the corpus (else its base model)."""
-    from bpd_train.evaluation.cli import _hint, corpus_dir
+    from bpd_train.evaluation.cli import command_hint, corpus_dir
 
     root = corpus_dir(cfg)
     runs = []
@@ -156,7 +156,7 @@ def default_export_source(cfg) -> Path:
         except (CheckpointError, OSError):
             continue
     if not runs:
-        hint = _hint(cfg)
+        hint = command_hint(cfg)
         raise CheckpointError(
             f"nothing to export under {root}: train first with `python train.py +regime=base{hint}` "
             f"(then e.g. `python train.py +regime=frozen{hint}`), or pass export.checkpoint=PATH"

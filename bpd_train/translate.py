@@ -21,7 +21,7 @@ import sys
 from typing import Iterable, Iterator, TextIO
 
 from bpd_train.cli import USER_ERRORS, report
-from bpd_train.decode_settings import DecodeError, DecodeSettings, _int, add_arguments, carried, from_args
+from bpd_train.decode_settings import DecodeError, DecodeSettings, add_arguments, as_int, carried, from_args
 from bpd_train.decoding.result import DecodeStats
 from bpd_train.scoring import one_line
 
@@ -218,7 +218,7 @@ def decode_settings(args: argparse.Namespace, defaults: dict | None = None) -> D
     if args.greedy:
         changes["method"] = "greedy"
     if args.max_new_tokens is not None:
-        n = _int(args.max_new_tokens)
+        n = as_int(args.max_new_tokens)
         if n is None or n < 1:
             raise DecodeError(f"max_new_tokens={args.max_new_tokens!r}: expected an int >= 1")
         changes["max_len"] = n

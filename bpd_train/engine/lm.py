@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bpd_train.engine.fastlinear import PackedLinear, _on, native_kernels
+from bpd_train.engine.fastlinear import PackedLinear, env_on, native_kernels
 from bpd_train.engine.packed import DecodeOptions, copy_rows, draft_projection, verify_groups
 from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps, stop_array
 
@@ -94,7 +94,7 @@ class LMDecodeWeights(DecodeStep):
         self.native_layers = self.native_loop = None
         self.lin: list = []
         if ext is not None:
-            smooth = int8_smoothing(model) if dt == "int8" and _on("BPD_INT8_SMOOTH") else None
+            smooth = int8_smoothing(model) if dt == "int8" and env_on("BPD_INT8_SMOOTH") else None
             norms = []
             for i, layer in enumerate(model.layers):
                 a, m = layer._modules["attn"], layer._modules["mlp"]
@@ -167,7 +167,7 @@ class LMDecodeWeights(DecodeStep):
         bits a full prefill writes (BPD_PREFIX_CACHE=0: always the full prefill)."""
         r, t = ids.shape
         kv, lpad = state.self_kv, state.lpad  # kv [L,2,R,G,S,Dh]
-        keep = _on("BPD_PREFIX_CACHE")
+        keep = env_on("BPD_PREFIX_CACHE")
         n, start = 0, 0
         got = self._prefix if keep else None
         if got is not None:

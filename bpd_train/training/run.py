@@ -30,10 +30,10 @@ from bpd_train.training.module import BPDLightningModule
 from bpd_train.training.regimes import Regime, available_regimes
 from bpd_train.training.trainer import (
     TrainError,
-    _is_rank_zero,
     check_accelerator,
     default_root_dir,
     enable_tf32,
+    is_rank_zero,
     make_trainer,
     plain,
 )
@@ -363,7 +363,7 @@ def own_tokenizer(regime: Regime, resume: str | None) -> tuple[Any, Any]:
 def write_run_folder(cfg: DictConfig, run_dir: Path, tokenizer) -> None:
     """tokenizer.model (an imported model's tokenizer: its files in tokenizer/) and the resolved config.yaml
     beside the checkpoints (rank zero)."""
-    if not _is_rank_zero():
+    if not is_rank_zero():
         return
     from bpd_train.loading import TOKENIZER_DIR
 
@@ -400,7 +400,7 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
     resume = resolve_resume(cfg, run_dir)
     if (
         resume is None
-        and _is_rank_zero()
+        and is_rank_zero()
         and (run_dir / "checkpoints").is_dir()
         and any((run_dir / "checkpoints").glob("*.ckpt"))
     ):
@@ -418,11 +418,11 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
     resuming = resume is not None or any(default_root_dir(run_dir).glob("hpc_ckpt_*.ckpt"))
     trainer = make_trainer(cfg, run_dir, resuming=resuming, **trainer_overrides)
     done = run_dir / "done.json"  # what `make demo` and later stages read as "this run finished"
-    if _is_rank_zero():
+    if is_rank_zero():
         done.unlink(missing_ok=True)
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
     clear_data_marker(run_dir)
-    if _is_rank_zero() and not trainer.interrupted:
+    if is_rank_zero() and not trainer.interrupted:
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
         atomic_write_text(
             done,
