@@ -191,9 +191,9 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
     time_decoders()."""
     import gzip
 
+    from bpd_train.app.export import load_bundle
     from bpd_train.decoding import blockwise
     from bpd_train.decoding.settings import draft_vocabulary
-    from bpd_train.export import load_bundle
 
     torch.set_num_threads(threads)
     m, sp, _ = load_bundle(bundle)

@@ -40,7 +40,7 @@ def bench_regimes(
     from bpd_train.decoding import blockwise
     from bpd_train.decoding.common import decoding_mode, start_rows, stop_ids
     from bpd_train.decoding.settings import draft_vocabulary
-    from bpd_train.loading import load
+    from bpd_train.sources.loading import load
 
     torch.set_num_threads(threads)
     with gzip.open(ROOT / "data" / "bible-en-fr" / "validation.jsonl.gz", "rt", encoding="utf-8") as f:

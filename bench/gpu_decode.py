@@ -382,7 +382,7 @@ def demo_sources(tokenizer_path: Path, n: int, device) -> torch.Tensor:
 
 def demo_speedups(device, demo_dir: Path, sentences: int = 64, repeats: int = 2) -> dict:
     """The demo's trained head runs (make demo), if this tree has them: wall clock at batch 1 and 32."""
-    from bpd_train.loading import load
+    from bpd_train.sources.loading import load
 
     runs = sorted(p for p in demo_dir.glob("*/heads/*") if (p / "checkpoints").is_dir())
     if not runs:

@@ -46,7 +46,7 @@ from bpd_train.engine.fastlinear import cpu_model, engine_name  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions, parse_tree  # noqa: E402
 from bpd_train.engine.weights import PackedWeights  # noqa: E402
 from bpd_train.io import atomic_write_text  # noqa: E402
-from bpd_train.loading import load  # noqa: E402
+from bpd_train.sources.loading import load  # noqa: E402
 
 PROMPTS = [
     "What is the capital of France?",
@@ -384,7 +384,7 @@ def main(argv=None) -> None:
         _bad(why)
     spec = shown = args.model
     if spec is None:
-        from bpd_train.real_model import smollm2_file
+        from bpd_train.app.real_model import smollm2_file
 
         f = smollm2_file()
         if f is None:

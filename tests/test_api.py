@@ -12,8 +12,8 @@ from _eval_tiny import build_tiny, read_pairs
 from conftest import REPO_ROOT
 
 from bpd_train import Translator
+from bpd_train.app.export import export_checkpoint
 from bpd_train.decode_settings import DecodeSettings
-from bpd_train.export import export_checkpoint
 from bpd_train.scoring import one_line
 
 
@@ -24,7 +24,7 @@ def bundle(tmp_path_factory):
 
 
 def _cli(bundle, lines, *args):
-    from bpd_train.translate import main
+    from bpd_train.app.translate import main
 
     out = io.StringIO()
     assert (
@@ -163,8 +163,8 @@ def test_the_command_line_and_translator_take_the_same_options():
     argument of the same meaning."""
     import inspect
 
+    from bpd_train.app.translate import parser
     from bpd_train.decoding.settings import DEFAULT_MAX_LEN, DecodeSettings
-    from bpd_train.translate import parser
 
     translate = inspect.signature(Translator.translate).parameters
     generate = inspect.signature(Translator.generate).parameters
@@ -208,7 +208,7 @@ def test_lm_generate_in_int8(tmp_path_factory):
     from bpd_train.engine.fastlinear import native_kernels
     from bpd_train.engine.packed import DecodeOptions
     from bpd_train.engine.weights import PackedWeights
-    from bpd_train.loading import load
+    from bpd_train.sources.loading import load
 
     if not native_kernels():
         pytest.skip("the torch path decodes decoder-only models in fp32 only")
@@ -240,9 +240,9 @@ class _Lines:
 def test_decoded_texts_keep_their_line_breaks_and_only_the_line_per_input_writer_flattens():
     import torch
 
+    from bpd_train.app.translate import _line
     from bpd_train.decoding.result import DecodeResult
     from bpd_train.decoding.serving import decode_texts
-    from bpd_train.translate import _line
 
     class Decoder:
         device = torch.device("cpu")
@@ -297,10 +297,10 @@ def _report(path, source_id: str, rows: list[dict], **settings) -> str:
 
 
 def test_a_bundle_carries_the_settings_its_evaluation_found_fastest(tmp_path_factory, tmp_path, monkeypatch):
+    from bpd_train.app.translate import main
     from bpd_train.decode_settings import DecodeError
     from bpd_train.evaluation.report import recommended_settings
-    from bpd_train.loading import resolve
-    from bpd_train.translate import main
+    from bpd_train.sources.loading import resolve
 
     tiny = build_tiny(tmp_path_factory)
     sid = resolve(tiny["run"]).id

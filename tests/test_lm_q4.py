@@ -9,13 +9,13 @@ import logging
 import pytest
 import torch
 
-from bpd_train.convert.gguf import load_gguf
 from bpd_train.decoding import blockwise, greedy
 from bpd_train.decoding.settings import DecodeSettings
 from bpd_train.engine.fastlinear import PackedLinear, native_kernels, q4_weight
 from bpd_train.engine.packed import DecodeOptions, parse_tree
 from bpd_train.engine.weights import PackedWeights
 from bpd_train.model import LMConfig, LMModel
+from bpd_train.sources.convert.gguf import load_gguf
 from tests.test_lm_engine import prompts
 
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")

@@ -1,4 +1,4 @@
-"""make demo-real's chain (bpd_train/real_model.py): the prompts stage (kinds, a held-out kind, deterministic), the
+"""make demo-real's chain (bpd_train/app/real_model.py): the prompts stage (kinds, a held-out kind, deterministic), the
 int8 self-distillation setting, and the whole chain at toy size on a tiny GGUF file (make smoke-real)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO_ROOT, offline_env
 
-from bpd_train.real_model import PromptsError, make_prompts, prompts_stage, stale_heads
+from bpd_train.app.real_model import PromptsError, make_prompts, prompts_stage, stale_heads
 
 CORPUS = REPO_ROOT / "data" / "bible-en-fr"
 KINDS = ["Translate into French: {verse}", "Summarize: {verse}"]
@@ -101,7 +101,7 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     pytest.importorskip("gguf")
     from bpd_train.decoding import greedy
     from bpd_train.decoding.settings import DecodeOptions, packed_weights
-    from bpd_train.loading import load
+    from bpd_train.sources.loading import load
 
     gguf = tmp_path / "tiny.gguf"
     env = offline_env(BPD_CACHE=str(tmp_path / "cache"))
@@ -193,7 +193,7 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
 
 
 def test_the_exports_pick_the_fastest_exact_run_each_format_can_hold():
-    from bpd_train.real_model import chosen
+    from bpd_train.app.real_model import chosen
 
     def row(ckpt, speedup, k_hat=1.5, bs=1, agreement=100.0):
         return dict(
@@ -233,8 +233,8 @@ def test_heads_trained_on_another_corpus_are_refused_not_kept(tmp_path):
 
 
 def test_the_extra_evaluations_follow_their_settings_and_the_cpu():
+    from bpd_train.app.real_model import PromptsError, _also
     from bpd_train.engine.fastlinear import bf16_compute, int8_compute
-    from bpd_train.real_model import PromptsError, _also
 
     assert _also(True, "bf16", "fp32") and _also("true", "bf16", "int8") and _also("true", "int8", "bf16")
     assert not _also(False, "bf16", "fp32") and not _also("true", "bf16", "bf16")  # (the main evaluation is bf16)
@@ -246,7 +246,7 @@ def test_the_extra_evaluations_follow_their_settings_and_the_cpu():
 
 
 def test_the_precision_table_shows_each_reports_fastest_exact_cell_in_tokens_per_second(tmp_path):
-    from bpd_train.real_model import precisions
+    from bpd_train.app.real_model import precisions
 
     def row(k, blockwise_seconds, agreement=100.0, bs=1):
         return dict(

@@ -7,7 +7,7 @@
   spm        this project's own models (exported as Pegasus): tokenizer.model, ids = sentencepiece ids.
   tokenizers NLLB-200 (and anything shipping tokenizer.json): the HF `tokenizers` file; language tokens are
              its tokens (e.g. "eng_Latn"). Source: [src lang] pieces [eos].
-The target language of m2m100/tokenizers models is forced as the decoder's first token (bpd_train/convert/hf/mt.py
+The target language of m2m100/tokenizers models is forced as the decoder's first token (bpd_train/sources/convert/hf/mt.py
 makes it the model's bos_id, after the decoder-start prefix).
 
 `HFTokenizer` gives what the evaluation/translate code needs: source_ids(text) (with the model's special

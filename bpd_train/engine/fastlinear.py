@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 _MODE = {"fp32": 0, "bf16": 1, "int8": 2}
 _COMPUTE_MODE = {"bf16": 3, "int8": 4}  # csrc/vec.h Mode BF16D / I8D: activations in that precision too
 _BF16_AMX = 5  # csrc/vec.h Mode BF16A: bf16 x bf16 on AMX tiles, every row count
-_Q4F = 6  # csrc/vec.h Mode Q4F: fp32 arithmetic over 4-bit codes (weights that are such blocks exactly)
+Q4F = 6  # csrc/vec.h Mode Q4F: fp32 arithmetic over 4-bit codes (weights that are such blocks exactly)
 _Q4Q = 7  # csrc/vec.h Mode Q4Q: 4-bit codes (half-precision d, m per 32) x int8 activations per block of 32
 Q4_GROUP = 32  # weights of a row per scale and offset (GGUF's Q4_0 / Q4_1 blocks)
 _lock = threading.Lock()
@@ -395,7 +395,7 @@ class PackedLinear:
             if q4 is not None:  # 4-bit codes x int8 activations per block of 32
                 packed = [pack_q4q(*q4[:3])]
             elif blocks is not None:  # 4-bit blocks exactly (a GGUF's Q4 tensors): the fp32 bits from 1/5 the bytes
-                self.mode = _Q4F
+                self.mode = Q4F
                 packed = [pack_q4(*blocks)]
             else:
                 if lossless and bf16_exact(w):  # a bf16 checkpoint's weights: the bf16 kernels widen them exactly

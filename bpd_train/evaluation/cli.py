@@ -1,4 +1,4 @@
-"""What evaluate.py does with its Hydra config (the entry point stays thin; export.py's is bpd_train/export.py)."""
+"""What evaluate.py does with its Hydra config (the entry point stays thin; export.py's is bpd_train/app/export.py)."""
 
 from __future__ import annotations
 

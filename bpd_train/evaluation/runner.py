@@ -19,7 +19,6 @@ from typing import Any, Sequence
 
 import torch
 
-from bpd_train.checkpoint import CheckpointError
 from bpd_train.data.distilled import read_manifest
 from bpd_train.data.sampler import length_batches
 from bpd_train.decoding.batched import translate_ids
@@ -38,8 +37,9 @@ from bpd_train.evaluation.compare import Batches, compare, greedy_tokens
 from bpd_train.evaluation.metrics import agreement, corpus_scores
 from bpd_train.evaluation.report import add_comparisons, write_report
 from bpd_train.io import atomic_dir, atomic_write_text
-from bpd_train.loading import Source, load, resolve, run_checkpoints
-from bpd_train.loading import load as load_any
+from bpd_train.sources.checkpoint import CheckpointError
+from bpd_train.sources.loading import Source, load, resolve, run_checkpoints
+from bpd_train.sources.loading import load as load_any
 
 REPORT_FORMAT = "bpd-train-eval-report"
 KEEP_PARAMS = 300_000_000

@@ -2,7 +2,7 @@
 
 The BPDConfig architecture options (post-norm, no final norms, other sinusoid layouts, separate
 embeddings, a logits bias, a decoder prefix) exist so that imported Marian / M2M100 / NLLB checkpoints
-(bpd_train/convert/hf/mt.py) compute what transformers computes; the defaults are this project's own models.
+(bpd_train/sources/convert/hf/mt.py) compute what transformers computes; the defaults are this project's own models.
 
 Shapes: B batch, S source length, T target length, D d_model, V vocab, k heads, R decoder rows while
 decoding (batch x beam), n new tokens per decoder call.

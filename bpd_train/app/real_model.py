@@ -148,7 +148,7 @@ def bible_prompts(corpus_dir: Path, spec: dict[str, Any], src_lang: str = "en") 
     return out
 
 
-TOPICS_FILE = Path(__file__).resolve().parents[1] / "data" / "general-requests" / "topics.txt"
+TOPICS_FILE = Path(__file__).resolve().parents[2] / "data" / "general-requests" / "topics.txt"
 
 
 def _topics_file(spec: dict[str, Any]) -> Path:
@@ -391,7 +391,7 @@ def _evaluate(
 ) -> Path:
     """evaluate.py over every heads run into eval_dir, unless its report is newer than every run and was made with
     the same decode / evaluate settings (a changed setting makes it stale). Returns the report's path."""
-    from bpd_train.pipeline import compose, run_stage
+    from bpd_train.app.pipeline import compose, run_stage
 
     report_path = eval_dir / "report.json"
     newest = max((d / "done.json").stat().st_mtime for d in dirs.values())
@@ -427,9 +427,9 @@ def _evaluate(
 
 
 def run_chain(args: argparse.Namespace) -> None:
-    from bpd_train import pipeline
+    from bpd_train.app import pipeline
+    from bpd_train.app.pipeline import compose, run_stage, train_stage
     from bpd_train.data.distilled import read_manifest
-    from bpd_train.pipeline import compose, run_stage, train_stage
 
     gguf = Path(args.gguf) if args.gguf else smollm2_file()
     if gguf is None:

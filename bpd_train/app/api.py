@@ -74,7 +74,7 @@ class Translator:
         `settings` / `overrides`: the decode defaults (see the class)."""
         import torch
 
-        from bpd_train.loading import load
+        from bpd_train.sources.loading import load
 
         (settings or DecodeSettings()).replace(**overrides)  # a bad setting fails before the model loads
         if device == "auto":

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bpd_train import INSTALLED, REPO_ROOT
+from bpd_train.configs import INSTALLED, REPO_ROOT
 from bpd_train.data.distilled import DistillError, read_manifest
 
 HEAD_REGIMES = ("frozen", "finetune", "distill", "both", "self")
@@ -69,7 +69,7 @@ def run_stage(name: str, argv: list[str]) -> None:
         os.execvp(cmd[0], cmd)
     cmd = [sys.executable, *argv]
     if INSTALLED:  # no train.py beside an installed package: the same commands, from the package
-        cmd = [sys.executable, "-m", "bpd_train.commands", argv[0].removesuffix(".py"), *argv[1:]]
+        cmd = [sys.executable, "-m", "bpd_train.app.commands", argv[0].removesuffix(".py"), *argv[1:]]
     print(f"\n=== {name}: {' '.join(argv)}", flush=True)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=None if INSTALLED else REPO_ROOT)

@@ -1,9 +1,10 @@
 """Export: a run, checkpoint, ZeRO folder, bundle or hf:... -> a bundle folder (the format itself is
-bpd_train/bundle.py), or with export.format=hf a transformers checkpoint folder (bpd_train/convert/hf/mt.py `to_hf`:
+bpd_train/sources/bundle.py), or with export.format=hf a transformers checkpoint folder
+(bpd_train/sources/convert/hf/mt.py `to_hf`:
 the backbone for transformers' from_pretrained, the heads in bpd_heads.safetensors, custom_generate/generate.py
 for transformers' generate() with the heads, the tokenizer files).
 
-`python export.py` runs `run_export`. The model is loaded through bpd_train/loading.py like every other stage;
+`python export.py` runs `run_export`. The model is loaded through bpd_train/sources/loading.py like every other stage;
 `load_bundle`, `BundleError` and `export_bundle` stay importable from here (the names users and the README use).
 """
 
@@ -14,11 +15,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bpd_train.bundle import BundleError, check_output_dir, load_bundle
-from bpd_train.bundle import write_bundle as export_bundle
-from bpd_train.checkpoint import CheckpointError
-from bpd_train.convert import hf_format
-from bpd_train.loading import LoadedModel, Source, load, resolve
+from bpd_train.sources.bundle import BundleError, check_output_dir, load_bundle
+from bpd_train.sources.bundle import write_bundle as export_bundle
+from bpd_train.sources.checkpoint import CheckpointError
+from bpd_train.sources.convert import hf_format
+from bpd_train.sources.loading import LoadedModel, Source, load, resolve
 
 __all__ = [
     "BundleError",
@@ -105,8 +106,8 @@ def export_hf(
     bpd_train/hf_generate), and the tokenizer files: an imported model's own, or this project's tokenizer.model
     (read back by HFTokenizer kind spm).
     `overwrite` replaces only a folder that an earlier export.format=hf wrote."""
-    from bpd_train.convert.common import check_hf_output_dir
     from bpd_train.data.hf_tokenizer import tokenizer_files
+    from bpd_train.sources.convert.common import check_hf_output_dir
 
     src = resolve(source, tag=tag)
     out_dir = Path(out_dir)
@@ -130,7 +131,7 @@ def export_vllm(
 ) -> Path:
     """A decoder-only model with Medusa heads -> the folder vLLM's `medusa` speculative model loads
     (convert/vllm_medusa.py; serve it as the draft beside the base model)."""
-    from bpd_train.convert.vllm_medusa import export_medusa
+    from bpd_train.sources.convert.vllm_medusa import export_medusa
 
     src = resolve(source, tag=tag)
     loaded = load(src)

@@ -20,7 +20,7 @@ import json
 import sys
 from typing import Iterable, Iterator, TextIO
 
-from bpd_train.cli import USER_ERRORS, report
+from bpd_train.app.cli import USER_ERRORS, report
 from bpd_train.decode_settings import DecodeError, DecodeSettings, add_arguments, as_int, carried, from_args
 from bpd_train.decoding.result import DecodeStats
 from bpd_train.scoring import one_line
@@ -145,7 +145,7 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
     import torch
 
     from bpd_train.decoding.serving import decode_texts, prepare
-    from bpd_train.loading import load
+    from bpd_train.sources.loading import load
 
     try:
         settings = decode_settings(args)  # every decode value checked once, by the declaration
@@ -155,7 +155,7 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
             stdin = _input_file(args.input)
             data = stdin.getvalue()
             progress.total = data.count(b"\n") + (not data.endswith(b"\n"))
-        loaded = load(args.bundle, map_location=device)  # bpd_train/loading.py: a bundle (or any other source)
+        loaded = load(args.bundle, map_location=device)  # bpd_train/sources/loading.py: a bundle (or any other source)
         own, why = carried(loaded.meta, f"bundle {args.bundle}")
         if own:  # the bundle's own settings (its evaluation's fastest), under every flag given here
             settings = decode_settings(args, own)
