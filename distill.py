@@ -9,14 +9,14 @@ import hydra
 from omegaconf import DictConfig
 
 import bpd_train  # noqa: F401  (registers the ${repo_root:} resolver)
-from bpd_train.cli import check_config
+from bpd_train.app.cli import check_config
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="distill")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from bpd_train.cli import exits_on_user_error
+    from bpd_train.app.cli import exits_on_user_error
     from bpd_train.distillation import run
 
     summary = exits_on_user_error(run)(cfg, overrides=list(HydraConfig.get().overrides.task))

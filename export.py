@@ -8,13 +8,13 @@ import hydra
 from omegaconf import DictConfig
 
 import bpd_train  # noqa: F401  (registers the ${repo_root:} resolver)
-from bpd_train.cli import check_config
+from bpd_train.app.cli import check_config
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
 def main(cfg: DictConfig) -> None:
-    from bpd_train.cli import exits_on_user_error
-    from bpd_train.export import run_export
+    from bpd_train.app.cli import exits_on_user_error
+    from bpd_train.app.export import run_export
 
     exits_on_user_error(run_export)(cfg)
 

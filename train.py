@@ -8,12 +8,12 @@ import hydra
 from omegaconf import DictConfig
 
 import bpd_train  # noqa: F401  (registers the ${repo_root:} resolver)
-from bpd_train.cli import check_argv, check_config  # light: Lightning is imported only for a run
+from bpd_train.app.cli import check_argv, check_config  # light: Lightning is imported only for a run
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    from bpd_train.cli import exits_on_user_error
+    from bpd_train.app.cli import exits_on_user_error
     from bpd_train.training.run import train
 
     exits_on_user_error(train)(cfg)

@@ -73,7 +73,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--modes", nargs="+", default=["none", "add", "proj"], choices=["none", "add", "proj"])
     a = ap.parse_args(argv)
-    from bpd_train.loading import load
+    from bpd_train.sources.loading import load
 
     torch.set_num_threads(a.threads)
     loaded = load(a.run, map_location="cpu")

@@ -48,7 +48,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
     if args.teacher:
-        from bpd_train.loading import load
+        from bpd_train.sources.loading import load
 
         loaded = load(args.teacher)
         model, sp, what = loaded.model, loaded.tokenizer(), str(loaded.source)

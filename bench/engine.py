@@ -56,6 +56,7 @@ from bench.protocol import MIN_REPS, Run, measure, speedup, tok_s  # noqa: E402
 from bpd_train.decoding import greedy  # noqa: E402
 from bpd_train.engine.fastlinear import cpu_model, engine_name, native_kernels  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions  # noqa: E402
+from bpd_train.engine.weights import PackedWeights  # noqa: E402
 from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
 
 SIZES = {
@@ -124,9 +125,8 @@ def step_costs(
     with torch.inference_mode():
         states = {}
         for k, mk in models.items():
-            mk.decode_options = options
-            mk._decode_cache = None
-            st_k = mk.start_decoding(mk.encode(src), cached + 16 + loop_steps * k)
+            wk = PackedWeights(options).get(mk)  # freshly packed for these options
+            st_k = mk.start_decoding(mk.encode(src), cached + 16 + loop_steps * k, weights=wk)
             mk.decode(st_k, torch.randint(4, v, (1, cached), generator=torch.Generator().manual_seed(2)))
             states[k] = st_k
         st = states[ks[0]]
@@ -275,7 +275,6 @@ def bench_lm_decode(
     quartiles). Random heads are rarely accepted (k-hat near 1): this measures the engine, not trained heads."""
     torch.set_num_threads(threads)
     from bpd_train.decoding import blockwise
-    from bpd_train.engine.packed import weights_key
 
     rows = []
     for size in sizes:
@@ -285,11 +284,10 @@ def bench_lm_decode(
         prompts = [g.integers(3, v, size=int(g.integers(4, 25))).tolist() for _ in range(n_prompts)]
         runs = [("torch", "fp32")] + [("native", dt) for dt in dtypes if native_kernels() is not None]
         weights, stats = {}, {}
-        for engine, dt in runs:  # weights built under each engine, kept for the timed passes
-            m.decode_options = DecodeOptions(dtype=dt)
-            m._decode_cache = None
+        for engine, dt in runs:  # weights built under each engine, kept for the timed passes (one cache each)
+            weights[(engine, dt)] = PackedWeights(DecodeOptions(dtype=dt))
             with _engine(engine):
-                weights[(engine, dt)] = m.decode_weights()
+                weights[(engine, dt)].get(m)
 
         def decoder(engine, dt, dec):
             key = (engine, dt, dec)
@@ -297,10 +295,11 @@ def bench_lm_decode(
 
             def run(unit):
                 i, p = unit
-                m.decode_options = DecodeOptions(dtype=dt)
-                # (key, weights, the decoding call that last checked them: none yet)
-                m._decode_cache = (weights_key(m, m.decode_options), weights[(engine, dt)], None)
-                r = greedy(m, [p], max_len=max_len) if dec == "greedy" else blockwise(m, [p], max_len=max_len)
+                pw = weights[(engine, dt)]
+                if dec == "greedy":
+                    r = greedy(m, [p], max_len=max_len, weights=pw)
+                else:
+                    r = blockwise(m, [p], max_len=max_len, weights=pw)
                 stats[key][i] = (r.mean_accepted * r.row_steps, r.row_steps)
                 return Run([r.tokens[0]], r.row_steps)
 

@@ -19,6 +19,7 @@ import torch
 from bench.protocol import MIN_REPS, Run, matches, measure, speedup, tok_s
 from bpd_train.decoding import greedy
 from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.weights import PackedWeights
 from bpd_train.model import BPDConfig, BPDModel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,10 +130,10 @@ def bench_ct2(make_model, threads, batch_sizes, n_sent: int = 64, size: str = "b
             torch.set_num_threads(t)
             for ct2_type, our_dtype in (("float32", "fp32"), ("int8", "int8")):
                 tr = ctranslate2.Translator(d, device="cpu", compute_type=ct2_type, inter_threads=1, intra_threads=t)
-                m.decode_options = DecodeOptions(dtype=our_dtype)
+                pw = PackedWeights(DecodeOptions(dtype=our_dtype))
 
-                def ours(batch):
-                    return Run(greedy(m, batch, max_len=max_len).tokens)
+                def ours(batch, pw=pw):
+                    return Run(greedy(m, batch, max_len=max_len, weights=pw).tokens)
 
                 def ct2(batch, tr=tr):
                     r = tr.translate_batch(
@@ -190,9 +191,9 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
     time_decoders()."""
     import gzip
 
+    from bpd_train.app.export import load_bundle
     from bpd_train.decoding import blockwise
     from bpd_train.decoding.settings import draft_vocabulary
-    from bpd_train.export import load_bundle
 
     torch.set_num_threads(threads)
     m, sp, _ = load_bundle(bundle)
@@ -204,29 +205,28 @@ def bench_bundle(bundle: str, threads: int = 1, n_sent: int = 80, draft_vocab: i
     max_len = (1.5, 10)
     draft = draft_vocabulary(sp, draft_vocab, c.eos_id)
     ours = {
-        "greedy fp32": (DecodeOptions(), lambda mm, s: greedy(mm, [s], max_len=max_len)),
-        f"blockwise k={c.block_size} exact fp32": (DecodeOptions(), lambda mm, s: blockwise(mm, [s], max_len=max_len)),
+        "greedy fp32": (DecodeOptions(), lambda pw, s: greedy(m, [s], max_len=max_len, weights=pw)),
+        f"blockwise k={c.block_size} exact fp32": (
+            DecodeOptions(),
+            lambda pw, s: blockwise(m, [s], max_len=max_len, weights=pw),
+        ),
         f"blockwise k={c.block_size} exact fp32, draft {draft_vocab}": (
             DecodeOptions(draft_vocab=draft),
-            lambda mm, s: blockwise(mm, [s], max_len=max_len),
+            lambda pw, s: blockwise(m, [s], max_len=max_len, weights=pw),
         ),
         f"blockwise k={c.block_size} exact fp32, adaptive": (
             DecodeOptions(),
-            lambda mm, s: blockwise(mm, [s], max_len=max_len, adaptive=True),
+            lambda pw, s: blockwise(m, [s], max_len=max_len, adaptive=True, weights=pw),
         ),
-        "greedy int8": (DecodeOptions(dtype="int8"), lambda mm, s: greedy(mm, [s], max_len=max_len)),
+        "greedy int8": (DecodeOptions(dtype="int8"), lambda pw, s: greedy(m, [s], max_len=max_len, weights=pw)),
         f"blockwise k={c.block_size} exact int8": (
             DecodeOptions(dtype="int8"),
-            lambda mm, s: blockwise(mm, [s], max_len=max_len),
+            lambda pw, s: blockwise(m, [s], max_len=max_len, weights=pw),
         ),
     }
-    # one model per decoder: switching options on one model repacked its weights on every call, and the packing
-    # was charged to whichever decoder came first after a switch
-    import copy
-
-    models = {name: copy.deepcopy(m) for name in ours}
-    for name, (opts, _) in ours.items():
-        models[name].decode_options = opts
+    # one packed-weight cache per decoder: switching options on one cache repacked the weights on every call, and
+    # the packing was charged to whichever decoder came first after a switch
+    models = {name: PackedWeights(opts) for name, (opts, _) in ours.items()}
     try:
         import ctranslate2
     except ImportError:

@@ -47,12 +47,12 @@ def q4_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
 
 def q4_linear(n: int, k: int):
     """q4_weight's PackedLinear where the engine runs it from its codes (Q4F), else None."""
-    from bpd_train.engine.fastlinear import _Q4F
+    from bpd_train.engine.fastlinear import Q4F
 
     if k % 32:
         return None
     p = PackedLinear(q4_weight(n, k), None, "fp32")
-    return p if p.lin is not None and p.mode == _Q4F else None
+    return p if p.lin is not None and p.mode == Q4F else None
 
 
 def kernel_families():

@@ -12,6 +12,7 @@ import torch
 
 from bpd_train.decoding import greedy
 from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.weights import PackedWeights
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,13 +35,12 @@ def bench_regimes(
     (e.g. top2, distance:1): also blockwise under those acceptance rules (draft vocabulary, int8 proposals). A
     decoder-only run is prompted with each English source as its prompt-format translation into French (what
     make demo-lm trains and evaluates); its family's text adapter makes the ids either way."""
-    import copy
     import gzip
 
     from bpd_train.decoding import blockwise
     from bpd_train.decoding.common import decoding_mode, start_rows, stop_ids
     from bpd_train.decoding.settings import draft_vocabulary
-    from bpd_train.loading import load
+    from bpd_train.sources.loading import load
 
     torch.set_num_threads(threads)
     with gzip.open(ROOT / "data" / "bible-en-fr" / "validation.jsonl.gz", "rt", encoding="utf-8") as f:
@@ -52,35 +52,40 @@ def bench_regimes(
         family = loaded.family
         text = family.text_adapter(loaded, "en", "fr") if family.prompted else family.text_adapter(loaded)
         stops = stop_ids(m)
-        mf = copy.deepcopy(m) if dtype != "fp32" else None  # fp32 greedy, the reference of a lower precision
-        md = copy.deepcopy(m)  # its own packed weights: switching options on one model would repack every call
-        m.decode_options = DecodeOptions(dtype=dtype)
-        md.decode_options = DecodeOptions(dtype=dtype, draft_vocab=draft_vocabulary(text.sp, draft_vocab, stops))
-        mp = copy.deepcopy(m)  # the draft vocabulary with int8 proposals (head 1 still verifies in `dtype`)
-        mp.decode_options = DecodeOptions(
-            dtype=dtype, draft_vocab=draft_vocabulary(text.sp, draft_vocab, stops), proposal_dtype="int8"
+        # each decoder's own packed weights (one cache per set of options): fp32 greedy (the reference of a lower
+        # precision), `dtype`, the draft vocabulary, and the draft vocabulary with int8 proposals (head 1 still
+        # verifies in `dtype`)
+        wf = PackedWeights(DecodeOptions()) if dtype != "fp32" else None
+        w = PackedWeights(DecodeOptions(dtype=dtype))
+        wd = PackedWeights(DecodeOptions(dtype=dtype, draft_vocab=draft_vocabulary(text.sp, draft_vocab, stops)))
+        wp = PackedWeights(
+            DecodeOptions(dtype=dtype, draft_vocab=draft_vocabulary(text.sp, draft_vocab, stops), proposal_dtype="int8")
         )
         step = max(1, len(lines) // n_sent)
         srcs = sorted((text.source_ids(t) for t in lines[::step][:n_sent]), key=len)
         ml = (1.5, 10)
         fns = {
-            "greedy": lambda s: greedy(m, s, max_len=ml),
-            "plain": lambda s: blockwise(m, s, max_len=ml),
-            "adaptive": lambda s: blockwise(m, s, max_len=ml, adaptive=True),
-            f"draft {draft_vocab}": lambda s: blockwise(md, s, max_len=ml),
-            f"draft {draft_vocab} adaptive": lambda s: blockwise(md, s, max_len=ml, adaptive=True),
-            f"draft {draft_vocab} int8 proposals": lambda s: blockwise(mp, s, max_len=ml),
-            f"draft {draft_vocab} int8 proposals adaptive": lambda s: blockwise(mp, s, max_len=ml, adaptive=True),
+            "greedy": lambda s: greedy(m, s, max_len=ml, weights=w),
+            "plain": lambda s: blockwise(m, s, max_len=ml, weights=w),
+            "adaptive": lambda s: blockwise(m, s, max_len=ml, adaptive=True, weights=w),
+            f"draft {draft_vocab}": lambda s: blockwise(m, s, max_len=ml, weights=wd),
+            f"draft {draft_vocab} adaptive": lambda s: blockwise(m, s, max_len=ml, adaptive=True, weights=wd),
+            f"draft {draft_vocab} int8 proposals": lambda s: blockwise(m, s, max_len=ml, weights=wp),
+            f"draft {draft_vocab} int8 proposals adaptive": lambda s: blockwise(
+                m, s, max_len=ml, adaptive=True, weights=wp
+            ),
         }
         for rule in rules:
-            fns[f"draft {draft_vocab} int8 proposals {rule}"] = lambda s, r=rule: blockwise(mp, s, max_len=ml, accept=r)
-        if mf is not None:
-            fns["greedy fp32"] = lambda s: greedy(mf, s, max_len=ml)
+            fns[f"draft {draft_vocab} int8 proposals {rule}"] = lambda s, r=rule: blockwise(
+                m, s, max_len=ml, accept=r, weights=wp
+            )
+        if wf is not None:
+            fns["greedy fp32"] = lambda s: greedy(m, s, max_len=ml, weights=wf)
 
         def prefill(s):  # what every decoder does before its first step: the source's encoder / the prompt's cache
-            with decoding_mode(m):
+            with decoding_mode(m, w) as sw:
                 rows = start_rows(m, s, ml)
-                return m.start_decoding(m.encode(rows.src), rows.cap)
+                return m.start_decoding(m.encode(rows.src, sw), rows.cap, weights=sw)
 
         fns["prefill"] = prefill
         for bs in batch_sizes:
@@ -138,10 +143,10 @@ def bench_regimes(
                     prefill_share=round(pre / sec["greedy"], 3),
                     pass_speedups=[round(g / d, 3) for g, d in zip(per_pass["greedy"], per_pass[name])],
                 )
-                if mf is not None:
+                if wf is not None:
                     row["speedup_vs_fp32_greedy"] = round(sec["greedy fp32"] / sec[name], 3)
                 rows.append(row)
-                vs = f"  {row['speedup_vs_fp32_greedy']:.3f}x vs greedy fp32" if mf is not None else ""
+                vs = f"  {row['speedup_vs_fp32_greedy']:.3f}x vs greedy fp32" if wf is not None else ""
                 print(
                     f"regime {row['run']:12s} {dtype:4s} batch {bs:2d} {name:22s} {row['speedup']:.3f}x "
                     f"(steps {row['steps_speedup']:.3f}x; passes {min(row['pass_speedups']):.2f}-"

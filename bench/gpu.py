@@ -85,7 +85,7 @@ def train_chain(
     overrides=(),
 ) -> dict:
     """python train.py +regime=base, then +regime=frozen, experiment=smoke, by default on one GPU in bf16-mixed."""
-    from bpd_train.loading import load  # the one resolver: also reads DeepSpeed ZeRO folders
+    from bpd_train.sources.loading import load  # the one resolver: also reads DeepSpeed ZeRO folders
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(tempfile.gettempdir()) / "bpd-torch-ext"))

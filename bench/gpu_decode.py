@@ -15,6 +15,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
+from bpd_train.engine.weights import default_weights  # noqa: E402
 from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
 from bpd_train.model.lm.config import LMConfig  # noqa: E402
 from bpd_train.model.lm.model import LMModel  # noqa: E402
@@ -172,15 +173,18 @@ class StepBench:
         v = self.model.config.vocab_size
         g = torch.Generator().manual_seed(batch)
         self.tokens = torch.randint(4, v, (batch, kmax), generator=g).to(self.device)
+        w = default_weights(self.model).get(self.model)  # the model's default (fp32) step weights
         with torch.no_grad():
             if lm:  # the prompt is the prefix: start_decoding caches it, decoder tokens start at length 0
                 self.prompt = torch.randint(4, v, (batch, prefix + 1), generator=g).to(self.device)
-                self.state = self.model.start_decoding(self.model.encode(self.prompt), kmax + 1)
+                self.state = self.model.start_decoding(self.model.encode(self.prompt), kmax + 1, weights=w)
                 prefix = 0
             else:
                 src = torch.randint(4, v, (batch, src_len), generator=g)
                 src[:, -1] = EOS
-                self.state = self.model.start_decoding(self.model.encode(src.to(self.device)), prefix + kmax + 1)
+                self.state = self.model.start_decoding(
+                    self.model.encode(src.to(self.device)), prefix + kmax + 1, weights=w
+                )
                 pre = torch.randint(4, v, (batch, prefix), generator=g).to(self.device)
                 pre[:, 0] = BOS
                 self.model.decode(self.state, pre)
@@ -378,7 +382,7 @@ def demo_sources(tokenizer_path: Path, n: int, device) -> torch.Tensor:
 
 def demo_speedups(device, demo_dir: Path, sentences: int = 64, repeats: int = 2) -> dict:
     """The demo's trained head runs (make demo), if this tree has them: wall clock at batch 1 and 32."""
-    from bpd_train.loading import load
+    from bpd_train.sources.loading import load
 
     runs = sorted(p for p in demo_dir.glob("*/heads/*") if (p / "checkpoints").is_dir())
     if not runs:

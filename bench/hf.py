@@ -139,9 +139,9 @@ def run(a) -> dict:
     import transformers
     from ctranslate2.converters import TransformersConverter
 
-    from bpd_train.convert.hf import load_hf
     from bpd_train.engine.fastlinear import engine_name
     from bpd_train.model import BPDModel
+    from bpd_train.sources.convert.hf import load_hf
 
     torch.set_num_threads(a.threads[0])
     rows = []

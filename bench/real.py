@@ -29,6 +29,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -43,8 +44,9 @@ from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
 from bpd_train.decoding.settings import draft_vocabulary  # noqa: E402
 from bpd_train.engine.fastlinear import cpu_model, engine_name  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions, parse_tree  # noqa: E402
+from bpd_train.engine.weights import PackedWeights  # noqa: E402
 from bpd_train.io import atomic_write_text  # noqa: E402
-from bpd_train.loading import load  # noqa: E402
+from bpd_train.sources.loading import load  # noqa: E402
 
 PROMPTS = [
     "What is the capital of France?",
@@ -82,27 +84,36 @@ def options(model, tok, dtype: str, lookup: int = 0, narrow: int = 0, tree=()) -
     )
 
 
-def decoder(model, opts: DecodeOptions):
+class Decoder(NamedTuple):
+    """`model` with a decoder's own options and packed-weight / prompt caches (engine/weights.py PackedWeights)."""
+
+    model: torch.nn.Module
+    weights: PackedWeights
+
+    def greedy(self, src, **kw):
+        return greedy(self.model, src, weights=self.weights, **kw)
+
+    def blockwise(self, src, **kw):
+        return blockwise(self.model, src, weights=self.weights, **kw)
+
+
+def decoder(model, opts: DecodeOptions) -> Decoder:
     """A decoder of `model`'s weights with its own options and packed-weight / prompt caches: the one place that
     knows how options reach greedy and blockwise."""
-    m = type(model)(model.config)
-    m.load_state_dict(model.state_dict(), assign=True)  # the same weight tensors: no copy of the model a decoder
-    m.eval()
-    m.decode_options = opts
-    return m
+    return Decoder(model.eval(), PackedWeights(opts))
 
 
-def greedy_engine(m, new: int):
+def greedy_engine(m: Decoder, new: int):
     def run(unit) -> Run:
-        r = greedy(m, unit, max_len=new)
+        r = m.greedy(unit, max_len=new)
         return Run(r.tokens, r.calls)
 
     return run
 
 
-def blockwise_engine(m, k: int | None, new: int):
+def blockwise_engine(m: Decoder, k: int | None, new: int):
     def run(unit) -> Run:
-        r = blockwise(m, unit, block_size=k, accept=Exact(), max_len=new)
+        r = m.blockwise(unit, block_size=k, accept=Exact(), max_len=new)
         return Run(r.tokens, r.calls)
 
     return run
@@ -373,7 +384,7 @@ def main(argv=None) -> None:
         _bad(why)
     spec = shown = args.model
     if spec is None:
-        from bpd_train.real_model import smollm2_file
+        from bpd_train.app.real_model import smollm2_file
 
         f = smollm2_file()
         if f is None:
@@ -403,7 +414,7 @@ def main(argv=None) -> None:
     for threads in args.threads:
         torch.set_num_threads(threads)
         if fp32_ref is None:  # the model's own answers: fp32 greedy (the file's weights exactly), untimed
-            fp32_ref = greedy(decoder(model, options(model, tok, "fp32")), prompts, max_len=args.new_tokens).tokens
+            fp32_ref = decoder(model, options(model, tok, "fp32")).greedy(prompts, max_len=args.new_tokens).tokens
         # batch 1: every precision's greedy and blockwise, and llama.cpp on the file, interleaved request by request
         print(f"[threads {threads}] batch 1", flush=True)
         engines: dict = {}
@@ -527,12 +538,12 @@ def main(argv=None) -> None:
     print(json.dumps(result))
 
 
-def _adaptive(m, k: int, new: int):
+def _adaptive(m: Decoder, k: int, new: int):
     """Exact blockwise with adaptive feeding (proposals only while they pay, else greedy steps; what translate
     runs on a CPU)."""
 
     def run(unit) -> Run:
-        r = blockwise(m, unit, block_size=k, accept=Exact(), max_len=new, adaptive=True)
+        r = m.blockwise(unit, block_size=k, accept=Exact(), max_len=new, adaptive=True)
         return Run(r.tokens, r.calls)
 
     return run

@@ -6,20 +6,20 @@ from __future__ import annotations
 import json
 import time
 
-from bpd_train.decoding import Exact, blockwise, greedy
+from bpd_train.decoding import Exact
 from bpd_train.engine.fastlinear import native_kernels
 
 PHASES = ("embed", "decoder linears", "attention", "norms etc.", "head 1", "heads FFN", "proposal proj")
 
 
 def phases(a, b, prompts, new: int, k: int) -> dict:
-    """Where a greedy step (model a) and a k-row blockwise step (model b) spend their time: ms per step per phase
-    (csrc/step.h's profile), and the screened argmax's rows / full passes / candidates (fp32)."""
+    """Where a greedy step (decoder a) and a k-row blockwise step (decoder b; bench/real.py Decoder) spend their
+    time: ms per step per phase (csrc/step.h's profile), and the screened argmax's rows / full passes / candidates (fp32)."""
     ext = native_kernels()
     out = {}
     for name, run in (
-        ("greedy", lambda p: greedy(a, [p], max_len=new)),
-        (f"k={k}", lambda p: blockwise(b, [p], block_size=k, accept=Exact(), max_len=new)),
+        ("greedy", lambda p: a.greedy([p], max_len=new)),
+        (f"k={k}", lambda p: b.blockwise([p], block_size=k, accept=Exact(), max_len=new)),
     ):
         run(prompts[0])
         ext.screen_stats(True)

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bpd_train.cli import exits_on_user_error  # noqa: E402
+from bpd_train.app.cli import exits_on_user_error  # noqa: E402
 from bpd_train.engine.fastlinear import cpu_model as machine_cpu  # noqa: E402  (for reports that did not record one)
 from bpd_train.evaluation.report import cell_text, quality, quality_sentences  # noqa: E402
 from bpd_train.io import atomic_write_bytes, atomic_write_text  # noqa: E402

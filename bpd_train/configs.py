@@ -1,4 +1,5 @@
-"""What the shipped Hydra configs offer, read from conf/ without Hydra or torch: the front ends (bpd_train/cli.py)
+"""Where the shipped Hydra configs and data are (`REPO_ROOT`, `INSTALLED`, the resolvers `work_root` and
+`corpus_name`) and what the configs offer, read from conf/ without Hydra or torch: the front ends (bpd_train/app/cli.py)
 check a command line with it before anything heavy loads, and training/ reads the regime's record (`Regime`) and its
 choices from here."""
 
@@ -9,7 +10,52 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from bpd_train import REPO_ROOT
+# Where conf/ and the bundled corpus (data/) are: the clone (an editable install), or the copies a wheel ships in
+# bpd_train/_root (bpd_train/_build.py). INSTALLED: no clone around, so runs write under the working directory.
+# (bpd_train/__init__.py re-exports these: `bpd_train.REPO_ROOT`.)
+_SHIPPED = Path(__file__).resolve().parent / "_root"
+INSTALLED = (_SHIPPED / "conf").is_dir()
+REPO_ROOT = _SHIPPED if INSTALLED else Path(__file__).resolve().parent.parent
+
+
+def work_root() -> str:
+    """Where artifacts/ and outputs/ go by default (conf/paths/default.yaml): the clone, else the working directory."""
+    return str(Path.cwd() if INSTALLED else REPO_ROOT)
+
+
+def corpus_name(
+    path: object, hf_name: object = None, hf_config: object = None, src: object = None, tgt: object = None
+) -> str:
+    """A corpus's default name (conf/data/local.yaml): what it is plus a hash of where it is, so two corpora never
+    share an artifacts folder: /data/news -> news-en-fr-1a2b3c."""
+    import hashlib
+    import re
+
+    if path:
+        where = str(Path(str(path)).expanduser().resolve())
+        stem = Path(where).name.split(".")[0] or "corpus"
+    else:
+        local = Path(str(hf_name)).expanduser()
+        where = f"{local.resolve() if local.exists() else hf_name}/{hf_config}"
+        stem = "-".join(str(x).rstrip("/").rsplit("/", 1)[-1] for x in (hf_name, hf_config) if x)
+    digest = hashlib.sha256(where.encode()).hexdigest()[:6]
+    name = "-".join(str(x) for x in (stem, src, tgt, digest) if x)
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def register_resolvers() -> None:
+    """Hydra configs say ${repo_root:} so the bundled data is found whatever the working directory."""
+    try:
+        from omegaconf import OmegaConf
+    except ImportError:  # the pure-torch parts must import without omegaconf
+        return
+    if not OmegaConf.has_resolver("repo_root"):
+        OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
+    if not OmegaConf.has_resolver("work_root"):
+        OmegaConf.register_new_resolver("work_root", work_root)
+    if not OmegaConf.has_resolver("corpus_name"):
+        OmegaConf.register_new_resolver("corpus_name", corpus_name)
+
 
 # The training regime's choices, declared once: training/ (regimes.py, losses.py) and the command line's pre-check
 # (cli.py CHOICES) import them.

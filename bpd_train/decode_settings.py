@@ -47,7 +47,7 @@ class DecodeError(ValueError):
 # ------------------------------------------------------------------------------------------ the value checks
 # Each takes a value as the API, a config or the command line (a string) gives it and returns it normalised, or
 # raises ValueError("expected ...") -- DecodeSettings prefixes the name and the value.
-def _is_auto(v) -> bool:
+def is_auto(v) -> bool:
     return isinstance(v, str) and v.strip().lower() == AUTO
 
 
@@ -55,7 +55,7 @@ def _is_none(v) -> bool:
     return v is None or (isinstance(v, str) and v.strip().lower() in ("", "null", "none", "full", "0")) or v == 0
 
 
-def _int(v) -> int | None:
+def as_int(v) -> int | None:
     """An int as written (an int, or a string of one); None for anything else (bools included)."""
     if isinstance(v, bool):
         return None
@@ -78,7 +78,7 @@ def _choice(choices: Sequence[str]) -> Callable[[Any], str]:
 
 def _ints(lo: int, hi: int | None, expected: str, *, allow: Callable[[int], bool] = lambda n: True):
     def check(v) -> int:
-        n = _int(v)
+        n = as_int(v)
         if n is None or n < lo or (hi is not None and n > hi) or not allow(n):
             raise ValueError(f"expected {expected}")
         return n
@@ -142,19 +142,19 @@ def _max_len_checked(v):
         raise ValueError("expected an int, or [a, b] = at most a * source_len + b tokens (a >= 0)") from None
 
 
-def _draft_top_tokens(v):
-    if _is_auto(v):
+def check_draft_top_tokens(v):
+    if is_auto(v):
         return AUTO
     if _is_none(v):
         return None
-    n = _int(v)
+    n = as_int(v)
     if n is None or n < 1:
         raise ValueError("expected a number of tokens >= 1, auto, or null (all of them)")
     return n
 
 
-def _proposal_dtype(v):
-    if _is_auto(v):
+def check_proposal_dtype(v):
+    if is_auto(v):
         return AUTO
     if _is_none(v):
         return None
@@ -180,7 +180,7 @@ def _adaptive(v) -> bool | float | None:
 def _block_size(v) -> int | None:
     if v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "null")):
         return None
-    n = _int(v)
+    n = as_int(v)
     if n is None or n < 1:
         raise ValueError("expected an int >= 1 (at most the model's k), or None for the model's k")
     return n
@@ -286,14 +286,14 @@ class DecodeSettings:
         AUTO,
         "heads 2..k propose among the N tokens the tokenizer ranks highest (head 1 still verifies over all: output "
         "unchanged); auto: a quarter of a vocabulary of 2048+ tokens; none: all of them",
-        _draft_top_tokens,
+        check_draft_top_tokens,
         metavar="N",
     )
     proposal_dtype: Any = setting(
         AUTO,
         "heads 2..k and their projection alone in bf16 | int8: cheaper proposals, output unchanged (head 1 "
         "verifies in dtype); auto: int8 on a CPU with the int8 kernels; none: dtype",
-        _proposal_dtype,
+        check_proposal_dtype,
         metavar="DTYPE",
     )
     adaptive: Any = setting(

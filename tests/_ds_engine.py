@@ -183,7 +183,7 @@ def main() -> None:
         module.on_save_checkpoint(client)
         engine.save_checkpoint(args.save, tag="checkpoint", client_state=client)
         if int(os.environ["RANK"]) == 0:
-            from bpd_train.zero import consolidate_zero
+            from bpd_train.sources.zero import consolidate_zero
 
             state, meta = consolidate_zero(args.save)
             frozen = [n for n, p in module.model.named_parameters() if not p.requires_grad]

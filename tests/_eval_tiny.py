@@ -83,7 +83,7 @@ def tiny_model(vocab_size: int, block_size: int = 4, seed: int = 0, d_model: int
 def build(root: str) -> dict:
     """{'tok': spm path, 'run': run folder with checkpoints/last.ckpt (k=4), 'base': run folder (k=1),
     'tok2': a different sentencepiece model}."""
-    from bpd_train.checkpoint import write_checkpoint
+    from bpd_train.sources.checkpoint import write_checkpoint
 
     root_p = Path(root)
     tok = train_spm(root_p / "_tok")

@@ -12,8 +12,8 @@ from _eval_tiny import build_tiny, read_pairs
 from conftest import REPO_ROOT
 
 from bpd_train import Translator
+from bpd_train.app.export import export_checkpoint
 from bpd_train.decode_settings import DecodeSettings
-from bpd_train.export import export_checkpoint
 from bpd_train.scoring import one_line
 
 
@@ -24,7 +24,7 @@ def bundle(tmp_path_factory):
 
 
 def _cli(bundle, lines, *args):
-    from bpd_train.translate import main
+    from bpd_train.app.translate import main
 
     out = io.StringIO()
     assert (
@@ -139,14 +139,14 @@ def test_lm_generate(tmp_path_factory):
 
 
 def test_draft_vocabulary_and_int8_proposals_can_be_turned_off(bundle):
-    # the options reach the model (each call sets its own), and proposals never change the exact output
+    # the options reach the decoder (each call sets its own), and proposals never change the exact output
     lines = [s for s, _ in read_pairs("validation", 6)]
     tr = Translator.from_pretrained(bundle, device="cpu")
     plain = tr.translate(lines, max_len=(1, 5), draft_top_tokens=None, proposal_dtype=None)
-    opts = tr.model.decode_options
+    opts = tr.decoder.options
     assert opts.draft_vocab is None and opts.proposal_dtype is None and opts.dtype == "fp32"
     draft = tr.translate(lines, max_len=(1, 5), draft_top_tokens=50, proposal_dtype="int8")
-    opts = tr.model.decode_options
+    opts = tr.decoder.options
     assert len(opts.draft_vocab) in (50, 51) and opts.proposal_dtype == "int8"
     assert draft.tokens == plain.tokens == tr.translate(lines, method="greedy", max_len=(1, 5)).tokens
     assert (
@@ -154,7 +154,7 @@ def test_draft_vocabulary_and_int8_proposals_can_be_turned_off(bundle):
         == plain.texts
     )
     tr.translate(lines[:1], max_len=(1, 5), draft_top_tokens=None, proposal_dtype=None)
-    assert tr.model.decode_options.draft_vocab is None  # not reset to "auto" by the next call
+    assert tr.decoder.options.draft_vocab is None  # not reset to "auto" by the next call
 
 
 def test_the_command_line_and_translator_take_the_same_options():
@@ -163,8 +163,8 @@ def test_the_command_line_and_translator_take_the_same_options():
     argument of the same meaning."""
     import inspect
 
+    from bpd_train.app.translate import parser
     from bpd_train.decoding.settings import DEFAULT_MAX_LEN, DecodeSettings
-    from bpd_train.translate import parser
 
     translate = inspect.signature(Translator.translate).parameters
     generate = inspect.signature(Translator.generate).parameters
@@ -207,18 +207,19 @@ def test_lm_generate_in_int8(tmp_path_factory):
     from bpd_train.decoding import greedy
     from bpd_train.engine.fastlinear import native_kernels
     from bpd_train.engine.packed import DecodeOptions
-    from bpd_train.loading import load
+    from bpd_train.engine.weights import PackedWeights
+    from bpd_train.sources.loading import load
 
     if not native_kernels():
         pytest.skip("the torch path decodes decoder-only models in fp32 only")
     lm_bundle = _bundle(tmp_path_factory.mktemp("api-lm-int8"), chat_template=False)
     lm = Translator.from_pretrained(lm_bundle, device="cpu")
     out = lm.generate(PROMPTS, max_new_tokens=8, dtype="int8", draft_top_tokens=30, proposal_dtype="bf16")
-    assert lm.model.decode_options.dtype == "int8" and len(lm.model.decode_options.draft_vocab) == 31
+    assert lm.decoder.options.dtype == "int8" and len(lm.decoder.options.draft_vocab) == 31
     loaded = load(lm_bundle)
     tok = loaded.lm_tokenizer()
-    loaded.model.decode_options = DecodeOptions(dtype="int8")
-    want = [tok.decode(t).strip() for t in greedy(loaded.model, tok.encode(PROMPTS), max_len=8).tokens]
+    pw = PackedWeights(DecodeOptions(dtype="int8"))
+    want = [tok.decode(t).strip() for t in greedy(loaded.model, tok.encode(PROMPTS), max_len=8, weights=pw).tokens]
     assert out.texts == want and any(want)
     assert out.texts == lm.generate(PROMPTS, max_new_tokens=8, dtype="int8", method="greedy").texts
 
@@ -239,9 +240,9 @@ class _Lines:
 def test_decoded_texts_keep_their_line_breaks_and_only_the_line_per_input_writer_flattens():
     import torch
 
+    from bpd_train.app.translate import _line
     from bpd_train.decoding.result import DecodeResult
     from bpd_train.decoding.serving import decode_texts
-    from bpd_train.translate import _line
 
     class Decoder:
         device = torch.device("cpu")
@@ -296,10 +297,10 @@ def _report(path, source_id: str, rows: list[dict], **settings) -> str:
 
 
 def test_a_bundle_carries_the_settings_its_evaluation_found_fastest(tmp_path_factory, tmp_path, monkeypatch):
+    from bpd_train.app.translate import main
     from bpd_train.decode_settings import DecodeError
     from bpd_train.evaluation.report import recommended_settings
-    from bpd_train.loading import resolve
-    from bpd_train.translate import main
+    from bpd_train.sources.loading import resolve
 
     tiny = build_tiny(tmp_path_factory)
     sid = resolve(tiny["run"]).id

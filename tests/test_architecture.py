@@ -99,35 +99,57 @@ def test_data_imports_no_decoder_evaluation_or_training():
 
 def test_the_model_imports_nothing_from_the_layers_above_it():
     """model/ is pure torch: the stages that train, evaluate, distill, load, convert or bundle a model, and the data
-    side, call into it, never the reverse (bpd_train/families reads the model's classes, the model not the families)."""
+    side, call into it, never the reverse (bpd_train/families reads the model's classes, the model not the families).
+    Nor does it import the decode engine: a decoder owns the decode options and packed weights and hands the step
+    weights to the model (engine/weights.py PackedWeights)."""
     bad = violations(
-        "model", ("training", "evaluation", "distillation", "data", "loading", "convert", "bundle", "families")
+        "model",
+        ("engine", "training", "evaluation", "distillation", "data", "sources", "families", "app"),
     )
     assert not bad, "\n".join(bad)
 
 
 ROOT_UTILITIES = ("io.py", "max_len.py", "scoring.py", "configs.py", "decode_settings.py", "_version.py")
+# `python -m bpd_train.X` keeps working: thin modules at the root that only call bpd_train/app/X.py's main (export:
+# re-exports the names `from bpd_train.export import load_bundle` takes, as older bundles' model cards write it)
+ENTRY_POINTS = ("translate.py", "pipeline.py", "real_model.py", "export.py")
+# the package's folders, bottom to top (docs/architecture.md); hf_generate/ is transformers' custom-generate code
+# shipped inside exported models, which imports nothing of the package
 LAYERS = (
     "engine",
     "model",
     "decoding",
     "data",
     "families",
-    "loading",
-    "convert",
-    "bundle",
-    "checkpoint",
-    "zero",
+    "sources",
     "training",
     "evaluation",
     "distillation",
-    "api",
-    "translate",
-    "cli",
-    "commands",
-    "pipeline",
-    "export",
+    "app",
 )
+
+
+def test_the_package_root_holds_utilities_and_entry_points_only():
+    """Every layer is a folder: the root keeps the package's __init__ and build helper, the small utilities below
+    every layer and the thin `python -m` entry points; the layer list names the folders, each of which exists."""
+    assert all((PKG / name).is_dir() and (PKG / name / "__init__.py").is_file() for name in LAYERS)
+    root = sorted(p.name for p in PKG.glob("*.py"))
+    assert root == sorted(("__init__.py", "_build.py", *ROOT_UTILITIES, *ENTRY_POINTS)), root
+    folders = sorted(p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
+    assert folders == sorted((*LAYERS, "hf_generate")), folders
+
+
+def test_the_entry_points_only_call_the_apps_main():
+    """bpd_train/translate.py etc. import from their app module and nothing else of the package (the command lives
+    in bpd_train/app/, where the layer rules read it), and define nothing but the `__main__` call."""
+    for name in ENTRY_POINTS:
+        path = PKG / name
+        source = path.read_text(encoding="utf-8")
+        own = {m for _, m in imported_modules(source, _module_name(path)) if m.startswith("bpd_train")}
+        stem = name.removesuffix(".py")
+        assert own and all(m.startswith(f"bpd_train.app.{stem}") for m in own), (name, own)
+        defined = [n for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        assert not defined, name
 
 
 def test_the_root_utilities_import_no_layer():
@@ -140,6 +162,52 @@ def test_the_root_utilities_import_no_layer():
             parts = mod.split(".")
             if parts[0] == "bpd_train" and len(parts) > 1 and parts[1] in LAYERS:
                 bad.append(f"bpd_train/{name}:{line}: imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
+def private_imports(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, "module.name") for every `from <a module of the package> import _name` in `source` (module level or
+    inside functions, relative imports resolved): a name with one leading underscore belongs to its own module."""
+    package = module if is_package else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")
+            anchor = anchor[: len(anchor) - (node.level - 1)] if node.level > 1 else anchor
+            base = ".".join(anchor + ([base] if base else []))
+        if base.split(".")[0] != "bpd_train":
+            continue
+        out += [
+            (node.lineno, f"{base}.{a.name}")
+            for a in node.names
+            if a.name.startswith("_") and not a.name.startswith("__")
+        ]
+    return out
+
+
+def test_the_private_import_reader_sees_every_form():
+    src = (
+        "from bpd_train.data.corpus import _get, load_corpus\n"
+        "def f():\n"
+        "    from .cli import _hint\n"
+        "from bpd_train._version import __version__\n"
+        "from os import _exit\n"
+    )
+    got = [name for _, name in private_imports(src, "bpd_train.evaluation.runner")]
+    assert got == ["bpd_train.data.corpus._get", "bpd_train.evaluation.cli._hint"]
+
+
+def test_no_module_imports_another_modules_private_name():
+    """A name with one leading underscore is its module's own: a name another module needs is public (or moves to
+    where both can import it). bench/ is held to the same rule; the tests may reach inside a module."""
+    bad = []
+    for path in sorted([*PKG.rglob("*.py"), *(PKG.parent / "bench").rglob("*.py")]):
+        mod = _module_name(path)
+        for line, name in private_imports(path.read_text(encoding="utf-8"), mod, path.name == "__init__.py"):
+            bad.append(f"{path.relative_to(ROOT).as_posix()}:{line}: imports {name}")
     assert not bad, "\n".join(bad)
 
 

@@ -45,7 +45,7 @@ def test_prompts_are_chat_records_or_lines_of_text_and_bad_files_are_one_error(t
 def test_the_draft_vocabulary_follows_the_bench_setting(tmp_path, monkeypatch):
     from _gguf_files import write_tiny_chat_llama
 
-    from bpd_train.loading import load
+    from bpd_train.sources.loading import load
 
     real = _load("real")
     write_tiny_chat_llama(tmp_path / "tiny.gguf")

@@ -185,7 +185,7 @@ def test_argmax_kernel_bench_keeps_the_median_of_its_rounds(monkeypatch):
 def test_bundle_bench_end_to_end_on_a_tiny_bundle(tmp_path_factory):
     from _eval_tiny import build_tiny
 
-    from bpd_train.export import export_checkpoint
+    from bpd_train.app.export import export_checkpoint
 
     ct2 = _load("engine_ct2")
     bundle = export_checkpoint(build_tiny(tmp_path_factory)["run"], tmp_path_factory.mktemp("bundles") / "b")

@@ -52,7 +52,7 @@ def test_private_regime_group_is_hidden(tmp_path):
 def test_valid_additions_still_compose():
     # keys meant to be added: a new callback (its _target_ and arguments), load_dataset keyword arguments; and a
     # number where a list is the default (decode.max_len), a word for Lightning's devices
-    from bpd_train.cli import check_config
+    from bpd_train.app.cli import check_config
 
     check_config(
         "train",

@@ -131,7 +131,7 @@ def test_corpus_path_is_named_before_the_device(tmp_path):
 def test_checks_import_nothing_heavy(tmp_path):
     """The whole check (compose, values, paths, device) runs without torch, Lightning or transformers."""
     code = (
-        "import sys; from bpd_train.cli import check_config\n"
+        "import sys; from bpd_train.app.cli import check_config\n"
         "try:\n    check_config('train', ['+regime=base', 'data.format=csv'], 'python train.py')\n"
         "except SystemExit as e:\n    assert e.code == 2\n"
         "heavy = sorted(m for m in ('torch', 'lightning', 'transformers', 'datasets') if m in sys.modules)\n"
@@ -144,7 +144,7 @@ def test_checks_import_nothing_heavy(tmp_path):
 
 
 def test_valid_values_pass(tmp_path):
-    from bpd_train.cli import check_config
+    from bpd_train.app.cli import check_config
 
     check_config("evaluate", ["evaluate.bleu_sentences=all", "decode.dtype=int8"], "python evaluate.py")
     check_config("evaluate", ["evaluate.bleu_sentences=200", "decode=greedy"], "python evaluate.py")
@@ -168,14 +168,14 @@ SOURCES = {
     "optim.schedule.name": ("bpd_train.training.optim", "SCHEDULES"),
     "model.heads": ("bpd_train.model.lm.config", "HEAD_TYPES"),
     "decode.dtype": ("bpd_train.engine.fastlinear", "DTYPES"),
-    "export.format": ("bpd_train.export", "FORMATS"),
+    "export.format": ("bpd_train.app.export", "FORMATS"),
     "distill.action": ("bpd_train.distillation.job", "ACTIONS"),
 }
 
 
 @pytest.mark.parametrize("key", SOURCES)
 def test_pre_check_choices_match_the_code(key):
-    from bpd_train.cli import CHOICES
+    from bpd_train.app.cli import CHOICES
 
     module, name = SOURCES[key]
     assert set(CHOICES[key]) == set(getattr(importlib.import_module(module), name)), key
@@ -205,7 +205,7 @@ def test_refused_inside_the_run_leaves_no_run_folder(tmp_path):
     ],
 )
 def test_decode_values_are_checked_by_their_declaration_before_torch(config, override, line, capsys):
-    from bpd_train.cli import check_config
+    from bpd_train.app.cli import check_config
 
     args = [override] + (["+regime=frozen"] if config == "train" else [])
     with pytest.raises(SystemExit) as e:

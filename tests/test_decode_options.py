@@ -117,8 +117,8 @@ def test_the_translate_flags_are_the_declared_settings():
     """One flag per declared setting, `--<name>`, not given unless given; what a flag sets is the setting."""
     import dataclasses
 
+    from bpd_train.app.translate import decode_settings, parser
     from bpd_train.decode_settings import DecodeSettings as Declared
-    from bpd_train.translate import decode_settings, parser
 
     p = parser()
     dests = {a.dest: a for a in p._actions}
@@ -162,7 +162,7 @@ def test_the_decode_configs_list_every_declared_setting_at_its_default(name):
 
 
 def test_translator_and_the_evaluator_take_the_declared_names_as_overrides():
-    from bpd_train.api import Translator
+    from bpd_train.app.api import Translator
     from bpd_train.evaluation.runner import EvalSettings
 
     class Loaded:
@@ -190,9 +190,9 @@ def test_translator_and_the_evaluator_take_the_declared_names_as_overrides():
 def test_a_bad_value_is_the_same_line_from_the_api_the_evaluator_the_configs_and_the_command_line(name, value, flag):
     import io
 
-    from bpd_train.api import Translator
+    from bpd_train.app.api import Translator
+    from bpd_train.app.translate import main
     from bpd_train.evaluation.runner import EvalSettings
-    from bpd_train.translate import main
 
     with pytest.raises(EvalError) as api:
         Translator.from_pretrained("/nonexistent", device="cpu", **{name: value})

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import bpd_train.engine.weights as engine_weights
 from bpd_train.decoding import Distance, Exact, TopK, beam_search, blockwise, greedy
 from bpd_train.engine.mt import DecodeWeights
 from bpd_train.model import BPDConfig, BPDModel
@@ -125,10 +126,10 @@ class OracleModel(nn.Module):
         self.config = BPDConfig(vocab_size=vocab, d_model=8, n_heads=1, block_size=k, max_positions=64)
         self.scripts, self.wrong, self.k, self.v = scripts, set(wrong), k, vocab
 
-    def encode(self, src):
+    def encode(self, src, weights=None):
         return src[:, 0]  # the script id
 
-    def start_decoding(self, memory, capacity, expand=1):
+    def start_decoding(self, memory, capacity, expand=1, weights=None):
         st = _OracleState(memory.repeat_interleave(expand), capacity)
         st.weights = _FakeWeights(self)
         return st
@@ -155,6 +156,18 @@ class OracleModel(nn.Module):
     def heads_logits(self, h, lo=0, hi=None):
         hi = self.k if hi is None else hi
         return h[..., lo * self.v : hi * self.v].reshape(*h.shape[:-1], hi - lo, self.v)
+
+
+@pytest.fixture(autouse=True)
+def _fake_models_bring_their_step_weights(monkeypatch):
+    """The decoders get a model's step weights from a packed-weight cache (engine/weights.py); the scripted models
+    here have no layers to pack: their cache builds the fake step weights below."""
+    real = engine_weights.build_step_weights
+
+    def build(model, options):
+        return _FakeWeights(model) if isinstance(model, (OracleModel, TableModel)) else real(model, options)
+
+    monkeypatch.setattr(engine_weights, "build_step_weights", build)
 
 
 class _FakeWeights:
@@ -238,10 +251,10 @@ class TableModel(nn.Module):
         self.table = table
         self.vocab = vocab
 
-    def encode(self, src):
+    def encode(self, src, weights=None):
         return src
 
-    def start_decoding(self, memory, capacity, expand=1):
+    def start_decoding(self, memory, capacity, expand=1, weights=None):
         st = _TableState(memory.shape[0] * expand, capacity)
         st.weights = _FakeWeights(self)
         return st

@@ -171,7 +171,7 @@ def test_command_from_overrides():
 def test_num_threads_is_one_override_for_every_entry_point():
     """`num_threads=1` on make demo's command line goes to every stage: distill.py takes it as train.py and
     evaluate.py do (distill.num_threads follows it unless set itself)."""
-    from bpd_train.pipeline import compose
+    from bpd_train.app.pipeline import compose
 
     for name in ("train", "evaluate", "distill"):
         assert compose(name, ["num_threads=1"]).num_threads == 1

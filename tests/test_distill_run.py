@@ -17,7 +17,6 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from bpd_train.checkpoint import write_checkpoint
 from bpd_train.data.distilled import (
     DistillError,
     find_distilled_corpus,
@@ -26,8 +25,9 @@ from bpd_train.data.distilled import (
 )
 from bpd_train.distillation import run
 from bpd_train.io import sha256_file
-from bpd_train.loading import load as load_model
 from bpd_train.model import BPDConfig, BPDModel
+from bpd_train.sources.checkpoint import write_checkpoint
+from bpd_train.sources.loading import load as load_model
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = "bible_en_fr"

@@ -233,7 +233,7 @@ HYDRA_CMDS = [(w, c) for w, c in CMDS if _is_hydra(c)]
 
 @pytest.mark.parametrize("where,words", HYDRA_CMDS, ids=[f"{w}" for w, _ in HYDRA_CMDS])
 def test_config_commands_compose(where, words):
-    from bpd_train.cli import check_argv, check_config
+    from bpd_train.app.cli import check_argv, check_config
 
     if words[0] in HYDRA_SCRIPTS:
         name, argv = HYDRA_SCRIPTS[words[0]], words[1:]
@@ -263,7 +263,7 @@ def test_python_commands_parse(where, words, monkeypatch):
         assert importlib.util.find_spec(name) is not None, f"{where}: no module {name}"
         module = importlib.import_module(name)
         main = getattr(module, "main", None)
-        if main is None:  # python -m bpd_train.commands train ...: the config commands
+        if main is None:  # python -m bpd_train.app.commands train ...: the config commands
             return
         _parse_flags(monkeypatch, lambda a: main(a), argv)
         return
@@ -332,7 +332,7 @@ def test_hf_cli_flags_exist():
 
 def test_regime_lists_name_every_regime():
     """The lists of regimes in the entry point's and the config's header comments are complete."""
-    from bpd_train.cli import regime_names
+    from bpd_train.app.cli import regime_names
 
     for name in ("train.py", "conf/train.yaml"):
         head = "\n".join((ROOT / name).read_text(encoding="utf-8").splitlines()[:4])

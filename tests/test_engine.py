@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from bpd_train.decoding import Exact, TopK, blockwise, greedy
 from bpd_train.engine.fastlinear import PackedLinear, amx, bf16_compute, int8_compute, native_kernels
 from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.weights import PackedWeights, default_weights
 from bpd_train.model import BPDConfig, BPDModel
 from tests.test_decoding import random_model, random_sources
 
@@ -213,7 +214,7 @@ def test_screened_projection_changes_no_token_and_no_step(monkeypatch):
         for screen in ("1", "0"):
             monkeypatch.setenv("BPD_SCREEN", screen)
             mm = copy.deepcopy(m)
-            assert mm.decode_weights().proj.lin.screened() == (screen == "1")
+            assert default_weights(mm).get(mm).proj.lin.screened() == (screen == "1")
             got = []
             for rows in (src, src[:1]):
                 got.append(greedy(mm, rows, max_len=20).tokens)
@@ -228,26 +229,26 @@ def test_screened_projection_changes_no_token_and_no_step(monkeypatch):
 def test_decode_weights_are_rebuilt_when_weights_change():
     m = random_model(4, seed=3)
     src = random_sources(4, seed=3)
-    w0 = m.decode_weights()
-    assert m.decode_weights() is w0  # cached while nothing changes
+    w0 = default_weights(m).get(m)
+    assert default_weights(m).get(m) is w0  # cached while nothing changes
     other = random_model(4, seed=4)
     m.load_state_dict(other.state_dict())  # load_state_dict copies in place
-    assert m.decode_weights() is not w0
+    assert default_weights(m).get(m) is not w0
     assert greedy(m, src, max_len=12).tokens == greedy(other, src, max_len=12).tokens
     # an optimizer step (in-place update of one parameter)
-    w1 = m.decode_weights()
+    w1 = default_weights(m).get(m)
     opt = torch.optim.SGD(m.parameters(), lr=0.5)
     m.train()
     m(src, torch.ones(4, 3, dtype=torch.long)).sum().backward()
     opt.step()
     m.eval()
-    assert m.decode_weights() is not w1
-    fresh = copy.deepcopy(m)
-    fresh._decode_cache = None
+    assert default_weights(m).get(m) is not w1
+    fresh = copy.deepcopy(m)  # a copy carries no packed weights: its own default ones are built anew
+    assert default_weights(fresh).cached is None
     assert greedy(m, src, max_len=12).tokens == greedy(fresh, src, max_len=12).tokens
     # another precision is another set of packed weights
-    m.decode_options = DecodeOptions(dtype="bf16")
-    assert m.decode_weights().options.dtype == "bf16"
+    pw_m = PackedWeights(DecodeOptions(dtype="bf16"))
+    assert pw_m.get(m).options.dtype == "bf16"
 
 
 @pytest.mark.parametrize("walk", ["native", "python"])
@@ -262,7 +263,7 @@ def test_weights_key_changes_with_every_kind_of_parameter_change(monkeypatch, wa
     elif native_kernels() is None:
         pytest.skip("native decode kernels not built on this machine")
     m = random_model(4, seed=3)
-    opts = m.decode_options
+    opts = DecodeOptions()
     key = packed.weights_key(m, opts)
     assert isinstance(key[1], bytes) == (walk == "native")
     assert packed.weights_key(m, opts) == key
@@ -333,6 +334,7 @@ import torch
 from bpd_train.decoding import blockwise, greedy
 from bpd_train.engine.fastlinear import PackedLinear, engine_name
 from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.weights import PackedWeights
 from tests.test_decoding import EOS, random_model, random_sources
 assert engine_name() == "native-avx2", engine_name()
 import os, sys
@@ -348,11 +350,11 @@ for dt in ("fp32", "bf16", "int8"):
     assert all(torch.equal(lin(x[i:i + 1])[0], full[i]) for i in range(11)), dt
     for k, seed, batch in [(4, 2, 1), (4, 3, 5)]:
         m = random_model(k, seed, eos_bias=1.5)
-        m.decode_options = DecodeOptions(dtype=dt)
+        pw_m = PackedWeights(DecodeOptions(dtype=dt))
         src = random_sources(batch, seed)
-        g = greedy(m, src, max_len=(1.5, 4))
-        assert blockwise(m, src, max_len=(1.5, 4)).tokens == g.tokens, (dt, k, seed)
-        assert blockwise(m, src, max_len=(1.5, 4), adaptive=True).tokens == g.tokens, (dt, k, seed)
+        g = greedy(m, src, max_len=(1.5, 4), weights=pw_m)
+        assert blockwise(m, src, max_len=(1.5, 4), weights=pw_m).tokens == g.tokens, (dt, k, seed)
+        assert blockwise(m, src, max_len=(1.5, 4), adaptive=True, weights=pw_m).tokens == g.tokens, (dt, k, seed)
 from tests.test_engine import test_every_head_size_gives_a_token_the_same_bits_in_any_block_and_matches_torch as heads
 for d in (16, 48, 64, 128, 256):                     # attention's unrolled and run-time head sizes
     heads(d, 2)
@@ -414,28 +416,28 @@ def test_native_encoder_matches_torch_and_each_row_alone():
         )
     ).eval()
     src = random_sources(5, seed=3, vocab=50, max_src=17)
-    assert m.decode_weights().native_encoder is not None
+    assert default_weights(m).get(m).native_encoder is not None
     with torch.no_grad():  # the torch path (training / validation)
         ref = m.encode(src)
         ref_kv = torch.stack([layer.cross_attn.memory_kv(ref.out) for layer in m.decoder_layers])
     with torch.inference_mode():  # (Lightning validates in inference mode)
         assert torch.equal(m.encode(src).out, ref.out)
-    with decoding_mode(m):
-        got = m.encode(src)
-        kv = m.start_decoding(got, 8).mem_kv
+    with decoding_mode(m) as w:
+        got = m.encode(src, w)
+        kv = m.start_decoding(got, 8, weights=w).mem_kv
         keep = src != m.config.pad_id
         assert torch.allclose(got.out[keep], ref.out[keep], atol=1e-5)
         assert torch.allclose(kv.permute(2, 4, 0, 1, 3, 5)[keep], ref_kv.permute(2, 4, 0, 1, 3, 5)[keep], atol=1e-5)
         assert not torch.equal(got.out[keep], ref.out[keep])  # (it is the native path: rounding differs)
         for r in range(src.shape[0]):
             n = int(keep[r].sum())
-            alone = m.encode(src[r : r + 1, :n]).out[0]
+            alone = m.encode(src[r : r + 1, :n], w).out[0]
             assert torch.equal(alone, got.out[r, :n])
     assert blockwise(m, src, max_len=12).tokens == greedy(m, src, max_len=12).tokens
     post = copy.deepcopy(m)
     for layer in post.encoder_layers:
         layer.pre_norm = False
-    assert post.decode_weights().native_encoder is None
+    assert default_weights(post).get(post).native_encoder is None
 
 
 @native
@@ -462,21 +464,21 @@ def test_every_head_size_gives_a_token_the_same_bits_in_any_block_and_matches_to
     ).eval()
     src = random_sources(5, seed=d_model, vocab=40, max_src=21)
     toks = torch.randint(3, 40, (5, 12))
-    with decoding_mode(m):
-        mem = m.encode(src)
-        one = m.start_decoding(mem, 16)
+    with decoding_mode(m) as w:
+        mem = m.encode(src, w)
+        one = m.start_decoding(mem, 16, weights=w)
         h_one = []
         for j in range(12):
             h_one.append(m.decode(one, toks[:, j : j + 1]))
             one.lengths += 1
         h_one = torch.cat(h_one, 1)
-        blk = m.start_decoding(mem, 16)
+        blk = m.start_decoding(mem, 16, weights=w)
         h_blk = []
         for lo, hi in [(0, 2), (2, 7), (7, 10), (10, 12)]:
             h_blk.append(m.decode(blk, toks[:, lo:hi]))
             blk.lengths += hi - lo
         assert torch.equal(torch.cat(h_blk, 1), h_one)
-        logits = m.decode_weights().head1(h_one)  # [R,12,V]
+        logits = w.head1(h_one)  # [R,12,V]
     tgt = torch.cat([torch.full((5, 1), m.config.bos_id), toks], 1)
     with torch.no_grad():  # the torch path
         ref = m(src, tgt[:, 1:])[:, :, 0]
@@ -485,9 +487,9 @@ def test_every_head_size_gives_a_token_the_same_bits_in_any_block_and_matches_to
 
 @native
 def test_step_weights_are_checked_once_per_decoding_call():
-    """Inside one decoding call the step weights are checked against the parameters once (the encoder,
-    start_decoding and the decoders all ask); a parameter changed between calls still rebuilds them."""
-    import bpd_train.engine.packed as packed
+    """Inside one decoding call the step weights are checked against the parameters once (decoding_mode hands
+    them to the encoder, start_decoding and the decoders); a parameter changed between calls still rebuilds them."""
+    import bpd_train.engine.weights as packed
     from bpd_train.decoding.common import decoding_mode
 
     m = random_model(3, seed=1)
@@ -497,16 +499,15 @@ def test_step_weights_are_checked_once_per_decoding_call():
     real = packed.weights_key
     packed.weights_key = lambda *a: calls.append(1) or real(*a)
     try:
-        with decoding_mode(m):
-            w = m.decode_weights()
-            m.start_decoding(m.encode(src), 8)
-            assert m.decode_weights() is w
+        with decoding_mode(m) as w:
+            m.start_decoding(m.encode(src, w), 8, weights=w)
+            assert default_weights(m).cached is w
         assert calls == [1]
         greedy(m, src, max_len=8)  # a new call checks again, once
         assert len(calls) == 2
         with torch.no_grad():
             m.embed.weight.mul_(-1.0)
-        assert m.decode_weights() is not w  # a new parameter state: new weights
+        assert default_weights(m).get(m) is not w  # a new parameter state: new weights
         assert blockwise(m, src, max_len=8).tokens == greedy(m, src, max_len=8).tokens
     finally:
         packed.weights_key = real
@@ -523,15 +524,15 @@ def test_chained_heads_keep_blockwise_equal_to_greedy_and_propose_alike_everywhe
     accepted = 0.0
     for k, seed, batch in [(2, 1, 1), (4, 2, 5), (6, 3, 16), (8, 4, 1)]:
         m = random_model(k, seed, eos_bias=1.5, chain=True)
-        m.decode_options = options
+        pw = PackedWeights(options)
         src = random_sources(batch, seed)
-        g = greedy(m, src, max_len=(1.5, 4))
-        r = blockwise(m, src, accept=Exact(), max_len=(1.5, 4))
+        g = greedy(m, src, max_len=(1.5, 4), weights=pw)
+        r = blockwise(m, src, accept=Exact(), max_len=(1.5, 4), weights=pw)
         assert r.tokens == g.tokens, f"k={k} seed={seed} {options}"
-        assert blockwise(m, src, max_len=(1.5, 4), adaptive=True).tokens == g.tokens
-        assert [blockwise(m, src[i : i + 1], max_len=(1.5, 4)).tokens[0] for i in range(batch)] == g.tokens
+        assert blockwise(m, src, max_len=(1.5, 4), adaptive=True, weights=pw).tokens == g.tokens
+        assert [blockwise(m, src[i : i + 1], max_len=(1.5, 4), weights=pw).tokens[0] for i in range(batch)] == g.tokens
         accepted = max(accepted, r.mean_accepted)
-        w = m.decode_weights()
+        w = pw.get(m)
         h = torch.randn(40, m.config.d_model)
         first = w.head1_argmax(h)
         props = w.propose(h, 1, k, first)

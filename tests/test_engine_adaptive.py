@@ -5,6 +5,7 @@ import torch
 
 from bpd_train.decoding import blockwise, greedy
 from bpd_train.engine.fastlinear import native_kernels
+from bpd_train.engine.weights import default_weights
 from tests.test_decoding import EOS, random_model, random_sources
 
 native = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
@@ -30,7 +31,7 @@ def test_adaptive_feeding_keeps_the_output_and_stops_paying_for_useless_heads():
     for adaptive, key in ((0.5, ("adaptive", 4, 0.5)), (True, ("adaptive", 4, None))):
         a = blockwise(bad, src, max_len=60, adaptive=adaptive)
         assert a.tokens == plain.tokens == g.tokens
-        offered = bad.decode_weights().stats[key].offered[1] - 1  # steps that fed proposal 1 (less the prior)
+        offered = default_weights(bad).get(bad).stats[key].offered[1] - 1  # steps that fed proposal 1 (less the prior)
         assert plain.mean_accepted < 1.2  # the heads really are useless
         assert plain.calls > 20 and offered <= plain.calls // 4  # ... and adaptive mostly stops feeding them
     with pytest.raises(ValueError, match="adaptive"):
@@ -76,7 +77,7 @@ def test_adaptive_calibration_times_every_width_mid_sentence_on_a_scratch_cache(
     m = random_model(4, seed=5)
     src = random_sources(1, seed=5)
     want = greedy(m, src, max_len=max_len).tokens
-    w = m.decode_weights()
+    w = default_weights(m).get(m)
     seen = []
     real = DecodeWeights.block_steps
 
@@ -94,7 +95,8 @@ def test_adaptive_calibration_times_every_width_mid_sentence_on_a_scratch_cache(
     assert calib and {c[0] for c in calib} == {lead}
     # what it feeds first: token number `lead` of a greedy run that does not stop at EOS
     with torch.inference_mode():
-        st = m.start_decoding(m.encode(prepare_source(m, src)), lead + 4)
+        _w = default_weights(m).get(m)
+        st = m.start_decoding(m.encode(prepare_source(m, src), _w), lead + 4, weights=_w)
         toks, _ = w.greedy_steps(m, st, start_tokens(m, st, 1, st.self_kv.device)[:, 0], np.array([99]), lead, eos=-1)
     assert {c[1][0] for c in calib} == {int(toks[0, -1])}
     assert {len(c[1]) for c in calib} == {2, 3, 4}
@@ -123,7 +125,7 @@ def test_adaptive_settled_on_greedy_runs_greedy_itself():
     m = _heads_that_never_pay()
     src = random_sources(1, seed=4)
     blockwise(m, src, max_len=12, adaptive=True)  # calibrates
-    ad = next(iter(m.decode_weights().stats.values()))
+    ad = next(iter(default_weights(m).get(m).stats.values()))
     ad.offered, ad.accepted = [1, 100, 100, 100], [1, 1, 1, 1]
     ad._best.clear()
     assert ad.calibrated_rows == {1} and ad.width(1) == 1
@@ -161,7 +163,7 @@ def test_adaptive_settled_on_greedy_counts_the_shortest_row_of_a_padded_batch():
     src = torch.tensor([[5, 6, EOS, 0, 0, 0, 0, 0, 0], [3, 4, 5, 6, 3, 4, 5, 6, EOS]])  # 3 and 9 tokens
     ml = (1.0, 2)  # horizons: 5 (shortest row), 11 (padded width)
     blockwise(m, src, max_len=ml, adaptive=True)  # calibrates for 2 rows
-    ad = next(iter(m.decode_weights().stats.values()))
+    ad = next(iter(default_weights(m).get(m).stats.values()))
     ad.offered, ad.accepted = [1, 100, 100, 100], [1, 1, 1, 1]
     ad._best.clear()
     assert ad.calibrated(ad.bucket(2)) is not None and ad.width(2) == 1
@@ -242,7 +244,7 @@ def test_adaptive_batch_of_fewer_rows_borrows_a_larger_batchs_calibration():
     DecodeWeights.batch_block_steps = spy
     try:
         assert blockwise(m, big, max_len=12, adaptive=True).tokens == greedy(m, big, max_len=12).tokens
-        ad = next(iter(m.decode_weights().stats.values()))
+        ad = next(iter(default_weights(m).get(m).stats.values()))
         assert ad.calibrated_rows == {ad.bucket(8)} and any(e == -1 for _, e in calls)
         calls.clear()
         assert blockwise(m, small, max_len=12, adaptive=True).tokens == greedy(m, small, max_len=12).tokens
@@ -285,7 +287,7 @@ def test_adaptive_calibrates_a_batch_as_a_batch_and_settles_on_greedy_per_bucket
     timed = sorted({s[1] for s, e in seen if e == -1})
     top = timed[-1]
     assert {s[0] for s, e in seen if e == -1} == {3} and timed == list(range(2, top + 1))
-    ad = next(iter(m.decode_weights().stats.values()))
+    ad = next(iter(default_weights(m).get(m).stats.values()))
     b = ad.bucket(3)
     assert b in ad.calibrated_rows and sorted(v for v, c in ad.calib if c == b) == [1, 2, 3, 4]
     assert all(ad.calib[(v, b)] > 1.0 for v in (2, 3, 4))  # a wider step over 3 rows costs more than a greedy one

@@ -10,10 +10,10 @@ import pytest
 
 from _eval_tiny import build_tiny, read_pairs
 
-from bpd_train.checkpoint import CheckpointError
 from bpd_train.decoding.settings import DecodeError as EvalError
 from bpd_train.decoding.settings import default_block_sizes, parse_rule
 from bpd_train.evaluation.runner import EvalSettings, evaluate_inputs, expand_inputs
+from bpd_train.sources.checkpoint import CheckpointError
 
 SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
 
@@ -30,7 +30,7 @@ def evaluated(tiny, tmp_path_factory):
     even though the tiny model is untrained."""
     from bpd_train.decoding import greedy
     from bpd_train.decoding.text import SpmText
-    from bpd_train.loading import load as load_model
+    from bpd_train.sources.loading import load as load_model
 
     pairs = read_pairs("validation", 8)
     sources = [s for s, _ in pairs]
@@ -114,9 +114,9 @@ def test_report_files(evaluated):
 
 
 def test_card_section_and_find_report(evaluated, tiny, tmp_path):
+    from bpd_train.app.export import export_checkpoint
     from bpd_train.evaluation.report import card_section, find_report
-    from bpd_train.export import export_checkpoint
-    from bpd_train.loading import source_id
+    from bpd_train.sources.loading import source_id
 
     out, _ = evaluated
     sid = source_id(tiny["run"])

@@ -9,7 +9,7 @@ from _eval_tiny import build_tiny, read_pairs
 
 from bpd_train.evaluation.callback import BlockwiseEval
 from bpd_train.evaluation.metrics import pad_batch
-from bpd_train.loading import load as load_model
+from bpd_train.sources.loading import load as load_model
 
 
 @pytest.fixture(scope="session")

@@ -25,9 +25,9 @@ def _run(script, *overrides, tmp):
 def artifacts(smoke_base, tmp_path_factory):
     """A copy of the smoke artifacts with base/ (trained) and heads/frozen-k4/: the base backbone plus k = 4
     random heads, written the way training writes checkpoints (so exact blockwise == greedy must hold)."""
-    from bpd_train.checkpoint import write_checkpoint
-    from bpd_train.loading import load as load_model
     from bpd_train.model import BPDConfig, BPDModel
+    from bpd_train.sources.checkpoint import write_checkpoint
+    from bpd_train.sources.loading import load as load_model
 
     src_art, base_run = smoke_base
     art = tmp_path_factory.mktemp("eval_cli") / "artifacts"
@@ -136,8 +136,8 @@ def test_nothing_trained_says_what_to_run(tmp_path):
 
 def test_export_real_lightning_checkpoint(smoke_base, tmp_path):
     """A checkpoint as Lightning writes it (optimizer states, loops, hparams) -> bundle with identical logits."""
-    from bpd_train.export import export_checkpoint, load_bundle
-    from bpd_train.loading import load as load_model
+    from bpd_train.app.export import export_checkpoint, load_bundle
+    from bpd_train.sources.loading import load as load_model
 
     _, base_run = smoke_base
     src = load_model(base_run)

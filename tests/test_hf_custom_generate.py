@@ -18,9 +18,9 @@ MAX_NEW = 20
 
 
 def _export(tmp_path, kind: str, init: str, identity_p1: bool = True):
-    from bpd_train.convert.hf.lm import to_hf_lm
     from bpd_train.model.lm.config import LMConfig
     from bpd_train.model.lm.model import LMModel
+    from bpd_train.sources.convert.hf.lm import to_hf_lm
 
     torch.manual_seed(0)
     cfg = LMConfig(
@@ -165,9 +165,9 @@ def test_docs_block_runs(tmp_path):
     """docs/decoder-only.md's block on transformers' generate runs as written."""
     from conftest import REPO_ROOT
 
-    from bpd_train.convert.hf.lm import to_hf_lm
     from bpd_train.model.lm.config import LMConfig
     from bpd_train.model.lm.model import LMModel
+    from bpd_train.sources.convert.hf.lm import to_hf_lm
 
     text = (REPO_ROOT / "docs" / "decoder-only.md").read_text(encoding="utf-8")
     code = text.split("## transformers' own `generate()` with the heads", 1)[1].split("```python\n", 1)[1]
@@ -268,8 +268,8 @@ def _sources():
 def test_translation_generate_with_heads_is_transformers_greedy(tmp_path, fam, init):
     from transformers import AutoModelForSeq2SeqLM
 
-    from bpd_train.convert.hf import to_hf
     from bpd_train.decoding import blockwise
+    from bpd_train.sources.convert.hf import to_hf
 
     model = _mt_model(fam, init)
     folder = to_hf(model, tmp_path / fam)
@@ -307,7 +307,7 @@ def test_translation_heads_that_are_right_decode_in_blocks(tmp_path):
     that equal head 1): every proposal is accepted, k tokens a pass."""
     from transformers import MarianMTModel
 
-    from bpd_train.convert.hf import to_hf
+    from bpd_train.sources.convert.hf import to_hf
 
     model = _mt_model("marian", "zero", k=4)
     with torch.no_grad():
@@ -322,7 +322,7 @@ def test_translation_heads_that_are_right_decode_in_blocks(tmp_path):
 def test_generate_refuses_what_is_not_greedy(tmp_path):
     from transformers import AutoModelForSeq2SeqLM
 
-    from bpd_train.convert.hf import to_hf
+    from bpd_train.sources.convert.hf import to_hf
 
     folder = to_hf(_mt_model("marian", "small"), tmp_path / "m")
     hf = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
@@ -340,10 +340,10 @@ def test_export_hf_writes_custom_generate_and_overwrites_only_its_own(tmp_path):
     import sentencepiece as spm
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    from bpd_train.convert.common import is_hf_export
-    from bpd_train.convert.hf import to_hf
-    from bpd_train.convert.hf.lm import to_hf_lm
-    from bpd_train.export import export_hf
+    from bpd_train.app.export import export_hf
+    from bpd_train.sources.convert.common import is_hf_export
+    from bpd_train.sources.convert.hf import to_hf
+    from bpd_train.sources.convert.hf.lm import to_hf_lm
 
     texts = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine", "hello world"]
     spm.SentencePieceTrainer.train(
@@ -400,7 +400,7 @@ def test_models_docs_block_runs(tmp_path):
     """docs/models.md's block on transformers' generate for a translation export runs as written."""
     from conftest import REPO_ROOT
 
-    from bpd_train.convert.hf import to_hf
+    from bpd_train.sources.convert.hf import to_hf
 
     text = (REPO_ROOT / "docs" / "models.md").read_text(encoding="utf-8")
     code = text.split("## Export (`to_hf`) and the heads file", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]

@@ -22,7 +22,7 @@ from conftest import REPO_ROOT, offline_env, run_train  # noqa: E402
 from test_hf_convert import TEXTS, _pieces, _randomize, _spm, folders  # noqa: E402,F401 (folders: a fixture)
 
 from bpd_train.decoding import greedy  # noqa: E402
-from bpd_train.loading import load  # noqa: E402
+from bpd_train.sources.loading import load  # noqa: E402
 
 DE = [
     "der schnelle braune fuchs springt",
@@ -117,7 +117,7 @@ def _ids(tok, texts):
 def test_native_model_exported_as_hf_imports_back_and_trains_heads(marian, tmp_path_factory, tmp_path):
     """Offline: a model of ours -> export.format=hf -> regime.init_from=hf: gives the same greedy
     output and a frozen run trains heads on it, keeping that output bit for bit."""
-    from bpd_train.export import run_export
+    from bpd_train.app.export import run_export
     from bpd_train.training.run import train
 
     tiny = build_tiny(tmp_path_factory)
@@ -220,9 +220,9 @@ def test_marian_frozen_train_bundle_translate(marian, tmp_path):
     assert greedy(trained.model, src, max_len=20).tokens == want  # frozen: head 1 is the model, bit for bit
     assert trained.model.heads.fc2.weight.abs().sum() > 0
 
-    from bpd_train.bundle import load_bundle
-    from bpd_train.export import run_export
-    from bpd_train.translate import main
+    from bpd_train.app.export import run_export
+    from bpd_train.app.translate import main
+    from bpd_train.sources.bundle import load_bundle
 
     bundle = tmp_path / "bundle"
     run_export(
@@ -354,7 +354,7 @@ def test_bad_hf_input_is_one_line(marian, tmp_path):
     line = _cli("hf:nobody-here/opus-mt-xx-yy", tmp_path)
     assert "HF_HUB_OFFLINE=1" in line and "nobody-here/opus-mt-xx-yy" in line
 
-    from bpd_train.translate import main
+    from bpd_train.app.translate import main
 
     err = io.StringIO()  # a transformers folder given as a bundle, without hf:
     assert main(["--bundle", str(folder)], stdin=io.StringIO("x\n"), stdout=io.StringIO(), stderr=err) == 2
@@ -373,7 +373,7 @@ def test_marian_finetune_then_export_hf_loads_in_transformers(marian, tmp_path):
     whose generate() gives our greedy output, with the heads in bpd_heads.safetensors."""
     from safetensors import safe_open
 
-    from bpd_train.export import run_export
+    from bpd_train.app.export import run_export
     from bpd_train.training.run import train
 
     folder = marian["folder"]
@@ -432,8 +432,8 @@ def test_m2m100_languages_through_the_pipeline(folders, marian, tmp_path):
     """hf:<folder>@src:tgt (M2M100 / NLLB): the target language is the model's BOS after the decoder-start
     prefix, the source language the first source token; a frozen run keeps greedy bit for bit and its bundle
     remembers both languages."""
-    from bpd_train.bundle import load_bundle
-    from bpd_train.export import export_checkpoint
+    from bpd_train.app.export import export_checkpoint
+    from bpd_train.sources.bundle import load_bundle
     from bpd_train.training.run import train
 
     mm, ttok, de = folders["m2m100"]

@@ -30,8 +30,8 @@ def plant_zero_payload(folder, marker):
 
 
 def test_loader_refuses_zero_payload(tmp_path):
-    from bpd_train.checkpoint import CheckpointError
-    from bpd_train.loading import load as load_any
+    from bpd_train.sources.checkpoint import CheckpointError
+    from bpd_train.sources.loading import load as load_any
 
     marker = tmp_path / "marker"
     evil = plant_zero_payload(tmp_path / "evil", marker)

@@ -15,6 +15,7 @@ from bpd_train.decoding import Distance, TopK, beam_search, blockwise, greedy
 from bpd_train.engine.fastlinear import native_kernels
 from bpd_train.engine.lm import LMDecodeWeights
 from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.weights import PackedWeights, default_weights
 from bpd_train.model import LMConfig, LMModel
 
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
@@ -92,13 +93,14 @@ def test_the_native_step_computes_the_torch_step():
     for i, (heads, kv, bias, tie, extra) in enumerate(CONFIGS):
         m = lm(i, heads, kv=kv, qkv_bias=bias, tie=tie, **extra)
         rows = prompts(4, i)
-        w = m.decode_weights()
+        w = default_weights(m).get(m)
         assert isinstance(w, LMDecodeWeights) and w.native_layers is not None
         with torch.inference_mode():
             src = torch.full((4, max(map(len, rows))), -1, dtype=torch.long)
             for r, p in enumerate(rows):
                 src[r, : len(p)] = torch.tensor(p)
-            state = m.start_decoding(m.encode(src), 8)
+            _w = default_weights(m).get(m)
+            state = m.start_decoding(m.encode(src, _w), 8, weights=_w)
             h1 = m.decode(state, state.first)  # [4,1,D]
             state.lengths = 1
             nxt = torch.randint(3, 12, (4, 3))
@@ -116,23 +118,26 @@ def test_a_row_is_bit_identical_alone_or_inside_a_block(dtype):
     # row-exact linears and attention: feeding k tokens at once gives each the bits of feeding them one at a time,
     # whatever the batch mates (torch's SDPA does not promise that)
     m = lm(1, "bpd", kv=2, qkv_bias=True)
-    m.decode_options = DecodeOptions(dtype=dtype)
+    pw_m = PackedWeights(DecodeOptions(dtype=dtype))
     rows = prompts(3, 1)
     src = torch.full((3, max(map(len, rows))), -1, dtype=torch.long)
     for r, p in enumerate(rows):
         src[r, : len(p)] = torch.tensor(p)
     toks = torch.randint(3, 12, (3, 5))
     with torch.inference_mode():
-        a = m.start_decoding(m.encode(src), 8)
+        _w = pw_m.get(m)
+        a = m.start_decoding(m.encode(src, _w), 8, weights=_w)
         block = m.decode(a, toks)  # [3,5,D]
-        b = m.start_decoding(m.encode(src), 8)
+        _w = pw_m.get(m)
+        b = m.start_decoding(m.encode(src, _w), 8, weights=_w)
         for j in range(5):
             b.lengths = j
             assert torch.equal(m.decode(b, toks[:, j : j + 1])[:, 0], block[:, j])
         for r, p in enumerate(rows):  # and alone, no left padding
-            c = m.start_decoding(m.encode(torch.tensor([p])), 8)
+            _w = pw_m.get(m)
+            c = m.start_decoding(m.encode(torch.tensor([p]), _w), 8, weights=_w)
             assert torch.equal(m.decode(c, toks[r : r + 1])[0], block[r])
-        w = m.decode_weights()
+        w = pw_m.get(m)
         assert torch.equal(w.head1_argmax(block), w.head1_argmax(block.reshape(15, -1)).view(3, 5))
 
 
@@ -141,16 +146,16 @@ def test_exact_blockwise_equals_greedy_of_the_same_precision(dtype):
     accepted = 0
     for i, (heads, kv, bias, tie, extra) in enumerate(CONFIGS):
         m = lm(10 + i, heads, kv=kv, qkv_bias=bias, tie=tie, **extra)
-        m.decode_options = DecodeOptions(dtype=dtype)
+        pw_m = PackedWeights(DecodeOptions(dtype=dtype))
         for batch, seed in [(1, i), (5, 100 + i)]:
             src = prompts(batch, seed)
-            g = greedy(m, src, max_len=24)
+            g = greedy(m, src, max_len=24, weights=pw_m)
             for k in (2, 4):
-                r = blockwise(m, src, block_size=k, max_len=24)
+                r = blockwise(m, src, block_size=k, max_len=24, weights=pw_m)
                 assert r.tokens == g.tokens, f"config {i} dtype {dtype} batch {batch} k {k}"
                 assert r.calls <= g.calls and max(r.accepted_hist, default=1) <= k
                 accepted += max(r.accepted_hist, default=1) > 1
-            alone = [greedy(m, [p], max_len=24).tokens[0] for p in src]
+            alone = [greedy(m, [p], max_len=24, weights=pw_m).tokens[0] for p in src]
             assert alone == g.tokens  # rows decode as they would alone
     assert accepted >= 6  # multi-token blocks were accepted
 
@@ -163,9 +168,9 @@ def test_native_loops_take_the_same_steps_as_the_one_step_loops(dtype, monkeypat
         [("bpd", 1), ("medusa", 1), ("bpd", 4), ("medusa", 6), ("chain", 1), ("chain", 5)]
     ):
         m = lm(20 + i, heads, qkv_bias=i % 2 == 0, tie=i < 2)
-        m.decode_options = DecodeOptions(dtype=dtype)
+        pw_m = PackedWeights(DecodeOptions(dtype=dtype))
         src = prompts(batch, 20 + i)
-        w = m.decode_weights()
+        w = pw_m.get(m)
         assert w.native_loop is not None
         calls = {"block": 0, "batch": 0, "greedy": 0}
         cls = type(w)
@@ -175,11 +180,11 @@ def test_native_loops_take_the_same_steps_as_the_one_step_loops(dtype, monkeypat
                 cls, attr, lambda *a, _r=real, _n=name, **kw: calls.__setitem__(_n, calls[_n] + 1) or _r(*a, **kw)
             )
         rule = (None, TopK(2), Distance(1))[i % 3]  # (None: Exact) every rule the loops know
-        g, b = greedy(m, src, max_len=20), blockwise(m, src, max_len=20, accept=rule)
+        g, b = greedy(m, src, max_len=20, weights=pw_m), blockwise(m, src, max_len=20, accept=rule, weights=pw_m)
         assert calls["greedy"] and (calls["block"] if batch == 1 else calls["batch"])
         loop, w.native_loop = w.native_loop, None  # one step per call, through model.decode
         try:
-            g1, b1 = greedy(m, src, max_len=20), blockwise(m, src, max_len=20, accept=rule)
+            g1, b1 = greedy(m, src, max_len=20, weights=pw_m), blockwise(m, src, max_len=20, accept=rule, weights=pw_m)
         finally:
             w.native_loop = loop
         monkeypatch.undo()
@@ -195,8 +200,8 @@ def test_chained_heads_propose_natively_what_the_torch_path_proposes(dtype):
     # against LMModel's own chain (the model's argmax over the full vocabulary, fp32: the same ids); each head reads
     # the token before its own target, so a different first token changes what the heads propose
     m = lm(7, "chain", vocab=40, std=0.3)
-    m.decode_options = DecodeOptions(dtype=dtype, draft_vocab=tuple(range(0, 40, 3)) if dtype == "int8" else None)
-    w = m.decode_weights()
+    pw_m = PackedWeights(DecodeOptions(dtype=dtype, draft_vocab=tuple(range(0, 40, 3)) if dtype == "int8" else None))
+    w = pw_m.get(m)
     h = torch.randn(6, 32)
     first = torch.randint(3, 40, (6,))
     native = w.propose(h, 1, 4, first)
@@ -216,7 +221,7 @@ def test_chained_heads_propose_natively_what_the_torch_path_proposes(dtype):
 def test_several_stop_ids_end_rows_in_the_native_loops(monkeypatch):
     m = lm(3, "bpd", vocab=12, eos_ids=[2, 3, 4])
     src = prompts(6, 3)
-    w = m.decode_weights()
+    w = default_weights(m).get(m)
     seen = []
     real = type(w).block_steps
     monkeypatch.setattr(type(w), "block_steps", lambda *a, **kw: seen.append(1) or real(*a, **kw))
@@ -233,48 +238,48 @@ def test_several_stop_ids_end_rows_in_the_native_loops(monkeypatch):
 def test_draft_vocabulary_and_proposal_precision_keep_the_output(dtype):
     for heads in ("bpd", "medusa", "chain"):
         m = lm(5, heads, vocab=40, std=0.3)
-        m.decode_options = DecodeOptions(dtype=dtype)
+        pw_m = PackedWeights(DecodeOptions(dtype=dtype))
         src = prompts(4, 5, vocab=40)
-        want = greedy(m, src, max_len=20).tokens
+        want = greedy(m, src, max_len=20, weights=pw_m).tokens
         for opts in [
             dict(draft_vocab=tuple(range(0, 40, 2))),
             dict(proposal_dtype="int8"),
             dict(draft_vocab=tuple(range(10)), proposal_dtype="bf16"),
         ]:
-            m.decode_options = DecodeOptions(dtype=dtype, **opts)
-            w = m.decode_weights()
+            pw_m = PackedWeights(DecodeOptions(dtype=dtype, **opts))
+            w = pw_m.get(m)
             if "draft_vocab" in opts:
                 ids = w.propose(torch.randn(3, 32), 1, 4)
                 assert set(ids.flatten().tolist()) <= set(opts["draft_vocab"])
             assert MODE[w.proj.mode] == dtype  # head 1 verifies in `dtype`
             assert MODE[w.prop_proj.mode] == opts.get("proposal_dtype", dtype)
-            assert blockwise(m, src, max_len=20).tokens == want
-            assert [blockwise(m, [p], max_len=20).tokens[0] for p in src] == want
-            assert greedy(m, src, max_len=20).tokens == want  # head 1 stays in `dtype`
+            assert blockwise(m, src, max_len=20, weights=pw_m).tokens == want
+            assert [blockwise(m, [p], max_len=20, weights=pw_m).tokens[0] for p in src] == want
+            assert greedy(m, src, max_len=20, weights=pw_m).tokens == want  # head 1 stays in `dtype`
 
 
 def test_adaptive_beam_search_and_other_rules_run_on_the_native_weights():
     from bpd_train.decoding import TopK
 
     m = lm(6, "medusa")
-    m.decode_options = DecodeOptions(dtype="bf16")
+    pw_m = PackedWeights(DecodeOptions(dtype="bf16"))
     src = prompts(4, 6)
-    want = greedy(m, src, max_len=16).tokens
-    assert blockwise(m, src, max_len=16, adaptive=True).tokens == want
-    assert [blockwise(m, [p], max_len=16, adaptive=True).tokens[0] for p in src] == want
-    assert blockwise(m, src, max_len=16, accept=TopK(1)).tokens == want
-    assert beam_search(m, src, beam_size=1, length_penalty=0.0, max_len=16).tokens == want
-    assert len(beam_search(m, src, beam_size=3, max_len=16).tokens) == 4
+    want = greedy(m, src, max_len=16, weights=pw_m).tokens
+    assert blockwise(m, src, max_len=16, adaptive=True, weights=pw_m).tokens == want
+    assert [blockwise(m, [p], max_len=16, adaptive=True, weights=pw_m).tokens[0] for p in src] == want
+    assert blockwise(m, src, max_len=16, accept=TopK(1), weights=pw_m).tokens == want
+    assert beam_search(m, src, beam_size=1, length_penalty=0.0, max_len=16, weights=pw_m).tokens == want
+    assert len(beam_search(m, src, beam_size=3, max_len=16, weights=pw_m).tokens) == 4
 
 
 def test_weights_are_repacked_after_a_parameter_changes():
     m = lm(7, "bpd")
     src = prompts(3, 7)
-    w1 = m.decode_weights()
+    w1 = default_weights(m).get(m)
     before = greedy(m, src, max_len=12).tokens
     with torch.no_grad():
         m.layers[0].mlp.down.weight.mul_(-1.0)
-    w2 = m.decode_weights()
+    w2 = default_weights(m).get(m)
     assert w2 is not w1
     after = greedy(m, src, max_len=12).tokens
     assert after == blockwise(m, src, max_len=12).tokens and after != before
@@ -294,13 +299,13 @@ def test_the_native_prefix_does_not_depend_on_the_batch():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bpd_heads_with_their_own_head1_take_python_steps_over_the_native_pieces(dtype):
     m = lm(9, "bpd", identity_p1=False)
-    m.decode_options = DecodeOptions(dtype=dtype)
-    w = m.decode_weights()
+    pw_m = PackedWeights(DecodeOptions(dtype=dtype))
+    w = pw_m.get(m)
     assert w.native_layers is not None and w.native_loop is None  # native stack, Python loops
     src = prompts(4, 9)
-    g = greedy(m, src, max_len=16)
-    assert blockwise(m, src, max_len=16).tokens == g.tokens
-    assert [blockwise(m, [p], max_len=16).tokens[0] for p in src] == g.tokens
+    g = greedy(m, src, max_len=16, weights=pw_m)
+    assert blockwise(m, src, max_len=16, weights=pw_m).tokens == g.tokens
+    assert [blockwise(m, [p], max_len=16, weights=pw_m).tokens[0] for p in src] == g.tokens
     h = torch.randn(5, 32)
     assert torch.equal(w.head1_argmax(h), w.logits(h, 0, 1)[:, 0].argmax(-1))
 
@@ -309,7 +314,7 @@ def test_lazy_verification_takes_the_same_steps_whatever_the_group():
     for heads, batch in [("bpd", 1), ("medusa", 1), ("bpd", 5)]:
         m = lm(11, heads)
         src = prompts(batch, 11)
-        w = m.decode_weights()
+        w = default_weights(m).get(m)
         got = []
         for group in (1, 2, 3, 8):
             w.verify_group = w.batch_verify_group = group
@@ -329,18 +334,18 @@ def test_the_torch_engine_still_decodes_decoder_only_models_in_fp32(tmp_path):
         "from tests.test_lm_engine import lm, prompts\n"
         "from bpd_train.decoding import greedy, blockwise\n"
         "from bpd_train.engine.packed import DecodeOptions\n"
+        "from bpd_train.engine.weights import PackedWeights, default_weights\n"
         "m = lm(12, 'medusa', qkv_bias=True)\n"
         "src = prompts(3, 12)\n"
-        "assert m.decode_weights().native_layers is None\n"
+        "assert default_weights(m).get(m).native_layers is None\n"
         "assert blockwise(m, src, max_len=12).tokens == greedy(m, src, max_len=12).tokens\n"
         "c = lm(13, 'chain', vocab=40, std=0.3)\n"  # chained heads on the torch path too
         "src2 = prompts(3, 13, vocab=40)\n"
-        "assert c.decode_weights().native_layers is None\n"
+        "assert default_weights(c).get(c).native_layers is None\n"
         "assert blockwise(c, src2, max_len=12).tokens == greedy(c, src2, max_len=12).tokens\n"
         "assert [blockwise(c, [p], max_len=12).tokens[0] for p in src2] == greedy(c, src2, max_len=12).tokens\n"
-        "m.decode_options = DecodeOptions(dtype='int8')\n"
         "with pytest.raises(ValueError, match='fp32'):\n"
-        "    greedy(m, src, max_len=4)\n"
+        "    greedy(m, src, max_len=4, weights=PackedWeights(DecodeOptions(dtype='int8')))\n"
         "print('ok')\n"
     )
     env = {**os.environ, "BPD_DECODE_ENGINE": "torch"}
@@ -353,7 +358,7 @@ def test_the_torch_engine_still_decodes_decoder_only_models_in_fp32(tmp_path):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_thread_count_does_not_change_a_bit(dtype):
     m = lm(13, "bpd", kv=2, qkv_bias=True)
-    m.decode_options = DecodeOptions(dtype=dtype)
+    pw_m = PackedWeights(DecodeOptions(dtype=dtype))
     src = prompts(4, 13)
     ids = torch.full((4, max(map(len, src))), -1, dtype=torch.long)
     for r, p in enumerate(src):
@@ -365,9 +370,14 @@ def test_thread_count_does_not_change_a_bit(dtype):
         for t in (1, 2):
             torch.set_num_threads(t)
             with torch.inference_mode():
-                st = m.start_decoding(m.encode(ids), 8)
+                _w = pw_m.get(m)
+                st = m.start_decoding(m.encode(ids, _w), 8, weights=_w)
                 got.append(
-                    (m.decode(st, toks), greedy(m, src, max_len=16).tokens, blockwise(m, src, max_len=16).tokens)
+                    (
+                        m.decode(st, toks),
+                        greedy(m, src, max_len=16, weights=pw_m).tokens,
+                        blockwise(m, src, max_len=16, weights=pw_m).tokens,
+                    )
                 )
     finally:
         torch.set_num_threads(before)
@@ -389,11 +399,11 @@ def test_prompt_lookup_keeps_greedy_output_and_accepts_what_the_context_repeats(
                 p.zero_()
         for batch, seed in [(1, i), (1, 50 + i), (6, 200 + i)]:
             src = prompts(batch, seed, longest=12)
-            m.decode_options = DecodeOptions(dtype=dtype)
-            g = greedy(m, src, max_len=40)
-            off = blockwise(m, src, max_len=40, adaptive=False)
-            m.decode_options = DecodeOptions(dtype=dtype, lookup=3)
-            on = blockwise(m, src, max_len=40)
+            pw_m = PackedWeights(DecodeOptions(dtype=dtype))
+            g = greedy(m, src, max_len=40, weights=pw_m)
+            off = blockwise(m, src, max_len=40, adaptive=False, weights=pw_m)
+            pw_m = PackedWeights(DecodeOptions(dtype=dtype, lookup=3))
+            on = blockwise(m, src, max_len=40, weights=pw_m)
             assert on.tokens == g.tokens == off.tokens, f"config {i} batch {batch}"
             assert max(on.accepted_hist, default=1) <= m.config.block_size
             calls["off"] += off.calls
@@ -419,18 +429,19 @@ def test_narrow_steps_follow_the_lookup_rule_and_keep_greedy_output(dtype):
     for i, (heads, kv, bias, tie, extra) in enumerate([CONFIGS[0], CONFIGS[2], CONFIGS[4]]):
         m = lm(60 + i, heads, k=4, kv=kv, qkv_bias=bias, tie=tie, **extra)
         src = prompts(5, 70 + i, longest=10)
-        m.decode_options = DecodeOptions(dtype=dtype)
-        g = greedy(m, src, max_len=40)
-        m.decode_options = DecodeOptions(dtype=dtype, lookup=3, narrow=2)
-        assert blockwise(m, src, max_len=40).tokens == g.tokens, f"{heads} batch"
-        assert [blockwise(m, [p], max_len=40).tokens[0] for p in src] == g.tokens, f"{heads} one row"
-        w = m.decode_weights()
+        pw_m = PackedWeights(DecodeOptions(dtype=dtype))
+        g = greedy(m, src, max_len=40, weights=pw_m)
+        pw_m = PackedWeights(DecodeOptions(dtype=dtype, lookup=3, narrow=2))
+        assert blockwise(m, src, max_len=40, weights=pw_m).tokens == g.tokens, f"{heads} batch"
+        assert [blockwise(m, [p], max_len=40, weights=pw_m).tokens[0] for p in src] == g.tokens, f"{heads} one row"
+        w = pw_m.get(m)
         if w.native_loop is None:  # heads with their own head 1 take the Python steps: no narrowing there
             continue
         assert w.narrows
         for p in src:
             with torch.inference_mode():
-                state = m.start_decoding(m.encode(torch.tensor([p])), 48)
+                _w = pw_m.get(m)
+                state = m.start_decoding(m.encode(torch.tensor([p]), _w), 48, weights=_w)
                 x, out = state.first[0].numpy(), []
                 for _ in range(30):
                     state.lengths = len(out)

@@ -20,9 +20,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bpd_train.convert.hf import ConvertError
-from bpd_train.convert.vllm_medusa import export_medusa
 from bpd_train.model import LMConfig, LMModel
+from bpd_train.sources.convert.hf import ConvertError
+from bpd_train.sources.convert.vllm_medusa import export_medusa
 
 
 def vllm_config(folder):

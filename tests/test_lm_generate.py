@@ -52,8 +52,8 @@ def _llama(folder: Path, chat_template: bool) -> Path:
 
 def _bundle(tmp: Path, chat_template: bool) -> Path:
     """hf folder -> our model with k = 3 random heads -> hf folder with bpd_heads -> a bundle (export.py's path)."""
-    from bpd_train.convert.hf.lm import load_hf_lm, to_hf_lm
-    from bpd_train.export import export_checkpoint
+    from bpd_train.app.export import export_checkpoint
+    from bpd_train.sources.convert.hf.lm import load_hf_lm, to_hf_lm
 
     src = _llama(tmp / "hf", chat_template)
     model, _, _ = load_hf_lm(src, block_size=3)
@@ -71,7 +71,7 @@ def bundle(tmp_path_factory) -> Path:
 
 
 def _run(argv, text=""):
-    from bpd_train.translate import main
+    from bpd_train.app.translate import main
 
     out, err = io.StringIO(), io.StringIO()
     rc = main(argv, stdin=io.StringIO(text), stdout=out, stderr=err)
@@ -80,7 +80,7 @@ def _run(argv, text=""):
 
 def _greedy_reference(bundle: Path, prompts, max_new: int) -> list[str]:
     from bpd_train.decoding import greedy
-    from bpd_train.loading import load
+    from bpd_train.sources.loading import load
 
     loaded = load(bundle)
     tok = loaded.lm_tokenizer()
@@ -133,7 +133,8 @@ def test_generate_cli_int8_draft_vocab_blockwise_equals_int8_greedy(bundle):
     from bpd_train.decoding import greedy
     from bpd_train.decoding.settings import draft_vocabulary
     from bpd_train.engine.packed import DecodeOptions
-    from bpd_train.loading import load
+    from bpd_train.engine.weights import PackedWeights
+    from bpd_train.sources.loading import load
 
     text = "\n".join(PROMPTS) + "\n"
     rc, out, err = _run(
@@ -157,8 +158,8 @@ def test_generate_cli_int8_draft_vocab_blockwise_equals_int8_greedy(bundle):
     draft = draft_vocabulary(tok, 30, tok.eos_id)
     special = {i for i, t in tok.tk.get_added_tokens_decoder().items() if t.special}
     assert len(draft) == 31 and tok.eos_id in draft and not (set(draft) - {tok.eos_id}) & special
-    loaded.model.decode_options = DecodeOptions(dtype="int8")
-    want = [tok.decode(t).strip() for t in greedy(loaded.model, tok.encode(PROMPTS), max_len=8).tokens]
+    pw = PackedWeights(DecodeOptions(dtype="int8"))
+    want = [tok.decode(t).strip() for t in greedy(loaded.model, tok.encode(PROMPTS), max_len=8, weights=pw).tokens]
     assert out.split("\n")[:-1] == want and any(want)
 
 
@@ -202,7 +203,7 @@ def test_evaluate_on_chat_records_applies_the_template(bundle, tmp_path):
     assistant turn rendered by the model's template, that turn the reference; exact blockwise == greedy (here with
     int8 proposals over a 30-token draft vocabulary)."""
     from bpd_train.decoding import greedy
-    from bpd_train.loading import load
+    from bpd_train.sources.loading import load
 
     chats = [
         [

@@ -13,9 +13,9 @@ tokenizers = pytest.importorskip("tokenizers")
 from _lm_tiny import WORDS, make_tokenizer  # noqa: E402
 from _lm_tiny import randomize as _randomize  # noqa: E402
 
-from bpd_train.convert.hf import ConvertError  # noqa: E402
-from bpd_train.convert.hf.lm import family_of, load_hf_lm  # noqa: E402
 from bpd_train.decoding import Distance, Exact, TopK, blockwise, greedy  # noqa: E402
+from bpd_train.sources.convert.hf import ConvertError  # noqa: E402
+from bpd_train.sources.convert.hf.lm import family_of, load_hf_lm  # noqa: E402
 
 PROMPTS = ["the quick brown fox", "hello", "a stitch in time saves nine and the lazy dog", "how are"]
 MAX_NEW = 16
@@ -188,9 +188,9 @@ def test_several_eos_ids_stop_like_generate(folders, tmp_path):
     back."""
     import shutil
 
-    from bpd_train.convert.hf.lm import to_hf_lm
     from bpd_train.decoding import beam_search
     from bpd_train.decoding.sampling import sample
+    from bpd_train.sources.convert.hf.lm import to_hf_lm
 
     f = tmp_path / "m"
     shutil.copytree(folders["llama"], f)
@@ -297,7 +297,7 @@ def test_refusals(folders, tmp_path):
 @pytest.mark.parametrize("name,heads", [("llama", "medusa"), ("qwen2", "bpd")])
 def test_export_round_trip(folders, tmp_path, name, heads):
     """to_hf_lm writes a folder transformers loads (same logits) and load_hf_lm reads back with its heads."""
-    from bpd_train.convert.hf.lm import to_hf_lm
+    from bpd_train.sources.convert.hf.lm import to_hf_lm
 
     model, tok, _ = load_hf_lm(folders[name], block_size=3, heads=heads)
     torch.manual_seed(4)
@@ -329,8 +329,8 @@ def test_docs_python_block_runs(folders, tmp_path):
 def test_chained_heads_are_refused_by_the_hf_export_and_kept_by_a_bundle(folders, tmp_path):
     """Chained heads (model.heads=chain) have no transformers heads-file format: export.format=hf says so in one
     line and writes nothing; a bundle keeps them (same proposals after loading)."""
-    from bpd_train.bundle import load_bundle, write_bundle
-    from bpd_train.convert.hf.lm import to_hf_lm
+    from bpd_train.sources.bundle import load_bundle, write_bundle
+    from bpd_train.sources.convert.hf.lm import to_hf_lm
 
     model, tok, _ = load_hf_lm(folders["llama"], block_size=3, heads="chain")
     torch.manual_seed(5)

@@ -13,6 +13,7 @@ from bpd_train.decoding import blockwise, greedy
 from bpd_train.engine.fastlinear import native_kernels
 from bpd_train.engine.lm import int8_smoothing
 from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.weights import PackedWeights
 
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
 
@@ -53,12 +54,13 @@ def test_the_smoothed_weights_compute_the_same_function(kw):
 
 def int8_error(m, rows) -> float:
     """Relative error of the int8 engine's decoder output at each prompt's last position against fp32 torch."""
-    m.decode_options = DecodeOptions(dtype="int8")
+    pw_m = PackedWeights(DecodeOptions(dtype="int8"))
     with torch.inference_mode():
         src = torch.full((len(rows), max(map(len, rows))), -1, dtype=torch.long)
         for r, p in enumerate(rows):
             src[r, : len(p)] = torch.tensor(p)
-        state = m.start_decoding(m.encode(src), 8)
+        _w = pw_m.get(m)
+        state = m.start_decoding(m.encode(src, _w), 8, weights=_w)
         h = m.decode(state, state.first)[:, 0]
         ref = torch.stack([m.features(torch.tensor([p]))[0, -1] for p in rows])
     return float((h - ref).norm() / ref.norm())

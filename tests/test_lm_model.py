@@ -6,6 +6,7 @@ import torch
 
 from bpd_train.decoding import Distance, Exact, TopK, beam_search, blockwise, greedy
 from bpd_train.engine.fastlinear import native_kernels
+from bpd_train.engine.weights import PackedWeights
 from bpd_train.model import LMConfig, LMModel, build_model, config_from_dict
 
 PROMPTS = [[5, 6, 7, 8, 9, 3], [10, 11], [4], [7, 7, 1, 9]]
@@ -89,14 +90,17 @@ def test_draft_vocabulary_keeps_exact_output():
 
     m = _model("medusa")
     want = greedy(m, PROMPTS, max_len=16).tokens
-    m.decode_options = DecodeOptions(draft_vocab=tuple(range(6)))
-    assert blockwise(m, PROMPTS, max_len=16).tokens == want
-    m.decode_options = DecodeOptions(dtype="bf16")
+    pw_m = PackedWeights(DecodeOptions(draft_vocab=tuple(range(6))))
+    assert blockwise(m, PROMPTS, max_len=16, weights=pw_m).tokens == want
+    pw_m = PackedWeights(DecodeOptions(dtype="bf16"))
     if native_kernels() is None:  # the torch path decodes in fp32 only
         with pytest.raises(ValueError, match="fp32"):
-            greedy(m, PROMPTS, max_len=4)
+            greedy(m, PROMPTS, max_len=4, weights=pw_m)
     else:  # the native engine: greedy of that precision
-        assert blockwise(m, PROMPTS, max_len=16).tokens == greedy(m, PROMPTS, max_len=16).tokens
+        assert (
+            blockwise(m, PROMPTS, max_len=16, weights=pw_m).tokens
+            == greedy(m, PROMPTS, max_len=16, weights=pw_m).tokens
+        )
 
 
 def test_beam_of_one_is_greedy_and_beams_run():

@@ -63,10 +63,10 @@ def _greedy(loaded, n: int = 6):
 
 
 def test_hf_llama_loads_with_its_tokenizer_and_bad_hf_input_is_one_line(llama, tmp_path):
-    from bpd_train.convert.hf import ConvertError
     from bpd_train.data.hf_tokenizer import tokenizer_folder_hash
-    from bpd_train.loading import load
     from bpd_train.model import LMModel
+    from bpd_train.sources.convert.hf import ConvertError
+    from bpd_train.sources.loading import load
 
     loaded = load(f"hf:{llama}")
     assert isinstance(loaded.model, LMModel) and loaded.is_lm and loaded.own_tokenizer
@@ -105,8 +105,8 @@ def test_frozen_heads_on_hf_llama_keep_greedy_then_distill_and_export(llama, tmp
     """train.py +regime=frozen from hf:<Llama> on prompt/response files: backbone and greedy output unchanged,
     heads trained; the run exports (export.format=hf) and hf: reads the heads back; distill.py with the model as
     its own sampling teacher writes shards that a rerun redoes identically."""
-    from bpd_train.export import export_hf
-    from bpd_train.loading import load
+    from bpd_train.app.export import export_hf
+    from bpd_train.sources.loading import load
 
     rec = _records(tmp_path)
     art = tmp_path / "art"
@@ -186,8 +186,8 @@ def test_frozen_heads_on_hf_llama_keep_greedy_then_distill_and_export(llama, tmp
 def test_smoke_lm_pipeline_end_to_end(tmp_path):
     """`python -m bpd_train.pipeline --experiment smoke-lm`: a Llama-architecture model from scratch, its own
     greedy answers, heads (frozen from gold, both from the self-distilled corpus), evaluation, export."""
-    from bpd_train.loading import load
     from bpd_train.model import LMModel
+    from bpd_train.sources.loading import load
 
     art = tmp_path / "art"
     r = subprocess.run(
@@ -232,7 +232,7 @@ def test_smoke_lm_pipeline_end_to_end(tmp_path):
 def test_ddp_two_processes_train_lm_heads(llama, tmp_path):
     """finetune (backbone and heads) of an hf: Llama on 2 DDP ranks over gloo: both ranks join, the run ends
     at its step count with 2 replicas in its sampler state."""
-    from bpd_train.checkpoint import read_checkpoint
+    from bpd_train.sources.checkpoint import read_checkpoint
 
     rec = _records(tmp_path)
     art = tmp_path / "art"

@@ -10,6 +10,7 @@ from test_lm_engine import DTYPES, lm
 from bpd_train.decoding import blockwise, greedy
 from bpd_train.engine.fastlinear import native_kernels
 from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.weights import PackedWeights, default_weights
 
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
 
@@ -30,20 +31,21 @@ class Counting:
         return getattr(self.ext, name)
 
 
-def prefilled(m, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def prefilled(m, rows: list[list[int]], weights=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The K/V cache after start_decoding (the prompts but their last tokens) and each row's left padding."""
     src = torch.full((len(rows), max(map(len, rows))), m.config.pad_id, dtype=torch.long)
     for r, p in enumerate(rows):
         src[r, : len(p)] = torch.tensor(p)
     with torch.inference_mode():
-        state = m.start_decoding(m.encode(src), 4)
+        _w = (weights or default_weights(m)).get(m)
+        state = m.start_decoding(m.encode(src, _w), 4, weights=_w)
     return state.self_kv.clone(), state.lpad.clone()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_shared_prefix_is_copied_with_the_bits_a_full_prefill_writes(dtype, monkeypatch):
     m = lm(1, "medusa", vocab=12, kv=2)
-    m.decode_options = DecodeOptions(dtype=dtype)
+    pw_m = PackedWeights(DecodeOptions(dtype=dtype))
     batches = [
         [SYSTEM + [6, 6, 7]],  # fills the cache
         [SYSTEM + [9, 3]],  # shares the system turn
@@ -54,12 +56,12 @@ def test_a_shared_prefix_is_copied_with_the_bits_a_full_prefill_writes(dtype, mo
         [[11, 10] + SYSTEM],  # nothing in common
         [SYSTEM + [6]],
     ]
-    w = m.decode_weights()
+    w = pw_m.get(m)
     counting = Counting(w.ext)
     monkeypatch.setattr(w, "ext", counting)
-    cached = [prefilled(m, rows) for rows in batches]
+    cached = [prefilled(m, rows, pw_m) for rows in batches]
     monkeypatch.setenv("BPD_PREFIX_CACHE", "0")
-    full = [prefilled(m, rows) for rows in batches]
+    full = [prefilled(m, rows, pw_m) for rows in batches]
     for (kv, lpad), (ref, ref_lpad), rows in zip(cached, full, batches):
         assert torch.equal(lpad, ref_lpad)
         for r in range(len(rows)):  # the real slots of every row (pad slots hold junk no query reads)
@@ -77,33 +79,33 @@ def test_a_shared_prefix_is_copied_with_the_bits_a_full_prefill_writes(dtype, mo
 def test_decoding_with_the_prefix_cache_gives_the_tokens_of_a_fresh_model(dtype, monkeypatch):
     requests = [SYSTEM + [6, 6, 7], SYSTEM + [9, 3], SYSTEM + [9, 3, 8, 8], [4] + SYSTEM, SYSTEM + [10]]
     m = lm(2, "medusa", vocab=12, kv=2, k=4)
-    m.decode_options = DecodeOptions(dtype=dtype)
-    got = [greedy(m, [p], max_len=12).tokens[0] for p in requests]
-    block = [blockwise(m, [p], block_size=4, max_len=12).tokens[0] for p in requests]
-    batch = greedy(m, requests[1:4], max_len=12).tokens
+    pw_m = PackedWeights(DecodeOptions(dtype=dtype))
+    got = [greedy(m, [p], max_len=12, weights=pw_m).tokens[0] for p in requests]
+    block = [blockwise(m, [p], block_size=4, max_len=12, weights=pw_m).tokens[0] for p in requests]
+    batch = greedy(m, requests[1:4], max_len=12, weights=pw_m).tokens
     monkeypatch.setenv("BPD_PREFIX_CACHE", "0")
     ref = lm(2, "medusa", vocab=12, kv=2, k=4)
-    ref.decode_options = DecodeOptions(dtype=dtype)
-    want = [greedy(ref, [p], max_len=12).tokens[0] for p in requests]
+    pw_ref = PackedWeights(DecodeOptions(dtype=dtype))
+    want = [greedy(ref, [p], max_len=12, weights=pw_ref).tokens[0] for p in requests]
     assert got == want and block == want and batch == want[1:4]
-    assert m.decode_weights()._prefix is not None and ref.decode_weights()._prefix is None
+    assert pw_m.get(m)._prefix is not None and pw_ref.get(ref)._prefix is None
 
 
 def test_a_prompt_longer_than_the_cache_keeps_its_head(monkeypatch):
     import bpd_train.engine.lm as engine_lm
 
     m = lm(3, "medusa", vocab=12, kv=2)
-    m.decode_options = DecodeOptions(dtype="fp32")
-    w = m.decode_weights()
+    pw_m = PackedWeights(DecodeOptions(dtype="fp32"))
+    w = pw_m.get(m)
     per_token = m.config.n_layers * 2 * m.config.kv_heads * m.config.dh * 4  # fp32 K/V of one token, every layer
     monkeypatch.setattr(engine_lm, "PREFIX_CACHE_BYTES", 5 * per_token + 7)
     counting = Counting(w.ext)
     monkeypatch.setattr(w, "ext", counting)
     first, second = SYSTEM + [6, 6], SYSTEM + [9, 9]
-    prefilled(m, [first])
+    prefilled(m, [first], pw_m)
     assert w._prefix[0].tolist() == SYSTEM[:5] and w._prefix[1].shape[3] == 5
-    kv, _ = prefilled(m, [second])
+    kv, _ = prefilled(m, [second], pw_m)
     assert counting.fed == [(1, 12), (1, len(second) - 1 - 5)]  # the second prompt: 5 tokens copied
     monkeypatch.setenv("BPD_PREFIX_CACHE", "0")
-    ref, _ = prefilled(m, [second])
+    ref, _ = prefilled(m, [second], pw_m)
     torch.testing.assert_close(kv[:, :, :, :, : len(second) - 1], ref[:, :, :, :, : len(second) - 1], rtol=0, atol=0)

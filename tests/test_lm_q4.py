@@ -9,12 +9,13 @@ import logging
 import pytest
 import torch
 
-from bpd_train.convert.gguf import load_gguf
 from bpd_train.decoding import blockwise, greedy
 from bpd_train.decoding.settings import DecodeSettings
 from bpd_train.engine.fastlinear import PackedLinear, native_kernels, q4_weight
 from bpd_train.engine.packed import DecodeOptions, parse_tree
+from bpd_train.engine.weights import PackedWeights
 from bpd_train.model import LMConfig, LMModel
+from bpd_train.sources.convert.gguf import load_gguf
 from tests.test_lm_engine import prompts
 
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
@@ -143,35 +144,35 @@ def test_exact_blockwise_is_q4_greedy_alone_in_batches_with_lookup(cfg, caplog):
     heads, kv, bias, tie, extra = CONFIGS[cfg]
     m = q4_lm(10 + cfg, heads, kv=kv, qkv_bias=bias, tie=tie, **extra)
     src = prompts(6, 20 + cfg, longest=12)
-    m.decode_options = DecodeOptions(dtype="q4")
+    pw_m = PackedWeights(DecodeOptions(dtype="q4"))
     with caplog.at_level(logging.INFO, logger="bpd_train.engine.lm"):
-        w = m.decode_weights()
+        w = pw_m.get(m)
     assert {lin.mode for layer in w.lin for lin in layer} == {Q4}
     assert {lin.q4 for layer in w.lin for lin in layer} == {"load"}  # random weights: quantised at load
     assert [r.getMessage() for r in caplog.records if "q4" in r.getMessage()] == [
         "decode dtype q4: the model holds no Q4_0 / Q4_1 blocks of 32; 8 of its 8 layer linears are quantised to "
         "4-bit blocks at load (as gguf's Q4_1)"
     ]
-    g = greedy(m, src, max_len=30)
+    g = greedy(m, src, max_len=30, weights=pw_m)
     for opts in (dict(), dict(lookup=3), dict(proposal_dtype="int8"), dict(draft_vocab=tuple(range(0, 12, 2)))):
-        m.decode_options = DecodeOptions(dtype="q4", **opts)
-        assert blockwise(m, src, max_len=30).tokens == g.tokens, opts
+        pw_m = PackedWeights(DecodeOptions(dtype="q4", **opts))
+        assert blockwise(m, src, max_len=30, weights=pw_m).tokens == g.tokens, opts
         for p, want in zip(src, g.tokens):
-            assert blockwise(m, [p], max_len=30, adaptive=False).tokens[0] == want, opts
+            assert blockwise(m, [p], max_len=30, adaptive=False, weights=pw_m).tokens[0] == want, opts
     # greedy of each row alone is the batch's
-    m.decode_options = DecodeOptions(dtype="q4")
-    assert [greedy(m, [p], max_len=30).tokens[0] for p in src] == g.tokens
+    pw_m = PackedWeights(DecodeOptions(dtype="q4"))
+    assert [greedy(m, [p], max_len=30, weights=pw_m).tokens[0] for p in src] == g.tokens
 
 
 def test_trees_keep_q4_greedy_output():
     for i, (heads, kv, bias, tie, extra) in enumerate([CONFIGS[0], CONFIGS[2]]):
         m = q4_lm(40 + i, heads, kv=kv, qkv_bias=bias, tie=tie, **extra)
         src = prompts(5, 50 + i, longest=10)
-        m.decode_options = DecodeOptions(dtype="q4")
-        g = greedy(m, src, max_len=30)
+        pw_m = PackedWeights(DecodeOptions(dtype="q4"))
+        g = greedy(m, src, max_len=30, weights=pw_m)
         for lookup in (0, 3):
-            m.decode_options = DecodeOptions(dtype="q4", lookup=lookup, tree=parse_tree("0,0,0;1;2;1,0"))
-            assert [blockwise(m, [p], max_len=30).tokens[0] for p in src] == g.tokens, (heads, lookup)
+            pw_m = PackedWeights(DecodeOptions(dtype="q4", lookup=lookup, tree=parse_tree("0,0,0;1;2;1,0")))
+            assert [blockwise(m, [p], max_len=30, weights=pw_m).tokens[0] for p in src] == g.tokens, (heads, lookup)
 
 
 def test_a_q4_gguf_keeps_its_4bit_blocks_and_decodes_exactly(tmp_path, monkeypatch, caplog):
@@ -186,9 +187,9 @@ def test_a_q4_gguf_keeps_its_4bit_blocks_and_decodes_exactly(tmp_path, monkeypat
     qtypes = {"blk.0.attn": "Q8_0", "blk.0.ffn": "Q4_0", "blk.1.attn": "Q4_1", "blk.1.ffn": "Q4_1"}
     write_gguf(path, hf, tokens, merges, types, arch="llama", eos=eos, qtypes={**qtypes, "output": "Q8_0"})
     model, tok, _ = load_gguf(path, block_size=3, heads="medusa")
-    model.decode_options = DecodeOptions(dtype="q4")
+    pw_model = PackedWeights(DecodeOptions(dtype="q4"))
     with caplog.at_level(logging.INFO, logger="bpd_train.engine.lm"):
-        w = model.decode_weights()
+        w = pw_model.get(model)
     # blk.0's attention is Q8_0: int8, not 4 bits again
     assert [[lin.q4 for lin in layer] for layer in w.lin] == [[None, None, "file", "file"], ["file"] * 4]
     assert [[lin.mode for lin in layer] for layer in w.lin] == [[4, 4, Q4, Q4], [Q4] * 4]
@@ -201,16 +202,17 @@ def test_a_q4_gguf_keeps_its_4bit_blocks_and_decodes_exactly(tmp_path, monkeypat
         for p in model.head_parameters():
             p.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
     rows = tok.encode(["the quick brown fox", "hello world, how", "good morning to you 12345 and"])
-    g = greedy(model, rows, max_len=24)
-    assert blockwise(model, rows, max_len=24).tokens == g.tokens
+    g = greedy(model, rows, max_len=24, weights=pw_model)
+    assert blockwise(model, rows, max_len=24, weights=pw_model).tokens == g.tokens
     for p, want in zip(rows, g.tokens):
-        assert blockwise(model, [p], max_len=24, adaptive=False).tokens[0] == want
+        assert blockwise(model, [p], max_len=24, adaptive=False, weights=pw_model).tokens[0] == want
     # q4's decoder output is near fp32's (4-bit weights, 8-bit activations: a few per cent here)
     with torch.inference_mode():
         src = torch.full((len(rows), max(map(len, rows))), -1, dtype=torch.long)
         for r, p in enumerate(rows):
             src[r, : len(p)] = torch.tensor(p)
-        state = model.start_decoding(model.encode(src), 8)
+        _w = pw_model.get(model)
+        state = model.start_decoding(model.encode(src, _w), 8, weights=_w)
         h = model.decode(state, state.first)[:, 0]
         ref = torch.stack([model.features(torch.tensor([p]))[0, -1] for p in rows])
     assert float((h - ref).norm() / ref.norm()) < 0.08  # (int8: 0.037, this q4: 0.036)

@@ -12,6 +12,7 @@ import torch
 from bpd_train.decoding import blockwise, greedy
 from bpd_train.decoding.settings import DecodeError, DecodeSettings, decode_options
 from bpd_train.engine.packed import DecodeOptions, parse_tree, tree_rows
+from bpd_train.engine.weights import PackedWeights
 from tests.test_decoding import random_model
 from tests.test_lm_engine import CONFIGS, lm, prompts
 
@@ -28,16 +29,16 @@ def test_trees_keep_greedy_output_and_accept_nodes_off_the_top_chain(dtype):
     for i, (heads, kv, bias, tie, extra) in enumerate([CONFIGS[0], CONFIGS[2], CONFIGS[3], CONFIGS[5]]):
         m = lm(80 + i, heads, k=4, kv=kv, qkv_bias=bias, tie=tie, **extra)
         src = prompts(6, 90 + i, longest=10)
-        m.decode_options = DecodeOptions(dtype=dtype)
-        g = greedy(m, src, max_len=40)
+        pw_m = PackedWeights(DecodeOptions(dtype=dtype))
+        g = greedy(m, src, max_len=40, weights=pw_m)
         for lookup in (0, 3):
-            m.decode_options = DecodeOptions(dtype=dtype, lookup=lookup)
-            chain = [blockwise(m, [p], max_len=40, adaptive=False) for p in src]
-            m.decode_options = DecodeOptions(dtype=dtype, lookup=lookup, tree=parse_tree(TREE))
-            assert m.decode_weights().narrows
-            tree = [blockwise(m, [p], max_len=40) for p in src]
+            pw_m = PackedWeights(DecodeOptions(dtype=dtype, lookup=lookup))
+            chain = [blockwise(m, [p], max_len=40, adaptive=False, weights=pw_m) for p in src]
+            pw_m = PackedWeights(DecodeOptions(dtype=dtype, lookup=lookup, tree=parse_tree(TREE)))
+            assert pw_m.get(m).narrows
+            tree = [blockwise(m, [p], max_len=40, weights=pw_m) for p in src]
             assert [r.tokens[0] for r in tree] == g.tokens == [r.tokens[0] for r in chain], (heads, lookup)
-            assert blockwise(m, src, max_len=40).tokens == g.tokens, (heads, lookup, "batch")
+            assert blockwise(m, src, max_len=40, weights=pw_m).tokens == g.tokens, (heads, lookup, "batch")
             assert all(max(r.accepted_hist, default=1) <= 4 for r in tree)
             calls["chain"] += sum(r.calls for r in chain)
             calls["tree"] += sum(r.calls for r in tree)
@@ -51,14 +52,15 @@ def test_a_tree_step_gives_the_chains_bits_and_hands_back_its_top_chain(dtype):
     moved to the chain's slots), whichever node was accepted; the next fed block is the tree's top-1 chain."""
     m = lm(95, "medusa", k=4, kv=1, qkv_bias=True, tie=True)
     src = prompts(12, 96, longest=40)
-    m.decode_options = DecodeOptions(dtype=dtype)
-    g = greedy(m, src, max_len=30)
-    m.decode_options = DecodeOptions(dtype=dtype, tree=parse_tree("0,0;1,0;2"))
-    w = m.decode_weights()
+    pw_m = PackedWeights(DecodeOptions(dtype=dtype))
+    g = greedy(m, src, max_len=30, weights=pw_m)
+    pw_m = PackedWeights(DecodeOptions(dtype=dtype, tree=parse_tree("0,0;1,0;2")))
+    w = pw_m.get(m)
     gained = []
     for p, gt in zip(src, g.tokens):
         with torch.inference_mode():
-            state = m.start_decoding(m.encode(torch.tensor([p])), 30 + tree_rows(w.options.tree))
+            _w = pw_m.get(m)
+            state = m.start_decoding(m.encode(torch.tensor([p]), _w), 30 + tree_rows(w.options.tree), weights=_w)
             x, out = state.first[0].numpy(), []
             for _ in range(30):
                 state.lengths = len(out)
@@ -66,7 +68,8 @@ def test_a_tree_step_gives_the_chains_bits_and_hands_back_its_top_chain(dtype):
                 out += toks.tolist()
                 gained.append(int(nc[0, 0]))
                 if nc[0, 1] == nc[0, 0] + 1:  # (a step cut short by room or a stop hands back fewer tokens)
-                    ref = m.start_decoding(m.encode(torch.tensor([p])), 40)
+                    _w = pw_m.get(m)
+                    ref = m.start_decoding(m.encode(torch.tensor([p]), _w), 40, weights=_w)
                     fed = torch.tensor([[int(state.first[0, 0])] + out[:-1]])
                     assert torch.equal(m.decode(ref, fed)[0, -1], hn), (p, out)
                 if ended or len(out) >= 30:
@@ -97,15 +100,15 @@ def test_tree_options_are_checked_with_one_clear_message():
             DecodeSettings(tree=bad)
     assert decode_options(DecodeSettings(tree="0;1", lookup=3), None, 2, "cpu").tree == ((0,), (1,))
     m = lm(97, "medusa", k=3)
-    m.decode_options = DecodeOptions(tree=parse_tree("0,0,0"))  # three heads deep, two heads here
+    pw = PackedWeights(DecodeOptions(tree=parse_tree("0,0,0")))  # three heads deep, two heads here
     with pytest.raises(ValueError, match="block size of at least 4"):
-        blockwise(m, prompts(1, 98), max_len=8)
+        blockwise(m, prompts(1, 98), max_len=8, weights=pw)
     np.testing.assert_equal(len(parse_tree("0;0;1")), 2)  # repeats count once
     c = lm(99, "chain", k=3)  # chained heads propose one token per head: no ranks to branch on
-    c.decode_options = DecodeOptions(tree=parse_tree("0;1"))
+    pw_c = PackedWeights(DecodeOptions(tree=parse_tree("0;1")))
     with pytest.raises(ValueError, match="chained heads"):
-        c.decode_weights()
+        pw_c.get(c)
     mt = random_model(3, 0)
-    mt.decode_options = DecodeOptions(tree=parse_tree("0;1"))
+    pw_mt = PackedWeights(DecodeOptions(tree=parse_tree("0;1")))
     with pytest.raises(ValueError, match="decoder-only"):
-        mt.decode_weights()
+        pw_mt.get(mt)

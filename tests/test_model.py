@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from bpd_train.engine.weights import default_weights
 from bpd_train.model import BPDConfig, BPDModel
 
 
@@ -100,20 +101,23 @@ def test_incremental_decoding_matches_full_forward():
     mem = m.encode(src)
     full = m.features(mem, tgt)
     # uniform cache: one token per call
-    st = m.start_decoding(mem, capacity=tgt.shape[1])
+    _w = default_weights(m).get(m)
+    st = m.start_decoding(mem, capacity=tgt.shape[1], weights=_w)
     steps = []
     for t in range(tgt.shape[1]):
         steps.append(m.decode(st, tgt[:, t : t + 1]))
         st.lengths += 1
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
     # uniform cache, several tokens per call
-    st = m.start_decoding(mem, capacity=tgt.shape[1])
+    _w = default_weights(m).get(m)
+    st = m.start_decoding(mem, capacity=tgt.shape[1], weights=_w)
     a = m.decode(st, tgt[:, :2])
     st.lengths += 2
     b = m.decode(st, tgt[:, 2:])
     torch.testing.assert_close(torch.cat([a, b], 1), full, atol=1e-5, rtol=0)
     # per-row cache with rollback: rows keep different lengths, junk written past them is discarded
-    st = m.start_decoding(mem, capacity=12).per_row()
+    _w = default_weights(m).get(m)
+    st = m.start_decoding(mem, capacity=12, weights=_w).per_row()
     m.decode(st, torch.full((3, 4), 5))  # junk in slots 0..3
     st.lengths = torch.zeros(3, dtype=torch.long)  # roll everything back
     m.decode(st, tgt[:, :3])

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bpd_train.decoding import Exact, beam_search, blockwise, greedy
+from bpd_train.engine.weights import default_weights
 from bpd_train.model import BPDConfig, BPDModel
 from bpd_train.model.layers import sinusoidal_table
 
@@ -100,7 +101,8 @@ def test_cached_decoding_matches_full_forward(name):
     with torch.inference_mode():
         torch.testing.assert_close(m(src, tgt), ref.detach(), atol=1e-5, rtol=0)  # functional fast path
         mem = m.encode(src)
-        st = m.start_decoding(mem, capacity=tgt.shape[1])
+        _w = default_weights(m).get(m)
+        st = m.start_decoding(mem, capacity=tgt.shape[1], weights=_w)
         steps = []
         for t in range(tgt.shape[1]):
             steps.append(m.decode(st, tgt[:, t : t + 1]))
@@ -111,7 +113,8 @@ def test_cached_decoding_matches_full_forward(name):
         want[..., list(m.config.suppress_ids)] = float("-inf")  # the decoders' projection only
         torch.testing.assert_close(st.weights.logits(h, 0, 3), want, atol=1e-4, rtol=0)
         # per-row cache with rollback, after the prefix
-        st = m.start_decoding(mem, capacity=12).per_row()
+        _w = default_weights(m).get(m)
+        st = m.start_decoding(mem, capacity=12, weights=_w).per_row()
         m.decode(st, torch.full((3, 4), 5))
         st.lengths = torch.zeros(3, dtype=torch.long)
         m.decode(st, tgt[:, :3])
@@ -127,7 +130,7 @@ def test_decoders_agree(name):
 
     m = make(name, seed=2)
     if native_kernels() is not None:  # the one-call native step only where it implements the layer
-        assert (m.decode_weights().native_layers is not None) == (name == "native-step")
+        assert (default_weights(m).get(m).native_layers is not None) == (name == "native-step")
     src, _ = batch(2, m.config.source_vocab_size)
     g = greedy(m, src, max_len=12)
     assert blockwise(m, src, accept=Exact(), max_len=12).tokens == g.tokens

@@ -102,7 +102,7 @@ def test_pipeline_runs_every_stage_then_resumes(smoke_base, tmp_path):
 
 
 def test_self_from_must_be_a_regime_trained_before_self(tmp_path, capsys):
-    from bpd_train.pipeline import main
+    from bpd_train.app.pipeline import main
 
     for regimes, self_from in (("frozen,self", "both"), ("self,both", "both")):
         with pytest.raises(SystemExit) as e:

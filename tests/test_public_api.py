@@ -54,7 +54,7 @@ def test_package_is_marked_typed():
     assert "py.typed" in data["bpd_train"]
 
 
-@pytest.mark.parametrize("module", ["bpd_train", "bpd_train.cli", "bpd_train.commands"])
+@pytest.mark.parametrize("module", ["bpd_train", "bpd_train.app.cli", "bpd_train.app.commands"])
 def test_public_functions_have_type_hints(module):
     import importlib
 

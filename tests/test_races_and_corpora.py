@@ -20,6 +20,7 @@ import torch
 from _eval_tiny import build_tiny
 from conftest import REPO_ROOT, offline_env
 
+from bpd_train.app.export import export_checkpoint, load_bundle
 from bpd_train.data import distilled
 from bpd_train.data.distilled import (
     DistillError,
@@ -31,7 +32,6 @@ from bpd_train.data.distilled import (
     write_manifest,
     write_shard,
 )
-from bpd_train.export import export_checkpoint, load_bundle
 from bpd_train.io import atomic_dir, atomic_write_text, sha256_file
 
 
@@ -237,8 +237,8 @@ CORPUS = "bible_en_fr"
 def teacher(tmp_path_factory):
     import sentencepiece as spm
 
-    from bpd_train.checkpoint import write_checkpoint
     from bpd_train.model import BPDConfig, BPDModel
+    from bpd_train.sources.checkpoint import write_checkpoint
 
     art = tmp_path_factory.mktemp("overwrite_art")
     with gzip.open(REPO_ROOT / "data/bible-en-fr/train.jsonl.gz", "rt", encoding="utf-8") as f:
@@ -323,7 +323,7 @@ def bundle(tmp_path_factory):
 def test_translate_non_finite_max_len(bundle, bad):
     import io
 
-    from bpd_train.translate import main
+    from bpd_train.app.translate import main
 
     out, err = io.StringIO(), io.StringIO()
     rc = main(["--bundle", str(bundle), "--max-len", *bad], stdin=io.StringIO("hello\n"), stdout=out, stderr=err)

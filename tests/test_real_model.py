@@ -1,4 +1,4 @@
-"""make demo-real's chain (bpd_train/real_model.py): the prompts stage (kinds, a held-out kind, deterministic), the
+"""make demo-real's chain (bpd_train/app/real_model.py): the prompts stage (kinds, a held-out kind, deterministic), the
 int8 self-distillation setting, and the whole chain at toy size on a tiny GGUF file (make smoke-real)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO_ROOT, offline_env
 
-from bpd_train.real_model import PromptsError, make_prompts, prompts_stage, stale_heads
+from bpd_train.app.real_model import PromptsError, make_prompts, prompts_stage, stale_heads
 
 CORPUS = REPO_ROOT / "data" / "bible-en-fr"
 KINDS = ["Translate into French: {verse}", "Summarize: {verse}"]
@@ -100,8 +100,8 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     decode setting only the evaluation and the exports."""
     pytest.importorskip("gguf")
     from bpd_train.decoding import greedy
-    from bpd_train.decoding.settings import DecodeOptions, set_decode_options
-    from bpd_train.loading import load
+    from bpd_train.decoding.settings import DecodeOptions, packed_weights
+    from bpd_train.sources.loading import load
 
     gguf = tmp_path / "tiny.gguf"
     env = offline_env(BPD_CACHE=str(tmp_path / "cache"))
@@ -147,7 +147,7 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     assert m["complete"] and m["kind"] == "lm" and "decode_dtype" not in m and m["num_examples"] == 24  # fp32
     # the corpus is the model's own fp32 greedy output
     model = load(f"gguf:{gguf}")
-    set_decode_options(model.model, DecodeOptions(dtype="fp32"))
+    pw = packed_weights(model.model, DecodeOptions(dtype="fp32"))
     tok = model.lm_tokenizer()
     recs = [json.loads(x) for x in sorted(made.glob("shard-*.jsonl"))[0].read_text().splitlines()][:4]
     prompts = [
@@ -156,7 +156,9 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     ]
     room = model.config.max_positions - 1  # a longer prompt keeps its newest tokens, as distill.py cuts it
     prompts = [q[len(q) - room :] if len(q) > room else q for q in prompts]
-    assert [list(t) for t in greedy(model.model, prompts, max_len=12).tokens] == [x["teacher_ids"] for x in recs]
+    assert [list(t) for t in greedy(model.model, prompts, max_len=12, weights=pw).tokens] == [
+        x["teacher_ids"] for x in recs
+    ]
 
     for run in ("distill-medusa-k3", "distill-bpd-k4", "distill-chain-k3"):
         assert (corpus / "heads" / run / "done.json").is_file()
@@ -191,7 +193,7 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
 
 
 def test_the_exports_pick_the_fastest_exact_run_each_format_can_hold():
-    from bpd_train.real_model import chosen
+    from bpd_train.app.real_model import chosen
 
     def row(ckpt, speedup, k_hat=1.5, bs=1, agreement=100.0):
         return dict(
@@ -231,8 +233,8 @@ def test_heads_trained_on_another_corpus_are_refused_not_kept(tmp_path):
 
 
 def test_the_extra_evaluations_follow_their_settings_and_the_cpu():
+    from bpd_train.app.real_model import PromptsError, _also
     from bpd_train.engine.fastlinear import bf16_compute, int8_compute
-    from bpd_train.real_model import PromptsError, _also
 
     assert _also(True, "bf16", "fp32") and _also("true", "bf16", "int8") and _also("true", "int8", "bf16")
     assert not _also(False, "bf16", "fp32") and not _also("true", "bf16", "bf16")  # (the main evaluation is bf16)
@@ -244,7 +246,7 @@ def test_the_extra_evaluations_follow_their_settings_and_the_cpu():
 
 
 def test_the_precision_table_shows_each_reports_fastest_exact_cell_in_tokens_per_second(tmp_path):
-    from bpd_train.real_model import precisions
+    from bpd_train.app.real_model import precisions
 
     def row(k, blockwise_seconds, agreement=100.0, bs=1):
         return dict(

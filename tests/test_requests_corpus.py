@@ -12,9 +12,9 @@ import pytest
 
 from conftest import REPO_ROOT
 
+from bpd_train.app.real_model import general_prompts, main, prompts_stage
 from bpd_train.data.requests import KINDS, RequestsError, build_general, kind_balanced, read_requests, split_requests
 from bpd_train.data.requests.build import held_out_topic
-from bpd_train.real_model import general_prompts, main, prompts_stage
 
 TOPICS = REPO_ROOT / "data" / "general-requests" / "topics.txt"
 BIBLE = REPO_ROOT / "data" / "bible-en-fr"

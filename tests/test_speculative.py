@@ -24,6 +24,7 @@ from bpd_train.decoding import blockwise, greedy, sample, speculative_sample
 from bpd_train.decoding import speculative as spec
 from bpd_train.decoding.common import decoding_mode, start_tokens
 from bpd_train.decoding.sampling import keep_mask, sampling_probs
+from bpd_train.engine.weights import default_weights
 from bpd_train.model.lm.config import LMConfig
 from bpd_train.model.lm.model import LMModel
 
@@ -56,7 +57,7 @@ def set_heads(model, kind: str, monkeypatch, seed: int = 0):
         if kind == "random":
             fc2.weight.copy_(torch.randn(fc2.weight.shape, generator=g) * 1.5)
     if kind == "wrong":
-        cls = type(model.decode_weights())
+        cls = type(default_weights(model).get(model))
         real = cls.logits
 
         def pointing(self, h, lo=0, hi=1):
@@ -81,7 +82,8 @@ def exact_distribution(model, src_row, m: int, temperature: float, top_k: int = 
         for _ in range(m):
             prefixes = list(live)
             src = src_row.repeat(len(prefixes), 1)
-            state = model.start_decoding(model.encode(src), m + 1)
+            _w = default_weights(model).get(model)
+            state = model.start_decoding(model.encode(src, _w), m + 1, weights=_w)
             fed = torch.cat([start_tokens(model, state, len(prefixes), src.device), torch.tensor(prefixes).long()], 1)
             h = model.decode(state, fed)[:, -1]
             p = sampling_probs(state.weights.head1(h), temperature, top_k, top_p).numpy()
@@ -205,7 +207,8 @@ def test_the_heads_really_are_right_wrong_and_random(monkeypatch):
     for kind in ("right", "wrong", "random"):
         set_heads(model, kind, monkeypatch)
         with decoding_mode(model):
-            state = model.start_decoding(model.encode(src), 4)
+            _w = default_weights(model).get(model)
+            state = model.start_decoding(model.encode(src, _w), 4, weights=_w)
             h = model.decode(state, start_tokens(model, state, 1, src.device))[:, 0]
             w = state.weights
             got[kind] = (sampling_probs(w.head1(h), 1.0)[0], sampling_probs(w.logits(h, 1, 3), 1.0)[0])

@@ -13,7 +13,7 @@ import torch
 
 from conftest import REPO_ROOT, copy_smoke_base, offline_env, run_train
 
-from bpd_train.checkpoint import read_checkpoint
+from bpd_train.sources.checkpoint import read_checkpoint
 from bpd_train.training.module import mix_seed
 
 K = 4
@@ -61,7 +61,7 @@ def test_fsdp_two_processes_on_cpu(smoke_base, tmp_path):
     needs the gathered weights. The frozen backbone must come through FSDP bit-identical."""
     import csv
 
-    from bpd_train.loading import load as load_model
+    from bpd_train.sources.loading import load as load_model
 
     _, base = smoke_base
     art = tmp_path / "art"
@@ -106,8 +106,8 @@ def _lm_checks(corpus, run_name: str) -> None:
     import csv
 
     from bpd_train.decoding import greedy
-    from bpd_train.loading import load as load_model
     from bpd_train.model import LMModel
+    from bpd_train.sources.loading import load as load_model
 
     b, f = load_model(corpus / "base"), load_model(corpus / "heads" / run_name)
     assert isinstance(f.model, LMModel) and f.meta.get("regime") == "frozen" and f.config.block_size == K
@@ -142,7 +142,7 @@ def test_zero2_base_then_zero3_frozen_lm(tmp_path):
     """DeepSpeed on 2 CPU ranks (DS_ACCELERATOR=cpu) on the decoder-only family: a ZeRO-2 base run (optimizer
     state sharded), then frozen heads under ZeRO-3 (parameters partitioned) initialised from that ZeRO-2 folder,
     with the in-training evaluation on a gathered copy; the result exports to a bundle (~55 s)."""
-    from bpd_train.export import export_checkpoint, load_bundle
+    from bpd_train.app.export import export_checkpoint, load_bundle
     from bpd_train.model import LMModel
 
     art = tmp_path / "art"

@@ -17,8 +17,8 @@ import torch
 
 from conftest import REPO_ROOT, offline_env, run_train
 
-from bpd_train.checkpoint import read_checkpoint, write_checkpoint
-from bpd_train.loading import load as load_model
+from bpd_train.sources.checkpoint import read_checkpoint, write_checkpoint
+from bpd_train.sources.loading import load as load_model
 
 K = 4  # experiment=smoke's model.block_size
 
@@ -116,9 +116,9 @@ def test_chained_heads_train_on_a_frozen_backbone_and_decode_exactly(heads_art):
     want = greedy(base.model, src, max_len=30).tokens
     assert blockwise(ch.model, src, max_len=30).tokens == want
     # a bundle keeps them; the transformers heads file has no format for them and says so before writing anything
-    from bpd_train.convert.common import ConvertError
-    from bpd_train.convert.hf import to_hf
-    from bpd_train.export import export_checkpoint, load_bundle
+    from bpd_train.app.export import export_checkpoint, load_bundle
+    from bpd_train.sources.convert.common import ConvertError
+    from bpd_train.sources.convert.hf import to_hf
 
     bundle = export_checkpoint(run, art / "chain-bundle")
     model, _, _ = load_bundle(bundle)
@@ -286,8 +286,8 @@ def test_init_from_an_exported_bundle(heads_art, tmp_path):
     """Head regimes start from a bundle as well as from a checkpoint: the backbone is copied exactly."""
     from hydra import compose, initialize_config_dir
 
+    from bpd_train.app.export import export_bundle
     from bpd_train.data import Tokenizer
-    from bpd_train.export import export_bundle
     from bpd_train.training.regimes import Regime
     from bpd_train.training.run import build_module
 

@@ -10,7 +10,7 @@ import torch
 
 from conftest import run_train
 
-from bpd_train.checkpoint import read_checkpoint
+from bpd_train.sources.checkpoint import read_checkpoint
 
 
 @pytest.mark.slow

@@ -9,9 +9,9 @@ import torch
 
 from conftest import REPO_ROOT, copy_smoke_base, offline_env, run_train
 
-from bpd_train.checkpoint import read_checkpoint
 from bpd_train.data.distilled import read_manifest
-from bpd_train.loading import load as load_model
+from bpd_train.sources.checkpoint import read_checkpoint
+from bpd_train.sources.loading import load as load_model
 
 
 def test_self_regime_asks_for_then_trains_on_its_models_greedy_output(smoke_base, tmp_path):

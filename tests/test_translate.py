@@ -8,7 +8,7 @@ import pytest
 
 from _eval_tiny import build_tiny, read_pairs
 
-from bpd_train.export import export_checkpoint
+from bpd_train.app.export import export_checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +18,7 @@ def bundle(tmp_path_factory):
 
 
 def _run(argv, text):
-    from bpd_train.translate import main
+    from bpd_train.app.translate import main
 
     out, err = io.StringIO(), io.StringIO()
     rc = main(argv, stdin=io.StringIO(text), stdout=out, stderr=err)
@@ -107,7 +107,7 @@ def test_readme_python_api_snippet_runs(bundle, capsys, tmp_path):
 def test_non_utf8_input_keeps_every_other_line(bundle):
     """A line that is not UTF-8 used to crash the run and lose its batch: now strict leaves that one output line
     empty, names it and exits 2; replace translates it with U+FFFD."""
-    from bpd_train.translate import main
+    from bpd_train.app.translate import main
 
     good = [s for s, _ in read_pairs("validation", 3)]
     data = "\n".join(good[:2]).encode() + b"\ncaf\xe9 au lait\n" + good[2].encode() + b"\n"

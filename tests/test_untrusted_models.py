@@ -15,11 +15,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremo
 from _eval_tiny import build_tiny  # noqa: E402
 from _lm_tiny import make_tokenizer  # noqa: E402
 
-from bpd_train.bundle import BundleError  # noqa: E402
-from bpd_train.convert.hf import ConvertError, load_hf  # noqa: E402
-from bpd_train.convert.hf.lm import load_hf_lm, to_hf_lm  # noqa: E402
-from bpd_train.export import export_checkpoint, export_hf, load_bundle  # noqa: E402
+from bpd_train.app.export import export_checkpoint, export_hf, load_bundle  # noqa: E402
 from bpd_train.io import sha256_file  # noqa: E402
+from bpd_train.sources.bundle import BundleError  # noqa: E402
+from bpd_train.sources.convert.hf import ConvertError, load_hf  # noqa: E402
+from bpd_train.sources.convert.hf.lm import load_hf_lm, to_hf_lm  # noqa: E402
 
 TEXTS = [
     "the quick brown fox jumps over the lazy dog",

@@ -27,7 +27,7 @@ import numpy as np
 from datasets import Dataset
 from torch.utils.data import DataLoader
 
-from bpd_train.data.corpus import _get
+from bpd_train.data.corpus import cfg_get
 from bpd_train.data.sampler import TokenBucketBatchSampler
 
 
@@ -69,9 +69,9 @@ class TokenBatchesDataModule(pl.LightningDataModule):
         self.seed = int(seed)
         self.source = source
         self.distilled_dir = Path(distilled_dir) if distilled_dir is not None else None
-        self.max_tokens = int(max_tokens or _get(data_cfg, "max_tokens", 4096))
+        self.max_tokens = int(max_tokens or cfg_get(data_cfg, "max_tokens", 4096))
         self.eval_max_tokens = int(eval_max_tokens or self.max_tokens)
-        nw = num_workers if num_workers is not None else _get(data_cfg, "num_workers", 0)
+        nw = num_workers if num_workers is not None else cfg_get(data_cfg, "num_workers", 0)
         self.num_workers = int(nw or 0)
         self.tokenizer_path = Path(tokenizer_path) if tokenizer_path is not None else None
         self.cache_dir = cache_dir
@@ -85,7 +85,7 @@ class TokenBatchesDataModule(pl.LightningDataModule):
 
     @property
     def corpus_artifacts_dir(self) -> Path:
-        return self.artifacts_dir / str(_get(self.data_cfg, "name"))
+        return self.artifacts_dir / str(cfg_get(self.data_cfg, "name"))
 
     def _loader(self, split: str, sampler: TokenBucketBatchSampler, cls=DataLoader) -> DataLoader:
         raise NotImplementedError

@@ -50,7 +50,7 @@ class CorpusError(ValueError):
     """A corpus the user must fix (a file, a line, a setting): one line naming the file, no traceback."""
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
+def cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
     """Read a key from a dict, a DictConfig or an attribute object."""
     if cfg is None:
         return default
@@ -250,8 +250,8 @@ def _all_exist(files: list) -> bool:
 
 def _found_files(data_cfg: Any, split: str, fmt: str) -> list:
     """data.splits: null -- the split's file under data.path, found by name and format; [] when it has none."""
-    path = _get(data_cfg, "path")
-    src, tgt = str(_get(data_cfg, "src_lang")), str(_get(data_cfg, "tgt_lang"))
+    path = cfg_get(data_cfg, "path")
+    src, tgt = str(cfg_get(data_cfg, "src_lang")), str(cfg_get(data_cfg, "tgt_lang"))
     if path is None:
         raise CorpusError("data.path is not set: point it at your corpus folder (or train file), e.g. data=local "
                           "data.path=DIR data.src_lang=en data.tgt_lang=fr; docs/data.md")
@@ -273,13 +273,13 @@ def _found_files(data_cfg: Any, split: str, fmt: str) -> list:
 
 
 def _split_files(data_cfg: Any, split: str, fmt: str) -> list:
-    if _get(data_cfg, "splits") is None:
+    if cfg_get(data_cfg, "splits") is None:
         return _found_files(data_cfg, split, fmt)
-    path = _get(data_cfg, "path")
-    spec = _get(_get(data_cfg, "splits", {}) or {}, split)
+    path = cfg_get(data_cfg, "path")
+    spec = cfg_get(cfg_get(data_cfg, "splits", {}) or {}, split)
     if spec is None:
         return []
-    src, tgt = _get(data_cfg, "src_lang"), _get(data_cfg, "tgt_lang")
+    src, tgt = cfg_get(data_cfg, "src_lang"), cfg_get(data_cfg, "tgt_lang")
     if fmt == "parallel_text":
         # a prefix "train" -> <path>/train.<src>, <path>/train.<tgt>; or a mapping {<lang>: file}; or a list of either
         out = []
@@ -329,26 +329,26 @@ def _check_rows_batch(batch: dict, src: str, tgt: str, split: str) -> dict:
 
 def _load_hf(data_cfg: Any, src: str, tgt: str, cache_dir: str | None, num_proc: int | None,
              wanted: tuple[str, ...] = SPLITS) -> DatasetDict:
-    name = _get(data_cfg, "hf_name") or "wmt14"
-    config = _get(data_cfg, "hf_config") or ("de-en" if name == "wmt14" else None)
+    name = cfg_get(data_cfg, "hf_name") or "wmt14"
+    config = cfg_get(data_cfg, "hf_config") or ("de-en" if name == "wmt14" else None)
     # hf_kwargs go to load_dataset as they are (e.g. data_files, revision); tests point hf_name=json at a local
     # file with wmt14's schema and run this same code path offline.
-    kwargs = {k: _plain(v) for k, v in (_get(data_cfg, "hf_kwargs") or {}).items()}
+    kwargs = {k: _plain(v) for k, v in (cfg_get(data_cfg, "hf_kwargs") or {}).items()}
     folder = Path(str(name))
     if (folder / "dataset_dict.json").is_file():  # a DatasetDict.save_to_disk folder: load_dataset cannot read it
         raw = datasets.load_from_disk(str(folder))
     else:
         raw = datasets.load_dataset(name, config, cache_dir=cache_dir, **kwargs)
-    explicit = _get(data_cfg, "splits") is not None
-    splits = _get(data_cfg, "splits") or {}
-    given = _plain(_get(data_cfg, "columns"))
+    explicit = cfg_get(data_cfg, "splits") is not None
+    splits = cfg_get(data_cfg, "splits") or {}
+    given = _plain(cfg_get(data_cfg, "columns"))
     if given is not None and not isinstance(given, dict):
         raise CorpusError(f"data.columns for format=hf maps each language to its column, e.g. {{{src}: source, "
                           f"{tgt}: target}}; got {given!r}")
     out = {}
     for ours in wanted:
         if explicit:
-            theirs = _get(splits, ours)
+            theirs = cfg_get(splits, ours)
             if theirs is None:
                 continue
             if theirs not in raw:
@@ -397,7 +397,7 @@ def _read_local(fmt: str, files: list, src: str, tgt: str, data_cfg: Any, cache_
                               f"data.splits.{split}")
         if next(_iter_lines(Path(f)), None) is None:  # datasets would only say 'Instruction "train" corresponds to no data!'
             raise CorpusError(f"data.splits.{split}: {f} is empty")
-    given = _plain(_get(data_cfg, "columns"))
+    given = _plain(cfg_get(data_cfg, "columns"))
     if fmt == "jsonl":
         if given is not None and not isinstance(given, dict):
             raise CorpusError(f"data.columns for jsonl maps each language to its key, e.g. {{{src}: source, "
@@ -408,7 +408,7 @@ def _read_local(fmt: str, files: list, src: str, tgt: str, data_cfg: Any, cache_
         if isinstance(given, dict):
             raise CorpusError(f"data.columns for tsv lists the language of each column, e.g. [{src},{tgt}]; got {given}")
         columns = [str(c) for c in (given or [src, tgt])]
-        header = str(_get(data_cfg, "header", "auto")).lower()
+        header = str(cfg_get(data_cfg, "header", "auto")).lower()
         if header not in ("auto", "true", "false"):
             raise CorpusError(f"data.header={header!r}; expected auto, true or false")
         for lang in (src, tgt):
@@ -444,7 +444,7 @@ def _apply_bad_line_policy(ds: Dataset, split: str, policy: str) -> Dataset:
 
 
 def _carve_sizes(data_cfg: Any) -> dict[str, int]:
-    n = _plain(_get(data_cfg, "split_from_train"))
+    n = _plain(cfg_get(data_cfg, "split_from_train"))
     if n is None:
         return {}
     sizes = {s: n for s in ("validation", "test")} if not isinstance(n, dict) else {str(k): v for k, v in n.items()}
@@ -491,14 +491,14 @@ def load_corpus(data_cfg: Any, cache_dir: str | os.PathLike | None = None,
     `data_cfg.split_from_train` carves validation/test from train where they have no file (see the module doc).
     `data_cfg.limit.<split>` (optional) keeps only the first N rows of a split (smoke runs).
     """
-    fmt = _get(data_cfg, "format", "jsonl")
+    fmt = cfg_get(data_cfg, "format", "jsonl")
     if fmt not in FORMATS:
         raise CorpusError(f"data.format={fmt!r}; expected one of {FORMATS}")
-    src, tgt = _get(data_cfg, "src_lang"), _get(data_cfg, "tgt_lang")
+    src, tgt = cfg_get(data_cfg, "src_lang"), cfg_get(data_cfg, "tgt_lang")
     if not src or not tgt or src == tgt:
         raise CorpusError(f"data.src_lang/tgt_lang must be two different language keys, got {src!r}/{tgt!r}")
     src, tgt = str(src), str(tgt)
-    policy = _get(data_cfg, "on_bad_line", "error")
+    policy = cfg_get(data_cfg, "on_bad_line", "error")
     if policy not in ("error", "skip"):
         raise CorpusError(f"data.on_bad_line={policy!r}; expected 'error' or 'skip'")
     carve = _carve_sizes(data_cfg)
@@ -506,7 +506,7 @@ def load_corpus(data_cfg: Any, cache_dir: str | os.PathLike | None = None,
     if carve:  # train depends on which splits have files of their own, so every split is looked at
         splits = SPLITS
     cache_dir = str(cache_dir) if cache_dir is not None else None
-    num_proc = _get(data_cfg, "num_proc")
+    num_proc = cfg_get(data_cfg, "num_proc")
     if fmt == "hf":
         raw = _load_hf(data_cfg, src, tgt, cache_dir, num_proc if (num_proc or 0) > 1 else None, tuple(splits))
     else:
@@ -519,20 +519,20 @@ def load_corpus(data_cfg: Any, cache_dir: str | os.PathLike | None = None,
     carve = {k: v for k, v in carve.items() if k not in out}
     if carve and "train" in out:
         out.update(_carve(out["train"], carve))
-    if "validation" in requested and "validation" not in out and _get(data_cfg, "splits") is None:
+    if "validation" in requested and "validation" not in out and cfg_get(data_cfg, "splits") is None:
         raise CorpusError(f"the corpus has no validation split (looked for {'/'.join(_SPLIT_NAMES['validation'])} "
-                          f"under data.path={_get(data_cfg, 'path') or _get(data_cfg, 'hf_name')}): add one, or set "
+                          f"under data.path={cfg_get(data_cfg, 'path') or cfg_get(data_cfg, 'hf_name')}): add one, or set "
                           "data.split_from_train=N to carve N rows each for validation and test from train")
-    limit = _get(data_cfg, "limit") or {}
+    limit = cfg_get(data_cfg, "limit") or {}
     for split in list(out):
         if split not in requested:
             del out[split]
             continue
         _check_unique_ids(out[split], split)
-        n = _get(limit, split)
+        n = cfg_get(limit, split)
         if n is not None and n < len(out[split]):
             out[split] = out[split].select(range(int(n)))
     if "train" in requested and "train" not in out:
-        raise CorpusError(f"data {_get(data_cfg, 'name')!r}: no train split configured (data.splits.train)")
-    log.info("corpus %s: %s", _get(data_cfg, "name"), {k: len(v) for k, v in out.items()})
+        raise CorpusError(f"data {cfg_get(data_cfg, 'name')!r}: no train split configured (data.splits.train)")
+    log.info("corpus %s: %s", cfg_get(data_cfg, "name"), {k: len(v) for k, v in out.items()})
     return DatasetDict(out)

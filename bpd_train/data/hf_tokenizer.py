@@ -7,7 +7,7 @@
   spm        this project's own models (exported as Pegasus): tokenizer.model, ids = sentencepiece ids.
   tokenizers NLLB-200 (and anything shipping tokenizer.json): the HF `tokenizers` file; language tokens are
              its tokens (e.g. "eng_Latn"). Source: [src lang] pieces [eos].
-The target language of m2m100/tokenizers models is forced as the decoder's first token (bpd_train/convert/hf/mt.py
+The target language of m2m100/tokenizers models is forced as the decoder's first token (bpd_train/sources/convert/hf/mt.py
 makes it the model's bos_id, after the decoder-start prefix).
 
 `HFTokenizer` gives what the evaluation/translate code needs: source_ids(text) (with the model's special
@@ -52,7 +52,7 @@ def inside(folder: Path, name: str) -> Path:
     return Path(folder) / name
 
 
-def _read_json(path: Path) -> dict:
+def read_tokenizer_json(path: Path) -> dict:
     path = inside(path.parent, path.name)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -70,7 +70,7 @@ def _need(folder: Path, *names: str) -> list[Path]:
 def _vocab(path: Path) -> dict[str, int]:
     """vocab.json: piece -> model id, every id a non-negative integer (a string, float or negative id would
     surface as an IndexError mid-translation)."""
-    vocab = _read_json(path)
+    vocab = read_tokenizer_json(path)
     if not isinstance(vocab, dict) or not vocab:
         raise TokenizerError(f"{path} is not a piece -> id mapping")
     bad = next(((k, v) for k, v in vocab.items() if type(v) is not int or v < 0), None)
@@ -90,7 +90,7 @@ def _spm(path: Path):
 def detect_kind(folder: str | Path) -> str:
     """Which tokenizer files a model folder ships (see the module docstring)."""
     folder = Path(folder)
-    cfg = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+    cfg = read_tokenizer_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
     cls = str(cfg.get("tokenizer_class", ""))
     if cls.startswith("Marian") or (folder / "source.spm").is_file():
         return "marian"
@@ -112,7 +112,7 @@ def tokenizer_files(folder: str | Path, kind: str | None = None) -> list[str]:
     folder = Path(folder)
     kind = kind or detect_kind(folder)
     cfg = folder / "tokenizer_config.json"
-    separate = kind == "marian" and cfg.is_file() and bool(_read_json(cfg).get("separate_vocabs", False))
+    separate = kind == "marian" and cfg.is_file() and bool(read_tokenizer_json(cfg).get("separate_vocabs", False))
     names = {"marian": ["source.spm", "target.spm", "vocab.json"] + (["target_vocab.json"] if separate else []),
              "m2m100": ["sentencepiece.bpe.model", "vocab.json"],
              "tokenizers": ["tokenizer.json"], "spm": ["tokenizer.model"]}[kind]
@@ -150,7 +150,7 @@ class HFTokenizer:
             raise TokenizerError(f"unknown tokenizer kind {self.kind!r}; known: {', '.join(KINDS)}")
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         cfg_path = self.folder / "tokenizer_config.json"
-        self.tok_config = _read_json(cfg_path) if cfg_path.is_file() else {}
+        self.tok_config = read_tokenizer_json(cfg_path) if cfg_path.is_file() else {}
         self.src_lang = src_lang or self.tok_config.get("src_lang")
         self.tgt_lang = tgt_lang or self.tok_config.get("tgt_lang")
         getattr(self, f"_init_{self.kind}")()
@@ -357,7 +357,7 @@ class HFTokenizer:
                 j = sp.piece_to_id(piece)
                 out[i] = sp.get_score(j) if j != sp.unk_id() or piece == sp.id_to_piece(j) else 0.0
             return out
-        model = _read_json(self.folder / "tokenizer.json").get("model", {})
+        model = read_tokenizer_json(self.folder / "tokenizer.json").get("model", {})
         if model.get("type") == "Unigram":
             return {i: float(score) for i, (_, score) in enumerate(model.get("vocab", []))}
         return {i: 0.0 for i in range(self.vocab_size)}

@@ -18,7 +18,7 @@ import sentencepiece as spm
 
 from bpd_train.io import atomic_dir, atomic_write_json, sha256_file
 
-from .corpus import _get
+from .corpus import cfg_get
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,8 @@ def encode_source(tok: Tokenizer, text: str) -> list[int]:
 
 
 def spm_settings(data_cfg: Any) -> dict:
-    spm_cfg = _get(data_cfg, "spm") or {}
-    out = {k: _get(spm_cfg, k, v) for k, v in DEFAULTS.items()}
+    spm_cfg = cfg_get(data_cfg, "spm") or {}
+    out = {k: cfg_get(spm_cfg, k, v) for k, v in DEFAULTS.items()}
     out["vocab_size"] = int(out["vocab_size"])
     out["character_coverage"] = float(out["character_coverage"])
     if out["model_type"] not in ("unigram", "bpe", "char", "word"):
@@ -153,10 +153,10 @@ def _train(train_split, src: str, tgt: str, settings: dict, out_dir: Path) -> No
 
 def get_tokenizer(data_cfg: Any, artifacts_dir: str | os.PathLike, train_split) -> Tokenizer:
     """The joint tokenizer for this corpus: reused from the cache when the corpus and settings match."""
-    src, tgt = str(_get(data_cfg, "src_lang")), str(_get(data_cfg, "tgt_lang"))
+    src, tgt = str(cfg_get(data_cfg, "src_lang")), str(cfg_get(data_cfg, "tgt_lang"))
     settings = spm_settings(data_cfg)
     key = tokenizer_key(train_split, src, tgt, settings)
-    folder = Path(artifacts_dir) / str(_get(data_cfg, "name")) / "spm" / key
+    folder = Path(artifacts_dir) / str(cfg_get(data_cfg, "name")) / "spm" / key
     model = folder / "spm.model"
     if model.is_file():
         log.info("tokenizer: reusing %s", model)

@@ -24,6 +24,7 @@ from bpd_train.decoding.common import (
     stop_ids,
 )
 from bpd_train.decoding.result import DecodeResult
+from bpd_train.engine.weights import PackedWeights
 
 
 def gnmt_length_penalty(length: int, alpha: float) -> float:
@@ -58,6 +59,7 @@ def beam_search(
     length_penalty: float = 0.6,
     max_len=DEFAULT_MAX_LEN,
     policy: BeamSearchPolicy | None = None,
+    weights: PackedWeights | None = None,
 ) -> DecodeResult:
     """Best hypothesis per source by length-normalised log-probability. `scores` holds those scores.
 
@@ -70,12 +72,12 @@ def beam_search(
     alpha = float(length_penalty)
     policy = policy or BeamSearchPolicy()
     eos, stop = cfg.eos_id, stop_ids(model)  # a forced end writes eos_id; any stop id ends a hypothesis
-    with decoding_mode(model):
+    with decoding_mode(model, weights) as w:
         src = prepare_source(model, src)
         limits = row_limits(model, src, max_len, reserve=1)  # the forced EOS needs one more position
         b, dev = src.shape[0], src.device
         cap = max(limits) + 1
-        state = model.start_decoding(model.encode(src), cap, expand=beam)
+        state = model.start_decoding(model.encode(src, w), cap, expand=beam, weights=w)
         hyp = torch.full((b * beam, cap), cfg.pad_id, dtype=torch.long, device=dev)  # tokens so far per row
         scores = torch.zeros(b, beam, device=dev)
         sent = list(range(b))  # original sentence of each active sentence

@@ -7,20 +7,22 @@
               with n proposals accepted the row gains n+1 tokens (them and head 1's token at position n).
               The cache keeps x0..xn; rejected proposals' slots are rolled back by shortening the row.
     propose   heads 2..b at the last accepted position give the next proposals (over the draft vocabulary
-              when the model's decode options set one: head 1 still verifies over the full vocabulary).
+              when the decoder's options set one: head 1 still verifies over the full vocabulary).
 
-In the code, `_Blockwise.run` is the loop: `first_step` (the prefill), then `step` until every row has ended,
-finished rows leaving the batch in between; `step` runs the first mode that applies: a greedy stretch (`stretch`,
-adaptive mode while no head pays), the native loops (`block_native` for one row, `batch_native` for a batch), or
-one `python_step` (`verify`, `_accept_rows`, `write`, `propose`).
+Two modules: decoding/blockwise_step.py holds the reference step in Python and torch (`BlockwiseStep.python_step`:
+`verify`, `accept_rows`, `write`, `propose`); this one the entry point and the dispatch. `_Blockwise.run` is the
+loop: `first_step` (the prefill), then `step` until every row has ended, finished rows leaving the batch in
+between; `step` runs the first mode that applies: a greedy stretch (`stretch`, adaptive mode while no head pays),
+the native loops (`block_native` for one row, `batch_native` for a batch), or the reference step.
 
 Rows accept different numbers of tokens, so with more than one row the cache runs in per-row mode
-(model/cache.py); rows that finish leave the batch. Every projection goes through the model's DecodeWeights, the
-arithmetic greedy uses, so Exact gives greedy's output token for token. `adaptive=True` feeds only as many
+(model/cache.py); rows that finish leave the batch. Every projection goes through the decoder's step weights
+(engine/step.py DecodeStep, from its packed-weight cache: engine/weights.py PackedWeights), the arithmetic greedy
+uses, so Exact gives greedy's output token for token. `adaptive=True` feeds only as many
 proposals as pay (decoding/adaptive.py) and runs greedy stretches while none does; the output is the same. Where
 the native kernels run the model, the Exact, TopK and Distance rules (without min_block) run whole runs of steps in
-one C++ call (block_steps / batch_block_steps / greedy_steps); other cases take the Python steps below (both take
-the same steps, tested). Per-step bookkeeping runs vectorised in numpy on the host.
+one C++ call (block_steps / batch_block_steps / greedy_steps); other cases take the reference step (both take the
+same steps, tested). Per-step bookkeeping runs vectorised in numpy on the host.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 
 from bpd_train.decoding.acceptance import Exact, make_acceptance
 from bpd_train.decoding.adaptive import Adaptive
+from bpd_train.decoding.blockwise_step import BlockwiseStep
 from bpd_train.decoding.common import (
     DEFAULT_MAX_LEN,
     decoding_mode,
@@ -40,40 +43,16 @@ from bpd_train.decoding.common import (
     parse_max_len,
     start_rows,
     start_tokens,
-    stop_ids,
     trim,
 )
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
 from bpd_train.engine.packed import tree_rows
+from bpd_train.engine.weights import PackedWeights, default_weights
 
-# Below this many multiply-adds per step (rows x b x (b-1) x proposal vocabulary x d_model), the proposal
-# heads run at every block position inside the verify step (one pass, no second decoder round trip); above
-# it they run in a second pass at the accepted position only. Measured in bench/decode.py.
-FUSED_MACS = 1 << 21
 # Adaptive feeding times each step width after this many of the sentences' own greedy tokens: where a
 # translation's steps mostly are (attention's share of a step grows with the position)
 CALIB_LEAD = 32
-
-
-def _accept_rows(x, g, ok, min_block, eos, room):
-    """Vectorised acceptance for R rows. x [R,b] fed tokens (x0 + proposals), g [R,b] head 1's argmax at
-    each position, ok [R,b-1] the rule's verdicts (None: exact match), eos the stop id(s). Returns accepted
-    proposals n, head 1's token at the last accepted slot gn, tokens gained c (capped by room), ended-by-EOS flags."""
-    r, kb = x.shape
-    if kb == 1:
-        n = np.zeros(r, dtype=np.int64)
-    else:
-        ok = x[:, 1:] == g[:, :-1] if ok is None else ok.astype(bool)
-        if min_block > 1:
-            ok[:, : min_block - 1] = True
-        ok &= ~is_stop(x[:, :-1], eos)  # nothing is accepted after an EOS
-        n = np.cumprod(ok, axis=1).sum(1)
-    rows = np.arange(r)
-    gn = g[rows, n]
-    eos_in_block = is_stop(x[rows, n], eos)  # an accepted proposal was EOS
-    c = np.minimum(n + 1 - eos_in_block, room)
-    return n, gn, c, eos_in_block | is_stop(gn, eos)
 
 
 def blockwise(
@@ -84,6 +63,7 @@ def blockwise(
     min_block: int = 1,
     max_len=DEFAULT_MAX_LEN,
     adaptive: bool | float = False,
+    weights: PackedWeights | None = None,
 ) -> DecodeResult:
     """Decode with blocks of up to `block_size` tokens per decoder call (default: the model's k).
 
@@ -93,6 +73,7 @@ def blockwise(
     adaptive: False; True: feed the number of proposals that maximises expected tokens per second (measured
     acceptance per head, measured step costs; see Adaptive); or a threshold in (0, 1): feed only proposals
     whose heads are accepted at least that often. Output unchanged.
+    weights: the decoder's packed-weight cache, with its DecodeOptions (None: the model's default, fp32).
     """
     cfg = model.config
     k = cfg.block_size
@@ -112,31 +93,31 @@ def blockwise(
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"adaptive must be a bool or a threshold in (0, 1), got {adaptive!r}")
     adaptive = adaptive is not None and adaptive is not False
-    if getattr(getattr(model, "decode_options", None), "lookup", 0):
+    weights = weights if weights is not None else default_weights(model)
+    if weights.options.lookup:
         adaptive, threshold = False, None  # its statistics measure the heads; lookup proposes beside them
     if adaptive and int(min_block) > 1:
         raise ValueError("adaptive feeding and min_block > 1 do not combine (min_block forces proposals in)")
     if kb == 1:
         # a 1-wide block proposes nothing: greedy decoding, on greedy's own loop (the same tokens, calls and
         # histogram; the blockwise steps cost more per token there, and adaptive feeding had no width to probe)
-        return greedy(model, src, max_len)
-    if adaptive and threshold is None and _settled_on_greedy(model, kb, src, max_len):
-        return greedy(model, src, max_len)  # what the greedy stretch would have run, on greedy's own loop
-    with decoding_mode(model):
-        return _Blockwise(model, kb, rule, int(min_block), adaptive, threshold).run(src, max_len)
+        return greedy(model, src, max_len, weights)
+    if adaptive and threshold is None and _settled_on_greedy(model, weights, kb, src, max_len):
+        return greedy(model, src, max_len, weights)  # what the greedy stretch would have run, on greedy's own loop
+    with decoding_mode(model, weights) as w:
+        return _Blockwise(model, w, kb, rule, int(min_block), adaptive, threshold).run(src, max_len)
 
 
-def _settled_on_greedy(model, kb: int, src, max_len) -> bool:
-    """Rows whose adaptive controller (kept with the model's current step weights) would run one greedy stretch
+def _settled_on_greedy(model, weights: PackedWeights, kb: int, src, max_len) -> bool:
+    """Rows whose adaptive controller (kept with the decoder's current step weights) would run one greedy stretch
     and no probe before the first row must end (Adaptive.settled_on_greedy); the stretch is then counted in its
-    probe schedule. The step weights are read from the model's cache unchecked: stale ones at worst send one call
+    probe schedule. The step weights are read from the decoder's cache unchecked: stale ones at worst send one call
     down greedy's loop, whose tokens are the same.
     The horizon (the steps before the shortest row must end) is first bounded from the padded width alone: torch
     ops on the source are dear here at batch 1, right after a decode (the interpreter's and torch's code out of
     the caches), and a controller settled on greedy probes far less often than any row's
     horizon, so the exact shortest row is counted only when the bound does not settle it."""
-    cached = getattr(model, "_decode_cache", None)
-    stats = getattr(cached[1], "stats", None) if cached else None
+    stats = getattr(weights.cached, "stats", None)
     ad = stats.get(("adaptive", kb, None)) if stats else None
     tensor = isinstance(src, torch.Tensor)
     rows = (src.shape[0] if src.dim() == 2 else 1) if tensor else len(src)
@@ -161,11 +142,12 @@ def _settled_on_greedy(model, kb: int, src, max_len) -> bool:
     return True
 
 
-class _Blockwise:
-    def __init__(self, model, kb: int, rule, min_block: int, adaptive: bool, threshold: float | None):
-        self.model, self.kb, self.rule, self.min_block = model, kb, rule, min_block
-        self.exact = isinstance(rule, Exact)
-        self.eos = stop_ids(model)
+class _Blockwise(BlockwiseStep):
+    """One blockwise decoding call: the loop (`run`) and the dispatch of each step to the native loops, a greedy
+    stretch (adaptive feeding) or the reference step (decoding/blockwise_step.py)."""
+
+    def __init__(self, model, w, kb: int, rule, min_block: int, adaptive: bool, threshold: float | None):
+        super().__init__(model, w, kb, rule, min_block)
         self.adaptive, self.threshold = adaptive, threshold
         self.adapt = None
         # whole runs of steps in one native call (DecodeWeights.block_steps / batch_block_steps) where it can:
@@ -183,9 +165,10 @@ class _Blockwise:
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
         self.dev = src.device
         self.hist = np.zeros(kb + 1, dtype=np.int64)
-        memory = model.encode(src)
-        tree = getattr(getattr(model, "decode_options", None), "tree", ())
-        self.state = state = model.start_decoding(memory, cap + max(kb, tree_rows(tree)))
+        memory = model.encode(src, self.w)
+        tree = getattr(self.w, "options", None)  # (a test's scripted step weights carry no options)
+        tree = tree.tree if tree is not None else ()
+        self.state = state = model.start_decoding(memory, cap + max(kb, tree_rows(tree)), weights=self.w)
         self.w = state.weights
         # prompt lookup (DecodeOptions.lookup, decoder-only native loops): each row's prompt, by row of `out`
         self.prompts = None
@@ -236,6 +219,7 @@ class _Blockwise:
     # ---- the loop's steps: each takes the fed tokens x [R,b] of the rows still decoding (orig: their rows in
     # out, limit: their token limits, length: their cached tokens, advanced in place) and returns the next fed
     # tokens and which rows ended ----
+
     def first_step(self, out, orig, limit, length):
         """The prefill: a greedy stretch from BOS where adaptive mode finds no head that pays; for one row with
         Exact the first call of the native block loop; else one decoder call on BOS (head 1's token and the first
@@ -271,40 +255,6 @@ class _Blockwise:
             if got is not None:
                 return got
         return self.python_step(x, out, orig, limit, length)
-
-    def python_step(self, x, out, orig, limit, length):
-        """One step through Python: verify the fed tokens, accept each row's prefix under the rule, write the
-        tokens gained, then propose the next block (or, adaptive, start a greedy stretch where no head pays)."""
-        r, kb = orig.size, self.kb
-        self.state.lengths = int(length[0]) if r == 1 else length  # one row: uniform mode, no scatter
-        t0 = perf_counter()
-        # on an accelerator every host round trip costs more than proposing at every position: one transfer
-        fused = x.shape[1] > 1 and (self.dev.type != "cpu" or self.fused_unit and r * self.fused_unit <= FUSED_MACS)
-        h, g, ok, top = self.verify(x, fused)
-        n, gn, c, ended = _accept_rows(x, g, ok, self.min_block, self.eos, limit - length)
-        if self.adapt is not None:
-            self.adapt.update(x.shape[1], n)
-        self.write(out, orig, length, x, n, gn)
-        length += c
-        self.hist += np.bincount(c, minlength=kb + 1)
-        done = ended | (length >= limit)
-        if done.all():
-            return x, done
-        if self.adapt is not None and self.adapt.width(r) == 1:
-            x = gn[:, None]
-            if not done.any():  # finished rows leave first (top of the loop); then the stretch
-                x, done = self.stretch(x, out, orig, limit, length)
-            return x, done
-        fed = x.shape[1]
-        x = self.propose(h, n, gn, top)
-        if self.adapt is not None and fed > 1:  # what a step of this width cost, verify to proposals
-            self.adapt.timed(fed, r, perf_counter() - t0)
-        return x, done
-
-    def _width(self, rows: int) -> int:
-        if self.adapt is None or self.min_block > 1:
-            return self.kb
-        return min(self.kb, self.adapt.width(rows))
 
     def block_native(self, x, out, orig, limit, length, width: int | None = None):
         """One row: blockwise steps as one native call, the same steps as the Python loop (verify,
@@ -459,7 +409,7 @@ class _Blockwise:
         if getattr(w, "native_loop", None) is None or getattr(w, "heads", None) is None:
             return
         lead = max(min(int(limit.min()), CALIB_LEAD), 0)
-        st = model.start_decoding(memory, lead + steps * kb + kb + 1)
+        st = model.start_decoding(memory, lead + steps * kb + kb + 1, weights=w)
         tok = start_tokens(model, st, rows, self.dev)  # [R,1] BOS / the prompts' last tokens
         room = np.full(rows, 10**6)
         h = None
@@ -545,56 +495,3 @@ class _Blockwise:
         self.adapt.timed(1, r, self._seconds(t0), s)
         x = got[:, -1:]
         return x, h, length, is_stop(x[:, 0], self.eos) | (length >= limit)
-
-    def prefill(self, rows: int) -> np.ndarray:
-        """BOS -> head 1's first token and the first proposals."""
-        tok = start_tokens(self.model, self.state, rows, self.dev)  # [R,1] BOS, or an LM's last prompt tokens
-        h = self.model.decode(self.state, tok)[:, 0]  # [R,D]
-        g = self.w.head1_argmax(h)
-        b = self._width(rows)
-        if b == 1:
-            return g.cpu().numpy()[:, None]
-        return torch.cat([g[:, None], self.w.propose(h, 1, b, g)], dim=1).cpu().numpy()
-
-    def verify(self, x: np.ndarray, fused: bool):
-        """One decoder call on the fed tokens x [R,b]. Returns the hidden states, head 1's argmax g [R,b],
-        the rule's verdicts ok [R,b-1] (None for Exact) and, fused, every head's proposal at every
-        position [R,b,b-1] (else None)."""
-        x_dev = torch.from_numpy(x).to(self.dev)
-        h = self.model.decode(self.state, x_dev)  # [R,b,D]
-        self.calls += 1
-        ok = None
-        if self.exact or x.shape[1] == 1:
-            g_dev = self.w.head1_argmax(h)  # [R,b]
-        else:
-            l1 = self.w.head1(h)  # [R,b,V]
-            g_dev = l1.argmax(-1)
-            ok = self.rule(x_dev[:, 1:], l1[:, :-1], g_dev[:, :-1]).cpu().numpy()
-        top = None
-        if fused:
-            top = self.w.propose(h, 1, self.kb, g_dev)  # [R,b,kb-1]
-            both = torch.cat([g_dev[..., None], top], dim=-1).cpu().numpy()  # one device -> host copy per step
-            g, top = both[..., 0], both[..., 1:]
-        else:
-            g = g_dev.cpu().numpy()
-        return h, g, ok, top
-
-    def write(self, out, orig, length, x, n, gn) -> None:
-        """Accepted proposals, then head 1's token, at each row's next output slots (junk past the tokens
-        gained is overwritten later or cut off)."""
-        r, b = x.shape
-        new = np.concatenate([x[:, 1:], gn[:, None]], axis=1)
-        new[np.arange(r), n] = gn
-        out[orig[:, None], length[:, None] + np.arange(b)] = new
-
-    def propose(self, h, n: np.ndarray, gn: np.ndarray, top) -> np.ndarray:
-        """Next fed tokens [R,b']: head 1's token at the accepted slot, then heads 2..b' there."""
-        b = self._width(gn.shape[0])
-        if b == 1:
-            return gn[:, None]
-        r = gn.shape[0]
-        if top is not None:  # computed in the verify step
-            return np.concatenate([gn[:, None], top[np.arange(r), n, : b - 1]], axis=1)
-        hn = h[:, int(n[0])] if r == 1 else h[torch.arange(r, device=self.dev), torch.from_numpy(n).to(self.dev)]
-        fut = self.w.propose(hn, 1, b, gn).cpu().numpy()  # [R,b-1]
-        return np.concatenate([gn[:, None], fut], axis=1)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bpd_train.engine.weights import PackedWeights, default_weights
 from bpd_train.max_len import DEFAULT_MAX_LEN, MaxLen, max_len_json, parse_max_len  # noqa: F401 - the one max_len type
 
 
@@ -76,22 +77,19 @@ def row_limits(model: nn.Module, src: Tensor, max_len, reserve: int = 0, lens=No
 
 
 @contextlib.contextmanager
-def decoding_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode (no dropout) and no autograd for the duration; restores the caller's train/eval flag. The model's
-    step weights are checked against its parameters once for the duration (engine/packed.py cached_step_weights):
-    nothing trains while a decoder runs."""
+def decoding_mode(model: nn.Module, weights: PackedWeights | None = None) -> Iterator:
+    """Eval mode (no dropout) and no autograd for the duration; restores the caller's train/eval flag. Yields the
+    step weights the decoder hands to the model (`model.encode(src, w)`, `model.start_decoding(..., weights=w)`):
+    those of `weights` (a decoder's packed-weight cache: its DecodeOptions), else the model's default ones
+    (engine/weights.py default_weights), checked against the model's parameters once for the duration: nothing
+    trains while a decoder runs."""
     was_training = model.training
     if was_training:  # eval()/train() walk every submodule: skip them when there is nothing to switch
         model.eval()
-    outer = getattr(model, "_decode_call", None)
-    if outer is None:  # (a plain attribute: object.__setattr__ skips nn.Module's parameter / buffer / module checks)
-        object.__setattr__(model, "_decode_call", object())
     try:
         with torch.inference_mode():
-            yield
+            yield (weights if weights is not None else default_weights(model)).get(model)
     finally:
-        if outer is None:
-            object.__setattr__(model, "_decode_call", None)
         if was_training:
             model.train()
 

@@ -15,19 +15,20 @@ from bpd_train.decoding.common import (
     trim,
 )
 from bpd_train.decoding.result import DecodeResult
+from bpd_train.engine.weights import PackedWeights
 
 
-def greedy(model, src, max_len=DEFAULT_MAX_LEN) -> DecodeResult:
+def greedy(model, src, max_len=DEFAULT_MAX_LEN, weights: PackedWeights | None = None) -> DecodeResult:
     """Head-1 argmax, one token per decoder call. Finished rows leave the batch (their cache rows are
-    dropped), so results do not depend on batch mates and a batch costs what its longest row costs."""
+    dropped), so results do not depend on batch mates and a batch costs what its longest row costs.
+    weights: the decoder's packed-weight cache, with its DecodeOptions (None: the model's default, fp32)."""
     stop = stop_ids(model)
-    with decoding_mode(model):
+    with decoding_mode(model, weights) as w:
         src, orig, limit, out, out_len, cap = start_rows(model, src, max_len)
         b, dev = out.shape[0], src.device
         if orig.size == 0:
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
-        state = model.start_decoding(model.encode(src), cap)
-        w = state.weights
+        state = model.start_decoding(model.encode(src, w), cap, weights=w)
         tok = start_tokens(model, state, orig.size, dev)[:, 0]  # [R] BOS, or an LM's last prompt tokens
         to_end = getattr(w, "greedy_to_end", None)
         got = to_end(model, state, tok, limit, cap) if to_end is not None else None

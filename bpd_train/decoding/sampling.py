@@ -26,6 +26,7 @@ from bpd_train.decoding.common import (
 )
 from bpd_train.decoding.greedy import greedy
 from bpd_train.decoding.result import DecodeResult
+from bpd_train.engine.weights import PackedWeights
 
 
 def check_sampling(temperature: float, top_k: int = 0, top_p: float = 1.0) -> float:
@@ -79,14 +80,15 @@ def sample(
     row_seeds: Sequence[int] | None = None,
     top_k: int = 0,
     top_p: float = 1.0,
+    weights: PackedWeights | None = None,
 ) -> DecodeResult:
     """One token per decoder call drawn from head 1's softmax(logits / temperature), among the top_k / top_p
     tokens where set (keep_mask)."""
     t = check_sampling(temperature, top_k, top_p)
     if t == 0.0:
-        return greedy(model, src, max_len=max_len)
+        return greedy(model, src, max_len=max_len, weights=weights)
     stop = stop_ids(model)
-    with decoding_mode(model):
+    with decoding_mode(model, weights) as w:
         src, orig, limit, out, out_len, cap = start_rows(model, src, max_len)
         b, dev = out.shape[0], src.device
         seeds = [seed + i for i in range(b)] if row_seeds is None else [int(s) for s in row_seeds]
@@ -95,7 +97,7 @@ def sample(
         if orig.size == 0:
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
         gens = {int(r): torch.Generator(device=dev).manual_seed(seeds[r]) for r in orig}
-        state = model.start_decoding(model.encode(src), cap)
+        state = model.start_decoding(model.encode(src, w), cap, weights=w)
         tok = start_tokens(model, state, orig.size, dev)
         calls = row_steps = 0
         for step in range(cap):

@@ -1,6 +1,6 @@
 """Run a DecodeSettings over texts: the one decode path of Translator, the translate command line and the evaluator.
 
-decoder = prepare(model, tokenizer, settings, device)   # block size checked, decode options set on the model
+decoder = prepare(model, tokenizer, settings, device)   # block size checked, decode options and packed weights
 out = decode_texts(decoder, text, sources)              # text: the family's adapter (decoding/text.py)
 """
 
@@ -17,12 +17,16 @@ from bpd_train.data.sampler import length_batches
 from bpd_train.decoding.acceptance import AcceptanceRule
 from bpd_train.decoding.common import stop_ids
 from bpd_train.decoding.result import DecodeResult, DecodeStats
-from bpd_train.decoding.settings import DecodeError, DecodeSettings, decode_options, parse_rule, set_decode_options
+from bpd_train.decoding.settings import DecodeError, DecodeSettings, decode_options, packed_weights, parse_rule
+from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.weights import PackedWeights
 
 
 @dataclass(frozen=True)
 class Decoder:
-    """A DecodeSettings resolved for one model on one device (see `prepare`); call it on a padded source batch."""
+    """A DecodeSettings resolved for one model on one device (see `prepare`); call it on a padded source batch. It
+    owns the decode state the model does not carry: the engine's DecodeOptions and the weights packed for them
+    (`weights`, handed to greedy / blockwise / sampling on every call)."""
 
     model: torch.nn.Module
     settings: DecodeSettings
@@ -30,6 +34,12 @@ class Decoder:
     k: int  # the block size blockwise decoding runs with
     adaptive: bool | float  # adaptive feeding as resolved for the device
     rule: AcceptanceRule  # the settings' acceptance rule
+    weights: PackedWeights  # the decode options and the packed-weight cache
+
+    @property
+    def options(self) -> DecodeOptions:
+        """The engine's DecodeOptions (derived from the settings for this tokenizer and device)."""
+        return self.weights.options
 
     @property
     def blockwise(self) -> bool:
@@ -54,22 +64,39 @@ class Decoder:
         s = self.settings
         if s.sampling:  # blockwise sampling keeps plain sampling's distribution (decoding/speculative.py)
             kw = dict(max_len=s.max_len, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+            kw["weights"] = self.weights
             if self.blockwise:
                 return decoding.speculative_sample(self.model, src, block_size=self.k, row_seeds=row_seeds, **kw)
             return decoding.sample(self.model, src, row_seeds=row_seeds, **kw)
         if self.blockwise:  # (looked up on the package: tests watch the decoders there)
             return decoding.blockwise(
-                self.model, src, block_size=self.k, accept=self.rule, max_len=s.max_len, adaptive=self.adaptive
+                self.model,
+                src,
+                block_size=self.k,
+                accept=self.rule,
+                max_len=s.max_len,
+                adaptive=self.adaptive,
+                weights=self.weights,
             )
-        return decoding.greedy(self.model, src, max_len=s.max_len)
+        return decoding.greedy(self.model, src, max_len=s.max_len, weights=self.weights)
 
 
-def prepare(model, tokenizer, settings: DecodeSettings, device, where: str = "this model") -> Decoder:
-    """Check `settings` against the model (block size at most its k) and set its decode options (draft vocabulary
-    and proposal precision resolved for this tokenizer and device). `where` names the model in errors."""
+def prepare(
+    model, tokenizer, settings: DecodeSettings, device, where: str = "this model", reuse: Decoder | None = None
+) -> Decoder:
+    """Check `settings` against the model (block size at most its k), resolve its decode options (draft vocabulary
+    and proposal precision for this tokenizer and device) and pack the weights for them: the decoder of `model`
+    that owns both. `where` names the model in errors. `reuse`: an earlier decoder of this model, whose packed
+    weights are kept where the options are the same (a Translator's calls; the weights are checked against the
+    model's parameters all the same)."""
     k = settings.k(int(model.config.block_size), where)
-    set_decode_options(model, decode_options(settings, tokenizer, stop_ids(model), device))
-    return Decoder(model, settings, torch.device(device), k, settings.adaptive_on(device), parse_rule(settings.accept))
+    options = decode_options(settings, tokenizer, stop_ids(model), device)
+    if reuse is not None and reuse.model is model and reuse.options == options:
+        weights = reuse.weights
+    else:
+        weights = packed_weights(model, options)
+    adaptive = settings.adaptive_on(device)
+    return Decoder(model, settings, torch.device(device), k, adaptive, parse_rule(settings.accept), weights)
 
 
 def answer(settings: DecodeSettings, text, ids: Sequence[int]) -> tuple[str, list[int]]:

@@ -11,15 +11,16 @@ from bpd_train.decode_settings import (  # noqa: F401 - re-exported: the setting
     METHODS,
     DecodeError,
     DecodeSettings,
-    _draft_top_tokens,
-    _is_auto,
-    _proposal_dtype,
     check_block_sizes,
+    check_draft_top_tokens,
+    check_proposal_dtype,
     default_block_sizes,
+    is_auto,
 )
 from bpd_train.decoding.acceptance import AcceptanceRule, make_acceptance
 from bpd_train.engine.fastlinear import int8_compute
 from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.weights import PackedWeights
 
 AUTO_DRAFT_MIN_VOCAB = 2048  # below this a draft vocabulary saves too little of the projection to matter
 
@@ -36,7 +37,7 @@ def parse_rule(name) -> AcceptanceRule:
 def _draft_size(n) -> int | None:
     """A draft_top_tokens value that is not "auto" -> a number of tokens, or None for the full vocabulary."""
     try:
-        return _draft_top_tokens(n)
+        return check_draft_top_tokens(n)
     except ValueError as e:
         raise DecodeError(f"draft_top_tokens={n!r}: {e}") from None
 
@@ -49,7 +50,7 @@ def draft_vocabulary(sp, n, eos_id) -> tuple[int, ...] | None:
     unigram piece's score is its log-probability). A Hugging Face tokenizer (tokenizer.json, decoder-only models):
     the n lowest ids that are not special tokens, since a BPE vocabulary numbers its tokens in merge order, most
     frequent pairs first. None or 0: the full vocabulary."""
-    if _is_auto(n):
+    if is_auto(n):
         size = _vocab_size(sp)
         if size is None or size < AUTO_DRAFT_MIN_VOCAB:
             return None
@@ -98,7 +99,7 @@ def proposal_precision(proposal_dtype, dtype: str = "fp32", device="cpu") -> str
     proposals only choose what head 1 verifies, so the output is unchanged and the proposal pass reads a quarter
     of the bytes; the decode dtype elsewhere (CUDA, the torch fallback, where int8 weights are only dequantised)."""
     try:
-        p = _proposal_dtype(proposal_dtype)
+        p = check_proposal_dtype(proposal_dtype)
     except ValueError as e:
         raise DecodeError(f"proposal_dtype={proposal_dtype!r}: {e}") from None
     if p == AUTO:
@@ -121,15 +122,16 @@ def decode_options(settings: DecodeSettings, tokenizer, stop, device) -> DecodeO
     )
 
 
-def set_decode_options(model, options: DecodeOptions) -> None:
-    """model.decode_options = options, and build the decode-step weights now, so that an option this model or
-    machine cannot run (e.g. bf16 for a decoder-only model on the torch path) is one DecodeError here rather than
-    a traceback inside the first decoder call."""
-    model.decode_options = options
+def packed_weights(model, options: DecodeOptions) -> PackedWeights:
+    """A decoder's packed-weight cache for `options`, its step weights built for `model` now, so that an option this
+    model or machine cannot run (e.g. bf16 for a decoder-only model on the torch path) is one DecodeError here
+    rather than a traceback inside the first decoder call."""
+    weights = PackedWeights(options)
     try:
-        model.decode_weights()
+        weights.get(model)
     except ValueError as e:
         raise DecodeError(str(e)) from None
+    return weights
 
 
 def max_len_arg(max_len):

@@ -47,6 +47,7 @@ from bpd_train.decoding.common import (
 )
 from bpd_train.decoding.result import DecodeResult
 from bpd_train.decoding.sampling import check_sampling, sample, sampling_probs
+from bpd_train.engine.weights import PackedWeights
 
 log = logging.getLogger(__name__)
 _said = False
@@ -82,6 +83,7 @@ def speculative_sample(
     top_p: float = 1.0,
     seed: int = 0,
     row_seeds: Sequence[int] | None = None,
+    weights: PackedWeights | None = None,
 ) -> DecodeResult:
     """Sample from the model (softmax(logits / temperature) within top_k / top_p) with blocks of up to
     `block_size` tokens per decoder call (default: the model's k); the output is distributed exactly as `sample`'s.
@@ -92,20 +94,20 @@ def speculative_sample(
     if not 1 <= kb <= k:
         raise ValueError(f"block_size must be in 1..{k} (the model's heads), got {block_size}")
     if t == 0.0:
-        return blockwise(model, src, block_size=kb, max_len=max_len)
+        return blockwise(model, src, block_size=kb, max_len=max_len, weights=weights)
     if kb == 1:
-        return sample(model, src, max_len, t, seed=seed, row_seeds=row_seeds, top_k=top_k, top_p=top_p)
+        return sample(model, src, max_len, t, seed=seed, row_seeds=row_seeds, top_k=top_k, top_p=top_p, weights=weights)
     global _said
     if not _said:
         log.info("blockwise sampling runs on the reference PyTorch decoder (the native loops do not sample yet)")
         _said = True
-    with decoding_mode(model):
-        return _Sampler(model, kb, t, int(top_k), float(top_p)).run(src, max_len, seed, row_seeds)
+    with decoding_mode(model, weights) as w:
+        return _Sampler(model, w, kb, t, int(top_k), float(top_p)).run(src, max_len, seed, row_seeds)
 
 
 class _Sampler:
-    def __init__(self, model, kb: int, temperature: float, top_k: int, top_p: float):
-        self.model, self.kb = model, kb
+    def __init__(self, model, w, kb: int, temperature: float, top_k: int, top_p: float):
+        self.model, self.w, self.kb = model, w, kb
         self.t, self.top_k, self.top_p = temperature, top_k, top_p
         self.eos = stop_ids(model)
 
@@ -128,8 +130,7 @@ class _Sampler:
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
         dev = src.device
         gens = [torch.Generator().manual_seed(seeds[int(r)]) for r in orig]
-        state = model.start_decoding(model.encode(src), cap + kb)
-        self.w = state.weights
+        state = model.start_decoding(model.encode(src, self.w), cap + kb, weights=self.w)
         hist = np.zeros(kb + 1, dtype=np.int64)
         calls = 0
 

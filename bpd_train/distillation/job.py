@@ -92,8 +92,8 @@ class Job:
 
 
 def _resolve_teacher(cfg, overrides: Sequence[str]):
-    from bpd_train.checkpoint import CheckpointError
-    from bpd_train.loading import PREFIXES, resolve
+    from bpd_train.sources.checkpoint import CheckpointError
+    from bpd_train.sources.loading import PREFIXES, resolve
 
     d = cfg.distill
     corpus_dir = Path(cfg.paths.artifacts) / cfg.data.name
@@ -142,7 +142,7 @@ def _check_teacher(loaded, cfg, train_split) -> None:
             loaded.tokenizer_path,
         )
         return
-    from bpd_train.loading import check_tokenizer, tokenizer_hash
+    from bpd_train.sources.loading import check_tokenizer, tokenizer_hash
 
     check_tokenizer(
         f"teacher {loaded.source}",
@@ -196,8 +196,8 @@ def _ids(ds) -> list[str]:
 
 def prepare(cfg, overrides: Sequence[str] = ()) -> Job:
     """Everything that can fail on bad input, checked before anything is written."""
-    from bpd_train.checkpoint import CheckpointError
-    from bpd_train.loading import load
+    from bpd_train.sources.checkpoint import CheckpointError
+    from bpd_train.sources.loading import load
 
     d = cfg.distill
     if d.action not in ACTIONS:

@@ -34,8 +34,10 @@ def respond_ids(
     seed: int = 0,
     record_ids: Sequence[str] | None = None,
     progress=None,
+    weights=None,
 ) -> list[list[int]]:
-    """The model's responses (ids, EOS cut) to `prompts`, in their order. temperature 0: greedy."""
+    """The model's responses (ids, EOS cut) to `prompts`, in their order. temperature 0: greedy. weights: a decoder's
+    packed-weight cache (engine/weights.py PackedWeights: its decode options; None: fp32)."""
     from bpd_train.data.sampler import length_batches
     from bpd_train.decoding import greedy, parse_max_len
     from bpd_train.decoding.sampling import sample
@@ -50,10 +52,15 @@ def respond_ids(
         with torch.no_grad():
             if temperature > 0:
                 r = sample(
-                    model, rows, max_len=ml, temperature=temperature, row_seeds=[row_seed(seed, ids[i]) for i in batch]
+                    model,
+                    rows,
+                    max_len=ml,
+                    temperature=temperature,
+                    row_seeds=[row_seed(seed, ids[i]) for i in batch],
+                    weights=weights,
                 )
             else:
-                r = greedy(model, rows, max_len=ml)
+                r = greedy(model, rows, max_len=ml, weights=weights)
         for row, i in enumerate(batch):
             out[i] = [int(t) for t in r.tokens[row]]
         if progress is not None:

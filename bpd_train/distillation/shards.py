@@ -108,13 +108,14 @@ def _lm_shards(job, worker: Worker, todo: list[dict], model, stats: dict, device
     )
     empty = cut = 0
     room = model.config.max_positions - 1
+    weights = None  # the model's default step weights (fp32)
     if m.get("decode_dtype", "fp32") != "fp32":  # the native engine's step weights in that precision
         from bpd_train.decoding.common import stop_ids
-        from bpd_train.decoding.settings import DecodeError, DecodeSettings, decode_options, set_decode_options
+        from bpd_train.decoding.settings import DecodeError, DecodeSettings, decode_options, packed_weights
 
         try:
             settings = DecodeSettings(dtype=m["decode_dtype"], draft_top_tokens=None, proposal_dtype=None)
-            set_decode_options(model, decode_options(settings, tok, stop_ids(model), str(device or "cpu")))
+            weights = packed_weights(model, decode_options(settings, tok, stop_ids(model), str(device or "cpu")))
         except DecodeError as e:
             raise DistillError(f"distill.dtype={m['decode_dtype']}: {e}") from None
     for shard in todo:
@@ -139,6 +140,7 @@ def _lm_shards(job, worker: Worker, todo: list[dict], model, stats: dict, device
             seed=int(m.get("seed") or 0),
             record_ids=ids,
             progress=bar,
+            weights=weights,
         )
         records = []
         for r, i, a in zip(rows, ids, answers):

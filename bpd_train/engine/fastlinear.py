@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 _MODE = {"fp32": 0, "bf16": 1, "int8": 2}
 _COMPUTE_MODE = {"bf16": 3, "int8": 4}  # csrc/vec.h Mode BF16D / I8D: activations in that precision too
 _BF16_AMX = 5  # csrc/vec.h Mode BF16A: bf16 x bf16 on AMX tiles, every row count
-_Q4F = 6  # csrc/vec.h Mode Q4F: fp32 arithmetic over 4-bit codes (weights that are such blocks exactly)
+Q4F = 6  # csrc/vec.h Mode Q4F: fp32 arithmetic over 4-bit codes (weights that are such blocks exactly)
 _Q4Q = 7  # csrc/vec.h Mode Q4Q: 4-bit codes (half-precision d, m per 32) x int8 activations per block of 32
 Q4_GROUP = 32  # weights of a row per scale and offset (GGUF's Q4_0 / Q4_1 blocks)
 _lock = threading.Lock()
@@ -153,7 +153,7 @@ def native_kernels():
                     flush=True,
                 )
             _ext = load(name=name, sources=[str(src)], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
-            _ext.set_huge_pages(_on("BPD_HUGEPAGES"))  # packed weights in 2 MiB pages where the kernel allows
+            _ext.set_huge_pages(env_on("BPD_HUGEPAGES"))  # packed weights in 2 MiB pages where the kernel allows
         except Exception as e:  # no compiler, no AVX2, read-only cache, ...: correct but slower
             global _ext_error
             _ext_error = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
@@ -187,13 +187,13 @@ def amx() -> bool:
     multiplies 16 activation rows for about the price of one, so a k-token verification or a batch costs about
     what one token costs. Needs bf16 compute (AMX tiles take bf16 / int8 activations)."""
     ext = native_kernels()
-    on = ext is not None and bool(ext.amx()) and _on("BPD_AMX")
+    on = ext is not None and bool(ext.amx()) and env_on("BPD_AMX")
     if ext is not None:
         ext.set_amx(on)
     return on
 
 
-def _on(var: str) -> bool:
+def env_on(var: str) -> bool:
     return os.environ.get(var, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
@@ -202,7 +202,7 @@ def bf16_compute() -> bool:
     fp32 FMAs: needs a build with AVX512_BF16 (the extension is compiled with -march=native and tagged with the
     CPU's flags, so a CPU without it gets the upconvert kernels). BPD_BF16_COMPUTE=0 turns it off."""
     ext = native_kernels()
-    return ext is not None and bool(ext.bf16_dot()) and _on("BPD_BF16_COMPUTE")
+    return ext is not None and bool(ext.bf16_dot()) and env_on("BPD_BF16_COMPUTE")
 
 
 def int8_compute() -> bool:
@@ -210,7 +210,7 @@ def int8_compute() -> bool:
     AVX512_VNNI, vpmaddwd on AVX2: the same integer sums, so the same bits on every x86 CPU) rather than weight-only
     int8 with fp32 FMAs. BPD_INT8_COMPUTE=0 turns it off."""
     ext = native_kernels()
-    return ext is not None and bool(ext.i8_dot()) and _on("BPD_INT8_COMPUTE")
+    return ext is not None and bool(ext.i8_dot()) and env_on("BPD_INT8_COMPUTE")
 
 
 def check_dtype(dtype: str) -> str:
@@ -390,12 +390,12 @@ class PackedLinear:
                     self.mode = _BF16_AMX
                 elif dtype == "int8":
                     amx()  # int8 takes the tiles from 4 rows on (the same bits): follow BPD_AMX now
-            lossless = dtype == "fp32" and not screen and _on("BPD_COMPACT")
+            lossless = dtype == "fp32" and not screen and env_on("BPD_COMPACT")
             blocks = q4_blocks(w) if lossless else None
             if q4 is not None:  # 4-bit codes x int8 activations per block of 32
                 packed = [pack_q4q(*q4[:3])]
             elif blocks is not None:  # 4-bit blocks exactly (a GGUF's Q4 tensors): the fp32 bits from 1/5 the bytes
-                self.mode = _Q4F
+                self.mode = Q4F
                 packed = [pack_q4(*blocks)]
             else:
                 if lossless and bf16_exact(w):  # a bf16 checkpoint's weights: the bf16 kernels widen them exactly
@@ -405,7 +405,7 @@ class PackedLinear:
             self.scale = packed[1] if len(packed) > 1 else None
             # the C++ object the fused step functions chain (DecodeWeights.head1_argmax / propose)
             self.lin = ext.Lin(self.data, self.scale, self.bias, self.out_features, self.in_features, self.mode)
-            if screen and self.mode == _MODE["fp32"] and ext.i8_dot() and _on("BPD_SCREEN"):
+            if screen and self.mode == _MODE["fp32"] and ext.i8_dot() and env_on("BPD_SCREEN"):
                 # an output projection's argmax (head 1) read through an int8 copy and a proven error bound, the
                 # few outputs that can win computed in fp32: the same ids and bits (csrc/screen.h)
                 self.lin.add_screen(w.float().contiguous())

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bpd_train.engine.fastlinear import PackedLinear, _on, native_kernels
-from bpd_train.engine.packed import DecodeOptions, draft_projection, verify_groups
+from bpd_train.engine.fastlinear import PackedLinear, env_on, native_kernels
+from bpd_train.engine.packed import DecodeOptions, copy_rows, draft_projection, verify_groups
 from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps, stop_array
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,17 @@ class LMDecodeWeights(DecodeStep):
     Elsewhere (CUDA, BPD_DECODE_ENGINE=torch, no compiler) the step is LMModel's torch path in fp32.
 
     What the engine does not look up in the model is given: `medusa`, whether the heads are Medusa heads (else BPD
-    heads, or none), and `stops`, the id or ids that end a row where a caller passes no `eos` (model/lm/model.py builds
-    these step weights)."""
+    heads, or none), and `stops`, the id or ids that end a row where a caller passes no `eos` (engine/weights.py
+    build_step_weights reads them off the model)."""
+
+    # cache rows copied in one native call where the kernels are loaded (model/cache.py DecoderState.reorder)
+    copy_rows = staticmethod(copy_rows)
 
     def __init__(self, model: nn.Module, options: DecodeOptions, *, medusa: bool, stops):
-        self.model, self.options = model, options
+        self.options = options
+        # the modules a step reads outside the packed linears (not the model itself: a decoder's cache of these
+        # weights must not keep the model alive)
+        self._norm, self._embed = model._modules["norm"], model._modules["embed"]
         self.stops = stop_array(stops)
         c = model.config
         dt = options.dtype
@@ -88,7 +94,7 @@ class LMDecodeWeights(DecodeStep):
         self.native_layers = self.native_loop = None
         self.lin: list = []
         if ext is not None:
-            smooth = int8_smoothing(model) if dt == "int8" and _on("BPD_INT8_SMOOTH") else None
+            smooth = int8_smoothing(model) if dt == "int8" and env_on("BPD_INT8_SMOOTH") else None
             norms = []
             for i, layer in enumerate(model.layers):
                 a, m = layer._modules["attn"], layer._modules["mlp"]
@@ -161,7 +167,7 @@ class LMDecodeWeights(DecodeStep):
         bits a full prefill writes (BPD_PREFIX_CACHE=0: always the full prefill)."""
         r, t = ids.shape
         kv, lpad = state.self_kv, state.lpad  # kv [L,2,R,G,S,Dh]
-        keep = _on("BPD_PREFIX_CACHE")
+        keep = env_on("BPD_PREFIX_CACHE")
         n, start = 0, 0
         got = self._prefix if keep else None
         if got is not None:
@@ -182,7 +188,7 @@ class LMDecodeWeights(DecodeStep):
 
     # ---- the pieces of a step ----
     def final_norm(self, h: Tensor) -> Tensor:
-        norm = self.model._modules["norm"]
+        norm = self._norm
         if self.native_layers is not None and h.dtype == torch.float32:
             return self.ext.rms_norm(h, norm._parameters["weight"].detach(), norm.eps)  # the native loops' norm
         return norm(h)
@@ -236,7 +242,7 @@ class LMDecodeWeights(DecodeStep):
             lins, _ = self._head_lins(lo, hi)
             if self.chained:
                 prev = first if first is not None else self.propose_torch(h, lo - 1, lo).squeeze(-1)
-                emb = self.model._modules["embed"]._parameters["weight"].detach()
+                emb = self._embed._parameters["weight"].detach()
                 for i in range(hi - lo):
                     tok, w1, w2 = lins[3 * i : 3 * i + 3]
                     x = h + tok(F.embedding(prev, emb))

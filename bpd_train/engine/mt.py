@@ -4,8 +4,8 @@ what both share: `DecodeOptions`, the draft projection, the weight cache).
 
 Every decoder (greedy, beam search, blockwise) runs its decoder calls, vocabulary projections and BPD heads
 through the same DecodeWeights, so they share one arithmetic path (engine/fastlinear.py) and exact blockwise
-decoding reproduces greedy decoding of the same precision. `BPDModel.decode_weights()` caches it
-(engine/packed.py cached_step_weights).
+decoding reproduces greedy decoding of the same precision. A decoder's packed-weight cache (engine/weights.py
+PackedWeights) builds and keeps it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bpd_train.engine.fastlinear import PackedLinear
-from bpd_train.engine.packed import DecodeOptions, draft_projection, verify_groups
+from bpd_train.engine.packed import DecodeOptions, copy_rows, draft_projection, verify_groups
 from bpd_train.engine.step import DecodeStep, cache_start, python_greedy_steps
 
 
@@ -54,6 +54,9 @@ class DecodeWeights(DecodeStep):
     the decoder output [...,D] before the final norm."""
 
     multi_stop = False  # one eos id ends a row
+
+    # cache rows copied in one native call where the kernels are loaded (model/cache.py DecoderState.reorder)
+    copy_rows = staticmethod(copy_rows)
 
     def __init__(self, model: nn.Module, options: DecodeOptions):
         if options.tree:

@@ -1,7 +1,7 @@
 """What both families' decode-step weights share (engine/mt.py DecodeWeights, engine/lm.py LMDecodeWeights):
-`DecodeOptions`, the draft-vocabulary projection, the lazy verification's group sizes, and the cache that rebuilds
-a model's step weights whenever a parameter changed (optimizer step, load_state_dict, .to(), a new dtype or draft
-vocabulary): the key holds every parameter's storage pointer and in-place version counter.
+`DecodeOptions`, the draft-vocabulary projection, the lazy verification's group sizes, and the key that tells when a
+model's step weights must be rebuilt (`weights_key`: every parameter's storage pointer and in-place version counter,
+and the options; the cache itself is engine/weights.py `PackedWeights`, which a decoder owns).
 
 `DecodeOptions`:
   dtype        "fp32" | "bf16" | "int8" | "q4": precision of the decode-step weights (encoder stays fp32).
@@ -87,25 +87,6 @@ def verify_groups(proj: PackedLinear) -> tuple[int, int]:
     one = 8 if proj.argmax_bytes > l2_bytes() else 2
     several = 8 if proj.out_features * proj.in_features * 4 > (16 << 20) else 2
     return one, several
-
-
-def cached_step_weights(model: nn.Module, build):
-    """model.decode_weights() for either family: the cached step weights for `model.decode_options`, rebuilt (by
-    `build(model, options)`) only when a parameter or the options changed. Inside one decoding call
-    (decoding/common.py decoding_mode, which sets `model._decode_call`) the check runs once: walking every
-    parameter is not free, and the encoder, start_decoding and the decoders each ask."""
-    call = getattr(model, "_decode_call", None)
-    cached = model._decode_cache
-    if cached is not None and call is not None and cached[2] is call:
-        return cached[1]
-    key = weights_key(model, model.decode_options)
-    if cached is None or cached[0] != key:
-        with torch.no_grad():
-            cached = (key, build(model, model.decode_options), call)
-    elif cached[2] is not call:
-        cached = (cached[0], cached[1], call)
-    model._decode_cache = cached
-    return cached[1]
 
 
 def copy_rows(x: Tensor, dim: int, dst: np.ndarray, src: np.ndarray, limit_dim: int = -1, limit: int = -1) -> None:

@@ -1,7 +1,7 @@
 """`DecodeStep`: what every decoder (greedy, beam search, blockwise, sampling) calls per step, whatever the model
 family. Each family implements it once, apart from its model definition: engine/mt.py `DecodeWeights`
-(encoder-decoder BPDModel), engine/lm.py `LMDecodeWeights` (decoder-only LMModel). A model hands its own out
-of `model.decode_weights()`, cached until a weight or `decode_options` changes.
+(encoder-decoder BPDModel), engine/lm.py `LMDecodeWeights` (decoder-only LMModel). A decoder's packed-weight
+cache (engine/weights.py PackedWeights) builds them for its DecodeOptions and keeps them until a weight changes.
 
 The native-loop members (greedy_steps, block_steps, batch_block_steps, multi_stop, last_seconds, stats) are what a
 decoder uses where present; a step without them (a test's scripted weights, say) decodes through the Python steps.

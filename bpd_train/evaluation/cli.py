@@ -1,4 +1,4 @@
-"""What evaluate.py does with its Hydra config (the entry point stays thin; export.py's is bpd_train/export.py)."""
+"""What evaluate.py does with its Hydra config (the entry point stays thin; export.py's is bpd_train/app/export.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _plain(node) -> Any:
     )
 
 
-def _hint(cfg: DictConfig) -> str:
+def command_hint(cfg: DictConfig) -> str:
     """' experiment=smoke' when the user ran with it, so the commands we suggest are the ones to copy."""
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -179,7 +179,7 @@ def run_evaluate(cfg: DictConfig) -> Path:
     if isinstance(inputs, str):
         inputs = [inputs]
     if not inputs:
-        inputs = default_inputs(corpus_dir(cfg), _hint(cfg))
+        inputs = default_inputs(corpus_dir(cfg), command_hint(cfg))
     expanded = expand_inputs(inputs, all_checkpoints=bool(e.all_checkpoints))
     name = e.name or (expanded[0][0].replace("/", "_") if len(expanded) == 1 else "all")
     out_dir = Path(e.output_dir) if e.output_dir else corpus_dir(cfg) / "eval" / name

@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 
 from bpd_train.data.sampler import length_batches
 from bpd_train.decoding import blockwise, greedy, sample, speculative_sample
+from bpd_train.engine.weights import PackedWeights
 from bpd_train.evaluation.metrics import DecodeStats, agreement, pad_batch, time_interleaved
 
 
@@ -79,6 +80,7 @@ def compare(
     on_batch: Callable[[], None] | None = None,
     min_seconds: float = 0.0,
     sampling: dict | None = None,
+    weights: PackedWeights | None = None,
 ) -> Comparison:
     """Greedy and (when k > 1) blockwise with block size k and acceptance `rule` on every batch, alternating
     which runs first (metrics.time_interleaved), so the speedup is a ratio measured in one run. also_adaptive:
@@ -87,17 +89,20 @@ def compare(
     until each decoder ran that long (metrics.time_interleaved).
     sampling: {temperature, top_k, top_p, seed} with temperature > 0: plain sampling takes greedy's place and
     blockwise sampling blockwise's (decoding/speculative.py; the rule is not used), source i seeded seed + i in
-    both; their tokens differ (the same distribution, other draws), so agreement is not a check there."""
+    both; their tokens differ (the same distribution, other draws), so agreement is not a check there.
+    weights: the decoder's packed-weight cache (decoding/serving.py Decoder.weights: its decode options), shared by
+    every decoder compared (None: the model's default, fp32)."""
     if sampling:
-        return _compare_sampling(model, batches, k, max_len, device, warmup, on_batch, min_seconds, dict(sampling))
-    fns = {"greedy": lambda src: greedy(model, src, max_len=max_len)}
+        s = dict(sampling)
+        return _compare_sampling(model, batches, k, max_len, device, warmup, on_batch, min_seconds, s, weights)
+    fns = {"greedy": lambda src: greedy(model, src, max_len=max_len, weights=weights)}
     if k is not None and k > 1:
         fns["blockwise"] = lambda src: blockwise(
-            model, src, block_size=k, accept=rule, max_len=max_len, adaptive=adaptive
+            model, src, block_size=k, accept=rule, max_len=max_len, adaptive=adaptive, weights=weights
         )
         if also_adaptive:
             fns["adaptive"] = lambda src: blockwise(
-                model, src, block_size=k, accept=rule, max_len=max_len, adaptive=True
+                model, src, block_size=k, accept=rule, max_len=max_len, adaptive=True, weights=weights
             )
     out = _timed(fns, batches, device, warmup, on_batch, min_seconds)
     return Comparison(out["greedy"], out.get("blockwise"), out.get("adaptive"))
@@ -115,8 +120,11 @@ def _timed(fns, batches, device, warmup, on_batch, min_seconds) -> dict:
     return out
 
 
-def _compare_sampling(model, batches, k, max_len, device, warmup, on_batch, min_seconds, s: dict) -> Comparison:
+def _compare_sampling(
+    model, batches, k, max_len, device, warmup, on_batch, min_seconds, s: dict, weights
+) -> Comparison:
     seed = int(s.pop("seed", 0))
+    s["weights"] = weights
     seeds = {id(t): [seed + i for i in g] for g, t in zip(batches.groups, batches.tensors)}
     fns = {"greedy": lambda src: sample(model, src, max_len=max_len, row_seeds=seeds[id(src)], **s)}
     if k is not None and k > 1:
@@ -127,7 +135,14 @@ def _compare_sampling(model, batches, k, max_len, device, warmup, on_batch, min_
     return Comparison(out["greedy"], out.get("blockwise"))
 
 
-def greedy_tokens(model, batches: Batches, *, max_len, on_batch: Callable[[], None] | None = None) -> list[list[int]]:
+def greedy_tokens(
+    model,
+    batches: Batches,
+    *,
+    max_len,
+    on_batch: Callable[[], None] | None = None,
+    weights: PackedWeights | None = None,
+) -> list[list[int]]:
     """Greedy decoding of every batch, untimed: the output whose BLEU evaluate.py reports over more sentences than
     it times (evaluate.bleu_sentences). Exact blockwise output is this output, token for token."""
     import torch
@@ -135,7 +150,7 @@ def greedy_tokens(model, batches: Batches, *, max_len, on_batch: Callable[[], No
     results = []
     with torch.inference_mode():
         for src in batches.tensors:
-            results.append(greedy(model, src, max_len=max_len))
+            results.append(greedy(model, src, max_len=max_len, weights=weights))
             if on_batch is not None:
                 on_batch()
     return batches.scatter(results)

@@ -19,7 +19,6 @@ from typing import Any, Sequence
 
 import torch
 
-from bpd_train.checkpoint import CheckpointError
 from bpd_train.data.distilled import read_manifest
 from bpd_train.data.sampler import length_batches
 from bpd_train.decoding.batched import translate_ids
@@ -38,8 +37,9 @@ from bpd_train.evaluation.compare import Batches, compare, greedy_tokens
 from bpd_train.evaluation.metrics import agreement, corpus_scores
 from bpd_train.evaluation.report import add_comparisons, write_report
 from bpd_train.io import atomic_dir, atomic_write_text
-from bpd_train.loading import Source, load, resolve, run_checkpoints
-from bpd_train.loading import load as load_any
+from bpd_train.sources.checkpoint import CheckpointError
+from bpd_train.sources.loading import Source, load, resolve, run_checkpoints
+from bpd_train.sources.loading import load as load_any
 
 REPORT_FORMAT = "bpd-train-eval-report"
 KEEP_PARAMS = 300_000_000
@@ -198,8 +198,8 @@ def evaluate_loaded(
     if base.sampling:  # plain vs blockwise sampling; acceptance rules are for temperature 0 (one column per k)
         sampling = {n: getattr(base, n) for n in ("temperature", "top_k", "top_p", "seed")}
         rules = [("sampling", parse_rule("exact"))]
-    prepare(model, text.sp, base, device)  # sets the decode options, resolved for this tokenizer and device
-    options = model.decode_options
+    decoder = prepare(model, text.sp, base, device)  # the decode options for this tokenizer and device, packed
+    options = decoder.options
     src_ids = [text.source_ids(s) for s in sources]
     truncated = text.truncated  # of the timed sources
     max_len = base.max_len
@@ -264,6 +264,7 @@ def evaluate_loaded(
                 on_batch=bar.update,
                 min_seconds=settings.min_seconds,
                 sampling=sampling,
+                weights=decoder.weights,
             )
             g = c.greedy
             if greedy_ref is None:
@@ -330,7 +331,7 @@ def evaluate_loaded(
                     adaptive_agreement=agreement(c.adaptive.tokens, g.tokens),
                 )
     if q_batches is not None:
-        q_tokens = greedy_tokens(model, q_batches, max_len=max_len, on_batch=bar.update)
+        q_tokens = greedy_tokens(model, q_batches, max_len=max_len, on_batch=bar.update, weights=decoder.weights)
         hyps = [one_line(answer(base, text, t)[0]) for t in q_tokens]
         hyp_file = hyp_dir / "greedy.quality.txt"
         atomic_write_text(hyp_file, "".join(h + "\n" for h in hyps))

@@ -55,11 +55,6 @@ class ModelFamily(ABC):
         """The (freshly initialised) model of a config of this family."""
         return self.model_class(config)
 
-    def decode_weights(self, model):
-        """What one decode step reads, a engine/step.py DecodeStep (engine/mt.py DecodeWeights, engine/lm.py
-        LMDecodeWeights): the model prepares and caches them itself; every decoder goes through this one call."""
-        return model.decode_weights()
-
     @property
     @abstractmethod
     def layer_classes(self) -> tuple[type, ...]:

@@ -158,9 +158,9 @@ class LMFamily(ModelFamily):
     def distill_records(self, cfg):
         """The prompts of data.lm.files (prompt/response or chat records) when given, else the translation corpus's
         sentences as prompt-format translations."""
-        from bpd_train.data.corpus import _get, load_corpus
+        from bpd_train.data.corpus import cfg_get, load_corpus
 
-        files = _get(_get(cfg.data, "lm") or {}, "files")
+        files = cfg_get(cfg_get(cfg.data, "lm") or {}, "files")
         if files is None:
             return load_corpus(cfg.data)
         return load_lm_jsonl({k: v for k, v in dict(files).items() if v})

@@ -22,7 +22,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bpd_train.engine.packed import copy_rows
+
+def copy_rows(x: Tensor, dim: int, dst: np.ndarray, src: np.ndarray, limit_dim: int = -1, limit: int = -1) -> None:
+    """x's rows dst[i] (along dim) = its rows src[i], in place, the first `limit` entries along limit_dim only where
+    limit >= 0; no dst row is a src row. Torch ops, a handful per row: a state whose step weights copy rows
+    natively (engine/mt.py and engine/lm.py `copy_rows`, one call) uses theirs."""
+    for d, s in zip(dst.tolist(), src.tolist()):
+        a, b = x.select(dim, d), x.select(dim, s)
+        if limit >= 0:
+            ld = limit_dim - (limit_dim > dim)
+            a, b = a.narrow(ld, 0, limit), b.narrow(ld, 0, limit)
+        a.copy_(b)
 
 
 @dataclass
@@ -125,16 +135,17 @@ class DecoderState:
         src = idx[dst]
         if dst.size and src.min() < m:
             return False
+        copy = getattr(self.weights, "copy_rows", None) or copy_rows  # native where the step weights have it
         if dst.size and t:
-            copy_rows(self.self_kv, 2, dst, src, 4, t)
+            copy(self.self_kv, 2, dst, src, 4, t)
         self.self_kv = self.self_kv[:, :, :m]
         if self.mem_kv is None or self.mem_group != 1:
             self._reorder_memory(torch.from_numpy(idx))
             return True
         if dst.size:
-            copy_rows(self.mem_kv, 2, dst, src)
+            copy(self.mem_kv, 2, dst, src)
             if self.mem_mask is not None:
-                copy_rows(self.mem_mask, 0, dst, src)
+                copy(self.mem_mask, 0, dst, src)
         self.mem_kv = self.mem_kv[:, :, :m]
         if self.mem_mask is not None:
             self.mem_mask = self.mem_mask[:m]

@@ -1,6 +1,7 @@
 """What both model families share, written once: the config dataclasses' dict round trip (`ModelConfig`) and the
 head interface of the models (`HeadedModel`: k, the parameter groups regimes freeze by, the vocabulary projection,
-the decode-weight cache's state)."""
+what the decode engine reads off a model as data: `decoder_only`). Decode state (options, packed weights) is
+not kept here: a decoder owns it (engine/weights.py PackedWeights, decoding/serving.py Decoder)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import dataclasses
 from typing import Any
 
 from torch import Tensor, nn
-
-from bpd_train.engine.packed import DecodeOptions
 
 
 class ModelConfig:
@@ -32,10 +31,7 @@ class HeadedModel(nn.Module):
     """Base of a family's model: a backbone (with `embed` and an optional untied `lm_head`), `heads` (None at k = 1)
     and `config.block_size`, the one place k is kept."""
 
-    def _init_decoding(self) -> None:
-        # how decoders run this model (precision, draft vocabulary) and the weights prepared for it
-        self.decode_options = DecodeOptions()
-        self._decode_cache: tuple | None = None
+    decoder_only = False  # which family's step weights the decode engine builds (engine/weights.py)
 
     @property
     def block_size(self) -> int:
@@ -52,9 +48,3 @@ class HeadedModel(nn.Module):
         """[V,D] vocabulary projection: the (decoder's) token embedding when tied, else the separate lm_head."""
         head = self._modules["lm_head"]
         return (head if head is not None else self._modules["embed"])._parameters["weight"]
-
-    def __getstate__(self):
-        # copies and pickles (deepcopy, DDP spawn, checkpoints of the module) never carry packed weights
-        state = dict(super().__getstate__())
-        state["_decode_cache"] = None
-        return state

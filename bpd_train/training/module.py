@@ -14,14 +14,14 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 
-from bpd_train.checkpoint import CKPT_META_KEY
 from bpd_train.families import family_of
 from bpd_train.model import build_model
+from bpd_train.sources.checkpoint import CKPT_META_KEY
+from bpd_train.sources.zero import FROZEN_FP32_KEY
 from bpd_train.training.feature_cache import FeatureCache
 from bpd_train.training.losses import bpd_loss, check_p1_weight, head_stats, head_weights, kd_settings
 from bpd_train.training.optim import build_optimizer, param_groups
 from bpd_train.training.regimes import Regime
-from bpd_train.zero import FROZEN_FP32_KEY
 
 
 def mix_seed(*parts: int) -> int:

@@ -19,21 +19,21 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from bpd_train.checkpoint import CheckpointError, checkpoint_meta, read_checkpoint
 from bpd_train.data.distilled import DistillError, find_self_corpus
 from bpd_train.data.hf_tokenizer import tokenizer_files
 from bpd_train.families import family_of
 from bpd_train.io import atomic_write_bytes, atomic_write_text
 from bpd_train.model import BPDModel, config_from_dict
+from bpd_train.sources.checkpoint import CheckpointError, checkpoint_meta, read_checkpoint
 from bpd_train.training.losses import kd_settings
 from bpd_train.training.module import BPDLightningModule
 from bpd_train.training.regimes import Regime, available_regimes
 from bpd_train.training.trainer import (
     TrainError,
-    _is_rank_zero,
     check_accelerator,
     default_root_dir,
     enable_tf32,
+    is_rank_zero,
     make_trainer,
     plain,
 )
@@ -104,7 +104,7 @@ def make_datamodule(
 def self_corpus(cfg: DictConfig, regime: Regime) -> Regime:
     """Regime source `self`: the regime, reading the corpus of its init_from model's own greedy output (made by
     `distill.py teacher=<init_from> distill.beam_size=1`; regime.distilled_dir, when set, must be one)."""
-    from bpd_train.loading import resolve
+    from bpd_train.sources.loading import resolve
 
     try:
         sha = resolve(regime.init_from).id.removeprefix("sha256:")
@@ -142,7 +142,7 @@ def _make_base_hint() -> str:
 
 def open_init(init_from: str) -> Any:
     """The model a head regime starts from (a .ckpt, a run folder, a bundle, a DeepSpeed ZeRO run or hf:...)."""
-    from bpd_train.loading import load, resolve
+    from bpd_train.sources.loading import load, resolve
 
     try:
         source = resolve(init_from)
@@ -153,7 +153,7 @@ def open_init(init_from: str) -> Any:
 
 def load_init(init_from: str, tokenizer, loaded: Any = None) -> Any:
     """The model a head regime starts from, checked against this run's tokenizer."""
-    from bpd_train.loading import check_tokenizer
+    from bpd_train.sources.loading import check_tokenizer
 
     loaded = loaded if loaded is not None else open_init(init_from)
     # an imported model's embedding may be padded beyond its tokenizer (checked when it loaded); its hash decides
@@ -273,7 +273,7 @@ def build_module(
     init_from = regime.init_from
     init = None
     if resume and resume != "hpc" and Path(resume).is_file():
-        from bpd_train.loading import check_tokenizer
+        from bpd_train.sources.loading import check_tokenizer
 
         ckpt = read_checkpoint(resume)
         try:
@@ -349,7 +349,7 @@ def check_kd_settings(cfg: DictConfig) -> None:
 def own_tokenizer(regime: Regime, resume: str | None) -> tuple[Any, Any]:
     """(the init_from model when it is loaded here, the tokenizer the data must use when a model brings its own
     (hf:...), else None). Loaded before the data: that model decides how the corpus is tokenized."""
-    from bpd_train.loading import load
+    from bpd_train.sources.loading import load
 
     if resume and resume != "hpc" and Path(resume).is_file():
         meta = checkpoint_meta(read_checkpoint(resume), resume)
@@ -363,9 +363,9 @@ def own_tokenizer(regime: Regime, resume: str | None) -> tuple[Any, Any]:
 def write_run_folder(cfg: DictConfig, run_dir: Path, tokenizer) -> None:
     """tokenizer.model (an imported model's tokenizer: its files in tokenizer/) and the resolved config.yaml
     beside the checkpoints (rank zero)."""
-    if not _is_rank_zero():
+    if not is_rank_zero():
         return
-    from bpd_train.loading import TOKENIZER_DIR
+    from bpd_train.sources.loading import TOKENIZER_DIR
 
     run_dir.mkdir(parents=True, exist_ok=True)
     src = Path(tokenizer.path)
@@ -400,7 +400,7 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
     resume = resolve_resume(cfg, run_dir)
     if (
         resume is None
-        and _is_rank_zero()
+        and is_rank_zero()
         and (run_dir / "checkpoints").is_dir()
         and any((run_dir / "checkpoints").glob("*.ckpt"))
     ):
@@ -418,11 +418,11 @@ def train(cfg: DictConfig, **trainer_overrides) -> Path:
     resuming = resume is not None or any(default_root_dir(run_dir).glob("hpc_ckpt_*.ckpt"))
     trainer = make_trainer(cfg, run_dir, resuming=resuming, **trainer_overrides)
     done = run_dir / "done.json"  # what `make demo` and later stages read as "this run finished"
-    if _is_rank_zero():
+    if is_rank_zero():
         done.unlink(missing_ok=True)
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
     clear_data_marker(run_dir)
-    if _is_rank_zero() and not trainer.interrupted:
+    if is_rank_zero() and not trainer.interrupted:
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
         atomic_write_text(
             done,

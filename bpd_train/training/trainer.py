@@ -27,7 +27,7 @@ def plain(cfg: Any) -> Any:
     return OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
 
 
-def _is_rank_zero() -> bool:
+def is_rank_zero() -> bool:
     return getattr(rank_zero_only, "rank", 0) == 0
 
 
@@ -64,7 +64,7 @@ def make_logger(cfg: DictConfig, run_dir: Path, resuming: bool):
             import secrets
 
             run_id = secrets.token_hex(6)
-            if _is_rank_zero():
+            if is_rank_zero():
                 atomic_write_text(id_file, run_id + "\n")
         kw.update(id=run_id, resume="allow")
         Path(lc.save_dir).mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO on CPU, through Lightning: real ZeRO checkpoints without a GPU (tests, export on CPU).
 
-    DS_ACCELERATOR=cpu python -m bpd_train.training.zero_cpu +regime=base experiment=smoke trainer.max_steps=2
+    DS_ACCELERATOR=cpu python -m bpd_train.app.zero_cpu +regime=base experiment=smoke trainer.max_steps=2
     from bpd_train.training.zero_cpu import train_zero_cpu; ckpt_dir = train_zero_cpu(cfg, stage=2)
 
 Lightning's DeepSpeedStrategy refuses anything but CUDA, yet the DeepSpeed engine itself runs on CPU
@@ -34,9 +34,6 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 from lightning.pytorch.strategies import DeepSpeedStrategy  # noqa: E402
 from lightning.pytorch.strategies.ddp import DDPStrategy  # noqa: E402
 from omegaconf import DictConfig, open_dict  # noqa: E402
-
-import bpd_train  # noqa: E402
-from bpd_train.cli import check_argv, exits_on_user_error  # noqa: E402
 
 
 class CPUDeepSpeedStrategy(DeepSpeedStrategy):
@@ -115,35 +112,3 @@ def train_zero_cpu(
     if not (ckpt / "latest").is_file():
         raise RuntimeError(f"expected a ZeRO checkpoint folder at {ckpt}")
     return ckpt
-
-
-def main(argv: list[str] | None = None) -> None:
-    """python -m bpd_train.training.zero_cpu [--stage 2] [--devices 1] <train.py overrides...>"""
-    from hydra import compose, initialize_config_dir
-
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument(
-        "--stage",
-        type=int,
-        default=None,
-        help="ZeRO stage (default: the stage of strategy=deepspeed_zero2|3 when given, else 2)",
-    )
-    ap.add_argument("--devices", type=int, default=1)
-    ap.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default="32-true",
-        help="bf16-mixed: DeepSpeed's bf16 engine (parameters cast to bf16, fp32 masters)",
-    )
-    args, overrides = ap.parse_known_args(argv)
-    check_argv(overrides)
-    with initialize_config_dir(str(bpd_train.REPO_ROOT / "conf"), version_base="1.3", job_name="train"):
-        cfg = compose("train", overrides=overrides)
-    stage = args.stage
-    if stage is None:  # strategy=deepspeed_zero3 on the command line means stage 3, not the default 2
-        stage = int(cfg.strategy.get("stage", 2)) if "DeepSpeed" in str(cfg.strategy.get("_target_", "")) else 2
-    print(exits_on_user_error(train_zero_cpu)(cfg, stage=stage, devices=args.devices, precision=args.precision))
-
-
-if __name__ == "__main__":
-    main()

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from bpd_train.data import distilled
-from bpd_train.data.corpus import _get, load_corpus
+from bpd_train.data.corpus import cfg_get, load_corpus
 from bpd_train.data.batches import TokenBatchesDataModule
 from bpd_train.data.hf_tokenizer import TokenizerError
 from bpd_train.data.lm.processing import (CONTEXT_POLICIES, LMDataError, LMEncoder, ResponseTooLong, collate_lm,
@@ -63,12 +63,12 @@ class SpmLMTokenizer:
 
 
 def lm_settings(data_cfg: Any) -> dict:
-    lm = _get(data_cfg, "lm") or {}
-    policy = str(_get(lm, "context_policy", "truncate_left") or "truncate_left")
+    lm = cfg_get(data_cfg, "lm") or {}
+    policy = str(cfg_get(lm, "context_policy", "truncate_left") or "truncate_left")
     if policy not in CONTEXT_POLICIES:
         raise LMDataError(f"data.lm.context_policy={policy!r}; expected one of {', '.join(CONTEXT_POLICIES)}")
-    max_len = _get(lm, "max_len")
-    return {"files": _get(lm, "files"), "max_len": int(max_len) if max_len else None, "context_policy": policy}
+    max_len = cfg_get(lm, "max_len")
+    return {"files": cfg_get(lm, "files"), "max_len": int(max_len) if max_len else None, "context_policy": policy}
 
 
 class LMDataModule(TokenBatchesDataModule):
@@ -150,7 +150,7 @@ class LMDataModule(TokenBatchesDataModule):
         if self.datasets:
             return
         self.records = self._read()
-        src, tgt = _get(self.data_cfg, "src_lang"), _get(self.data_cfg, "tgt_lang")
+        src, tgt = cfg_get(self.data_cfg, "src_lang"), cfg_get(self.data_cfg, "tgt_lang")
         for split, ds in self.records.items():
             enc = LMEncoder(self.tokenizer, self.context, self.lm["context_policy"], src_lang=src, tgt_lang=tgt)
             ids, plen, row_ids = [], [], []

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Sequence
 
-from bpd_train.data.hf_tokenizer import TokenizerError, _read_json, inside  # noqa: F401  (one JSON reader)
+from bpd_train.data.hf_tokenizer import TokenizerError, read_tokenizer_json, inside  # noqa: F401  (one JSON reader)
 from bpd_train.data.hf_tokenizer import tokenizer_folder_hash
 from bpd_train.io import sha256_file
 
@@ -73,7 +73,7 @@ class LMTokenizer:
         except Exception as e:
             raise TokenizerError(f"{self.path} is not a tokenizers file ({str(e).strip().splitlines()[-1]})") from None
         cfg_path = self.folder / "tokenizer_config.json"
-        self.tok_config = _read_json(cfg_path) if cfg_path.is_file() else {}
+        self.tok_config = read_tokenizer_json(cfg_path) if cfg_path.is_file() else {}
         self.special_tokens = {name: t for name in ("bos_token", "eos_token", "unk_token", "pad_token")
                                if (t := _token_text(self.tok_config.get(name))) is not None}
         ids = {}

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from bpd_train.data import distilled
 from bpd_train.data.batches import ResumableDataLoader, TokenBatchesDataModule  # noqa: F401 - importable here
-from bpd_train.data.corpus import _get, load_corpus
+from bpd_train.data.corpus import cfg_get, load_corpus
 from bpd_train.data.mt.processing import collate, tokenize_split
 from bpd_train.data.sampler import TokenBucketBatchSampler
 from bpd_train.data.tokenizer import Tokenizer, get_tokenizer
@@ -78,7 +78,7 @@ class BPDDataModule(TokenBatchesDataModule):
             raise ValueError(f"the distilled corpus {folder} was made with tokenizer sha256 {want[:12]}, but this run "
                              f"uses {self.tokenizer.path} ({self.tokenizer.hash[:12]}); its teacher_ids don't apply")
         ds = distilled.load_distilled_corpus(folder, vocab_size=self.tokenizer.vocab_size)   # teacher ids in range
-        src, tgt = str(_get(self.data_cfg, "src_lang")), str(_get(self.data_cfg, "tgt_lang"))
+        src, tgt = str(cfg_get(self.data_cfg, "src_lang")), str(cfg_get(self.data_cfg, "tgt_lang"))
         # teacher_ids (when present) are the teacher's own pieces: used as targets as they are, no re-encoding
         ds = ds.select_columns([c for c in ds.column_names if c in ("id", "translation", "teacher_ids")])
         ds = ds.map(lambda b: {"translation": [{src: t[src], tgt: t[tgt]} for t in b["translation"]]},

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from datasets import Dataset
 
-from bpd_train.data.corpus import _get
+from bpd_train.data.corpus import cfg_get
 from bpd_train.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -29,10 +29,10 @@ DROP_REASONS = ("", "min_len", "max_len", "max_ratio")
 
 
 def _filter_settings(data_cfg: Any) -> tuple[int, int | None, float | None]:
-    f = _get(data_cfg, "filter") or {}
-    min_len = int(_get(f, "min_len", 1) or 0)
-    max_len = _get(f, "max_len")
-    max_ratio = _get(f, "max_ratio")
+    f = cfg_get(data_cfg, "filter") or {}
+    min_len = int(cfg_get(f, "min_len", 1) or 0)
+    max_len = cfg_get(f, "max_len")
+    max_ratio = cfg_get(f, "max_ratio")
     return min_len, (int(max_len) if max_len else None), (float(max_ratio) if max_ratio else None)
 
 
@@ -72,11 +72,11 @@ class _Encode:
 def tokenize_split(ds: Dataset, tok: Tokenizer, data_cfg: Any, split: str, apply_filter: bool | None = None,
                    num_proc: int | None = None) -> tuple[Dataset, dict]:
     """Tokenize one split (cached by datasets) and, for train by default, filter it. Returns (dataset, stats)."""
-    src, tgt = str(_get(data_cfg, "src_lang")), str(_get(data_cfg, "tgt_lang"))
+    src, tgt = str(cfg_get(data_cfg, "src_lang")), str(cfg_get(data_cfg, "tgt_lang"))
     min_len, max_len, max_ratio = _filter_settings(data_cfg)
     if apply_filter is None:
         apply_filter = split == "train"
-    num_proc = num_proc if num_proc is not None else _get(data_cfg, "num_proc")
+    num_proc = num_proc if num_proc is not None else cfg_get(data_cfg, "num_proc")
     num_proc = int(num_proc) if num_proc and int(num_proc) > 1 and len(ds) >= 2 * int(num_proc) else None
     fn = _Encode(tok, src, tgt, min_len, max_len, max_ratio)
     enc = ds.map(fn, batched=True, batch_size=1000, with_indices=True, num_proc=num_proc,

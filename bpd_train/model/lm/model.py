@@ -3,7 +3,7 @@
 Pre-norm RMSNorm layers, rotary positions (transformers' rotate-half layout), SwiGLU feed-forward,
 grouped-query attention, tied or separate output embedding, optional q/k/v (Qwen2) and output biases. The
 head interface is BPDModel's (heads_logits, head_logits, identity head 1, zero-initialised future heads,
-head_parameters/backbone_parameters, decode_weights/decode_options, start_decoding/decode/start_tokens),
+head_parameters/backbone_parameters, start_decoding/decode/start_tokens),
 so greedy, beam search and blockwise decoding run on it unchanged.
 
 How prompts enter the decoders: `encode(prompts)` (right-padded with the pad sentinel, as the decoders'
@@ -14,7 +14,8 @@ input, where an encoder-decoder model hands them BOS. A row with L prompt tokens
 front: a per-row key mask hides them and rotary positions count from the row's first real token, so every
 row decodes as it would alone.
 
-Decoding (engine/lm.py LMDecodeWeights) runs on the native CPU engine (bpd_train/engine) where it is
+Decoding (engine/lm.py LMDecodeWeights, which the caller passes in: `start_decoding(prompt, capacity, weights=...)`;
+the model keeps no decode state of its own) runs on the native CPU engine (bpd_train/engine) where it is
 built: packed linears in fp32 / bf16 / int8, the layer stack in one C++ call with row-exact attention, native greedy
 and exact blockwise loops (one row and a batch), draft vocabulary and proposal precision, as the encoder-decoder
 model's DecodeWeights (docs/engine.md). Elsewhere (CUDA, BPD_DECODE_ENGINE=torch) it runs plain torch (F.linear,
@@ -34,8 +35,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bpd_train.engine.lm import LMDecodeWeights
-from bpd_train.engine.packed import DecodeOptions, cached_step_weights
 from bpd_train.model.cache import DecoderState
 from bpd_train.model.common import HeadedModel
 from bpd_train.model.heads import BPDHeads, ChainHeads, MedusaHeads
@@ -220,15 +219,9 @@ class LMState(DecoderState):
         return pos, write, kv_len, mask
 
 
-def _lm_step_weights(model: "LMModel", options: DecodeOptions) -> LMDecodeWeights:
-    """The decode engine's step weights for `model`, given what the engine does not look up in a model: whether the
-    heads are Medusa heads, and the ids that end a row (eos_ids where the config lists several, else eos_id: the
-    rule of decoding/common.py stop_ids)."""
-    c = model.config
-    return LMDecodeWeights(model, options, medusa=isinstance(model.heads, MedusaHeads), stops=c.eos_ids or c.eos_id)
-
-
 class LMModel(HeadedModel):
+    decoder_only = True  # the decode engine builds engine/lm.py LMDecodeWeights for it (engine/weights.py)
+
     def __init__(self, config: LMConfig):
         super().__init__()
         self.config = c = config
@@ -248,7 +241,11 @@ class LMModel(HeadedModel):
             else:
                 heads = BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout)
         self.register_module("heads", heads)
-        self._init_decoding()
+
+    @property
+    def medusa_heads(self) -> bool:
+        """Whether the heads are Medusa heads (what the decode engine's step weights are told)."""
+        return isinstance(self._modules.get("heads"), MedusaHeads)
 
     def _init_backbone(self) -> None:
         for m in self.modules():
@@ -338,9 +335,10 @@ class LMModel(HeadedModel):
         return F.linear(self.head_states(h, i, i + 1, prev).squeeze(-2), self.output_weight())
 
     # ---- decoding ----
-    def encode(self, prompts: Tensor) -> Prompt:
+    def encode(self, prompts: Tensor, weights=None) -> Prompt:
         """prompts [B,S] right-padded with pad_id (what decoding/common.py prepare_source builds) -> Prompt,
-        left-padded. Rows hold >= 1 token (prepare_source refuses empty ones)."""
+        left-padded. Rows hold >= 1 token (prepare_source refuses empty ones). (weights: unused, as the
+        encoder-decoder model's encode takes them; the prompts are read in start_decoding.)"""
         if prompts.dim() != 2:
             raise ValueError(f"prompts must be [B,S], got shape {tuple(prompts.shape)}")
         real = prompts != self.config.pad_id
@@ -354,9 +352,10 @@ class LMModel(HeadedModel):
         ids[real.nonzero(as_tuple=True)[0], dest[real]] = prompts[real]
         return Prompt(ids, lpad)
 
-    def start_decoding(self, prompt: Prompt, capacity: int, expand: int = 1) -> LMState:
+    def start_decoding(self, prompt: Prompt, capacity: int, expand: int = 1, *, weights) -> LMState:
         """A KV cache for prompt.batch_size*expand rows (row r belongs to prompt r // expand) holding the
-        prompts (all but their last tokens) and up to `capacity` decoder tokens per row."""
+        prompts (all but their last tokens) and up to `capacity` decoder tokens per row, decoded with `weights`
+        (a decoder's step weights, engine/lm.py LMDecodeWeights)."""
         c = self.config
         ids, lpad = prompt.ids, prompt.lpad
         if expand > 1:
@@ -365,7 +364,7 @@ class LMModel(HeadedModel):
         w = self.embed.weight
         kv = w.new_zeros(c.n_layers, 2, r, c.kv_heads, p - 1 + capacity, c.dh)
         state = LMState(kv, lpad, c)
-        state.weights = self.decode_weights()
+        state.weights = weights
         state.first = ids[:, -1:].clone()
         if p > 1:
             self._prefill(state, ids[:, :-1])
@@ -415,6 +414,3 @@ class LMModel(HeadedModel):
     def start_tokens(self, state: LMState) -> Tensor:
         """[R,1] the decoders' first input: each prompt's last token."""
         return state.first
-
-    def decode_weights(self) -> LMDecodeWeights:
-        return cached_step_weights(self, _lm_step_weights)

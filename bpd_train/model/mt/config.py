@@ -31,7 +31,7 @@ class BPDConfig(ModelConfig):
     eos_id: int = 2
     unk_id: int = 3
     norm_eps: float = 1e-6
-    # Architecture options for imported checkpoints (bpd_train/convert/hf/mt.py); the defaults are this
+    # Architecture options for imported checkpoints (bpd_train/sources/convert/hf/mt.py); the defaults are this
     # project's own models, so older configs and checkpoints load unchanged.
     pre_norm: bool = True  # False: post-norm layers (Marian: x = norm(x + sublayer(x)))
     final_norm: bool = True  # encoder and decoder end with a LayerNorm (False: Marian)

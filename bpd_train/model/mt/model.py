@@ -2,10 +2,14 @@
 
 The BPDConfig architecture options (post-norm, no final norms, other sinusoid layouts, separate
 embeddings, a logits bias, a decoder prefix) exist so that imported Marian / M2M100 / NLLB checkpoints
-(bpd_train/convert/hf/mt.py) compute what transformers computes; the defaults are this project's own models.
+(bpd_train/sources/convert/hf/mt.py) compute what transformers computes; the defaults are this project's own models.
 
 Shapes: B batch, S source length, T target length, D d_model, V vocab, k heads, R decoder rows while
 decoding (batch x beam), n new tokens per decoder call.
+
+Decoding reads the decode engine's step weights for this model (engine/mt.py DecodeWeights), which the caller
+passes in (`encode(src, weights)`, `start_decoding(memory, capacity, weights=...)`): the model keeps no decode
+state of its own.
 """
 
 from __future__ import annotations
@@ -16,8 +20,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bpd_train.engine.mt import DecodeWeights
-from bpd_train.engine.packed import cached_step_weights
 from bpd_train.model.cache import DecoderState, Memory
 from bpd_train.model.common import HeadedModel
 from bpd_train.model.heads import BPDHeads, ChainHeads
@@ -68,7 +70,6 @@ class BPDModel(HeadedModel):
             self.heads = ChainHeads(c.d_model, c.block_size, c.head_hidden, c.dropout)
         else:
             self.heads = BPDHeads(c.d_model, c.block_size, c.head_hidden, c.identity_p1, c.dropout)
-        self._init_decoding()
 
     def _init_backbone(self) -> None:
         nn.init.normal_(self.embed.weight, std=self.config.d_model**-0.5)
@@ -88,15 +89,16 @@ class BPDModel(HeadedModel):
         x = x + self.pe[positions].to(x.dtype)  # pe stays fp32 where DeepSpeed casts only the parameters
         return self.dropout(x) if self.training else x
 
-    def encode(self, src: Tensor) -> Memory:
-        """src [B,S] ids + eos, right-padded with pad_id -> Memory (encoder output + padding masks)."""
+    def encode(self, src: Tensor, weights=None) -> Memory:
+        """src [B,S] ids + eos, right-padded with pad_id -> Memory (encoder output + padding masks). weights: a
+        decoder's step weights (engine/step.py DecodeStep), whose native encoder runs it where it can."""
         if src.dim() != 2:
             raise ValueError(f"src must be [B,S], got shape {tuple(src.shape)}")
         s = src.shape[1]
         if s > self.config.max_positions:
             raise ValueError(f"source length {s} exceeds max_positions={self.config.max_positions}")
         pad_mask = src != self.config.pad_id  # [B,S]
-        w = self._native_decoding(src.device, self._modules["embed"]._parameters["weight"].dtype)
+        w = _native(weights, src.device, self._modules["embed"]._parameters["weight"].dtype)
         if w is not None:  # decoding on the CPU: embedding and the whole stack in one native call (engine/mt.py)
             out, padded = w.encode_ids(self, src)
             return Memory(out, pad_mask, pad_mask[:, None, None, :] if padded else None)
@@ -115,20 +117,6 @@ class BPDModel(HeadedModel):
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
         return Memory(x, pad_mask, attn_mask)
-
-    def _native_decoding(self, device: torch.device, dtype: torch.dtype):
-        """The decode weights where a decoder runs this model on the native kernels (inside a decoder's
-        decoding_mode, fp32 on the CPU, an encoder they implement), else None: training, validation (whose sharded
-        strategies gather each layer's weights only around its own forward) and other devices keep the torch path."""
-        if (
-            getattr(self, "_decode_call", None) is None
-            or not torch.is_inference_mode_enabled()
-            or device.type != "cpu"
-            or dtype != torch.float32
-        ):
-            return None
-        w = self.decode_weights()
-        return w if getattr(w, "native_encoder", None) is not None else None
 
     # ---- decoder, full sequence (training) ----
     def features(self, memory: Memory, tgt_in: Tensor) -> Tensor:
@@ -220,12 +208,13 @@ class BPDModel(HeadedModel):
         return self.heads_logits(self.features(self.encode(src), tgt_in))
 
     # ---- decoder, incremental (decoding) ----
-    def start_decoding(self, memory: Memory, capacity: int, expand: int = 1) -> DecoderState:
+    def start_decoding(self, memory: Memory, capacity: int, expand: int = 1, *, weights) -> DecoderState:
         """A KV cache for memory.batch_size*expand rows (row r belongs to source r // expand), holding up to
-        `capacity` decoder tokens per row. Cross-attention K/V are computed here, once."""
+        `capacity` decoder tokens per row, decoded with `weights` (a decoder's step weights, engine/step.py
+        DecodeStep). Cross-attention K/V are computed here, once."""
         out = memory.out
         b, s, d = out.shape
-        w = self._native_decoding(out.device, out.dtype)
+        w = _native(weights, out.device, out.dtype)
         if w is not None:
             mem_kv = w.memory_kv(out)  # [layers,2,B,H,S,Dh]
         else:
@@ -245,15 +234,11 @@ class BPDModel(HeadedModel):
         prefix = self.config.decoder_prefix
         self_kv = mem_kv.new_zeros(n_layers, 2, b * expand, h, capacity + len(prefix), dh)
         state = DecoderState(self_kv, mem_kv.contiguous(), mask, self.config.max_positions, mem_group=expand)
-        state.weights = self.decode_weights()
+        state.weights = weights
         if prefix:  # cache the decoder-start tokens once; decoders then count from BOS as usual
             self.decode(state, torch.tensor(prefix, device=out.device).expand(b * expand, -1))
             state.base = len(prefix)
         return state
-
-    def decode_weights(self) -> DecodeWeights:
-        """The decode-step weights for `self.decode_options`, rebuilt only when a parameter changed."""
-        return cached_step_weights(self, DecodeWeights)
 
     def decode(self, state: DecoderState, tokens: Tensor, kv_len: int | None = None) -> Tensor:
         """tokens [R,n] -> h [R,n,D]. Writes their K/V at each row's slots lengths..lengths+n-1; the caller
@@ -271,3 +256,18 @@ class BPDModel(HeadedModel):
         for i, w in enumerate(state.weights.layers):
             x = decode_step(w, x, self_kv[i], write, kv_len, mask, mem_kv[i], mem_mask, g)
         return x
+
+
+def _native(weights, device: torch.device, dtype: torch.dtype):
+    """`weights` where they run this model on the native kernels (in inference mode, fp32 on the CPU, an encoder
+    they implement), else None: training, validation (whose sharded strategies gather each layer's weights only
+    around its own forward) and other devices keep the torch path."""
+    if (
+        weights is None
+        or not torch.is_inference_mode_enabled()
+        or device.type != "cpu"
+        or dtype != torch.float32
+        or getattr(weights, "native_encoder", None) is None
+    ):
+        return None
+    return weights

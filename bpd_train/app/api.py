@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from bpd_train.decode_settings import carried
-from bpd_train.decoding.serving import decode_texts, prepare
+from bpd_train.decoding.serving import Decoder, decode_texts, prepare
 from bpd_train.decoding.settings import DecodeError, DecodeSettings
 
 
@@ -61,6 +61,9 @@ class Translator:
         self._tokenizer = loaded.tokenizer()
         own, self.carried_why = carried(getattr(loaded, "meta", None), f"bundle {getattr(loaded, 'source', '?')}")
         self.settings = (settings or DecodeSettings(**own)).replace(**overrides)
+        # the last call's decoder (decoding/serving.py Decoder): its decode options and packed weights, kept for the
+        # next call with the same options
+        self.decoder: Decoder | None = None
 
     @classmethod
     def from_pretrained(
@@ -71,7 +74,7 @@ class Translator:
         `settings` / `overrides`: the decode defaults (see the class)."""
         import torch
 
-        from bpd_train.loading import load
+        from bpd_train.sources.loading import load
 
         (settings or DecodeSettings()).replace(**overrides)  # a bad setting fails before the model loads
         if device == "auto":
@@ -155,7 +158,7 @@ class Translator:
         return self._decode(text, items, settings)
 
     def _decode(self, text, sources, settings: DecodeSettings) -> Output:
-        decoder = prepare(self.model, self._tokenizer, settings, self.device)
+        decoder = self.decoder = prepare(self.model, self._tokenizer, settings, self.device, reuse=self.decoder)
         out = decode_texts(decoder, text, sources)
         return Output(
             out.texts, out.tokens, out.stats.mean_accepted if decoder.blockwise else 1.0, out.stats.calls, decoder.label

@@ -30,8 +30,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bpd_train.bundle import TOKENIZER
-from bpd_train.convert.common import (
+from bpd_train.data.hf_tokenizer import TokenizerError
+from bpd_train.data.lm.tokenizer import LMTokenizer
+from bpd_train.model.lm.config import ROPE_SCALING, LMConfig
+from bpd_train.model.lm.model import LMModel, rope_frequencies
+from bpd_train.sources.bundle import TOKENIZER
+from bpd_train.sources.convert.common import (
     HEADS_FORMAT,
     ConvertError,
     check_buildable,
@@ -44,10 +48,6 @@ from bpd_train.convert.common import (
     resolve,
     write_hf_folder,
 )
-from bpd_train.data.hf_tokenizer import TokenizerError
-from bpd_train.data.lm.tokenizer import LMTokenizer
-from bpd_train.model.lm.config import ROPE_SCALING, LMConfig
-from bpd_train.model.lm.model import LMModel, rope_frequencies
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ A bundle folder holds
   manifest.json       sha256 of each file above (tokenizer/ file by file; format_version >= 2), written last
 `load_bundle` checks every file, hash and tensor shape before it builds the model, and reads nothing with
 pickle. Which folder is a bundle is decided here (`is_bundle`); turning a run or checkpoint into one is
-bpd_train/export.py, and loading any model (a bundle among others) is bpd_train/loading.py.
+bpd_train/app/export.py, and loading any model (a bundle among others) is bpd_train/sources/loading.py.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 
 from bpd_train._version import __version__
-from bpd_train.checkpoint import CheckpointError
 from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_files, tokenizer_folder_hash
 from bpd_train.families import family_of
 from bpd_train.io import atomic_dir, atomic_write_json, atomic_write_text, outside, sha256_file, umask
 from bpd_train.model import build_model, config_from_dict
 from bpd_train.model.mt.config import BPDConfig
+from bpd_train.sources.checkpoint import CheckpointError
 
 BUNDLE_FORMAT = "bpd-train-bundle"
 BUNDLE_VERSION = 3  # 3: tokenizer/ folder of an imported model (written only then); 2: manifest.json covers
@@ -237,7 +237,7 @@ def model_card(config: dict, extra: str | None = None) -> str:
         "",
         "```python",
         "from bpd_train.decoding import Exact, blockwise",
-        "from bpd_train.export import load_bundle",
+        "from bpd_train import load_bundle",
         f"model, sp, meta = load_bundle('{tr.get('bundle_name', 'path/to/bundle')}')  # checks files, hashes, shapes",
         "src = [sp.encode('In the beginning God created the heavens and the earth.') + [sp.eos_id()]]",
         f"r = blockwise(model, src, block_size={k}, accept=Exact())   # == greedy output, fewer decoder calls",

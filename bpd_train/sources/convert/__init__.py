@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bpd_train.convert.common import ConvertError
-from bpd_train.convert.hf import lm, mt
-from bpd_train.convert.hf.mt import from_hf, load_hf, to_hf
 from bpd_train.families import ModelFamily, families
+from bpd_train.sources.convert.common import ConvertError
+from bpd_train.sources.convert.hf import lm, mt
+from bpd_train.sources.convert.hf.mt import from_hf, load_hf, to_hf
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 train.py, distill.py, evaluate.py, export.py (`exits_on_user_error(work)(cfg)` inside the `@hydra.main` function:
 a decorator on that function itself would make Hydra look for conf/ beside this file), python -m
-bpd_train.translate and python -m bpd_train.training.zero_cpu all go through here, so "what is a user error" and
+bpd_train.translate and python -m bpd_train.app.zero_cpu all go through here, so "what is a user error" and
 "what does its message look like" are decided once. BPD_TRACEBACK=1 re-raises instead (to debug a wrong
 classification: a bug surfacing as ValueError).
 """
@@ -318,7 +318,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.heads": ("bpd", "medusa", "chain"),  # bpd_train.model.lm.config.HEAD_TYPES
     "progress_bar": ("tqdm", "rich", "none"),  # bpd_train.training.trainer.callbacks
     "decode.dtype": DTYPES,
-    "export.format": ("bundle", "hf", "vllm"),  # bpd_train.export.FORMATS
+    "export.format": ("bundle", "hf", "vllm"),  # bpd_train.app.export.FORMATS
     "distill.action": ("run", "verify", "plan", "status"),  # bpd_train.distillation.job.ACTIONS
 }
 

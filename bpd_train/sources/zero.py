@@ -2,7 +2,7 @@
 
 Consolidation uses DeepSpeed's own zero_to_fp32, but with every torch.load it makes forced to weights_only=True and
 only DeepSpeed's few plain state classes allowed (`_zero_weights_only`), so a crafted ZeRO folder is refused, never
-run. Building a model from the result is bpd_train/loading.py's job.
+run. Building a model from the result is bpd_train/sources/loading.py's job.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from bpd_train.checkpoint import CKPT_META_KEY, STATE_PREFIX, CheckpointError
+from bpd_train.sources.checkpoint import CKPT_META_KEY, STATE_PREFIX, CheckpointError
 
 # Prefixes wrappers put in front of the model's own parameter names (LightningModule, DeepSpeed, Lightning's
 # old DeepSpeed wrapper); stripped in this order when every key carries them.

@@ -32,13 +32,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bpd_train.bundle import BundleError, check_buildable
-from bpd_train.convert.common import ConvertError
-from bpd_train.convert.hf.lm import config_from_hf_lm, state_from_hf_lm
 from bpd_train.data.hf_tokenizer import TokenizerError
 from bpd_train.data.lm.tokenizer import LMTokenizer
 from bpd_train.io import atomic_dir, sha256_file
 from bpd_train.model.lm.model import LMModel
+from bpd_train.sources.bundle import BundleError, check_buildable
+from bpd_train.sources.convert.common import ConvertError
+from bpd_train.sources.convert.hf.lm import config_from_hf_lm, state_from_hf_lm
 
 log = logging.getLogger(__name__)
 

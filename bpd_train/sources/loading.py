@@ -7,15 +7,15 @@ Every stage loads through here: head regimes' init_from (training/run.py), the d
   zero     a DeepSpeed ZeRO checkpoint folder (zero.py), consolidated with every torch.load weights_only=True
   bundle   an exported bundle folder (bundle.py), safetensors + hashes, no pickle at all
   hf       `hf:<folder or hub id>[@<src_lang>:<tgt_lang>]`, a transformers Marian / M2M100 / NLLB checkpoint
-           (bpd_train/convert/hf/mt.py), safetensors or torch.load(weights_only=True); NLLB / M2M100 need the
+           (bpd_train/sources/convert/hf/mt.py), safetensors or torch.load(weights_only=True); NLLB / M2M100 need the
            languages, e.g. hf:facebook/nllb-200-distilled-600M@eng_Latn:deu_Latn
-  gguf     `gguf:<file>`, a llama.cpp model file (Llama / Qwen2 architectures, bpd_train/convert/gguf.py), checked
+  gguf     `gguf:<file>`, a llama.cpp model file (Llama / Qwen2 architectures, bpd_train/sources/convert/gguf.py), checked
            against its size, then read with the gguf package and dequantized to fp32; its tokenizer is written
            once into a cache folder
 A run folder (what train.py writes) resolves to its best checkpoint, else its last (RUN_CANDIDATES), else the
 newest checkpoints/*.ckpt; any of those may be a file or a Lightning DeepSpeed folder.
 
-Adding a kind (e.g. `hf:<folder or hub id>`, bpd_train/convert/hf/mt.py): register a resolver for its prefix in
+Adding a kind (e.g. `hf:<folder or hub id>`, bpd_train/sources/convert/hf/mt.py): register a resolver for its prefix in
 PREFIXES (text after the prefix -> Source(kind, ...)) and a reader in READERS (Source, map_location -> Read);
 `load` then gives it the same tokenizer check and LoadedModel as every other kind. A tokenizer that is a folder
 (an imported model's own tokenizer files) is hashed file by file, over its tokenizer files only. Such a model
@@ -35,17 +35,17 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from bpd_train.bundle import TOKENIZER, WEIGHTS, check_buildable, check_state_shapes, is_bundle, load_bundle
-from bpd_train.checkpoint import CheckpointError, checkpoint_meta, model_state, read_checkpoint
-from bpd_train.convert import hf_format_of
-from bpd_train.convert.common import folder_file
-from bpd_train.convert.common import resolve as resolve_hf
-from bpd_train.convert.gguf import GGUFError, load_gguf
 from bpd_train.data.hf_tokenizer import tokenizer_folder_hash
 from bpd_train.families import family_of, get_family
 from bpd_train.io import sha256_file
 from bpd_train.model import build_model, config_from_dict
-from bpd_train.zero import consolidate_zero, find_zero_dir, model_states_file, zero_tag_dir
+from bpd_train.sources.bundle import TOKENIZER, WEIGHTS, check_buildable, check_state_shapes, is_bundle, load_bundle
+from bpd_train.sources.checkpoint import CheckpointError, checkpoint_meta, model_state, read_checkpoint
+from bpd_train.sources.convert import hf_format_of
+from bpd_train.sources.convert.common import folder_file
+from bpd_train.sources.convert.common import resolve as resolve_hf
+from bpd_train.sources.convert.gguf import GGUFError, load_gguf
+from bpd_train.sources.zero import consolidate_zero, find_zero_dir, model_states_file, zero_tag_dir
 
 # Where a run folder keeps an imported model's tokenizer files (a native run has tokenizer.model).
 TOKENIZER_DIR = "tokenizer"

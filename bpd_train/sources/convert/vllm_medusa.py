@@ -28,9 +28,9 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from bpd_train.convert.common import ConvertError
 from bpd_train.io import atomic_dir
 from bpd_train.model.heads import MedusaHeads
+from bpd_train.sources.convert.common import ConvertError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bpd_train.bundle import BundleError
-from bpd_train.bundle import check_buildable as check
 from bpd_train.data.hf_tokenizer import TokenizerError, tokenizer_files
 from bpd_train.hf_generate import CUSTOM_GENERATE, TEMPLATE
 from bpd_train.io import atomic_dir, outside
 from bpd_train.model.mt.config import BPDConfig
+from bpd_train.sources.bundle import BundleError
+from bpd_train.sources.bundle import check_buildable as check
 
 HEADS_FILE = "bpd_heads.safetensors"
 HEADS_FORMAT = "bpd-train-heads"

@@ -1,7 +1,7 @@
 """Console scripts of an installed package (pyproject.toml [project.scripts]): bpd-train, bpd-distill,
 bpd-evaluate, bpd-export, bpd-translate. Each does what the clone's train.py / distill.py / evaluate.py /
-export.py do, with the configs shipped inside the package (bpd_train.cli.config_dir), from any directory.
-`python -m bpd_train.commands train|distill|evaluate|export ARGS` is the same (the pipeline's stages, installed)."""
+export.py do, with the configs shipped inside the package (bpd_train.app.cli.config_dir), from any directory.
+`python -m bpd_train.app.commands train|distill|evaluate|export ARGS` is the same (the pipeline's stages, installed)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ def _main(config_name: str, prog: str, work) -> None:
     import hydra
     from omegaconf import DictConfig
 
-    from bpd_train.cli import check_config, config_dir, exits_on_user_error
+    from bpd_train.app.cli import check_config, config_dir, exits_on_user_error
 
     argv = sys.argv[1:]
     if config_name == "train":
-        from bpd_train.cli import check_argv
+        from bpd_train.app.cli import check_argv
 
         check_argv(argv)
     check_config(config_name, argv, prog)
@@ -55,7 +55,7 @@ def _evaluate(cfg) -> None:
 
 
 def _export(cfg) -> None:
-    from bpd_train.export import run_export
+    from bpd_train.app.export import run_export
 
     run_export(cfg)
 
@@ -77,7 +77,7 @@ def export() -> None:
 
 
 def translate() -> None:
-    from bpd_train.translate import main
+    from bpd_train.app.translate import main
 
     sys.exit(main())
 
@@ -85,5 +85,5 @@ def translate() -> None:
 if __name__ == "__main__":
     COMMANDS = {"train": train, "distill": distill, "evaluate": evaluate, "export": export, "translate": translate}
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-        sys.exit(f"usage: python -m bpd_train.commands {{{','.join(COMMANDS)}}} [ARGS ...]")
+        sys.exit(f"usage: python -m bpd_train.app.commands {{{','.join(COMMANDS)}}} [ARGS ...]")
     COMMANDS[sys.argv.pop(1)]()

@@ -15,7 +15,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bpd_train.convert.common import (
+from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError
+from bpd_train.model.layers import sinusoidal_table
+from bpd_train.model.mt.config import BPDConfig
+from bpd_train.model.mt.model import BPDModel
+from bpd_train.sources.convert.common import (
     HEADS_FILE,
     HEADS_FORMAT,
     ConvertError,
@@ -28,10 +32,6 @@ from bpd_train.convert.common import (
     resolve,
     write_hf_folder,
 )
-from bpd_train.data.hf_tokenizer import HFTokenizer, TokenizerError
-from bpd_train.model.layers import sinusoidal_table
-from bpd_train.model.mt.config import BPDConfig
-from bpd_train.model.mt.model import BPDModel
 
 SUPPORTED = {
     "MarianMTModel": "marian",

@@ -5,7 +5,7 @@ Checkpoint layout (written by the LightningModule's on_save_checkpoint):
   ckpt["bpd"]               {"model_config": BPDConfig dict, "tokenizer_hash": sha256 of tokenizer.model,
                              "tokenizer_file": absolute path at save time, "regime": name, ...}
   tokenizer.model           beside the checkpoint file or in its parent run folder.
-Finding and loading a model from any source (this format among others) is bpd_train/loading.py.
+Finding and loading a model from any source (this format among others) is bpd_train/sources/loading.py.
 """
 
 from __future__ import annotations
