@@ -12,7 +12,7 @@ import pytest
 
 from _eval_tiny import build_tiny, read_pairs
 
-from bpd_train.evaluation.report import BEST_RULE, choose_best
+from bpd_train.evaluation.report import BEST_RULE, choose_best, comparison_markdown
 from bpd_train.evaluation.runner import EvalSettings, evaluate_inputs, expand_inputs
 
 SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
@@ -208,6 +208,15 @@ def test_best_is_the_fastest_run_within_one_bleu_of_the_base():
     best = choose_best(_report({"frozen-k4": (10.0, 1.05), "finetune-k4": (9.1, 1.10), "both-k4": (5.0, 1.30)}))
     assert best["checkpoint"] == "finetune-k4" and best["path"] == "/a/finetune-k4"
     assert best["rule"] == BEST_RULE.format(drop=1.0) and "within 1 of the base" in best["rule"]
+
+
+def test_best_says_what_every_heads_run_costs_in_bleu(tmp_path):
+    report = _report({"frozen-k4": (10.0, 1.05), "finetune-k4": (9.1, 1.10), "both-k4": (5.0, 1.30)})
+    best = choose_best(report)
+    assert best["bleu_vs_base"] == {"frozen-k4": 0.0, "finetune-k4": -0.9, "both-k4": -5.0}
+    assert choose_best(_report({"both-k4": (5.0, 1.30)}))["bleu_vs_base"] == {"both-k4": -5.0}  # base chosen: said too
+    report["best"] = best
+    assert "BLEU against the base: frozen-k4 +0.00, finetune-k4 -0.90, both-k4 -5.00." in "\n".join(comparison_markdown(report))
 
 
 def test_best_falls_back_to_the_base_and_says_why():

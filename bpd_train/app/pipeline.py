@@ -321,6 +321,8 @@ def run_one(plan: Plan, stage: Stage) -> None:
         report = json.loads(report_path.read_text(encoding="utf-8"))
         best = best_run(report)
         print(f"=== best run: {best['checkpoint']} — {best['reason']}\n    rule: {best['rule']}")
+        if best.get("bleu_vs_base"):
+            print("    BLEU against the base: " + ", ".join(f"{n} {d:+.2f}" for n, d in best["bleu_vs_base"].items()))
         if best["path"] is None:
             print("=== export: no run chosen; nothing to export")
             return

@@ -140,6 +140,7 @@ def choose_best(report: dict) -> dict:
             "reason": "no base model among the evaluated checkpoints: no BLEU to hold the heads runs to",
         }
     floor = quality(base)["bleu"] - drop
+    costs = bleu_costs(report, base)
     bs = min(report["settings"]["batch_sizes"])
     rows = [
         r
@@ -161,6 +162,7 @@ def choose_best(report: dict) -> dict:
             "path": path[fastest["checkpoint"]],
             "k": fastest["k"],
             "rule": rule,
+            "bleu_vs_base": costs,
             "reason": f"{fastest['speedup']:.2f}× at k = {fastest['k']}, BLEU "
             f"{bleu[fastest['checkpoint']]:.2f} vs base {quality(base)['bleu']:.2f}"
             f"{_over(report)}",
@@ -174,7 +176,24 @@ def choose_best(report: dict) -> dict:
     )
     if lost:
         why += f"; lost too much BLEU: {', '.join(lost)}"
-    return {"checkpoint": base["name"], "path": base["path"], "k": 1, "rule": rule, "reason": f"the base model: {why}"}
+    return {
+        "checkpoint": base["name"],
+        "path": base["path"],
+        "k": 1,
+        "rule": rule,
+        "bleu_vs_base": costs,
+        "reason": f"the base model: {why}",
+    }
+
+
+def bleu_costs(report: dict, base: dict) -> dict[str, float]:
+    """What each heads run costs (or gains) in BLEU against the base, over the report's quality sentences."""
+    b = quality(base)["bleu"]
+    return {
+        c["name"]: round(quality(c)["bleu"] - b, 2)
+        for c in report["checkpoints"]
+        if c is not base and quality(c)["bleu"] is not None and b is not None
+    }
 
 
 def comparison_table(report: dict) -> str:
@@ -250,6 +269,16 @@ def comparison_markdown(report: dict) -> list[str]:
             "",
             f"Rule: {best['rule']}.  ",
             f"Choice: **{best['checkpoint'] or 'none'}** — {best['reason']}.",
+            *(
+                [
+                    "",
+                    "BLEU against the base: "
+                    + ", ".join(f"{name} {d:+.2f}" for name, d in best["bleu_vs_base"].items())
+                    + "."
+                ]
+                if best.get("bleu_vs_base")
+                else []
+            ),
             "",
         ]
     return lines
