@@ -308,7 +308,7 @@ class DecodeSettings:
     lookup: int = setting(
         0,
         "decoder-only: N > 0 also proposes from the prompt and answer so far where their last N..1 tokens occurred "
-        "before (prompt lookup; output unchanged; adaptive feeding off); 0: off",
+        "before (prompt lookup; output unchanged; adaptive feeding on batches only); 0: off",
         _ints(0, 8, "an int in 0..8 (0: off)"),
         metavar="N",
     )

@@ -317,3 +317,174 @@ def test_adaptive_calibrates_a_batch_as_a_batch_and_settles_on_greedy_per_bucket
         assert ad.probes(1).interval == ad.probe and ad.probes(3).interval == ad.max_interval
     finally:
         bw._Blockwise.run = real
+
+
+class _RowsFed:
+    """Rows the decoder-only native loops were fed outside calibration (eos -1): one per live row and greedy step,
+    w per live row and w-wide step. A count, not a timing: what a step costs grows with its rows."""
+
+    def __init__(self, monkeypatch):
+        from bpd_train.engine.lm import LMDecodeWeights as W
+
+        self.rows = 0
+        block, batch, steps, to_end = W.block_steps, W.batch_block_steps, W.greedy_steps, W.greedy_to_end
+
+        def block_steps(w, model, state, x, room, max_steps, eos=None, width=None, **kw):
+            got = block(w, model, state, x, room, max_steps, eos=eos, width=width, **kw)
+            if got is not None and eos != -1:
+                self.rows += got[1].shape[0] * (x.shape[0] if width is None else width)
+            return got
+
+        def batch_block_steps(w, model, state, x, lengths, room, max_steps, width=None, eos=None, **kw):
+            got = batch(w, model, state, x, lengths, room, max_steps, width=width, eos=eos, **kw)
+            if got is not None and eos != -1:
+                row_steps = int(got[1].sum()) if kw.get("to_end") else got[1].shape[0] * got[1].shape[1]
+                self.rows += row_steps * (x.shape[1] if width is None else width)
+            return got
+
+        def greedy_steps(w, model, state, tok, room, max_steps, eos=None):
+            got = steps(w, model, state, tok, room, max_steps, eos=eos)
+            if eos != -1:
+                self.rows += got[0].size
+            return got
+
+        def greedy_to_end(w, model, state, tok, room, max_steps):
+            got = to_end(w, model, state, tok, room, max_steps)
+            if got is not None:
+                self.rows += int(got[1].sum())
+            return got
+
+        for name, fn in [
+            ("block_steps", block_steps),
+            ("batch_block_steps", batch_block_steps),
+            ("greedy_steps", greedy_steps),
+            ("greedy_to_end", greedy_to_end),
+        ]:
+            monkeypatch.setattr(W, name, fn)
+
+    def of(self, fn):
+        self.rows = 0
+        got = fn()
+        return got, self.rows
+
+
+@native
+def test_adaptive_batches_with_prompt_lookup_fall_back_to_greedy_rows_where_nothing_pays(monkeypatch):
+    """Prompt lookup used to turn adaptive feeding off, so a batch fed every row the full block each step
+    (SmolLM2 int8, batch 8, k = 8, lookup 3: 0.72x greedy). A batch of 8 rows on a tiny decoder-only model whose
+    random heads and context repeats are (nearly) never accepted: plain blockwise feeds ~k rows per token; adaptive
+    feeding, after its first call (calibration and probes), feeds about as many rows as greedy, with greedy's output.
+    Where the proposals pay, the batch still gets wide blocks; one row with lookup keeps the plain block loop (the
+    narrow steps adapt there), as before."""
+    from bpd_train.decoding.adaptive import Adaptive
+    from bpd_train.engine.packed import DecodeOptions
+    from bpd_train.engine.weights import PackedWeights
+    from tests.test_lm_engine import lm, prompts
+
+    k, batch = 8, 8
+    m = lm(0, "medusa", k=k, vocab=256)
+    with torch.no_grad():
+        for p in m.head_parameters():
+            p.normal_(0, 1.0)  # random heads: proposals (nearly) never accepted
+    src = prompts(batch, 0, vocab=256, longest=12)
+    fed = _RowsFed(monkeypatch)
+    g, greedy_rows = fed.of(lambda: greedy(m, src, max_len=48, weights=PackedWeights(DecodeOptions())))
+    pw = PackedWeights(DecodeOptions(lookup=3))
+    plain, plain_rows = fed.of(lambda: blockwise(m, src, max_len=48, weights=pw))
+    assert plain.tokens == g.tokens and plain.mean_accepted < 1.1  # neither lookup nor the heads pay
+    assert plain_rows > (k - 1) * greedy_rows
+    for rep in range(3):  # statistics and step costs carry over between calls (kept with the weights)
+        a, rows = fed.of(lambda: blockwise(m, src, max_len=48, weights=pw, adaptive=True))
+        assert a.tokens == g.tokens, rep
+        if rep:
+            assert rows <= 1.1 * greedy_rows, (rep, rows, greedy_rows, plain_rows)
+            assert a.calls <= g.calls + 2
+    # proposals that pay (acceptance counts of heads always right, steps priced as at base size): wide blocks again
+    pw = PackedWeights(DecodeOptions(lookup=3))
+    w = pw.get(m)
+    ad = w.stats.setdefault(("adaptive", k, None), Adaptive(k))
+    ad.offered, ad.accepted = [1] + [4000] * (k - 1), [1] + [4000] * (k - 1)
+    b = ad.bucket(batch)
+    ad.calib.update({(v, b): 1.0 + 0.1 * (v - 1) for v in range(1, k + 1)})
+    ad.calibrated_rows.add(b)
+    ad.calib_tried.add(b)
+    a, rows = fed.of(lambda: blockwise(m, src, max_len=48, weights=pw, adaptive=True))
+    assert a.tokens == g.tokens and rows > 2 * greedy_rows
+    # one row with lookup: the plain block loop, adaptive or not (same calls, histogram and rows)
+    one = src[:1]
+    pw = PackedWeights(DecodeOptions(lookup=3))
+    p1, p1_rows = fed.of(lambda: blockwise(m, one, max_len=48, weights=pw))
+    a1, a1_rows = fed.of(lambda: blockwise(m, one, max_len=48, weights=pw, adaptive=True))
+    assert (a1.tokens, a1.calls, a1.accepted_hist, a1_rows) == (p1.tokens, p1.calls, p1.accepted_hist, p1_rows)
+    assert a1.tokens == [g.tokens[0]]
+
+
+@native
+def test_the_probes_lookup_proposes_what_the_native_loops_do(monkeypatch):
+    """A probe after a greedy stretch proposes from the row's context in Python (blockwise.lookup): the same tokens
+    the native batch loop's lookup puts first in its next fed block (the heads' proposals fill the rest)."""
+    import numpy as np
+
+    from bpd_train.decoding.adaptive import Adaptive
+    from bpd_train.decoding.blockwise import lookup
+    from bpd_train.engine.lm import LMDecodeWeights
+    from bpd_train.engine.packed import DecodeOptions
+    from bpd_train.engine.weights import PackedWeights
+    from tests.test_lm_engine import lm, prompts
+
+    assert lookup(np.array([5, 6, 7, 8, 5, 6]), 3, 4).tolist() == [7, 8, 5, 6]  # "5 6" repeats: what followed
+    assert lookup(np.array([5, 6, 7, 8, 5, 6]), 3, 1).tolist() == [7]
+    assert lookup(np.array([5, 6, 5, 9, 5]), 3, 2).tolist() == [9, 5]  # the latest earlier occurrence
+    assert lookup(np.array([4, 5, 6]), 3, 2).size == 0 and lookup(np.array([4]), 3, 2).size == 0
+    seen = []
+    real = LMDecodeWeights.batch_block_steps
+
+    def spy(self, model, state, x, lengths, room, max_steps, width=None, eos=None, context=None, **kw):
+        got = real(self, model, state, x, lengths, room, max_steps, width=width, eos=eos, context=context, **kw)
+        if context is not None and not kw.get("to_end"):
+            seen.append(([np.asarray(c) for c in context], got))
+        return got
+
+    monkeypatch.setattr(LMDecodeWeights, "batch_block_steps", spy)
+    m = lm(0, "medusa", k=4, vocab=12)
+    src = prompts(6, 3, longest=12)
+    pw = PackedWeights(DecodeOptions(lookup=3))
+    ad = pw.get(m).stats.setdefault(("adaptive", 4, None), Adaptive(4))  # wide steps pay: the batch loop runs them
+    ad.offered, ad.accepted = [1, 4000, 4000, 4000], [1, 4000, 4000, 4000]
+    ad.calib.update({(v, ad.bucket(6)): 1.0 + 0.1 * (v - 1) for v in range(1, 5)})
+    ad.calibrated_rows.add(ad.bucket(6))
+    ad.calib_tried.add(ad.bucket(6))
+    g = greedy(m, src, max_len=40, weights=PackedWeights(DecodeOptions()))
+    assert blockwise(m, src, max_len=40, weights=pw, adaptive=True).tokens == g.tokens
+    checked = 0
+    for context, (toks, nc, nxt, _, ended) in seen:
+        for r, c in enumerate(context):
+            if ended[r]:
+                continue
+            after = np.concatenate([c, toks[r, : nc[r, :, 1].sum()]])
+            want = lookup(after, 3, nxt.shape[1] - 1)
+            assert nxt[r, 1 : 1 + want.size].tolist() == want.tolist()
+            checked += want.size > 0
+    assert checked > 5
+
+
+@native
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_adaptive_batches_with_lookup_narrow_steps_and_trees_equal_greedy(dtype):
+    """Adaptive feeding with prompt lookup in batches (rows leaving down to the last one, where narrow steps and
+    candidate trees act): greedy's output token for token, over repeated calls (statistics carry over, so later
+    calls feed other widths), for Medusa, chained and BPD heads."""
+    from bpd_train.engine.packed import DecodeOptions
+    from bpd_train.engine.weights import PackedWeights
+    from tests.test_lm_engine import CONFIGS, lm, prompts
+
+    for i, (heads, kv, bias, tie, extra) in enumerate(CONFIGS[:5]):
+        m = lm(80 + i, heads, k=4, kv=kv, qkv_bias=bias, tie=tie, **extra)
+        src = prompts(7, 90 + i, longest=12)
+        g = greedy(m, src, max_len=40, weights=PackedWeights(DecodeOptions(dtype=dtype)))
+        trees = [] if heads == "chain" else [dict(lookup=2, tree=((0,), (1,)))]  # (trees: not on chained heads)
+        for opts in [dict(lookup=3), dict(lookup=3, narrow=2)] + trees:
+            pw = PackedWeights(DecodeOptions(dtype=dtype, **opts))
+            for adaptive in (True, True, 0.5):
+                got = blockwise(m, src, max_len=40, weights=pw, adaptive=adaptive)
+                assert got.tokens == g.tokens, (heads, opts, adaptive)

@@ -72,7 +72,9 @@ def blockwise(
     min_block: accept at least min_block tokens per step even where verification fails (approximate).
     adaptive: False; True: feed the number of proposals that maximises expected tokens per second (measured
     acceptance per head, measured step costs; see Adaptive); or a threshold in (0, 1): feed only proposals
-    whose heads are accepted at least that often. Output unchanged.
+    whose heads are accepted at least that often. Output unchanged. With prompt lookup (DecodeOptions.lookup) it
+    acts on calls of several rows (its counts then measure lookup's and the heads' proposals together); one row
+    feeds the full block (or narrow steps).
     weights: the decoder's packed-weight cache, with its DecodeOptions (None: the model's default, fp32).
     """
     cfg = model.config
@@ -94,8 +96,12 @@ def blockwise(
             raise ValueError(f"adaptive must be a bool or a threshold in (0, 1), got {adaptive!r}")
     adaptive = adaptive is not None and adaptive is not False
     weights = weights if weights is not None else default_weights(model)
-    if weights.options.lookup:
-        adaptive, threshold = False, None  # its statistics measure the heads; lookup proposes beside them
+    if weights.options.lookup and _rows(src) == 1:
+        # one row with prompt lookup: plain blockwise, as before (narrow steps and trees pick each step's width
+        # there, and a k-row step costs little more than a greedy one). Several rows keep adaptive feeding: no
+        # step narrows there, a k-row step over every row costs several greedy steps, and without it lookup's
+        # batches ran at ~0.7x greedy where neither the context nor the heads paid
+        adaptive, threshold = False, None
     if adaptive and int(min_block) > 1:
         raise ValueError("adaptive feeding and min_block > 1 do not combine (min_block forces proposals in)")
     if kb == 1:
@@ -106,6 +112,13 @@ def blockwise(
         return greedy(model, src, max_len, weights)  # what the greedy stretch would have run, on greedy's own loop
     with decoding_mode(model, weights) as w:
         return _Blockwise(model, w, kb, rule, int(min_block), adaptive, threshold).run(src, max_len)
+
+
+def _rows(src) -> int:
+    """Rows of a call's source: a [R,S] (or [S]) tensor, or a list of token lists."""
+    if isinstance(src, torch.Tensor):
+        return src.shape[0] if src.dim() == 2 else 1
+    return len(src)
 
 
 def _settled_on_greedy(model, weights: PackedWeights, kb: int, src, max_len) -> bool:
@@ -120,7 +133,7 @@ def _settled_on_greedy(model, weights: PackedWeights, kb: int, src, max_len) -> 
     stats = getattr(weights.cached, "stats", None)
     ad = stats.get(("adaptive", kb, None)) if stats else None
     tensor = isinstance(src, torch.Tensor)
-    rows = (src.shape[0] if src.dim() == 2 else 1) if tensor else len(src)
+    rows = _rows(src)
     if ad is None or rows == 0:
         return False
     m = parse_max_len(max_len)
@@ -140,6 +153,21 @@ def _settled_on_greedy(model, weights: PackedWeights, kb: int, src, max_len) -> 
         return False
     ad.greedy_stretch(rows)
     return True
+
+
+def lookup(context: np.ndarray, n: int, want: int) -> np.ndarray:
+    """Prompt lookup's proposals for one row, as the native loops make them (csrc/loops.h LoopModel::lookup): where
+    the context's last n (else fewer, down to 1) tokens occurred before, up to `want` tokens that followed their
+    latest earlier occurrence; none where nothing repeats."""
+    c = np.asarray(context, dtype=np.int64)
+    size = c.size
+    for m in range(min(n, size - 1), 0, -1):
+        earlier = np.lib.stride_tricks.sliding_window_view(c[: size - 1], m)  # [j]: c[j : j + m], j + m < size
+        hits = np.flatnonzero((earlier == c[size - m :]).all(1))
+        if hits.size:
+            j = int(hits[-1]) + m
+            return c[j : j + min(want, size - j)]
+    return c[:0]
 
 
 class _Blockwise(BlockwiseStep):
@@ -473,7 +501,12 @@ class _Blockwise(BlockwiseStep):
         x, h1, length, done = self.greedy_steps(x, out, orig, limit, length, self.adapt.greedy_stretch(x.shape[0]))
         if not done.any():
             w = self.adapt.probe_width(x.shape[0])
-            x = np.concatenate([x, self.w.propose(h1, 1, w, x[:, 0]).cpu().numpy()], axis=1)
+            prop = self.w.propose(h1, 1, w, x[:, 0]).cpu().numpy()
+            if self.prompts is not None:  # prompt lookup: the probe feeds what the native loops would
+                for r, c in enumerate(self._context(out, orig, length)["context"]):
+                    got = lookup(c, self.w.options.lookup, w - 1)
+                    prop[r, : got.size] = got
+            x = np.concatenate([x, prop], axis=1)
         return x, done
 
     def greedy_steps(self, x, out, orig, limit, length, steps: int):
