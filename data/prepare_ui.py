@@ -29,13 +29,16 @@ from pathlib import Path
 OUT_DIR = Path(__file__).resolve().parent / "ui-en-de"
 # program -> (Debian package, version, the German catalogs inside it)
 PROGRAMS = {
-    "gimp": ("gimp-data", "2.10.34-1+deb12u10", ("gimp20.mo", "gimp20-std-plug-ins.mo", "gimp20-script-fu.mo",
-                                                  "gimp20-python.mo")),
+    "gimp": (
+        "gimp-data",
+        "2.10.34-1+deb12u10",
+        ("gimp20.mo", "gimp20-std-plug-ins.mo", "gimp20-script-fu.mo", "gimp20-python.mo"),
+    ),
     "inkscape": ("inkscape", "1.2.2-2+deb12u1", ("inkscape.mo",)),
     "vlc": ("vlc-l10n", "3.0.24-0+deb12u1", ("vlc.mo",)),
 }
 HELD_OUT = 1000  # rows each for validation and test
-MAX_WORDS = 40   # longer messages are help paragraphs, not UI strings
+MAX_WORDS = 40  # longer messages are help paragraphs, not UI strings
 
 
 def read_mo(data: bytes) -> list[tuple[str, str]]:
@@ -158,8 +161,11 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         build(args.deb_dir, Path(tmp))
-        diff = [str(p.relative_to(tmp)) for p in sorted(Path(tmp).rglob("*.gz"))
-                if p.read_bytes() != (OUT_DIR / p.relative_to(tmp)).read_bytes()]
+        diff = [
+            str(p.relative_to(tmp))
+            for p in sorted(Path(tmp).rglob("*.gz"))
+            if p.read_bytes() != (OUT_DIR / p.relative_to(tmp)).read_bytes()
+        ]
     if diff:
         sys.exit(f"rebuilt files differ from the committed ones: {', '.join(diff)}")
     print("identical")

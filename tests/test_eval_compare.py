@@ -216,7 +216,9 @@ def test_best_says_what_every_heads_run_costs_in_bleu(tmp_path):
     assert best["bleu_vs_base"] == {"frozen-k4": 0.0, "finetune-k4": -0.9, "both-k4": -5.0}
     assert choose_best(_report({"both-k4": (5.0, 1.30)}))["bleu_vs_base"] == {"both-k4": -5.0}  # base chosen: said too
     report["best"] = best
-    assert "BLEU against the base: frozen-k4 +0.00, finetune-k4 -0.90, both-k4 -5.00." in "\n".join(comparison_markdown(report))
+    assert "BLEU against the base: frozen-k4 +0.00, finetune-k4 -0.90, both-k4 -5.00." in "\n".join(
+        comparison_markdown(report)
+    )
 
 
 def test_best_falls_back_to_the_base_and_says_why():

@@ -274,7 +274,7 @@ def comparison_markdown(report: dict) -> list[str]:
                     "",
                     "BLEU against the base: "
                     + ", ".join(f"{name} {d:+.2f}" for name, d in best["bleu_vs_base"].items())
-                    + "."
+                    + ".",
                 ]
                 if best.get("bleu_vs_base")
                 else []
