@@ -1,4 +1,4 @@
-"""The all-weights regimes keep the base model's BLEU on a small corpus of short strings.
+"""`finetune` (all weights trained) keeps the base model's BLEU on a small corpus of short strings.
 
 GIMP's user-interface strings (data/ui-en-de/gimp: 5,617 English->German training pairs of ~4 words) through the
 pipeline at a toy size (a d_model 128 model, 600 base steps, 150 head steps): `finetune` with its default head-1
