@@ -352,3 +352,15 @@ def test_no_python_file_is_long():
     files = [*PKG.rglob("*.py"), *(root / "bench").rglob("*.py"), *(root / "tests").rglob("*.py"), *root.glob("*.py")]
     long = sorted(str(p.relative_to(root)) for p in files if len(p.read_text().splitlines()) > 600)
     assert not long, long
+
+
+def test_a_moved_command_says_where_it_went():
+    """`python -m bpd_train.training.zero_cpu` (the ZeRO command's old home) refuses with the new command instead
+    of exiting 0 having done nothing."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "bpd_train.training.zero_cpu", "--stage=2"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "python -m bpd_train.app.zero_cpu" in r.stderr

@@ -152,7 +152,7 @@ def test_zero2_base_then_zero3_frozen_lm(tmp_path):
         cmd = [
             sys.executable,
             "-m",
-            "bpd_train.training.zero_cpu",
+            "bpd_train.app.zero_cpu",
             f"--stage={stage}",
             "--devices=2",
             *overrides,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,8 @@ def train_zero_cpu(
     if not (ckpt / "latest").is_file():
         raise RuntimeError(f"expected a ZeRO checkpoint folder at {ckpt}")
     return ckpt
+
+
+if __name__ == "__main__":  # the command line lives in the front ends now; say so instead of doing nothing
+    print("error: the ZeRO CPU command is `python -m bpd_train.app.zero_cpu ...` (same arguments)", file=sys.stderr)
+    raise SystemExit(2)
