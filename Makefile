@@ -107,14 +107,14 @@ smoke-real: install
 	$(PYTHON) -m bpd_train.real_model --run --experiment smoke-real --gguf artifacts/smoke-real/tiny.gguf
 
 # make demo-real's heads timed on this CPU under bench/protocol.py (about 15 min on 2 idle cores): our greedy and exact
-# blockwise in int8 / bf16 / fp32, and llama.cpp on the file as shipped where the bench-llama extra is installed, on
+# blockwise in int8 / q4 / bf16 / fp32 (batch 8 in int8), and llama.cpp on the file as shipped where the bench-llama extra is installed, on
 # the held-out requests; page and JSON under artifacts/bench-real/. Without heads it times greedy, steps and peers.
 # To publish a run: copy its real-<isa>.json into docs/results/, then make results-real.
 BENCH_HEADS ?= artifacts/real/general_chat/heads/distill-medusa-k8
 # the held-out kinds on held-out topics, less the requests the evaluation chose its exported settings on
 BENCH_PROMPTS ?= artifacts/real/prompts/unseen.jsonl
 BENCH_EXCLUDE ?= artifacts/real/prompts/validation.jsonl
-BENCH_ARGS ?= --threads 1 --dtype int8 bf16 fp32 --k 4 8 --max-prompts 12 --new-tokens 64
+BENCH_ARGS ?= --threads 1 --dtype int8 q4 bf16 fp32 --batch-dtype int8 --k 4 8 --max-prompts 12 --new-tokens 64 --transformers-prompts 4
 bench-real: install-real
 	$(PYTHON) bench/real.py $(BENCH_ARGS) \
 	  $(if $(wildcard $(BENCH_HEADS)),--heads $(BENCH_HEADS) --heads-k 8 --lookup 3 --narrow 2) \

