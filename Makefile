@@ -121,7 +121,8 @@ bench-real: install-real
 	  $(if $(wildcard $(BENCH_PROMPTS)),--prompts $(BENCH_PROMPTS)) $(if $(wildcard $(BENCH_EXCLUDE)),--exclude $(BENCH_EXCLUDE)) \
 	  $(shell $(PYTHON) -c "import llama_cpp" 2>/dev/null && echo --llama-cpp) --out artifacts/bench-real
 
-# Every committed real-model page from its JSON, and README.md's real-model block (tests fail when they differ).
+# Every committed real-model page from its JSON, README.md's real-model block and docs/engine.md's per-CPU table
+# (tests fail when they differ).
 results-real: install
 	$(PYTHON) bench/real_page.py
 

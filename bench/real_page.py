@@ -13,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- real:begin -->", "<!-- real:end -->"
 README_JSON = "docs/results/real-amx.json"  # the run README.md shows
+ENGINE_BEGIN, ENGINE_END = "<!-- engine:begin -->", "<!-- engine:end -->"  # docs/engine.md's per-CPU table
 
 
 def tag(result: dict) -> str:
@@ -74,7 +75,7 @@ def _table(header: list[str], align: str, lines: list[list[str]]) -> list[str]:
 
 def _order(e: dict) -> tuple:
     eng = {"llama.cpp": 0, "ours": 1}.get(e.get("engine"), 2)
-    dt = {"fp32": 0, "int8": 1, "bf16": 2}.get(e.get("dtype"), 3)
+    dt = {"fp32": 0, "int8": 1, "q4": 2, "bf16": 3}.get(e.get("dtype"), 4)
     return (eng, not e.get("as_shipped"), dt, e.get("decoder") != "greedy")
 
 
@@ -260,15 +261,50 @@ def committed(root: Path = ROOT) -> list[tuple[Path, Path]]:
     return [(j, page_path(j)) for j in sorted((root / "docs" / "results").glob("real-*.json"))]
 
 
-def extract_block(text: str) -> str:
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"no {BEGIN} ... {END} block")
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+def extract_block(text: str, begin: str = BEGIN, end: str = END) -> str:
+    if begin not in text or end not in text:
+        raise ValueError(f"no {begin} ... {end} block")
+    return text.split(begin, 1)[1].split(end, 1)[0].strip("\n")
 
 
-def replace_block(text: str, block: str) -> str:
-    head, rest = text.split(BEGIN, 1)
-    return f"{head}{BEGIN}\n{block}\n{END}{rest.split(END, 1)[1]}"
+def replace_block(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:
+    head, rest = text.split(begin, 1)
+    return f"{head}{begin}\n{block}\n{end}{rest.split(end, 1)[1]}"
+
+
+ISA_ORDER = {"native-avx2": 0, "native-avx512": 1, "native-amx": 2}
+
+
+def engine_table(runs: list[tuple[str, dict]]) -> str:
+    """docs/engine.md's per-CPU table: for every committed run (its JSON's name, its result) and precision, the
+    bytes a weight reads, greedy tokens/s and what a k-row step costs in greedy steps, from the run's step cells."""
+    lines = []
+    for name, result in sorted(runs, key=lambda r: (ISA_ORDER.get(r[1].get("isa"), 3), r[0])):
+        b1 = _first(result, "batch 1") or {"engines": []}
+        bpw = {e.get("dtype"): e.get("bytes_per_weight") for e in b1["engines"] if e.get("engine") == "ours"}
+        for cell in (r for r in result["rows"] if r.get("kind") == "step"):
+            g = next(e for e in cell["engines"] if e.get("decoder") == "greedy")
+            cost = {e["k"]: e["step_cost"]["median"] for e in cell["engines"] if "step_cost" in e}
+            b = bpw.get(cell["dtype"])
+            lines.append(
+                [
+                    result["isa"].removeprefix("native-"),
+                    f"{cell['dtype']}, {b:.2f} B" if b is not None else cell["dtype"],
+                    _tok(g["tok_s"]),
+                    *(f"{cost[k]:.2f}" if k in cost else "–" for k in (4, 8)),
+                    f"{cell['threads']}",
+                    f"[{name}](results/{name}), {result['date']}",
+                ]
+            )
+    cpus = sorted({f"{r['cpu']}" for _, r in runs})
+    head = ["kernels", "precision, bytes a weight", "greedy tokens/s, median (min–max)", "k = 4 step", "k = 8 step"]
+    out = _table([*head, "threads", "from"], "llrrrrl", lines)
+    return "\n".join([*out, "CPU: " + "; ".join(cpus) + "."]).rstrip("\n")
+
+
+def engine_block(root: Path = ROOT) -> str:
+    runs = [(j.name, json.loads(j.read_text(encoding="utf-8"))) for j, _ in committed(root)]
+    return engine_table(runs)
 
 
 def readme_block(root: Path = ROOT) -> str:
@@ -297,6 +333,10 @@ def main() -> int:
     readme = ROOT / "README.md"
     atomic_write_text(readme, replace_block(readme.read_text(encoding="utf-8"), readme_block()))
     print("wrote README.md's real-model block")
+    engine = ROOT / "docs" / "engine.md"
+    text = engine.read_text(encoding="utf-8")
+    atomic_write_text(engine, replace_block(text, engine_block(), ENGINE_BEGIN, ENGINE_END))
+    print("wrote docs/engine.md's per-CPU table")
     return 0
 
 

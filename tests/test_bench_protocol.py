@@ -239,6 +239,34 @@ def test_readme_real_model_block_is_the_generated_one():
     assert got == page.readme_block(), "README.md's real-model block differs: run python bench/real_page.py"
 
 
+def test_engine_table_has_a_line_per_run_and_precision_from_the_step_cells():
+    page = _load("real_page")
+
+    def run(isa: str, greedy: float, k4: float, k8: float) -> dict:
+        engines = [{"name": "g", "engine": "ours", "dtype": "int8", "decoder": "greedy", "tok_s": _spread(greedy)}]
+        engines += [
+            {"name": f"k{k}", "engine": "ours", "dtype": "int8", "decoder": "blockwise", "k": k,
+             "step_cost": _spread(c)}
+            for k, c in ((4, k4), (8, k8))
+        ]  # fmt: skip
+        b1 = {"kind": "batch 1", "threads": 1, "engines": [{**engines[0], "bytes_per_weight": 1.0}]}
+        step = {"kind": "step", "threads": 1, "dtype": "int8", "requests": 4, "engines": engines}
+        return {**_result([b1, step]), "isa": isa}
+
+    table = page.engine_table([("real-amx.json", run("native-amx", 90.0, 1.1, 1.3)),
+                               ("real-avx2.json", run("native-avx2", 60.0, 1.6, 2.4))])  # fmt: skip
+    lines = [line for line in table.splitlines() if line.startswith("| avx2") or line.startswith("| amx")]
+    assert lines[0].startswith("| avx2 | int8, 1.00 B | 60.0 (60.0–60.0) | 1.60 | 2.40 | 1 | [real-avx2.json]")
+    assert lines[1].startswith("| amx | int8, 1.00 B | 90.0 (90.0–90.0) | 1.10 | 1.30 | 1 | [real-amx.json]")
+
+
+def test_engine_md_per_cpu_table_is_the_generated_one():
+    page = _load("real_page")
+    text = (REPO_ROOT / "docs" / "engine.md").read_text(encoding="utf-8")
+    got = page.extract_block(text, page.ENGINE_BEGIN, page.ENGINE_END)
+    assert got == page.engine_block(), "docs/engine.md's per-CPU table differs: run python bench/real_page.py"
+
+
 def test_bench_real_refuses_fewer_than_three_passes(capsys):
     real = _load("real")
     with pytest.raises(SystemExit) as e:
