@@ -114,7 +114,7 @@ BENCH_HEADS ?= artifacts/real/general_chat/heads/distill-medusa-k8
 # the held-out kinds on held-out topics, less the requests the evaluation chose its exported settings on
 BENCH_PROMPTS ?= artifacts/real/prompts/unseen.jsonl
 BENCH_EXCLUDE ?= artifacts/real/prompts/validation.jsonl
-BENCH_ARGS ?= --threads 1 --dtype int8 q4 bf16 fp32 --batch-dtype int8 --k 4 8 --max-prompts 12 --new-tokens 64 --transformers-prompts 4
+BENCH_ARGS ?= --threads 1 --dtype int8 q4 bf16 fp32 --batch-dtype int8 --k 4 8 --step-prompts 2 --max-prompts 12 --new-tokens 64 --transformers-prompts 2
 bench-real: install-real
 	$(PYTHON) bench/real.py $(BENCH_ARGS) \
 	  $(if $(wildcard $(BENCH_HEADS)),--heads $(BENCH_HEADS) --heads-k 8 --lookup 3 --narrow 2) \
