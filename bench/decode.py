@@ -4,9 +4,11 @@
 Trains two tiny models (k=4 and k=8 BPD heads, all weights jointly) on a task whose future tokens are
 learnable: copying (or, with --task reverse, reversing) sequences of real English words from the bundled
 corpus (else a built-in text). Then
-times greedy and blockwise(Exact) decoding of the same held-out sequences, interleaved (A,B,B,A,...)
-on one thread, at batch 1 and batch 32, and reports agreement with greedy, k̂ (mean accepted block
-size), decoder calls, wall-clock speedup and speedup ÷ k̂. The last line printed is one JSON object.
+times greedy and blockwise(Exact) decoding of the same held-out sequences on one thread, at batch 1 and
+batch 32, under bench/protocol.py's measure() (one untimed warm-up pass, then --repeats >= 3 passes, the decoders
+taking turns batch by batch), and reports agreement with greedy, k̂ (mean accepted block size), decoder calls,
+wall-clock speedup (the median over batches of the rate ratio, with its spread) and speedup ÷ k̂. The last line
+printed is one JSON object.
 
 Targets: agreement 100%; speedup ÷ k̂ >= 0.8 at batch 1; speedup > 1.5x at batch 32 wherever
 k̂ >= 3.
@@ -33,6 +35,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.protocol import MIN_REPS, Run, measure, speedup  # noqa: E402
 from bpd_train.decoding import DecodeResult, blockwise, greedy  # noqa: E402
 from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
 
@@ -168,30 +171,47 @@ def model_config(task: Task, args, k: int) -> BPDConfig:
     )
 
 
-def time_decoders(model, batches, block_size: int, repeats: int):
-    """Interleaved timing: per batch greedy, blockwise and blockwise(adaptive=True), the order rotated every
-    repeat. Returns per-variant lists of total seconds and merged results."""
+def time_decoders(model, batches, block_size: int, repeats: int = MIN_REPS, clock=time.perf_counter):
+    """Greedy, blockwise and blockwise(adaptive=True) on `model` over the same batches, timed by race()."""
     fns = {
         "greedy": lambda src: greedy(model, src, max_len=(1.0, 4)),
         "blockwise": lambda src: blockwise(model, src, block_size=block_size, max_len=(1.0, 4)),
         "adaptive": lambda src: blockwise(model, src, block_size=block_size, max_len=(1.0, 4), adaptive=True),
     }
-    names = list(fns)
-    secs = {n: [] for n in names}
-    res: dict[str, list[DecodeResult]] = {}
-    for rep in range(repeats):
-        order = names[rep % 3 :] + names[: rep % 3]
-        tot = dict.fromkeys(names, 0.0)
-        got = {n: [] for n in names}
-        for src in batches:
-            for n in order:
-                t0 = time.perf_counter()
-                got[n].append(fns[n](src))
-                tot[n] += time.perf_counter() - t0
-        for n in names:
-            secs[n].append(tot[n])
-        res = got
-    return secs, {n: DecodeResult.merge(r) for n, r in res.items()}
+    return race(fns, batches, repeats, clock)
+
+
+def race(fns: dict, batches, repeats: int = MIN_REPS, clock=time.perf_counter):
+    """Decoders (name -> batch -> DecodeResult) timed by bench/protocol.py's measure() with the batches as units.
+    Returns (name -> Timing, name -> its results over the batches merged)."""
+    results = {n: {} for n in fns}
+
+    def engine(name):
+        def run(unit):
+            i, src = unit
+            r = results[name][i] = fns[name](src)
+            return Run(r.tokens, r.calls)
+
+        return run
+
+    t = measure({n: engine(n) for n in fns}, list(enumerate(batches)), repeats, clock=clock)
+    return t, {n: DecodeResult.merge([r[i] for i in range(len(batches))]) for n, r in results.items()}
+
+
+def speeds(t: dict) -> dict:
+    """race()'s timings as the row's fields: each decoder's median pass in seconds, and the speedups over greedy
+    (the median over batches of the rate ratio; speedup_spread: its quartiles and min-max)."""
+    sec = {n: statistics.median(sum(rep) for rep in tm.seconds) for n, tm in t.items()}
+    up = {n: speedup(t["greedy"], t[n]) for n in ("blockwise", "adaptive")}
+    return {
+        "greedy_s": round(sec["greedy"], 4),
+        "blockwise_s": round(sec["blockwise"], 4),
+        "adaptive_s": round(sec["adaptive"], 4),
+        "speedup": round(up["blockwise"]["median"], 3),
+        "speedup_spread": {x: round(y, 3) for x, y in up["blockwise"].items()},
+        "adaptive_speedup": round(up["adaptive"]["median"], 3),
+        "reps": len(t["greedy"].seconds),
+    }
 
 
 def main() -> None:
@@ -213,7 +233,7 @@ def main() -> None:
     ap.add_argument("--steps8", type=int, default=1500, help="training steps of the k=8 model (k=8 learns slower)")
     ap.add_argument("--train-batch", type=int, default=32)
     ap.add_argument("--eval-sentences", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=MIN_REPS, help=f"timed passes (>= {MIN_REPS})")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--engine",
@@ -228,8 +248,10 @@ def main() -> None:
         sys.exit(engine.main(rest))
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.repeats < MIN_REPS:
+        ap.error(f"--repeats {args.repeats}: the protocol times at least {MIN_REPS} passes (a median needs them)")
     if args.quick:
-        args.steps4, args.steps8, args.eval_sentences, args.repeats = 20, 20, 32, 1
+        args.steps4, args.steps8, args.eval_sentences, args.repeats = 20, 20, 32, MIN_REPS
     torch.set_num_threads(1)  # timing on one core; the machine is shared
 
     t_start = time.perf_counter()
@@ -263,12 +285,12 @@ def main() -> None:
                 batches = [srcs[i : i + bs] for i in range(0, len(srcs), bs)]
                 if bs == 1:
                     batches = batches[: max(1, len(batches) // 2)]  # half the sentences keep batch-1 timing short
-                secs, res = time_decoders(m, batches, k, args.repeats)
+                t, res = time_decoders(m, batches, k, args.repeats)
                 rg, rb, ra = res["greedy"], res["blockwise"], res["adaptive"]
                 agree = sum(a == b for a, b in zip(rg.tokens, rb.tokens)) / len(rg.tokens)
                 agree_a = sum(a == b for a, b in zip(rg.tokens, ra.tokens)) / len(rg.tokens)
-                t_g, t_b, t_a = (statistics.median(secs[n]) for n in ("greedy", "blockwise", "adaptive"))
-                speedup = t_g / t_b
+                sp = speeds(t)
+                up_b, up_a = sp["speedup"], sp["adaptive_speedup"]
                 row = {
                     "k": k,
                     "heads": heads_name,
@@ -279,10 +301,12 @@ def main() -> None:
                     "calls_greedy": rg.calls,
                     "calls_blockwise": rb.calls,
                     "call_ratio": round(rg.calls / max(rb.calls, 1), 3),
-                    "greedy_s": round(t_g, 4),
-                    "blockwise_s": round(t_b, 4),
-                    "speedup": round(speedup, 3),
-                    "speedup_per_k_hat": round(speedup / rb.mean_accepted, 3),
+                    "greedy_s": sp["greedy_s"],
+                    "blockwise_s": sp["blockwise_s"],
+                    "speedup": up_b,
+                    "speedup_spread": sp["speedup_spread"],
+                    "reps": sp["reps"],
+                    "speedup_per_k_hat": round(up_b / rb.mean_accepted, 3),
                     # what speedup / k̂ would be if a blockwise call cost exactly a greedy call and encoding were
                     # free: (greedy calls incl. prefill) / (blockwise calls incl. prefill) / k̂
                     "ideal_speedup_per_k_hat": round(
@@ -292,7 +316,7 @@ def main() -> None:
                         "agreement": agree_a,
                         "k_hat": round(ra.mean_accepted, 3),
                         "calls": ra.calls,
-                        "speedup": round(t_g / t_a, 3),
+                        "speedup": up_a,
                     },
                     "greedy_exact_match": round(exact, 3),
                     "train_steps": steps,
@@ -301,9 +325,9 @@ def main() -> None:
                 rows.append(row)
                 print(
                     f"  {heads_name:9s} heads, batch {bs:2d}: agreement {agree:.0%}  k̂ {rb.mean_accepted:.2f}  "
-                    f"calls {rg.calls}->{rb.calls}  speedup {speedup:.2f}x  speedup/k̂ {speedup / rb.mean_accepted:.2f}"
+                    f"calls {rg.calls}->{rb.calls}  speedup {up_b:.2f}x  speedup/k̂ {up_b / rb.mean_accepted:.2f}"
                     f" | adaptive: agreement {agree_a:.0%} k̂ {ra.mean_accepted:.2f} calls {ra.calls} "
-                    f"speedup {t_g / t_a:.2f}x",
+                    f"speedup {up_a:.2f}x",
                     file=sys.stderr,
                 )
     targets = {

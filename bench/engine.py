@@ -404,7 +404,9 @@ def main(argv=None) -> int:
         "artifacts/demo/bible_en_fr/heads/*-k4, at --batch sizes",
     )
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32], help="batch sizes for --regimes")
-    ap.add_argument("--passes", type=int, default=2, help="timed passes for --regimes (after one warm-up)")
+    ap.add_argument(
+        "--passes", type=int, default=MIN_REPS, help=f"timed passes for --regimes (after one warm-up; >= {MIN_REPS})"
+    )
     ap.add_argument(
         "--rules",
         nargs="+",
@@ -427,6 +429,8 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--chain", action="store_true", help="step costs with chained heads (model.head_chain)")
     a = ap.parse_args(argv)
+    if a.regimes and a.passes < MIN_REPS:
+        ap.error(f"--passes {a.passes}: the protocol times at least {MIN_REPS} passes (a median needs them)")
     if a.quick:
         a.threads, a.sizes, a.reps = [1], ["demo"], 5
     if a.kernels or a.regimes:  # one bench alone: its rows, with the machine and the command that made them

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import collections
 import json
+import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from bench.protocol import MIN_REPS, Run, Timing, matches, measure, speedup, spread
 from bpd_train.decoding import greedy
 from bpd_train.engine.packed import DecodeOptions
 from bpd_train.engine.weights import PackedWeights
@@ -21,19 +23,18 @@ def bench_regimes(
     runs: list[str],
     threads: int = 1,
     batch_sizes=(1, 32),
-    reps: int = 2,
+    reps: int = MIN_REPS,
     n_sent: int = 80,
     draft_vocab: int = 1000,
     dtype: str = "fp32",
     rules=(),
 ):
     """Trained runs (e.g. make demo's heads/*-k4, or make demo-lm's) on the bundled validation sources: greedy vs
-    exact blockwise (plain, adaptive, and both with the draft vocabulary), every decoder on the same batches, taking
-    turns by chunks of ~1/8 of them (order reversed every chunk), the first pass a warm-up; speedup = greedy seconds /
-    decoder seconds,
-    greedy of the same `dtype`; with dtype bf16 / int8 also greedy fp32 and every decoder's speedup over it; `rules`
-    (e.g. top2, distance:1): also blockwise under those acceptance rules (draft vocabulary, int8 proposals). A
-    decoder-only run is prompted with each English source as its prompt-format translation into French (what
+    exact blockwise (plain, adaptive, and both with the draft vocabulary), every decoder on the same batches, timed by
+    bench/protocol.py's measure() with the batches as units (time_regime); speedup over greedy of the same `dtype`,
+    the median over batches of the rate ratio; with dtype bf16 / int8 also greedy fp32 and every decoder's speedup
+    over it; `rules` (e.g. top2, distance:1): also blockwise under those acceptance rules (draft vocabulary, int8
+    proposals). A decoder-only run is prompted with each English source as its prompt-format translation into French (what
     make demo-lm trains and evaluates); its family's text adapter makes the ids either way."""
     import gzip
 
@@ -90,68 +91,90 @@ def bench_regimes(
         fns["prefill"] = prefill
         for bs in batch_sizes:
             batches = [text.batch(srcs[i : i + bs]) for i in range(0, len(srcs), bs)]  # padded as evaluate pads
-            sec = {k: 0.0 for k in fns}
-            out = {k: [] for k in fns}
-            hist = {k: collections.Counter() for k in fns}
-            per_pass = {k: [0.0] * reps for k in fns}
-            # decoders take turns by chunks of ~1/8 of the batches (order reversed every chunk), each turn after one
-            # untimed call: a decoder serves its batches as a server would, its own weights warm in the caches
-            # (interleaved per batch, every call started on caches another copy of the weights had filled); whole
-            # passes per decoder (~0.5 s each) let the machine's drift move single decoders by 10-30%
-            size = max(1, len(batches) // 8)
-            chunks = [batches[i : i + size] for i in range(0, len(batches), size)]
-            turns = [
-                (rep, name, chunk)
-                for rep in range(reps + 1)
-                for ci, chunk in enumerate(chunks)
-                for name in (list(fns) if (rep * len(chunks) + ci) % 2 == 0 else list(fns)[::-1])
-            ]
-            for rep, name, chunk in turns:
-                fns[name](chunk[0])  # untimed: the turn starts on warm caches, whichever decoder came before
-                for b in chunk:
-                    t0 = time.perf_counter()
-                    r = fns[name](b)
-                    el = time.perf_counter() - t0
-                    if rep:
-                        sec[name] += el
-                        per_pass[name][rep - 1] += el
-                    if rep == reps and name != "prefill":
-                        out[name] += r.tokens
-                        hist[name].update(r.accepted_hist)
-            pre = sec.pop("prefill")
+            t, hist = time_regime(fns, batches, reps)
+            timed = regime_rows(t, hist, fp32="greedy fp32" in fns)
             # BPD changes only the steps after the prefill: their speedup, greedy's steps over the decoder's
+            share = timed[0]["prefill_share"]
             print(
                 f"regime {Path(run).name:12s} {dtype:4s} batch {bs:2d} prefill (encoder / prompt) "
-                f"{pre / sec['greedy']:.0%} of greedy's time",
+                f"{share:.0%} of greedy's time",
                 flush=True,
             )
-            for name in [n for n in fns if n != "prefill"]:
-                h = hist[name]
-                khat = sum(k * v for k, v in h.items()) / max(1, sum(h.values()))
-                same = sum(a == b for a, b in zip(out[name], out["greedy"])) / len(srcs)
-                row = dict(
-                    run=Path(run).name,
-                    batch=bs,
-                    threads=threads,
-                    dtype=dtype,
-                    decoder=name,
-                    speedup=round(sec["greedy"] / sec[name], 3),
-                    khat=round(khat, 2),
-                    same=round(same, 3),
-                    seconds=round(sec[name] / reps, 3),
-                    steps_speedup=round((sec["greedy"] - pre) / max(sec[name] - pre, 1e-9), 3),
-                    prefill_share=round(pre / sec["greedy"], 3),
-                    pass_speedups=[round(g / d, 3) for g, d in zip(per_pass["greedy"], per_pass[name])],
-                )
-                if wf is not None:
-                    row["speedup_vs_fp32_greedy"] = round(sec["greedy fp32"] / sec[name], 3)
+            for fields in timed:
+                row = dict(run=Path(run).name, batch=bs, threads=threads, dtype=dtype, **fields)
                 rows.append(row)
                 vs = f"  {row['speedup_vs_fp32_greedy']:.3f}x vs greedy fp32" if wf is not None else ""
                 print(
-                    f"regime {row['run']:12s} {dtype:4s} batch {bs:2d} {name:22s} {row['speedup']:.3f}x "
+                    f"regime {row['run']:12s} {dtype:4s} batch {bs:2d} {row['decoder']:22s} {row['speedup']:.3f}x "
+                    f"[{row['speedup_spread']['p25']:.2f}-{row['speedup_spread']['p75']:.2f}] "
                     f"(steps {row['steps_speedup']:.3f}x; passes {min(row['pass_speedups']):.2f}-"
-                    f"{max(row['pass_speedups']):.2f}x)  k^ {khat:.2f}  "
-                    f"same as greedy {same:.0%}  ({sec[name] / reps:.3f} s per pass){vs}",
+                    f"{max(row['pass_speedups']):.2f}x)  k^ {row['khat']:.2f}  "
+                    f"same as greedy {row['same']:.0%}  ({row['seconds']:.3f} s per pass){vs}",
                     flush=True,
                 )
+    return rows
+
+
+def time_regime(fns: dict, batches: list, reps: int = MIN_REPS, clock=time.perf_counter):
+    """Every decoder (name -> batch -> DecodeResult; "prefill": batch -> anything) over the same batches, timed by
+    bench/protocol.py's measure() with the batches as units: one untimed warm-up pass, then `reps` >= 3 passes, the
+    decoders taking turns batch by batch (the first rotating). Returns (name -> Timing, name -> its accepted-block
+    histogram over the batches)."""
+    hists: dict[str, dict[int, dict]] = {n: {} for n in fns}
+
+    def engine(name):
+        def run(unit):
+            i, b = unit
+            r = fns[name](b)
+            if name == "prefill":  # no tokens: its time is what every decoder spends before its first step
+                return Run([])
+            hists[name][i] = r.accepted_hist
+            return Run(r.tokens, r.calls)
+
+        return run
+
+    t = measure({n: engine(n) for n in fns}, list(enumerate(batches)), reps, clock=clock)
+    hist = {n: sum((collections.Counter(h) for h in hs.values()), collections.Counter()) for n, hs in hists.items()}
+    return t, hist
+
+
+def _steps_rates(t: Timing, pre: Timing) -> list[float]:
+    """Each batch's tokens/s over the steps after the prefill: its median time less the prefill's median time."""
+    med = lambda tm, i: statistics.median(rep[i] for rep in tm.seconds)  # noqa: E731
+    return [t.unit_tokens(i) / max(med(t, i) - med(pre, i), 1e-9) for i in range(len(t.runs))]
+
+
+def regime_rows(t: dict[str, Timing], hist: dict, fp32: bool = False) -> list[dict]:
+    """time_regime's result as one row per decoder (greedy included, prefill left out): speedup over greedy (the
+    median over batches of the rate ratio, speedup_spread its quartiles and min-max), steps_speedup (the same for
+    the steps after the prefill), prefill_share (of greedy's time, median over passes), pass_speedups (each pass's
+    rate ratio, to show the noise), seconds (the median pass), khat, same (share of sentences identical to
+    greedy's); with fp32, speedup_vs_fp32_greedy over the decoder "greedy fp32"."""
+    g, pre = t["greedy"], t["prefill"]
+    share = spread([sum(p) / sum(a) for p, a in zip(pre.seconds, g.seconds)])["median"]
+    g_steps = _steps_rates(g, pre)
+    rows = []
+    for name, tm in t.items():
+        if name == "prefill":
+            continue
+        h = hist[name]
+        up = speedup(g, tm)
+        steps = [b / a for a, b in zip(g_steps, _steps_rates(tm, pre)) if a > 0 and b > 0]  # non-empty: as speedup()
+        row = dict(
+            decoder=name,
+            speedup=round(up["median"], 3),
+            speedup_spread={x: round(y, 3) for x, y in up.items()},
+            khat=round(sum(k * v for k, v in h.items()) / max(1, sum(h.values())), 2),
+            same=round(matches(tm, g)[0] / len(g.tokens), 3),
+            seconds=round(statistics.median(sum(rep) for rep in tm.seconds), 3),
+            steps_speedup=round(statistics.median(steps), 3),
+            prefill_share=round(share, 3),
+            pass_speedups=[
+                round((tm.n_tokens / sum(d)) / (g.n_tokens / sum(a)), 3) for a, d in zip(g.seconds, tm.seconds)
+            ],
+            reps=len(tm.seconds),
+        )
+        if fp32:
+            row["speedup_vs_fp32_greedy"] = round(speedup(t["greedy fp32"], tm)["median"], 3)
+        rows.append(row)
     return rows

@@ -6,11 +6,13 @@ Sections (each guarded: an error is reported in the JSON, the others still run):
   exactness   blockwise(Exact) == greedy over randomised models, batches and block sizes, fp32 (TF32 off)
   step_cost   one blockwise step (decode on k tokens + head 1 at the k positions + heads 2..k at one position)
               vs one greedy step (decode 1 token + head 1), demo size and Transformer-base size, k = 2/4/8,
-              batch 1 and 32: median of interleaved timings, eager and (optional) replayed as CUDA graphs
+              batch 1 and 32: bench/protocol.py's measure() (a warm-up pass, then 3 passes of 16 calls per step,
+              the steps taking turns call by call), the median pass; eager and (optional) replayed as CUDA graphs
   lm_step_cost (optional) the same for decoder-only shapes of SmolLM2-135M and -1.7B with Medusa heads, bf16 on
               CUDA, k = 4/8, batch 1 and 8
   compile     (optional) the same steps under torch.compile(mode="reduce-overhead"), base size, batch 1
-  speedup     blockwise vs greedy wall clock on random-weight models and, if present, the demo's trained runs
+  speedup     blockwise vs greedy wall clock on random-weight models and, if present, the demo's trained runs:
+              measure() with the batches as units, the median over batches of the rate ratio
   train       bf16-mixed smoke base -> frozen chain with strategy=deepspeed_zero2, deepspeed_zero3 (every
               parameter partitioned: persistence threshold 0) and fsdp (per-layer units); the frozen backbone must
               come out bit-identical, the in-training blockwise evaluation agree 100% with greedy (CUDA only)
@@ -267,10 +269,10 @@ def main(argv=None) -> int:
         write_json(args.partial, result)
 
     run("exactness", lambda: check_exactness(device, args.quick))
-    reps = 10 if args.quick else 50
+    calls = 4 if args.quick else 16  # step calls per pass: one warm-up pass and 3 timed ones (bench/protocol.py)
     run(
         "step_cost",
-        lambda: step_cost_table(device, sizes, reps=reps, graphs=cuda, batches=(1, 4) if args.quick else (1, 32)),
+        lambda: step_cost_table(device, sizes, calls=calls, graphs=cuda, batches=(1, 4) if args.quick else (1, 32)),
     )
     run(  # decoder-only shapes of real LLMs in the precision they are served in: the step-cost rule on a GPU
         "lm_step_cost",
@@ -279,7 +281,7 @@ def main(argv=None) -> int:
             QUICK_LM_SIZES if args.quick else LM_SIZES,
             ks=(4, 8),
             batches=(1, 8),
-            reps=reps,
+            calls=calls,
             graphs=cuda,
             dtype=torch.bfloat16 if cuda else torch.float32,
         ),
@@ -293,7 +295,6 @@ def main(argv=None) -> int:
             batch_sizes=(1, 4) if args.quick else (1, 32),
             sentences=8 if args.quick else 32,
             max_len=8 if args.quick else 32,
-            repeats=1 if args.quick else 2,
         ),
     )
     run("demo", lambda: demo_speedups(device, args.demo_dir), required=False)

@@ -13,7 +13,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # bench.protocol, however this file was loaded
+    sys.path.insert(0, str(ROOT))
 
+from bench.protocol import MIN_REPS, Run, matches, measure, speedup, spread, step_cost  # noqa: E402
 from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
 from bpd_train.engine.weights import default_weights  # noqa: E402
 from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
@@ -212,29 +215,28 @@ class StepBench:
         return out
 
 
-def interleaved_ms(fns: dict, device, reps: int, warmup: int = 3) -> dict:
-    """Median milliseconds of each function, calls interleaved (A B C, C B A, ...) so drift hits all alike."""
+def step_times(fns: dict, device, calls: int = 16, passes: int = MIN_REPS, clock=time.perf_counter) -> dict:
+    """bench/protocol.py's measure() over step functions (no arguments): a pass calls every step `calls` times, the
+    steps taking turns call by call; one untimed warm-up pass, then `passes` timed ones, CUDA synchronised around
+    every timed call. Returns name -> Timing (seconds[pass][call])."""
     device = torch.device(device)
-    names = list(fns)
-    times = {n: [] for n in names}
+    engines = {n: (lambda _call, f=f: (f(), Run([], calls=1))[1]) for n, f in fns.items()}
     with torch.no_grad():
-        for _ in range(warmup):
-            for n in names:
-                fns[n]()
-        sync(device)
-        for r in range(reps):
-            for n in names if r % 2 == 0 else names[::-1]:
-                t0 = time.perf_counter()
-                fns[n]()
-                sync(device)
-                times[n].append(time.perf_counter() - t0)
-    return {n: statistics.median(t) * 1e3 for n, t in times.items()}
+        return measure(engines, list(range(calls)), passes, clock=clock, sync=lambda: sync(device))
 
 
-def cost_row(ms: dict) -> dict:
-    g = ms["greedy"]
-    row = {"greedy_ms": round(g, 4)}
-    row.update({f"{n}_greedy_steps": round(t / g, 3) for n, t in ms.items() if n != "greedy"})
+def cost_row(t: dict) -> dict:
+    """greedy_ms: one greedy step, the median pass's mean; k*_greedy_steps: one step of that k in greedy steps,
+    the median over passes of the pass's ratio (protocol.step_cost); *_range: min-max over passes."""
+    g = t["greedy"]
+    ms = spread([1e3 * sum(rep) / len(rep) for rep in g.seconds])
+    row = {"greedy_ms": round(ms["median"], 4), "greedy_ms_range": [round(ms["min"], 4), round(ms["max"], 4)]}
+    for n, tm in t.items():
+        if n != "greedy":
+            c = step_cost(g, tm)
+            row[f"{n}_greedy_steps"] = round(c["median"], 3)
+            row[f"{n}_greedy_steps_range"] = [round(c["min"], 3), round(c["max"], 3)]
+    row["passes"] = len(g.seconds)
     return row
 
 
@@ -257,8 +259,9 @@ def graphed(fns: dict, device) -> dict:
 
 
 def step_cost_table(
-    device, sizes: dict, ks=(2, 4, 8), batches=(1, 32), reps: int = 50, graphs: bool = False, dtype=torch.float32
+    device, sizes: dict, ks=(2, 4, 8), batches=(1, 32), calls: int = 16, graphs: bool = False, dtype=torch.float32
 ) -> dict:
+    """Every size and batch: the steps' cost_row, eager and (graphs) replayed as CUDA graphs, timed by step_times."""
     device = torch.device(device)
     table, graph_table, graph_errors = {}, {}, {}
     for size, spec in sizes.items():
@@ -266,10 +269,10 @@ def step_cost_table(
             key = f"{size}_b{b}"
             bench = StepBench(spec, ks, b, device, dtype=dtype)
             fns = bench.steps()
-            table[key] = cost_row(interleaved_ms(fns, device, reps))
+            table[key] = cost_row(step_times(fns, device, calls))
             if graphs:
                 try:
-                    graph_table[key] = cost_row(interleaved_ms(graphed(fns, device), device, reps))
+                    graph_table[key] = cost_row(step_times(graphed(fns, device), device, calls))
                 except Exception as e:  # optional: reported, never fatal
                     graph_errors[key] = f"{type(e).__name__}: {e}"[:300]
             del bench, fns
@@ -282,7 +285,7 @@ def step_cost_table(
     return out
 
 
-def compiled_step_cost(device, spec: dict, ks=(8,), batch: int = 1, reps: int = 50) -> dict:
+def compiled_step_cost(device, spec: dict, ks=(8,), batch: int = 1, calls: int = 16) -> dict:
     """torch.compile(mode="reduce-overhead") of the greedy and blockwise steps vs eager, one size and batch."""
     bench = StepBench(spec, ks, batch, device)
     eager = bench.steps()
@@ -294,55 +297,71 @@ def compiled_step_cost(device, spec: dict, ks=(8,), batch: int = 1, reps: int = 
                 f()
     compile_s = time.perf_counter() - t0
     both = {**{f"eager_{n}": f for n, f in eager.items()}, **{f"compiled_{n}": f for n, f in compiled.items()}}
-    ms = interleaved_ms(both, device, reps)
+    t = step_times(both, device, calls)
     row = {"compile_s": round(compile_s, 1)}
     for kind in ("eager", "compiled"):
-        row[kind] = cost_row({n.split("_", 1)[1]: t for n, t in ms.items() if n.startswith(kind + "_")})
-    row["compiled_greedy_vs_eager"] = round(ms["eager_greedy"] / ms["compiled_greedy"], 3)
+        row[kind] = cost_row({n.split("_", 1)[1]: tm for n, tm in t.items() if n.startswith(kind + "_")})
+    # eager greedy's time per call over compiled greedy's, per pass: median over passes
+    row["compiled_greedy_vs_eager"] = round(step_cost(t["compiled_greedy"], t["eager_greedy"])["median"], 3)
     return row
 
 
 # ---------------------------------------------------------------------------------------------- speedup
-def time_decoders(model, batches: list[torch.Tensor], k: int, max_len, device, repeats: int = 3) -> dict:
-    """Greedy vs blockwise(Exact) over the same batches, interleaved; agreement, k̂ and wall-clock ratio."""
-    g_t, b_t, agree, rows, tok, steps, calls = 0.0, 0.0, 0, 0, 0.0, 0, 0
+def race(greedy_fn, block_fn, batches: list, k: int, device, reps: int = MIN_REPS, clock=time.perf_counter) -> dict:
+    """Greedy vs blockwise (each: source batch -> DecodeResult) timed by bench/protocol.py's measure() with the
+    batches as units (a warm-up pass, then `reps` >= 3 passes taking turns batch by batch, CUDA synchronised
+    around every timed call): agreement, k-hat, and the speedup as the median over batches of the rate ratio."""
+    device = torch.device(device)
+    steps: dict[int, tuple[float, int]] = {}
+
+    def greedy_run(unit):
+        r = greedy_fn(unit[1])
+        return Run(r.tokens, r.calls)
+
+    def block_run(unit):
+        i, src = unit
+        r = block_fn(src)
+        steps[i] = (r.mean_accepted * r.row_steps, r.row_steps)  # k-hat per row-step, as DecodeResult defines it
+        return Run(r.tokens, r.calls)
+
     with torch.no_grad():
-        greedy(model, batches[0], max_len=max_len)  # warm-up (allocator, kernels)
-        blockwise(model, batches[0], block_size=k, max_len=max_len)
-        for rep in range(repeats):
-            for src in batches:
-                order = ("g", "b") if rep % 2 == 0 else ("b", "g")
-                for which in order:
-                    sync(device)
-                    t0 = time.perf_counter()
-                    if which == "g":
-                        g = greedy(model, src, max_len=max_len)
-                    else:
-                        r = blockwise(model, src, block_size=k, accept=Exact(), max_len=max_len)
-                    sync(device)
-                    dt = time.perf_counter() - t0
-                    if which == "g":
-                        g_t += dt
-                    else:
-                        b_t += dt
-                if rep == 0:
-                    agree += sum(x == y for x, y in zip(r.tokens, g.tokens))
-                    rows += len(g.tokens)
-                    tok += r.mean_accepted * r.row_steps  # k̂ per row-step, as DecodeResult defines it
-                    steps += r.row_steps
-                    calls += r.calls
+        t = measure(
+            {"greedy": greedy_run, "blockwise": block_run},
+            list(enumerate(batches)),
+            reps,
+            clock=clock,
+            sync=lambda: sync(device),
+        )
+    g, b = t["greedy"], t["blockwise"]
+    same, rows = matches(g, b)
+    tok, row_steps = (sum(x) for x in zip(*steps.values()))
+    up = speedup(g, b)
     return dict(
         k=k,
-        agreement=round(agree / rows, 4),
-        mean_accepted=round(tok / max(steps, 1), 3),
-        calls=calls,
-        speedup=round(g_t / b_t, 3),
-        greedy_ms_per_batch=round(1e3 * g_t / (repeats * len(batches)), 3),
+        agreement=round(same / rows, 4),
+        mean_accepted=round(tok / max(row_steps, 1), 3),
+        calls=b.calls,
+        speedup=round(up["median"], 3),
+        speedup_spread={x: round(y, 3) for x, y in up.items()},
+        greedy_ms_per_batch=round(1e3 * statistics.median(sum(rep) for rep in g.seconds) / len(batches), 3),
+        reps=reps,
+    )
+
+
+def time_decoders(model, batches: list[torch.Tensor], k: int, max_len, device, repeats: int = MIN_REPS) -> dict:
+    """Greedy vs blockwise(Exact) on `model` over the same batches, timed by race()."""
+    return race(
+        lambda src: greedy(model, src, max_len=max_len),
+        lambda src: blockwise(model, src, block_size=k, accept=Exact(), max_len=max_len),
+        batches,
+        k,
+        device,
+        repeats,
     )
 
 
 def random_speedups(
-    device, sizes: dict, ks=(4, 8), batch_sizes=(1, 32), sentences: int = 32, max_len=32, repeats: int = 2
+    device, sizes: dict, ks=(4, 8), batch_sizes=(1, 32), sentences: int = 32, max_len=32, repeats: int = MIN_REPS
 ) -> dict:
     """Random weights: at these sizes the models repeat one token and the heads predict it too, so nearly every
     block is accepted: the side of the trade where the heads are right."""
@@ -380,7 +399,7 @@ def demo_sources(tokenizer_path: Path, n: int, device) -> torch.Tensor:
     return src.to(device)
 
 
-def demo_speedups(device, demo_dir: Path, sentences: int = 64, repeats: int = 2) -> dict:
+def demo_speedups(device, demo_dir: Path, sentences: int = 64, repeats: int = MIN_REPS) -> dict:
     """The demo's trained head runs (make demo), if this tree has them: wall clock at batch 1 and 32."""
     from bpd_train.sources.loading import load
 

@@ -6,9 +6,10 @@ requests) and the units, then
   2. times `reps` >= 3 passes; within a pass the engines take turns unit by unit, the first engine rotating from
      unit to unit, so no engine always runs first or after the same neighbour, and a slow minute of the machine
      falls on every engine alike,
-and keeps every (rep, unit) time. Summaries are medians with their spread: tokens/s per pass (median over reps,
-min-max beside it), and speedups as the median over units of each unit's rate ratio (its median over reps),
-with the quartiles and min-max. Nothing here picks a best rep.
+and keeps every (rep, unit) time. Engines on an asynchronous device (CUDA) pass `sync`: it is called before and
+after every timed call, so the clock reads finished work only. Summaries are medians with their spread: tokens/s
+per pass (median over reps, min-max beside it), and speedups as the median over units of each unit's rate ratio
+(its median over reps), with the quartiles and min-max. Nothing here picks a best rep.
 
 Prompt caches are the engines' business and the bench states its policy: each engine instance keeps its own (our
 prefix cache, llama.cpp's prompt cache), so with passes in the same order every engine sees every prompt after the
@@ -70,6 +71,7 @@ def measure(
     reps: int = MIN_REPS,
     clock: Callable[[], float] = time.perf_counter,
     progress: Callable[[str], None] | None = None,
+    sync: Callable[[], None] | None = None,
 ) -> dict[str, Timing]:
     """Time every engine over the same units under the protocol above; returns name -> Timing."""
     if reps < MIN_REPS:
@@ -77,6 +79,7 @@ def measure(
     if not engines or not units:
         raise ValueError("measure() needs at least one engine and one unit")
     names = list(engines)
+    done = sync if sync is not None else (lambda: None)
     out = {n: Timing(n) for n in names}
     first: dict[str, list[Run]] = {n: [] for n in names}
 
@@ -92,8 +95,10 @@ def measure(
             out[n].seconds.append([0.0] * len(units))
         for i, u in enumerate(units):
             for n in order(rep + 1, i):
+                done()  # no work queued before this call lands in its time
                 t0 = clock()
                 r = engines[n](u)
+                done()  # the clock reads the call's work finished, not merely queued
                 out[n].seconds[rep][i] = clock() - t0
                 if rep == 0:
                     out[n].runs.append(r)

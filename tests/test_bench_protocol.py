@@ -97,6 +97,29 @@ def test_unstable_outputs_are_flagged():
     assert not t["x"].stable and t["y"].stable
 
 
+def test_sync_puts_an_asynchronous_engines_queued_work_in_its_own_time():
+    """A CUDA-like engine only queues its work; the clock sees it once sync() waits for it. measure() must call
+    sync before reading the clock, or the queued work lands in no call (or in the next engine's)."""
+    clock, queued = Clock(), []
+
+    def queues(seconds):
+        def run(unit):
+            queued.append(seconds)
+            return Run([[7] * 4])
+
+        return run
+
+    def sync():
+        clock.now += sum(queued)
+        queued.clear()
+
+    engines = {"a": queues(1.0), "b": queues(3.0)}
+    t = protocol.measure(engines, [[0], [1]], reps=3, clock=clock, sync=sync)
+    assert all(s == [1.0, 1.0] for s in t["a"].seconds) and all(s == [3.0, 3.0] for s in t["b"].seconds)
+    unsynced = protocol.measure(engines, [[0], [1]], reps=3, clock=clock)  # what a timer without sync would read
+    assert all(s == [0.0, 0.0] for s in unsynced["b"].seconds)
+
+
 def test_real_cell_times_ours_and_a_peer_alike_and_reports_medians_and_exactness():
     real = _load("real")
     clock, log = Clock(), []

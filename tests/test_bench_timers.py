@@ -198,3 +198,106 @@ def test_bundle_bench_end_to_end_on_a_tiny_bundle(tmp_path_factory):
             assert r["same_as_greedy"] == 1.0
         if "CTranslate2 greedy float32" in rows and not name.startswith("CTranslate2"):
             assert set(r["vs_ct2"]) == {"median", "p25", "p75", "min", "max"}
+
+
+def decoder(clock, seconds, log, name, tokens=3, out=7, hist=None, calls=2):
+    """A decoder as the MT scripts call it: batch (a list of source ids) -> DecodeResult, `seconds(call)` on the
+    clock, logging (name, batch)."""
+    from bpd_train.decoding import DecodeResult
+
+    n = {"i": 0}
+
+    def run(batch):
+        s = seconds(n["i"]) if callable(seconds) else seconds
+        n["i"] += 1
+        clock.now += s
+        log.append((name, tuple(batch)))
+        rows = [[out(r) if callable(out) else out] * tokens for r in batch]
+        return DecodeResult(rows, calls, accepted_hist=dict(hist or {1: tokens * len(batch)}))
+
+    return run
+
+
+def assert_protocol_order(log, names, batches):
+    """A full untimed warm-up pass of every decoder first, then passes in which the decoders take turns batch by
+    batch, no decoder always first."""
+    per_batch = len(names)
+    warm = log[: per_batch * len(batches)]
+    assert sorted(warm) == sorted((n, tuple(b)) for n in names for b in batches)
+    timed = log[per_batch * len(batches) :]
+    assert len(timed) == 3 * per_batch * len(batches)
+    turns = [timed[i : i + per_batch] for i in range(0, len(timed), per_batch)]
+    for turn in turns:  # every decoder on one batch, back to back, before the next batch
+        assert {n for n, _ in turn} == set(names) and len({b for _, b in turn}) == 1
+    firsts = [turn[0][0] for turn in turns]
+    assert len(set(firsts)) == len(names)
+
+
+def test_regimes_bench_reports_median_speedups_over_batches_under_the_protocol():
+    reg = _load("engine_regimes")
+    clock, log = Clock(), []
+    batches = [[1, 2], [3, 4], [5, 6], [7, 8]]
+    fns = {
+        "greedy": decoder(clock, 1.0, log, "greedy"),
+        # its first timed pass (calls 4-7) 100x faster: a best-of-passes timer would report it
+        "plain": decoder(clock, fast_first_pass(4, 0.005, 0.5), log, "plain", hist={4: 1, 2: 1}),
+        # accepts proposals greedy would not have chosen: one sentence (source 3) comes out differently
+        "plain top2": decoder(clock, 0.25, log, "plain top2", out=lambda r: 9 if r == 3 else 7),
+        "greedy fp32": decoder(clock, 2.0, log, "greedy fp32"),
+        "prefill": decoder(clock, 0.2, log, "prefill"),
+    }
+    t, hist = reg.time_regime(fns, batches, reps=3, clock=clock)
+    assert_protocol_order(log, list(fns), batches)
+    rows = {r["decoder"]: r for r in reg.regime_rows(t, hist, fp32=True)}
+    assert set(rows) == {"greedy", "plain", "plain top2", "greedy fp32"}  # the prefill is no decoder's row
+    plain = rows["plain"]
+    assert plain["speedup"] == pytest.approx(2.0) and plain["speedup_spread"]["max"] == pytest.approx(2.0)
+    assert plain["seconds"] == pytest.approx(2.0)  # the median pass: 4 batches x 0.5 s
+    assert sorted(plain["pass_speedups"])[1] == pytest.approx(2.0) and max(plain["pass_speedups"]) == pytest.approx(
+        200.0
+    )  # the fast pass shows only here, as the noise it is
+    assert plain["steps_speedup"] == pytest.approx((1.0 - 0.2) / (0.5 - 0.2), abs=1e-3)  # rounded to 3 places
+    assert plain["prefill_share"] == pytest.approx(0.2) and plain["reps"] == 3
+    assert plain["khat"] == pytest.approx(3.0) and plain["same"] == 1.0
+    assert plain["speedup_vs_fp32_greedy"] == pytest.approx(4.0)
+    assert rows["plain top2"]["same"] == pytest.approx(7 / 8) and rows["plain top2"]["speedup"] == pytest.approx(4.0)
+    assert rows["greedy"]["speedup"] == 1.0
+    with pytest.raises(ValueError, match="at least 3"):
+        reg.time_regime(fns, batches, reps=2, clock=clock)
+
+
+def test_regimes_bench_refuses_fewer_than_three_passes(capsys):
+    eng = _load("engine")
+    with pytest.raises(SystemExit) as e:
+        eng.main(["--regimes", "some-run", "--passes", "2"])
+    assert e.value.code == 2 and "at least 3" in capsys.readouterr().err
+
+
+def test_decode_bench_times_its_decoders_under_the_protocol():
+    dec = _load("decode")
+    clock, log = Clock(), []
+    batches = [[1], [2], [3]]
+    fns = {
+        "greedy": decoder(clock, 1.0, log, "greedy", out=lambda r: r),
+        "blockwise": decoder(clock, fast_first_pass(3, 0.001, 0.25), log, "blockwise", out=lambda r: r,
+                             hist={4: 1}),
+        "adaptive": decoder(clock, lambda i: [0.5, 0.5, 2.0][i % 3], log, "adaptive", out=lambda r: r),
+    }  # fmt: skip
+    t, res = dec.race(fns, batches, 3, clock=clock)
+    assert_protocol_order(log, list(fns), batches)
+    assert res["blockwise"].tokens == [[1] * 3, [2] * 3, [3] * 3]  # merged in batch order
+    assert res["blockwise"].mean_accepted == pytest.approx(4.0) and res["blockwise"].calls == 6
+    sp = dec.speeds(t)
+    assert sp["speedup"] == pytest.approx(4.0) and sp["speedup_spread"]["max"] == pytest.approx(4.0)  # not 1000x
+    assert sp["greedy_s"] == pytest.approx(3.0) and sp["blockwise_s"] == pytest.approx(0.75)
+    # adaptive: batches 0 and 1 twice as fast as greedy, batch 2 half as fast: the median over batches
+    assert sp["adaptive_speedup"] == pytest.approx(2.0) and sp["adaptive_s"] == pytest.approx(3.0)
+    assert sp["speedup_spread"]["min"] == pytest.approx(4.0) and sp["reps"] == 3
+
+
+def test_decode_bench_refuses_fewer_than_three_passes(monkeypatch, capsys):
+    dec = _load("decode")
+    monkeypatch.setattr(sys, "argv", ["decode.py", "--repeats", "2"])
+    with pytest.raises(SystemExit) as e:
+        dec.main()
+    assert e.value.code == 2 and "at least 3" in capsys.readouterr().err
