@@ -30,6 +30,7 @@ from bpd_train.max_len import DEFAULT_MAX_LEN, parse_max_len
 METHODS = ("blockwise", "greedy")
 DTYPES = ("fp32", "bf16", "int8", "q4")  # decode-step weights (engine/fastlinear.py packs them)
 AUTO = "auto"
+DTYPE_CHOICES = (*DTYPES, AUTO)  # the dtype setting's values: auto resolves by the model's file (decoding/settings.py)
 # evaluate.py's dtype unless given (conf/decode/_settings.yaml): its tables compare precisions against fp32, the
 # model's weights exactly, while serving's default (auto) picks the fastest precision for the model's file type
 EVAL_DTYPE = "fp32"
@@ -168,7 +169,7 @@ def check_proposal_dtype(v):
 
 def _dtype(v) -> str:
     s = str(v).strip().lower()
-    if s not in (*DTYPES, AUTO):
+    if s not in DTYPE_CHOICES:
         raise ValueError(f"expected one of {', '.join(DTYPES)} or auto")
     return s
 
