@@ -136,9 +136,7 @@ def auto_dtype(weight_type: str | None, device, int8_kernels: bool | None = None
     if not str(device).startswith("cpu"):
         return "fp32", f"auto is fp32 on {device} (the 8- and 4-bit kernels are the CPU's)"
     dtype, why = AUTO_DTYPE.get(str(weight_type), AUTO_DTYPE_OTHER)
-    what = (
-        f"the file's {weight_type} weights" if weight_type else "the model's weights (an hf: folder or a model of ours)"
-    )
+    what = f"the file's {weight_type} weights" if weight_type else "the weights of an hf: folder or a model of ours"
     if dtype in ("int8", "q4") and not (int8_compute() if int8_kernels is None else int8_kernels):
         return "fp32", (
             f"no int8 kernels here (the native AVX2 / AVX512-VNNI ones; BPD_INT8_COMPUTE=0 turns them off), so "
