@@ -30,6 +30,10 @@ from bpd_train.max_len import DEFAULT_MAX_LEN, parse_max_len
 METHODS = ("blockwise", "greedy")
 DTYPES = ("fp32", "bf16", "int8", "q4")  # decode-step weights (engine/fastlinear.py packs them)
 AUTO = "auto"
+DTYPE_CHOICES = (*DTYPES, AUTO)  # the dtype setting's values: auto resolves by the model's file (decoding/settings.py)
+# evaluate.py's dtype unless given (conf/decode/_settings.yaml): its tables compare precisions against fp32, the
+# model's weights exactly, while serving's default (auto) picks the fastest precision for the model's file type
+EVAL_DTYPE = "fp32"
 TREE_NODES = 62  # the native loop's bound (one 64-bit ancestry mask per fed row)
 RULE_NAMES = "exact, top<N> (e.g. top2, topk:2) or distance:<eps>"
 _TOPK = re.compile(r"^top(?:[-_:]?k)?[-_:]?(\d+)$")
@@ -163,6 +167,13 @@ def check_proposal_dtype(v):
     return str(v).strip().lower()
 
 
+def _dtype(v) -> str:
+    s = str(v).strip().lower()
+    if s not in DTYPE_CHOICES:
+        raise ValueError(f"expected one of {', '.join(DTYPES)} or auto")
+    return s
+
+
 def _adaptive(v) -> bool | float | None:
     if isinstance(v, str):
         v = {"true": True, "false": False, "auto": None, "none": None, "null": None}.get(v.strip().lower(), v)
@@ -278,9 +289,11 @@ class DecodeSettings:
         metavar=("A", "B"),
     )
     dtype: str = setting(
-        "fp32",
-        "decode-step weights: fp32 | bf16 | int8 | q4 (a GGUF file's own 4-bit blocks, 8-bit activations)",
-        _choice(DTYPES),
+        AUTO,
+        "decode-step weights: fp32 | bf16 | int8 | q4 (a GGUF file's own 4-bit blocks, 8-bit activations); auto: "
+        "the fastest for the model's file type on this device (e.g. q4 for a Q4_1 GGUF on a CPU with the int8 "
+        f"kernels, else fp32; translate says which and why); evaluate.py keeps {EVAL_DTYPE}",
+        _dtype,
     )
     draft_top_tokens: Any = setting(
         AUTO,

@@ -329,7 +329,8 @@ def test_a_bundle_carries_the_settings_its_evaluation_found_fastest(tmp_path_fac
     assert (
         main(["--bundle", str(b), "--quiet"], stdin=io.StringIO("Jesus wept.\n"), stdout=io.StringIO(), stderr=err) == 0
     )
-    assert "decode settings from the bundle: block_size=4 method=blockwise (" in err.getvalue()
+    # its precision too: the evaluation's fp32, over translate's default (auto)
+    assert "decode settings from the bundle: block_size=4 dtype=fp32 method=blockwise (" in err.getvalue()
 
     g = export_checkpoint(tiny["run"], tmp_path / "greedy", report=slow)
     assert Translator.from_pretrained(g, device="cpu").settings.method == "greedy"

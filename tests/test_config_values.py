@@ -47,7 +47,7 @@ CASES = {
     "decode dtype": (
         "evaluate.py",
         ["decode.dtype=fp16"],
-        r"^error: decode\.dtype=fp16: not a choice; choose one of fp32, bf16, int8, q4 "
+        r"^error: decode\.dtype=fp16: not a choice; choose one of fp32, bf16, int8, q4, auto "
         r"\(did you mean decode\.dtype=bf16\?\)",
     ),
     "head loss": (
@@ -147,6 +147,7 @@ def test_valid_values_pass(tmp_path):
     from bpd_train.app.cli import check_config
 
     check_config("evaluate", ["evaluate.bleu_sentences=all", "decode.dtype=int8"], "python evaluate.py")
+    check_config("evaluate", ["decode.dtype=auto"], "python evaluate.py")  # by the model's file type
     check_config("evaluate", ["evaluate.bleu_sentences=200", "decode=greedy"], "python evaluate.py")
     check_config(
         "train",
@@ -167,7 +168,7 @@ SOURCES = {
     "regime.source": ("bpd_train.training.regimes", "SOURCES"),
     "optim.schedule.name": ("bpd_train.training.optim", "SCHEDULES"),
     "model.heads": ("bpd_train.model.lm.config", "HEAD_TYPES"),
-    "decode.dtype": ("bpd_train.engine.fastlinear", "DTYPES"),
+    "decode.dtype": ("bpd_train.decode_settings", "DTYPE_CHOICES"),
     "export.format": ("bpd_train.app.export", "FORMATS"),
     "distill.action": ("bpd_train.distillation.job", "ACTIONS"),
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from bpd_train.decode_settings import EVAL_DTYPE
 from bpd_train.decoding.settings import DecodeError as EvalError
 from bpd_train.decoding.settings import DecodeSettings, decode_options, draft_vocabulary, proposal_precision
 from bpd_train.engine.fastlinear import int8_compute
@@ -158,7 +159,8 @@ def test_the_decode_configs_list_every_declared_setting_at_its_default(name):
     with initialize_config_dir(version_base="1.3", config_dir=str(config_dir())):
         cfg = OmegaConf.to_container(compose("evaluate", overrides=[f"decode={name}"]).decode, resolve=True)
     assert set(cfg) - {"block_sizes", "rules"} == set(Declared.yaml_names())
-    assert Declared.from_config(cfg) == Declared()
+    assert Declared.from_config(cfg) == Declared(dtype=EVAL_DTYPE)  # evaluation keeps fp32; serving's is auto
+    assert Declared().dtype == "auto" and EVAL_DTYPE == "fp32"
 
 
 def test_translator_and_the_evaluator_take_the_declared_names_as_overrides():
@@ -176,7 +178,7 @@ def test_translator_and_the_evaluator_take_the_declared_names_as_overrides():
     assert tr.settings.replace(narrow=2).narrow == 2
     ev = EvalSettings(rules=["exact"], dtype="int8", lookup=2)
     assert ev.decode == DecodeSettings(dtype="int8", lookup=2)
-    assert EvalSettings().decode == DecodeSettings()  # the evaluator's defaults are the declaration's
+    assert EvalSettings().decode == DecodeSettings(dtype=EVAL_DTYPE)  # the declaration's, dtype fp32 (its tables')
     with pytest.warns(DeprecationWarning, match="draft_vocab is now draft_top_tokens"):
         assert Translator(Loaded(), "cpu", draft_vocab=8).settings.draft_top_tokens == 8  # the old name, with a line
     with pytest.raises(EvalError, match="unknown decode setting 'beam'"):

@@ -176,7 +176,8 @@ def test_loads_through_every_front_end(files, tmp_path):
     chat = tok.chat_ids([{"role": "user", "content": "hello"}])
     assert tok.decode(chat, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
     want = greedy(loaded.model, [chat], max_len=MAX_NEW).tokens[0]
-    out = Translator.from_pretrained(spec, device="cpu").generate(
+    # dtype fp32: the file's weights exactly (auto would pick int8 for this mostly Q8_0 file: test_auto_dtype.py)
+    out = Translator.from_pretrained(spec, device="cpu", dtype="fp32").generate(
         [[{"role": "user", "content": "hello"}]], method="greedy", max_new_tokens=MAX_NEW
     )
     assert out[0] == tok.decode(want)
@@ -184,8 +185,9 @@ def test_loads_through_every_front_end(files, tmp_path):
     from bpd_train.app.translate import main
 
     stdout, stderr = io.StringIO(), io.StringIO()
+    args = ["--bundle", spec, "--greedy", "--quiet", "--max-new-tokens", str(MAX_NEW), "--device", "cpu"]
     rc = main(
-        ["--bundle", spec, "--greedy", "--quiet", "--max-new-tokens", str(MAX_NEW), "--device", "cpu"],
+        args + ["--dtype", "fp32"],
         stdin=io.StringIO("hello\n"),
         stdout=stdout,
         stderr=stderr,

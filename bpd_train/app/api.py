@@ -16,13 +16,17 @@ kept).
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from bpd_train.decode_settings import carried
 from bpd_train.decoding.serving import Decoder, decode_texts, prepare
-from bpd_train.decoding.settings import DecodeError, DecodeSettings
+from bpd_train.decoding.settings import DecodeError, DecodeSettings, resolve_dtype
+
+log = logging.getLogger(__name__)
+OVERRIDE = "; the dtype keyword overrides"  # after the precision line (the command line's says --dtype)
 
 
 @dataclass
@@ -53,7 +57,9 @@ class Translator:
     top_p, seed; bpd_train/decode_settings.py declares each with its help) are this translator's defaults;
     `translate` / `generate` take the same overrides per call, as transformers' `generate` takes a
     GenerationConfig's fields. Without `settings`, a bundle's own decode settings (the ones its evaluation found
-    fastest, `carried_why` says why) are the starting point, as a transformers model's generation_config.json is."""
+    fastest, `carried_why` says why) are the starting point, as a transformers model's generation_config.json is.
+    dtype "auto" (the default) decodes in the fastest precision for the model's file type on this device
+    (decoding/settings.py AUTO_DTYPE); the line naming it and why is logged (logger bpd_train.app.api)."""
 
     def __init__(self, loaded, device, settings: DecodeSettings | None = None, **overrides):
         self.loaded, self.device = loaded, device
@@ -61,6 +67,8 @@ class Translator:
         self._tokenizer = loaded.tokenizer()
         own, self.carried_why = carried(getattr(loaded, "meta", None), f"bundle {getattr(loaded, 'source', '?')}")
         self.settings = (settings or DecodeSettings(**own)).replace(**overrides)
+        self.weight_type: str | None = getattr(loaded, "weight_type", None)  # a GGUF file's, for dtype auto
+        self._logged: str | None = None  # the last precision line logged
         # the last call's decoder (decoding/serving.py Decoder): its decode options and packed weights, kept for the
         # next call with the same options
         self.decoder: Decoder | None = None
@@ -82,12 +90,25 @@ class Translator:
         device = torch.device(device)
         model = load(spec, map_location=device)
         model.model.eval()
-        return cls(model, device, settings, **overrides)
+        tr = cls(model, device, settings, **overrides)
+        tr._log_precision(resolve_dtype(tr.settings, tr.weight_type, device)[1])  # at load, as translate prints it
+        return tr
+
+    def _log_precision(self, line: str | None) -> None:
+        if line is not None and line != self._logged:
+            log.info(line + OVERRIDE)
+            self._logged = line
 
     @property
     def block_size(self) -> int:
         """k: the model's heads (1 = a plain model, greedy only)."""
         return int(self.model.config.block_size)
+
+    @property
+    def dtype(self) -> str:
+        """The precision it decodes in by default: the settings' dtype, "auto" resolved for the model's file type
+        and device (decoding/settings.py auto_dtype)."""
+        return resolve_dtype(self.settings, self.weight_type, self.device)[0].dtype
 
     @property
     def family(self):
@@ -158,7 +179,10 @@ class Translator:
         return self._decode(text, items, settings)
 
     def _decode(self, text, sources, settings: DecodeSettings) -> Output:
-        decoder = self.decoder = prepare(self.model, self._tokenizer, settings, self.device, reuse=self.decoder)
+        decoder = self.decoder = prepare(
+            self.model, self._tokenizer, settings, self.device, reuse=self.decoder, weight_type=self.weight_type
+        )
+        self._log_precision(decoder.precision)
         out = decode_texts(decoder, text, sources)
         return Output(
             out.texts, out.tokens, out.stats.mean_accepted if decoder.blockwise else 1.0, out.stats.calls, decoder.label

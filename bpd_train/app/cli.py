@@ -23,7 +23,7 @@ from bpd_train.configs import (  # noqa: F401 - config_dir re-exported (commands
     config_dir,
     regime_names,
 )
-from bpd_train.decode_settings import DTYPES, RENAMED, DecodeError, DecodeSettings
+from bpd_train.decode_settings import DTYPE_CHOICES, RENAMED, DecodeError, DecodeSettings
 
 EXIT_USER_ERROR = 2
 
@@ -317,7 +317,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.schedule.name": ("inverse_sqrt", "cosine", "constant"),  # bpd_train.training.optim.SCHEDULES
     "model.heads": ("bpd", "medusa", "chain"),  # bpd_train.model.lm.config.HEAD_TYPES
     "progress_bar": ("tqdm", "rich", "none"),  # bpd_train.training.trainer.callbacks
-    "decode.dtype": DTYPES,
+    "decode.dtype": DTYPE_CHOICES,
     "export.format": ("bundle", "hf", "vllm"),  # bpd_train.app.export.FORMATS
     "distill.action": ("run", "verify", "plan", "status"),  # bpd_train.distillation.job.ACTIONS
 }
@@ -466,7 +466,7 @@ _OPTIONS = {
         ("decode=greedy", "greedy only"),
         ("evaluate.split=test evaluate.max_sentences=N", "what to decode"),
         ("evaluate.batch_sizes=[1,32]", "batch sizes timed"),
-        ("decode.dtype=fp32|bf16|int8|q4", "decode precision"),
+        ("decode.dtype=fp32|bf16|int8|q4|auto", "decode precision (auto: by the model's file type)"),
     ],
     "export": [
         ("export.checkpoint=PATH", "checkpoint, run folder, ZeRO folder, bundle or hf:<folder> (default: newest run)"),

@@ -164,7 +164,9 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
             print(f"decode settings from the bundle: {shown} ({why or 'no reason given'}); flags override", file=stderr)
         model, sp = loaded.model, loaded.tokenizer()
         text = _text(args, loaded, sp)
-        decoder = prepare(model, sp, settings, device, where=f"bundle {args.bundle}")
+        decoder = prepare(model, sp, settings, device, where=f"bundle {args.bundle}", weight_type=loaded.weight_type)
+        if decoder.precision:  # dtype auto: which precision and why, in one line
+            print(f"{decoder.precision}; --dtype overrides", file=stderr)
     except USER_ERRORS as e:
         return report(e, stderr)
     chat = args.chat  # only a prompted family got this far with --chat (_text)

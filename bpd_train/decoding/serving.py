@@ -17,7 +17,14 @@ from bpd_train.data.sampler import length_batches
 from bpd_train.decoding.acceptance import AcceptanceRule
 from bpd_train.decoding.common import stop_ids
 from bpd_train.decoding.result import DecodeResult, DecodeStats
-from bpd_train.decoding.settings import DecodeError, DecodeSettings, decode_options, packed_weights, parse_rule
+from bpd_train.decoding.settings import (
+    DecodeError,
+    DecodeSettings,
+    decode_options,
+    packed_weights,
+    parse_rule,
+    resolve_dtype,
+)
 from bpd_train.engine.packed import DecodeOptions
 from bpd_train.engine.weights import PackedWeights
 
@@ -35,6 +42,7 @@ class Decoder:
     adaptive: bool | float  # adaptive feeding as resolved for the device
     rule: AcceptanceRule  # the settings' acceptance rule
     weights: PackedWeights  # the decode options and the packed-weight cache
+    precision: str | None = None  # where the settings' dtype was "auto": the line saying which precision and why
 
     @property
     def options(self) -> DecodeOptions:
@@ -82,13 +90,21 @@ class Decoder:
 
 
 def prepare(
-    model, tokenizer, settings: DecodeSettings, device, where: str = "this model", reuse: Decoder | None = None
+    model,
+    tokenizer,
+    settings: DecodeSettings,
+    device,
+    where: str = "this model",
+    reuse: Decoder | None = None,
+    weight_type: str | None = None,
 ) -> Decoder:
-    """Check `settings` against the model (block size at most its k), resolve its decode options (draft vocabulary
-    and proposal precision for this tokenizer and device) and pack the weights for them: the decoder of `model`
-    that owns both. `where` names the model in errors. `reuse`: an earlier decoder of this model, whose packed
-    weights are kept where the options are the same (a Translator's calls; the weights are checked against the
-    model's parameters all the same)."""
+    """Check `settings` against the model (block size at most its k), resolve its decode options (dtype "auto" for
+    the model's `weight_type` -- a GGUF file's, LoadedModel.weight_type -- and this device; draft vocabulary and
+    proposal precision for this tokenizer and device) and pack the weights for them: the decoder of `model` that
+    owns both. `where` names the model in errors. `reuse`: an earlier decoder of this model, whose packed weights
+    are kept where the options are the same (a Translator's calls; the weights are checked against the model's
+    parameters all the same)."""
+    settings, precision = resolve_dtype(settings, weight_type, device)
     k = settings.k(int(model.config.block_size), where)
     options = decode_options(settings, tokenizer, stop_ids(model), device)
     if reuse is not None and reuse.model is model and reuse.options == options:
@@ -96,7 +112,7 @@ def prepare(
     else:
         weights = packed_weights(model, options)
     adaptive = settings.adaptive_on(device)
-    return Decoder(model, settings, torch.device(device), k, adaptive, parse_rule(settings.accept), weights)
+    return Decoder(model, settings, torch.device(device), k, adaptive, parse_rule(settings.accept), weights, precision)
 
 
 def answer(settings: DecodeSettings, text, ids: Sequence[int]) -> tuple[str, list[int]]:

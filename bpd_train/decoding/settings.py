@@ -109,9 +109,56 @@ def proposal_precision(proposal_dtype, dtype: str = "fp32", device="cpu") -> str
     return p
 
 
+# dtype "auto" on a CPU with the int8 kernels, by the model's weight type (a GGUF file's: the type most of its
+# matrices have): (dtype, why). Q4_0 / Q4_1 and Q8_0 follow the greedy speeds measured on a Q4_1 file
+# (docs/results-real-amx.md); 16/32-bit files keep fp32, which holds them exactly. A type not listed, an hf: folder
+# and a model of ours decode in AUTO_DTYPE_OTHER. docs/gguf.md shows this table to users.
+AUTO_DTYPE: dict[str, tuple[str, str]] = {
+    "Q4_0": ("q4", "the file's own Q4_0 blocks with 8-bit activations, as llama.cpp's CPU backend runs them: the "
+                   "fastest greedy measured"),
+    "Q4_1": ("q4", "the file's own Q4_1 blocks with 8-bit activations, as llama.cpp's CPU backend runs them: the "
+                   "fastest greedy measured"),
+    "Q8_0": ("int8", "the file's 8-bit weights (re-scaled per row) with 8-bit activations, as llama.cpp's CPU backend "
+                     "runs Q8_0, and faster than fp32"),
+    "F32": ("fp32", "the file's F32 weights exactly; no faster precision keeps them"),
+    "F16": ("fp32", "the file's F16 weights exactly; no faster precision keeps them (bf16 rounds them)"),
+    "BF16": ("fp32", "the file's BF16 weights exactly (the native kernels read them as bf16); bf16 would round the "
+                     "activations too"),
+}  # fmt: skip
+AUTO_DTYPE_OTHER = ("fp32", "{what} exactly; no faster precision keeps them")
+
+
+def auto_dtype(weight_type: str | None, device, int8_kernels: bool | None = None) -> tuple[str, str]:
+    """dtype "auto" resolved: (dtype, why in a line) for a model whose weights are `weight_type` (a GGUF file's,
+    e.g. "Q4_1"; None: an hf: folder or a model of ours) on `device`. AUTO_DTYPE on a CPU; fp32 on CUDA (as
+    before auto) and where the CPU lacks the int8 kernels (int8 and q4 would not run as measured there).
+    int8_kernels: None asks this CPU (engine/fastlinear.py int8_compute)."""
+    if not str(device).startswith("cpu"):
+        return "fp32", f"auto is fp32 on {device} (the 8- and 4-bit kernels are the CPU's)"
+    dtype, why = AUTO_DTYPE.get(str(weight_type), AUTO_DTYPE_OTHER)
+    what = f"the file's {weight_type} weights" if weight_type else "the weights of an hf: folder or a model of ours"
+    if dtype in ("int8", "q4") and not (int8_compute() if int8_kernels is None else int8_kernels):
+        return "fp32", (
+            f"no int8 kernels here (the native AVX2 / AVX512-VNNI ones; BPD_INT8_COMPUTE=0 turns them off), so "
+            f"{dtype} is not the fast path measured; fp32 keeps {what} exactly"
+        )
+    return dtype, why.format(what=what)
+
+
+def resolve_dtype(settings: DecodeSettings, weight_type: str | None, device) -> tuple[DecodeSettings, str | None]:
+    """`settings` with dtype "auto" resolved (auto_dtype) and the line that says which precision and why, e.g.
+    "precision q4 (dtype auto): the file's own Q4_1 blocks ..."; (settings, None) where they give a dtype."""
+    if settings.dtype != AUTO:
+        return settings, None
+    dtype, why = auto_dtype(weight_type, device)
+    return settings.replace(dtype=dtype), f"precision {dtype} (dtype auto): {why}"
+
+
 def decode_options(settings: DecodeSettings, tokenizer, stop, device) -> DecodeOptions:
     """The engine's DecodeOptions for these (checked) settings: "auto" draft vocabulary and proposal precision
-    resolved for this tokenizer (its ranking of tokens), stop ids and device."""
+    resolved for this tokenizer (its ranking of tokens), stop ids and device; dtype "auto" as for a model of ours
+    where the caller has not resolved it for the model's file (resolve_dtype)."""
+    settings = resolve_dtype(settings, None, device)[0]
     return DecodeOptions(
         dtype=settings.dtype,
         draft_vocab=draft_vocabulary(tokenizer, settings.draft_top_tokens, stop),

@@ -467,6 +467,10 @@ def recommended_settings(report_path: str | os.PathLike, source_id: str | None =
     if not rows:
         return None
     best = max(rows, key=lambda r: (r["speedup"], r["mean_accepted"]))
+    s = dict(s)
+    if s.get("dtype") == "auto":  # the precision it resolved to for this checkpoint's file (decode.dtype=auto)
+        ck = next((c for c in report["checkpoints"] if c["name"] == best["checkpoint"]), {})
+        s["dtype"] = (ck.get("decode") or {}).get("dtype", "fp32")
     where = f"{Path(report_path).name}, batch {bs}, {s.get('dtype', 'fp32')}"
     if best["speedup"] <= 1.0:
         why = f"no exact setting beat greedy decoding ({where}: best {best['speedup']:.2f}x at k = {best['k']})"

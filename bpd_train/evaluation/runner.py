@@ -21,6 +21,7 @@ import torch
 
 from bpd_train.data.distilled import read_manifest
 from bpd_train.data.sampler import length_batches
+from bpd_train.decode_settings import EVAL_DTYPE
 from bpd_train.decoding.batched import translate_ids
 from bpd_train.decoding.serving import answer, prepare
 from bpd_train.decoding.settings import (
@@ -66,7 +67,8 @@ class EvalSettings:
         decode: DecodeSettings | None = None,
         **overrides,
     ) -> None:
-        self.decode = (decode or DecodeSettings()).replace(**overrides)  # checked once, before any decoding
+        # checked once, before any decoding; dtype EVAL_DTYPE unless given (its tables compare precisions to fp32)
+        self.decode = (decode or DecodeSettings(dtype=EVAL_DTYPE)).replace(**overrides)
         self.rules = [str(r) for r in (rules or [])]
         for r in self.rules:
             parse_rule(r)  # fail before any decoding
@@ -198,7 +200,9 @@ def evaluate_loaded(
     if base.sampling:  # plain vs blockwise sampling; acceptance rules are for temperature 0 (one column per k)
         sampling = {n: getattr(base, n) for n in ("temperature", "top_k", "top_p", "seed")}
         rules = [("sampling", parse_rule("exact"))]
-    decoder = prepare(model, text.sp, base, device)  # the decode options for this tokenizer and device, packed
+    # the decode options for this model's file type (dtype auto), tokenizer and device, packed
+    decoder = prepare(model, text.sp, base, device, weight_type=getattr(loaded, "weight_type", None))
+    base = decoder.settings  # (dtype auto resolved)
     options = decoder.options
     src_ids = [text.source_ids(s) for s in sources]
     truncated = text.truncated  # of the timed sources

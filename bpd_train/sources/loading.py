@@ -101,6 +101,12 @@ class LoadedModel:
         return family_of(self.model.config)
 
     @property
+    def weight_type(self) -> str | None:
+        """A GGUF file's weight type (e.g. "Q4_1", "Q8_0", "F16": the type most of its matrices have), which dtype
+        "auto" decodes by (decoding/settings.py AUTO_DTYPE); None for an hf: folder and a model of ours."""
+        return self.meta.get("weight_type") if self.source.kind == "gguf" else None
+
+    @property
     def is_lm(self) -> bool:
         """A decoder-only language model (LMModel): prompts in, responses out. Kept for callers of the earlier API;
         the pipeline asks `family`."""

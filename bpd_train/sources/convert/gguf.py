@@ -262,6 +262,15 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
     return check_gguf(path)
 
 
+def weight_type(f: GGUFFile) -> str | None:
+    """The file's weight type, as llama.cpp's file names give it (e.g. Q4_1 for SmolLM2-135M-Instruct.Q4_1.gguf):
+    the type most of its matrices (tensors of 2+ dimensions) have; None for a file without matrices."""
+    from collections import Counter
+
+    types = Counter(q.name for dims, q, _, _ in f.tensors.values() if len(dims) > 1)
+    return types.most_common(1)[0][0] if types else None
+
+
 def hf_config_of_gguf(reader: GGUFFile, tensor_names: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config.json, generation_config.json) of the transformers model this file holds."""
     path = reader.path
@@ -569,6 +578,7 @@ def load_gguf(
         "file": str(path.resolve()),
         "architecture": hf["architectures"][0],
         "tensor_types": types,
+        "weight_type": weight_type(reader),
         "dequantized": "fp32",
         "heads_loaded": False,
         "tokenizer": tok.meta() if tok is not None else None,
