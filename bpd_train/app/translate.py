@@ -165,8 +165,6 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
         model, sp = loaded.model, loaded.tokenizer()
         text = _text(args, loaded, sp)
         decoder = prepare(model, sp, settings, device, where=f"bundle {args.bundle}", weight_type=loaded.weight_type)
-        if decoder.precision:  # dtype auto: which precision and why, in one line
-            print(f"{decoder.precision}; --dtype overrides", file=stderr)
     except USER_ERRORS as e:
         return report(e, stderr)
     chat = args.chat  # only a prompted family got this far with --chat (_text)
@@ -181,6 +179,8 @@ def _main(argv, stdin, stdout, stderr, progress: _Progress) -> int:
                 out = decode_texts(decoder, text, items, stats, where=lambda i: f"line {n_sent + i + 1}", first=n_sent)
             except USER_ERRORS as e:  # an LM prompt too long under --context-policy refuse
                 return report(e, stderr)
+            if decoder.precision and not n_sent:  # dtype auto: which precision and why, once the input decodes
+                print(f"{decoder.precision}; --dtype overrides", file=stderr)
             seconds += out.seconds
             stdout.write("".join(_line(o, args.jsonl) for o in out.texts))
             stdout.flush()
