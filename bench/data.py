@@ -5,8 +5,10 @@
    (src [B,S] and tgt_in [B,T]; tgt_out has tgt_in's shape), for the training split:
    token-bucketed batches (TokenBucketBatchSampler) vs random batches under the same token budget
    (examples in random order, cut greedily so rows * max(length) <= max_tokens). Target: bucketed >= 0.9.
-2. Tokenization throughput (datasets.map) with num_proc=1 vs num_proc=2: runs interleaved (1, 2, 1, 2, ...),
-   datasets caching off so every run tokenizes; the best run of each is compared.
+2. Tokenization throughput (datasets.map) with num_proc=1 vs num_proc=2, datasets caching off so every run
+   tokenizes, timed by bench/protocol.py's measure(): one untimed warm-up run of each, then --repeats (>= 3) timed
+   runs of each, the two taking turns (who goes first alternating). examples/s: the median run (spread beside it);
+   speedup: 2's median run over 1's (the split is one unit), with the spread of the ratio pass by pass.
 The last line is JSON.
 """
 
@@ -29,6 +31,7 @@ import numpy as np  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 import bpd_train  # noqa: E402,F401  (registers ${repo_root:})
+from bench.protocol import MIN_REPS, Run, measure, pass_speedup, speedup, spread  # noqa: E402
 from bpd_train.data import TokenBucketBatchSampler, get_tokenizer, load_corpus, tokenize_split  # noqa: E402
 
 
@@ -56,14 +59,36 @@ def _random_batches(lengths: np.ndarray, max_tokens: int, seed: int) -> list[np.
     return batches
 
 
-def main() -> None:
+def tokenize_race(fns: dict, examples: int, repeats: int, clock=time.perf_counter) -> dict:
+    """Time fns {num_proc: a function tokenizing the split} under the protocol, the whole split as one unit;
+    the tokenize JSON's timing fields."""
+    engines = {n: (lambda _unit, f=f: (f(), Run([[0] * examples]))[1]) for n, f in fns.items()}
+    t = measure(engines, [None], repeats, clock=clock)
+    rate = {n: spread([examples / rep[0] for rep in t[n].seconds]) for n in fns}
+    per_pass = pass_speedup(t[1], t[2])
+    return {
+        "examples_per_s_num_proc_1": round(rate[1]["median"]),
+        "examples_per_s_num_proc_2": round(rate[2]["median"]),
+        "speedup_2_over_1": round(speedup(t[1], t[2])["median"], 3),
+        "examples_per_s_spread": {str(n): {k: round(v) for k, v in r.items()} for n, r in rate.items()},
+        "speedup_spread": {k: round(v, 3) for k, v in per_pass.items()},
+        "runs_s": {str(n): [round(rep[0], 3) for rep in t[n].seconds] for n in fns},
+        "repeats": repeats,
+    }
+
+
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=str(Path(bpd_train.REPO_ROOT) / "conf" / "data" / "bible_en_fr.yaml"))
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--vocab-size", type=int, default=8000)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--repeats", type=int, default=3, help=f"timed runs of each tokenization (>= {MIN_REPS}); padding epochs"
+    )
     ap.add_argument("--artifacts", default=None, help="where the tokenizer is cached (default: a temp dir)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.repeats < MIN_REPS:
+        ap.error(f"--repeats {args.repeats}: the protocol times at least {MIN_REPS} passes (a median needs them)")
 
     cfg = OmegaConf.load(args.data)
     cfg.spm.vocab_size = args.vocab_size
@@ -75,16 +100,15 @@ def main() -> None:
         tok = get_tokenizer(cfg, art, train)
         spm_s = time.perf_counter() - t0
 
-        # ---- tokenization throughput, num_proc 1 vs 2, interleaved
+        # ---- tokenization throughput, num_proc 1 vs 2, under the protocol
         datasets.disable_caching()
-        times = {1: [], 2: []}
-        enc = None
-        for _ in range(args.repeats):
-            for n in (1, 2):
-                t0 = time.perf_counter()
-                enc, _ = tokenize_split(train, tok, cfg, "train", num_proc=n)
-                times[n].append(time.perf_counter() - t0)
-        eps = {n: len(train) / min(ts) for n, ts in times.items()}
+        done = {}
+
+        def tokenize(n):
+            done["enc"], _ = tokenize_split(train, tok, cfg, "train", num_proc=n)
+
+        tokenized = tokenize_race({n: (lambda n=n: tokenize(n)) for n in (1, 2)}, len(train), args.repeats)
+        enc = done["enc"]
 
         # ---- padding efficiency, bucketed vs random under the same budget
         src_len = np.asarray([len(s) for s in enc["src"]])
@@ -118,17 +142,12 @@ def main() -> None:
             "target_bucketed": 0.9,
             "meets_target": eff["bucketed"] >= 0.9,
         },
-        "tokenize": {
-            "examples_per_s_num_proc_1": round(eps[1]),
-            "examples_per_s_num_proc_2": round(eps[2]),
-            "speedup_2_over_1": round(eps[2] / eps[1], 3),
-            "cpu_count": os.cpu_count(),
-            "runs_s": {str(k): [round(x, 3) for x in v] for k, v in times.items()},
-        },
+        "tokenize": {**tokenized, "cpu_count": os.cpu_count()},
     }
     print(
         f"padding efficiency: bucketed {eff['bucketed']:.3f} vs random {eff['random']:.3f}; "
-        f"tokenization: {eps[1]:.0f} ex/s (num_proc=1) vs {eps[2]:.0f} ex/s (num_proc=2)",
+        f"tokenization: {tokenized['examples_per_s_num_proc_1']} ex/s (num_proc=1) vs "
+        f"{tokenized['examples_per_s_num_proc_2']} ex/s (num_proc=2), median of {args.repeats}",
         file=sys.stderr,
     )
     print(json.dumps(result))

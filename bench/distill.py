@@ -1,6 +1,9 @@
 # Run: python bench/distill.py [--teacher PATH] [--sentences 64] [--reps 3] [--threads 1] [--device cpu|cuda]
-"""Teacher beam-search throughput for distillation, as ratios measured in one run (configs interleaved):
-sentences/s of beam 4 at batch 64 vs batch 1, and of beam 4 vs greedy. The decoding path is the one
+"""Teacher beam-search throughput for distillation, as ratios measured in one run: sentences/s of beam 4 at batch 64
+vs batch 1, and of beam 4 vs greedy. Timed by bench/protocol.py's measure(), the whole set of sentences one unit:
+one untimed warm-up run of every config, then --reps (>= 3) passes in which the configs take turns (who goes first
+rotating), CUDA synchronised around every timed run; sentences/s is the median run (spread beside it), ratios are
+of the median runs. The decoding path is the one
 `python distill.py` uses (length-sorted, token-budget batches, KV cache). Without --teacher it times a
 random Transformer (vocab 8000, d_model 256, 3+3 layers) on real Bible source lengths; a random model never
 emits EOS, so every sentence runs to its max_len (the worst case for beam search's early finish).
@@ -21,6 +24,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.protocol import MIN_REPS, Run, measure, spread  # noqa: E402
 from bpd_train.decoding.batched import translate_ids  # noqa: E402
 from bpd_train.model import BPDConfig, BPDModel  # noqa: E402
 
@@ -36,15 +40,35 @@ def sources(n: int, sp=None, vocab: int = 8000) -> list[list[int]]:
     return [torch.randint(4, vocab, (n_,), generator=g).tolist() + [2] for n_ in lens]
 
 
-def main() -> None:
+def race(fns: dict, sentences: int, reps: int, clock=time.perf_counter, sync=None) -> tuple[dict, dict, dict]:
+    """Time fns {config: a function decoding every sentence -> [(ids, score), ...]} under the protocol, all the
+    sentences one unit. Returns (config -> sentences/s of the median run, config -> its spread over runs,
+    config -> the outputs of its last run)."""
+    outputs = {}
+
+    def engine(name, f):
+        def run(_unit):
+            outputs[name] = f()
+            return Run([list(ids) for ids, _ in outputs[name]])
+
+        return run
+
+    t = measure({n: engine(n, f) for n, f in fns.items()}, [None], reps, clock=clock, sync=sync)
+    rate = {n: spread([sentences / rep[0] for rep in t[n].seconds]) for n in fns}
+    return {n: sentences / statistics.median(rep[0] for rep in t[n].seconds) for n in fns}, rate, outputs
+
+
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--teacher", default=None, help="checkpoint, run folder or bundle (default: a random model)")
     ap.add_argument("--sentences", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help=f"timed runs of each config after a warm-up (>= {MIN_REPS})")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--max-len", type=float, nargs=2, default=(1.2, 8), metavar=("A", "B"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.reps < MIN_REPS:
+        ap.error(f"--reps {args.reps}: the protocol times at least {MIN_REPS} passes (a median needs them)")
     torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
     if args.teacher:
@@ -78,24 +102,16 @@ def main() -> None:
     ml = tuple(args.max_len)
 
     def decode(beam: int, bs: int):
-        out = translate_ids(
+        return translate_ids(
             model, src, beam_size=beam, length_penalty=0.6, max_len=ml, max_tokens=1 << 30, max_sentences=bs, device=dev
         )
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        return out
 
     def same(a, b) -> bool:
         return all(ta == tb and (sa == sb or abs(sa - sb) <= 1e-3) for (ta, sa), (tb, sb) in zip(a, b, strict=True))
 
-    outputs = {name: decode(*cfg) for name, cfg in configs.items()}  # warm-up, and the outputs to compare
-    times: dict[str, list[float]] = {name: [] for name in configs}
-    for rep in range(args.reps):
-        for name, cfg in configs.items() if rep % 2 == 0 else reversed(configs.items()):
-            t0 = time.perf_counter()
-            decode(*cfg)
-            times[name].append(time.perf_counter() - t0)
-    sps = {name: args.sentences / statistics.median(ts) for name, ts in times.items()}
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
+    fns = {name: (lambda cfg=cfg: decode(*cfg)) for name, cfg in configs.items()}
+    sps, spreads, outputs = race(fns, args.sentences, args.reps, sync=sync)
     tokens = {name: sum(len(t) for t, _ in out) for name, out in outputs.items()}
     for name in configs:
         print(f"{name:16s} {sps[name]:9.1f} sentences/s  ({tokens[name]} tokens, median of {args.reps})")
@@ -108,6 +124,7 @@ def main() -> None:
         "reps": args.reps,
         "max_len": list(ml),
         "sentences_per_s": {k: round(v, 2) for k, v in sps.items()},
+        "sentences_per_s_spread": {n: {k: round(v, 2) for k, v in r.items()} for n, r in spreads.items()},
         "batch64_vs_batch1_beam4": round(sps["beam4_batch64"] / sps["beam4_batch1"], 2),
         "batch64_vs_batch1_greedy": round(sps["greedy_batch64"] / sps["greedy_batch1"], 2),
         "beam4_vs_greedy_batch64": round(sps["beam4_batch64"] / sps["greedy_batch64"], 3),

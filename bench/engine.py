@@ -7,7 +7,9 @@
 """The CPU decode engine, measured in one run.
 
 1. Step cost: one blockwise step at batch 1 (decode k tokens + head 1 at the k positions + heads 2..k at the
-   accepted position) in units of one greedy step (decode 1 token + head 1), median of interleaved steps,
+   accepted position) in units of one greedy step (decode 1 token + head 1), timed by bench/protocol.py's
+   measure() (one untimed warm-up pass, then --passes passes of ceil(--reps / --passes) calls of every step, the
+   steps taking turns call by call): the median over calls of each call's ratio, quartiles and min-max beside it;
    random weights, at demo size (d 128, 3+3 layers, V 4k) and Transformer-base size (d 512, 6+6, ffn 2048,
    V 32k), k = 2, 4, 8, 1 and 2 threads: this project's engine (packed kernels) vs torch's F.linear path,
    and with the proposal pass over a draft vocabulary of the V/4 most frequent ids.
@@ -17,8 +19,8 @@
 2. Greedy tokens/s against CTranslate2 (fp32 and int8) on the SAME weights (our model written as a
    CTranslate2 Transformer spec), batch 1 and 32, tokens checked identical in fp32 (bench/engine_ct2.py, on
    bench/protocol.py's measure(): medians over >= 3 passes, the batches as units).
---kernels: one kernel's cost, the median over --reps interleaved rounds of its mean over an inner loop of calls
-(a micro-timing of one kernel; no round is picked as the best).
+--kernels: one kernel's cost, a round being its mean over an inner loop of calls, timed as the step costs are (the
+kernels taking turns round by round): the median round, min-max beside it; no round is picked as the best.
 The last line printed is one JSON object.
 """
 
@@ -27,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import time
@@ -50,9 +51,10 @@ from bench.engine_kernels import (  # noqa: E402, F401
     kernel_row,
     q4_linear,
     q4_weight,
+    rounds,
 )
 from bench.engine_regimes import bench_regimes  # noqa: E402
-from bench.protocol import MIN_REPS, Run, measure, speedup, tok_s  # noqa: E402
+from bench.protocol import MIN_REPS, Run, measure, speedup, spread, tok_s  # noqa: E402
 from bpd_train.decoding import greedy  # noqa: E402
 from bpd_train.engine.fastlinear import cpu_model, engine_name, native_kernels  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions  # noqa: E402
@@ -106,11 +108,15 @@ def step_costs(
     cached: int = 20,
     loop_steps: int = 16,
     profile: bool = False,
+    passes: int = MIN_REPS,
+    clock=None,
 ):
     """(greedy step ms, {k: blockwise step / greedy step}, the same for the native loops: {"greedy_ms", k: ...})
-    at batch 1, steps interleaved. One step through Python (model.decode + head-1 argmax + proposals), and per
-    step of the native loops the decoders run (DecodeWeights.greedy_steps / block_steps, `loop_steps` steps
-    per call). profile: also print where a native-loop step's time goes (csrc/step.h's profile, read by profile()).
+    at batch 1, each figure a protocol.spread dict (step_table). One step through Python (model.decode + head-1
+    argmax + proposals), and per step of the native loops the decoders run (DecodeWeights.greedy_steps /
+    block_steps, `loop_steps` steps per call). Timed by engine_kernels.rounds(): one untimed warm-up pass, then
+    `passes` passes of ceil(reps / passes) calls of every step, the steps taking turns call by call.
+    profile: also print where a native-loop step's time goes (csrc/step.h's profile, read by profile()).
     A loop's blockwise step verifies lazily (head 1 only as far as proposals are accepted): random heads
     rarely agree, so these steps mostly pay one verification pass; each accepted pair of proposals adds one.
     models: {k: a model with block_size k} (same backbone size): a k-wide step runs on a k-head model, whose
@@ -170,30 +176,30 @@ def step_costs(
                 return f
 
             fs.update({"loop greedy": greedy_loop, **{("loop", k): block_loop(k) for k in ks}})
-        times = {n: [] for n in fs}
-        phases = {n: [] for n in fs}
-        for f in fs.values():
-            f(), f()
-        order = list(fs.items())
         ext = w.ext if profile else None
-        for rep in range(reps):
-            random.Random(rep).shuffle(order)  # no step always runs right after another
-            for n, f in order:
-                if ext is not None:
+        phases = {n: [] for n in fs}
+        if ext is not None:  # profiling switched on and read around each call (inside its time, as is the profiling)
+
+            def profiled(n, f):
+                def run():
                     ext.profile(True, True)
-                t = time.perf_counter()
-                f()
-                times[n].append(time.perf_counter() - t)
-                if ext is not None:
+                    f()
                     p, steps = ext.profile(False, True)
                     phases[n].append([x / max(steps, 1) for x in p])
+
+                return run
+
+            fs = {n: profiled(n, f) for n, f in fs.items()}
+        t = rounds(fs, reps, passes, clock=clock or time.perf_counter)
     if ext is not None:
-        # where a native-loop step's time goes: mean per phase over the faster half of the calls (the slower
-        # half is where other work on the machine took the core)
+        # where a native-loop step's time goes: mean per phase over the faster half of the timed calls (the
+        # slower half is where other work on the machine took the core); calls in the order measure() made them
         for n in [n for n in fs if n == "loop greedy" or isinstance(n, tuple)]:
-            idx = np.argsort(times[n])[: max(1, reps // 2)]
-            per = np.mean(np.array(phases[n])[idx], axis=0) * 1e6
-            wall = float(np.mean(np.array(times[n])[idx])) / loop_steps * 1e6
+            secs = [s for rep in t[n].seconds for s in rep]
+            timed = phases[n][len(phases[n]) - len(secs) :]  # the warm-up pass's calls come first
+            idx = np.argsort(secs)[: max(1, len(secs) // 2)]
+            per = np.mean(np.array(timed)[idx], axis=0) * 1e6
+            wall = float(np.mean(np.array(secs)[idx])) / loop_steps * 1e6
             label = "greedy" if n == "loop greedy" else f"k={n[1]}"
             print(
                 f"  profile {label:6s} {wall:8.1f} us/step: "
@@ -201,15 +207,41 @@ def step_costs(
                 + f"  rest {wall - per.sum():.1f}",
                 flush=True,
             )
-    gms = statistics.median(times["greedy"])
+    return step_table(t, ks, loop_steps)
+
+
+def step_table(t: dict, ks, loop_steps: int = 16):
+    """step_costs' figures from rounds()' timings: greedy_ms = one greedy step's ms per pass (its mean over the
+    pass's calls), median with min-max over passes; k = one k-wide step in greedy steps, the median over calls of
+    each call's ratio (its median over passes), with quartiles and min-max over calls (protocol.speedup); the
+    native loops' the same per step of the loop."""
+    g = t["greedy"]
+    gms = spread([1e3 * sum(rep) / len(rep) for rep in g.seconds])
     loop = {}
-    if "loop greedy" in times:
-        lms = statistics.median(times["loop greedy"])
-        loop = {"greedy_ms": lms / loop_steps * 1e3, **{k: statistics.median(times[("loop", k)]) / lms for k in ks}}
-    return gms * 1e3, {k: statistics.median(times[k]) / gms for k in ks}, loop
+    if "loop greedy" in t:
+        lg = t["loop greedy"]
+        loop = {
+            "greedy_ms": spread([1e3 * sum(rep) / len(rep) / loop_steps for rep in lg.seconds]),
+            **{k: speedup(t[("loop", k)], lg) for k in ks},
+        }
+    return gms, {k: speedup(t[k], g) for k in ks}, loop
 
 
-def bench_steps(sizes, threads, reps, profile=False, dtypes=("fp32",), chain=False):
+def _cost_fields(gms: dict, ratio: dict) -> dict:
+    """A step-cost row's figures: greedy_ms and k<k> the medians (as before), with their spreads beside them."""
+
+    def r(d, n):
+        return {key: round(val, n) for key, val in d.items()}
+
+    return dict(
+        greedy_ms=round(gms["median"], 3),
+        **{f"k{k}": round(c["median"], 2) for k, c in ratio.items()},
+        greedy_ms_range=[round(gms["min"], 3), round(gms["max"], 3)],
+        **{f"k{k}_spread": r(c, 3) for k, c in ratio.items()},
+    )
+
+
+def bench_steps(sizes, threads, reps, profile=False, dtypes=("fp32",), chain=False, passes=MIN_REPS):
     rows = []
     for size in sizes:
         models = {k: make_model(size, k, chain=chain) for k in (2, 4, 8)}  # a k-wide step on a k-head model
@@ -228,37 +260,24 @@ def bench_steps(sizes, threads, reps, profile=False, dtypes=("fp32",), chain=Fal
                 if engine == "torch" and label != "full" or dt == "int8" and "int8 proposals" in label:
                     continue
                 with _engine(engine):
-                    gms, ratio, loop = step_costs(models, opts, reps=reps, profile=profile and engine == "native")
-                row = dict(
-                    size=size,
-                    threads=t,
-                    dtype=dt,
-                    engine=engine,
-                    proposals=label,
-                    greedy_ms=round(gms, 3),
-                    **{f"k{k}": round(r, 2) for k, r in ratio.items()},
-                )
-                rows.append(row)
-                print(
-                    f"step cost  {size:4s} threads={t} {dt:4s} {engine:6s} proposals={label:9s} greedy {gms:7.3f} ms  "
-                    + "  ".join(f"k={k}: {r:.2f}" for k, r in ratio.items()),
-                    flush=True,
-                )
-                if loop:
-                    row = dict(
-                        size=size,
-                        threads=t,
-                        dtype=dt,
-                        engine="native loop",
-                        proposals=label,
-                        greedy_ms=round(loop["greedy_ms"], 3),
-                        **{f"k{k}": round(r, 2) for k, r in loop.items() if k != "greedy_ms"},
+                    gms, ratio, loop = step_costs(
+                        models, opts, reps=reps, profile=profile and engine == "native", passes=passes
                     )
-                    rows.append(row)
+                per_pass = max(1, -(-reps // passes))
+                costs = [(engine, gms, ratio)]
+                if loop:
+                    costs.append(
+                        ("native loop", loop["greedy_ms"], {k: c for k, c in loop.items() if k != "greedy_ms"})
+                    )
+                for who, ms, cost in costs:
+                    row = dict(size=size, threads=t, dtype=dt, engine=who, proposals=label, **_cost_fields(ms, cost))
+                    rows.append({**row, "passes": passes, "calls_per_pass": per_pass})
                     print(
-                        f"step cost  {size:4s} threads={t} {dt:4s} loop   proposals={label:9s} greedy "
-                        f"{loop['greedy_ms']:7.3f} ms  "
-                        + "  ".join(f"k={k}: {r:.2f}" for k, r in loop.items() if k != "greedy_ms"),
+                        f"step cost  {size:4s} threads={t} {dt:4s} {who.replace('native ', ''):6s} proposals={label:9s} greedy "
+                        f"{ms['median']:7.3f} ms ({ms['min']:.3f}-{ms['max']:.3f})  "
+                        + "  ".join(
+                            f"k={k}: {c['median']:.2f} ({c['min']:.2f}-{c['max']:.2f})" for k, c in cost.items()
+                        ),
                         flush=True,
                     )
     return rows
@@ -390,7 +409,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="lm-* sizes: also time greedy vs blockwise on random prompts at batch 1, torch vs native",
     )
-    ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=40,
+        help="timed calls of each step (--kernels: rounds of each kernel), over --passes",
+    )
     ap.add_argument("--skip-ct2", action="store_true")
     ap.add_argument("--profile", action="store_true", help="per-phase time of the native loops' steps")
     ap.add_argument("--quick", action="store_true", help="demo size, 1 thread, few reps, small CT2 run")
@@ -405,7 +429,10 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32], help="batch sizes for --regimes")
     ap.add_argument(
-        "--passes", type=int, default=MIN_REPS, help=f"timed passes for --regimes (after one warm-up; >= {MIN_REPS})"
+        "--passes",
+        type=int,
+        default=MIN_REPS,
+        help=f"timed passes after one warm-up pass (>= {MIN_REPS}): step costs, --kernels, --lm-decode, --regimes",
     )
     ap.add_argument(
         "--rules",
@@ -429,7 +456,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--chain", action="store_true", help="step costs with chained heads (model.head_chain)")
     a = ap.parse_args(argv)
-    if a.regimes and a.passes < MIN_REPS:
+    if a.passes < MIN_REPS:
         ap.error(f"--passes {a.passes}: the protocol times at least {MIN_REPS} passes (a median needs them)")
     if a.quick:
         a.threads, a.sizes, a.reps = [1], ["demo"], 5
@@ -440,7 +467,7 @@ def main(argv=None) -> int:
             flush=True,
         )
         if a.kernels:
-            key, rows = "kernels", bench_kernels(a.sizes, threads=a.threads[0], reps=a.reps)
+            key, rows = "kernels", bench_kernels(a.sizes, threads=a.threads[0], reps=a.reps, passes=a.passes)
         else:
             opts = dict(threads=a.threads[0], batch_sizes=a.batch, reps=a.passes, rules=tuple(a.rules))
             key, rows = "regimes", [r for dt in a.dtype for r in bench_regimes(a.regimes, dtype=dt, **opts)]
@@ -461,11 +488,13 @@ def main(argv=None) -> int:
     result = {
         "cpu": cpu_model(),
         "engine": engine_name(),
-        "step_cost": bench_steps(a.sizes, a.threads, a.reps, a.profile, a.dtype, a.chain),
+        "step_cost": bench_steps(a.sizes, a.threads, a.reps, a.profile, a.dtype, a.chain, a.passes),
     }
     lm_sizes = [s for s in a.sizes if s in LM_SIZES]
     if a.lm_decode and lm_sizes:
-        result["lm_decode"] = bench_lm_decode(lm_sizes, a.threads[0], a.dtype, n_prompts=4 if a.quick else 8)
+        result["lm_decode"] = bench_lm_decode(
+            lm_sizes, a.threads[0], a.dtype, n_prompts=4 if a.quick else 8, passes=a.passes
+        )
     if not a.skip_ct2 and any(s in SIZES for s in a.sizes):
         result["ctranslate2"] = [
             row

@@ -1,21 +1,40 @@
 """bench/engine.py --kernels: one linear per kernel family and row count (fp32 / bf16 / int8, vdpbf16ps / VNNI / AMX
-where present, fp32 from 4-bit codes), and head 1's argmax fp32 against the int8 screen. A kernel's cost is the median
-over interleaved rounds of its mean over an inner loop of calls (a micro-timing of one kernel; no round is picked as
-the best)."""
+where present, fp32 from 4-bit codes), and head 1's argmax fp32 against the int8 screen. These timings compare
+kernels (one family against another, the screen against the full argmax), so they run under bench/protocol.py's
+measure() like every comparison: a round is one kernel's mean over an inner loop of calls, one untimed warm-up pass
+of rounds, then at least 3 timed passes in which the kernels take turns round by round, the first rotating. A
+kernel's cost is the median over its timed rounds (min-max beside it); no round is picked as the best.
+rounds() is the same protocol for any functions of no argument (bench/engine.py's step costs use it too)."""
 
 from __future__ import annotations
 
 import statistics
 import time
+from typing import Callable
 
 import torch
 
+from bench.protocol import MIN_REPS, Run, Timing, measure
 from bpd_train.engine.fastlinear import PackedLinear, native_kernels
 
 
-def kernel_row(size: str, n: int, k: int, threads: int, kernel: str, rows: int, rounds: list[float]) -> dict:
-    """One kernel timing: `us` the median over rounds (each round a mean over an inner loop), min-max beside it."""
-    return dict(
+def rounds(
+    fns: dict, reps: int, passes: int = MIN_REPS, clock: Callable[[], float] = time.perf_counter
+) -> dict[object, Timing]:
+    """measure() over functions of no argument: every pass calls each function ceil(reps / passes) times (so about
+    `reps` timed calls each in all), the functions taking turns call by call after one untimed warm-up pass.
+    Each call counts as one unit of one token, so protocol.speedup() gives per-call time ratios."""
+    per_pass = max(1, -(-reps // passes))
+    engines = {n: (lambda _call, f=f: (f(), Run([[0]], calls=1))[1]) for n, f in fns.items()}
+    return measure(engines, list(range(per_pass)), passes, clock=clock)
+
+
+def kernel_row(
+    size: str, n: int, k: int, threads: int, kernel: str, rows: int, rounds: list[float], passes: int | None = None
+) -> dict:
+    """One kernel timing: `us` the median over timed rounds (each round a mean over an inner loop), min-max beside
+    it; `passes`: how many protocol passes the rounds came from."""
+    row = dict(
         size=size,
         shape=f"{n}x{k}",
         threads=threads,
@@ -26,6 +45,14 @@ def kernel_row(size: str, n: int, k: int, threads: int, kernel: str, rows: int, 
         us_max=round(max(rounds), 1),
         rounds=len(rounds),
     )
+    if passes is not None:
+        row["passes"] = passes
+    return row
+
+
+def _us(t: Timing, inner: int) -> list[float]:
+    """Every timed round of t as microseconds per kernel call."""
+    return [s / inner * 1e6 for rep in t.seconds for s in rep]
 
 
 KERNEL_SHAPES = {"demo": [(4000, 128), (512, 128)], "base": [(32000, 512), (2048, 512)]}
@@ -72,11 +99,11 @@ def kernel_families():
     return fams
 
 
-def bench_argmax(size: str, n: int, k: int, threads: int, rows, reps: int) -> list[dict]:
+def bench_argmax(size: str, n: int, k: int, threads: int, rows, reps: int, passes: int = MIN_REPS) -> list[dict]:
     """Head 1's argmax (layer norm, output projection, argmax) over an n x k fp32 projection, every logit in fp32
     against the int8 screen (csrc/screen.h Screen: the same ids). Random weights and activations: a trained model's
-    logits are less flat, so fewer tokens reach the fp32 pass than here. Timed as bench_kernels times: the median
-    over `reps` interleaved rounds of the mean over an inner loop."""
+    logits are less flat, so fewer tokens reach the fp32 pass than here. Timed as bench_kernels times (rounds():
+    about `reps` timed rounds each over `passes` passes, the median round reported)."""
     ext = native_kernels()
     torch.manual_seed(0)
     w = torch.randn(n, k) * 0.05
@@ -90,15 +117,15 @@ def bench_argmax(size: str, n: int, k: int, threads: int, rows, reps: int) -> li
         assert torch.equal(
             ext.norm_project_argmax(x, nw, nb, 1e-5, full), ext.norm_project_argmax(x, nw, nb, 1e-5, scr)
         )
-        rounds = {"argmax fp32": [], "argmax fp32, int8 screen": []}
         inner = max(1, int(2e6 // (n * k * r)))
-        for _ in range(reps):
-            for name, lin in (("argmax fp32", full), ("argmax fp32, int8 screen", scr)):
-                t0 = time.perf_counter()
-                for _ in range(inner):
-                    ext.norm_project_argmax(x, nw, nb, 1e-5, lin)
-                rounds[name].append((time.perf_counter() - t0) / inner * 1e6)
-        out += [kernel_row(size, n, k, threads, name, r, us) for name, us in rounds.items()]
+
+        def loop(lin, x=x, inner=inner):
+            for _ in range(inner):
+                ext.norm_project_argmax(x, nw, nb, 1e-5, lin)
+
+        fns = {"argmax fp32": lambda: loop(full), "argmax fp32, int8 screen": lambda: loop(scr)}
+        t = rounds(fns, reps, passes, clock=time.perf_counter)
+        out += [kernel_row(size, n, k, threads, name, r, _us(t[name], inner), passes) for name in fns]
     for name in ("argmax fp32", "argmax fp32, int8 screen"):
         us = {row["rows"]: row["us"] for row in out if row["kernel"] == name}
         print(
@@ -109,12 +136,13 @@ def bench_argmax(size: str, n: int, k: int, threads: int, rows, reps: int) -> li
     return out
 
 
-def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: int = 30):
+def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: int = 30, passes: int = MIN_REPS):
     """Cost of one packed linear per kernel family and number of activation rows (1: a greedy step at batch 1; k: a
     blockwise verification; 32 / 4 x 32: greedy / blockwise at batch 32): microseconds and the ratio to one row.
-    A micro-timing of one kernel: per round, the mean over an inner loop of calls (~2M multiply-adds); the kernels
-    take turns round by round, and `us` is the median over `reps` rounds (us_min / us_max beside it), never the
-    best round. Where rows are nearly free (AMX), a k-wide step costs about what a greedy step does."""
+    Per round, the mean over an inner loop of calls (~2M multiply-adds); rounds() times about `reps` rounds of each
+    kernel over `passes` passes after a warm-up pass, the kernels taking turns round by round, and `us` is the
+    median round (us_min / us_max beside it), never the best. Where rows are nearly free (AMX), a k-wide step costs
+    about what a greedy step does."""
     ext = native_kernels()
     out = []
     if ext is None:
@@ -137,16 +165,16 @@ def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: in
                 lins[name] = PackedLinear(q4_weight(n, k), None, "q4").lin  # x int8 per 32 (csrc/kernels_q4q.h)
             for r in rows:
                 x = torch.randn(r, k)
-                rounds = {name: [] for name, _, _ in fams}
                 inner = max(1, int(2e6 // (n * k * r)))
-                for _ in range(reps):
-                    for name, _, tiles in fams:
-                        ext.set_amx(tiles)
-                        t0 = time.perf_counter()
-                        for _ in range(inner):
-                            lins[name](x)
-                        rounds[name].append((time.perf_counter() - t0) / inner * 1e6)
-                out += [kernel_row(size, n, k, threads, name, r, rounds[name]) for name, _, _ in fams]
+
+                def loop(name, tiles, x=x, inner=inner):
+                    ext.set_amx(tiles)  # this family's AMX setting, whichever kernel ran before
+                    for _ in range(inner):
+                        lins[name](x)
+
+                fns = {name: (lambda name=name, tiles=tiles: loop(name, tiles)) for name, _, tiles in fams}
+                t = rounds(fns, reps, passes, clock=time.perf_counter)
+                out += [kernel_row(size, n, k, threads, name, r, _us(t[name], inner), passes) for name in fns]
             ext.set_amx(ext.amx())
             for name, _, _ in fams:
                 us = {row["rows"]: row["us"] for row in out if row["shape"] == f"{n}x{k}" and row["kernel"] == name}
@@ -155,7 +183,7 @@ def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: in
                     + "  ".join(f"{r:3d} rows {us[r]:8.1f} us ({us[r] / us[1]:4.1f}x)" for r in rows),
                     flush=True,
                 )
-        out += bench_argmax(size, *KERNEL_SHAPES[size][0], threads, rows, reps)
+        out += bench_argmax(size, *KERNEL_SHAPES[size][0], threads, rows, reps, passes)
     from bpd_train.engine.fastlinear import amx
 
     amx()  # back to what BPD_AMX says

@@ -1,10 +1,12 @@
 # python bench/train.py              (about 1-3 minutes on a 2-core CPU; --quick for a smoke run)
 """Training benchmark, ratios measured in one run. The last line printed is one JSON object.
 
-1. Throughput, `frozen` vs `finetune` (same model, same batches, same head schedule, interleaved
-   A,B,B,A,...): training tokens/s of a full step (forward, loss, backward, AdamW step) through the
-   LightningModule's own loss code. The frozen backbone runs without autograd and needs no backward, so
-   target: frozen / finetune >= 1.5.
+1. Throughput, `frozen` vs `finetune` (same model, same batches, same head schedule): training tokens/s of a full
+   step (forward, loss, backward, AdamW step) through the LightningModule's own loss code, timed by
+   bench/protocol.py's measure(): one untimed warm-up pass, then --passes (>= 3) passes of ceil(--steps / --passes)
+   steps each, the two taking turns step by step (who goes first rotating), CUDA synchronised around every timed
+   step. tokens/s: the median pass (spread beside it); ratio: the median over steps of the per-step rate ratio.
+   The frozen backbone runs without autograd and needs no backward, so target: frozen / finetune >= 1.5.
 2. Peak memory of one forward+backward at k = 8 heads and a 32k vocabulary: head_loss `mean` (all heads,
    each recomputed in backward) vs `random` (one head, the paper's choice). Target: mean / random <= 1.2.
    Also reported: `mean` without recomputation (all k x T x V logits kept alive), what the recompute saves.
@@ -30,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_map_only  # noqa: E402
 
+from bench.protocol import MIN_REPS, Run, measure, speedup, tok_s  # noqa: E402
 from bpd_train.model import BPDConfig  # noqa: E402
 from bpd_train.training.module import BPDLightningModule  # noqa: E402
 from bpd_train.training.optim import param_groups  # noqa: E402
@@ -112,42 +115,46 @@ def throughput(args, device) -> dict:
         groups = param_groups(m.model.backbone_parameters(), m.model.head_parameters(), lr=1e-4)
         runs[name] = (m, torch.optim.AdamW(groups, lr=1e-4))
     batches = [make_batch(args.rows, args.length, args.vocab, s, device) for s in range(4)]
-    tokens = {n: 0 for n in runs}
-    seconds = {n: 0.0 for n in runs}
 
-    def step(name: str, i: int, timed: bool) -> None:
+    def step(name: str, i: int) -> Run:
         m, opt = runs[name]
         b = batches[i % len(batches)]
         head = 1 + i % (args.k - 1)  # the same head schedule for both (head 1 is free for frozen)
-        sync(device)
-        t0 = time.perf_counter()
         loss, _ = m.compute_loss(b, [head], [1.0])
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        sync(device)
-        if timed:
-            seconds[name] += time.perf_counter() - t0
-            tokens[name] += int(b["tgt_out"].ne(0).sum())
+        return Run([[0] * int(b["tgt_out"].ne(0).sum())])  # the step's training tokens, as a count
 
-    for i in range(args.warmup):
+    for i in range(args.warmup):  # extra untimed steps, before the protocol's own warm-up pass
         for name in runs:
-            step(name, i, timed=False)
-    order = ["frozen", "finetune"]
-    for i in range(args.steps):
-        for name in order if i % 2 == 0 else order[::-1]:
-            step(name, i, timed=True)
-    tps = {n: tokens[n] / seconds[n] for n in runs}
-    ratio = tps["frozen"] / tps["finetune"]
+            step(name, i)
+    engines = {name: (lambda i, name=name: step(name, i)) for name in runs}
+    steps = max(1, -(-args.steps // args.passes))
+    out = compare(engines, steps, args.passes, sync=lambda: sync(device))
     return {
-        "frozen_tokens_per_s": round(tps["frozen"], 1),
-        "finetune_tokens_per_s": round(tps["finetune"], 1),
-        "ratio": round(ratio, 3),
-        "target": ">= 1.5",
-        "met": ratio >= 1.5,
+        **out,
         "model": {"d_model": args.d_model, "layers": args.layers, "vocab": args.vocab, "k": args.k},
         "batch": {"rows": args.rows, "length": args.length},
-        "steps_each": args.steps,
+    }
+
+
+def compare(engines: dict, steps: int, passes: int, clock=time.perf_counter, sync=None) -> dict:
+    """Time engines {"frozen", "finetune"} (step number -> Run whose ids count the step's tokens) under the
+    protocol, `steps` steps per pass; the throughput JSON's timing fields."""
+    t = measure(engines, list(range(steps)), passes, clock=clock, sync=sync)
+    rate = {n: tok_s(t[n]) for n in t}
+    ratio = speedup(t["finetune"], t["frozen"])
+    return {
+        "frozen_tokens_per_s": round(rate["frozen"]["median"], 1),
+        "finetune_tokens_per_s": round(rate["finetune"]["median"], 1),
+        "ratio": round(ratio["median"], 3),
+        "target": ">= 1.5",
+        "met": ratio["median"] >= 1.5,
+        "tok_s_spread": {n: {k: round(v, 1) for k, v in r.items()} for n, r in rate.items()},
+        "ratio_spread": {k: round(v, 3) for k, v in ratio.items()},
+        "steps_each": steps * passes,
+        "passes": passes,
     }
 
 
@@ -202,7 +209,7 @@ def peak_memory(args, device) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, a few steps: checks that it runs")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -214,14 +221,17 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--length", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=8, help="timed steps each, over --passes (rounded up)")
+    ap.add_argument("--passes", type=int, default=MIN_REPS, help=f"timed passes after the warm-up pass (>= {MIN_REPS})")
+    ap.add_argument("--warmup", type=int, default=0, help="extra untimed steps each before the warm-up pass")
     ap.add_argument("--mem-k", type=int, default=8)
     ap.add_argument("--mem-vocab", type=int, default=32000)
     ap.add_argument("--mem-rows", type=int, default=32)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.passes < MIN_REPS:
+        ap.error(f"--passes {args.passes}: the protocol times at least {MIN_REPS} passes (a median needs them)")
     if args.quick:
-        args.d_model, args.layers, args.vocab, args.rows, args.steps, args.warmup = 64, 1, 1000, 16, 2, 1
+        args.d_model, args.layers, args.vocab, args.rows, args.steps = 64, 1, 1000, 16, 3
         args.mem_vocab, args.mem_rows = 4000, 8
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -230,7 +240,8 @@ def main() -> None:
     tp = throughput(args, device)
     print(
         f"throughput: frozen {tp['frozen_tokens_per_s']:.0f} tok/s, finetune {tp['finetune_tokens_per_s']:.0f} "
-        f"tok/s, ratio {tp['ratio']:.2f} (target >= 1.5)",
+        f"tok/s, ratio {tp['ratio']:.2f} ({tp['ratio_spread']['min']:.2f}-{tp['ratio_spread']['max']:.2f} over steps, "
+        f"{tp['passes']} passes; target >= 1.5)",
         flush=True,
     )
     mem = peak_memory(args, device)

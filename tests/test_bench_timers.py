@@ -301,3 +301,202 @@ def test_decode_bench_refuses_fewer_than_three_passes(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         dec.main()
     assert e.value.code == 2 and "at least 3" in capsys.readouterr().err
+
+
+def turns_of(log, names, per_pass, passes=3):
+    """Split a log of (name, unit) into the warm-up pass and the timed turns, checking the protocol's order: every
+    engine over every unit untimed first, then per unit every engine back to back, the first rotating."""
+    n = len(names)
+    warm, timed = log[: n * per_pass], log[n * per_pass :]
+    assert sorted(warm, key=repr) == sorted(((a, u) for a in names for u in range(per_pass)), key=repr)
+    assert len(timed) == passes * n * per_pass
+    turns = [timed[i : i + n] for i in range(0, len(timed), n)]
+    for turn in turns:
+        assert {a for a, _ in turn} == set(names) and len({u for _, u in turn}) == 1
+    return turns
+
+
+def stepper(clock, log, name, seconds):
+    """A step function of no argument for engine_kernels.rounds(): `seconds(call)` on the clock, logging its name
+    with the call number within its pass (read back from the log's length for that name)."""
+    n = {"i": 0}
+
+    def f():
+        s = seconds(n["i"]) if callable(seconds) else seconds
+        n["i"] += 1
+        clock.now += s
+        log.append((name, None))
+
+    return f
+
+
+def test_step_costs_are_median_ratios_over_calls_under_the_protocol():
+    eng = _load("engine")
+    clock, log = Clock(), []
+    per_pass = 2  # reps=6 over 3 passes
+    fns = {
+        # greedy's first timed pass (calls 2-3) 100x faster: a best-of timer would report 0.01 s
+        "greedy": stepper(clock, log, "greedy", fast_first_pass(per_pass, 0.01, 1.0)),
+        2: stepper(clock, log, 2, 1.5),
+        4: stepper(clock, log, 4, fast_first_pass(per_pass, 0.02, 2.0)),
+        "loop greedy": stepper(clock, log, "loop greedy", 16.0),
+        ("loop", 2): stepper(clock, log, ("loop", 2), 8.0),
+        ("loop", 4): stepper(clock, log, ("loop", 4), 32.0),
+    }
+    t = eng.rounds(fns, reps=6, passes=3, clock=clock)
+    units = [u for rep in range(4) for u in range(per_pass) for _ in fns]  # the unit of each logged call, in order
+    turns = turns_of([(n, units[i]) for i, (n, _) in enumerate(log)], list(fns), per_pass)
+    assert len({turn[0][0] for turn in turns}) == len(turns)  # 6 turns, 6 steps: each went first once
+    gms, ratio, loop = eng.step_table(t, [2, 4], loop_steps=16)
+    assert gms["median"] == pytest.approx(1000.0) and gms["min"] == pytest.approx(10.0)  # the fast pass: spread only
+    assert ratio[2]["median"] == pytest.approx(1.5)
+    assert ratio[4]["median"] == pytest.approx(2.0) and ratio[4]["max"] == pytest.approx(2.0)  # per-call medians
+    assert loop["greedy_ms"]["median"] == pytest.approx(1000.0)
+    assert loop[2]["median"] == pytest.approx(0.5) and loop[4]["median"] == pytest.approx(2.0)
+    fields = eng._cost_fields(gms, ratio)
+    assert (fields["greedy_ms"], fields["k2"], fields["k4"]) == (1000.0, 1.5, 2.0)
+    assert fields["greedy_ms_range"] == [10.0, 1000.0] and set(fields["k4_spread"]) == {
+        "median",
+        "p25",
+        "p75",
+        "min",
+        "max",
+    }
+    with pytest.raises(ValueError, match="at least 3"):
+        eng.rounds(fns, reps=6, passes=2, clock=clock)
+
+
+def test_step_cost_rows_on_demo_models_time_only_the_protocols_passes():
+    import torch
+
+    eng = _load("engine")
+    from bpd_train.engine.packed import DecodeOptions
+
+    models = {k: eng.make_model("demo", k) for k in (2, 4)}
+    clock = PairClock(lambda p: 1e-3)
+    gms, ratio, loop = eng.step_costs(models, DecodeOptions(), reps=3, loop_steps=2, clock=clock)
+    n_steps = 3 + (3 if loop else 0)  # greedy, k=2, k=4 (and the native loops' three)
+    assert clock.calls == 2 * n_steps * 3  # 3 timed passes of 1 call each; the warm-up pass never reads the clock
+    assert gms["median"] == pytest.approx(1.0) and ratio[4]["median"] == pytest.approx(1.0)
+    threads = torch.get_num_threads()
+    try:
+        rows = eng.bench_steps(["demo"], [1], reps=3)
+    finally:
+        torch.set_num_threads(threads)
+    assert rows and all(r["passes"] == 3 and r["calls_per_pass"] == 1 for r in rows)
+    for r in rows:
+        assert r["greedy_ms_range"][0] <= r["greedy_ms"] <= r["greedy_ms_range"][1]
+        assert r["k8_spread"]["min"] - 0.01 <= r["k8"] <= r["k8_spread"]["max"] + 0.01
+
+
+def test_engine_bench_refuses_fewer_than_three_passes_in_every_mode(capsys):
+    eng = _load("engine")
+    for argv in (
+        ["--passes", "2"],
+        ["--kernels", "--passes", "1"],
+        ["--lm-decode", "--sizes", "lm-demo", "--passes", "2"],
+    ):
+        with pytest.raises(SystemExit) as e:
+            eng.main(argv)
+        assert e.value.code == 2 and "at least 3" in capsys.readouterr().err
+
+
+def test_kernel_rounds_warm_up_and_take_turns():
+    kern = _load("engine_kernels")
+    clock, log = Clock(), []
+    fns = {n: stepper(clock, log, n, s) for n, s in (("fp32", 2e-3), ("int8", fast_first_pass(4, 1e-6, 1e-3)))}
+    t = kern.rounds(fns, reps=10, passes=3, clock=clock)  # ceil(10 / 3) = 4 rounds per pass
+    units = [u for rep in range(4) for u in range(4) for _ in fns]
+    turns = turns_of([(n, units[i]) for i, (n, _) in enumerate(log)], list(fns), 4)
+    assert [turn[0][0] for turn in turns[:2]] == ["fp32", "int8"]  # who goes first rotates call by call
+    row = kern.kernel_row("demo", 8, 4, 1, "int8", 1, kern._us(t["int8"], inner=10), passes=3)
+    assert row["us"] == pytest.approx(100.0) and row["us_min"] == pytest.approx(0.1) and row["rounds"] == 12
+    assert row["passes"] == 3
+
+
+def test_train_bench_times_frozen_and_finetune_under_the_protocol():
+    train = _load("train")
+    clock, log = Clock(), []
+
+    def engine(name, seconds):
+        n = {"i": 0}
+
+        def run(step):
+            s = seconds(n["i"]) if callable(seconds) else seconds
+            n["i"] += 1
+            clock.now += s
+            log.append((name, step))
+            return Run([[0] * 100])  # 100 training tokens a step
+
+        return run
+
+    engines = {
+        "frozen": engine("frozen", fast_first_pass(3, 0.01, 1.0)),  # first timed pass 100x faster
+        "finetune": engine("finetune", 2.0),
+    }
+    out = train.compare(engines, steps=3, passes=3, clock=clock)
+    turns = turns_of(log, list(engines), 3)
+    firsts = [turn[0][0] for turn in turns]
+    assert all(a != b for a, b in zip(firsts, firsts[1:]))  # who goes first alternates step by step
+    assert out["frozen_tokens_per_s"] == pytest.approx(100.0) and out["finetune_tokens_per_s"] == pytest.approx(50.0)
+    assert out["tok_s_spread"]["frozen"]["max"] == pytest.approx(10000.0)  # the fast pass, only as the spread
+    assert out["ratio"] == pytest.approx(2.0) and out["met"] and out["ratio_spread"]["max"] == pytest.approx(2.0)
+    assert out["steps_each"] == 9 and out["passes"] == 3
+
+
+def test_train_bench_refuses_fewer_than_three_passes(capsys):
+    train = _load("train")
+    with pytest.raises(SystemExit) as e:
+        train.main(["--passes", "2"])
+    assert e.value.code == 2 and "at least 3" in capsys.readouterr().err
+
+
+def test_data_bench_compares_tokenization_runs_by_their_median():
+    data = _load("data")
+    clock, log = Clock(), []
+    fns = {1: stepper(clock, log, 1, 2.0), 2: stepper(clock, log, 2, fast_first_pass(1, 0.01, 1.0))}
+    out = data.tokenize_race(fns, examples=1000, repeats=3, clock=clock)
+    turns = turns_of([(n, 0) for n, _ in log], [1, 2], 1)
+    assert [turn[0][0] for turn in turns] == [2, 1, 2]  # the two alternate going first
+    assert out["examples_per_s_num_proc_1"] == 500 and out["examples_per_s_num_proc_2"] == 1000  # not the best run
+    assert out["examples_per_s_spread"]["2"]["max"] == 100000
+    assert out["speedup_2_over_1"] == pytest.approx(2.0) and out["speedup_spread"]["max"] == pytest.approx(200.0)
+    assert out["runs_s"] == {"1": [2.0, 2.0, 2.0], "2": [0.01, 1.0, 1.0]} and out["repeats"] == 3
+
+
+def test_data_bench_refuses_fewer_than_three_repeats(capsys):
+    data = _load("data")
+    with pytest.raises(SystemExit) as e:
+        data.main(["--repeats", "2"])
+    assert e.value.code == 2 and "at least 3" in capsys.readouterr().err
+
+
+def test_distill_bench_reports_the_median_run_of_every_config():
+    distill = _load("distill")
+    clock, log = Clock(), []
+
+    def config(name, seconds):
+        f = stepper(clock, log, name, seconds)
+        return lambda: (f(), [([5, 6, 2], -1.0), ([7, 2], -0.5)])[1]
+
+    fns = {
+        "beam4_batch64": config("beam4_batch64", fast_first_pass(1, 0.01, 1.0)),
+        "beam4_batch1": config("beam4_batch1", 4.0),
+        "greedy_batch64": config("greedy_batch64", 0.5),
+        "greedy_batch1": config("greedy_batch1", 2.0),
+    }
+    sps, spreads, outputs = distill.race(fns, sentences=2, reps=3, clock=clock)
+    turns = turns_of([(n, 0) for n, _ in log], list(fns), 1)
+    assert len({turn[0][0] for turn in turns}) == 3  # a different config first in each pass
+    assert sps["beam4_batch64"] == pytest.approx(2.0) and spreads["beam4_batch64"]["max"] == pytest.approx(200.0)
+    assert sps["beam4_batch1"] == pytest.approx(0.5) and sps["greedy_batch64"] == pytest.approx(4.0)
+    assert outputs["greedy_batch1"] == [([5, 6, 2], -1.0), ([7, 2], -0.5)]
+    with pytest.raises(ValueError, match="at least 3"):
+        distill.race(fns, sentences=2, reps=2, clock=clock)
+
+
+def test_distill_bench_refuses_fewer_than_three_reps(capsys):
+    distill = _load("distill")
+    with pytest.raises(SystemExit) as e:
+        distill.main(["--reps", "2"])
+    assert e.value.code == 2 and "at least 3" in capsys.readouterr().err
