@@ -28,11 +28,13 @@ MIN_REPS = 3
 
 @dataclass
 class Run:
-    """What one engine returned for one unit: the generated ids of each request in it, and its decoder calls
-    after the prefill (0 where the engine does not say, e.g. llama.cpp)."""
+    """What one engine returned for one unit: the generated ids of each request in it, its decoder calls after
+    the prefill (0 where the engine does not say, e.g. llama.cpp), and where it says, its row steps by the tokens
+    each added (tokens -> steps: the decoder's accepted_hist)."""
 
     tokens: list[list[int]]
     calls: int = 0
+    accepted: dict[int, int] | None = None
 
 
 Engine = Callable[[Any], Run]
@@ -150,6 +152,15 @@ def step_cost(greedy: Timing, t: Timing) -> dict[str, float]:
 def k_hat(t: Timing) -> float | None:
     """Tokens per decoder call after the prefill (None where the engine reports no calls)."""
     return t.n_tokens / t.calls if t.calls else None
+
+
+def mean_accepted(t: Timing) -> float | None:
+    """Tokens a row step added, on average over every row step of every unit (None where a unit's engine did not
+    say): at batch 1 the mean accepted block, at any batch size per row rather than per batched call as k-hat."""
+    if not t.runs or any(r.accepted is None for r in t.runs):
+        return None
+    steps = sum(c for r in t.runs for c in r.accepted.values())
+    return sum(n * c for r in t.runs for n, c in r.accepted.items()) / steps if steps else None
 
 
 def matches(a: Timing | list[list[int]], b: Timing | list[list[int]]) -> tuple[int, int]:

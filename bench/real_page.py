@@ -226,7 +226,70 @@ def page(result: dict) -> str:
                     for e in cell["engines"]
                 ],
             )
+    out += sampling_section([r for r in result["rows"] if r.get("kind") == "sampling"])
     return "\n".join(out).rstrip() + "\n"
+
+
+def _draws(cell: dict) -> str:
+    """What a sampling cell draws from: 'T = 0.7, top-p 0.9'."""
+    out = f"T = {cell['temperature']:g}"
+    if cell.get("top_k"):
+        out += f", top-k {cell['top_k']}"
+    if cell.get("top_p", 1.0) < 1.0:
+        out += f", top-p {cell['top_p']:g}"
+    return out
+
+
+SAMPLING_HEADER = [
+    "decoding",
+    "tokens/s, median (min–max) over passes",
+    "× plain sampling, median [quartiles] over requests",
+    "mean accepted block",
+    "k̂",
+    "tokens",
+]
+
+
+def sampling_section(cells: list[dict]) -> list[str]:
+    """The sampling cells: plain sampling against blockwise sampling with the heads, per temperature, batch size
+    and precision."""
+    if not cells:
+        return []
+    out = [
+        "## Sampling",
+        "",
+        "Plain sampling (one token per decoder call) against blockwise sampling with the trained heads (each draft "
+        "accepted with probability min(1, p/q), a rejection redrawn from the residual): both draw from the model's "
+        "sampling distribution, softmax(logits / T) within top-k / top-p. Request i draws from seed + i in every "
+        "engine; the answers differ from engine to engine (each uses its random numbers its own way) but are "
+        "distributed alike, so speed is compared as each request's rate. `mean accepted block`: tokens a row "
+        "step added, over every row step; `k̂`: tokens per decoder call, the batch's rows together.",
+        "",
+    ]
+    for cell in cells:
+        out += [
+            f"### {_draws(cell)}, batch {cell['batch']}, {cell['dtype']}, {cell['threads']} thread(s), "
+            f"seed {cell.get('seed', 0)}",
+            "",
+        ]
+        out += _table(
+            SAMPLING_HEADER,
+            "lrrrrr",
+            [
+                [
+                    "plain sampling"
+                    if e.get("decoder") == "sampling"
+                    else f"blockwise sampling, {e.get('heads', 'heads')}, k = {e['k']}",
+                    _tok(e["tok_s"]),
+                    _x(e.get("vs_plain")),
+                    f"{e['mean_accepted']:.2f}" if "mean_accepted" in e else "–",
+                    f"{e['k_hat']:.2f}" if "k_hat" in e else "–",
+                    str(e["tokens"]),
+                ]
+                for e in cell["engines"]
+            ],
+        )
+    return out
 
 
 def per_kind_table(cell: dict) -> list[str]:

@@ -326,3 +326,76 @@ def test_a_batch1_cell_breaks_speed_and_k_hat_down_by_kind():
     assert pk["y"]["vs_greedy"]["median"] == pytest.approx(4.0) and pk["y"]["k_hat"] == pytest.approx(2.0)
     md = _load("real_page").per_kind_table(row)
     assert "| y | 1 | 2.00 / 4.00× |" in "\n".join(md)
+
+
+def test_a_sampling_cell_compares_blockwise_with_plain_sampling_request_by_request():
+    real = _load("real")
+    clock, log = Clock(), []
+
+    def sampler(name, seconds, hist):
+        def run(unit):
+            clock.now += seconds
+            log.append((name, unit))
+            return Run(
+                [[7] * 8 for _ in unit], sum(hist.values()) * len(unit), {n: c * len(unit) for n, c in hist.items()}
+            )
+
+        return run
+
+    units = [[real.Asked([1], 0)], [real.Asked([2], 1)], [real.Asked([3], 2)]]
+    engines = {
+        "ours int8 sampling": (sampler("p", 1.0, {1: 7}), {"engine": "ours", "dtype": "int8", "decoder": "sampling"}),
+        "ours int8 h k=8 sampling": (sampler("b", 0.25, {3: 1, 4: 1}), {"engine": "ours", "dtype": "int8",
+            "decoder": "blockwise sampling", "heads": "h", "k": 8, "plain": "ours int8 sampling"}),
+    }  # fmt: skip
+    meta = {"threads": 1, "batch": 1, "dtype": "int8", "temperature": 0.7, "top_k": 0, "top_p": 0.9, "seed": 0}
+    row = real.sampling_cell(meta, engines, units, 3, clock=clock)
+    by = {e["name"]: e for e in row["engines"]}
+    blk, plain = by["ours int8 h k=8 sampling"], by["ours int8 sampling"]
+    assert blk["vs_plain"]["median"] == pytest.approx(4.0) and "vs_plain" not in plain
+    assert blk["mean_accepted"] == pytest.approx(3.5) and plain["mean_accepted"] == pytest.approx(1.0)
+    assert blk["k_hat"] == pytest.approx(4.0) and blk["stable"]
+    assert "identical_to_greedy" not in blk  # sampled answers are not compared
+    assert row["kind"] == "sampling" and row["requests"] == 3 and row["temperature"] == 0.7
+    assert [n for n, _ in log].count("p") == [n for n, _ in log].count("b") == 12  # interleaved, warm-up + 3 passes
+    json.dumps(row)
+
+
+def test_mean_accepted_counts_every_row_step_and_needs_every_unit_to_say():
+    t = protocol.Timing("t", seconds=[[1.0, 1.0]] * 3, runs=[Run([[1] * 9], 3, {1: 1, 4: 2}), Run([[1]], 1, {1: 1})])
+    assert protocol.mean_accepted(t) == pytest.approx((1 + 8 + 1) / 4)
+    t.runs[1] = Run([[1]], 1)
+    assert protocol.mean_accepted(t) is None
+
+
+def test_the_sampling_section_is_rendered_from_the_json():
+    page = _load("real_page")
+    rows = [
+        {"kind": "sampling", "threads": 1, "batch": 8, "dtype": "int8", "temperature": 0.7, "top_k": 0, "top_p": 0.9,
+         "seed": 0, "requests": 8, "reps": 3, "engines": [
+            {"name": "ours int8 sampling", "engine": "ours", "dtype": "int8", "decoder": "sampling",
+             "tok_s": _spread(40.0, 38.0, 42.0), "tokens": 512, "k_hat": 8.0, "mean_accepted": 1.0},
+            {"name": "ours int8 h k=8 sampling", "engine": "ours", "dtype": "int8", "decoder": "blockwise sampling",
+             "heads": "h", "k": 8, "plain": "ours int8 sampling", "tok_s": _spread(60.0, 55.0, 65.0), "tokens": 500,
+             "k_hat": 12.5, "mean_accepted": 1.8, "vs_plain": _spread(1.5, 1.25, 1.75)}]},
+    ]  # fmt: skip
+    md = page.page(_result(rows))
+    assert "## Sampling" in md and "### T = 0.7, top-p 0.9, batch 8, int8, 1 thread(s), seed 0" in md
+    assert "| plain sampling | 40.0 (38.0–42.0) | – | 1.00 | 8.00 | 512 |" in md
+    assert "| blockwise sampling, h, k = 8 | 60.0 (55.0–65.0) | 1.50× [1.25–1.75] | 1.80 | 12.50 | 500 |" in md
+    assert "## Sampling" not in page.page(_result([]))
+
+
+def test_bench_real_refuses_sampling_at_temperature_0_or_a_bad_nucleus(capsys):
+    real = _load("real")
+    for argv, says in (
+        (["--temperature", "0.7", "0"], "above 0"),
+        (["--temperature", "0.7", "--top-p", "0"], "--top-p"),
+        (["--temperature", "0.7", "--top-k", "-1"], "--top-k"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            real.main([*argv, "--heads", "some/run", "--no-transformers"])
+        assert e.value.code == 2 and says in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        real.main(["--temperature", "0.7", "--no-transformers"])
+    assert e.value.code == 2 and "--heads" in capsys.readouterr().err

@@ -58,3 +58,32 @@ def test_the_draft_vocabulary_follows_the_bench_setting(tmp_path, monkeypatch):
     assert 16 <= len(draft) <= 16 + len(stops) and stops <= set(draft)  # the 16 most frequent ids and the stops
     monkeypatch.setattr(real, "DRAFT_VOCAB", "auto")
     assert real.options(model, tok, "fp32").draft_vocab != draft
+
+
+def test_sampling_engines_seed_each_request_alike_alone_or_in_a_batch(tmp_path):
+    from _gguf_files import write_tiny_chat_llama
+
+    from bpd_train.sources.loading import load
+
+    real = _load("real")
+    write_tiny_chat_llama(tmp_path / "tiny.gguf")
+    loaded = load(f"gguf:{tmp_path / 'tiny.gguf'}")
+    model, tok = loaded.model, loaded.tokenizer()
+    heads = real.Heads("zero", real.with_zero_heads(model, 4), 4)
+    base = {"engine": "ours", "dtype": "fp32"}
+    how = real.Sampling(1.0, top_p=0.95)
+    engines = real.sampling_engines(model, tok, [heads, real.Heads("zero", heads.model, 4, lookup=3)], "fp32", how,
+                                    12, base)  # fmt: skip
+    assert list(engines) == ["ours fp32 sampling", "ours fp32 zero k=4 sampling"]  # lookup does not apply
+    asked = [real.Asked(tok.chat_ids([{"role": "user", "content": q}]), s) for q, s in (("hi", 3), ("2 + 2?", 4))]
+    for run, info in engines.values():
+        alone = [run([a]) for a in asked]
+        both = run(asked)
+        assert both.tokens == [r.tokens[0] for r in alone]  # a request's answer depends on its own seed only
+        assert run([asked[0]]).tokens == alone[0].tokens
+        assert all(sum(r.accepted.values()) == r.calls for r in alone)  # batch 1: one row step a decoder call
+        assert sum(both.accepted.values()) >= both.calls
+        if info["decoder"] == "sampling":
+            assert set(both.accepted) == {1}
+        else:
+            assert info["plain"] == "ours fp32 sampling" and max(both.accepted) <= 4
