@@ -24,7 +24,8 @@ from bpd_train.decoding import blockwise, greedy, sample, speculative_sample
 from bpd_train.decoding import speculative as spec
 from bpd_train.decoding.common import decoding_mode, start_tokens
 from bpd_train.decoding.sampling import keep_mask, sampling_probs
-from bpd_train.engine.weights import default_weights
+from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.weights import PackedWeights, default_weights
 from bpd_train.model.lm.config import LMConfig
 from bpd_train.model.lm.model import LMModel
 
@@ -33,6 +34,7 @@ ALPHA = 1e-3
 TV_FACTOR = 2.0
 Z = {1e-3: 3.090232306167813}
 WRONG = 5  # the token "wrong" heads point at
+DRAFT = (2, 3, 5, 6)  # a draft vocabulary: half the ids, the stop id (2) and WRONG among them
 
 
 def tiny_lm(k: int, seed: int, vocab: int = 8) -> LMModel:
@@ -67,7 +69,15 @@ def set_heads(model, kind: str, monkeypatch, seed: int = 0):
                 out[..., WRONG] = 40.0
             return out
 
+        real_draft = cls.draft_logits
+
+        def pointing_draft(self, h, lo, hi):  # with a draft vocabulary: WRONG's column
+            out = torch.full_like(real_draft(self, h, lo, hi), -40.0)
+            out[..., WRONG if self.draft_ids is None else self.draft_ids.tolist().index(WRONG)] = 40.0
+            return out
+
         monkeypatch.setattr(cls, "logits", pointing)
+        monkeypatch.setattr(cls, "draft_logits", pointing_draft)
     return model
 
 
@@ -187,6 +197,32 @@ def test_a_broken_residual_fails_the_same_test(family, k, m, t, top_k, top_p, he
     assert not (chi2 < crit and tv < bound) and chi2 > crit, (chi2, crit, tv, bound)
 
 
+@pytest.mark.parametrize("family,k,m,t,top_k,top_p", [CASES[2], CASES[3]])
+@pytest.mark.parametrize("heads", ["right", "wrong", "random"])
+def test_heads_drafting_within_a_draft_vocabulary_keep_the_models_distribution(
+    family, k, m, t, top_k, top_p, heads, monkeypatch
+):
+    """With a draft vocabulary (the greedy path's), q is over those ids only and 0 elsewhere; p stays over the whole
+    vocabulary, so answers with ids outside it still come, from rejections and bonus tokens."""
+    model = set_heads(MODELS[family](k), heads, monkeypatch)
+    src = _source(family, model)
+    exact = exact_distribution(model, src, m, t, top_k, top_p)
+    w = PackedWeights(DecodeOptions(draft_vocab=DRAFT))
+    r = speculative_sample(
+        model, src.repeat(N, 1), max_len=m, temperature=t, top_k=top_k, top_p=top_p, seed=11, weights=w
+    )
+    chi2, crit, tv, bound = fit(r.tokens, exact)
+    print(f"DRAFT {family} k={k} T={t} top_k={top_k} top_p={top_p} heads={heads}: chi2={chi2:.1f} (crit {crit:.1f})")
+    assert chi2 < crit and tv < bound, (chi2, crit, tv, bound)
+    assert any(set(a) - set(DRAFT) for a in r.tokens)  # ids outside the draft vocabulary are sampled too
+    monkeypatch.setattr(spec, "residual", lambda p, q: p)  # the broken residual fails here as well
+    r = speculative_sample(
+        model, src.repeat(N, 1), max_len=m, temperature=t, top_k=top_k, top_p=top_p, seed=11, weights=w
+    )
+    chi2, crit, tv, bound = fit(r.tokens, exact)
+    assert chi2 > crit, (chi2, crit, tv, bound)
+
+
 def test_plain_sampling_passes_the_same_test():
     """The reference the blockwise sampler is held to: plain ancestral sampling (decoding/sampling.py, one token per
     decoder call, Gumbel-max) against the same enumeration, top-k and top-p included."""
@@ -233,6 +269,29 @@ def test_keep_mask_top_k_keeps_ties_and_top_p_the_smallest_nucleus():
     assert p[0, 3:].sum() == 0 and abs(float(p.sum()) - 1) < 1e-12
 
 
+def test_the_nucleus_is_a_stable_sort_of_the_whole_vocabulary_cut_at_top_p():
+    """top_p's mask sorts only the first ranks (growing them until every row's nucleus ends there): it keeps the
+    tokens a stable sort of the whole row keeps, ties at the cut taken by id, on peaked and flat rows alike."""
+
+    def by_sorting(logits, top_p):
+        probs = torch.softmax(logits.double(), dim=-1)
+        sp, order = probs.sort(dim=-1, descending=True, stable=True)
+        return torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, sp.cumsum(-1) - sp < top_p)
+
+    g = torch.Generator().manual_seed(0)
+    v = 3000
+    rows = [torch.randn(v, generator=g) * s for s in (0.1, 1.0, 3.0, 10.0)]  # flat to peaked
+    rows.append(torch.randint(0, 4, (v,), generator=g).float())  # many ties at every cut
+    rows.append(torch.zeros(v))  # all tied
+    logits = torch.stack(rows)
+    for top_p in (0.05, 0.5, 0.9, 0.99, 1 - 1e-9):
+        want = by_sorting(logits, top_p)
+        assert torch.equal(keep_mask(logits, 0, top_p), want), top_p
+        assert torch.equal(keep_mask(logits[None], 0, top_p)[0], want)  # any leading shape
+    sizes = by_sorting(logits, 0.9).sum(-1)
+    assert sizes.min() < 64 < 512 < sizes.max()  # (rows whose nucleus needs more ranks than the first try)
+
+
 @pytest.mark.parametrize("family", ["mt", "lm"])
 def test_top_1_masks_p_and_q_alike_so_sampling_is_exact_blockwise(family, monkeypatch):
     """top_k=1: p is head 1's argmax and each q its head's argmax -- exact blockwise decoding, the same tokens and
@@ -245,6 +304,17 @@ def test_top_1_masks_p_and_q_alike_so_sampling_is_exact_blockwise(family, monkey
     s = speculative_sample(model, src, max_len=12, temperature=0.7, top_k=1, seed=3)
     assert s.tokens == g.tokens == b.tokens
     assert s.accepted_hist == b.accepted_hist and s.calls == b.calls
+    # with a draft vocabulary each q is its head's argmax among those ids: blockwise's proposals there (right
+    # heads, and a draft vocabulary without greedy's most frequent id, so that it changes which proposals hold)
+    set_heads(model, "right", monkeypatch)
+    b = blockwise(model, src, max_len=12)
+    common = np.bincount([t for row in g.tokens for t in row]).argmax()
+    opts = DecodeOptions(draft_vocab=tuple(i for i in range(8) if i != common))
+    bd = blockwise(model, src, max_len=12, weights=PackedWeights(opts))
+    sd = speculative_sample(model, src, max_len=12, temperature=0.7, top_k=1, seed=3, weights=PackedWeights(opts))
+    assert sd.tokens == bd.tokens == g.tokens
+    assert sd.accepted_hist == bd.accepted_hist and sd.calls == bd.calls
+    assert bd.accepted_hist != b.accepted_hist
 
 
 @pytest.mark.parametrize("family", ["mt", "lm"])

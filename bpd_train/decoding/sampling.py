@@ -54,11 +54,28 @@ def keep_mask(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor | No
     if top_p < 1.0:
         x = logits if keep is None else logits.masked_fill(~keep, float("-inf"))
         probs = torch.softmax(x.double(), dim=-1)
-        sp, order = probs.sort(dim=-1, descending=True, stable=True)
-        before = sp.cumsum(-1) - sp  # probability of the tokens ranked above
-        nucleus = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, before < top_p)
+        nucleus = _nucleus(probs.reshape(-1, v), top_p).reshape(probs.shape)
         keep = nucleus if keep is None else keep & nucleus
     return keep
+
+
+def _nucleus(probs: Tensor, top_p: float) -> Tensor:
+    """probs [N,V] -> [N,V] bool: the tokens ranked (by probability, ties by id) before the probability ranked
+    above them reaches top_p. Only the first m ranks are sorted (torch.topk), m growing until every row's nucleus
+    ends within them: the same set as a stable sort of the whole row, without sorting the whole vocabulary."""
+    v = probs.shape[-1]
+    m = min(v, 64)
+    while True:
+        top = probs.topk(m, dim=-1, sorted=True).values  # [N,m] descending
+        before = top.cumsum(-1) - top  # probability of the tokens ranked above
+        if m == v or bool((before[:, -1] >= top_p).all()):
+            break
+        m = min(v, m * 8)
+    size = (before < top_p).sum(-1, keepdim=True)  # the nucleus: the first `size` ranks (size >= 1)
+    last = top.gather(-1, size - 1)  # its smallest probability
+    above, tied = probs > last, probs == last
+    # tokens tied at `last` rank by id (a stable sort's order): the nucleus holds the first of them
+    return above | (tied & (tied.cumsum(-1) <= size - above.sum(-1, keepdim=True)))
 
 
 def sampling_probs(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:

@@ -3,8 +3,9 @@ model (speculative sampling: Leviathan et al. 2023, arXiv 2211.17192; Chen et al
 
     p      head 1's distribution at a position, softmax(logits / T) within top_k / top_p (sampling.sampling_probs):
            the model's sampling distribution, what plain `sample` draws from.
-    q_i    head i's (i = 2..b) distribution, adjusted by the same function and settings (any q keeps the output's
-           distribution; a q closer to p accepts more).
+    q_i    head i's (i = 2..b) distribution over the draft vocabulary the greedy path proposes from (the decode
+           options' draft_vocab; the full vocabulary where none is set), adjusted by the same function and settings
+           within it, 0 elsewhere (any q keeps the output's distribution; a q closer to p accepts more).
     step   one decoder call on [x0, d1..d(b-1)] per row (x0: the last token, not yet cached; d_i ~ q_(i+1) drafted
            at the previous step's last accepted position). Draft d_i is accepted with probability
            min(1, p(d_i) / q(d_i)), p at the position before it given the accepted prefix; at the first rejection
@@ -21,8 +22,8 @@ uniforms per step (2b - 1: b - 1 acceptance tests, one residual or bonus draw, b
 depend on its seed and its own steps only, never on its batch mates or on which rows finished first.
 
 This is the reference PyTorch decoder: the native loops (engine/) do not sample yet, so every decode step goes
-through `model.decode` and the step weights' full-vocabulary logits (`head1`, `logits`); the draft vocabulary,
-proposal precision, prompt lookup, candidate trees and adaptive feeding are not used here.
+through `model.decode`, head 1's full-vocabulary logits (`head1`) and the heads' draft-vocabulary logits
+(`draft_logits`, in the proposal precision); prompt lookup, candidate trees and adaptive feeding are not used here.
 """
 
 from __future__ import annotations
@@ -110,14 +111,44 @@ class _Sampler:
         self.model, self.w, self.kb = model, w, kb
         self.t, self.top_k, self.top_p = temperature, top_k, top_p
         self.eos = stop_ids(model)
+        self.ids = w.draft_ids  # the heads' columns -> vocabulary ids (None: the full vocabulary)
 
     def probs(self, logits: Tensor) -> Tensor:
         return sampling_probs(logits, self.t, self.top_k, self.top_p)
 
-    def drafts(self, h: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
-        """Heads 2..b at h [R,D]: their distributions q [R,b-1,V] and drafts d [R,b-1], one uniform each (u [R,b-1])."""
-        q = self.probs(self.w.logits(h, 1, self.kb))
-        return q, draw(q, u)
+    def drafts(self, h: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Heads 2..b at h [R,D]: their distributions q [R,b-1,Vd] over the draft vocabulary, each draft's column
+        in q [R,b-1] and its id d [R,b-1], one uniform each (u [R,b-1])."""
+        q = self.probs(self.w.draft_logits(h, 1, self.kb))
+        col = draw(q, u)
+        return q, col, col if self.ids is None else self.ids[col]
+
+    def verify(self, logits: Tensor, d: Tensor, qd: Tensor, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+        """Head 1's logits at a step's positions [R,b,V] -> p [R,J,V] at positions 0..J-1 and the accepted drafts n
+        [R] (n < J). Draft j+1 (d [R,b-1], q(d) = qd [R,b-1]) is judged by p at position j: accepted with
+        probability min(1, p/q) (u [R,b-1]), never after a stop id (x [R,b]). p is computed position by position
+        while some row still accepts: the positions after every row's first rejection are never needed."""
+        r, b = d.shape[0], d.shape[1] + 1
+        ok = ~is_stop(x[:, :-1], self.eos)  # nothing is accepted after a stop id
+        going = torch.ones(r, dtype=torch.bool, device=d.device)
+        n = torch.zeros(r, dtype=torch.long, device=d.device)
+        ps = []
+        for j in range(b):
+            ps.append(self.probs(logits[:, j]))  # [R,V]
+            if j == b - 1:
+                break
+            pd = ps[j].gather(-1, d[:, j, None])[:, 0]
+            going &= ok[:, j] & (u[:, j] * qd[:, j] < pd)
+            n += going
+            if not bool(going.any()):
+                break
+        return torch.stack(ps, dim=1), n
+
+    def full(self, q: Tensor) -> Tensor:
+        """q [R,Vd] over the draft vocabulary -> [R,V] over the full one (0 off the draft vocabulary)."""
+        if self.ids is None:
+            return q
+        return q.new_zeros(q.shape[0], self.w.vocab_size).index_copy_(1, self.ids, q)
 
     def run(self, src, max_len, seed: int, row_seeds) -> DecodeResult:
         model, kb, eos = self.model, self.kb, self.eos
@@ -138,7 +169,7 @@ class _Sampler:
         h = model.decode(state, start_tokens(model, state, orig.size, dev))[:, 0]  # [R,D]
         u = uniforms(gens, kb)
         x0 = draw(self.probs(self.w.head1(h)), u[:, 0].to(dev))  # [R]
-        q, d = self.drafts(h, u[:, 1:].to(dev))
+        q, col, d = self.drafts(h, u[:, 1:].to(dev))
         out[orig, 0] = x0.cpu().numpy()
         length = np.ones(orig.size, dtype=np.int64)  # cached tokens = tokens out (BOS + x0..)
         done = is_stop(out[orig, 0], eos) | (limit <= 1)
@@ -151,7 +182,7 @@ class _Sampler:
                 state.lengths = length
                 idx = torch.from_numpy(keep).to(dev)
                 state.reorder(idx)
-                x0, q, d = x0[idx], q[idx], d[idx]
+                x0, q, col, d = x0[idx], q[idx], col[idx], d[idx]
                 orig, limit, length = orig[keep], limit[keep], length[keep]
                 gens = [gens[i] for i in keep]
             r = orig.size
@@ -160,15 +191,10 @@ class _Sampler:
             state.lengths = int(length[0]) if r == 1 else length
             h = model.decode(state, x)  # [R,b,D]
             calls += 1
-            p = self.probs(self.w.head1(h))  # [R,b,V]: p at position j judges draft j+1 (x[:, j + 1])
             u = uniforms(gens, 2 * kb - 1).to(dev)
-            pd = p[:, :-1].gather(-1, d[..., None])[..., 0]  # [R,b-1]
-            qd = q.gather(-1, d[..., None])[..., 0]
-            ok = u[:, : kb - 1] * qd < pd  # accepted with probability min(1, p/q)
-            ok &= ~is_stop(x[:, :-1], eos)  # nothing is accepted after a stop id
-            n = ok.long().cumprod(1).sum(1)  # accepted drafts [R]
+            p, n = self.verify(self.w.head1(h), d, q.gather(-1, col[..., None])[..., 0], x, u[:, : kb - 1])
             q_end = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)  # q = 0 past the last draft: the bonus is p
-            nxt = draw(residual(p[rows, n], q_end[rows, n]), u[:, kb - 1])  # [R]
+            nxt = draw(residual(p[rows, n], self.full(q_end[rows, n])), u[:, kb - 1])  # [R]
             new = torch.cat([d, nxt[:, None]], dim=1)
             new[rows, n] = nxt
             x_np, n_np, new_np = x.cpu().numpy(), n.cpu().numpy(), new.cpu().numpy()
@@ -179,7 +205,7 @@ class _Sampler:
             hist += np.bincount(c, minlength=kb + 1)
             done = eos_in_block | is_stop(new_np[np.arange(r), n_np], eos) | (length >= limit)
             x0 = nxt
-            q, d = self.drafts(h[rows, n], u[:, kb:])
+            q, col, d = self.drafts(h[rows, n], u[:, kb:])
         tokens = trim(out.tolist(), out_len.tolist(), eos)
         steps = int(hist.sum())
         mean = float((hist * np.arange(kb + 1)).sum() / steps) if steps else 1.0

@@ -330,6 +330,13 @@ class DecodeWeights(DecodeStep):
         """Full-vocabulary logits of heads lo..hi-1: h [...,D] -> [...,hi-lo,V]."""
         return self.proj(self.final_norm(self.states(h, lo, hi)))
 
+    def draft_logits(self, h: Tensor, lo: int, hi: int) -> Tensor:
+        """Logits of heads lo..hi-1 (lo >= 1) over the draft vocabulary, columns in draft_ids' order, in the
+        proposal precision: h [...,D] -> [...,hi-lo,len(draft_ids)]; without a draft vocabulary `logits`."""
+        if self.draft_proj is None:
+            return self.logits(h, lo, hi)
+        return self.draft_proj(self.final_norm(self.states(h, lo, hi)))
+
     def head1(self, h: Tensor) -> Tensor:
         """Head 1's (the base model's) logits: h [...,D] -> [...,V]."""
         if self.identity_p1:

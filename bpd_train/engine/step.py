@@ -38,6 +38,10 @@ class DecodeStep(Protocol):
         """[..., hi - lo, V] heads lo..hi-1's logits."""
         ...
 
+    def draft_logits(self, h: Tensor, lo: int, hi: int) -> Tensor:
+        """[..., hi - lo, len(draft_ids)] heads lo..hi-1's logits over the draft vocabulary (logits without one)."""
+        ...
+
     def head1(self, h: Tensor) -> Tensor:
         """[..., V] head 1's logits (the model's own next-token distribution)."""
         ...
