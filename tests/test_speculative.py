@@ -1,9 +1,10 @@
 """Blockwise sampling (decoding/speculative.py) is lossless in distribution: on tiny models with a vocabulary of 8,
 the whole short answers it samples are distributed as the model's exact sequence probabilities, computed by
 enumeration from head 1's adjusted distributions (temperature, top-k, top-p), with heads that are right (copies of
-head 1), wrong (they point at one fixed token) and random; a deliberately broken residual (drawing from p at a
-rejection instead of max(0, p - q)) fails the same test. Also: temperature 0 is greedy, seeds reproduce, a row's
-tokens do not depend on its batch mates, and p and q are masked alike.
+head 1), wrong (they point at one fixed token) and random, drafting over the whole vocabulary or a draft vocabulary;
+a deliberately broken residual (drawing from p at a rejection instead of max(0, p - q)) fails the same test. Also:
+temperature 0 is greedy, seeds reproduce, a row's tokens do not depend on its batch mates, p and q are masked alike,
+and top-p's nucleus is the one a stable sort of the whole vocabulary gives.
 
 The decision rule, fixed before any run: N = 20,000 answers per case (one source repeated, row i seeded seed + i);
 answers whose expected count is below 5 are pooled into one cell; the sampler passes where Pearson's chi-square
