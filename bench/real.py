@@ -340,6 +340,16 @@ def head_settings(heads: list[tuple[str, object]], args) -> list[Heads]:
     return out
 
 
+def sampling_settings(heads: list[tuple[str, object]], heads_k: list[int]) -> list[Heads]:
+    """The blockwise sampling settings: each trained model at each --heads-k (lookup, narrow steps and trees do not
+    apply to sampling)."""
+    return [
+        Heads(name, trained, k)
+        for name, trained in heads
+        for k in [k for k in heads_k if k <= trained.config.block_size] or [trained.config.block_size]
+    ]
+
+
 def batched(settings: list[Heads]) -> list[Heads]:
     """The settings that run on batches: narrow steps and trees act on one row, so batches drop them."""
     seen, out = set(), []
@@ -535,6 +545,7 @@ def main(argv=None) -> None:
     shipped = llama_peer.shipped_type(gguf) if gguf is not None else "?"
     heads = [(Path(h).name, load(h).model) for h in args.heads]
     settings = head_settings(heads, args)
+    sampled = sampling_settings(heads, args.heads_k)
     stops = set(model.config.eos_ids or [model.config.eos_id])
     print(f"{spec}\nCPU: {cpu_model()} ({engine_name()}), torch {torch.__version__}", flush=True)
     rows = []
@@ -612,7 +623,7 @@ def main(argv=None) -> None:
                 for dtype in args.dtype if batch == 1 else args.batch_dtype or args.dtype:
                     print(f"[threads {threads}] sampling T={temp:g} batch {batch} {dtype}", flush=True)
                     base = {"engine": "ours", "dtype": dtype, "bytes_per_weight": bytes_per_weight(dtype, shipped)}
-                    engines = sampling_engines(model, tok, settings, dtype, how, args.new_tokens, base)
+                    engines = sampling_engines(model, tok, sampled, dtype, how, args.new_tokens, base)
                     meta = {"threads": threads, "batch": batch, "dtype": dtype, **dataclasses.asdict(how),
                             "seed": args.seed}  # fmt: skip
                     rows.append(sampling_cell(meta, engines, units(asked_ids, batch), args.reps))

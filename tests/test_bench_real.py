@@ -87,3 +87,14 @@ def test_sampling_engines_seed_each_request_alike_alone_or_in_a_batch(tmp_path):
             assert set(both.accepted) == {1}
         else:
             assert info["plain"] == "ours fp32 sampling" and max(both.accepted) <= 4
+
+
+def test_sampling_times_every_heads_k_even_where_narrow_steps_leave_one_out():
+    from types import SimpleNamespace
+
+    real = _load("real")
+    trained = SimpleNamespace(config=SimpleNamespace(block_size=8))
+    args = SimpleNamespace(heads_k=[2, 4, 16], lookup=[3], narrow=[2], tree=[()])
+    assert [h.k for h in real.head_settings([("h", trained)], args)] == [4]  # narrow 2 needs k > 2
+    assert [(h.name, h.k) for h in real.sampling_settings([("h", trained)], args.heads_k)] == [("h", 2), ("h", 4)]
+    assert [h.k for h in real.sampling_settings([("h", trained)], [])] == [8]  # default: the heads' own k
