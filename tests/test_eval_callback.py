@@ -73,3 +73,21 @@ def test_skips_where_it_should(tiny):
     logged.clear()
     cb.on_validation_epoch_end(trainer, module)
     assert logged == {}
+
+
+def test_every_rank_logs_rank_zeros_values(tiny):
+    """With several processes rank 0 decodes and broadcasts: a checkpoint monitoring val/bleu decides on each rank."""
+    sent = {}
+    for rank in (0, 1):
+        trainer, module, logged = _fake(tiny, tiny["base"], rank=rank)
+        trainer.world_size = 2
+
+        def broadcast(obj, src, rank=rank):
+            assert src == 0 and (obj is None) == (rank == 1)  # only rank 0 decoded
+            sent.setdefault("metrics", obj)
+            return sent["metrics"]
+
+        trainer.strategy = SimpleNamespace(broadcast=broadcast)
+        BlockwiseEval(enabled=True, n_sentences=3, max_len=[1.0, 2]).on_validation_epoch_end(trainer, module)
+        assert {n: v for n, (v, _) in logged.items()} == sent["metrics"] and "val/bleu" in logged
+        assert not any(kw["rank_zero_only"] for _, kw in logged.values())

@@ -1,10 +1,13 @@
-"""`finetune` (all weights trained) keeps the base model's BLEU on a small corpus of short strings.
+"""The all-weights regimes keep the base model's BLEU on the corpora users bring, at a toy size.
 
-GIMP's user-interface strings (data/ui-en-de/gimp: 5,617 English->German training pairs of ~4 words) through the
-pipeline at a toy size (a d_model 128 model, 600 base steps, 150 head steps): `finetune` with its default head-1
-share keeps the base's greedy BLEU over the 1,000 validation strings, and the same run with head 1 at 1/k of the
-loss (the default before) falls far below it, so the check fails if the loss
-comes back (docs/experiments.md, "What `finetune` and `both` cost on small corpora").
+Three corpora through training at a toy size (a d_model 128 model, 600 base steps, 150 head steps; greedy BLEU over
+every validation sentence):
+- GIMP's user-interface strings (data/ui-en-de/gimp: 5,617 English->German pairs of ~4 words) through the pipeline:
+  `finetune` keeps the base's BLEU, `both` (on the base's beam output) stays near it, and `finetune` with head 1 at
+  1/k of the loss (the default before) falls far below, so the check fails if that loss comes back;
+- VLC's user-interface strings (data/ui-en-de/vlc: 3,485 pairs) and the bundled Bible (28k verses of ~30 words):
+  `finetune` keeps the base's BLEU.
+docs/experiments.md, "What `finetune` and `both` cost on small corpora", has the numbers behind the bounds.
 """
 
 from __future__ import annotations
@@ -17,12 +20,18 @@ import pytest
 
 from conftest import REPO_ROOT, offline_env
 
+
+def ui(name: str) -> list[str]:
+    return [
+        "data=local",
+        f"data.path={REPO_ROOT / 'data' / 'ui-en-de' / name}",
+        "data.src_lang=en",
+        "data.tgt_lang=de",
+        f"data.name={name}",
+    ]
+
+
 TOY = [
-    "data=local",
-    f"data.path={REPO_ROOT / 'data' / 'ui-en-de' / 'gimp'}",
-    "data.src_lang=en",
-    "data.tgt_lang=de",
-    "data.name=gimp",
     "data.spm.vocab_size=2000",
     "model.d_model=128",
     "model.n_heads=4",
@@ -31,6 +40,8 @@ TOY = [
     "warmup.base=50",
     "steps.heads=150",
     "trainer.val_check_interval=100",
+    "callbacks.blockwise_eval.n_sentences=128",  # best.ckpt of base and finetune: greedy BLEU on 128 sentences
+    "distill.limit=null",  # `both` learns the base's beam output on every training pair
     "num_threads=1",
 ]
 EVAL = [
@@ -46,6 +57,10 @@ EVAL = [
 # Within this of the base at the toy size (the goal at the demo's size is 1.5; the toy model is weaker and noisier),
 # while the 1/k share loses far more (docs/experiments.md, section 9).
 MAX_DROP = 2.5
+# `both`'s goal is within 0.5 of the base, or above; at the toy size, where its teacher is the base itself (no
+# stronger model), it reads 4.0 below (3.5 with the teacher's length penalty at 2.0), so this bound catches a larger
+# loss, not a miss of the goal (docs/experiments.md, section 9)
+BOTH_MAX_DROP = 5.0
 
 
 def run(args: list[str]) -> str:
@@ -56,32 +71,29 @@ def run(args: list[str]) -> str:
     return r.stdout
 
 
-def bleu(report_json) -> dict[str, float]:
-    report = json.loads(report_json.read_text())
-    return {c["name"]: c["quality"]["bleu"] for c in report["checkpoints"]}
+def scores(common: list[str], corpus, runs: list[str], name: str) -> dict[str, float]:
+    """Greedy BLEU over every validation sentence of each run folder (base, heads/<run>) of `corpus`."""
+    inputs = ",".join(str(corpus / r) for r in runs)
+    run(["evaluate.py", *common, *EVAL, f"evaluate.inputs=[{inputs}]", f"evaluate.name={name}"])
+    report = json.loads((corpus / "eval" / name / "report.json").read_text())
+    out = {c["name"]: c["quality"]["bleu"] for c in report["checkpoints"]}
+    print(name, out)
+    return out
 
 
 @pytest.mark.slow
-def test_finetune_keeps_the_base_bleu_on_short_ui_strings(tmp_path):
+def test_finetune_and_both_keep_the_base_bleu_on_short_ui_strings(tmp_path):
     art = tmp_path / "artifacts"
-    common = ["experiment=smoke", *TOY, f"paths.artifacts={art}", f"paths.outputs={tmp_path / 'outputs'}"]
-    out = run(["-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "finetune", *common[1:]])
+    common = ["experiment=smoke", *ui("gimp"), *TOY, f"paths.artifacts={art}", f"paths.outputs={tmp_path / 'out'}"]
+    out = run(["-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "finetune,both", *common[1:]])
     assert "BLEU against the base: finetune-k4" in out  # the recommendation says what the regime cost
-    # BLEU over all 1,000 validation strings (the pipeline's smoke evaluation scores 24)
-    run(
-        [
-            "evaluate.py",
-            *common,
-            *EVAL,
-            f"evaluate.inputs=[{art}/gimp/base,{art}/gimp/heads/finetune-k4]",
-            "evaluate.name=default",
-        ]
-    )
-    scores = bleu(art / "gimp" / "eval" / "default" / "report.json")
-    assert scores["base"] > 8, scores  # a model that translates, or the comparison says nothing
-    assert scores["finetune-k4"] >= scores["base"] - MAX_DROP, scores
+    corpus = art / "gimp"
+    bleu = scores(common, corpus, ["base", "heads/finetune-k4", "heads/both-k4"], "default")
+    assert bleu["base"] > 8, bleu  # a model that translates, or the comparison says nothing
+    assert bleu["finetune-k4"] >= bleu["base"] - MAX_DROP, bleu
+    assert bleu["both-k4"] >= bleu["base"] - BOTH_MAX_DROP, bleu
 
-    # the same run with head 1 at 1/k of the loss: the check above would fail on it
+    # the same `finetune` run with head 1 at 1/k of the loss: the check above would fail on it
     run(
         [
             "train.py",
@@ -92,15 +104,25 @@ def test_finetune_keeps_the_base_bleu_on_short_ui_strings(tmp_path):
             "regime.run_subdir=heads/finetune-mean-k4",
         ]
     )
-    run(
-        [
-            "evaluate.py",
-            *common,
-            *EVAL,
-            f"evaluate.inputs=[{art}/gimp/base,{art}/gimp/heads/finetune-mean-k4]",
-            "evaluate.name=mean",
-        ]
-    )
-    old = bleu(art / "gimp" / "eval" / "mean" / "report.json")
-    assert old["base"] == pytest.approx(scores["base"])
-    assert old["finetune-mean-k4"] < scores["base"] - MAX_DROP, (old, scores)
+    old = scores(common, corpus, ["base", "heads/finetune-mean-k4"], "mean")
+    assert old["base"] == pytest.approx(bleu["base"])
+    assert old["finetune-mean-k4"] < bleu["base"] - MAX_DROP, (old, bleu)
+
+
+# corpus -> (data overrides, the least BLEU of a base that translates at the toy size, how far below it `finetune`
+# may fall): VLC's base reads 6.76, the Bible's 1.42 (30-word verses: a toy model after 600 steps translates little,
+# so its bound is tighter than MAX_DROP, which would accept any score)
+OTHER = {"vlc": (ui("vlc"), 5.0, MAX_DROP), "bible_en_fr": (["data=bible_en_fr"], 1.0, 0.5)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(OTHER))
+def test_finetune_keeps_the_base_bleu_on_another_ui_corpus_and_on_long_sentences(name, tmp_path):
+    data, least, max_drop = OTHER[name]
+    art = tmp_path / "artifacts"
+    common = ["experiment=smoke", *data, *TOY, f"paths.artifacts={art}", f"paths.outputs={tmp_path / 'out'}"]
+    run(["train.py", "+regime=base", *common])
+    run(["train.py", "+regime=finetune", *common, "model.block_size=4"])
+    bleu = scores(common, art / name, ["base", "heads/finetune-k4"], "default")
+    assert bleu["base"] > least, bleu
+    assert bleu["finetune-k4"] >= bleu["base"] - max_drop, bleu

@@ -207,6 +207,34 @@ def test_checkpoint_callback_layout(tmp_path):
     assert {"Throughput", "BlockwiseEval"} <= names
 
 
+def test_base_and_finetune_keep_their_best_greedy_bleu_checkpoint(tmp_path):
+    """best.ckpt of the base (and of `finetune`) is the highest val/bleu: greedy BLEU on a fixed validation subset,
+    the BLEU callback on even without heads; where that callback does not run at every validation, the lowest
+    val/loss (a monitored metric missing after a validation would stop the run)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from bpd_train.training.trainer import make_callbacks
+
+    def best_and_eval(*overrides):
+        cfg = cfg_for(*overrides, "experiment=smoke", f"paths.artifacts={tmp_path}")
+        cbs = make_callbacks(cfg, Path(cfg.run_dir), has_logger=False)
+        best = next(c for c in cbs if isinstance(c, ModelCheckpoint) and c.filename == "best")
+        ev = [c for c in cbs if type(c).__name__ == "BlockwiseEval"]
+        return best, ev
+
+    for regime in ("+regime=base", "+regime=finetune"):
+        best, ev = best_and_eval(regime)
+        assert (best.monitor, best.mode) == ("val/bleu", "max")
+        assert len(ev) == 1 and ev[0].enabled is True and ev[0].n_sentences == 32  # smoke's subset
+    for off in ("callbacks.blockwise_eval.enabled=false", "+callbacks.blockwise_eval.every_n_validations=2"):
+        best, _ = best_and_eval("+regime=base", off)
+        assert (best.monitor, best.mode) == ("val/loss", "min")
+    best, ev = best_and_eval("+regime=base", "checkpoint.monitor=val/loss", "checkpoint.mode=min")
+    assert best.monitor == "val/loss" and ev[0].enabled == "auto"  # off for the base model again
+    best, _ = best_and_eval("+regime=frozen")
+    assert best.monitor == "val/loss"
+
+
 def _train_py(*args: str) -> subprocess.CompletedProcess:
     from conftest import offline_env
 

@@ -122,8 +122,10 @@ def test_demo_distils_from_a_stronger_teacher_and_trains_both_longer():
     assert train_cfg("base", None).pipeline.teacher_steps is None  # elsewhere the base model stays the teacher
 
 
-@pytest.mark.parametrize("regime,monitor", [("both", None), ("distill", None), ("finetune", "val/loss")])
-def test_regimes_on_teacher_output_keep_their_latest_checkpoint(regime, monitor):
+@pytest.mark.parametrize(
+    "regime,monitor", [("both", None), ("distill", None), ("finetune", "val/bleu"), ("base", "val/bleu")]
+)
+def test_what_each_regime_keeps_as_best_ckpt(regime, monitor):
     assert train_cfg(regime, "demo").checkpoint.monitor == monitor
     assert train_cfg(regime, "demo", "checkpoint.monitor=val/loss").checkpoint.monitor == "val/loss"
 

@@ -50,7 +50,14 @@ def test_last_ckpt_follows_training_when_the_metric_stops_improving(smoke_base, 
     art = tmp_path / "art"
     shutil.copytree(base.parent / "spm", art / base.parent.name / "spm")
     # mode=max on val/loss: the loss falls, so the step-20 checkpoint stays "best" and step 40 never improves it
-    run_train("+regime=base", "experiment=smoke", "checkpoint.mode=max", "logger=none", artifacts=art)
+    run_train(
+        "+regime=base",
+        "experiment=smoke",
+        "checkpoint.monitor=val/loss",
+        "checkpoint.mode=max",
+        "logger=none",
+        artifacts=art,
+    )
     ckpts = art / base.parent.name / "base" / "checkpoints"
     assert read_checkpoint(ckpts / "best.ckpt")["global_step"] == 20
     assert read_checkpoint(ckpts / "last.ckpt")["global_step"] == 40

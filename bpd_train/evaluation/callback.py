@@ -1,8 +1,10 @@
 """BlockwiseEval: at the end of each validation, blockwise-decode a fixed validation subset and log
 val/bleu, val/mean_accepted (k̂), val/speedup (and val/agreement with greedy).
 
-Cheap by design: a small evenly spaced subset (default 32 sentences), collected once from the validation
-dataloader (sources as fed to the model, references decoded from the gold targets), decoded on rank 0 only.
+Cheap by design: a small evenly spaced subset (n_sentences; training's config: 128), collected once from the
+validation dataloader (sources as fed to the model, references decoded from the gold targets), decoded on rank 0
+only (its values logged on every rank). A model without heads (k = 1) is decoded greedily: val/bleu is then its
+greedy BLEU, by which checkpoint.monitor=val/bleu selects the base model's best.ckpt.
 """
 
 from __future__ import annotations
@@ -138,14 +140,19 @@ class BlockwiseEval(Callback):
         if (self._count - 1) % self.every:
             return
         decode_model = _decoding_model(trainer, model)  # on every rank: gathering sharded weights is collective
-        if trainer.global_rank != 0:
-            return
-        metrics = self.evaluate(trainer, pl_module, decode_model)
-        if metrics:
-            for name, value in metrics.items():
-                pl_module.log(
-                    name, value, rank_zero_only=True, prog_bar=name == "val/mean_accepted", batch_size=self.n_sentences
-                )
+        metrics = self.evaluate(trainer, pl_module, decode_model) if trainer.global_rank == 0 else None
+        several = int(getattr(trainer, "world_size", 1)) > 1
+        if several:
+            # rank 0's values on every rank: a ModelCheckpoint monitoring val/bleu decides on each rank
+            metrics = trainer.strategy.broadcast(metrics, src=0)
+        for name, value in (metrics or {}).items():
+            pl_module.log(
+                name,
+                value,
+                rank_zero_only=not several,
+                prog_bar=name == "val/mean_accepted",
+                batch_size=self.n_sentences,
+            )
 
     @torch.no_grad()
     def evaluate(self, trainer, pl_module, model=None) -> dict[str, float]:

@@ -6,6 +6,7 @@ family; training/run.py composes data, model and this Trainer.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -17,6 +18,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from bpd_train.io import atomic_write_text
+
+log = logging.getLogger(__name__)
 
 
 class TrainError(ValueError):
@@ -111,11 +114,36 @@ def _best_checkpoint_class():
     return BestCheckpoint
 
 
+BLEU_METRIC = "val/bleu"
+
+
+def _bleu_monitor(cb_cfgs: dict, mode: str) -> tuple[str | None, str, dict]:
+    """checkpoint.monitor=val/bleu: (monitor, mode, callback configs). The BLEU comes from the blockwise_eval
+    callback (greedy, or exact blockwise = greedy, on a fixed validation subset), turned on here for a model
+    without heads too; where it is off or skips validations, best.ckpt falls back to the lowest val/loss
+    (Lightning stops a run whose monitored metric is missing after a validation)."""
+    be = cb_cfgs.get("blockwise_eval")
+    enabled = None if be is None else str(be.get("enabled", "auto")).lower()
+    if be is None or enabled == "false" or int(be.get("every_n_validations", 1)) != 1:
+        log.warning(
+            "checkpoint.monitor=%s needs callbacks.blockwise_eval at every validation; best.ckpt: the lowest val/loss",
+            BLEU_METRIC,
+        )
+        return "val/loss", "min", cb_cfgs
+    on = OmegaConf.create(plain(be))
+    on.enabled = True
+    return BLEU_METRIC, mode, {**cb_cfgs, "blockwise_eval": on}
+
+
 def make_callbacks(cfg: DictConfig, run_dir: Path, has_logger: bool) -> list[pl.Callback]:
     from hydra.utils import instantiate
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar, TQDMProgressBar
 
     ck = cfg.get("checkpoint", {})
+    monitor, mode = ck.get("monitor", "val/loss"), ck.get("mode", "min")
+    cb_cfgs = dict(cfg.get("callbacks") or {})
+    if monitor == BLEU_METRIC:
+        monitor, mode, cb_cfgs = _bleu_monitor(cb_cfgs, mode)
     # best.ckpt (by the monitored metric) and last.ckpt (the latest validation, always) are two callbacks:
     # Lightning 2.6's save_last writes last.ckpt only when a top-k checkpoint is saved at the same step, so once
     # the metric stopped improving, last.ckpt (what ckpt_path=last and the pipeline resume from) stayed behind.
@@ -127,9 +155,7 @@ def make_callbacks(cfg: DictConfig, run_dir: Path, has_logger: bool) -> list[pl.
         enable_version_counter=False,
     )
     cbs: list[pl.Callback] = [
-        _best_checkpoint_class()(
-            filename="best", monitor=ck.get("monitor", "val/loss"), mode=ck.get("mode", "min"), **where
-        ),
+        _best_checkpoint_class()(filename="best", monitor=monitor, mode=mode, **where),
         ModelCheckpoint(filename="last", monitor=None, **where),
     ]
     if has_logger:
@@ -139,7 +165,7 @@ def make_callbacks(cfg: DictConfig, run_dir: Path, has_logger: bool) -> list[pl.
         cbs.append(RichProgressBar())
     elif bar == "tqdm":
         cbs.append(TQDMProgressBar(refresh_rate=max(1, int(os.environ.get("BPD_PROGRESS_REFRESH", 1)))))
-    for c in (cfg.get("callbacks") or {}).values():
+    for c in cb_cfgs.values():
         if c is None or "_target_" not in c:
             continue
         cbs.append(instantiate(c))
