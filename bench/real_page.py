@@ -1,8 +1,9 @@
 # python bench/real.py --render docs/results/real-amx.json          (that page again)
-# python bench/real_page.py                                          (every committed page and README's block)
+# python bench/real_page.py                 (every committed page, README's block, docs/engine.md's per-CPU table)
 """The real-model results pages, rendered from the JSON bench/real.py writes, and nothing else: every committed
 page docs/results-real-<isa>.md is its docs/results/real-<isa>.json rendered (tests/test_bench_real.py re-renders
-and compares), and README.md's real-model block is README_JSON's headline table."""
+and compares), README.md's real-model block is README_JSON's headline table, and docs/engine.md's per-CPU table
+is every committed run's step cells."""
 
 from __future__ import annotations
 
