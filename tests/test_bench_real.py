@@ -19,15 +19,15 @@ def test_prompts_are_chat_records_or_lines_of_text_and_bad_files_are_one_error(t
 
     import pytest
 
-    real = _load("real")
+    args = _load("real_args")
     chat = tmp_path / "chat.jsonl"
     recs = [{"messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]},
             {"messages": [{"role": "user", "content": "2 + 2?"}]}]  # fmt: skip
     chat.write_text("".join(json.dumps(r) + "\n" for r in recs) + "\n")
-    assert real.user_turns(chat) == ["Hi?", "2 + 2?"]
+    assert args.user_turns(chat) == ["Hi?", "2 + 2?"]
     text = tmp_path / "asks.txt"
     text.write_text("What is BPD?\n\n42\nName three colours.\n")
-    assert real.user_turns(text) == ["What is BPD?", "42", "Name three colours."]
+    assert args.user_turns(text) == ["What is BPD?", "42", "Name three colours."]
     for path, content, says in (
         (tmp_path / "missing.jsonl", None, "no such file"),
         (tmp_path / "empty.txt", "\n\n", "empty"),
@@ -36,7 +36,7 @@ def test_prompts_are_chat_records_or_lines_of_text_and_bad_files_are_one_error(t
         if content is not None:
             path.write_text(content)
         with pytest.raises(SystemExit) as e:
-            real.user_turns(path)
+            args.user_turns(path)
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1
