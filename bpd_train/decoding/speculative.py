@@ -123,18 +123,19 @@ class _Sampler:
         col = draw(q, u)
         return q, col, col if self.ids is None else self.ids[col]
 
-    def verify(self, logits: Tensor, d: Tensor, qd: Tensor, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
-        """Head 1's logits at a step's positions [R,b,V] -> p [R,J,V] at positions 0..J-1 and the accepted drafts n
-        [R] (n < J). Draft j+1 (d [R,b-1], q(d) = qd [R,b-1]) is judged by p at position j: accepted with
-        probability min(1, p/q) (u [R,b-1]), never after a stop id (x [R,b]). p is computed position by position
-        while some row still accepts: the positions after every row's first rejection are never needed."""
+    def verify(self, h: Tensor, d: Tensor, qd: Tensor, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+        """The step's states h [R,b,D] -> p [R,J,V] at positions 0..J-1 and the accepted drafts n [R] (n < J).
+        Draft j+1 (d [R,b-1], q(d) = qd [R,b-1]) is judged by p at position j: accepted with probability
+        min(1, p/q) (u [R,b-1]), never after a stop id (x [R,b]). Head 1's logits and p are computed position by
+        position while some row still accepts: the positions after every row's first rejection are never needed
+        (the step weights compute a row's logits alike alone or among others)."""
         r, b = d.shape[0], d.shape[1] + 1
         ok = ~is_stop(x[:, :-1], self.eos)  # nothing is accepted after a stop id
         going = torch.ones(r, dtype=torch.bool, device=d.device)
         n = torch.zeros(r, dtype=torch.long, device=d.device)
         ps = []
         for j in range(b):
-            ps.append(self.probs(logits[:, j]))  # [R,V]
+            ps.append(self.probs(self.w.head1(h[:, j])))  # [R,V]
             if j == b - 1:
                 break
             pd = ps[j].gather(-1, d[:, j, None])[:, 0]
@@ -192,7 +193,7 @@ class _Sampler:
             h = model.decode(state, x)  # [R,b,D]
             calls += 1
             u = uniforms(gens, 2 * kb - 1).to(dev)
-            p, n = self.verify(self.w.head1(h), d, q.gather(-1, col[..., None])[..., 0], x, u[:, : kb - 1])
+            p, n = self.verify(h, d, q.gather(-1, col[..., None])[..., 0], x, u[:, : kb - 1])
             q_end = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)  # q = 0 past the last draft: the bonus is p
             nxt = draw(residual(p[rows, n], self.full(q_end[rows, n])), u[:, kb - 1])  # [R]
             new = torch.cat([d, nxt[:, None]], dim=1)
