@@ -20,3 +20,18 @@ class Clock:
 
     def __call__(self):
         return self.now
+
+
+def timed(clock, log, name, seconds, result):
+    """A fake engine: each call 'takes' seconds(call number) (or seconds) on the clock, logs (name, unit) and returns
+    result(unit)."""
+    n = {"i": 0}
+
+    def run(unit):
+        s = seconds(n["i"]) if callable(seconds) else seconds
+        n["i"] += 1
+        clock.now += s
+        log.append((name, unit))
+        return result(unit)
+
+    return run

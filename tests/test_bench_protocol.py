@@ -6,7 +6,7 @@ import json
 import sys
 
 import pytest
-from _bench_fakes import Clock
+from _bench_fakes import Clock, timed
 from _bench_fakes import load_bench as _load
 
 from conftest import REPO_ROOT
@@ -17,17 +17,10 @@ from bench.protocol import Run  # noqa: E402
 
 
 def fake(clock, log, name, seconds, tokens=4, calls=None):
-    """An engine that 'takes' seconds(call number) on the clock and logs (name, unit, timed?) per call."""
-    n = {"i": 0}
-
-    def run(unit):
-        s = seconds(n["i"]) if callable(seconds) else seconds
-        n["i"] += 1
-        clock.now += s
-        log.append((name, unit))
-        return Run([[7] * tokens for _ in unit], calls if calls is not None else tokens)
-
-    return run
+    """An engine that 'takes' seconds(call number) on the clock and logs (name, unit) per call."""
+    return timed(
+        clock, log, name, seconds, lambda unit: Run([[7] * tokens for _ in unit], tokens if calls is None else calls)
+    )
 
 
 def test_every_engine_warms_up_over_every_unit_before_any_pass_is_timed():

@@ -5,7 +5,7 @@ must show only in the spread, never as the reported number (a best-of-reps timer
 import sys
 
 import pytest
-from _bench_fakes import Clock
+from _bench_fakes import Clock, timed
 from _bench_fakes import load_bench as _load
 
 from conftest import REPO_ROOT
@@ -419,16 +419,7 @@ def test_train_bench_times_frozen_and_finetune_under_the_protocol():
     clock, log = Clock(), []
 
     def engine(name, seconds):
-        n = {"i": 0}
-
-        def run(step):
-            s = seconds(n["i"]) if callable(seconds) else seconds
-            n["i"] += 1
-            clock.now += s
-            log.append((name, step))
-            return Run([[0] * 100])  # 100 training tokens a step
-
-        return run
+        return timed(clock, log, name, seconds, lambda step: Run([[0] * 100]))  # 100 training tokens a step
 
     engines = {
         "frozen": engine("frozen", fast_first_pass(3, 0.01, 1.0)),  # first timed pass 100x faster
