@@ -74,6 +74,25 @@ def test_prompts_made_with_other_settings_are_refused_not_replaced(tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_prompts_resume_from_another_checkout_and_a_changed_corpus_is_refused(tmp_path):
+    """The settings key names the corpus by its files' contents, not its path: a moved or fresh checkout resumes."""
+    import shutil
+    from types import SimpleNamespace
+
+    a, b = tmp_path / "a" / "bible-en-fr", tmp_path / "b" / "bible-en-fr"
+    shutil.copytree(CORPUS, a)
+    shutil.copytree(CORPUS, b)
+    out = tmp_path / "prompts"
+    prompts_stage(SimpleNamespace(data=SimpleNamespace(path=str(a), src_lang="en")), SPEC, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    prompts_stage(SimpleNamespace(data=SimpleNamespace(path=str(b), src_lang="en")), SPEC, out)  # skipped
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    (b / "train.jsonl.gz").write_bytes((a / "validation.jsonl.gz").read_bytes())  # another corpus, same path
+    with pytest.raises(PromptsError, match="other pipeline.real.prompts settings"):
+        prompts_stage(SimpleNamespace(data=SimpleNamespace(path=str(b), src_lang="en")), SPEC, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 def test_a_decode_precision_is_part_of_an_lm_corpus_id_and_fp32_keeps_the_old_one():
     from bpd_train.data.distilled import TeacherSettings
 

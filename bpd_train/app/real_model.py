@@ -207,21 +207,38 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _settings_key(inputs: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def _dir_sha256(path: Path) -> str:
+    """The contents of a corpus folder's files (names and bytes, not its path); "" where there is no folder."""
+    h = hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(p for p in path.iterdir() if p.is_file()):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
 def prompts_stage(cfg, spec: dict[str, Any], out_dir: Path) -> None:
     """Write the prompt files (atomically; manifest.json last, with the settings' hash) unless they are there for
     these settings. Prompts made with other settings are refused, not replaced: the corpus, heads and report under
     the same artifacts folder came from them, and the later stages would skip as complete (the same verse ids)."""
-    inputs = {**spec, "corpus": str(cfg.data.path)}
     source = str(spec.get("source", "bible"))
+    extra_inputs: dict[str, Any] = {}
     if source == "general":  # the corpus is made from these: another topics file or Python makes another corpus
-        inputs["topics_sha256"] = hashlib.sha256(_topics_file(spec).read_bytes()).hexdigest()
-        inputs["python"] = sys.version.split()[0]
+        extra_inputs["topics_sha256"] = hashlib.sha256(_topics_file(spec).read_bytes()).hexdigest()
+        extra_inputs["python"] = sys.version.split()[0]
     elif source == "requests":
-        inputs["file_sha256"] = read_requests(Path(str(spec["file"])))[1]
-    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+        extra_inputs["file_sha256"] = read_requests(Path(str(spec["file"])))[1]
+    # The key names files by their contents, not their paths, so a moved or fresh checkout resumes its folder;
+    # the earlier key (absolute paths) is still accepted for folders made before.
+    portable = {k: v for k, v in spec.items() if k not in ("topics", "file")}
+    key = _settings_key({**portable, **extra_inputs, "corpus_sha256": _dir_sha256(Path(str(cfg.data.path)))})
+    legacy = _settings_key({**spec, "corpus": str(cfg.data.path), **extra_inputs})
     manifest = out_dir / "manifest.json"
     if manifest.is_file():
-        if json.loads(manifest.read_text("utf-8")).get("settings_sha256") == key:
+        if json.loads(manifest.read_text("utf-8")).get("settings_sha256") in (key, legacy):
             seen = out_dir / "seen.jsonl"
             if (
                 source == "bible" and not seen.is_file()
