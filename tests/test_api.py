@@ -315,7 +315,10 @@ def test_a_bundle_carries_the_settings_its_evaluation_found_fastest(tmp_path_fac
                                "proposal_dtype": "auto", "lookup": 0, "narrow": 0, "tree": ""}  # fmt: skip
     assert "1.30x" in got["why"]
     slow = _report(tmp_path / "slow.json", sid, [{"k": 4, "batch_size": 1, "speedup": 0.8, "mean_accepted": 1.1}])
-    assert recommended_settings(slow, sid)["settings"] == {"method": "greedy"}
+    assert recommended_settings(slow, sid)["settings"] == {"method": "greedy", "dtype": "fp32"}
+    slow8 = _report(tmp_path / "slow8.json", sid, [{"k": 4, "batch_size": 1, "speedup": 0.8, "mean_accepted": 1.1}],
+                    dtype="int8")  # fmt: skip
+    assert recommended_settings(slow8, sid)["settings"] == {"method": "greedy", "dtype": "int8"}  # its precision kept
     assert recommended_settings(report, "another-model") is None
 
     monkeypatch.setattr("bpd_train.evaluation.report.card_section", lambda *a: None)  # (the card needs a full report)

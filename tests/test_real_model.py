@@ -235,6 +235,33 @@ def test_the_exports_pick_the_fastest_exact_run_each_format_can_hold():
     assert chosen(report, runs) == ("distill-chain-k8", None, None)
 
 
+def test_the_exports_follow_the_precision_that_decodes_fastest(tmp_path):
+    """The bundle's carried settings come from the report of the precision with the most tokens/s at batch 1 (its
+    fastest exact setting, or its greedy where nothing beats it), not from decode.dtype's report alone."""
+    from bpd_train.app.real_model import fastest_precision, precisions
+
+    def report(name, dtype, greedy_s, blockwise_s, agreement=100.0):
+        row = dict(rule="exact", batch_size=1, k=8, agreement=agreement, checkpoint="distill-medusa-k8", tokens=100,
+                   greedy_tokens=100, greedy_seconds=greedy_s, blockwise_seconds=blockwise_s, mean_accepted=1.6,
+                   chrf=10.0)  # fmt: skip
+        path = tmp_path / name / "report.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps({"settings": {"batch_sizes": [1, 8], "dtype": dtype}, "rows": [row]}))
+        return path
+
+    fp32 = report("real", "fp32", 1.0, 0.98)  # 102 tokens/s blockwise
+    bf16 = report("real-bf16", "bf16", 2.2, 1.4)  # 71
+    int8 = report("real-int8", "int8", 0.5, 0.4)  # 250
+    got, why = fastest_precision([fp32, bf16, int8])
+    assert got == int8 and why.startswith("int8 decodes fastest") and "fp32 102.0" in why
+    assert "| int8 | 200.0 | distill-medusa-k8 k = 8 | 250.0 | 1.25× |" in precisions([fp32, bf16, int8])
+    slow = report("real-q4", "q4", 0.3, 0.45)  # greedy 333 tokens/s beats everything, blockwise does not
+    assert fastest_precision([fp32, int8, slow])[0] == slow
+    inexact = report("real-x", "bf16", 0.1, 0.05, agreement=99.0)  # not exact: never chosen
+    assert fastest_precision([fp32, inexact]) == (fp32, fastest_precision([fp32])[1])
+    assert fastest_precision([inexact])[0] == inexact  # nothing timed: decode.dtype's report
+
+
 def test_heads_trained_on_another_corpus_are_refused_not_kept(tmp_path):
     run = tmp_path / "heads" / "distill-medusa-k8"
     old, new = tmp_path / "distill" / "train-lm-greedy-aaa", tmp_path / "distill" / "train-lm-greedy-bbb"

@@ -377,30 +377,57 @@ def _also(setting: Any, extra: str, dtype: str) -> bool:
     return bool(bf16_compute() if extra == "bf16" else int8_compute())
 
 
+def _batch1(rep: dict) -> dict | None:
+    """A report's greedy and fastest exact blockwise decoding at its smallest batch size, in tokens/s (from the same
+    timed passes as its speedups); None where no exact row was timed."""
+    bs = min(rep["settings"]["batch_sizes"])
+    rows = [r for r in rep["rows"] if r["rule"] == "exact" and r["batch_size"] == bs and r["k"] > 1]
+    rows = [r for r in rows if r["agreement"] == 100.0 and r.get("blockwise_seconds")]
+    if not rows:
+        return None
+    best = max(rows, key=lambda r: r["greedy_seconds"] / r["blockwise_seconds"])
+    greedy = best["greedy_tokens"] / best["greedy_seconds"]
+    return {"row": best, "greedy": greedy, "blockwise": best["tokens"] / best["blockwise_seconds"]}
+
+
 def precisions(reports: list[Path]) -> str:
     """A markdown table over the evaluation reports (one per precision): greedy and the fastest exact blockwise
-    decoding at batch 1 in tokens per second, so a user can pick the precision to serve in. Tokens/s are from the
-    same timed passes as the reports' speedups."""
+    decoding at batch 1 in tokens per second, so a user can pick the precision to serve in."""
     lines = [
         "| precision | greedy tok/s | fastest exact blockwise | tok/s | over greedy | k̂ | greedy chrF |",
         "|---|---:|---|---:|---:|---:|---:|",
     ]
     for path in reports:
         rep = json.loads(path.read_text("utf-8"))
-        bs = min(rep["settings"]["batch_sizes"])
-        rows = [r for r in rep["rows"] if r["rule"] == "exact" and r["batch_size"] == bs and r["k"] > 1]
-        rows = [r for r in rows if r["agreement"] == 100.0 and r.get("blockwise_seconds")]
-        if not rows:
+        if (b := _batch1(rep)) is None:
             continue
-        best = max(rows, key=lambda r: r["greedy_seconds"] / r["blockwise_seconds"])
-        greedy = best["greedy_tokens"] / best["greedy_seconds"]
-        blockwise = best["tokens"] / best["blockwise_seconds"]
+        best = b["row"]
         lines.append(
-            f"| {rep['settings']['dtype']} | {greedy:.1f} | {best['checkpoint']} k = {best['k']} | {blockwise:.1f} | "
-            f"{best['greedy_seconds'] / best['blockwise_seconds']:.2f}× | {best['mean_accepted']:.2f} | "
-            f"{best['chrf']:.1f} |"
+            f"| {rep['settings']['dtype']} | {b['greedy']:.1f} | {best['checkpoint']} k = {best['k']} | "
+            f"{b['blockwise']:.1f} | {best['greedy_seconds'] / best['blockwise_seconds']:.2f}× | "
+            f"{best['mean_accepted']:.2f} | {best['chrf']:.1f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def fastest_precision(reports: list[Path]) -> tuple[Path, str]:
+    """The report whose precision decodes fastest at batch 1 (its fastest exact setting, or greedy where nothing
+    beats greedy), in tokens/s, and a line saying why: the exports and the bundle's carried settings come from it.
+    The first report (decode.dtype's) where none was timed."""
+    speeds = []
+    for path in reports:
+        rep = json.loads(path.read_text("utf-8"))
+        if (b := _batch1(rep)) is not None:
+            speeds.append((max(b["greedy"], b["blockwise"]), str(rep["settings"]["dtype"]), path))
+    if not speeds:
+        return reports[0], "no precision was timed: the exports follow decode.dtype's report"
+    best = max(speeds, key=lambda t: t[0])
+    others = ", ".join(f"{d} {v:.1f}" for v, d, p in speeds if p != best[2])
+    return best[2], (
+        f"{best[1]} decodes fastest at batch 1 here ({best[0]:.1f} tokens/s"
+        + (f"; {others}" if others else "")
+        + "): the exports and the bundle's carried settings come from its report"
+    )
 
 
 def _evaluate(
@@ -539,7 +566,10 @@ def run_chain(args: argparse.Namespace) -> None:
         reports.append(
             _evaluate(f"evaluate {x}", common, dirs, corpus / "eval" / f"real-{x}", cfg, (f"decode.dtype={x}",))
         )
-    report = json.loads(report_path.read_text("utf-8"))
+    # the exports follow the precision that decodes fastest on this CPU (its report: exact settings, k, precision)
+    serving, why = fastest_precision(reports)
+    print(f"\n=== serving precision: {why}")
+    report = json.loads(serving.read_text("utf-8"))
     best, best_hf, medusa = chosen(report, dirs)
 
     # export: the fastest exact run as a bundle, the fastest with a transformers heads format (chained heads have
@@ -553,7 +583,9 @@ def run_chain(args: argparse.Namespace) -> None:
         exports.append(("vllm", medusa, corpus / "export" / "best-medusa-vllm"))
     for fmt, name, out in exports:
         stamp = out.parent / f".{out.name}.done.json"  # beside the folder, which export.py replaces
-        want = {"run": str(dirs[name]), "format": fmt, "report_mtime": report_path.stat().st_mtime}
+        want = {"run": str(dirs[name]), "format": fmt, "report_mtime": serving.stat().st_mtime}
+        if serving != report_path:  # (the key of the exports made before the choice of precision)
+            want["report"] = str(serving)
         if stamp.is_file() and json.loads(stamp.read_text("utf-8")) == want:
             print(f"=== export {fmt}: complete ({out}), skipped")
             continue
@@ -565,7 +597,7 @@ def run_chain(args: argparse.Namespace) -> None:
                 f"export.checkpoint={dirs[name]}",
                 f"export.format={fmt}",
                 f"export.output_dir={out}",
-                f"export.report={report_path}",
+                f"export.report={serving}",
                 "export.overwrite=true",
             ],
         )

@@ -471,10 +471,11 @@ def recommended_settings(report_path: str | os.PathLike, source_id: str | None =
     if s.get("dtype") == "auto":  # the precision it resolved to for this checkpoint's file (decode.dtype=auto)
         ck = next((c for c in report["checkpoints"] if c["name"] == best["checkpoint"]), {})
         s["dtype"] = (ck.get("decode") or {}).get("dtype", "fp32")
-    where = f"{Path(report_path).name}, batch {bs}, {s.get('dtype', 'fp32')}"
-    if best["speedup"] <= 1.0:
+    rp = Path(report_path) / "report.json" if Path(report_path).is_dir() else Path(report_path)
+    where = f"{rp.parent.name}/{rp.name}, batch {bs}, {s.get('dtype', 'fp32')}"
+    if best["speedup"] <= 1.0:  # greedy decoding, in the precision it was timed in
         why = f"no exact setting beat greedy decoding ({where}: best {best['speedup']:.2f}x at k = {best['k']})"
-        return {"settings": {"method": "greedy"}, "why": why}
+        return {"settings": {"method": "greedy", **({"dtype": s["dtype"]} if "dtype" in s else {})}, "why": why}
     settings = {"method": "blockwise", "block_size": best["k"], **{k: s[k] for k in CARRIED if k in s}}
     why = f"the fastest exact setting in its evaluation ({where}: {best['speedup']:.2f}x, k-hat {best['mean_accepted']:.2f})"
     return {"settings": settings, "why": why}
