@@ -226,7 +226,7 @@ def test_draft_vocabulary_loss_is_the_cross_entropy_over_the_lowest_ids():
     assert (b["targets"] >= 24).any()  # some targets fall outside and are ignored
     import pytest
 
-    for bad in ({"draft_lowest_ids": 0.5e9}, {"draft_lowest_ids": 24, "self_kd_weight": 0.5}):
+    for bad in ({"draft_lowest_ids": 0.5e9}, {"draft_lowest_ids": 24, "kd_weight": 0.5}):
         with pytest.raises(ValueError, match="draft_lowest_ids"):
             BPDLightningModule(
                 _lm().config.to_dict(),
@@ -276,3 +276,47 @@ def test_chained_heads_learn_over_the_draft_vocabulary_from_the_token_before_the
         m.compute_loss(b, [1, 2, 3], [1 / 3] * 3)[0].backward()
         opt.step()
     assert m.compute_loss(b, [1, 2, 3], [1 / 3] * 3)[0].item() < 0.85 * first
+
+
+def test_draft_vocabulary_with_self_kd_learns_head1s_distribution_over_the_same_ids():
+    """draft_lowest_ids = N with self_kd_weight = μ (heads for sampling): head i at t scores (1-μ)·CE + μ·KL(head 1
+    at t+i ‖ head i at t), both softmaxes over the ids < N, at the positions whose target is one of them."""
+    import pytest
+    import torch.nn.functional as F
+
+    mu = 0.4
+    m = BPDLightningModule(
+        _lm().config.to_dict(),
+        {"name": "t", "block_size": 3, "head_loss": "mean", "trainable": "heads", "init_from": "x"},
+        {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
+        {"draft_lowest_ids": 24, "self_kd_weight": mu, "recompute": False},
+        seed=3,
+    )
+    with torch.no_grad():
+        for p in m.model.head_parameters():
+            p.normal_(0, 0.2)
+    m.train()
+    b = _prompted_batch(seed=4)  # prompts without targets: the rows are compacted before the loss
+    loss, per_head = m.compute_loss(b, [1, 2], [0.5, 0.5])
+    with torch.no_grad():
+        h = m.model.features(b["tokens"])
+        p1 = m.model.heads_logits(h, 0, 1).squeeze(-2)[..., :24]
+        want = []
+        for i in (1, 2):
+            logits = m.model.heads_logits(h, i, i + 1).squeeze(-2)[..., :24]
+            t = torch.full_like(b["targets"], PAD)
+            t[:, :-i] = b["targets"][:, i:]
+            t[t >= 24] = PAD
+            keep = t.ne(PAD)
+            keep[:, -i:] = False
+            ce = F.cross_entropy(logits[keep], t[keep])
+            s = torch.log_softmax(logits[keep], -1)
+            q = torch.log_softmax(p1[:, i:][keep[:, :-i]], -1)  # head 1 at t + i
+            kl = (q.exp() * (q - s)).sum(-1).mean()
+            assert kl.item() > 1e-3  # random heads: a real term
+            want.append((1 - mu) * ce + mu * kl)
+    assert per_head[1].item() == pytest.approx(want[0].item(), rel=1e-5)
+    assert per_head[2].item() == pytest.approx(want[1].item(), rel=1e-5)
+    assert abs(loss.item() - 0.5 * (want[0] + want[1]).item()) < 1e-5
+    loss.backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in m.model.head_parameters())

@@ -70,7 +70,8 @@ class BPDLightningModule(pl.LightningModule):
             raise ValueError(f"loss.self_kd_weight must be in [0, 1], got {self.self_kd_weight}")
         # loss.draft_lowest_ids = N: heads 2..k learn to choose among the N lowest ids only, the draft vocabulary
         # they propose from when decoding (decode.draft_top_tokens); a softmax over N ids instead of the whole
-        # vocabulary. (loss.draft_vocab, its old name, is read too: a checkpoint's hyperparameters may hold it.)
+        # vocabulary (with self_kd_weight, head 1's soft labels are its softmax over the same N ids).
+        # (loss.draft_vocab, its old name, is read too: a checkpoint's hyperparameters may hold it.)
         self.draft_vocab = int(self.loss_cfg.get("draft_lowest_ids") or self.loss_cfg.get("draft_vocab") or 0)
         self.seed = int(seed)
         cfg = self.model.config
@@ -80,15 +81,11 @@ class BPDLightningModule(pl.LightningModule):
                     f"loss.draft_lowest_ids={self.draft_vocab}: the number of lowest ids heads 2..k choose "
                     f"among, 1..{cfg.vocab_size} (or null: every id)"
                 )
-            if (
-                not self.regime.freeze_backbone
-                or self.kd_weight > 0
-                or self.self_kd_weight > 0
-                or not hasattr(self.model, "head_states")
-            ):
+            # (self_kd_weight works with it: head 1's soft labels are its distribution over the same ids)
+            if not self.regime.freeze_backbone or self.kd_weight > 0 or not hasattr(self.model, "head_states"):
                 raise ValueError(
                     "loss.draft_lowest_ids trains heads 2..k alone on a frozen decoder-only backbone "
-                    "(regimes frozen, distill), without kd_weight / self_kd_weight"
+                    "(regimes frozen, distill), without kd_weight"
                 )
         if self.regime.freeze_backbone:
             for p in self.model.backbone_parameters():
