@@ -212,7 +212,7 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
 
 
 def test_the_exports_pick_the_fastest_exact_run_each_format_can_hold():
-    from bpd_train.app.real_model import chosen
+    from bpd_train.app.real_reports import chosen
 
     def row(ckpt, speedup, k_hat=1.5, bs=1, agreement=100.0):
         return dict(
@@ -238,7 +238,7 @@ def test_the_exports_pick_the_fastest_exact_run_each_format_can_hold():
 def test_the_exports_follow_the_precision_that_decodes_fastest(tmp_path):
     """The bundle's carried settings come from the report of the precision with the most tokens/s at batch 1 (its
     fastest exact setting, or its greedy where nothing beats it), not from decode.dtype's report alone."""
-    from bpd_train.app.real_model import fastest_precision, precisions
+    from bpd_train.app.real_reports import fastest_precision, precisions
 
     def report(name, dtype, greedy_s, blockwise_s, agreement=100.0):
         row = dict(rule="exact", batch_size=1, k=8, agreement=agreement, checkpoint="distill-medusa-k8", tokens=100,

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bpd_train.app.real_reports import chosen, fastest_precision, precisions
 from bpd_train.data.requests import RequestsError, build_general, kind_balanced, read_requests, split_requests
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -323,28 +324,6 @@ def stale_heads(run_dir: Path, corpus: Path) -> str | None:
     )
 
 
-def chosen(report: dict, runs: dict[str, Path]) -> tuple[str | None, str | None, str | None]:
-    """(best run, best run with a transformers heads format (not chained), best Medusa run): the fastest under exact
-    acceptance at the smallest batch size (ties: higher k̂). Every run has the frozen backbone's greedy output, so
-    speed is the only thing between them."""
-    bs = min(report["settings"]["batch_sizes"])
-    rows = [
-        r
-        for r in report["rows"]
-        if r["rule"] == "exact"
-        and r["batch_size"] == bs
-        and r["k"] > 1
-        and r["agreement"] == 100.0
-        and r["speedup"] is not None
-        and r["checkpoint"] in runs
-    ]
-    rank = lambda r: (max(r["speedup"], r.get("adaptive_speedup") or 0.0), r["mean_accepted"])  # noqa: E731
-    best = max(rows, key=rank, default=None)
-    hf = max((r for r in rows if not r["checkpoint"].startswith("distill-chain")), key=rank, default=None)
-    medusa = max((r for r in rows if r["checkpoint"].startswith("distill-medusa")), key=rank, default=None)
-    return (best and best["checkpoint"]), (hf and hf["checkpoint"]), (medusa and medusa["checkpoint"])
-
-
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", action="store_true", help="run the chain (without it: print the GGUF file's path)")
@@ -375,59 +354,6 @@ def _also(setting: Any, extra: str, dtype: str) -> bool:
     from bpd_train.engine.fastlinear import bf16_compute, int8_compute
 
     return bool(bf16_compute() if extra == "bf16" else int8_compute())
-
-
-def _batch1(rep: dict) -> dict | None:
-    """A report's greedy and fastest exact blockwise decoding at its smallest batch size, in tokens/s (from the same
-    timed passes as its speedups); None where no exact row was timed."""
-    bs = min(rep["settings"]["batch_sizes"])
-    rows = [r for r in rep["rows"] if r["rule"] == "exact" and r["batch_size"] == bs and r["k"] > 1]
-    rows = [r for r in rows if r["agreement"] == 100.0 and r.get("blockwise_seconds")]
-    if not rows:
-        return None
-    best = max(rows, key=lambda r: r["greedy_seconds"] / r["blockwise_seconds"])
-    greedy = best["greedy_tokens"] / best["greedy_seconds"]
-    return {"row": best, "greedy": greedy, "blockwise": best["tokens"] / best["blockwise_seconds"]}
-
-
-def precisions(reports: list[Path]) -> str:
-    """A markdown table over the evaluation reports (one per precision): greedy and the fastest exact blockwise
-    decoding at batch 1 in tokens per second, so a user can pick the precision to serve in."""
-    lines = [
-        "| precision | greedy tok/s | fastest exact blockwise | tok/s | over greedy | k̂ | greedy chrF |",
-        "|---|---:|---|---:|---:|---:|---:|",
-    ]
-    for path in reports:
-        rep = json.loads(path.read_text("utf-8"))
-        if (b := _batch1(rep)) is None:
-            continue
-        best = b["row"]
-        lines.append(
-            f"| {rep['settings']['dtype']} | {b['greedy']:.1f} | {best['checkpoint']} k = {best['k']} | "
-            f"{b['blockwise']:.1f} | {best['greedy_seconds'] / best['blockwise_seconds']:.2f}× | "
-            f"{best['mean_accepted']:.2f} | {best['chrf']:.1f} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def fastest_precision(reports: list[Path]) -> tuple[Path, str]:
-    """The report whose precision decodes fastest at batch 1 (its fastest exact setting, or greedy where nothing
-    beats greedy), in tokens/s, and a line saying why: the exports and the bundle's carried settings come from it.
-    The first report (decode.dtype's) where none was timed."""
-    speeds = []
-    for path in reports:
-        rep = json.loads(path.read_text("utf-8"))
-        if (b := _batch1(rep)) is not None:
-            speeds.append((max(b["greedy"], b["blockwise"]), str(rep["settings"]["dtype"]), path))
-    if not speeds:
-        return reports[0], "no precision was timed: the exports follow decode.dtype's report"
-    best = max(speeds, key=lambda t: t[0])
-    others = ", ".join(f"{d} {v:.1f}" for v, d, p in speeds if p != best[2])
-    return best[2], (
-        f"{best[1]} decodes fastest at batch 1 here ({best[0]:.1f} tokens/s"
-        + (f"; {others}" if others else "")
-        + "): the exports and the bundle's carried settings come from its report"
-    )
 
 
 def _evaluate(
