@@ -196,21 +196,35 @@ def test_no_cache_where_states_can_change():
     assert _module(trainable="all")._feature_cache is None  # the backbone trains
 
 
-def test_draft_vocabulary_loss_is_the_cross_entropy_over_the_lowest_ids():
-    """loss.draft_lowest_ids = N: heads 2..k's loss is the CE of their logits over ids < N, targets >= N ignored."""
-    import torch.nn.functional as F
-
+def _k3_module(loss: dict) -> BPDLightningModule:
+    """A k = 3 heads-only regime module with this loss config and random heads, in training mode."""
     m = BPDLightningModule(
         _lm().config.to_dict(),
         {"name": "t", "block_size": 3, "head_loss": "mean", "trainable": "heads", "init_from": "x"},
         {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
-        {"draft_lowest_ids": 24, "recompute": False},
+        loss,
         seed=3,
     )
     with torch.no_grad():
         for p in m.model.head_parameters():
             p.normal_(0, 0.2)
     m.train()
+    return m
+
+
+def _ahead_in_draft(targets: torch.Tensor, i: int, n: int) -> torch.Tensor:
+    """Head i's targets (the token i ahead), those outside the n lowest ids masked."""
+    t = torch.full_like(targets, PAD)
+    t[:, :-i] = targets[:, i:]
+    t[t >= n] = PAD
+    return t
+
+
+def test_draft_vocabulary_loss_is_the_cross_entropy_over_the_lowest_ids():
+    """loss.draft_lowest_ids = N: heads 2..k's loss is the CE of their logits over ids < N, targets >= N ignored."""
+    import torch.nn.functional as F
+
+    m = _k3_module({"draft_lowest_ids": 24, "recompute": False})
     b = _lm_batch(_rows([7, 10, 5], seed=2))
     loss, per_head = m.compute_loss(b, [1, 2], [0.5, 0.5])
     with torch.no_grad():
@@ -218,9 +232,7 @@ def test_draft_vocabulary_loss_is_the_cross_entropy_over_the_lowest_ids():
         want = []
         for i in (1, 2):
             logits = m.model.heads_logits(h, i, i + 1).squeeze(-2)[..., :24]
-            t = torch.full_like(b["targets"], PAD)
-            t[:, :-i] = b["targets"][:, i:]
-            t[t >= 24] = PAD
+            t = _ahead_in_draft(b["targets"], i, 24)
             want.append(F.cross_entropy(logits.reshape(-1, 24), t.reshape(-1), ignore_index=PAD))
     assert abs(loss.item() - 0.5 * (want[0] + want[1]).item()) < 1e-5
     assert (b["targets"] >= 24).any()  # some targets fall outside and are ignored
@@ -285,17 +297,7 @@ def test_draft_vocabulary_with_self_kd_learns_head1s_distribution_over_the_same_
     import torch.nn.functional as F
 
     mu = 0.4
-    m = BPDLightningModule(
-        _lm().config.to_dict(),
-        {"name": "t", "block_size": 3, "head_loss": "mean", "trainable": "heads", "init_from": "x"},
-        {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2}},
-        {"draft_lowest_ids": 24, "self_kd_weight": mu, "recompute": False},
-        seed=3,
-    )
-    with torch.no_grad():
-        for p in m.model.head_parameters():
-            p.normal_(0, 0.2)
-    m.train()
+    m = _k3_module({"draft_lowest_ids": 24, "self_kd_weight": mu, "recompute": False})
     b = _prompted_batch(seed=4)  # prompts without targets: the rows are compacted before the loss
     loss, per_head = m.compute_loss(b, [1, 2], [0.5, 0.5])
     with torch.no_grad():
@@ -304,9 +306,7 @@ def test_draft_vocabulary_with_self_kd_learns_head1s_distribution_over_the_same_
         want = []
         for i in (1, 2):
             logits = m.model.heads_logits(h, i, i + 1).squeeze(-2)[..., :24]
-            t = torch.full_like(b["targets"], PAD)
-            t[:, :-i] = b["targets"][:, i:]
-            t[t >= 24] = PAD
+            t = _ahead_in_draft(b["targets"], i, 24)
             keep = t.ne(PAD)
             keep[:, -i:] = False
             ce = F.cross_entropy(logits[keep], t[keep])
