@@ -11,7 +11,11 @@ model (speculative sampling: Leviathan et al. 2023, arXiv 2211.17192; Chen et al
            min(1, p(d_i) / q(d_i)), p at the position before it given the accepted prefix; at the first rejection
            the row's next token is drawn from the normalised residual max(0, p - q) there; after a fully accepted
            block from p at the last position (the bonus token). Nothing is accepted after a stop id.
-    draft  heads 2..b at the last accepted position give the next drafts, each drawn from its q.
+    draft  heads 2..b at the last accepted position give the next drafts, each drawn from its q; with prompt lookup
+           (DecodeOptions.lookup, decoder-only models) the tokens that followed the context's latest earlier
+           occurrence of its last n tokens take the first places instead (blockwise.lookup, as greedy's loops make
+           them), each with q a point mass on it: accepted with probability p(d), the residual p without d. A
+           lookup draft is a function of the accepted prefix alone, so the output keeps its distribution.
 
 Every token is then distributed as p given the tokens before it, so whole answers are distributed as plain
 ancestral sampling's -- not the same tokens as a plain sampled run with the same seed: the two consume their random
@@ -23,7 +27,7 @@ depend on its seed and its own steps only, never on its batch mates or on which 
 
 This is the reference PyTorch decoder: the native loops (engine/) do not sample yet, so every decode step goes
 through `model.decode`, head 1's full-vocabulary logits (`head1`) and the heads' draft-vocabulary logits
-(`draft_logits`, in the proposal precision); prompt lookup, candidate trees and adaptive feeding are not used here.
+(`draft_logits`, in the proposal precision); candidate trees and adaptive feeding are not used here.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bpd_train.decoding.blockwise import blockwise
+from bpd_train.decoding.blockwise import blockwise, lookup
 from bpd_train.decoding.common import (
     DEFAULT_MAX_LEN,
     decoding_mode,
@@ -112,6 +116,9 @@ class _Sampler:
         self.t, self.top_k, self.top_p = temperature, top_k, top_p
         self.eos = stop_ids(model)
         self.ids = w.draft_ids  # the heads' columns -> vocabulary ids (None: the full vocabulary)
+        # prompt lookup's n (0: off): decoder-only models, whose input rows are the prompts
+        self.look = int(w.options.lookup) if getattr(w, "lookup_context", False) and w.options.lookup else 0
+        self.prompts: dict[int, np.ndarray] = {}
 
     def probs(self, logits: Tensor) -> Tensor:
         return sampling_probs(logits, self.t, self.top_k, self.top_p)
@@ -122,6 +129,20 @@ class _Sampler:
         q = self.probs(self.w.draft_logits(h, 1, self.kb))
         col = draw(q, u)
         return q, col, col if self.ids is None else self.ids[col]
+
+    def looked_up(self, d: Tensor, out: np.ndarray, orig: np.ndarray, length: np.ndarray) -> tuple[Tensor, Tensor]:
+        """Prompt lookup's tokens over the heads' drafts d [R,b-1] (each row's context: its prompt and tokens so
+        far) -> the drafts and where lookup put them [R,b-1] (bool: q there is a point mass on the draft)."""
+        mask = torch.zeros(d.shape, dtype=torch.bool)
+        if not self.look:
+            return d, mask
+        d = d.clone()
+        for a, (o, n) in enumerate(zip(orig, length)):
+            got = lookup(np.concatenate([self.prompts[int(o)], out[o, :n]]), self.look, d.shape[1])
+            if got.size:
+                d[a, : got.size] = torch.from_numpy(got).to(d)
+                mask[a, : got.size] = True
+        return d, mask.to(d.device)
 
     def verify(self, h: Tensor, d: Tensor, qd: Tensor, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
         """The step's states h [R,b,D] -> p [R,J,V] at positions 0..J-1 and the accepted drafts n [R] (n < J).
@@ -161,6 +182,9 @@ class _Sampler:
         if orig.size == 0:
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
         dev = src.device
+        if self.look:
+            pad = model.config.pad_id
+            self.prompts = {int(o): row[row != pad].cpu().numpy() for o, row in zip(orig, src)}
         gens = [torch.Generator().manual_seed(seeds[int(r)]) for r in orig]
         state = model.start_decoding(model.encode(src, self.w), cap + kb, weights=self.w)
         hist = np.zeros(kb + 1, dtype=np.int64)
@@ -173,6 +197,7 @@ class _Sampler:
         q, col, d = self.drafts(h, u[:, 1:].to(dev))
         out[orig, 0] = x0.cpu().numpy()
         length = np.ones(orig.size, dtype=np.int64)  # cached tokens = tokens out (BOS + x0..)
+        d, looked = self.looked_up(d, out, orig, length)
         done = is_stop(out[orig, 0], eos) | (limit <= 1)
         while True:
             if done.any():  # finished rows leave the batch
@@ -183,7 +208,7 @@ class _Sampler:
                 state.lengths = length
                 idx = torch.from_numpy(keep).to(dev)
                 state.reorder(idx)
-                x0, q, col, d = x0[idx], q[idx], col[idx], d[idx]
+                x0, q, col, d, looked = x0[idx], q[idx], col[idx], d[idx], looked[idx]
                 orig, limit, length = orig[keep], limit[keep], length[keep]
                 gens = [gens[i] for i in keep]
             r = orig.size
@@ -193,9 +218,14 @@ class _Sampler:
             h = model.decode(state, x)  # [R,b,D]
             calls += 1
             u = uniforms(gens, 2 * kb - 1).to(dev)
-            p, n = self.verify(h, d, q.gather(-1, col[..., None])[..., 0], x, u[:, : kb - 1])
+            qd = torch.where(looked, 1.0, q.gather(-1, col[..., None])[..., 0])  # q(d): 1 for a lookup draft
+            p, n = self.verify(h, d, qd, x, u[:, : kb - 1])
             q_end = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)  # q = 0 past the last draft: the bonus is p
-            nxt = draw(residual(p[rows, n], self.full(q_end[rows, n])), u[:, kb - 1])  # [R]
+            q_n = self.full(q_end[rows, n])  # [R,V]: q where each row's first rejection (or the bonus) falls
+            point = (n < kb - 1) & looked[rows, n.clamp(max=kb - 2)]  # ... a lookup draft there: q a point mass
+            if bool(point.any()):
+                q_n[point] = torch.nn.functional.one_hot(d[rows, n.clamp(max=kb - 2)][point], q_n.shape[-1]).to(q_n)
+            nxt = draw(residual(p[rows, n], q_n), u[:, kb - 1])  # [R]
             new = torch.cat([d, nxt[:, None]], dim=1)
             new[rows, n] = nxt
             x_np, n_np, new_np = x.cpu().numpy(), n.cpu().numpy(), new.cpu().numpy()
@@ -207,6 +237,7 @@ class _Sampler:
             done = eos_in_block | is_stop(new_np[np.arange(r), n_np], eos) | (length >= limit)
             x0 = nxt
             q, col, d = self.drafts(h[rows, n], u[:, kb:])
+            d, looked = self.looked_up(d, out, orig, length)
         tokens = trim(out.tolist(), out_len.tolist(), eos)
         steps = int(hist.sum())
         mean = float((hist * np.arange(kb + 1)).sum() / steps) if steps else 1.0
