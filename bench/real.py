@@ -15,8 +15,8 @@ Cells (each one protocol measurement; bench/real_page.py renders them):
   step        what a k-row step costs in greedy steps (zero-initialised Medusa heads propose what head 1 would).
   transformers  our fp32 greedy against transformers' `generate` on the same file (both without a prompt cache).
   sampling    (--temperature) at each temperature, batch 1 per precision and each --batch above 1 per --batch-dtype:
-              plain sampling against blockwise sampling with each trained heads setting (its k, each --lookup;
-              narrow steps and trees do not apply), request i drawing from seed + i in every engine: speed over plain sampling and
+              plain sampling against blockwise sampling with each trained heads setting (its k, --lookup and
+              --narrow; trees do not apply), request i drawing from seed + i in every engine: speed over plain sampling and
               the mean accepted block. Answers differ from engine to engine (each consumes its random numbers its
               own way) but are distributed alike, so only speeds and acceptance are compared.
 Every blockwise cell compares its ids with greedy of the same precision, request by request. Writes
@@ -208,10 +208,10 @@ def sampling_engines(model, tok, settings: list[Heads], dtype: str, how: Samplin
     engines = {
         plain: (sampling_engine(decoder(model, options(model, tok, dtype)), how, new), {**base, "decoder": "sampling"})
     }
-    for h in {(h.name, h.k, h.lookup): h for h in settings}.values():
-        info = {**base, "decoder": "blockwise sampling", "heads": h.name, "k": h.k, "lookup": h.lookup, "plain": plain}
-        m = decoder(h.model, options(model, tok, dtype, h.lookup))
-        look = f" lookup={h.lookup}" if h.lookup else ""
+    for h in {h.label: h for h in settings}.values():
+        info = {**base, "decoder": "blockwise sampling", **h.info(), "plain": plain}
+        m = decoder(h.model, options(model, tok, dtype, h.lookup, h.narrow))
+        look = (f" lookup={h.lookup}" if h.lookup else "") + (f" narrow={h.narrow}" if h.narrow else "")
         engines[f"ours {dtype} {h.name} k={h.k}{look} sampling"] = (sampling_engine(m, how, new, h.k), info)
     return engines
 
@@ -281,15 +281,19 @@ def head_settings(heads: list[tuple[str, object]], args) -> list[Heads]:
     return out
 
 
-def sampling_settings(heads: list[tuple[str, object]], heads_k: list[int], lookups: list[int]) -> list[Heads]:
-    """The blockwise sampling settings: each trained model at each --heads-k and --lookup (narrow steps and trees do
-    not apply to sampling)."""
-    return [
-        Heads(name, trained, k, lookup)
-        for name, trained in heads
-        for k in [k for k in heads_k if k <= trained.config.block_size] or [trained.config.block_size]
-        for lookup in lookups
-    ]
+def sampling_settings(heads: list[tuple[str, object]], args) -> list[Heads]:
+    """The blockwise sampling settings: each trained model at each --heads-k, --lookup and --narrow (narrow steps act
+    with lookup only, on fewer rows than the block; trees do not apply to sampling)."""
+    out = []
+    for name, trained in heads:
+        kt = trained.config.block_size
+        for k, lookup, narrow in itertools.product(
+            [k for k in args.heads_k if k <= kt] or [kt], args.lookup, args.narrow
+        ):
+            if narrow and (not lookup or narrow >= k):
+                continue
+            out.append(Heads(name, trained, k, lookup, narrow))
+    return out
 
 
 def batched(settings: list[Heads]) -> list[Heads]:
@@ -402,7 +406,7 @@ def main(argv=None) -> None:
     shipped = loaded.weight_type or "?"  # the GGUF file's own weight type, as read at load
     heads = [(Path(h).name, load(h).model) for h in args.heads]
     settings = head_settings(heads, args)
-    sampled = sampling_settings(heads, args.heads_k, args.lookup)
+    sampled = sampling_settings(heads, args)
     stops = set(model.config.eos_ids or [model.config.eos_id])
     print(f"{spec}\nCPU: {cpu_model()} ({engine_name()}), torch {torch.__version__}", flush=True)
     rows = []

@@ -281,7 +281,8 @@ def sampling_section(cells: list[dict]) -> list[str]:
                     "plain sampling"
                     if e.get("decoder") == "sampling"
                     else f"blockwise sampling, {e.get('heads', 'heads')}, k = {e['k']}"
-                    + (f", lookup {e['lookup']}" if e.get("lookup") else ""),
+                    + (f", lookup {e['lookup']}" if e.get("lookup") else "")
+                    + (f", narrow {e['narrow']}" if e.get("narrow") else ""),
                     _tok(e["tok_s"]),
                     _x(e.get("vs_plain")),
                     f"{e['mean_accepted']:.2f}" if "mean_accepted" in e else "–",

@@ -72,12 +72,14 @@ def test_sampling_engines_seed_each_request_alike_alone_or_in_a_batch(tmp_path):
     heads = real.Heads("zero", real.with_zero_heads(model, 4), 4)
     base = {"engine": "ours", "dtype": "fp32"}
     how = real.Sampling(1.0, top_p=0.95)
-    engines = real.sampling_engines(model, tok, [heads, real.Heads("zero", heads.model, 4, lookup=3)], "fp32", how,
-                                    12, base)  # fmt: skip
+    narrowed = real.Heads("zero", heads.model, 4, lookup=3, narrow=2)
+    settings = [heads, real.Heads("zero", heads.model, 4, lookup=3), narrowed]
+    engines = real.sampling_engines(model, tok, settings, "fp32", how, 12, base)
     assert list(engines) == [
         "ours fp32 sampling",
         "ours fp32 zero k=4 sampling",
         "ours fp32 zero k=4 lookup=3 sampling",
+        "ours fp32 zero k=4 lookup=3 narrow=2 sampling",
     ]
     asked = [real.Asked(tok.chat_ids([{"role": "user", "content": q}]), s) for q, s in (("hi", 3), ("2 + 2?", 4))]
     for run, info in engines.values():
@@ -100,6 +102,8 @@ def test_sampling_times_every_heads_k_even_where_narrow_steps_leave_one_out():
     trained = SimpleNamespace(config=SimpleNamespace(block_size=8))
     args = SimpleNamespace(heads_k=[2, 4, 16], lookup=[3], narrow=[2], tree=[()])
     assert [h.k for h in real.head_settings([("h", trained)], args)] == [4]  # narrow 2 needs k > 2
-    got = real.sampling_settings([("h", trained)], args.heads_k, [0, 3])  # with and without prompt lookup
-    assert [(h.name, h.k, h.lookup) for h in got] == [("h", 2, 0), ("h", 2, 3), ("h", 4, 0), ("h", 4, 3)]
-    assert [h.k for h in real.sampling_settings([("h", trained)], [], [0])] == [8]  # default: the heads' own k
+    args.lookup, args.narrow = [0, 3], [0, 2]  # with and without prompt lookup and narrow steps
+    got = [(h.k, h.lookup, h.narrow) for h in real.sampling_settings([("h", trained)], args)]
+    assert got == [(2, 0, 0), (2, 3, 0), (4, 0, 0), (4, 3, 0), (4, 3, 2)]  # narrow: with lookup, below k
+    args.heads_k, args.lookup, args.narrow = [], [0], [0]
+    assert [h.k for h in real.sampling_settings([("h", trained)], args)] == [8]  # default: the heads' own k

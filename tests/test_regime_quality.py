@@ -3,8 +3,8 @@
 Three corpora through training at a toy size (a d_model 128 model, 600 base steps, 150 head steps; greedy BLEU over
 every validation sentence):
 - GIMP's user-interface strings (data/ui-en-de/gimp: 5,617 English->German pairs of ~4 words) through the pipeline:
-  `finetune` keeps the base's BLEU, `both` (on the base's beam output) stays near it, and `finetune` with head 1 at
-  1/k of the loss (the default before) falls far below, so the check fails if that loss comes back;
+  `finetune` and `both` (on a stronger teacher's beam output, as in make demo) keep the base's BLEU, and `finetune`
+  with head 1 at 1/k of the loss (the default before) falls far below, so the check fails if that loss comes back;
 - VLC's user-interface strings (data/ui-en-de/vlc: 3,485 pairs) and the bundled Bible (28k verses of ~30 words):
   `finetune` keeps the base's BLEU.
 docs/experiments.md, "What `finetune` and `both` cost on small corpora", has the numbers behind the bounds.
@@ -57,10 +57,11 @@ EVAL = [
 # Within this of the base at the toy size (the goal at the demo's size is 1.5; the toy model is weaker and noisier),
 # while the 1/k share loses far more (docs/experiments.md, section 9).
 MAX_DROP = 2.5
-# `both`'s goal is within 0.5 of the base, or above; at the toy size, where its teacher is the base itself (no
-# stronger model), it reads 4.0 below (3.5 with the teacher's length penalty at 2.0), so this bound catches a larger
-# loss, not a miss of the goal (docs/experiments.md, section 9)
-BOTH_MAX_DROP = 5.0
+# `both`'s goal: within 0.5 of the base, or above. As make demo does, it distils from a stronger teacher (the base
+# trained on to twice its steps) and relearns the whole model for four times the heads' steps: from the base itself
+# as teacher, or in 150 steps, it fell 4.0 / 1.9 below (docs/experiments.md, section 9)
+BOTH_MAX_DROP = 0.5
+PIPELINE = ["pipeline.teacher_steps=1200", "pipeline.regime_overrides={both:['steps.heads=600']}"]
 
 
 def run(args: list[str]) -> str:
@@ -85,7 +86,8 @@ def scores(common: list[str], corpus, runs: list[str], name: str) -> dict[str, f
 def test_finetune_and_both_keep_the_base_bleu_on_short_ui_strings(tmp_path):
     art = tmp_path / "artifacts"
     common = ["experiment=smoke", *ui("gimp"), *TOY, f"paths.artifacts={art}", f"paths.outputs={tmp_path / 'out'}"]
-    out = run(["-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "finetune,both", *common[1:]])
+    pipeline = ["-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "finetune,both"]
+    out = run([*pipeline, *common[1:], *PIPELINE])
     assert "BLEU against the base: finetune-k4" in out  # the recommendation says what the regime cost
     corpus = art / "gimp"
     bleu = scores(common, corpus, ["base", "heads/finetune-k4", "heads/both-k4"], "default")

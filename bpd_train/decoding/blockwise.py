@@ -159,6 +159,11 @@ def lookup(context: np.ndarray, n: int, want: int) -> np.ndarray:
     """Prompt lookup's proposals for one row, as the native loops make them (csrc/loops.h LoopModel::lookup): where
     the context's last n (else fewer, down to 1) tokens occurred before, up to `want` tokens that followed their
     latest earlier occurrence; none where nothing repeats."""
+    return lookup_match(context, n, want)[0]
+
+
+def lookup_match(context: np.ndarray, n: int, want: int) -> tuple[np.ndarray, int]:
+    """`lookup`'s proposals and how many of the context's last tokens matched (0: none)."""
     c = np.asarray(context, dtype=np.int64)
     size = c.size
     for m in range(min(n, size - 1), 0, -1):
@@ -166,8 +171,8 @@ def lookup(context: np.ndarray, n: int, want: int) -> np.ndarray:
         hits = np.flatnonzero((earlier == c[size - m :]).all(1))
         if hits.size:
             j = int(hits[-1]) + m
-            return c[j : j + min(want, size - j)]
-    return c[:0]
+            return c[j : j + min(want, size - j)], m
+    return c[:0], 0
 
 
 class _Blockwise(BlockwiseStep):

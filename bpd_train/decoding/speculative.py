@@ -14,8 +14,11 @@ model (speculative sampling: Leviathan et al. 2023, arXiv 2211.17192; Chen et al
     draft  heads 2..b at the last accepted position give the next drafts, each drawn from its q; with prompt lookup
            (DecodeOptions.lookup, decoder-only models) the tokens that followed the context's latest earlier
            occurrence of its last n tokens take the first places instead (blockwise.lookup, as greedy's loops make
-           them), each with q a point mass on it: accepted with probability p(d), the residual p without d. A
-           lookup draft is a function of the accepted prefix alone, so the output keeps its distribution.
+           them), each with q a point mass on it: accepted with probability p(d), the residual p without d. With
+           narrow steps (DecodeOptions.narrow = w) a row whose context repeats fewer than 2 tokens drafts only w - 1
+           tokens, from its heads: its later places in the call are never accepted and its bonus token is drawn
+           after its w - 1 drafts. Lookup's drafts and a row's width are functions of its accepted prefix alone, so
+           the output keeps its distribution, and a row's width does not depend on its batch mates.
 
 Every token is then distributed as p given the tokens before it, so whole answers are distributed as plain
 ancestral sampling's -- not the same tokens as a plain sampled run with the same seed: the two consume their random
@@ -39,7 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bpd_train.decoding.blockwise import blockwise, lookup
+from bpd_train.decoding.blockwise import blockwise, lookup_match
 from bpd_train.decoding.common import (
     DEFAULT_MAX_LEN,
     decoding_mode,
@@ -118,6 +121,7 @@ class _Sampler:
         self.ids = w.draft_ids  # the heads' columns -> vocabulary ids (None: the full vocabulary)
         # prompt lookup's n (0: off): decoder-only models, whose input rows are the prompts
         self.look = int(w.options.lookup) if getattr(w, "lookup_context", False) and w.options.lookup else 0
+        self.narrow = min(int(w.options.narrow), kb) if self.look and w.options.narrow else 0
         self.prompts: dict[int, np.ndarray] = {}
 
     def probs(self, logits: Tensor) -> Tensor:
@@ -130,28 +134,33 @@ class _Sampler:
         col = draw(q, u)
         return q, col, col if self.ids is None else self.ids[col]
 
-    def looked_up(self, d: Tensor, out: np.ndarray, orig: np.ndarray, length: np.ndarray) -> tuple[Tensor, Tensor]:
+    def looked_up(self, d: Tensor, out: np.ndarray, orig: np.ndarray, length: np.ndarray):
         """Prompt lookup's tokens over the heads' drafts d [R,b-1] (each row's context: its prompt and tokens so
-        far) -> the drafts and where lookup put them [R,b-1] (bool: q there is a point mass on the draft)."""
+        far) -> the drafts, where lookup put them [R,b-1] (bool: q there is a point mass on the draft) and each
+        row's width [R] (1 + the drafts it has verified: narrow where the context repeats fewer than 2 tokens)."""
         mask = torch.zeros(d.shape, dtype=torch.bool)
+        width = np.full(d.shape[0], self.kb, dtype=np.int64)
         if not self.look:
-            return d, mask
+            return d, mask, width
         d = d.clone()
         for a, (o, n) in enumerate(zip(orig, length)):
-            got = lookup(np.concatenate([self.prompts[int(o)], out[o, :n]]), self.look, d.shape[1])
-            if got.size:
+            got, matched = lookup_match(np.concatenate([self.prompts[int(o)], out[o, :n]]), self.look, d.shape[1])
+            if self.narrow and matched < 2:
+                width[a] = self.narrow  # the heads' first drafts only, as greedy's narrow steps
+            elif got.size:
                 d[a, : got.size] = torch.from_numpy(got).to(d)
                 mask[a, : got.size] = True
-        return d, mask.to(d.device)
+        return d, mask.to(d.device), width
 
-    def verify(self, h: Tensor, d: Tensor, qd: Tensor, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    def verify(self, h: Tensor, d: Tensor, qd: Tensor, x: Tensor, u: Tensor, live: Tensor) -> tuple[Tensor, Tensor]:
         """The step's states h [R,b,D] -> p [R,J,V] at positions 0..J-1 and the accepted drafts n [R] (n < J).
         Draft j+1 (d [R,b-1], q(d) = qd [R,b-1]) is judged by p at position j: accepted with probability
-        min(1, p/q) (u [R,b-1]), never after a stop id (x [R,b]). Head 1's logits and p are computed position by
-        position while some row still accepts: the positions after every row's first rejection are never needed
-        (the step weights compute a row's logits alike alone or among others)."""
+        min(1, p/q) (u [R,b-1]), never after a stop id (x [R,b]) nor past a row's width (live [R,b-1]). Head 1's
+        logits and p are computed position by position while some row still accepts: the positions after every
+        row's first rejection are never needed (the step weights compute a row's logits alike alone or among
+        others)."""
         r, b = d.shape[0], d.shape[1] + 1
-        ok = ~is_stop(x[:, :-1], self.eos)  # nothing is accepted after a stop id
+        ok = ~is_stop(x[:, :-1], self.eos) & live  # nothing is accepted after a stop id or past the row's width
         going = torch.ones(r, dtype=torch.bool, device=d.device)
         n = torch.zeros(r, dtype=torch.long, device=d.device)
         ps = []
@@ -197,7 +206,7 @@ class _Sampler:
         q, col, d = self.drafts(h, u[:, 1:].to(dev))
         out[orig, 0] = x0.cpu().numpy()
         length = np.ones(orig.size, dtype=np.int64)  # cached tokens = tokens out (BOS + x0..)
-        d, looked = self.looked_up(d, out, orig, length)
+        d, looked, width = self.looked_up(d, out, orig, length)
         done = is_stop(out[orig, 0], eos) | (limit <= 1)
         while True:
             if done.any():  # finished rows leave the batch
@@ -208,36 +217,40 @@ class _Sampler:
                 state.lengths = length
                 idx = torch.from_numpy(keep).to(dev)
                 state.reorder(idx)
-                x0, q, col, d, looked = x0[idx], q[idx], col[idx], d[idx], looked[idx]
+                x0, q, col, d, looked, width = x0[idx], q[idx], col[idx], d[idx], looked[idx], width[keep]
                 orig, limit, length = orig[keep], limit[keep], length[keep]
                 gens = [gens[i] for i in keep]
             r = orig.size
             rows = torch.arange(r, device=dev)
-            x = torch.cat([x0[:, None], d], dim=1)  # [R,b]
+            b = int(width.max())  # this call's width: its widest row's
+            wr = torch.from_numpy(width).to(dev)
+            live = torch.arange(kb - 1, device=dev)[None, :] < (wr[:, None] - 1)  # [R,kb-1]: drafts each row verifies
+            x = torch.cat([x0[:, None], d[:, : b - 1]], dim=1)  # [R,b]
             state.lengths = int(length[0]) if r == 1 else length
             h = model.decode(state, x)  # [R,b,D]
             calls += 1
             u = uniforms(gens, 2 * kb - 1).to(dev)
             qd = torch.where(looked, 1.0, q.gather(-1, col[..., None])[..., 0])  # q(d): 1 for a lookup draft
-            p, n = self.verify(h, d, qd, x, u[:, : kb - 1])
+            p, n = self.verify(h, d[:, : b - 1], qd[:, : b - 1], x, u[:, : b - 1], live[:, : b - 1])
             q_end = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)  # q = 0 past the last draft: the bonus is p
             q_n = self.full(q_end[rows, n])  # [R,V]: q where each row's first rejection (or the bonus) falls
-            point = (n < kb - 1) & looked[rows, n.clamp(max=kb - 2)]  # ... a lookup draft there: q a point mass
+            q_n[n == wr - 1] = 0.0  # all of a row's drafts accepted: its bonus token, from p
+            point = (n < wr - 1) & looked[rows, n.clamp(max=kb - 2)]  # ... a lookup draft there: q a point mass
             if bool(point.any()):
                 q_n[point] = torch.nn.functional.one_hot(d[rows, n.clamp(max=kb - 2)][point], q_n.shape[-1]).to(q_n)
             nxt = draw(residual(p[rows, n], q_n), u[:, kb - 1])  # [R]
-            new = torch.cat([d, nxt[:, None]], dim=1)
+            new = torch.cat([d[:, : b - 1], nxt[:, None]], dim=1)
             new[rows, n] = nxt
             x_np, n_np, new_np = x.cpu().numpy(), n.cpu().numpy(), new.cpu().numpy()
             eos_in_block = is_stop(x_np[np.arange(r), n_np], eos)  # the last accepted draft was a stop id
             c = np.minimum(n_np + 1 - eos_in_block, limit - length)
-            out[orig[:, None], length[:, None] + np.arange(kb)] = new_np
+            out[orig[:, None], length[:, None] + np.arange(b)] = new_np
             length += c
             hist += np.bincount(c, minlength=kb + 1)
             done = eos_in_block | is_stop(new_np[np.arange(r), n_np], eos) | (length >= limit)
             x0 = nxt
             q, col, d = self.drafts(h[rows, n], u[:, kb:])
-            d, looked = self.looked_up(d, out, orig, length)
+            d, looked, width = self.looked_up(d, out, orig, length)
         tokens = trim(out.tolist(), out_len.tolist(), eos)
         steps = int(hist.sum())
         mean = float((hist * np.arange(kb + 1)).sum() / steps) if steps else 1.0
