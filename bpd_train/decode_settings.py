@@ -321,14 +321,15 @@ class DecodeSettings:
     lookup: int = setting(
         0,
         "decoder-only: N > 0 also proposes from the prompt and answer so far where their last N..1 tokens occurred "
-        "before (prompt lookup; output unchanged; adaptive feeding on batches only); 0: off",
+        "before (prompt lookup; output unchanged, sampling's distribution too; adaptive feeding on batches only); "
+        "0: off",
         _ints(0, 8, "an int in 0..8 (0: off)"),
         metavar="N",
     )
     narrow: int = setting(
         0,
-        "with lookup, one row: a step whose context repeats fewer than 2 tokens feeds W rows (the heads' first "
-        "W-1 proposals) instead of the full block; output unchanged; 0: always the full block",
+        "with lookup, one row (sampling: each row): a step whose context repeats fewer than 2 tokens feeds W rows "
+        "(the heads' first W-1 proposals) instead of the full block; output unchanged; 0: always the full block",
         _ints(
             0, None, "0 (off) or an int >= 2 (rows of a step whose context repeats < 2 tokens)", allow=lambda n: n != 1
         ),

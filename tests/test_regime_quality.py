@@ -2,11 +2,11 @@
 
 Three corpora through training at a toy size (a d_model 128 model, 600 base steps, 150 head steps; greedy BLEU over
 every validation sentence):
-- GIMP's user-interface strings (data/ui-en-de/gimp: 5,617 English->German pairs of ~4 words) through the pipeline:
-  `finetune` and `both` (on a stronger teacher's beam output, as in make demo) keep the base's BLEU, and `finetune`
-  with head 1 at 1/k of the loss (the default before) falls far below, so the check fails if that loss comes back;
-- VLC's user-interface strings (data/ui-en-de/vlc: 3,485 pairs) and the bundled Bible (28k verses of ~30 words):
-  `finetune` keeps the base's BLEU.
+- GIMP's and VLC's user-interface strings (data/ui-en-de/gimp: 5,617 English->German pairs of ~4 words; vlc: 3,485)
+  through the pipeline: `finetune` and `both` (on a stronger teacher's beam output, as in make demo) keep the base's
+  BLEU; on GIMP `finetune` with head 1 at 1/k of the loss (the default before) falls far below, so the check fails
+  if that loss comes back;
+- the bundled Bible (28k verses of ~30 words): `finetune` keeps the base's BLEU.
 docs/experiments.md, "What `finetune` and `both` cost on small corpora", has the numbers behind the bounds.
 """
 
@@ -82,18 +82,25 @@ def scores(common: list[str], corpus, runs: list[str], name: str) -> dict[str, f
     return out
 
 
+# a UI corpus -> the least BLEU of a base that translates at the toy size (GIMP's reads 15.09, VLC's 6.76)
+UI_LEAST = {"gimp": 8.0, "vlc": 5.0}
+
+
 @pytest.mark.slow
-def test_finetune_and_both_keep_the_base_bleu_on_short_ui_strings(tmp_path):
+@pytest.mark.parametrize("name", list(UI_LEAST))
+def test_finetune_and_both_keep_the_base_bleu_on_short_ui_strings(name, tmp_path):
     art = tmp_path / "artifacts"
-    common = ["experiment=smoke", *ui("gimp"), *TOY, f"paths.artifacts={art}", f"paths.outputs={tmp_path / 'out'}"]
+    common = ["experiment=smoke", *ui(name), *TOY, f"paths.artifacts={art}", f"paths.outputs={tmp_path / 'out'}"]
     pipeline = ["-m", "bpd_train.pipeline", "--experiment", "smoke", "--regimes", "finetune,both"]
     out = run([*pipeline, *common[1:], *PIPELINE])
     assert "BLEU against the base: finetune-k4" in out  # the recommendation says what the regime cost
-    corpus = art / "gimp"
+    corpus = art / name
     bleu = scores(common, corpus, ["base", "heads/finetune-k4", "heads/both-k4"], "default")
-    assert bleu["base"] > 8, bleu  # a model that translates, or the comparison says nothing
+    assert bleu["base"] > UI_LEAST[name], bleu  # a model that translates, or the comparison says nothing
     assert bleu["finetune-k4"] >= bleu["base"] - MAX_DROP, bleu
     assert bleu["both-k4"] >= bleu["base"] - BOTH_MAX_DROP, bleu
+    if name != "gimp":
+        return
 
     # the same `finetune` run with head 1 at 1/k of the loss: the check above would fail on it
     run(
@@ -111,20 +118,20 @@ def test_finetune_and_both_keep_the_base_bleu_on_short_ui_strings(tmp_path):
     assert old["finetune-mean-k4"] < bleu["base"] - MAX_DROP, (old, bleu)
 
 
-# corpus -> (data overrides, the least BLEU of a base that translates at the toy size, how far below it `finetune`
-# may fall): VLC's base reads 6.76, the Bible's 1.42 (30-word verses: a toy model after 600 steps translates little,
-# so its bound is tighter than MAX_DROP, which would accept any score)
-OTHER = {"vlc": (ui("vlc"), 5.0, MAX_DROP), "bible_en_fr": (["data=bible_en_fr"], 1.0, 0.5)}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(OTHER))
-def test_finetune_keeps_the_base_bleu_on_another_ui_corpus_and_on_long_sentences(name, tmp_path):
-    data, least, max_drop = OTHER[name]
+def test_finetune_keeps_the_base_bleu_on_long_sentences(tmp_path):
+    """The bundled Bible (30-word verses): a toy model after 600 steps translates little (1.42 BLEU), so the bound is
+    tighter than MAX_DROP, which would accept any score."""
     art = tmp_path / "artifacts"
-    common = ["experiment=smoke", *data, *TOY, f"paths.artifacts={art}", f"paths.outputs={tmp_path / 'out'}"]
+    common = [
+        "experiment=smoke",
+        "data=bible_en_fr",
+        *TOY,
+        f"paths.artifacts={art}",
+        f"paths.outputs={tmp_path / 'out'}",
+    ]
     run(["train.py", "+regime=base", *common])
     run(["train.py", "+regime=finetune", *common, "model.block_size=4"])
-    bleu = scores(common, art / name, ["base", "heads/finetune-k4"], "default")
-    assert bleu["base"] > least, bleu
-    assert bleu["finetune-k4"] >= bleu["base"] - max_drop, bleu
+    bleu = scores(common, art / "bible_en_fr", ["base", "heads/finetune-k4"], "default")
+    assert bleu["base"] > 1.0, bleu
+    assert bleu["finetune-k4"] >= bleu["base"] - 0.5, bleu
