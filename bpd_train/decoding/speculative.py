@@ -59,6 +59,8 @@ from bpd_train.engine.weights import PackedWeights
 
 log = logging.getLogger(__name__)
 _said = False
+# head 1's positions per call in verification: most steps accept fewer drafts than this (narrow steps verify one)
+CHUNK = 4
 
 
 def residual(p: Tensor, q: Tensor) -> Tensor:
@@ -156,24 +158,24 @@ class _Sampler:
         """The step's states h [R,b,D] -> p [R,J,V] at positions 0..J-1 and the accepted drafts n [R] (n < J).
         Draft j+1 (d [R,b-1], q(d) = qd [R,b-1]) is judged by p at position j: accepted with probability
         min(1, p/q) (u [R,b-1]), never after a stop id (x [R,b]) nor past a row's width (live [R,b-1]). Head 1's
-        logits and p are computed position by position while some row still accepts: the positions after every
-        row's first rejection are never needed (the step weights compute a row's logits alike alone or among
-        others)."""
+        logits and p come CHUNK positions a call while some row still accepts: one call for most steps, and the
+        positions after every row's first rejection are mostly never computed (the step weights compute a row's
+        logits alike alone or among others)."""
         r, b = d.shape[0], d.shape[1] + 1
         ok = ~is_stop(x[:, :-1], self.eos) & live  # nothing is accepted after a stop id or past the row's width
         going = torch.ones(r, dtype=torch.bool, device=d.device)
         n = torch.zeros(r, dtype=torch.long, device=d.device)
         ps = []
-        for j in range(b):
-            ps.append(self.probs(self.w.head1(h[:, j])))  # [R,V]
-            if j == b - 1:
+        for lo in range(0, b, CHUNK):
+            hi = min(lo + CHUNK, b)
+            ps.append(self.probs(self.w.head1(h[:, lo:hi])))  # [R,hi-lo,V]
+            for j in range(lo, min(hi, b - 1)):
+                pd = ps[-1][:, j - lo].gather(-1, d[:, j, None])[:, 0]
+                going &= ok[:, j] & (u[:, j] * qd[:, j] < pd)
+                n += going
+            if hi >= b or not bool(going.any()):
                 break
-            pd = ps[j].gather(-1, d[:, j, None])[:, 0]
-            going &= ok[:, j] & (u[:, j] * qd[:, j] < pd)
-            n += going
-            if not bool(going.any()):
-                break
-        return torch.stack(ps, dim=1), n
+        return torch.cat(ps, dim=1), n
 
     def full(self, q: Tensor) -> Tensor:
         """q [R,Vd] over the draft vocabulary -> [R,V] over the full one (0 off the draft vocabulary)."""
