@@ -2,6 +2,10 @@
 a GGUF's 4-bit groups or bf16 values exactly are packed as such and give the fp32 kernels' bits, for any number of
 rows and threads; any other weight stays plain fp32."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -81,24 +85,38 @@ def _thp_eligible(ptr: int) -> bool | None:
     return None
 
 
+# The check runs in a fresh interpreter: in a long-lived test process, memory an earlier region was advised on can
+# come back from the allocator to an ordinary tensor, which then reads as eligible too.
+HUGE_PAGES_CHECK = """
+import torch
+from test_engine_compact import _thp_eligible
+from bpd_train.engine.fastlinear import PackedLinear, native_kernels
+ext = native_kernels()
+w = torch.randn(2048, 1024, generator=torch.Generator().manual_seed(1))  # 8 MiB packed: streamed every step
+lin = PackedLinear(w, None, "fp32")
+ext.set_huge_pages(False)
+ref = PackedLinear(w, None, "fp32")
+ext.set_huge_pages(True)
+x = torch.randn(5, 1024)
+print(lin.data.data_ptr() % 4096, torch.equal(lin(x), ref(x)), _thp_eligible(lin.data.data_ptr()),
+      _thp_eligible(ref.data.data_ptr()))
+"""
+
+
 @native
 def test_large_packed_weights_sit_in_memory_advised_for_huge_pages():
-    ext = native_kernels()
-    w = torch.randn(2048, 1024, generator=torch.Generator().manual_seed(1))  # 8 MiB packed: streamed every step
-    lin = PackedLinear(w, None, "fp32")
-    ext.set_huge_pages(False)
-    try:
-        ref = PackedLinear(w, None, "fp32")
-    finally:
-        ext.set_huge_pages(True)
-    assert lin.data.data_ptr() % 4096 == 0  # page-aligned, in a region of 2 MiB pages
-    x = torch.randn(5, 1024)
-    assert torch.equal(lin(x), ref(x))  # the same bits either way
+    r = subprocess.run(
+        [sys.executable, "-c", HUGE_PAGES_CHECK], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    offset, same, eligible, ref_eligible = r.stdout.split()[-4:]
+    assert offset == "0"  # page-aligned, in a region of 2 MiB pages
+    assert same == "True"  # the same bits either way
     try:
         thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
     except OSError:
         thp = "[never]"  # no transparent huge pages on this system: alignment and bits are all there is to check
-    if "[never]" not in thp and (eligible := _thp_eligible(lin.data.data_ptr())) is not None:
-        assert eligible, "the packed weight's mapping is not eligible for transparent huge pages"
+    if "[never]" not in thp and eligible != "None":
+        assert eligible == "True", "the packed weight's mapping is not eligible for transparent huge pages"
         if "[madvise]" in thp:  # our advice is what makes it so
-            assert _thp_eligible(ref.data.data_ptr()) is False
+            assert ref_eligible == "False"

@@ -29,7 +29,6 @@ from omegaconf import OmegaConf
 
 import bpd_train
 from bpd_train.model import BPDConfig
-from bpd_train.training.losses import head_weights
 from bpd_train.training.module import BPDLightningModule
 from bpd_train.training.regimes import Regime
 
@@ -112,10 +111,10 @@ def test_demo_distils_from_a_stronger_teacher_and_trains_both_longer():
     demo = train_cfg("base", "demo")
     assert demo.pipeline.teacher_steps >= 2 * demo.steps.base  # the teacher: the base trained on, twice as long
     both = list(demo.pipeline.regime_overrides.both)
-    # head 1 at a quarter of the loss: every head at 1/k for make demo's k = 4, bit for bit; at k = 8, 1/k left head 1
-    # an eighth and `both` 6.64 BLEU where a quarter gave 8.29 (docs/experiments.md)
-    assert "loss.p1_weight=0.25" in both
-    assert head_weights("mean", [0, 1, 2, 3], p1_weight=0.25) == head_weights("mean", [0, 1, 2, 3])
+    # head 1 keeps the regime's own half of the loss: at the demo's 1000 steps 8.82 BLEU / k-hat 2.06 against 7.79 /
+    # 2.09 at a quarter, which also lost BLEU on short UI strings (docs/experiments.md, section 9)
+    assert not any(o.startswith("loss.p1_weight") for o in both)
+    assert train_cfg("both", "demo").loss.p1_weight == 0.5
     steps = [int(o.split("=")[1]) for o in both if o.startswith("steps.heads=")]
     assert steps and steps[0] >= 4 * demo.steps.heads  # 1000: BLEU 8.42 / k-hat 2.08 vs 7.54 / 2.05 at 500
     assert set(demo.pipeline.regime_overrides) == {"both", "self"}  # the other regimes keep the demo's budget
