@@ -6,22 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bpd_train.evaluation.report import exact_rows
+
 
 def chosen(report: dict, runs: dict[str, Path]) -> tuple[str | None, str | None, str | None]:
     """(best run, best run with a transformers heads format (not chained), best Medusa run): the fastest under exact
     acceptance at the smallest batch size (ties: higher k̂). Every run has the frozen backbone's greedy output, so
     speed is the only thing between them."""
-    bs = min(report["settings"]["batch_sizes"])
-    rows = [
-        r
-        for r in report["rows"]
-        if r["rule"] == "exact"
-        and r["batch_size"] == bs
-        and r["k"] > 1
-        and r["agreement"] == 100.0
-        and r["speedup"] is not None
-        and r["checkpoint"] in runs
-    ]
+    rows = [r for r in exact_rows(report) if r["k"] > 1 and r["checkpoint"] in runs]
     rank = lambda r: (max(r["speedup"], r.get("adaptive_speedup") or 0.0), r["mean_accepted"])  # noqa: E731
     best = max(rows, key=rank, default=None)
     hf = max((r for r in rows if not r["checkpoint"].startswith("distill-chain")), key=rank, default=None)

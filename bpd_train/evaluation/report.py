@@ -127,6 +127,21 @@ def add_comparisons(report: dict) -> None:
     report["best"] = choose_best(report)
 
 
+def exact_rows(report: dict) -> list[dict]:
+    """The report's rows of exact blockwise decoding at its smallest batch size whose output is greedy's (agreement
+    100 %) and whose speed was measured: what a recommendation chooses among."""
+    bs = min(report["settings"]["batch_sizes"])
+    return [
+        r
+        for r in report["rows"]
+        if r["rule"] == "exact"
+        and r["batch_size"] == bs
+        and r["agreement"] == 100.0
+        and r["speedup"] is not None
+        and not math.isnan(r["speedup"])
+    ]
+
+
 def choose_best(report: dict) -> dict:
     """The run to hand a user (the demo exports it): see BEST_RULE. Ties go to the higher k̂."""
     drop = float(report["settings"].get("max_bleu_drop", 1.0))
@@ -141,17 +156,7 @@ def choose_best(report: dict) -> dict:
         }
     floor = quality(base)["bleu"] - drop
     costs = bleu_costs(report, base)
-    bs = min(report["settings"]["batch_sizes"])
-    rows = [
-        r
-        for r in report["rows"]
-        if r["rule"] == "exact"
-        and r["batch_size"] == bs
-        and r["model_k"] > 1
-        and r["agreement"] == 100.0
-        and r["speedup"] is not None
-        and not math.isnan(r["speedup"])
-    ]
+    rows = [r for r in exact_rows(report) if r["model_k"] > 1]
     bleu = {c["name"]: quality(c)["bleu"] for c in report["checkpoints"]}  # exact output = greedy output
     ok = [r for r in rows if bleu[r["checkpoint"]] >= floor - 1e-9]
     fastest = max(ok, key=lambda r: (r["speedup"], r["mean_accepted"]), default=None)
