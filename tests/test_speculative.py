@@ -21,8 +21,9 @@ import pytest
 import torch
 from test_decoding import random_model, random_sources
 
-from bpd_train.decoding import blockwise, greedy, sample, speculative_sample
+from bpd_train.decoding import blockwise, greedy, sample
 from bpd_train.decoding import speculative as spec
+from bpd_train.decoding import speculative_sample as _speculative_sample
 from bpd_train.decoding.common import decoding_mode, start_tokens
 from bpd_train.decoding.sampling import keep_mask, sampling_probs
 from bpd_train.engine.packed import DecodeOptions
@@ -35,6 +36,14 @@ ALPHA = 1e-3
 TV_FACTOR = 2.0
 Z = {1e-3: 3.090232306167813}
 WRONG = 5  # the token "wrong" heads point at
+
+
+def speculative_sample(*args, native: bool = False, **kw):
+    """The reference PyTorch decoder (the tests here patch its Python pieces); tests/test_native_sampling.py holds
+    the native loop to the same tests."""
+    return _speculative_sample(*args, native=native, **kw)
+
+
 DRAFT = (2, 3, 5, 6)  # a draft vocabulary: half the ids, the stop id (2) and WRONG among them
 
 
@@ -226,12 +235,13 @@ def test_heads_drafting_within_a_draft_vocabulary_keep_the_models_distribution(
 
 def test_plain_sampling_passes_the_same_test():
     """The reference the blockwise sampler is held to: plain ancestral sampling (decoding/sampling.py, one token per
-    decoder call, Gumbel-max) against the same enumeration, top-k and top-p included."""
+    decoder call, Gumbel-max: the Python loop; tests/test_native_sampling.py holds the native loop to the same test)
+    against the same enumeration, top-k and top-p included."""
     for family, k, m, t, top_k, top_p in (CASES[0], CASES[3]):
         model = MODELS[family](k)
         src = _source(family, model)
         exact = exact_distribution(model, src, m, t, top_k, top_p)
-        r = sample(model, src.repeat(N, 1), max_len=m, temperature=t, top_k=top_k, top_p=top_p, seed=11)
+        r = sample(model, src.repeat(N, 1), max_len=m, temperature=t, top_k=top_k, top_p=top_p, seed=11, native=False)
         chi2, crit, tv, bound = fit(r.tokens, exact)
         print(f"PLAIN {family} T={t} top_k={top_k} top_p={top_p}: chi2={chi2:.1f} (crit {crit:.1f}) TV={tv:.4f}")
         assert chi2 < crit and tv < bound, (chi2, crit, tv, bound)

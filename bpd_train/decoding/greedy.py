@@ -30,19 +30,9 @@ def greedy(model, src, max_len=DEFAULT_MAX_LEN, weights: PackedWeights | None = 
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
         state = model.start_decoding(model.encode(src, w), cap, weights=w)
         tok = start_tokens(model, state, orig.size, dev)[:, 0]  # [R] BOS, or an LM's last prompt tokens
-        to_end = getattr(w, "greedy_to_end", None)
-        got = to_end(model, state, tok, limit, cap) if to_end is not None else None
-        if got is not None:  # the whole batch in one native call, finished rows leaving inside it
-            toks, steps = got
-            out[orig, : toks.shape[1]] = toks
-            out_len[orig] = steps
-            return DecodeResult(
-                tokens=trim(out.tolist(), out_len.tolist(), stop),
-                calls=toks.shape[1] - 1,
-                prefill_calls=1,
-                mean_accepted=1.0,
-                accepted_hist=_hist(int((steps - 1).sum())),
-            )
+        done = to_end(model, w, state, tok, orig, limit, cap, out, out_len, stop)
+        if done is not None:
+            return done
         calls = row_steps = step = 0
         while True:
             # steps until one row ends (one native call where the kernels are built: DecodeWeights.greedy_steps)
@@ -66,6 +56,25 @@ def greedy(model, src, max_len=DEFAULT_MAX_LEN, weights: PackedWeights | None = 
             tok = torch.from_numpy(nxt_np).to(dev)
         tokens = trim(out.tolist(), out_len.tolist(), stop)
     return DecodeResult(tokens=tokens, calls=calls, prefill_calls=1, mean_accepted=1.0, accepted_hist=_hist(row_steps))
+
+
+def to_end(model, w, state, tok, orig, limit, cap, out, out_len, stop, sampler=None) -> DecodeResult | None:
+    """The whole batch in one native call, finished rows leaving inside it (DecodeStep.greedy_to_end; sampled
+    steps with `sampler`, engine/step.py native_sampler), or None where the native loop does not run it."""
+    call = getattr(w, "greedy_to_end", None)
+    got = None if call is None else call(model, state, tok, limit, cap, sampler=sampler)
+    if got is None:
+        return None
+    toks, steps = got
+    out[orig, : toks.shape[1]] = toks
+    out_len[orig] = steps
+    return DecodeResult(
+        tokens=trim(out.tolist(), out_len.tolist(), stop),
+        calls=toks.shape[1] - 1,
+        prefill_calls=1,
+        mean_accepted=1.0,
+        accepted_hist=_hist(int((steps - 1).sum())),
+    )
 
 
 def _hist(row_steps: int) -> dict[int, int]:

@@ -1,8 +1,10 @@
 """Ancestral sampling with the KV cache (self-distillation with temperature; plain sampling for serving).
 
-Each row draws from its own generator, seeded by `row_seeds` (default: seed + row index), with the Gumbel-max
-trick (argmax of logits/T + Gumbel noise = a draw from softmax(logits/T)): a row's tokens depend on its seed,
-never on its batch mates or on which rows finished first, so sharded, resumable corpora reproduce exactly.
+Each row draws from its own random stream, seeded by `row_seeds` (default: seed + row index): where the native
+loop runs the model (engine/csrc/sample.h), the whole batch is one call drawing each token by inverse CDF from the
+row's splitmix64 stream; elsewhere a torch.Generator per row with the Gumbel-max trick (argmax of logits/T + Gumbel
+noise = a draw from softmax(logits/T)). Either way a row's tokens depend on its seed, never on its batch mates or
+on which rows finished first, so sharded, resumable corpora reproduce exactly (on the same engine).
 temperature 0 is greedy decoding. `top_k` / `top_p` restrict the draw to the most likely tokens (`keep_mask`, the
 one mask blockwise sampling applies too: decoding/speculative.py).
 """
@@ -24,8 +26,9 @@ from bpd_train.decoding.common import (
     stop_ids,
     trim,
 )
-from bpd_train.decoding.greedy import greedy
+from bpd_train.decoding.greedy import greedy, to_end
 from bpd_train.decoding.result import DecodeResult
+from bpd_train.engine.step import native_sampler
 from bpd_train.engine.weights import PackedWeights
 
 
@@ -98,9 +101,12 @@ def sample(
     top_k: int = 0,
     top_p: float = 1.0,
     weights: PackedWeights | None = None,
+    native: bool = True,
 ) -> DecodeResult:
     """One token per decoder call drawn from head 1's softmax(logits / temperature), among the top_k / top_p
-    tokens where set (keep_mask)."""
+    tokens where set (keep_mask). native: the whole batch in one native call where the engine runs it (its own
+    random streams, seeded alike: the same distribution, not the same tokens as the Python loop's Gumbel draws);
+    False: the Python loop."""
     t = check_sampling(temperature, top_k, top_p)
     if t == 0.0:
         return greedy(model, src, max_len=max_len, weights=weights)
@@ -113,9 +119,14 @@ def sample(
             raise ValueError(f"row_seeds has {len(seeds)} seeds for {b} rows")
         if orig.size == 0:
             return DecodeResult(tokens=[[] for _ in range(b)], calls=0, prefill_calls=0, accepted_hist={})
-        gens = {int(r): torch.Generator(device=dev).manual_seed(seeds[r]) for r in orig}
         state = model.start_decoding(model.encode(src, w), cap, weights=w)
         tok = start_tokens(model, state, orig.size, dev)
+        if native:
+            smp = native_sampler(t, top_k, top_p, [seeds[r] for r in orig])
+            done = to_end(model, w, state, tok[:, 0], orig, limit, cap, out, out_len, stop, sampler=smp)
+            if done is not None:
+                return done
+        gens = {int(r): torch.Generator(device=dev).manual_seed(seeds[r]) for r in orig}
         calls = row_steps = 0
         for step in range(cap):
             h = model.decode(state, tok)  # [R,1,D]

@@ -28,14 +28,15 @@ Each row draws from its own torch.Generator, seeded by `row_seeds` (default seed
 uniforms per step (2b - 1: b - 1 acceptance tests, one residual or bonus draw, b - 1 drafts), so a row's tokens
 depend on its seed and its own steps only, never on its batch mates or on which rows finished first.
 
-This is the reference PyTorch decoder: the native loops (engine/) do not sample yet, so every decode step goes
+Where the native loops run the model, the whole batch is one call (engine/csrc/sample_loop.h: the same algorithm,
+each row drawing from its own splitmix64 stream, so the same distribution but not this loop's tokens for a seed);
+`native=False`, CUDA and models the native loops do not run take this reference PyTorch decoder: every step
 through `model.decode`, head 1's full-vocabulary logits (`head1`) and the heads' draft-vocabulary logits
-(`draft_logits`, in the proposal precision); candidate trees and adaptive feeding are not used here.
+(`draft_logits`, in the proposal precision). Candidate trees and adaptive feeding are not used here.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Sequence
 
 import numpy as np
@@ -55,10 +56,9 @@ from bpd_train.decoding.common import (
 )
 from bpd_train.decoding.result import DecodeResult
 from bpd_train.decoding.sampling import check_sampling, sample, sampling_probs
+from bpd_train.engine.step import native_sampler
 from bpd_train.engine.weights import PackedWeights
 
-log = logging.getLogger(__name__)
-_said = False
 # head 1's positions per call in verification: most steps accept fewer drafts than this (narrow steps verify one)
 CHUNK = 4
 
@@ -94,10 +94,13 @@ def speculative_sample(
     seed: int = 0,
     row_seeds: Sequence[int] | None = None,
     weights: PackedWeights | None = None,
+    native: bool = True,
 ) -> DecodeResult:
     """Sample from the model (softmax(logits / temperature) within top_k / top_p) with blocks of up to
     `block_size` tokens per decoder call (default: the model's k); the output is distributed exactly as `sample`'s.
-    temperature 0: exact blockwise decoding (greedy's tokens). A model without heads (or block_size 1): `sample`."""
+    temperature 0: exact blockwise decoding (greedy's tokens). A model without heads (or block_size 1): `sample`.
+    native: one native call for the whole batch where the engine runs the model (its own random streams: the same
+    distribution, not the same tokens as this reference loop); False: this Python loop."""
     t = check_sampling(temperature, top_k, top_p)
     k = int(model.config.block_size)
     kb = k if block_size is None else int(block_size)
@@ -106,17 +109,24 @@ def speculative_sample(
     if t == 0.0:
         return blockwise(model, src, block_size=kb, max_len=max_len, weights=weights)
     if kb == 1:
-        return sample(model, src, max_len, t, seed=seed, row_seeds=row_seeds, top_k=top_k, top_p=top_p, weights=weights)
-    global _said
-    if not _said:
-        log.info("blockwise sampling runs on the reference PyTorch decoder (the native loops do not sample yet)")
-        _said = True
+        return sample(
+            model,
+            src,
+            max_len,
+            t,
+            seed=seed,
+            row_seeds=row_seeds,
+            top_k=top_k,
+            top_p=top_p,
+            weights=weights,
+            native=native,
+        )
     with decoding_mode(model, weights) as w:
-        return _Sampler(model, w, kb, t, int(top_k), float(top_p)).run(src, max_len, seed, row_seeds)
+        return _Sampler(model, w, kb, t, int(top_k), float(top_p), native).run(src, max_len, seed, row_seeds)
 
 
 class _Sampler:
-    def __init__(self, model, w, kb: int, temperature: float, top_k: int, top_p: float):
+    def __init__(self, model, w, kb: int, temperature: float, top_k: int, top_p: float, native: bool = True):
         self.model, self.w, self.kb = model, w, kb
         self.t, self.top_k, self.top_p = temperature, top_k, top_p
         self.eos = stop_ids(model)
@@ -125,6 +135,7 @@ class _Sampler:
         self.look = int(w.options.lookup) if getattr(w, "lookup_context", False) and w.options.lookup else 0
         self.narrow = min(int(w.options.narrow), kb) if self.look and w.options.narrow else 0
         self.prompts: dict[int, np.ndarray] = {}
+        self.native = native
 
     def probs(self, logits: Tensor) -> Tensor:
         return sampling_probs(logits, self.t, self.top_k, self.top_p)
@@ -196,8 +207,13 @@ class _Sampler:
         if self.look:
             pad = model.config.pad_id
             self.prompts = {int(o): row[row != pad].cpu().numpy() for o, row in zip(orig, src)}
-        gens = [torch.Generator().manual_seed(seeds[int(r)]) for r in orig]
         state = model.start_decoding(model.encode(src, self.w), cap + kb, weights=self.w)
+        if self.native:
+            tok = start_tokens(model, state, orig.size, dev)
+            got = self.native_run(state, tok, orig, limit, cap, [seeds[int(r)] for r in orig], out, out_len)
+            if got is not None:
+                return got
+        gens = [torch.Generator().manual_seed(seeds[int(r)]) for r in orig]
         hist = np.zeros(kb + 1, dtype=np.int64)
         calls = 0
 
@@ -253,6 +269,40 @@ class _Sampler:
             x0 = nxt
             q, col, d = self.drafts(h[rows, n], u[:, kb:])
             d, looked, width = self.looked_up(d, out, orig, length)
+        return self.result(out, out_len, hist, calls)
+
+    def native_run(self, state, tok, orig, limit, cap, seeds, out, out_len) -> DecodeResult | None:
+        """The whole batch in one native call (engine/csrc/sample_loop.h: this algorithm, each row drawing from its
+        own splitmix64 stream), or None where the native loops do not run the model."""
+        if getattr(state, "mem_group", 1) != 1:
+            return None
+        r, kb = orig.size, self.kb
+        lengths = np.zeros(r, dtype=np.int64) + np.asarray(state.lengths, dtype=np.int64)
+        context = [self.prompts[int(o)] for o in orig] if self.look else None
+        kw = {"context": context} if context is not None else {}
+        got = self.w.batch_block_steps(
+            self.model,
+            state,
+            tok.cpu().numpy(),
+            lengths,
+            np.ascontiguousarray(limit, dtype=np.int64),
+            int(cap),
+            width=kb,
+            sampler=native_sampler(self.t, self.top_k, self.top_p, seeds),
+            **kw,
+        )
+        if got is None:
+            return None
+        toks, hist, steps, counts = got
+        width = min(toks.shape[1], out.shape[1])
+        out[orig, :width] = toks[:, :width]
+        out_len[orig] = counts
+        hist = hist.copy()
+        hist[1] -= r  # the first step (the prefill) gives each row its first token
+        return self.result(out, out_len, hist, int(steps) - 1)
+
+    def result(self, out, out_len, hist, calls: int) -> DecodeResult:
+        kb, eos = self.kb, self.eos
         tokens = trim(out.tolist(), out_len.tolist(), eos)
         steps = int(hist.sum())
         mean = float((hist * np.arange(kb + 1)).sum() / steps) if steps else 1.0

@@ -329,12 +329,15 @@ class LMDecodeWeights(DecodeStep):
                 torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)),
                 int(max_steps),
                 False,
+                None,
+                None,
             )
             return toks.numpy(), h
         return python_greedy_steps(self, model, state, tok, room, max_steps, eos)
 
-    def greedy_to_end(self, model, state, tok: Tensor, room, max_steps: int):
-        """DecodeWeights.greedy_to_end (same contract): every row to its end in one native call, or None."""
+    def greedy_to_end(self, model, state, tok: Tensor, room, max_steps: int, sampler=None):
+        """DecodeWeights.greedy_to_end (same contract, sampled steps too): every row to its end in one native
+        call, or None."""
         net = self.native_loop
         if net is None or max_steps < 1:
             return None
@@ -352,6 +355,7 @@ class LMDecodeWeights(DecodeStep):
             torch.from_numpy(np.ascontiguousarray(room, dtype=np.int64)),
             int(max_steps),
             True,
+            *(sampler or (None, None)),
         )
         return toks.numpy(), ends.numpy()
 
@@ -438,9 +442,11 @@ class LMDecodeWeights(DecodeStep):
         rule: tuple[int, float] = (0, -1.0),
         to_end: bool = False,
         context=None,
+        sampler=None,
     ):
-        """DecodeWeights.batch_block_steps (same contract, to_end too) for R rows in per-row cache mode, or None
-        where the native kernels do not run this model. context: each row's prompt and tokens so far (lookup)."""
+        """DecodeWeights.batch_block_steps (same contract, to_end and sampler too) for R rows in per-row cache mode,
+        or None where the native kernels do not run this model. context: each row's prompt and tokens so far
+        (lookup; with a sampler, narrow steps too)."""
         w = x.shape[1] if width is None else int(width)
         prop = self._block_prop(w, max_steps)
         if prop is None:
@@ -463,8 +469,10 @@ class LMDecodeWeights(DecodeStep):
             *rule,
             bool(to_end),
             *self._context(context),
+            int(self.options.narrow or 0) if sampler is not None and context is not None else 0,
+            *(sampler or (None, None)),
         )
-        if to_end:
+        if to_end or sampler is not None:
             return toks.numpy(), nc.numpy(), int(nxt[0]), ended.numpy()
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
 

@@ -176,7 +176,7 @@ class DecodeWeights(DecodeStep):
             self._emb_scale = scale
 
             def native_loop(
-                tok, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t, lengths, room, n, eos, to_end=False
+                tok, pe, max_pos, layers, self_kv, mem_kv, mem_mask, g, t, lengths, room, n, eos, to_end=False, smp=None
             ):
                 return ext.greedy_steps(
                     tok,
@@ -199,6 +199,7 @@ class DecodeWeights(DecodeStep):
                     room,
                     n,
                     to_end,
+                    *(smp or (None, None)),
                 )
 
             self.native_loop = native_loop
@@ -385,13 +386,14 @@ class DecodeWeights(DecodeStep):
             return toks.numpy(), h
         return python_greedy_steps(self, model, state, tok, room, max_steps, eos)
 
-    def greedy_to_end(self, model: nn.Module, state, tok: Tensor, room: np.ndarray, max_steps: int):
+    def greedy_to_end(self, model: nn.Module, state, tok: Tensor, room: np.ndarray, max_steps: int, sampler=None):
         """greedy_steps until every row has ended (or `max_steps`), in one native call that drops finished rows
         itself (the last row's cache moved into each freed place), where returning to Python at every row's end and
         reordering the cache there would cost a round trip each. Returns (tokens [R,s]
         numpy, each row's steps [R] numpy: its tokens, the last a stop id where it ended on one), or None where the
         native loop does not run this model or its rows share memory rows (then use greedy_steps). The state's
-        caches are left rearranged: drop it after."""
+        caches are left rearranged: drop it after. sampler: (settings, rng) of engine.step.native_sampler for
+        sampled steps instead of greedy ones."""
         loop = self.native_loop
         if loop is None or max_steps < 1 or state.mem_group != 1:
             return None
@@ -411,6 +413,7 @@ class DecodeWeights(DecodeStep):
             max_steps,
             model.config.eos_id,
             True,
+            sampler,
         )
         return toks.numpy(), ends.numpy()
 
@@ -494,6 +497,7 @@ class DecodeWeights(DecodeStep):
         eos: int | None = None,
         rule: tuple[int, float] = (0, -1.0),
         to_end: bool = False,
+        sampler=None,
     ):
         """Blockwise steps (rule: as block_steps) for R rows in per-row cache mode, as one native call (decoding/blockwise.py at
         batch > 1; csrc/loops.h batch_block_steps): x [R,w] the fed tokens, lengths [R] each row's cached tokens
@@ -504,7 +508,9 @@ class DecodeWeights(DecodeStep):
         to_end: run until every row has ended (or `max_steps`), finished rows leaving inside the call as in
         greedy_to_end (rows must not share memory rows; the state's caches are left rearranged: drop it after).
         Returns (tokens [R,T] of which the first counts[r] are row r's, histogram [w+1] of the tokens each row
-        gained per step, steps, counts [R])."""
+        gained per step, steps, counts [R]).
+        sampler: (settings, rng) of engine.step.native_sampler: blockwise sampling from x's start tokens [R,1] to every
+        row's end (decoding/speculative.py; to_end's returns), width the block size."""
         w = x.shape[1] if width is None else int(width)
         parts = self._block_parts(w, max_steps)
         if parts is None:
@@ -539,8 +545,9 @@ class DecodeWeights(DecodeStep):
             self.chain,
             *rule,
             bool(to_end),
+            *(sampler or (None, None)),
         )
-        if to_end:
+        if to_end or sampler is not None:
             return toks.numpy(), nc.numpy(), int(nxt[0]), ended.numpy()
         return toks.numpy(), nc.numpy(), nxt.numpy(), hn, ended.numpy().astype(bool)
 

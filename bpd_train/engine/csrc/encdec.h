@@ -353,12 +353,13 @@ struct Embed {
   }
 };
 
-// Heads lo..lo+n_heads-1 at M positions h [M][D] -> argmax ids [M][n_heads] (draft ids mapped back):
+// Heads lo..lo+n_heads-1 at M positions h [M][D] -> argmax ids [M][n_heads] (draft ids mapped back; lg: their
+// logits too, [M][n_heads][proj.N]):
 // state_i = h + fc2(relu(fc1(h)))[slice i]; logits = proj(layer_norm(state_i)). Proposals only decide what is
 // verified, so their rounding never reaches the output.
 static void propose_raw(const float* h, int64_t M, int64_t d, const Lin& fc1, const Lin& fc2, int64_t n_heads,
                         const float* nw, const float* nb, float eps, const Lin& proj, const int64_t* draft,
-                        int64_t* out) {
+                        int64_t* out, float* lg = nullptr) {
   Work& ws = work();
   Tick tk;
   float* hid = grow(ws.hid, M * fc1.N);
@@ -372,7 +373,8 @@ static void propose_raw(const float* h, int64_t M, int64_t d, const Lin& fc1, co
     for (int64_t i = 0; i < n_heads * d; i++) st[m * n_heads * d + i] += h[m * d + i % d];
   norm_rows(st, y, M * n_heads, d, nw, nb, eps);
   tk.to(P_HEADS_FFN);
-  project_ids(y, M * n_heads, proj, ids, false, ws.plog);
+  project_ids(y, M * n_heads, proj, ids, lg != nullptr, ws.plog);
+  if (lg) std::memcpy(lg, ws.plog.data(), M * n_heads * proj.N * sizeof(float));
   for (int64_t m = 0; m < M * n_heads; m++) out[m] = draft ? draft[ids[m]] : ids[m];
   tk.to(P_PROPOSE_PROJ);
 }
@@ -394,11 +396,11 @@ struct ChainProp {
 // Chained heads 1..n_heads of either model family at M positions h [M][d], first [M] the token before head 1's target
 // (head 0's, i.e. the base model's next token) -> argmax ids [M][n_heads] (draft ids mapped back). lins(i, j): head
 // i's token map (j = 0), FFN in (1) and out (2); emb [V][d] the token embedding they read (times scale); norm(st, y,
-// M): the model's final norm.
+// M): the model's final norm. lg: each head's logits too, [M][n_heads][proj.N].
 template <typename Lins, typename Norm>
 static void chain_propose(const float* h, int64_t M, int64_t d, int64_t n_heads, Lins lins, const float* emb,
                           int64_t V, float scale, Norm norm, const Lin& proj, const int64_t* draft,
-                          const int64_t* first, int64_t* out) {
+                          const int64_t* first, int64_t* out, float* lg = nullptr) {
   TORCH_CHECK(first != nullptr, "propose: chained heads need head 1's tokens");
   Work& ws = work();
   Tick tk;
@@ -425,7 +427,10 @@ static void chain_propose(const float* h, int64_t M, int64_t d, int64_t n_heads,
     for (int64_t j = 0; j < M * d; j++) st[j] += h[j];
     norm(st, y, M);
     tk.to(P_HEADS_FFN);
-    project_ids(y, M, proj, ids, false, ws.plog);
+    project_ids(y, M, proj, ids, lg != nullptr, ws.plog);
+    if (lg)
+      for (int64_t m = 0; m < M; m++)
+        std::memcpy(lg + (m * n_heads + i) * proj.N, ws.plog.data() + m * proj.N, proj.N * sizeof(float));
     for (int64_t m = 0; m < M; m++) out[m * n_heads + i] = prev[m] = draft ? draft[ids[m]] : ids[m];
     tk.to(P_PROPOSE_PROJ);
   }
@@ -433,11 +438,12 @@ static void chain_propose(const float* h, int64_t M, int64_t d, int64_t n_heads,
 
 static void propose_chain_raw(const float* h, int64_t M, int64_t d, const ChainProp& c, const int64_t* first,
                               int64_t n_heads, const float* nw, const float* nb, float eps, const Lin& proj,
-                              const int64_t* draft, int64_t* out) {
+                              const int64_t* draft, int64_t* out, float* lg = nullptr) {
   TORCH_CHECK(n_heads <= (int64_t)c.tok.size(), "propose: ", n_heads, " heads asked of ", c.tok.size(), " chained heads");
   auto lins = [&](int64_t i, int j) -> const Lin& { return j == 0 ? c.tok[i] : j == 1 ? c.fc1[i] : c.fc2[i]; };
   auto norm = [&](const float* st, float* y, int64_t m) { norm_rows(st, y, m, d, nw, nb, eps); };
-  chain_propose(h, M, d, n_heads, lins, c.emb.data_ptr<float>(), c.emb.size(0), c.scale, norm, proj, draft, first, out);
+  chain_propose(h, M, d, n_heads, lins, c.emb.data_ptr<float>(), c.emb.size(0), c.scale, norm, proj, draft, first, out,
+                lg);
 }
 
 torch::Tensor propose_chain(const torch::Tensor& h_in, const torch::Tensor& first_in, const ChainProp& c,

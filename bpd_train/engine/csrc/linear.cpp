@@ -37,6 +37,8 @@
 #include "screen.h"
 #include "attention.h"
 #include "encdec.h"
+#include "loop_model.h"
+#include "sample_loop.h"
 #include "loops.h"
 #include "lm.h"
 

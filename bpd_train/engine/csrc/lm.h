@@ -289,12 +289,12 @@ static void lm_head1_ids(const float* h, int64_t M, const LMNet& net, int64_t* o
 
 // chained heads (encdec.h chain_propose) with the model's RMSNorm and its unscaled token embedding
 static void lm_propose_chain(const float* h, int64_t M, const LMNet& net, const LMProp& p, int64_t n_heads,
-                             const int64_t* first, int64_t* out) {
+                             const int64_t* first, int64_t* out, float* lg = nullptr) {
   auto lins = [&](int64_t i, int j) -> const Lin& { return p.lins[3 * i + j]; };
   const float* nw = net.nw.data_ptr<float>();
   auto norm = [&](const float* st, float* y, int64_t m) { rms_rows(st, y, m, net.d, nw, (float)net.eps); };
   chain_propose(h, M, net.d, n_heads, lins, net.embed.data_ptr<float>(), net.embed.size(0), 1.0f, norm, p.proj,
-                p.draft.defined() ? p.draft.data_ptr<int64_t>() : nullptr, first, out);
+                p.draft.defined() ? p.draft.data_ptr<int64_t>() : nullptr, first, out, lg);
 }
 
 // the r largest of l[0..V) (ties: the lower index first), best first -> out[0..r)
@@ -312,19 +312,24 @@ static void top_r_row(const float* l, int64_t V, int64_t r, int64_t* out) {
 // heads 1..n_heads at M positions h [M][d] -> ids [M][n_heads] (top_r > 1: each head's top_r best first, [M][n_heads]
 // [top_r]); first [M]: head 1's tokens (chained heads read them; they give their top 1 only)
 static void lm_propose_raw(const float* h, int64_t M, const LMNet& net, const LMProp& p, int64_t n_heads,
-                           int64_t* out, const int64_t* first = nullptr, int64_t top_r = 1) {
+                           int64_t* out, const int64_t* first = nullptr, int64_t top_r = 1, float* lg = nullptr) {
   TORCH_CHECK(n_heads >= 1 && n_heads <= p.n_heads, "propose: ", n_heads, " heads asked of a proposal path for ",
               p.n_heads);
   if (p.kind == 0 && n_heads < p.n_heads) {   // BPD heads' FFN makes every head at once: keep the first n_heads
     thread_local std::vector<int64_t> all;
+    thread_local std::vector<float> all_lg;
     all.resize(M * p.n_heads * top_r);
-    lm_propose_raw(h, M, net, p, p.n_heads, all.data(), first, top_r);
-    const int64_t a = p.n_heads * top_r, b = n_heads * top_r;
+    if (lg) all_lg.resize(M * p.n_heads * p.proj.N);
+    lm_propose_raw(h, M, net, p, p.n_heads, all.data(), first, top_r, lg ? all_lg.data() : nullptr);
+    const int64_t a = p.n_heads * top_r, b = n_heads * top_r, V = p.proj.N;
     for (int64_t m = 0; m < M; m++) std::copy(all.data() + m * a, all.data() + m * a + b, out + m * b);
+    if (lg)
+      for (int64_t m = 0; m < M; m++)
+        std::copy(all_lg.data() + m * p.n_heads * V, all_lg.data() + (m * p.n_heads + n_heads) * V, lg + m * n_heads * V);
     return;
   }
   TORCH_CHECK(p.kind != 2 || top_r == 1, "propose: chained heads give one proposal per head (no candidate trees)");
-  if (p.kind == 2) return lm_propose_chain(h, M, net, p, n_heads, first, out);
+  if (p.kind == 2) return lm_propose_chain(h, M, net, p, n_heads, first, out, lg);
   Work& ws = work();
   const int64_t d = net.d;
   const float* nw = net.nw.data_ptr<float>();
@@ -359,7 +364,8 @@ static void lm_propose_raw(const float* h, int64_t M, const LMNet& net, const LM
   tk.to(P_HEADS_FFN);
   int64_t* ids = grow(ws.pids, M * n_heads * top_r);
   if (top_r == 1) {
-    project_ids(y, M * n_heads, p.proj, ids, false, ws.plog);
+    project_ids(y, M * n_heads, p.proj, ids, lg != nullptr, ws.plog);
+    if (lg) std::memcpy(lg, ws.plog.data(), M * n_heads * p.proj.N * sizeof(float));
   } else {
     float* l = grow(ws.plog, M * n_heads * p.proj.N);
     lin_rows(p.proj, y, l, M * n_heads);
@@ -391,16 +397,19 @@ struct LMLoop : LoopModel {
   void layers(float* x, int64_t M, int64_t n, const int64_t* slot) const override {
     lm_decode_raw(x, M, n, slot, net, c);
   }
-  void head1(const float* h, int64_t M, int64_t* out) const override { lm_head1_ids(h, M, net, out, top_n > 0); }
+  void head1(const float* h, int64_t M, int64_t* out) const override { lm_head1_ids(h, M, net, out, full_logits()); }
   int64_t vocab() const override { return net.proj.N; }
   bool move_row(int64_t dst, int64_t src, int64_t filled) const override {
     c.move_row(dst, src, filled);
     return true;
   }
-  void propose(const float* h, int64_t M, int64_t n_heads, const int64_t* first, int64_t* out) const override {
+  void propose(const float* h, int64_t M, int64_t n_heads, const int64_t* first, int64_t* out,
+               float* lg = nullptr) const override {
     TORCH_CHECK(prop != nullptr, "propose: no proposal path given");
-    lm_propose_raw(h, M, net, *prop, n_heads, out, first);
+    lm_propose_raw(h, M, net, *prop, n_heads, out, first, 1, lg);
   }
+  int64_t draft_vocab() const override { return prop->proj.N; }
+  const int64_t* draft_map() const override { return prop->draft.defined() ? prop->draft.data_ptr<int64_t>() : nullptr; }
   void propose_top(const float* h, int64_t n_heads, int64_t r, int64_t* out) const override {
     TORCH_CHECK(prop != nullptr, "propose: no proposal path given");
     lm_propose_raw(h, 1, net, *prop, n_heads, out, nullptr, r);
@@ -473,14 +482,16 @@ torch::Tensor lm_propose(const torch::Tensor& h, const LMNet& net, const LMProp&
   return ids;
 }
 
-// greedy_steps for a decoder-only model: a row ends on any of `stops`
+// greedy_steps for a decoder-only model: a row ends on any of `stops` (sampled steps where `sampling` is given)
 std::tuple<torch::Tensor, torch::Tensor, double> lm_greedy_steps(
     torch::Tensor tok, const LMNet& net, const torch::Tensor& self_kv, const torch::Tensor& lpad,
     const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, c10::optional<torch::Tensor> lengths,
-    const torch::Tensor& stops, torch::Tensor room, int64_t max_steps, bool to_end) {
+    const torch::Tensor& stops, torch::Tensor room, int64_t max_steps, bool to_end,
+    c10::optional<torch::Tensor> sampling, c10::optional<torch::Tensor> rng) {
   const auto t_start = std::chrono::steady_clock::now();
-  const LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
-  return greedy_loop(mdl, tok, first_slots(tok.size(0), t, lengths), room, max_steps, t_start, to_end);
+  LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
+  const auto smp = make_sampler(sampling, rng, tok.size(0));
+  return greedy_loop(mdl, tok, first_slots(tok.size(0), t, lengths), room, max_steps, t_start, to_end, smp.get());
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, double> lm_block_steps(
@@ -501,11 +512,14 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
     torch::Tensor x_in, const LMNet& net, const LMProp& prop, const torch::Tensor& self_kv, const torch::Tensor& lpad,
     const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, torch::Tensor lengths, const torch::Tensor& stops,
     torch::Tensor room, int64_t max_steps, int64_t group, int64_t width, int64_t top_n, double dist_eps,
-    bool to_end, const std::vector<torch::Tensor>& context, int64_t lookup) {
+    bool to_end, const std::vector<torch::Tensor>& context, int64_t lookup, int64_t narrow,
+    c10::optional<torch::Tensor> sampling, c10::optional<torch::Tensor> rng) {
   const auto t_start = std::chrono::steady_clock::now();
   LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
   mdl.prop = &prop;
   mdl.set_rule(top_n, dist_eps);
-  mdl.set_context(context, lookup);
+  mdl.set_context(context, lookup, narrow);
+  if (const auto smp = make_sampler(sampling, rng, x_in.size(0)))   // blockwise sampling, every row to its end
+    return sample_block_loop(mdl, *smp, x_in.select(1, 0), t, lengths, room, max_steps, group, width, narrow, t_start);
   return batch_block_loop(mdl, x_in, t, lengths, room, max_steps, group, width, t_start, to_end);
 }

@@ -1,0 +1,127 @@
+// Native sampling: the distribution decoding/sampling.py's sampling_probs defines (softmax(logits / T) within
+// top_k, then top_p, renormalised) and a random stream per row, for the native loops' sampled steps.
+// A part of the decode extension's one translation unit: linear.cpp includes every part in order, and
+// fastlinear.py compiles linear.cpp alone.
+#pragma once
+#include "step.h"
+#include <algorithm>
+#include <functional>
+#include <memory>
+
+namespace {
+
+// splitmix64's output function: a 64-bit bijection whose outputs look independent for consecutive inputs
+static inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+struct Sampler {
+  double temp = 1.0, top_p = 1.0;
+  int64_t top_k = 0;
+  int64_t* rng = nullptr;   // [rows][2]: each row's seed and how many uniforms it has drawn (advanced in place)
+  mutable std::vector<double> p;
+  mutable std::vector<int64_t> rank;
+
+  // Row `row`'s next uniform in [0, 1): the splitmix64 sequence keyed by its seed, at its own counter, so a row's
+  // numbers depend on its seed and its own draws only (never on its batch mates)
+  double uniform(int64_t row) const {
+    const uint64_t key = mix64((uint64_t)rng[2 * row] + 0x9E3779B97F4A7C15ULL);
+    const uint64_t c = (uint64_t)rng[2 * row + 1]++;
+    return (double)(mix64(key + (c + 1) * 0x9E3779B97F4A7C15ULL) >> 11) * 0x1.0p-53;
+  }
+
+  // out[0..V) = the sampling distribution of logits l [V] (normalised; 0 outside top_k / top_p): sampling_probs
+  void probs(const float* l, int64_t V, double* out) const {
+    const double it = 1.0 / temp;
+    double kth = -INFINITY;
+    if (top_k > 0 && top_k < V) {                       // the k-th largest scaled logit: ties with it are kept
+      double* t = grow(p, V);
+      for (int64_t v = 0; v < V; v++) t[v] = (double)l[v] * it;
+      std::nth_element(t, t + top_k - 1, t + V, std::greater<double>());
+      kth = t[top_k - 1];
+    }
+    double mx = -INFINITY;
+    for (int64_t v = 0; v < V; v++) {
+      const double x = (double)l[v] * it;
+      out[v] = x >= kth ? x : -INFINITY;
+      mx = std::max(mx, out[v]);
+    }
+    double s = 0.0;
+    for (int64_t v = 0; v < V; v++) {
+      out[v] = out[v] == -INFINITY ? 0.0 : std::exp(out[v] - mx);
+      s += out[v];
+    }
+    for (int64_t v = 0; v < V; v++) out[v] /= s;
+    if (top_p < 1.0) nucleus(out, V);
+  }
+
+  // keep the most likely tokens (ties by id) ranked before the probability ranked above them reaches top_p, then
+  // renormalise. Only the first m ranks are sorted, m growing until the nucleus ends within them (as _nucleus).
+  void nucleus(double* q, int64_t V) const {
+    int64_t* r = grow(rank, V);
+    int64_t n = 0;
+    for (int64_t v = 0; v < V; v++) if (q[v] > 0.0) r[n++] = v;
+    auto before = [&](int64_t a, int64_t b) { return q[a] > q[b] || (q[a] == q[b] && a < b); };
+    int64_t m = std::min<int64_t>(n, 64), size = 0;
+    while (true) {
+      std::partial_sort(r, r + m, r + n, before);
+      double above = 0.0;
+      size = 0;
+      for (; size < m && above < top_p; size++) above += q[r[size]];
+      if (above >= top_p || m == n) break;              // the nucleus ends within the first m ranks
+      m = std::min<int64_t>(n, m * 8);
+    }
+    double s = 0.0;
+    for (int64_t i = 0; i < size; i++) s += q[r[i]];
+    std::vector<double> keep(size);
+    for (int64_t i = 0; i < size; i++) keep[i] = q[r[i]] / s;
+    std::fill(q, q + V, 0.0);
+    for (int64_t i = 0; i < size; i++) q[r[i]] = keep[i];
+  }
+
+  // an id drawn from the non-negative weights w [V] (unnormalised) with uniform u: the first id whose running sum
+  // (in id order) passes u * total (decoding/speculative.py's draw); an id of weight 0 is never drawn
+  static int64_t pick(const double* w, int64_t V, double u) {
+    double total = 0.0;
+    int64_t last = -1;
+    for (int64_t v = 0; v < V; v++) if (w[v] > 0.0) { total += w[v]; last = v; }
+    const double at = u * total;
+    double c = 0.0;
+    for (int64_t v = 0; v < V; v++) {
+      if (w[v] <= 0.0) continue;
+      c += w[v];
+      if (c > at) return v;
+    }
+    return last;
+  }
+
+  // a token drawn for row `row` from the sampling distribution of logits l [V]
+  int64_t draw(const float* l, int64_t V, int64_t row, double* buf) const {
+    probs(l, V, buf);
+    return pick(buf, V, uniform(row));
+  }
+};
+
+// The sampling settings the entry points take: s = [temperature, top_k, top_p] (float64), rng [rows, 2] int64
+// (seed, draws so far) or none for greedy decoding
+static std::unique_ptr<Sampler> make_sampler(const c10::optional<torch::Tensor>& s, const c10::optional<torch::Tensor>& rng,
+                                             int64_t rows) {
+  if (!s.has_value() || !s->defined() || s->numel() == 0) return nullptr;
+  auto sv = s->to(torch::kDouble).contiguous();
+  TORCH_CHECK(sv.numel() == 3, "sampling: [temperature, top_k, top_p]");
+  const double* v = sv.data_ptr<double>();
+  TORCH_CHECK(v[0] > 0.0 && v[1] >= 0.0 && v[2] > 0.0 && v[2] <= 1.0, "sampling: temperature > 0, top_k >= 0, 0 < top_p <= 1");
+  TORCH_CHECK(rng.has_value() && rng->scalar_type() == torch::kLong && rng->is_contiguous() && rng->dim() == 2 &&
+                  rng->size(0) == rows && rng->size(1) == 2,
+              "sampling: rng must be a contiguous int64 [rows, 2] tensor (seed, draws)");
+  auto out = std::make_unique<Sampler>();
+  out->temp = v[0];
+  out->top_k = (int64_t)v[1];
+  out->top_p = v[2];
+  out->rng = rng->data_ptr<int64_t>();
+  return out;
+}
+
+}  // namespace

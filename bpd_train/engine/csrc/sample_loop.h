@@ -1,0 +1,185 @@
+// Blockwise sampling in one native call: decoding/speculative.py's algorithm (speculative sampling with the heads'
+// drafts and prompt lookup's), generic over the model it runs (LoopModel), every row to its end.
+// A part of the decode extension's one translation unit: linear.cpp includes every part in order, and
+// fastlinear.py compiles linear.cpp alone.
+#pragma once
+#include "loop_model.h"
+
+// R rows in per-row cache mode, each fed its start token (BOS, or a prompt's last token) at slot t + lengths[r]. A
+// step feeds each row x0 (its last token) and its drafts d1..d(b-1) (b: the widest row's width this step) and
+// verifies lazily, `group` positions of the rows still accepting at a time: draft d(j+1) is accepted with
+// probability min(1, p_j(d) / q(d)), p_j head 1's sampling distribution at position j (smp.probs), never after a
+// stop id nor past the row's width; at the first rejection the next token is drawn from max(0, p_j - q), after a
+// fully accepted block from p (the bonus token). The heads at the last accepted position then draft the next block,
+// head i's token drawn from q_i, its sampling distribution over the draft vocabulary; where the context repeats
+// (mdl.lookup) the tokens that followed take the first places with q a point mass; with narrow >= 2 a row whose
+// context repeats fewer than 2 tokens verifies its heads' first narrow - 1 drafts only. Each row draws from its own
+// stream (smp.uniform, by its place in the input), its width and drafts depend on its own tokens only, and finished
+// rows leave (the last row's cache moved into their place), so a row's tokens never depend on its batch mates.
+// Returns (tokens [R, T] of which the first counts[r] are row r's, histogram [kb + 1] of the tokens rows gained per
+// step, steps [1], empty, counts [R], seconds): batch_block_loop's to_end return.
+static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, double> sample_block_loop(
+    LoopModel& mdl, const Sampler& smp, torch::Tensor tok_in, int64_t t, torch::Tensor lengths, torch::Tensor room_in,
+    int64_t max_steps, int64_t group, int64_t kb, int64_t narrow, std::chrono::steady_clock::time_point t_start) {
+  auto tt = tok_in.to(torch::kLong).contiguous().view({-1});
+  const int64_t R0 = tt.size(0), d = mdl.d, V = mdl.vocab(), nh = kb - 1;
+  TORCH_CHECK(kb >= 2, "blockwise sampling: a block of at least 2");
+  const int64_t Vd = mdl.draft_vocab();
+  const int64_t* dmap = mdl.draft_map();
+  auto lt = lengths.to(torch::kLong).contiguous();
+  auto rt = room_in.to(torch::kLong).contiguous();
+  TORCH_CHECK(lt.numel() == R0 && rt.numel() == R0, "blockwise sampling: lengths and room must be [R]");
+  group = std::max<int64_t>(1, group);
+  mdl.keep_logits = true;
+  int64_t R = R0;
+  std::vector<int64_t> x0(tt.data_ptr<int64_t>(), tt.data_ptr<int64_t>() + R0), len(lt.data_ptr<int64_t>(),
+      lt.data_ptr<int64_t>() + R0), room(rt.data_ptr<int64_t>(), rt.data_ptr<int64_t>() + R0), id(R0), wid(R0, 1);
+  std::vector<int64_t> dr(R0 * nh, x0.empty() ? 0 : x0[0]), col(R0 * nh, 0), look(R0 * nh, 0), cnt(R0, 0);
+  std::vector<int64_t> hist(kb + 1, 0), n(R0), g1(R0), ended(R0), act, nact, ids, fed, slot, tmp(nh);
+  std::vector<double> qd(R0 * nh, 1.0), q((size_t)R0 * nh * Vd, 0.0), p((size_t)R0 * V), res(V);
+  std::vector<float> h, hv, lg;
+  for (int64_t r = 0; r < R0; r++) id[r] = r;
+  auto lopt = torch::TensorOptions().dtype(torch::kLong);
+  const int64_t tw = std::max<int64_t>(max_steps, 1) * kb;
+  auto toks = torch::zeros({R0, tw}, lopt);
+  int64_t* tp = toks.data_ptr<int64_t>();
+  int64_t s = 0;
+  for (; s < max_steps && R > 0; s++) {
+    Tick tk;
+    int64_t B = 1;
+    for (int64_t r = 0; r < R; r++) B = std::max(B, wid[r]);
+    fed.resize(R * B);
+    slot.resize(R * B);
+    for (int64_t r = 0; r < R; r++)
+      for (int64_t j = 0; j < B; j++) {
+        fed[r * B + j] = j == 0 ? x0[r] : dr[r * nh + j - 1];
+        slot[r * B + j] = t + len[r] + j;
+      }
+    grow(h, R * B * d);
+    mdl.embed(fed.data(), slot.data(), R * B, h.data());
+    tk.to(P_EMBED);
+    mdl.layers(h.data(), R * B, B, slot.data());
+    tk = Tick();
+    // lazy verification: head 1 at positions done..done+cols-1 of the rows still accepting
+    act.resize(R);
+    for (int64_t r = 0; r < R; r++) { act[r] = r; n[r] = 0; }
+    for (int64_t done = 0; !act.empty(); done += group) {
+      const int64_t cols = std::min(group, B - done), A = (int64_t)act.size();
+      grow(hv, A * cols * d);
+      grow(ids, A * cols);
+      for (int64_t a = 0; a < A; a++)
+        std::memcpy(hv.data() + a * cols * d, h.data() + (act[a] * B + done) * d, cols * d * sizeof(float));
+      mdl.head1(hv.data(), A * cols, ids.data());
+      nact.clear();
+      for (int64_t a = 0; a < A; a++) {
+        const int64_t r = act[a];
+        double* pr = p.data() + r * V;
+        bool going = true;
+        for (int64_t j = done; j < done + cols && going; j++) {
+          smp.probs(work().logits.data() + (a * cols + j - done) * V, V, pr);   // p_j
+          g1[r] = ids[a * cols + j - done];
+          n[r] = j;
+          going = j < wid[r] - 1 && !(j > 0 && mdl.stop(fed[r * B + j])) &&
+                  smp.uniform(id[r]) * qd[r * nh + j] < pr[dr[r * nh + j]];
+          if (going) n[r] = j + 1;
+        }
+        if (going && n[r] < B) nact.push_back(r);    // every draft so far accepted: p at the next position needed
+      }
+      act.swap(nact);
+    }
+    tk.to(P_VERIFY);
+    // each row's tokens: its accepted drafts, then a draw from the residual (or the bonus from p)
+    for (int64_t r = 0; r < R; r++) {
+      const int64_t m = n[r];
+      const bool eos_in = m > 0 && mdl.stop(fed[r * B + m]);
+      int64_t nxt = -1;
+      if (!eos_in) {
+        const double* pr = p.data() + r * V;
+        std::copy(pr, pr + V, res.begin());
+        if (m < wid[r] - 1) {                        // rejected at m: max(0, p - q)
+          if (look[r * nh + m]) {
+            res[dr[r * nh + m]] = 0.0;
+          } else {
+            const double* qm = q.data() + ((size_t)r * nh + m) * Vd;
+            for (int64_t c = 0; c < Vd; c++) {
+              const int64_t v = dmap ? dmap[c] : c;
+              res[v] = std::max(0.0, pr[v] - qm[c]);
+            }
+          }
+        }
+        double tot = 0.0;
+        for (int64_t v = 0; v < V; v++) tot += res[v];
+        nxt = Sampler::pick(tot > 0.0 ? res.data() : pr, V, smp.uniform(id[r]));
+      }
+      const int64_t cn = std::min<int64_t>(m + (eos_in ? 0 : 1), room[r]);
+      int64_t* out = tp + id[r] * tw + cnt[id[r]];
+      for (int64_t j = 0; j < cn; j++) out[j] = j < m ? dr[r * nh + j] : nxt;
+      mdl.extend(id[r], out, cn);
+      cnt[id[r]] += cn;
+      hist[cn] += 1;
+      room[r] -= cn;
+      len[r] += cn;
+      ended[r] = (eos_in || mdl.stop(nxt) || room[r] <= 0) ? 1 : 0;
+      x0[r] = nxt;
+      n[r] = m;
+    }
+    // the next drafts, at each live row's last accepted position
+    act.clear();
+    for (int64_t r = 0; r < R; r++) if (!ended[r]) act.push_back(r);
+    const int64_t A = (int64_t)act.size();
+    if (A > 0) {
+      grow(hv, A * d);
+      grow(ids, A * nh);
+      grow(lg, A * nh * Vd);
+      std::vector<int64_t> first(A);
+      for (int64_t a = 0; a < A; a++) {
+        std::memcpy(hv.data() + a * d, h.data() + (act[a] * B + n[act[a]]) * d, d * sizeof(float));
+        first[a] = g1[act[a]];
+      }
+      Tick tp2;
+      mdl.propose(hv.data(), A, nh, first.data(), ids.data(), lg.data());
+      tp2.to(P_PROPOSE_PROJ);
+      for (int64_t a = 0; a < A; a++) {
+        const int64_t r = act[a];
+        for (int64_t i = 0; i < nh; i++) {
+          double* qi = q.data() + ((size_t)r * nh + i) * Vd;
+          smp.probs(lg.data() + (a * nh + i) * Vd, Vd, qi);
+          const int64_t c = Sampler::pick(qi, Vd, smp.uniform(id[r]));
+          col[r * nh + i] = c;
+          dr[r * nh + i] = dmap ? dmap[c] : c;
+          qd[r * nh + i] = qi[c];
+          look[r * nh + i] = 0;
+        }
+        int64_t matched = 0;
+        const int64_t got = mdl.lookup(id[r], nh, tmp.data(), &matched);
+        wid[r] = kb;
+        if (narrow >= 2 && mdl.lookup_n > 0 && matched < 2) {
+          wid[r] = std::min(narrow, kb);              // the heads' first drafts only
+        } else {
+          for (int64_t j = 0; j < got; j++) {
+            dr[r * nh + j] = tmp[j];
+            qd[r * nh + j] = 1.0;
+            look[r * nh + j] = 1;
+          }
+        }
+      }
+    }
+    if (g_prof) g_prof_steps += 1;
+    for (int64_t r = 0; r < R;) {                    // finished rows leave: the last row takes each freed place
+      if (!ended[r]) { r++; continue; }
+      R -= 1;
+      if (r == R) break;
+      TORCH_CHECK(mdl.move_row(r, R, t + len[R]), "blockwise sampling: a cache whose rows cannot move");
+      x0[r] = x0[R]; len[r] = len[R]; room[r] = room[R]; id[r] = id[R]; wid[r] = wid[R]; ended[r] = ended[R];
+      std::copy(dr.begin() + R * nh, dr.begin() + (R + 1) * nh, dr.begin() + r * nh);
+      std::copy(col.begin() + R * nh, col.begin() + (R + 1) * nh, col.begin() + r * nh);
+      std::copy(look.begin() + R * nh, look.begin() + (R + 1) * nh, look.begin() + r * nh);
+      std::copy(qd.begin() + R * nh, qd.begin() + (R + 1) * nh, qd.begin() + r * nh);
+      std::copy(q.begin() + (size_t)R * nh * Vd, q.begin() + (size_t)(R + 1) * nh * Vd, q.begin() + (size_t)r * nh * Vd);
+    }
+  }
+  mdl.keep_logits = false;
+  return {toks, torch::tensor(hist, lopt), torch::tensor(std::vector<int64_t>{s}, lopt),
+          torch::empty({0}, torch::TensorOptions().dtype(torch::kFloat32)), torch::tensor(cnt, lopt),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()};
+}

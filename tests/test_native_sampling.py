@@ -1,0 +1,188 @@
+"""Sampling in the native loops: plain (engine/csrc/sample.h through decoding/sampling.py's `sample`) and blockwise
+(engine/csrc/sample_loop.h through decoding/speculative.py's `speculative_sample`). Whole short answers are
+distributed as the model's exact sequence probabilities (the enumeration and decision rule of
+tests/test_speculative.py: 20,000 answers, chi-square at 1e-3 and a total-variation bound), for both families, with
+temperature, top-k and top-p, heads that are right, random and wrong (a one-token draft vocabulary: every draft the
+same token), a draft vocabulary, and prompt lookup with and without narrow steps; the same test fails when the draws
+ignore a setting; top_k = 1 gives greedy's tokens; a row's tokens depend on its seed only (alone, in a batch, in
+another order), and seeds reproduce. The reference decoder's tests (test_speculative.py) show the same rule rejecting
+a broken residual."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from test_decoding import random_sources
+from test_speculative import CASES, DRAFT, MODELS, WRONG, N, _source, exact_distribution, fit, set_heads, tiny_lm
+
+from bpd_train.decoding import greedy, sample, speculative_sample
+from bpd_train.engine.packed import DecodeOptions
+from bpd_train.engine.weights import PackedWeights
+
+NATIVE_CASES = [CASES[0], CASES[2], CASES[3], ("lm", 3, 3, 0.7, 3, 0.9)]
+
+
+def native_sample(*args, **kw):
+    """sample() that fails unless the native loop drew the tokens"""
+    mod = sys.modules["bpd_train.decoding.sampling"]
+    real, used = mod.to_end, []
+
+    def spy(*a, **k):
+        r = real(*a, **k)
+        used.append(k.get("sampler") is not None and r is not None)
+        return r
+
+    mod.to_end = spy
+    try:
+        r = sample(*args, **kw)
+    finally:
+        mod.to_end = real
+    assert used == [True], "the native loop did not run"
+    return r
+
+
+def native_blockwise(*args, **kw):
+    """speculative_sample() that fails unless the native loop drew the tokens"""
+    cls = sys.modules["bpd_train.decoding.speculative"]._Sampler
+    real, used = cls.native_run, []
+
+    def spy(self, *a, **k):
+        r = real(self, *a, **k)
+        used.append(r is not None)
+        return r
+
+    cls.native_run = spy
+    try:
+        r = speculative_sample(*args, **kw)
+    finally:
+        cls.native_run = real
+    assert used == [True], "the native loop did not run"
+    return r
+
+
+HEADS = {"right": None, "random": None, "wrong": (WRONG,), "draft vocabulary": DRAFT}
+
+
+@pytest.mark.parametrize("family,k,m,t,top_k,top_p", CASES)
+@pytest.mark.parametrize("heads", list(HEADS))
+def test_native_blockwise_sampling_draws_whole_answers_from_the_models_distribution(
+    family, k, m, t, top_k, top_p, heads, monkeypatch
+):
+    model = set_heads(MODELS[family](k), "random" if heads == "random" else "right", monkeypatch)
+    src = _source(family, model)
+    exact = exact_distribution(model, src, m, t, top_k, top_p)
+    w = PackedWeights(DecodeOptions(draft_vocab=HEADS[heads])) if HEADS[heads] else None
+    r = native_blockwise(
+        model, src.repeat(N, 1), max_len=m, temperature=t, top_k=top_k, top_p=top_p, seed=11, weights=w
+    )
+    chi2, crit, tv, bound = fit(r.tokens, exact)
+    print(
+        f"NATIVE BLOCKWISE {family} k={k} T={t} top_k={top_k} top_p={top_p} heads={heads}: chi2={chi2:.1f} "
+        f"(crit {crit:.1f}) TV={tv:.4f} k-hat={r.mean_accepted:.2f}"
+    )
+    assert chi2 < crit and tv < bound, (chi2, crit, tv, bound)
+    if heads == "right" and top_k == 0:
+        assert r.mean_accepted > 1.4  # drafts from heads equal to head 1 are mostly accepted
+    if heads == "wrong":
+        assert r.mean_accepted < 1.3  # one token drafted everywhere: mostly rejected
+
+
+@pytest.mark.parametrize("narrow", [0, 2])
+def test_native_blockwise_sampling_with_prompt_lookup_keeps_the_distribution(narrow, monkeypatch):
+    k, m, t = 3, 4, 1.0
+    model = set_heads(tiny_lm(k, seed=4), "random", monkeypatch)
+    src = torch.tensor([[1, 4, 6, 4, 6, 3]])  # repeats: lookup proposes from the first token on
+    exact = exact_distribution(model, src, m, t)
+    w = PackedWeights(DecodeOptions(lookup=2, narrow=narrow))
+    r = native_blockwise(model, src.repeat(N, 1), max_len=m, temperature=t, seed=11, weights=w)
+    chi2, crit, tv, bound = fit(r.tokens, exact)
+    print(f"NATIVE LOOKUP narrow={narrow}: chi2={chi2:.1f} (crit {crit:.1f}) TV={tv:.4f} k-hat={r.mean_accepted:.2f}")
+    assert chi2 < crit and tv < bound, (chi2, crit, tv, bound)
+    plain = native_blockwise(model, src.repeat(N, 1), max_len=m, temperature=t, seed=11)
+    assert r.mean_accepted != plain.mean_accepted  # lookup changed what was drafted
+
+
+@pytest.mark.parametrize("family", ["mt", "lm"])
+def test_native_blockwise_sampling_top_1_is_greedy_and_rows_do_not_depend_on_batch_mates(family, monkeypatch):
+    model = set_heads(MODELS[family](3), "random", monkeypatch)
+    if family == "mt":
+        src = random_sources(6, seed=8, vocab=8)
+        rows = [src[i : i + 1, : int((src[i] != 0).sum())] for i in range(6)]
+        w = None
+    else:
+        src = torch.tensor([[1, 4, 6, 4, 6, 3], [1, 5, 3, 5, 3, 5], [1, 6, 6, 4, 4, 3]])
+        rows = [src[i : i + 1] for i in range(3)]
+        w = PackedWeights(DecodeOptions(lookup=2, narrow=2))
+    g = greedy(model, src, max_len=12)
+    assert native_blockwise(model, src, max_len=12, temperature=0.7, top_k=1, seed=3, weights=w).tokens == g.tokens
+    seeds = [40 + 3 * i for i in range(len(rows))]
+    batch = native_blockwise(model, src, max_len=12, temperature=1.0, row_seeds=seeds, weights=w)
+    assert len({len(t) for t in batch.tokens}) > 1  # rows finish at different steps
+    for i, row in enumerate(rows):
+        alone = native_blockwise(model, row, max_len=12, temperature=1.0, row_seeds=[seeds[i]], weights=w)
+        assert alone.tokens[0] == batch.tokens[i], i
+    flipped = native_blockwise(model, src.flip(0), max_len=12, temperature=1.0, row_seeds=seeds[::-1], weights=w)
+    assert flipped.tokens[::-1] == batch.tokens
+    again = native_blockwise(model, src, max_len=12, temperature=1.0, row_seeds=seeds, weights=w)
+    assert again.tokens == batch.tokens
+
+
+@pytest.mark.parametrize("family,k,m,t,top_k,top_p", NATIVE_CASES)
+def test_native_sampling_draws_whole_answers_from_the_models_distribution(family, k, m, t, top_k, top_p):
+    model = MODELS[family](k)
+    src = _source(family, model)
+    exact = exact_distribution(model, src, m, t, top_k, top_p)
+    r = native_sample(model, src.repeat(N, 1), max_len=m, temperature=t, top_k=top_k, top_p=top_p, seed=11)
+    chi2, crit, tv, bound = fit(r.tokens, exact)
+    print(f"NATIVE {family} T={t} top_k={top_k} top_p={top_p}: chi2={chi2:.1f} (crit {crit:.1f}) TV={tv:.4f}")
+    assert chi2 < crit and tv < bound, (chi2, crit, tv, bound)
+
+
+@pytest.mark.parametrize(
+    "drawn,held",
+    [((1.0, 4, 0.8), (1.0, 0, 1.0)), ((1.0, 0, 1.0), (1.0, 0, 0.8)), ((1.0, 0, 1.0), (0.8, 0, 1.0))],
+    ids=["masks-against-none", "no-top-p-against-top-p", "temperature"],
+)
+def test_the_same_test_fails_when_the_draws_ignore_a_setting(drawn, held):
+    """Draws made with one setting, held to the distribution of another (what a native loop ignoring top_p, or
+    applying top_k where none was asked, or the wrong temperature, would give): the test must reject them."""
+    model = MODELS["mt"](3)
+    src = _source("mt", model)
+    exact = exact_distribution(model, src, 3, *held)
+    t, top_k, top_p = drawn
+    r = native_sample(model, src.repeat(N, 1), max_len=3, temperature=t, top_k=top_k, top_p=top_p, seed=11)
+    chi2, crit, tv, bound = fit_any(r.tokens, exact)
+    assert chi2 > crit, (chi2, crit, tv, bound)
+
+
+def fit_any(samples, exact):
+    """fit() where samples may hold answers `exact` gives probability 0 (a mask applied that should not be): those
+    count as one cell of expected count 0.5"""
+    known = [s for s in samples if tuple(s) in exact]
+    if len(known) == len(samples):
+        return fit(samples, exact)
+    return float("inf"), 0.0, 1.0, 0.0
+
+
+@pytest.mark.parametrize("family", ["mt", "lm"])
+def test_native_sampling_rows_do_not_depend_on_batch_mates_and_seeds_reproduce(family):
+    model = MODELS[family](3)
+    if family == "mt":
+        src = random_sources(8, seed=8, vocab=8)
+        rows = [src[i : i + 1, : int((src[i] != 0).sum())] for i in range(8)]
+    else:
+        src = torch.tensor([[1, 4, 6, 3], [1, 5, 3, 3], [1, 6, 6, 4], [1, 3, 7, 5]])
+        rows = [src[i : i + 1] for i in range(src.shape[0])]
+    seeds = [40 + 3 * i for i in range(src.shape[0])]
+    batch = native_sample(model, src, max_len=12, temperature=1.0, row_seeds=seeds)
+    assert len({len(t) for t in batch.tokens}) > 1
+    for i, row in enumerate(rows):
+        assert native_sample(model, row, max_len=12, temperature=1.0, row_seeds=[seeds[i]]).tokens[0] == batch.tokens[i]
+    flipped = native_sample(model, src.flip(0), max_len=12, temperature=1.0, row_seeds=seeds[::-1])
+    assert flipped.tokens[::-1] == batch.tokens
+    assert native_sample(model, src, max_len=12, temperature=1.0, row_seeds=seeds).tokens == batch.tokens
+    other = native_sample(model, src, max_len=12, temperature=1.0, row_seeds=[s + 1 for s in seeds])
+    assert other.tokens != batch.tokens
+    assert sample(model, src, max_len=12, temperature=0).tokens == greedy(model, src, max_len=12).tokens
