@@ -329,10 +329,9 @@ class DecodeSettings:
     narrow: int = setting(
         0,
         "with lookup, one row (sampling: each row): a step whose context repeats fewer than 2 tokens feeds W rows "
-        "(the heads' first W-1 proposals) instead of the full block; output unchanged; 0: always the full block",
-        _ints(
-            0, None, "0 (off) or an int >= 2 (rows of a step whose context repeats < 2 tokens)", allow=lambda n: n != 1
-        ),
+        "(the heads' first W-1 proposals; 1: the last token alone, a plain step) instead of the full block; output "
+        "unchanged; 0: always the full block",
+        _ints(0, None, "0 (off) or an int >= 1 (rows of a step whose context repeats < 2 tokens)"),
         metavar="W",
     )
     tree: Any = setting(

@@ -84,7 +84,7 @@ def test_auto_proposal_precision_is_int8_on_a_cpu_with_int8_kernels_only():
         ({"max_len": "long"}, "max_len='long': expected an int, or [a, b]"),
         ({"tree": "x"}, "tree='x': expected rank paths such as '0 1 0,0'"),
         ({"lookup": 9}, "lookup=9: expected an int in 0..8 (0: off)"),
-        ({"narrow": 1}, "narrow=1: expected 0 (off) or an int >= 2"),
+        ({"narrow": -1}, "narrow=-1: expected 0 (off) or an int >= 1"),
     ],
 )
 def test_bad_settings_are_one_error_naming_the_field_value_and_choices(kwargs, message):
@@ -187,7 +187,7 @@ def test_translator_and_the_evaluator_take_the_declared_names_as_overrides():
 
 @pytest.mark.parametrize(
     "name, value, flag",
-    [("narrow", 1, ["--narrow", "1"]), ("lookup", 9, ["--lookup", "9"]), ("batch_size", 0, ["--batch-size", "0"])],
+    [("narrow", -1, ["--narrow", "-1"]), ("lookup", 9, ["--lookup", "9"]), ("batch_size", 0, ["--batch-size", "0"])],
 )
 def test_a_bad_value_is_the_same_line_from_the_api_the_evaluator_the_configs_and_the_command_line(name, value, flag):
     import io

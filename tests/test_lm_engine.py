@@ -418,20 +418,22 @@ def _repeats_two(c: list[int]) -> bool:
     return len(c) >= 3 and any(c[j : j + 2] == c[-2:] for j in range(len(c) - 2))
 
 
+@pytest.mark.parametrize("narrow", [1, 2])
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
-def test_narrow_steps_follow_the_lookup_rule_and_keep_greedy_output(dtype):
+def test_narrow_steps_follow_the_lookup_rule_and_keep_greedy_output(dtype, narrow):
     """DecodeOptions.narrow with lookup (one row, native loop): a step whose context (prompt and tokens so far)
     does not repeat its last two tokens feeds `narrow` rows (the fed token and the heads' first proposals), one
     that does feeds the full block. Driven one step per native call, the next fed block's width is checked against
     that rule on the context the loop saw; whole decodes stay greedy's, alone and in a batch (where narrow does not
-    act), for Medusa and chained heads and BPD heads (fewer heads asked of a path that computes them all)."""
+    act), for Medusa and chained heads and BPD heads (fewer heads asked of a path that computes them all).
+    narrow 1: such a step feeds the fed token alone (a greedy step)."""
     widths = set()
     for i, (heads, kv, bias, tie, extra) in enumerate([CONFIGS[0], CONFIGS[2], CONFIGS[4]]):
         m = lm(60 + i, heads, k=4, kv=kv, qkv_bias=bias, tie=tie, **extra)
         src = prompts(5, 70 + i, longest=10)
         pw_m = PackedWeights(DecodeOptions(dtype=dtype))
         g = greedy(m, src, max_len=40, weights=pw_m)
-        pw_m = PackedWeights(DecodeOptions(dtype=dtype, lookup=3, narrow=2))
+        pw_m = PackedWeights(DecodeOptions(dtype=dtype, lookup=3, narrow=narrow))
         assert blockwise(m, src, max_len=40, weights=pw_m).tokens == g.tokens, f"{heads} batch"
         assert [blockwise(m, [p], max_len=40, weights=pw_m).tokens[0] for p in src] == g.tokens, f"{heads} one row"
         w = pw_m.get(m)
@@ -451,12 +453,12 @@ def test_narrow_steps_follow_the_lookup_rule_and_keep_greedy_output(dtype):
                     out += toks.tolist()
                     if ended:
                         break
-                    want = 4 if _repeats_two(p + out) else 2
+                    want = 4 if _repeats_two(p + out) else narrow
                     assert len(nxt) == want, (heads, p, out, nxt)
                     widths.add(want)
                     x = nxt
             gt = g.tokens[src.index(p)]  # (greedy's tokens stop before the end id the loop returns)
             assert out[: len(gt)] == gt[: len(out)] and len(out) <= len(gt) + 1
-    assert widths == {2, 4}  # both kinds of step occurred
+    assert widths == {narrow, 4}  # both kinds of step occurred
     with pytest.raises(ValueError, match="narrow"):
-        DecodeSettings(narrow=1)
+        DecodeSettings(narrow=-1)

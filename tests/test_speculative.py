@@ -355,7 +355,7 @@ def test_a_rows_tokens_do_not_depend_on_its_batch_mates():
     assert flipped.tokens[::-1] == batch.tokens
 
 
-@pytest.mark.parametrize("narrow", [0, 2])
+@pytest.mark.parametrize("narrow", [0, 1, 2])
 @pytest.mark.parametrize("heads", ["right", "wrong", "random"])
 def test_prompt_lookup_drafts_keep_the_models_distribution(heads, narrow, monkeypatch):
     """With prompt lookup (a decoder-only model, DecodeOptions.lookup) the tokens after the context's earlier

@@ -61,7 +61,7 @@ class Decoder:
         if s.sampling:
             how = f"T={s.temperature:g}" + (f" top_k={s.top_k}" if s.top_k else "")
             how += (f" top_p={s.top_p:g}" if s.top_p < 1 else "") + f" seed={s.seed}"
-            return f"blockwise sampling k={self.k} {how} (reference decoder)" if self.blockwise else f"sampling {how}"
+            return f"blockwise sampling k={self.k} {how}" if self.blockwise else f"sampling {how}"
         if not self.blockwise:
             return "greedy"
         return f"blockwise k={self.k} {self.settings.accept_label}{' adaptive' if self.adaptive else ''}"

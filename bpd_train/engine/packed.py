@@ -15,7 +15,7 @@ and the options; the cache itself is engine/weights.py `PackedWeights`, which a 
   lookup       0, or n: decoder-only models on the native loops propose from the row's own context (prompt and
                answer so far) where its last n (else fewer) tokens occurred before, the heads elsewhere: prompt
                lookup, for answers that copy from their prompt. Proposals only; the output stays greedy's.
-  narrow       0, or w >= 2 (with lookup, batch 1): a step whose context repeats fewer than 2 tokens feeds w rows
+  narrow       0, or w >= 1 (with lookup, batch 1): a step whose context repeats fewer than 2 tokens feeds w rows
                (the heads' first w - 1 proposals) instead of the full block; a step with a longer repeat feeds the
                full block. Wide steps where only the heads propose cost more rows than they gain on a CPU.
   tree         () or rank paths (batch 1, decoder-only native loops): a step whose context repeats fewer than 2

@@ -60,8 +60,8 @@ struct LoopModel {
   // Prompt lookup: each row's context (prompt and tokens so far, by the row's place in the call's input); where
   // the context's last n (lookup_n, else fewer, down to 1) tokens occurred before, the tokens that followed them
   // there are the proposals, the heads' only past their end. Proposals only choose what head 1 verifies.
-  // narrow >= 2 (one row only): a step whose context repeats fewer than 2 tokens feeds `narrow` rows, the heads'
-  // proposals alone (a one-token match predicts little; the rows it saves cost more than they gain).
+  // narrow >= 1 (one row only): a step whose context repeats fewer than 2 tokens feeds `narrow` rows, the heads'
+  // proposals alone (a one-token match predicts little; the rows it saves cost more than they gain); 1: a greedy step.
   int64_t lookup_n = 0, narrow = 0;
   // Candidate trees (decoder-only, one row): a step whose context repeats fewer than 2 tokens feeds the root and a
   // tree of the heads' ranked proposals (rank paths, one rank per head from head 1 down, in depth-first order with

@@ -40,8 +40,16 @@ struct EncDecLoop : LoopModel {
   }
   void propose(const float* h, int64_t M, int64_t n_heads, const int64_t* first, int64_t* out,
                float* lg = nullptr) const override {
-    if (chain) propose_chain_raw(h, M, d, *chain, first, n_heads, nw, nb, eps, *draft, dp, out, lg);
-    else propose_raw(h, M, d, *fc1, *fc2, n_heads, nw, nb, eps, *draft, dp, out, lg);
+    if (chain) return propose_chain_raw(h, M, d, *chain, first, n_heads, nw, nb, eps, *draft, dp, out, lg);
+    const int64_t all = fc2->N / d;                  // the heads fc2 makes at once: keep the first n_heads
+    if (n_heads >= all) return propose_raw(h, M, d, *fc1, *fc2, n_heads, nw, nb, eps, *draft, dp, out, lg);
+    std::vector<int64_t> ids(M * all);
+    std::vector<float> l(lg ? M * all * draft->N : 0);
+    propose_raw(h, M, d, *fc1, *fc2, all, nw, nb, eps, *draft, dp, ids.data(), lg ? l.data() : nullptr);
+    for (int64_t m = 0; m < M; m++) {
+      std::copy(ids.data() + m * all, ids.data() + m * all + n_heads, out + m * n_heads);
+      if (lg) std::copy(l.data() + m * all * draft->N, l.data() + (m * all + n_heads) * draft->N, lg + m * n_heads * draft->N);
+    }
   }
   int64_t draft_vocab() const override { return draft->N; }
   const int64_t* draft_map() const override { return dp; }
@@ -278,9 +286,9 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, in
       if (!mdl.tree.empty() && matched < 2) {
         is_tree = tree_block(mdl, hn.data(), gn, matched == 1 && got > 0 ? look[0] : -1, top, x, par);
       } else {
-        const int64_t wn = mdl.narrow >= 2 && matched < 2 ? std::min(mdl.narrow, width) : width;  // this step's rows
+        const int64_t wn = mdl.narrow >= 1 && matched < 2 ? std::min(mdl.narrow, width) : width;  // this step's rows
         x.resize(wn);
-        mdl.propose(hn.data(), 1, wn - 1, &gn, prop.data());
+        if (wn > 1) mdl.propose(hn.data(), 1, wn - 1, &gn, prop.data());   // (narrow 1: a greedy step)
         if (matched >= 2 || wn == width) std::copy(look.data(), look.data() + std::min(got, wn - 1), prop.data());
         for (int64_t j = 0; j < wn - 1; j++) x[j + 1] = prop[j];
       }

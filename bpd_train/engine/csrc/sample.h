@@ -21,7 +21,7 @@ struct Sampler {
   double temp = 1.0, top_p = 1.0;
   int64_t top_k = 0;
   int64_t* rng = nullptr;   // [rows][2]: each row's seed and how many uniforms it has drawn (advanced in place)
-  mutable std::vector<double> p;
+  mutable std::vector<float> xf, tf;
   mutable std::vector<int64_t> rank;
 
   // Row `row`'s next uniform in [0, 1): the splitmix64 sequence keyed by its seed, at its own counter, so a row's
@@ -32,28 +32,31 @@ struct Sampler {
     return (double)(mix64(key + (c + 1) * 0x9E3779B97F4A7C15ULL) >> 11) * 0x1.0p-53;
   }
 
-  // out[0..V) = the sampling distribution of logits l [V] (normalised; 0 outside top_k / top_p): sampling_probs
+  // out[0..V) = the sampling distribution of logits l [V] (normalised; 0 outside top_k / top_p): sampling_probs,
+  // with the scaled logits and their exps in float (vexp: a std::exp per id was most of a small model's step)
   void probs(const float* l, int64_t V, double* out) const {
-    const double it = 1.0 / temp;
-    double kth = -INFINITY;
+    const float it = (float)(1.0 / temp);
+    float* x = grow(xf, V);
+    for (int64_t v = 0; v < V; v++) x[v] = l[v] * it;
+    float kth = -INFINITY;
     if (top_k > 0 && top_k < V) {                       // the k-th largest scaled logit: ties with it are kept
-      double* t = grow(p, V);
-      for (int64_t v = 0; v < V; v++) t[v] = (double)l[v] * it;
-      std::nth_element(t, t + top_k - 1, t + V, std::greater<double>());
+      float* t = grow(tf, V);
+      std::copy(x, x + V, t);
+      std::nth_element(t, t + top_k - 1, t + V, std::greater<float>());
       kth = t[top_k - 1];
     }
-    double mx = -INFINITY;
+    float mx = -INFINITY;
     for (int64_t v = 0; v < V; v++) {
-      const double x = (double)l[v] * it;
-      out[v] = x >= kth ? x : -INFINITY;
-      mx = std::max(mx, out[v]);
+      if (x[v] < kth) x[v] = -INFINITY;
+      mx = std::max(mx, x[v]);
     }
+    const vf vm = vbcast(&mx);
+    int64_t v = 0;
+    for (; v + L <= V; v += L) vstore(x + v, vexp(vsub(vload(x + v), vm)));   // (-inf lanes give 0)
+    for (; v < V; v++) x[v] = x[v] == -INFINITY ? 0.0f : std::exp(x[v] - mx);
     double s = 0.0;
-    for (int64_t v = 0; v < V; v++) {
-      out[v] = out[v] == -INFINITY ? 0.0 : std::exp(out[v] - mx);
-      s += out[v];
-    }
-    for (int64_t v = 0; v < V; v++) out[v] /= s;
+    for (int64_t u = 0; u < V; u++) s += (out[u] = (double)x[u]);
+    for (int64_t u = 0; u < V; u++) out[u] /= s;
     if (top_p < 1.0) nucleus(out, V);
   }
 

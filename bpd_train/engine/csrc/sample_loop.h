@@ -12,8 +12,8 @@
 // stop id nor past the row's width; at the first rejection the next token is drawn from max(0, p_j - q), after a
 // fully accepted block from p (the bonus token). The heads at the last accepted position then draft the next block,
 // head i's token drawn from q_i, its sampling distribution over the draft vocabulary; where the context repeats
-// (mdl.lookup) the tokens that followed take the first places with q a point mass; with narrow >= 2 a row whose
-// context repeats fewer than 2 tokens verifies its heads' first narrow - 1 drafts only. Each row draws from its own
+// (mdl.lookup) the tokens that followed take the first places with q a point mass; with narrow >= 1 a row whose
+// context repeats fewer than 2 tokens verifies its heads' first narrow - 1 drafts only (narrow 1: a plain step). Each row draws from its own
 // stream (smp.uniform, by its place in the input), its width and drafts depend on its own tokens only, and finished
 // rows leave (the last row's cache moved into their place), so a row's tokens never depend on its batch mates.
 // Returns (tokens [R, T] of which the first counts[r] are row r's, histogram [kb + 1] of the tokens rows gained per
@@ -34,7 +34,7 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
   int64_t R = R0;
   std::vector<int64_t> x0(tt.data_ptr<int64_t>(), tt.data_ptr<int64_t>() + R0), len(lt.data_ptr<int64_t>(),
       lt.data_ptr<int64_t>() + R0), room(rt.data_ptr<int64_t>(), rt.data_ptr<int64_t>() + R0), id(R0), wid(R0, 1);
-  std::vector<int64_t> dr(R0 * nh, x0.empty() ? 0 : x0[0]), col(R0 * nh, 0), look(R0 * nh, 0), cnt(R0, 0);
+  std::vector<int64_t> dr(R0 * nh, x0.empty() ? 0 : x0[0]), look(R0 * nh, 0), cnt(R0, 0);
   std::vector<int64_t> hist(kb + 1, 0), n(R0), g1(R0), ended(R0), act, nact, ids, fed, slot, tmp(nh);
   std::vector<double> qd(R0 * nh, 1.0), q((size_t)R0 * nh * Vd, 0.0), p((size_t)R0 * V), res(V);
   std::vector<float> h, hv, lg;
@@ -128,38 +128,44 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
     for (int64_t r = 0; r < R; r++) if (!ended[r]) act.push_back(r);
     const int64_t A = (int64_t)act.size();
     if (A > 0) {
-      grow(hv, A * d);
-      grow(ids, A * nh);
-      grow(lg, A * nh * Vd);
-      std::vector<int64_t> first(A);
-      for (int64_t a = 0; a < A; a++) {
-        std::memcpy(hv.data() + a * d, h.data() + (act[a] * B + n[act[a]]) * d, d * sizeof(float));
-        first[a] = g1[act[a]];
-      }
-      Tick tp2;
-      mdl.propose(hv.data(), A, nh, first.data(), ids.data(), lg.data());
-      tp2.to(P_PROPOSE_PROJ);
+      // each row's width and lookup drafts first (its context alone decides them), then the heads its other
+      // places need: draft i comes from head i + 1, so the call computes the heads up to the widest such place
+      int64_t need = 0;
       for (int64_t a = 0; a < A; a++) {
         const int64_t r = act[a];
-        for (int64_t i = 0; i < nh; i++) {
-          double* qi = q.data() + ((size_t)r * nh + i) * Vd;
-          smp.probs(lg.data() + (a * nh + i) * Vd, Vd, qi);
-          const int64_t c = Sampler::pick(qi, Vd, smp.uniform(id[r]));
-          col[r * nh + i] = c;
-          dr[r * nh + i] = dmap ? dmap[c] : c;
-          qd[r * nh + i] = qi[c];
-          look[r * nh + i] = 0;
-        }
         int64_t matched = 0;
         const int64_t got = mdl.lookup(id[r], nh, tmp.data(), &matched);
-        wid[r] = kb;
-        if (narrow >= 2 && mdl.lookup_n > 0 && matched < 2) {
-          wid[r] = std::min(narrow, kb);              // the heads' first drafts only
-        } else {
-          for (int64_t j = 0; j < got; j++) {
-            dr[r * nh + j] = tmp[j];
-            qd[r * nh + j] = 1.0;
-            look[r * nh + j] = 1;
+        const bool thin = narrow >= 1 && mdl.lookup_n > 0 && matched < 2;
+        wid[r] = thin ? std::min(narrow, kb) : kb;   // narrow: the heads' first drafts only
+        for (int64_t j = 0; j < nh; j++) {
+          const bool lk = !thin && j < got;
+          dr[r * nh + j] = lk ? tmp[j] : x0[r];      // (places past the width are fed, never accepted)
+          qd[r * nh + j] = 1.0;
+          look[r * nh + j] = lk ? 1 : 0;
+          if (!lk && j < wid[r] - 1) need = std::max(need, j + 1);
+        }
+      }
+      if (need > 0) {
+        grow(hv, A * d);
+        grow(ids, A * need);
+        grow(lg, A * need * Vd);
+        std::vector<int64_t> first(A);
+        for (int64_t a = 0; a < A; a++) {
+          std::memcpy(hv.data() + a * d, h.data() + (act[a] * B + n[act[a]]) * d, d * sizeof(float));
+          first[a] = g1[act[a]];
+        }
+        Tick tp2;
+        mdl.propose(hv.data(), A, need, first.data(), ids.data(), lg.data());
+        tp2.to(P_PROPOSE_PROJ);
+        for (int64_t a = 0; a < A; a++) {
+          const int64_t r = act[a];
+          for (int64_t i = 0; i < std::min(need, wid[r] - 1); i++) {
+            if (look[r * nh + i]) continue;
+            double* qi = q.data() + ((size_t)r * nh + i) * Vd;
+            smp.probs(lg.data() + (a * need + i) * Vd, Vd, qi);
+            const int64_t c = Sampler::pick(qi, Vd, smp.uniform(id[r]));
+            dr[r * nh + i] = dmap ? dmap[c] : c;
+            qd[r * nh + i] = qi[c];
           }
         }
       }
@@ -172,7 +178,6 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
       TORCH_CHECK(mdl.move_row(r, R, t + len[R]), "blockwise sampling: a cache whose rows cannot move");
       x0[r] = x0[R]; len[r] = len[R]; room[r] = room[R]; id[r] = id[R]; wid[r] = wid[R]; ended[r] = ended[R];
       std::copy(dr.begin() + R * nh, dr.begin() + (R + 1) * nh, dr.begin() + r * nh);
-      std::copy(col.begin() + R * nh, col.begin() + (R + 1) * nh, col.begin() + r * nh);
       std::copy(look.begin() + R * nh, look.begin() + (R + 1) * nh, look.begin() + r * nh);
       std::copy(qd.begin() + R * nh, qd.begin() + (R + 1) * nh, qd.begin() + r * nh);
       std::copy(q.begin() + (size_t)R * nh * Vd, q.begin() + (size_t)(R + 1) * nh * Vd, q.begin() + (size_t)r * nh * Vd);
