@@ -62,7 +62,8 @@ def to_end(model, w, state, tok, orig, limit, cap, out, out_len, stop, sampler=N
     """The whole batch in one native call, finished rows leaving inside it (DecodeStep.greedy_to_end; sampled
     steps with `sampler`, engine/step.py native_sampler), or None where the native loop does not run it."""
     call = getattr(w, "greedy_to_end", None)
-    got = None if call is None else call(model, state, tok, limit, cap, sampler=sampler)
+    kw = {} if sampler is None else {"sampler": sampler}
+    got = None if call is None else call(model, state, tok, limit, cap, **kw)
     if got is None:
         return None
     toks, steps = got

@@ -34,6 +34,7 @@
 #include "run.h"
 #include "packed.h"
 #include "step.h"
+#include "sample.h"
 #include "screen.h"
 #include "attention.h"
 #include "encdec.h"
