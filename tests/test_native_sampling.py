@@ -216,3 +216,16 @@ def test_native_blockwise_sampling_with_chained_and_medusa_heads_keeps_the_distr
     many = torch.tensor([[1, 4, 6, 3], [1, 5, 3, 3], [1, 6, 6, 4]])
     top1 = native_blockwise(model, many, max_len=10, temperature=0.7, top_k=1, seed=3)
     assert top1.tokens == greedy(model, many, max_len=10).tokens
+
+
+@pytest.mark.parametrize("family", ["mt", "lm"])
+def test_native_sampling_at_extreme_temperatures(family):
+    """A temperature far below any logit gap is greedy's argmax (no overflow to inf - inf), one far above it draws
+    among all tokens; neither fails."""
+    model = MODELS[family](3)
+    src = random_sources(4, seed=8, vocab=8) if family == "mt" else torch.tensor([[1, 4, 6, 3], [1, 5, 3, 3]])
+    g = greedy(model, src, max_len=10).tokens
+    assert native_sample(model, src, max_len=10, temperature=1e-45, seed=1).tokens == g
+    assert native_blockwise(model, src, max_len=10, temperature=1e-45, seed=1).tokens == g
+    hot = native_blockwise(model, src.repeat(50, 1), max_len=4, temperature=1e6, seed=1).tokens
+    assert len({t for row in hot for t in row}) >= 6  # nearly uniform over the 8 ids

@@ -5,6 +5,7 @@
 #pragma once
 #include "step.h"
 #include <algorithm>
+#include <cfloat>
 #include <functional>
 #include <memory>
 
@@ -35,9 +36,13 @@ struct Sampler {
   // out[0..V) = the sampling distribution of logits l [V] (normalised; 0 outside top_k / top_p): sampling_probs,
   // with the scaled logits and their exps in float (vexp: a std::exp per id was most of a small model's step)
   void probs(const float* l, int64_t V, double* out) const {
-    const float it = (float)(1.0 / temp);
+    // shifted by the largest logit first (softmax does not change), so a tiny temperature gives 0 and -inf, never
+    // inf - inf
+    const float it = (float)std::min(1.0 / temp, (double)FLT_MAX);
+    float lmax = -INFINITY;
+    for (int64_t v = 0; v < V; v++) lmax = std::max(lmax, l[v]);
     float* x = grow(xf, V);
-    for (int64_t v = 0; v < V; v++) x[v] = l[v] * it;
+    for (int64_t v = 0; v < V; v++) x[v] = (l[v] - lmax) * it;
     float kth = -INFINITY;
     if (top_k > 0 && top_k < V) {                       // the k-th largest scaled logit: ties with it are kept
       float* t = grow(tf, V);
