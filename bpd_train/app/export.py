@@ -171,6 +171,10 @@ def run_export(cfg) -> Path:
     from bpd_train.evaluation.report import find_report
 
     x = cfg.export
+    if cfg.get("num_threads"):  # as train.py / evaluate.py take it (one override for every stage of the pipeline)
+        import torch
+
+        torch.set_num_threads(int(cfg.num_threads))
     fmt = str(x.get("format", "bundle"))
     if fmt not in FORMATS:
         raise ValueError(f"export.format={fmt!r}; choose one of {', '.join(FORMATS)}")
