@@ -24,42 +24,37 @@ from bpd_train.engine.weights import PackedWeights
 NATIVE_CASES = [CASES[0], CASES[2], CASES[3], ("lm", 3, 3, 0.7, 3, 0.9)]
 
 
-def native_sample(*args, **kw):
-    """sample() that fails unless the native loop drew the tokens"""
-    mod = sys.modules["bpd_train.decoding.sampling"]
-    real, used = mod.to_end, []
+def _through_native(owner, name: str, ran, decode, *args, **kw):
+    """decode(*args, **kw), failing unless owner.<name> (the native path's entry) ran and `ran(its result, its
+    keywords)` held"""
+    real, used = getattr(owner, name), []
 
     def spy(*a, **k):
         r = real(*a, **k)
-        used.append(k.get("sampler") is not None and r is not None)
+        used.append(ran(r, k))
         return r
 
-    mod.to_end = spy
+    setattr(owner, name, spy)
     try:
-        r = sample(*args, **kw)
+        out = decode(*args, **kw)
     finally:
-        mod.to_end = real
+        setattr(owner, name, real)
     assert used == [True], "the native loop did not run"
-    return r
+    return out
+
+
+def native_sample(*args, **kw):
+    """sample() that fails unless the native loop drew the tokens"""
+    mod = sys.modules["bpd_train.decoding.sampling"]
+    return _through_native(
+        mod, "to_end", lambda r, k: k.get("sampler") is not None and r is not None, sample, *args, **kw
+    )
 
 
 def native_blockwise(*args, **kw):
     """speculative_sample() that fails unless the native loop drew the tokens"""
     cls = sys.modules["bpd_train.decoding.speculative"]._Sampler
-    real, used = cls.native_run, []
-
-    def spy(self, *a, **k):
-        r = real(self, *a, **k)
-        used.append(r is not None)
-        return r
-
-    cls.native_run = spy
-    try:
-        r = speculative_sample(*args, **kw)
-    finally:
-        cls.native_run = real
-    assert used == [True], "the native loop did not run"
-    return r
+    return _through_native(cls, "native_run", lambda r, k: r is not None, speculative_sample, *args, **kw)
 
 
 HEADS = {"right": None, "random": None, "wrong": (WRONG,), "draft vocabulary": DRAFT}

@@ -48,7 +48,8 @@ struct EncDecLoop : LoopModel {
     propose_raw(h, M, d, *fc1, *fc2, all, nw, nb, eps, *draft, dp, ids.data(), lg ? l.data() : nullptr);
     for (int64_t m = 0; m < M; m++) {
       std::copy(ids.data() + m * all, ids.data() + m * all + n_heads, out + m * n_heads);
-      if (lg) std::copy(l.data() + m * all * draft->N, l.data() + (m * all + n_heads) * draft->N, lg + m * n_heads * draft->N);
+      const int64_t V = draft->N;
+      if (lg) std::copy(l.data() + m * all * V, l.data() + (m * all + n_heads) * V, lg + m * n_heads * V);
     }
   }
   int64_t draft_vocab() const override { return draft->N; }

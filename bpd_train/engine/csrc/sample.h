@@ -90,7 +90,7 @@ struct Sampler {
   }
 
   // an id drawn from the non-negative weights w [V] (unnormalised) with uniform u: the first id whose running sum
-  // (in id order) passes u * total (decoding/speculative.py's draw); an id of weight 0 is never drawn
+  // (in id order) passes u * total (decoding/speculative.py's draw); an id of weight 0 is never drawn (-1: all are)
   static int64_t pick(const double* w, int64_t V, double u) {
     double total = 0.0;
     int64_t last = -1;
@@ -114,13 +114,14 @@ struct Sampler {
 
 // The sampling settings the entry points take: s = [temperature, top_k, top_p] (float64), rng [rows, 2] int64
 // (seed, draws so far) or none for greedy decoding
-static std::unique_ptr<Sampler> make_sampler(const c10::optional<torch::Tensor>& s, const c10::optional<torch::Tensor>& rng,
-                                             int64_t rows) {
+static std::unique_ptr<Sampler> make_sampler(const c10::optional<torch::Tensor>& s,
+                                             const c10::optional<torch::Tensor>& rng, int64_t rows) {
   if (!s.has_value() || !s->defined() || s->numel() == 0) return nullptr;
   auto sv = s->to(torch::kDouble).contiguous();
   TORCH_CHECK(sv.numel() == 3, "sampling: [temperature, top_k, top_p]");
   const double* v = sv.data_ptr<double>();
-  TORCH_CHECK(v[0] > 0.0 && v[1] >= 0.0 && v[2] > 0.0 && v[2] <= 1.0, "sampling: temperature > 0, top_k >= 0, 0 < top_p <= 1");
+  TORCH_CHECK(v[0] > 0.0 && v[1] >= 0.0 && v[2] > 0.0 && v[2] <= 1.0,
+              "sampling: temperature > 0, top_k >= 0, 0 < top_p <= 1");
   TORCH_CHECK(rng.has_value() && rng->scalar_type() == torch::kLong && rng->is_contiguous() && rng->dim() == 2 &&
                   rng->size(0) == rows && rng->size(1) == 2,
               "sampling: rng must be a contiguous int64 [rows, 2] tensor (seed, draws)");

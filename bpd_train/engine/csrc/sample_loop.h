@@ -13,9 +13,10 @@
 // fully accepted block from p (the bonus token). The heads at the last accepted position then draft the next block,
 // head i's token drawn from q_i, its sampling distribution over the draft vocabulary; where the context repeats
 // (mdl.lookup) the tokens that followed take the first places with q a point mass; with narrow >= 1 a row whose
-// context repeats fewer than 2 tokens verifies its heads' first narrow - 1 drafts only (narrow 1: a plain step). Each row draws from its own
-// stream (smp.uniform, by its place in the input), its width and drafts depend on its own tokens only, and finished
-// rows leave (the last row's cache moved into their place), so a row's tokens never depend on its batch mates.
+// context repeats fewer than 2 tokens verifies its heads' first narrow - 1 drafts only (narrow 1: a plain step).
+// Each row draws from its own stream (smp.uniform, by its place in the input), its width and drafts depend on its own
+// tokens only, and finished rows leave (the last row's cache moved into their place), so a row's tokens never
+// depend on its batch mates.
 // Returns (tokens [R, T] of which the first counts[r] are row r's, histogram [kb + 1] of the tokens rows gained per
 // step, steps [1], empty, counts [R], seconds): batch_block_loop's to_end return.
 static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, double> sample_block_loop(
@@ -107,9 +108,9 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
             }
           }
         }
-        double tot = 0.0;
-        for (int64_t v = 0; v < V; v++) tot += res[v];
-        nxt = Sampler::pick(tot > 0.0 ? res.data() : pr, V, smp.uniform(id[r]));
+        const double u = smp.uniform(id[r]);
+        nxt = Sampler::pick(res.data(), V, u);
+        if (nxt < 0) nxt = Sampler::pick(pr, V, u);   // (a residual rounded to nothing: p itself)
       }
       const int64_t cn = std::min<int64_t>(m + (eos_in ? 0 : 1), room[r]);
       int64_t* out = tp + id[r] * tw + cnt[id[r]];
@@ -180,7 +181,8 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
       std::copy(dr.begin() + R * nh, dr.begin() + (R + 1) * nh, dr.begin() + r * nh);
       std::copy(look.begin() + R * nh, look.begin() + (R + 1) * nh, look.begin() + r * nh);
       std::copy(qd.begin() + R * nh, qd.begin() + (R + 1) * nh, qd.begin() + r * nh);
-      std::copy(q.begin() + (size_t)R * nh * Vd, q.begin() + (size_t)(R + 1) * nh * Vd, q.begin() + (size_t)r * nh * Vd);
+      const size_t qn = (size_t)nh * Vd;
+      std::copy(q.begin() + R * qn, q.begin() + (R + 1) * qn, q.begin() + r * qn);
     }
   }
   mdl.keep_logits = false;
