@@ -162,16 +162,16 @@ class Sampling:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 
 
-def sampling_engine(m: Decoder, how: Sampling, new: int, k: int | None = None):
-    """Plain sampling (k None) or blockwise sampling with k heads over units of Asked requests, each row seeded
-    with its request's seed."""
+def sampling_engine(m: Decoder, how: Sampling, new: int, k: int | None = None, verify: str = "match"):
+    """Plain sampling (k None) or blockwise sampling with k heads (drafts verified by `verify`) over units of Asked
+    requests, each row seeded with its request's seed."""
 
     def run(unit) -> Run:
         src, seeds = [a.ids for a in unit], [a.seed for a in unit]
         if k is None:
             r = m.sample(src, max_len=new, row_seeds=seeds, **how.kw())
         else:
-            r = m.speculative_sample(src, block_size=k, max_len=new, row_seeds=seeds, **how.kw())
+            r = m.speculative_sample(src, block_size=k, max_len=new, row_seeds=seeds, verify=verify, **how.kw())
         return Run(r.tokens, r.calls, dict(r.accepted_hist))
 
     return run
@@ -202,17 +202,22 @@ def sampling_cell(meta: dict, engines: dict, unit_list: list, reps: int, clock=N
     return {"kind": "sampling", **meta, "requests": requests, "reps": reps, "engines": rows}
 
 
-def sampling_engines(model, tok, settings: list[Heads], dtype: str, how: Sampling, new: int, base: dict) -> dict:
-    """Plain sampling and blockwise sampling with each heads setting (one per trained model and k) in `dtype`."""
+def sampling_engines(
+    model, tok, settings: list[Heads], dtype: str, how: Sampling, new: int, base: dict, verify=("match",)
+) -> dict:
+    """Plain sampling and blockwise sampling with each heads setting (one per trained model and k) and each draft
+    verification in `dtype`."""
     plain = f"ours {dtype} sampling"
     engines = {
         plain: (sampling_engine(decoder(model, options(model, tok, dtype)), how, new), {**base, "decoder": "sampling"})
     }
     for h in {h.label: h for h in settings}.values():
-        info = {**base, "decoder": "blockwise sampling", **h.info(), "plain": plain}
         m = decoder(h.model, options(model, tok, dtype, h.lookup, h.narrow))
         look = (f" lookup={h.lookup}" if h.lookup else "") + (f" narrow={h.narrow}" if h.narrow else "")
-        engines[f"ours {dtype} {h.name} k={h.k}{look} sampling"] = (sampling_engine(m, how, new, h.k), info)
+        for v in verify:
+            info = {**base, "decoder": "blockwise sampling", **h.info(), "verify": v, "plain": plain}
+            name = f"ours {dtype} {h.name} k={h.k}{look} sampling" + ("" if v == "match" else f" {v}")
+            engines[name] = (sampling_engine(m, how, new, h.k, v), info)
     return engines
 
 
@@ -484,7 +489,7 @@ def main(argv=None) -> None:
                 for dtype in args.dtype if batch == 1 else args.batch_dtype or args.dtype:
                     print(f"[threads {threads}] sampling T={temp:g} batch {batch} {dtype}", flush=True)
                     base = {"engine": "ours", "dtype": dtype, "bytes_per_weight": bytes_per_weight(dtype, shipped)}
-                    engines = sampling_engines(model, tok, sampled, dtype, how, args.new_tokens, base)
+                    engines = sampling_engines(model, tok, sampled, dtype, how, args.new_tokens, base, args.verify)
                     meta = {"threads": threads, "batch": batch, "dtype": dtype, **dataclasses.asdict(how),
                             "seed": args.seed}  # fmt: skip
                     rows.append(sampling_cell(meta, engines, units(asked_ids, batch), args.reps))

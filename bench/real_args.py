@@ -101,6 +101,14 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--top-p", type=float, default=1.0, help="sampling cells draw within this nucleus (1: all)")
     ap.add_argument("--top-k", type=int, default=0, help="sampling cells draw among this many tokens (0: all)")
     ap.add_argument("--seed", type=int, default=0, help="sampling cells: request i draws from seed + i")
+    ap.add_argument(
+        "--verify",
+        nargs="+",
+        choices=["match", "speculative"],
+        default=["match"],
+        help="sampling cells: how blockwise sampling verifies drafts (match: plain sampling's own tokens; "
+        "speculative: min(1, p/q) and the residual); several: a cell each",
+    )
     return ap
 
 

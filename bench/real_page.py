@@ -259,12 +259,13 @@ def sampling_section(cells: list[dict]) -> list[str]:
     out = [
         "## Sampling",
         "",
-        "Plain sampling (one token per decoder call) against blockwise sampling with the trained heads (each draft "
-        "accepted with probability min(1, p/q), a rejection redrawn from the residual): both draw from the model's "
-        "sampling distribution, softmax(logits / T) within top-k / top-p. Request i draws from seed + i in every "
-        "engine; the answers differ from engine to engine (each uses its random numbers its own way) but are "
-        "distributed alike, so speed is compared as each request's rate. `mean accepted block`: tokens a row "
-        "step added, over every row step; `k̂`: tokens per decoder call, the batch's rows together.",
+        "Plain sampling (one token per decoder call) against blockwise sampling with the trained heads: both draw "
+        "from the model's sampling distribution, softmax(logits / T) within top-k / top-p. `match` keeps a draft "
+        "only where it is the token plain sampling picks there (the same answers as plain sampling, token for "
+        "token); `speculative` accepts a draft with probability min(1, p/q) and redraws a rejection from the "
+        "residual (answers distributed alike, not the same ones). Request i draws from seed + i in every engine; "
+        "speed is compared as each request's rate. `mean accepted block`: tokens a row step added, over every row "
+        "step; `k̂`: tokens per decoder call, the batch's rows together.",
         "",
     ]
     for cell in cells:
@@ -282,7 +283,8 @@ def sampling_section(cells: list[dict]) -> list[str]:
                     if e.get("decoder") == "sampling"
                     else f"blockwise sampling, {e.get('heads', 'heads')}, k = {e['k']}"
                     + (f", lookup {e['lookup']}" if e.get("lookup") else "")
-                    + (f", narrow {e['narrow']}" if e.get("narrow") else ""),
+                    + (f", narrow {e['narrow']}" if e.get("narrow") else "")
+                    + (f", {e['verify']}" if e.get("verify") else ""),
                     _tok(e["tok_s"]),
                     _x(e.get("vs_plain")),
                     f"{e['mean_accepted']:.2f}" if "mean_accepted" in e else "–",

@@ -378,6 +378,14 @@ class DecodeSettings:
         _ints(0, 2**63 - 1, "an int >= 0"),
         metavar="N",
     )
+    verify: str = setting(
+        "match",
+        "with temperature > 0 and heads: match keeps a draft only where it is the token plain sampling picks there "
+        "(plain sampling's text for the same seed, at any batch size: batches sample plainly where heads do not "
+        "pay); speculative accepts it with probability min(1, p/q) (the same distribution, not the same text)",
+        _choice(("match", "speculative")),
+        metavar="match|speculative",
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

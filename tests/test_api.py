@@ -377,6 +377,13 @@ def test_sampling_from_the_api_the_command_line_and_the_evaluator(bundle, tmp_pa
     assert tr.translate(lines, temperature=0).texts == greedy.texts
     plain = tr.translate(lines, method="greedy", **hot)
     assert plain.method == "sampling T=0.9 top_p=0.95 seed=7" and plain.mean_accepted == 1.0
+    # verify=match (the default): the heads change no token of plain sampling, one input at a time or in batches
+    assert plain.texts == out.texts
+    alone = tr.translate(lines, batch_size=1, **hot)
+    assert alone.texts == out.texts and alone.mean_accepted > 1.0
+    spec = tr.translate(lines, batch_size=1, verify="speculative", **hot)
+    assert spec.method.startswith("blockwise sampling k=4 T=0.9 top_p=0.95 seed=7 verify=speculative")
+    assert spec.texts != out.texts  # the same distribution, other draws
     with pytest.raises(DecodeError, match="accept='top2' with temperature=0.9"):
         tr.translate(lines, accept="top2", temperature=0.9)
     settings = EvalSettings(
@@ -388,4 +395,10 @@ def test_sampling_from_the_api_the_command_line_and_the_evaluator(bundle, tmp_pa
     assert [(r["k"], r["rule"]) for r in rows] == [(4, "sampling")] and rows[0]["mean_accepted"] > 1.0
     hyp = (tmp_path / "eval" / rows[0]["hyp_file"]).read_text(encoding="utf-8").splitlines()
     assert hyp == [one_line(t) for t in out.texts]
-    assert report["checkpoints"][0]["decode"]["sampling"] == {"temperature": 0.9, "top_k": 0, "top_p": 0.95, "seed": 7}
+    assert report["checkpoints"][0]["decode"]["sampling"] == {
+        "temperature": 0.9,
+        "top_k": 0,
+        "top_p": 0.95,
+        "seed": 7,
+        "verify": "match",
+    }

@@ -224,3 +224,32 @@ def test_native_sampling_at_extreme_temperatures(family):
     assert native_blockwise(model, src, max_len=10, temperature=1e-45, seed=1).tokens == g
     hot = native_blockwise(model, src.repeat(50, 1), max_len=4, temperature=1e6, seed=1).tokens
     assert len({t for row in hot for t in row}) >= 6  # nearly uniform over the 8 ids
+
+
+@pytest.mark.parametrize("family", ["mt", "lm"])
+@pytest.mark.parametrize("heads", list(HEADS))
+def test_match_verification_returns_plain_samplings_own_tokens(family, heads, monkeypatch):
+    """verify="match" keeps a draft only where it is the token plain sampling picks at that place (each place's
+    randomness keyed by the seed and the position): blockwise sampling then returns plain sampling's tokens, row for
+    row, whatever the heads draft, the batch, lookup or narrow steps; speculative verification does not."""
+    model = set_heads(MODELS[family](3), "random" if heads == "random" else "right", monkeypatch)
+    if family == "mt":
+        src = random_sources(8, seed=8, vocab=8)
+        looks = [{}]
+    else:
+        src = torch.tensor([[1, 4, 6, 4, 6, 3], [1, 5, 3, 5, 3, 5], [1, 6, 6, 4, 4, 3], [1, 3, 7, 5, 7, 5]])
+        looks = [{}, {"lookup": 2}, {"lookup": 2, "narrow": 1}, {"lookup": 2, "narrow": 2}]
+    seeds = [70 + 5 * i for i in range(src.shape[0])]
+    for how in [dict(temperature=1.0), dict(temperature=0.6, top_k=3), dict(temperature=1.3, top_p=0.8)]:
+        plain = native_sample(model, src, max_len=12, row_seeds=seeds, **how).tokens
+        assert len({len(t) for t in plain}) > 1  # rows end at different steps
+        for look in looks:
+            opts = {**look, "draft_vocab": HEADS[heads]} if HEADS[heads] else look
+            w = PackedWeights(DecodeOptions(**opts)) if opts else None
+            for kb in (2, 3):
+                r = native_blockwise(model, src, block_size=kb, max_len=12, row_seeds=seeds, weights=w, **how)
+                assert r.tokens == plain, (how, look, kb)
+                if heads == "right" and "top_k" not in how and look.get("narrow") != 1:
+                    assert r.mean_accepted > 1.0, (how, look, kb)  # drafts were kept: not plain steps
+    spec = native_blockwise(model, src, max_len=12, row_seeds=seeds, temperature=1.0, verify="speculative")
+    assert spec.tokens != native_sample(model, src, max_len=12, row_seeds=seeds, temperature=1.0).tokens

@@ -1,8 +1,9 @@
 """Ancestral sampling with the KV cache (self-distillation with temperature; plain sampling for serving).
 
 Each row draws from its own random stream, seeded by `row_seeds` (default: seed + row index): where the native
-loop runs the model (engine/csrc/sample.h), the whole batch is one call drawing each token by inverse CDF from the
-row's splitmix64 stream; elsewhere a torch.Generator per row with the Gumbel-max trick (argmax of logits/T + Gumbel
+loop runs the model (engine/csrc/sample.h), the whole batch is one call choosing each token by an exponential race
+whose numbers are hashed from the row's seed, the token's place and each id (what blockwise sampling's match
+verification reproduces); elsewhere a torch.Generator per row with the Gumbel-max trick (argmax of logits/T + Gumbel
 noise = a draw from softmax(logits/T)). Either way a row's tokens depend on its seed, never on its batch mates or
 on which rows finished first, so sharded, resumable corpora reproduce exactly (on the same engine).
 temperature 0 is greedy decoding. `top_k` / `top_p` restrict the draw to the most likely tokens (`keep_mask`, the

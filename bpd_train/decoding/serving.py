@@ -61,7 +61,9 @@ class Decoder:
         if s.sampling:
             how = f"T={s.temperature:g}" + (f" top_k={s.top_k}" if s.top_k else "")
             how += (f" top_p={s.top_p:g}" if s.top_p < 1 else "") + f" seed={s.seed}"
-            return f"blockwise sampling k={self.k} {how}" if self.blockwise else f"sampling {how}"
+            if not self.blockwise:
+                return f"sampling {how}"
+            return f"blockwise sampling k={self.k} {how} verify={s.verify}" + (" adaptive" if self.adaptive else "")
         if not self.blockwise:
             return "greedy"
         return f"blockwise k={self.k} {self.settings.accept_label}{' adaptive' if self.adaptive else ''}"
@@ -73,8 +75,13 @@ class Decoder:
         if s.sampling:  # blockwise sampling keeps plain sampling's distribution (decoding/speculative.py)
             kw = dict(max_len=s.max_len, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
             kw["weights"] = self.weights
-            if self.blockwise:
-                return decoding.speculative_sample(self.model, src, block_size=self.k, row_seeds=row_seeds, **kw)
+            # match verification returns plain sampling's tokens, so adaptive feeding may sample a batch plainly:
+            # blockwise sampling paid at batch 1 only (docs/decoder-only.md, "Sampling")
+            plain_batch = s.verify == "match" and bool(self.adaptive) and src.shape[0] > 1
+            if self.blockwise and not plain_batch:
+                return decoding.speculative_sample(
+                    self.model, src, block_size=self.k, row_seeds=row_seeds, verify=s.verify, **kw
+                )
             return decoding.sample(self.model, src, row_seeds=row_seeds, **kw)
         if self.blockwise:  # (looked up on the package: tests watch the decoders there)
             return decoding.blockwise(

@@ -29,9 +29,14 @@ uniforms per step (2b - 1: b - 1 acceptance tests, one residual or bonus draw, b
 depend on its seed and its own steps only, never on its batch mates or on which rows finished first.
 
 Where the native loops run the model, the whole batch is one call (engine/csrc/sample_loop.h: the same algorithm,
-each row drawing from its own splitmix64 stream, so the same distribution but not this loop's tokens for a seed);
-`native=False`, CUDA and models the native loops do not run take this reference PyTorch decoder: every step
-through `model.decode`, head 1's full-vocabulary logits (`head1`) and the heads' draft-vocabulary logits
+each row drawing from its own splitmix64 stream, so the same distribution but not this loop's tokens for a seed).
+There `verify="match"` (the default) verifies otherwise: plain sampling's token at each output position is an
+exponential race keyed by (seed, position, id) (engine/csrc/sample.h, Sampler::choose), the heads draft with the same
+race over their q (a Gumbel coupling: the draft is the model's choice wherever q and p agree), and a draft is kept
+only where it is that choice: blockwise sampling then returns plain native sampling's tokens for the same seeds,
+whatever was drafted, fed or batched; `verify="speculative"` is the algorithm above. `native=False`, CUDA and
+models the native loops do not run take this reference PyTorch decoder (speculative whatever `verify` says): every
+step through `model.decode`, head 1's full-vocabulary logits (`head1`) and the heads' draft-vocabulary logits
 (`draft_logits`, in the proposal precision). Candidate trees and adaptive feeding are not used here.
 """
 
@@ -95,13 +100,18 @@ def speculative_sample(
     row_seeds: Sequence[int] | None = None,
     weights: PackedWeights | None = None,
     native: bool = True,
+    verify: str = "match",
 ) -> DecodeResult:
     """Sample from the model (softmax(logits / temperature) within top_k / top_p) with blocks of up to
     `block_size` tokens per decoder call (default: the model's k); the output is distributed exactly as `sample`'s.
     temperature 0: exact blockwise decoding (greedy's tokens). A model without heads (or block_size 1): `sample`.
     native: one native call for the whole batch where the engine runs the model (its own random streams: the same
-    distribution, not the same tokens as this reference loop); False: this Python loop."""
+    distribution, not the same tokens as this reference loop); False: this Python loop.
+    verify: "match" (native loops: plain native sampling's tokens for the same seeds; the reference loop verifies
+    speculatively) or "speculative" (min(1, p/q) and the residual)."""
     t = check_sampling(temperature, top_k, top_p)
+    if verify not in ("match", "speculative"):
+        raise ValueError(f"verify must be match or speculative, got {verify!r}")
     k = int(model.config.block_size)
     kb = k if block_size is None else int(block_size)
     if not 1 <= kb <= k:
@@ -122,11 +132,12 @@ def speculative_sample(
             native=native,
         )
     with decoding_mode(model, weights) as w:
-        return _Sampler(model, w, kb, t, int(top_k), float(top_p), native).run(src, max_len, seed, row_seeds)
+        sampler = _Sampler(model, w, kb, t, int(top_k), float(top_p), native, verify)
+        return sampler.run(src, max_len, seed, row_seeds)
 
 
 class _Sampler:
-    def __init__(self, model, w, kb: int, temperature: float, top_k: int, top_p: float, native: bool = True):
+    def __init__(self, model, w, kb, temperature, top_k, top_p, native: bool = True, verify: str = "match"):
         self.model, self.w, self.kb = model, w, kb
         self.t, self.top_k, self.top_p = temperature, top_k, top_p
         self.eos = stop_ids(model)
@@ -135,7 +146,7 @@ class _Sampler:
         self.look = int(w.options.lookup) if getattr(w, "lookup_context", False) and w.options.lookup else 0
         self.narrow = min(int(w.options.narrow), kb) if self.look and w.options.narrow else 0
         self.prompts: dict[int, np.ndarray] = {}
-        self.native = native
+        self.native, self.match = native, verify == "match"
 
     def probs(self, logits: Tensor) -> Tensor:
         return sampling_probs(logits, self.t, self.top_k, self.top_p)
@@ -288,7 +299,7 @@ class _Sampler:
             np.ascontiguousarray(limit, dtype=np.int64),
             int(cap),
             width=kb,
-            sampler=native_sampler(self.t, self.top_k, self.top_p, seeds),
+            sampler=native_sampler(self.t, self.top_k, self.top_p, seeds, self.match),
             **kw,
         )
         if got is None:

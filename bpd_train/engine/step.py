@@ -100,10 +100,11 @@ def python_greedy_steps(w: DecodeStep, model, state, tok: Tensor, room: np.ndarr
     return (np.stack(steps, axis=1) if steps else np.zeros((tok.shape[0], 0), dtype=np.int64)), h
 
 
-def native_sampler(temperature: float, top_k: int, top_p: float, seeds) -> tuple[Tensor, Tensor]:
-    """What the native loops take for sampled steps: settings [temperature, top_k, top_p] (float64) and each row's
-    random stream [R, 2] (int64: its seed, the uniforms it has drawn so far; the loop advances it)."""
-    settings = torch.tensor([float(temperature), float(top_k), float(top_p)], dtype=torch.float64)
+def native_sampler(temperature: float, top_k: int, top_p: float, seeds, match: bool = False) -> tuple[Tensor, Tensor]:
+    """What the native loops take for sampled steps: settings [temperature, top_k, top_p, match] (float64) and each
+    row's random stream [R, 2] (int64: its seed and a counter the loop advances). match: blockwise sampling keeps
+    a draft only where it is the token plain sampling picks there (engine/csrc/sample.h, Sampler::choose)."""
+    settings = torch.tensor([float(temperature), float(top_k), float(top_p), float(match)], dtype=torch.float64)
     rng = torch.tensor([[int(s) % 2**63, 0] for s in seeds], dtype=torch.int64).reshape(-1, 2)
     return settings, rng
 

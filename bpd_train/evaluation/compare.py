@@ -87,9 +87,10 @@ def compare(
     blockwise with adaptive feeding as a third decoder in the same interleaved run (what the serving paths run on
     the CPU with exact acceptance: decoding/settings.py DecodeSettings.adaptive_on). min_seconds: timed passes over the batches
     until each decoder ran that long (metrics.time_interleaved).
-    sampling: {temperature, top_k, top_p, seed} with temperature > 0: plain sampling takes greedy's place and
-    blockwise sampling blockwise's (decoding/speculative.py; the rule is not used), source i seeded seed + i in
-    both; their tokens differ (the same distribution, other draws), so agreement is not a check there.
+    sampling: {temperature, top_k, top_p, seed, verify} with temperature > 0: plain sampling takes greedy's place
+    and blockwise sampling blockwise's (decoding/speculative.py; the rule is not used), source i seeded seed + i in
+    both; with verify "match" on the native loops their tokens are the same, with "speculative" they differ (the
+    same distribution, other draws).
     weights: the decoder's packed-weight cache (decoding/serving.py Decoder.weights: its decode options), shared by
     every decoder compared (None: the model's default, fp32)."""
     if sampling:
@@ -124,12 +125,13 @@ def _compare_sampling(
     model, batches, k, max_len, device, warmup, on_batch, min_seconds, s: dict, weights
 ) -> Comparison:
     seed = int(s.pop("seed", 0))
+    verify = s.pop("verify", "match")
     s["weights"] = weights
     seeds = {id(t): [seed + i for i in g] for g, t in zip(batches.groups, batches.tensors)}
     fns = {"greedy": lambda src: sample(model, src, max_len=max_len, row_seeds=seeds[id(src)], **s)}
     if k is not None and k > 1:
         fns["blockwise"] = lambda src: speculative_sample(
-            model, src, block_size=k, max_len=max_len, row_seeds=seeds[id(src)], **s
+            model, src, block_size=k, max_len=max_len, row_seeds=seeds[id(src)], verify=verify, **s
         )
     out = _timed(fns, batches, device, warmup, on_batch, min_seconds)
     return Comparison(out["greedy"], out.get("blockwise"))

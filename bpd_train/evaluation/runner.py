@@ -198,7 +198,7 @@ def evaluate_loaded(
     base = settings.decode_settings()
     sampling = None
     if base.sampling:  # plain vs blockwise sampling; acceptance rules are for temperature 0 (one column per k)
-        sampling = {n: getattr(base, n) for n in ("temperature", "top_k", "top_p", "seed")}
+        sampling = {n: getattr(base, n) for n in ("temperature", "top_k", "top_p", "seed", "verify")}
         rules = [("sampling", parse_rule("exact"))]
     # the decode options for this model's file type (dtype auto), tokenizer and device, packed
     decoder = prepare(model, text.sp, base, device, weight_type=getattr(loaded, "weight_type", None))

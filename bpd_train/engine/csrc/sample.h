@@ -21,7 +21,10 @@ static inline uint64_t mix64(uint64_t z) {
 struct Sampler {
   double temp = 1.0, top_p = 1.0;
   int64_t top_k = 0;
-  int64_t* rng = nullptr;   // [rows][2]: each row's seed and how many uniforms it has drawn (advanced in place)
+  // [rows][2]: each row's seed and its counter (advanced in place): the uniforms it has drawn (speculative
+  // verification) or the tokens it has chosen (choose: plain steps and match verification)
+  int64_t* rng = nullptr;
+  bool match = false;       // blockwise sampling keeps a draft only where it is the token choose() picks there
   mutable std::vector<float> xf, tf;
   mutable std::vector<int64_t> rank;
 
@@ -31,6 +34,45 @@ struct Sampler {
     const uint64_t key = mix64((uint64_t)rng[2 * row] + 0x9E3779B97F4A7C15ULL);
     const uint64_t c = (uint64_t)rng[2 * row + 1]++;
     return (double)(mix64(key + (c + 1) * 0x9E3779B97F4A7C15ULL) >> 11) * 0x1.0p-53;
+  }
+
+  // Row `row`'s exponential E(pos, v) for token id v at output position pos: a hash of (seed, pos, v), so the noise
+  // of a position is fixed before anything is drafted or fed. t1 = 1 - U (U uniform in (0, 1]), a lower bound of
+  // E = -log U that needs no log.
+  double one_minus_u(int64_t row, int64_t pos, int64_t v) const {
+    const uint64_t seed = mix64((uint64_t)rng[2 * row] + 0x9E3779B97F4A7C15ULL);
+    const uint64_t key = mix64(seed + (uint64_t)(pos + 1) * 0xD1B54A32D192ED03ULL);
+    const uint64_t h = mix64(key + (uint64_t)(v + 1) * 0x9E3779B97F4A7C15ULL);
+    return (double)(h >> 11) * 0x1.0p-53;         // in [0, 1): U = 1 - this is in (0, 1]
+  }
+
+  // The token at output position pos of row `row`, given the sampling distribution w [n] (normalised, 0 outside
+  // top-k / top-p) over ids map[0..n) (or 0..n): the exponential race argmax w(v) / E(pos, v), a draw from w
+  // whose randomness is keyed by (seed, pos, id). Two distributions at the same position share E, so a draft chosen
+  // this way from the heads' q is the model's own choice wherever q and p agree (a Gumbel coupling of q and p).
+  int64_t race(const double* w, int64_t n, const int64_t* map, int64_t row, int64_t pos) const {
+    int64_t best = -1;
+    double score = 0.0;                                    // w(best) / E(best)
+    int64_t top = 0;                                       // the likeliest id first: a high score prunes the rest
+    for (int64_t c = 1; c < n; c++) if (w[c] > w[top]) top = c;
+    auto visit = [&](int64_t c) {
+      if (!(w[c] > 0.0)) return;
+      const int64_t v = map ? map[c] : c;
+      const double t1 = one_minus_u(row, pos, v);
+      if (best >= 0 && t1 * score >= w[c]) return;        // E >= 1 - U: this id cannot win
+      const double e = -std::log1p(-t1);                  // E = -log U
+      if (best < 0 || w[c] > score * e) { best = c; score = w[c] / e; }
+    };
+    visit(top);
+    for (int64_t c = 0; c < n; c++) if (c != top) visit(c);
+    return best;
+  }
+
+  // row `row`'s token at output position pos, chosen from the sampling distribution of logits l [n] over ids map
+  // (or 0..n); buf [n] is scratch. Returns the index into l (map it for the id).
+  int64_t choose(const float* l, int64_t n, const int64_t* map, int64_t row, int64_t pos, double* buf) const {
+    probs(l, n, buf);
+    return race(buf, n, map, row, pos);
   }
 
   // out[0..V) = the sampling distribution of logits l [V] (normalised; 0 outside top_k / top_p): sampling_probs,
@@ -105,20 +147,19 @@ struct Sampler {
     return last;
   }
 
-  // a token drawn for row `row` from the sampling distribution of logits l [V]
+  // row `row`'s next token in plain sampled steps: choose() at the row's counter, which then advances
   int64_t draw(const float* l, int64_t V, int64_t row, double* buf) const {
-    probs(l, V, buf);
-    return pick(buf, V, uniform(row));
+    return choose(l, V, nullptr, row, rng[2 * row + 1]++, buf);
   }
 };
 
-// The sampling settings the entry points take: s = [temperature, top_k, top_p] (float64), rng [rows, 2] int64
-// (seed, draws so far) or none for greedy decoding
+// The sampling settings the entry points take: s = [temperature, top_k, top_p(, match)] (float64), rng [rows, 2]
+// int64 (seed, counter) or none for greedy decoding
 static std::unique_ptr<Sampler> make_sampler(const c10::optional<torch::Tensor>& s,
                                              const c10::optional<torch::Tensor>& rng, int64_t rows) {
   if (!s.has_value() || !s->defined() || s->numel() == 0) return nullptr;
   auto sv = s->to(torch::kDouble).contiguous();
-  TORCH_CHECK(sv.numel() == 3, "sampling: [temperature, top_k, top_p]");
+  TORCH_CHECK(sv.numel() == 3 || sv.numel() == 4, "sampling: [temperature, top_k, top_p(, match)]");
   const double* v = sv.data_ptr<double>();
   TORCH_CHECK(v[0] > 0.0 && v[1] >= 0.0 && v[2] > 0.0 && v[2] <= 1.0,
               "sampling: temperature > 0, top_k >= 0, 0 < top_p <= 1");
@@ -129,6 +170,7 @@ static std::unique_ptr<Sampler> make_sampler(const c10::optional<torch::Tensor>&
   out->temp = v[0];
   out->top_k = (int64_t)v[1];
   out->top_p = v[2];
+  out->match = sv.numel() == 4 && v[3] != 0.0;
   out->rng = rng->data_ptr<int64_t>();
   return out;
 }

@@ -14,6 +14,8 @@
 // head i's token drawn from q_i, its sampling distribution over the draft vocabulary; where the context repeats
 // (mdl.lookup) the tokens that followed take the first places with q a point mass; with narrow >= 1 a row whose
 // context repeats fewer than 2 tokens verifies its heads' first narrow - 1 drafts only (narrow 1: a plain step).
+// smp.match instead keeps draft d(j+1) only where it is smp.choose's token at that place (the heads draft by the same
+// race over q_i), the next token being that choice: the rows' tokens are then plain sampling's (greedy_loop's draw).
 // Each row draws from its own stream (smp.uniform, by its place in the input), its width and drafts depend on its own
 // tokens only, and finished rows leave (the last row's cache moved into their place), so a row's tokens never
 // depend on its batch mates.
@@ -39,7 +41,8 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
   std::vector<int64_t> hist(kb + 1, 0), n(R0), g1(R0), ended(R0), act, nact, ids, fed, slot, tmp(nh);
   std::vector<double> qd(R0 * nh, 1.0), q((size_t)R0 * nh * Vd, 0.0), p((size_t)R0 * V), res(V);
   std::vector<float> h, hv, lg;
-  for (int64_t r = 0; r < R0; r++) id[r] = r;
+  std::vector<int64_t> cho(R0, -1), pos0(R0);
+  for (int64_t r = 0; r < R0; r++) { id[r] = r; pos0[r] = smp.rng[2 * r + 1]; }
   auto lopt = torch::TensorOptions().dtype(torch::kLong);
   const int64_t tw = std::max<int64_t>(max_steps, 1) * kb;
   auto toks = torch::zeros({R0, tw}, lopt);
@@ -77,11 +80,17 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
         double* pr = p.data() + r * V;
         bool going = true;
         for (int64_t j = done; j < done + cols && going; j++) {
-          smp.probs(work().logits.data() + (a * cols + j - done) * V, V, pr);   // p_j
+          const float* lj = work().logits.data() + (a * cols + j - done) * V;
           g1[r] = ids[a * cols + j - done];
           n[r] = j;
-          going = j < wid[r] - 1 && !(j > 0 && mdl.stop(fed[r * B + j])) &&
-                  smp.uniform(id[r]) * qd[r * nh + j] < pr[dr[r * nh + j]];
+          going = j < wid[r] - 1 && !(j > 0 && mdl.stop(fed[r * B + j]));
+          if (smp.match) {                           // the token chosen at position j: kept where drafted
+            cho[r] = smp.choose(lj, V, nullptr, id[r], pos0[id[r]] + cnt[id[r]] + j, pr);
+            going = going && cho[r] == dr[r * nh + j];
+          } else {
+            smp.probs(lj, V, pr);                    // p_j
+            going = going && smp.uniform(id[r]) * qd[r * nh + j] < pr[dr[r * nh + j]];
+          }
           if (going) n[r] = j + 1;
         }
         if (going && n[r] < B) nact.push_back(r);    // every draft so far accepted: p at the next position needed
@@ -94,7 +103,9 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
       const int64_t m = n[r];
       const bool eos_in = m > 0 && mdl.stop(fed[r * B + m]);
       int64_t nxt = -1;
-      if (!eos_in) {
+      if (!eos_in && smp.match) {
+        nxt = cho[r];                                // the choice at the first place not kept (or the bonus)
+      } else if (!eos_in) {
         const double* pr = p.data() + r * V;
         std::copy(pr, pr + V, res.begin());
         if (m < wid[r] - 1) {                        // rejected at m: max(0, p - q)
@@ -163,8 +174,14 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
           for (int64_t i = 0; i < std::min(need, wid[r] - 1); i++) {
             if (look[r * nh + i]) continue;
             double* qi = q.data() + ((size_t)r * nh + i) * Vd;
-            smp.probs(lg.data() + (a * need + i) * Vd, Vd, qi);
-            const int64_t c = Sampler::pick(qi, Vd, smp.uniform(id[r]));
+            const float* li = lg.data() + (a * need + i) * Vd;
+            int64_t c;
+            if (smp.match) {                         // head i + 2's choice at the place its draft goes
+              c = smp.choose(li, Vd, dmap, id[r], pos0[id[r]] + cnt[id[r]] + i, qi);
+            } else {
+              smp.probs(li, Vd, qi);
+              c = Sampler::pick(qi, Vd, smp.uniform(id[r]));
+            }
             dr[r * nh + i] = dmap ? dmap[c] : c;
             qd[r * nh + i] = qi[c];
           }
@@ -177,6 +194,7 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
       R -= 1;
       if (r == R) break;
       TORCH_CHECK(mdl.move_row(r, R, t + len[R]), "blockwise sampling: a cache whose rows cannot move");
+      cho[r] = cho[R];
       x0[r] = x0[R]; len[r] = len[R]; room[r] = room[R]; id[r] = id[R]; wid[r] = wid[R]; ended[r] = ended[R];
       std::copy(dr.begin() + R * nh, dr.begin() + (R + 1) * nh, dr.begin() + r * nh);
       std::copy(look.begin() + R * nh, look.begin() + (R + 1) * nh, look.begin() + r * nh);
@@ -186,6 +204,8 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
     }
   }
   mdl.keep_logits = false;
+  if (smp.match)
+    for (int64_t r = 0; r < R0; r++) smp.rng[2 * r + 1] += cnt[r];   // each row's counter: the tokens it chose
   return {toks, torch::tensor(hist, lopt), torch::tensor(std::vector<int64_t>{s}, lopt),
           torch::empty({0}, torch::TensorOptions().dtype(torch::kFloat32)), torch::tensor(cnt, lopt),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()};
