@@ -379,6 +379,8 @@ def test_sampling_from_the_api_the_command_line_and_the_evaluator(bundle, tmp_pa
     assert plain.method == "sampling T=0.9 top_p=0.95 seed=7" and plain.mean_accepted == 1.0
     # verify=match (the default): the heads change no token of plain sampling, one input at a time or in batches
     assert plain.texts == out.texts
+    batched = tr.translate(lines, batch_size=len(lines), **hot)
+    assert batched.texts == out.texts and batched.mean_accepted == 1.0  # a batch of several samples plainly
     alone = tr.translate(lines, batch_size=1, **hot)
     assert alone.texts == out.texts and alone.mean_accepted > 1.0
     spec = tr.translate(lines, batch_size=1, verify="speculative", **hot)
