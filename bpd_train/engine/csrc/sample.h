@@ -36,14 +36,15 @@ struct Sampler {
     return (double)(mix64(key + (c + 1) * 0x9E3779B97F4A7C15ULL) >> 11) * 0x1.0p-53;
   }
 
-  // Row `row`'s exponential E(pos, v) for token id v at output position pos: a hash of (seed, pos, v), so the noise
-  // of a position is fixed before anything is drafted or fed. t1 = 1 - U (U uniform in (0, 1]), a lower bound of
-  // E = -log U that needs no log.
-  double one_minus_u(int64_t row, int64_t pos, int64_t v) const {
+  // Row `row`'s exponentials at output position pos are hashes of (seed, pos, id): the key of (seed, pos) here,
+  // one_minus_u(key, v) for id v. So the noise of a position is fixed before anything is drafted or fed.
+  uint64_t pos_key(int64_t row, int64_t pos) const {
     const uint64_t seed = mix64((uint64_t)rng[2 * row] + 0x9E3779B97F4A7C15ULL);
-    const uint64_t key = mix64(seed + (uint64_t)(pos + 1) * 0xD1B54A32D192ED03ULL);
-    const uint64_t h = mix64(key + (uint64_t)(v + 1) * 0x9E3779B97F4A7C15ULL);
-    return (double)(h >> 11) * 0x1.0p-53;         // in [0, 1): U = 1 - this is in (0, 1]
+    return mix64(seed + (uint64_t)(pos + 1) * 0xD1B54A32D192ED03ULL);
+  }
+  // t1 = 1 - U (U uniform in (0, 1]) for id v: a lower bound of E = -log U that needs no log
+  static double one_minus_u(uint64_t key, int64_t v) {
+    return (double)(mix64(key + (uint64_t)(v + 1) * 0x9E3779B97F4A7C15ULL) >> 11) * 0x1.0p-53;
   }
 
   // The token at output position pos of row `row`, given the sampling distribution w [n] (normalised, 0 outside
@@ -51,14 +52,14 @@ struct Sampler {
   // whose randomness is keyed by (seed, pos, id). Two distributions at the same position share E, so a draft chosen
   // this way from the heads' q is the model's own choice wherever q and p agree (a Gumbel coupling of q and p).
   int64_t race(const double* w, int64_t n, const int64_t* map, int64_t row, int64_t pos) const {
+    const uint64_t key = pos_key(row, pos);
     int64_t best = -1;
     double score = 0.0;                                    // w(best) / E(best)
     int64_t top = 0;                                       // the likeliest id first: a high score prunes the rest
     for (int64_t c = 1; c < n; c++) if (w[c] > w[top]) top = c;
     auto visit = [&](int64_t c) {
       if (!(w[c] > 0.0)) return;
-      const int64_t v = map ? map[c] : c;
-      const double t1 = one_minus_u(row, pos, v);
+      const double t1 = one_minus_u(key, map ? map[c] : c);
       if (best >= 0 && t1 * score >= w[c]) return;        // E >= 1 - U: this id cannot win
       const double e = -std::log1p(-t1);                  // E = -log U
       if (best < 0 || w[c] > score * e) { best = c; score = w[c] / e; }
