@@ -395,6 +395,7 @@ def test_sampling_from_the_api_the_command_line_and_the_evaluator(bundle, tmp_pa
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     rows = report["rows"]
     assert [(r["k"], r["rule"]) for r in rows] == [(4, "sampling")] and rows[0]["mean_accepted"] > 1.0
+    assert rows[0]["agreement"] == 100.0  # match verification: blockwise sampling's texts are plain sampling's
     hyp = (tmp_path / "eval" / rows[0]["hyp_file"]).read_text(encoding="utf-8").splitlines()
     assert hyp == [one_line(t) for t in out.texts]
     assert report["checkpoints"][0]["decode"]["sampling"] == {
