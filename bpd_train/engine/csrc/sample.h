@@ -26,6 +26,7 @@ struct Sampler {
   int64_t* rng = nullptr;
   bool match = false;       // blockwise sampling keeps a draft only where it is the token choose() picks there
   mutable std::vector<float> xf, tf;
+  mutable std::vector<double> ub;
   mutable std::vector<int64_t> rank;
 
   // Row `row`'s next uniform in [0, 1): the splitmix64 sequence keyed by its seed, at its own counter, so a row's
@@ -53,13 +54,19 @@ struct Sampler {
   // this way from the heads' q is the model's own choice wherever q and p agree (a Gumbel coupling of q and p).
   int64_t race(const double* w, int64_t n, const int64_t* map, int64_t row, int64_t pos) const {
     const uint64_t key = pos_key(row, pos);
+    double* t = grow(ub, n);                               // 1 - U of every id, in one branch-free pass
+    if (map) {
+      for (int64_t c = 0; c < n; c++) t[c] = one_minus_u(key, map[c]);
+    } else {
+      for (int64_t c = 0; c < n; c++) t[c] = one_minus_u(key, c);
+    }
     int64_t best = -1;
     double score = 0.0;                                    // w(best) / E(best)
     int64_t top = 0;                                       // the likeliest id first: a high score prunes the rest
     for (int64_t c = 1; c < n; c++) if (w[c] > w[top]) top = c;
     auto visit = [&](int64_t c) {
       if (!(w[c] > 0.0)) return;
-      const double t1 = one_minus_u(key, map ? map[c] : c);
+      const double t1 = t[c];
       if (best >= 0 && t1 * score >= w[c]) return;        // E >= 1 - U: this id cannot win
       const double e = -std::log1p(-t1);                  // E = -log U
       if (best < 0 || w[c] > score * e) { best = c; score = w[c] / e; }
