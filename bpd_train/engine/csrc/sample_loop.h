@@ -194,7 +194,6 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
       R -= 1;
       if (r == R) break;
       TORCH_CHECK(mdl.move_row(r, R, t + len[R]), "blockwise sampling: a cache whose rows cannot move");
-      cho[r] = cho[R];
       x0[r] = x0[R]; len[r] = len[R]; room[r] = room[R]; id[r] = id[R]; wid[r] = wid[R]; ended[r] = ended[R];
       std::copy(dr.begin() + R * nh, dr.begin() + (R + 1) * nh, dr.begin() + r * nh);
       std::copy(look.begin() + R * nh, look.begin() + (R + 1) * nh, look.begin() + r * nh);
