@@ -343,11 +343,20 @@ def replace_block(text: str, block: str, begin: str = BEGIN, end: str = END) -> 
 ISA_ORDER = {"native-avx2": 0, "native-avx512": 1, "native-amx": 2}
 
 
+def cpu_short(cpu: str) -> str:
+    """'Intel(R) Xeon(R) Processor (family 6 model 207; amx_tile, ...)' -> 'Intel Xeon (family 6 model 207)'."""
+    name, _, rest = cpu.partition(" (")
+    name = " ".join(w for w in name.replace("(R)", "").replace("(TM)", "").split() if w != "Processor")
+    fam = rest.split(";")[0].rstrip(")") if rest.startswith("family") else ""
+    return f"{name} ({fam})" if fam else name
+
+
 def engine_table(runs: list[tuple[str, dict]]) -> str:
     """docs/engine.md's per-CPU table: for every committed run (its JSON's name, its result) and precision, the
-    bytes a weight reads, greedy tokens/s and what a k-row step costs in greedy steps, from the run's step cells."""
+    CPU, the bytes a weight reads, greedy tokens/s and what a k-row step costs in greedy steps, from the run's step
+    cells."""
     lines = []
-    for name, result in sorted(runs, key=lambda r: (ISA_ORDER.get(r[1].get("isa"), 3), r[0])):
+    for name, result in sorted(runs, key=lambda r: (ISA_ORDER.get(r[1].get("isa"), 3), r[1].get("cpu", ""), r[0])):
         b1 = _first(result, "batch 1") or {"engines": []}
         bpw = {e.get("dtype"): e.get("bytes_per_weight") for e in b1["engines"] if e.get("engine") == "ours"}
         for cell in (r for r in result["rows"] if r.get("kind") == "step"):
@@ -357,6 +366,7 @@ def engine_table(runs: list[tuple[str, dict]]) -> str:
             lines.append(
                 [
                     result["isa"].removeprefix("native-"),
+                    cpu_short(result.get("cpu", "")),
                     f"{cell['dtype']}, {b:.2f} B" if b is not None else cell["dtype"],
                     _tok(g["tok_s"]),
                     *(f"{cost[k]:.2f}" if k in cost else "–" for k in (4, 8)),
@@ -365,8 +375,15 @@ def engine_table(runs: list[tuple[str, dict]]) -> str:
                 ]
             )
     cpus = sorted({f"{r['cpu']}" for _, r in runs})
-    head = ["kernels", "precision, bytes a weight", "greedy tokens/s, median (min–max)", "k = 4 step", "k = 8 step"]
-    out = _table([*head, "threads", "from"], "llrrrrl", lines)
+    head = [
+        "kernels",
+        "CPU",
+        "precision, bytes a weight",
+        "greedy tokens/s, median (min–max)",
+        "k = 4 step",
+        "k = 8 step",
+    ]
+    out = _table([*head, "threads", "from"], "lllrrrrl", lines)
     return "\n".join([*out, "CPU: " + "; ".join(cpus) + "."]).rstrip("\n")
 
 

@@ -272,8 +272,18 @@ def test_engine_table_has_a_line_per_run_and_precision_from_the_step_cells():
     table = page.engine_table([("real-amx.json", run("native-amx", 90.0, 1.1, 1.3)),
                                ("real-avx2.json", run("native-avx2", 60.0, 1.6, 2.4))])  # fmt: skip
     lines = [line for line in table.splitlines() if line.startswith("| avx2") or line.startswith("| amx")]
-    assert lines[0].startswith("| avx2 | int8, 1.00 B | 60.0 (60.0–60.0) | 1.60 | 2.40 | 1 | [real-avx2.json]")
-    assert lines[1].startswith("| amx | int8, 1.00 B | 90.0 (90.0–90.0) | 1.10 | 1.30 | 1 | [real-amx.json]")
+    assert lines[0].startswith(
+        "| avx2 | Test CPU | int8, 1.00 B | 60.0 (60.0–60.0) | 1.60 | 2.40 | 1 | [real-avx2.json]"
+    )
+    assert lines[1].startswith("| amx | Test CPU | int8, 1.00 B | 90.0 (90.0–90.0) | 1.10 | 1.30 | 1 | [real-amx.json]")
+
+
+def test_engine_table_names_each_cpu_shortly():
+    page = _load("real_page")
+    intel = "Intel(R) Xeon(R) Processor (family 6 model 207; amx_tile, avx512_bf16, avx512_vnni)"
+    assert page.cpu_short(intel) == "Intel Xeon (family 6 model 207)"
+    assert page.cpu_short("AMD EPYC (family 25 model 1; avx2)") == "AMD EPYC (family 25 model 1)"
+    assert page.cpu_short("Some CPU") == "Some CPU"
 
 
 def test_engine_md_per_cpu_table_is_the_generated_one():
