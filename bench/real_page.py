@@ -149,12 +149,12 @@ def headline(result: dict, link: str) -> str:
     return "\n".join(lines).rstrip("\n")
 
 
-def page(result: dict) -> str:
-    """The whole results page of one run."""
+def page(result: dict, json_name: str | None = None) -> str:
+    """The whole results page of one run (json_name: its JSON's file name; real-<isa>.json unless given)."""
     out = [
         "# SmolLM2-135M-Instruct on a CPU: decoding speed under one protocol",
         "",
-        f"Generated from its JSON by `python bench/real.py --render docs/results/real-{tag(result)}.json` (do not "
+        f"Generated from its JSON by `python bench/real.py --render docs/results/{json_name or f'real-{tag(result)}.json'}` (do not "
         f"edit). Measured by `{result['command']}` on {machine_line(result)}.",
         "",
         protocol_line(result),
@@ -402,7 +402,7 @@ def render(json_path: Path, page_to: Path | None = None, readme: Path | None = N
     from bpd_train.io import atomic_write_text
 
     result = json.loads(Path(json_path).read_text(encoding="utf-8"))
-    atomic_write_text(page_to or page_path(Path(json_path)), page(result))
+    atomic_write_text(page_to or page_path(Path(json_path)), page(result, Path(json_path).name))
     if readme is not None:
         link = "docs/" + (page_to or page_path(Path(json_path))).name
         atomic_write_text(readme, replace_block(readme.read_text(encoding="utf-8"), headline(result, link)))

@@ -245,8 +245,9 @@ def test_every_committed_results_page_is_its_json_rendered():
     pairs = page.committed()
     assert pairs, "no docs/results/real-*.json committed"
     for j, p in pairs:
-        want = page.page(json.loads(j.read_text(encoding="utf-8")))
+        want = page.page(json.loads(j.read_text(encoding="utf-8")), j.name)
         assert p.read_text(encoding="utf-8") == want, f"{p.name} differs from {j.name}: run python bench/real_page.py"
+        assert f"--render docs/results/{j.name}`" in want  # the page names its own JSON
 
 
 def test_readme_real_model_block_is_the_generated_one():
