@@ -151,10 +151,11 @@ def headline(result: dict, link: str) -> str:
 
 def page(result: dict, json_name: str | None = None) -> str:
     """The whole results page of one run (json_name: its JSON's file name; real-<isa>.json unless given)."""
+    name = json_name or f"real-{tag(result)}.json"
     out = [
         "# SmolLM2-135M-Instruct on a CPU: decoding speed under one protocol",
         "",
-        f"Generated from its JSON by `python bench/real.py --render docs/results/{json_name or f'real-{tag(result)}.json'}` (do not "
+        f"Generated from its JSON by `python bench/real.py --render docs/results/{name}` (do not "
         f"edit). Measured by `{result['command']}` on {machine_line(result)}.",
         "",
         protocol_line(result),
