@@ -118,7 +118,7 @@ static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64
 }
 
 template <int R>
-static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, float* out) {
+static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, float* out, const uint8_t*) {
   constexpr int S = R == 1 ? 4 : R == 2 ? 2 : 1;   // one or two rows: sub-blocks side by side for more chains
   const int64_t ss = G * Q4QG;
   for (int s0 = 0; s0 < 4; s0 += S) q4q_rows<R, S>(x, G, w + s0 * ss, ss, out + s0 * 16);
@@ -129,13 +129,14 @@ static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, floa
 // u8 codes (0..15) by the s8 activations into int16 pairs (|sum of 4| <= 7620: never saturates), vpmaddwd by ones
 // adds the pairs into int32 lanes: the VNNI kernel's integer per output.
 template <int R>
-static inline void q4q_half(const Q8Block* x, int64_t G, const uint8_t* w, int h, float* out) {
+static inline void q4q_half(const Q8Block* x, int64_t G, const uint8_t* w, int h, float* out, const char* pf) {
   __m256 acc[R];
 #pragma GCC unroll 4
   for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
   const __m256i nib = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < G; g++) {
     const uint8_t* p = w + g * Q4QG;
+    if (pf) for (int b = 0; b < Q4QG / 2; b += 64) _mm_prefetch(pf + g * (Q4QG / 2) + b, _MM_HINT_T1);
     __m256i si[R];
 #pragma GCC unroll 4
     for (int i = 0; i < R; i++) si[i] = _mm256_setzero_si256();
@@ -165,16 +166,19 @@ static inline void q4q_half(const Q8Block* x, int64_t G, const uint8_t* w, int h
   for (int i = 0; i < R; i++) _mm256_storeu_ps(out + i * NB + 8 * h, acc[i]);
 }
 
+// next: the next packed block, fetched into L2 over the 8 passes (the hardware prefetchers follow the half passes
+// poorly from memory)
 template <int R>
-static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, float* out) {
+static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, float* out, const uint8_t* next) {
   const int64_t ss = G * Q4QG;
   for (int s = 0; s < 4; s++)
     for (int h = 0; h < 2; h++) {
+      const char* pf = next ? (const char*)next + (2 * s + h) * G * (Q4QG / 2) : nullptr;
       if (R <= 4) {
-        q4q_half<R <= 4 ? R : 4>(x, G, w + s * ss, h, out + s * 16);
+        q4q_half<R <= 4 ? R : 4>(x, G, w + s * ss, h, out + s * 16, pf);
       } else {   // 5-8 rows: 4, then the rest (the sub-block's bytes are in L1 for the second pass)
-        q4q_half<4>(x, G, w + s * ss, h, out + s * 16);
-        q4q_half<R <= 4 ? 1 : R - 4>(x + 4 * G, G, w + s * ss, h, out + 4 * NB + s * 16);
+        q4q_half<4>(x, G, w + s * ss, h, out + s * 16, pf);
+        q4q_half<R <= 4 ? 1 : R - 4>(x + 4 * G, G, w + s * ss, h, out + 4 * NB + s * 16, nullptr);
       }
     }
 }
@@ -184,9 +188,13 @@ struct Q4QKern {
   using X = Q8Block; using WT = uint8_t;
   static constexpr int xw = 1;
   static int64_t stride(int64_t G) { return 4 * G * Q4QG; }   // bytes per packed block of 64 rows (G = K / 32)
-  template <int R> static void blk(const X* x, int64_t G, const WT* w, float* o, const WT*) { q4q_block<R>(x, G, w, o); }
-  static void one(const X* x, int64_t G, const WT* w, float* o, const WT*) { q4q_block<1>(x, G, w, o); }
-  template <int R> static void half(const X* x, int64_t G, const WT* w, float* o, const WT*) { q4q_block<R>(x, G, w, o); }
+  template <int R> static void blk(const X* x, int64_t G, const WT* w, float* o, const WT* nx) {
+    q4q_block<R>(x, G, w, o, nx);
+  }
+  static void one(const X* x, int64_t G, const WT* w, float* o, const WT* nx) { q4q_block<1>(x, G, w, o, nx); }
+  template <int R> static void half(const X* x, int64_t G, const WT* w, float* o, const WT* nx) {
+    q4q_block<R>(x, G, w, o, nx);
+  }
 };
 
 }  // namespace
