@@ -338,7 +338,7 @@ class DecodeSettings:
         (),
         "decoder-only, one row: a step whose context repeats fewer than 2 tokens feeds a candidate tree of the "
         "heads' ranked proposals instead, e.g. '0;1' (head 2's first two choices; paths apart by ';', one rank "
-        "per head by ','); output unchanged; empty: the chain",
+        "per head by ','); output unchanged (sampling: its distribution); empty: the chain",
         _tree,
         metavar="PATHS",
     )

@@ -61,6 +61,7 @@ from bpd_train.decoding.common import (
 )
 from bpd_train.decoding.result import DecodeResult
 from bpd_train.decoding.sampling import check_sampling, sample, sampling_probs
+from bpd_train.engine.packed import tree_rows
 from bpd_train.engine.step import native_sampler
 from bpd_train.engine.weights import PackedWeights
 
@@ -218,7 +219,9 @@ class _Sampler:
         if self.look:
             pad = model.config.pad_id
             self.prompts = {int(o): row[row != pad].cpu().numpy() for o, row in zip(orig, src)}
-        state = model.start_decoding(model.encode(src, self.w), cap + kb, weights=self.w)
+        opts = getattr(self.w, "options", None)  # a candidate tree's step may feed more rows than a block
+        tree = opts.tree if opts is not None and self.native else ()
+        state = model.start_decoding(model.encode(src, self.w), cap + max(kb, tree_rows(tree)), weights=self.w)
         if self.native:
             tok = start_tokens(model, state, orig.size, dev)
             got = self.native_run(state, tok, orig, limit, cap, [seeds[int(r)] for r in orig], out, out_len)

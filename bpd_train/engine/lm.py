@@ -446,7 +446,7 @@ class LMDecodeWeights(DecodeStep):
     ):
         """DecodeWeights.batch_block_steps (same contract, to_end and sampler too) for R rows in per-row cache mode,
         or None where the native kernels do not run this model. context: each row's prompt and tokens so far
-        (lookup; with a sampler, narrow steps too)."""
+        (lookup; with a sampler, narrow steps too, and for one row DecodeOptions.tree)."""
         w = x.shape[1] if width is None else int(width)
         prop = self._block_prop(w, max_steps)
         if prop is None:
@@ -471,6 +471,7 @@ class LMDecodeWeights(DecodeStep):
             *self._context(context),
             int(self.options.narrow or 0) if sampler is not None and context is not None else 0,
             *(sampler or (None, None)),
+            self._tree(w) if sampler is not None and x.shape[0] == 1 else None,
         )
         if to_end or sampler is not None:
             return toks.numpy(), nc.numpy(), int(nxt[0]), ended.numpy()

@@ -513,13 +513,15 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
     const torch::Tensor& cos, const torch::Tensor& sin, int64_t t, torch::Tensor lengths, const torch::Tensor& stops,
     torch::Tensor room, int64_t max_steps, int64_t group, int64_t width, int64_t top_n, double dist_eps,
     bool to_end, const std::vector<torch::Tensor>& context, int64_t lookup, int64_t narrow,
-    c10::optional<torch::Tensor> sampling, c10::optional<torch::Tensor> rng) {
+    c10::optional<torch::Tensor> sampling, c10::optional<torch::Tensor> rng, c10::optional<torch::Tensor> tree) {
   const auto t_start = std::chrono::steady_clock::now();
   LMLoop mdl(net, self_kv, lpad, cos, sin, stops);
   mdl.prop = &prop;
   mdl.set_rule(top_n, dist_eps);
   mdl.set_context(context, lookup, narrow);
-  if (const auto smp = make_sampler(sampling, rng, x_in.size(0)))   // blockwise sampling, every row to its end
+  if (const auto smp = make_sampler(sampling, rng, x_in.size(0))) {  // blockwise sampling, every row to its end
+    mdl.set_tree(tree);                                               // (trees: a call of one row)
     return sample_block_loop(mdl, *smp, x_in.select(1, 0), t, lengths, room, max_steps, group, width, narrow, t_start);
+  }
   return batch_block_loop(mdl, x_in, t, lengths, room, max_steps, group, width, t_start, to_end);
 }

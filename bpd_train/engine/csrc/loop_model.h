@@ -92,6 +92,33 @@ struct LoopModel {
     tree_nodes = (int64_t)nodes.size();
     TORCH_CHECK(tree_nodes <= 62, "candidate tree: at most 62 nodes (", tree_nodes, " given)");
   }
+  // A step's candidate tree from ranked proposals top [tree_depth][tree_r] (-1: no proposal of that rank): x = [root,
+  // nodes...] along the rank paths, then `extra` (-1: none) as a branch of its own; par = each node's parent row.
+  // Returns false where the tree came out a plain chain.
+  bool tree_from(const int64_t* top, int64_t root, int64_t extra, std::vector<int64_t>& x,
+                 std::vector<int64_t>& par) const {
+    x.assign(1, root);
+    par.assign(1, -1);
+    auto child = [&](int64_t p, int64_t tok) {             // p's child holding tok, added if new
+      for (int64_t c = p + 1; c < (int64_t)x.size(); c++)
+        if (par[c] == p && x[c] == tok) return c;
+      x.push_back(tok);
+      par.push_back(p);
+      return (int64_t)x.size() - 1;
+    };
+    for (const auto& path : tree) {
+      int64_t cur = 0;
+      for (size_t dd = 0; dd < path.size(); dd++) {
+        const int64_t tok = top[dd * tree_r + path[dd]];
+        if (tok < 0) break;
+        cur = child(cur, tok);
+      }
+    }
+    if (extra >= 0) child(0, extra);
+    for (int64_t j = 1; j < (int64_t)x.size(); j++)
+      if (par[j] != j - 1) return true;
+    return false;
+  }
   virtual void propose_top(const float*, int64_t, int64_t, int64_t*) const {
     TORCH_CHECK(false, "candidate trees: decoder-only models only");
   }

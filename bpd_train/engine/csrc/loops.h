@@ -166,28 +166,11 @@ std::tuple<torch::Tensor, torch::Tensor, double> greedy_steps(
 }
 
 // The next step's candidate tree after head 1's token gn: the heads' ranked proposals at h along mdl.tree's rank
-// paths, then `extra` (the lookup's next token, -1: none) as a branch of its own; x = [gn, nodes...], par = each
-// node's parent row. Returns false where the tree came out a plain chain (then fed as one).
+// paths, then `extra` (the lookup's next token, -1: none) as a branch of its own (LoopModel::tree_from).
 static bool tree_block(const LoopModel& mdl, const float* h, int64_t gn, int64_t extra, std::vector<int64_t>& top,
                        std::vector<int64_t>& x, std::vector<int64_t>& par) {
   mdl.propose_top(h, mdl.tree_depth, mdl.tree_r, top.data());            // [depth][r]
-  x.assign(1, gn);
-  par.assign(1, -1);
-  auto child = [&](int64_t p, int64_t tok) {                              // p's child holding tok, added if new
-    for (int64_t c = p + 1; c < (int64_t)x.size(); c++)
-      if (par[c] == p && x[c] == tok) return c;
-    x.push_back(tok);
-    par.push_back(p);
-    return (int64_t)x.size() - 1;
-  };
-  for (const auto& path : mdl.tree) {
-    int64_t cur = 0;
-    for (size_t dd = 0; dd < path.size(); dd++) cur = child(cur, top[dd * mdl.tree_r + path[dd]]);
-  }
-  if (extra >= 0) child(0, extra);
-  for (int64_t j = 1; j < (int64_t)x.size(); j++)
-    if (par[j] != j - 1) return true;
-  return false;
+  return mdl.tree_from(top.data(), gn, extra, x, par);
 }
 
 // Blockwise steps for ONE row in uniform cache mode (decoding/blockwise.py at batch 1; the Exact, TopK or Distance

@@ -76,6 +76,26 @@ struct Sampler {
     return best;
   }
 
+  // The r ids of w [n] (over ids map, or 0..n) most likely to be drawn at output position pos of row `row`, best
+  // first, into out[0..r) (indices into w; -1 past the ids of weight > 0): by w itself, or with race, by the race
+  // score w / E(pos, id) that choose() maximises there (the candidates a tree offers for match verification).
+  void ranked(const double* w, int64_t n, const int64_t* map, int64_t row, int64_t pos, int64_t r, bool by_race,
+              int64_t* out) const {
+    const uint64_t key = by_race ? pos_key(row, pos) : 0;
+    double* sc = grow(ub, n);
+    for (int64_t c = 0; c < n; c++)
+      sc[c] = !(w[c] > 0.0) ? -1.0 : by_race ? w[c] / -std::log1p(-one_minus_u(key, map ? map[c] : c)) : w[c];
+    for (int64_t i = 0; i < r; i++) out[i] = -1;
+    for (int64_t c = 0; c < n; c++) {                      // insertion into the r best (ties: the lower index)
+      if (sc[c] < 0.0) continue;
+      int64_t i = r;
+      while (i > 0 && (out[i - 1] < 0 || sc[c] > sc[out[i - 1]])) i--;
+      if (i >= r) continue;
+      for (int64_t j = r - 1; j > i; j--) out[j] = out[j - 1];
+      out[i] = c;
+    }
+  }
+
   // row `row`'s token at output position pos, chosen from the sampling distribution of logits l [n] over ids map
   // (or 0..n); buf [n] is scratch. Returns the index into l (map it for the id).
   int64_t choose(const float* l, int64_t n, const int64_t* map, int64_t row, int64_t pos, double* buf) const {

@@ -5,6 +5,79 @@
 #pragma once
 #include "loop_model.h"
 
+// One candidate tree's step for a call's one row (cache row 0; sample_block_loop's trees): feed the tree x [w] (par:
+// each node's parent) at slots base.., then from the root down draw each reached node's token from p and follow the
+// child holding it, never past a stop id. match: the token is smp.choose's race at its place (place: the root's
+// output position). Else, where the reached node's children hold its depth's draw from the heads' q (col[n], a
+// column of q [depth][Vd] over ids dmap), speculative verification of that draw (min(1, p/q), else the residual
+// max(0, p - q)); else a draw from p. Out: dr[0..n) the accepted nodes' tokens, last the last one's row of h, nxt the
+// token drawn there (unused after a stop id), ids[0] head 1's argmax there; the path's K/V moved to a chain's slots.
+static void sample_tree_step(const LoopModel& mdl, const Sampler& smp, const std::vector<int64_t>& x,
+                             const std::vector<int64_t>& par, int64_t base, int64_t place, int64_t row,
+                             std::vector<float>& h, std::vector<double>& p, std::vector<int64_t>& slot,
+                             std::vector<int64_t>& pslot, std::vector<uint64_t>& anc, std::vector<int64_t>& path,
+                             std::vector<int64_t>& ids, const double* q, const int64_t* col, int64_t depth,
+                             const int64_t* dmap, int64_t Vd, std::vector<double>& res, int64_t* dr, int64_t& n,
+                             int64_t& last, int64_t& nxt) {
+  const int64_t w = (int64_t)x.size(), d = mdl.d, V = mdl.vocab();
+  slot.resize(w);
+  pslot.resize(w);
+  anc.resize(w);
+  for (int64_t j = 0; j < w; j++) {                  // rotary slot by depth; attention by ancestry
+    slot[j] = base + j;
+    pslot[j] = j == 0 ? base : pslot[par[j]] + 1;
+    anc[j] = (j == 0 ? 0 : anc[par[j]]) | (uint64_t(1) << j);
+  }
+  Tick tk;
+  grow(h, w * d);
+  mdl.embed(x.data(), slot.data(), w, h.data());
+  tk.to(P_EMBED);
+  mdl.layers_tree(h.data(), w, slot.data(), pslot.data(), anc.data());
+  tk = Tick();
+  grow(ids, 1);
+  n = 0;
+  last = 0;
+  path.clear();
+  for (;;) {                                         // head 1 at the reached node only: its draw picks the child
+    mdl.head1(h.data() + last * d, 1, ids.data());
+    const float* l = work().logits.data();
+    if (smp.match) {
+      nxt = smp.choose(l, V, nullptr, row, place + n, p.data());
+    } else {
+      smp.probs(l, V, p.data());
+      const int64_t sid = n < depth ? (dmap ? dmap[col[n]] : col[n]) : -1;   // the depth's draw from q
+      int64_t c = last + 1;
+      while (c < w && !(par[c] == last && x[c] == sid)) c++;
+      const double* qn = q + n * Vd;
+      const double u = smp.uniform(row);
+      if (c < w && u * qn[col[n]] < p[sid]) {
+        nxt = sid;
+      } else if (c < w) {                            // rejected: the residual max(0, p - q)
+        std::copy(p.begin(), p.begin() + V, res.begin());
+        for (int64_t j = 0; j < Vd; j++) {
+          const int64_t v = dmap ? dmap[j] : j;
+          res[v] = std::max(0.0, p[v] - qn[j]);
+        }
+        const double u2 = smp.uniform(row);
+        nxt = Sampler::pick(res.data(), V, u2);
+        if (nxt < 0) nxt = Sampler::pick(p.data(), V, u2);   // (a residual rounded to nothing: p itself)
+      } else {
+        nxt = Sampler::pick(p.data(), V, u);
+      }
+    }
+    int64_t c = last + 1;
+    while (c < w && !(par[c] == last && x[c] == nxt)) c++;
+    if (c >= w) break;
+    path.push_back(c);
+    dr[n++] = x[c];
+    last = c;
+    if (mdl.stop(x[c])) break;                       // nothing follows a stop id
+  }
+  for (int64_t i = 0; i < n; i++)                    // the chain's slots (sources lie beyond each target)
+    if (path[i] != i + 1) mdl.move_slot(base + i + 1, base + path[i]);
+  tk.to(P_VERIFY);
+}
+
 // R rows in per-row cache mode, each fed its start token (BOS, or a prompt's last token) at slot t + lengths[r]. A
 // step feeds each row x0 (its last token) and its drafts d1..d(b-1) (b: the widest row's width this step) and
 // verifies lazily, `group` positions of the rows still accepting at a time: draft d(j+1) is accepted with
@@ -16,6 +89,13 @@
 // context repeats fewer than 2 tokens verifies its heads' first narrow - 1 drafts only (narrow 1: a plain step).
 // smp.match instead keeps draft d(j+1) only where it is smp.choose's token at that place (the heads draft by the same
 // race over q_i), the next token being that choice: the rows' tokens are then plain sampling's (greedy_loop's draw).
+// Candidate trees (mdl.tree, a call of one row): a step whose context repeats fewer than 2 tokens feeds the last
+// token and a tree of the heads' candidates instead (LoopModel::tree_from; rank 0 at each depth is the draft a
+// chain would feed there, the other ranks q's likeliest others, or for match the race's likeliest winners), every
+// node attending to the context and its ancestors. From the root down, the token at each reached node is drawn
+// from p there (sample_tree_step: match's race, or speculative verification of the depth's draft) and the path goes
+// on into the child holding it: every token is a draw from p given its prefix, the candidates only decide how many
+// come out of the step. The accepted path's K/V then move to a chain's slots.
 // Each row draws from its own stream (smp.uniform, by its place in the input), its width and drafts depend on its own
 // tokens only, and finished rows leave (the last row's cache moved into their place), so a row's tokens never
 // depend on its batch mates.
@@ -41,7 +121,13 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
   std::vector<int64_t> hist(kb + 1, 0), n(R0), g1(R0), ended(R0), act, nact, ids, fed, slot, tmp(nh);
   std::vector<double> qd(R0 * nh, 1.0), q((size_t)R0 * nh * Vd, 0.0), p((size_t)R0 * V), res(V);
   std::vector<float> h, hv, lg;
-  std::vector<int64_t> cho(R0, -1), pos0(R0);
+  std::vector<int64_t> cho(R0, -1), pos0(R0), hrow(R0, 0);
+  // a candidate tree's step (one row): its tokens, each node's parent, rotary slot and ancestors, the accepted path
+  const bool trees = R0 == 1 && !mdl.tree.empty();
+  bool is_tree = false;
+  std::vector<int64_t> tx, par, path, tslot, pslot, top(std::max<int64_t>(1, mdl.tree_depth * mdl.tree_r));
+  std::vector<uint64_t> anc;
+  std::vector<int64_t> tcol(std::max<int64_t>(1, mdl.tree_depth)), trk(mdl.tree_r + 1);
   for (int64_t r = 0; r < R0; r++) { id[r] = r; pos0[r] = smp.rng[2 * r + 1]; }
   auto lopt = torch::TensorOptions().dtype(torch::kLong);
   const int64_t tw = std::max<int64_t>(max_steps, 1) * kb;
@@ -51,6 +137,11 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
   for (; s < max_steps && R > 0; s++) {
     Tick tk;
     int64_t B = 1;
+    if (is_tree) {
+      sample_tree_step(mdl, smp, tx, par, t + len[0], pos0[id[0]] + cnt[id[0]], id[0], h, p, tslot, pslot, anc, path,
+                       ids, q.data(), tcol.data(), mdl.tree_depth, dmap, Vd, res, dr.data(), n[0], hrow[0], cho[0]);
+      g1[0] = ids[0];
+    } else {
     for (int64_t r = 0; r < R; r++) B = std::max(B, wid[r]);
     fed.resize(R * B);
     slot.resize(R * B);
@@ -97,13 +188,15 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
       }
       act.swap(nact);
     }
+    for (int64_t r = 0; r < R; r++) hrow[r] = r * B + n[r];
     tk.to(P_VERIFY);
+    }
     // each row's tokens: its accepted drafts, then a draw from the residual (or the bonus from p)
     for (int64_t r = 0; r < R; r++) {
       const int64_t m = n[r];
-      const bool eos_in = m > 0 && mdl.stop(fed[r * B + m]);
+      const bool eos_in = m > 0 && mdl.stop(dr[r * nh + m - 1]);
       int64_t nxt = -1;
-      if (!eos_in && smp.match) {
+      if (!eos_in && (smp.match || is_tree)) {
         nxt = cho[r];                                // the choice at the first place not kept (or the bonus)
       } else if (!eos_in) {
         const double* pr = p.data() + r * V;
@@ -139,7 +232,40 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
     act.clear();
     for (int64_t r = 0; r < R; r++) if (!ended[r]) act.push_back(r);
     const int64_t A = (int64_t)act.size();
-    if (A > 0) {
+    is_tree = false;
+    if (A > 0 && trees) {                            // one row: a tree where its context repeats fewer than 2 tokens
+      int64_t matched = 0;
+      const int64_t got = mdl.lookup(id[0], nh, tmp.data(), &matched);
+      if (matched < 2) {
+        is_tree = true;
+        wid[0] = 1;
+        const int64_t dep = mdl.tree_depth, rk = mdl.tree_r;
+        grow(ids, dep);
+        grow(lg, dep * Vd);
+        Tick tp2;
+        mdl.propose(h.data() + hrow[0] * d, 1, dep, g1.data(), ids.data(), lg.data());
+        tp2.to(P_PROPOSE_PROJ);
+        // each depth's candidates (q over the draft vocabulary: row 0's slots of q). match: the likeliest winners
+        // of the race at its place; else a draw from q first (verified as a chain's draft), then q's likeliest others
+        for (int64_t dd = 0; dd < dep; dd++) {
+          double* qd_ = q.data() + dd * Vd;
+          int64_t* tr = top.data() + dd * rk;
+          smp.probs(lg.data() + dd * Vd, Vd, qd_);
+          if (smp.match) {
+            smp.ranked(qd_, Vd, dmap, id[0], pos0[id[0]] + cnt[id[0]] + dd, rk, true, tr);
+          } else {
+            tcol[dd] = Sampler::pick(qd_, Vd, smp.uniform(id[0]));
+            smp.ranked(qd_, Vd, nullptr, 0, 0, rk + 1, false, trk.data());
+            std::fill(tr, tr + rk, -1);
+            tr[0] = tcol[dd];
+            for (int64_t i = 0, o = 1; i <= rk && o < rk; i++) if (trk[i] != tcol[dd]) tr[o++] = trk[i];
+          }
+          for (int64_t i = 0; i < rk; i++) if (tr[i] >= 0 && dmap) tr[i] = dmap[tr[i]];
+        }
+        mdl.tree_from(top.data(), x0[0], matched == 1 && got > 0 ? tmp[0] : -1, tx, par);
+      }
+    }
+    if (A > 0 && !is_tree) {
       // each row's width and lookup drafts first (its context alone decides them), then the heads its other
       // places need: draft i comes from head i + 1, so the call computes the heads up to the widest such place
       int64_t need = 0;
@@ -163,7 +289,7 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
         grow(lg, A * need * Vd);
         std::vector<int64_t> first(A);
         for (int64_t a = 0; a < A; a++) {
-          std::memcpy(hv.data() + a * d, h.data() + (act[a] * B + n[act[a]]) * d, d * sizeof(float));
+          std::memcpy(hv.data() + a * d, h.data() + hrow[act[a]] * d, d * sizeof(float));
           first[a] = g1[act[a]];
         }
         Tick tp2;
