@@ -15,8 +15,8 @@ Cells (each one protocol measurement; bench/real_page.py renders them):
   step        what a k-row step costs in greedy steps (zero-initialised Medusa heads propose what head 1 would).
   transformers  our fp32 greedy against transformers' `generate` on the same file (both without a prompt cache).
   sampling    (--temperature) at each temperature, batch 1 per precision and each --batch above 1 per --batch-dtype:
-              plain sampling against blockwise sampling with each trained heads setting (its k, --lookup and
-              --narrow; trees do not apply), request i drawing from seed + i in every engine: speed over plain sampling and
+              plain sampling against blockwise sampling with each trained heads setting (its k, --lookup,
+              --narrow and --tree), request i drawing from seed + i in every engine: speed over plain sampling and
               the mean accepted block. Answers differ from engine to engine (each consumes its random numbers its
               own way) but are distributed alike, so only speeds and acceptance are compared.
 Every blockwise cell compares its ids with greedy of the same precision, request by request. Writes
@@ -212,8 +212,9 @@ def sampling_engines(
         plain: (sampling_engine(decoder(model, options(model, tok, dtype)), how, new), {**base, "decoder": "sampling"})
     }
     for h in {h.label: h for h in settings}.values():
-        m = decoder(h.model, options(model, tok, dtype, h.lookup, h.narrow))
+        m = decoder(h.model, options(model, tok, dtype, h.lookup, h.narrow, h.tree))
         look = (f" lookup={h.lookup}" if h.lookup else "") + (f" narrow={h.narrow}" if h.narrow else "")
+        look += f" tree={tree_label(h.tree)}" if h.tree else ""
         for v in verify:
             info = {**base, "decoder": "blockwise sampling", **h.info(), "verify": v, "plain": plain}
             name = f"ours {dtype} {h.name} k={h.k}{look} sampling" + ("" if v == "match" else f" {v}")
@@ -287,17 +288,20 @@ def head_settings(heads: list[tuple[str, object]], args) -> list[Heads]:
 
 
 def sampling_settings(heads: list[tuple[str, object]], args) -> list[Heads]:
-    """The blockwise sampling settings: each trained model at each --heads-k, --lookup and --narrow (narrow steps act
-    with lookup only, on fewer rows than the block; trees do not apply to sampling)."""
+    """The blockwise sampling settings: each trained model at each --heads-k, --lookup, --narrow and --tree (narrow
+    steps act with lookup only, on fewer rows than the block; a tree replaces narrow steps, with heads as deep as it;
+    both act on one row)."""
     out = []
     for name, trained in heads:
         kt = trained.config.block_size
-        for k, lookup, narrow in itertools.product(
-            [k for k in args.heads_k if k <= kt] or [kt], args.lookup, args.narrow
+        for k, lookup, narrow, tree in itertools.product(
+            [k for k in args.heads_k if k <= kt] or [kt], args.lookup, args.narrow, args.tree
         ):
             if narrow and (not lookup or narrow >= k):
                 continue
-            out.append(Heads(name, trained, k, lookup, narrow))
+            if tree and (narrow or max(map(len, tree)) >= k):
+                continue
+            out.append(Heads(name, trained, k, lookup, narrow, tree))
     return out
 
 
@@ -489,7 +493,8 @@ def main(argv=None) -> None:
                 for dtype in args.dtype if batch == 1 else args.batch_dtype or args.dtype:
                     print(f"[threads {threads}] sampling T={temp:g} batch {batch} {dtype}", flush=True)
                     base = {"engine": "ours", "dtype": dtype, "bytes_per_weight": bytes_per_weight(dtype, shipped)}
-                    engines = sampling_engines(model, tok, sampled, dtype, how, args.new_tokens, base, args.verify)
+                    cells = sampled if batch == 1 else [h for h in sampled if not h.tree]  # (trees: one row)
+                    engines = sampling_engines(model, tok, cells, dtype, how, args.new_tokens, base, args.verify)
                     meta = {"threads": threads, "batch": batch, "dtype": dtype, **dataclasses.asdict(how),
                             "seed": args.seed}  # fmt: skip
                     rows.append(sampling_cell(meta, engines, units(asked_ids, batch), args.reps))

@@ -73,13 +73,15 @@ def test_sampling_engines_seed_each_request_alike_alone_or_in_a_batch(tmp_path):
     base = {"engine": "ours", "dtype": "fp32"}
     how = real.Sampling(1.0, top_p=0.95)
     narrowed = real.Heads("zero", heads.model, 4, lookup=3, narrow=2)
-    settings = [heads, real.Heads("zero", heads.model, 4, lookup=3), narrowed]
+    treed = real.Heads("zero", heads.model, 4, lookup=3, tree=((0,), (1,)))  # (trees act in a call of one row)
+    settings = [heads, real.Heads("zero", heads.model, 4, lookup=3), narrowed, treed]
     engines = real.sampling_engines(model, tok, settings, "fp32", how, 12, base)
     assert list(engines) == [
         "ours fp32 sampling",
         "ours fp32 zero k=4 sampling",
         "ours fp32 zero k=4 lookup=3 sampling",
         "ours fp32 zero k=4 lookup=3 narrow=2 sampling",
+        "ours fp32 zero k=4 lookup=3 tree=0;1 sampling",
     ]
     asked = [real.Asked(tok.chat_ids([{"role": "user", "content": q}]), s) for q, s in (("hi", 3), ("2 + 2?", 4))]
     for run, info in engines.values():
@@ -105,5 +107,10 @@ def test_sampling_times_every_heads_k_even_where_narrow_steps_leave_one_out():
     args.lookup, args.narrow = [0, 3], [0, 2]  # with and without prompt lookup and narrow steps
     got = [(h.k, h.lookup, h.narrow) for h in real.sampling_settings([("h", trained)], args)]
     assert got == [(2, 0, 0), (2, 3, 0), (4, 0, 0), (4, 3, 0), (4, 3, 2)]  # narrow: with lookup, below k
+    args.tree = [(), ((0,), (1,)), ((0, 0, 0), (1,))]  # a tree replaces narrow steps, as deep as the heads allow
+    got = [(h.k, h.lookup, h.narrow, h.tree) for h in real.sampling_settings([("h", trained)], args) if h.tree]
+    assert got == [(2, 0, 0, ((0,), (1,))), (2, 3, 0, ((0,), (1,))), (4, 0, 0, ((0,), (1,))),
+                   (4, 0, 0, ((0, 0, 0), (1,))), (4, 3, 0, ((0,), (1,))), (4, 3, 0, ((0, 0, 0), (1,)))]  # fmt: skip
+    args.tree = [()]
     args.heads_k, args.lookup, args.narrow = [], [0], [0]
     assert [h.k for h in real.sampling_settings([("h", trained)], args)] == [8]  # default: the heads' own k

@@ -79,7 +79,9 @@ def test_speculative_trees_keep_the_distribution(heads, lookup, t, top_p, monkey
     chi2, crit, tv, bound = fit(tokens, exact)
     mean = float(np.mean([r.mean_accepted for r in runs]))
     chained = [speculative_sample(model, src, seed=s, weights=chain_w, **kw) for s in range(200)]
-    print(f"TREES {heads} lookup={lookup}: chi2={chi2:.1f} (crit {crit:.1f}) TV={tv:.4f} (bound {bound:.4f}) k-hat={mean:.2f}")
+    print(
+        f"TREES {heads} lookup={lookup}: chi2={chi2:.1f} (crit {crit:.1f}) TV={tv:.4f} (bound {bound:.4f}) k-hat={mean:.2f}"
+    )
     assert chi2 < crit and tv < bound, (chi2, crit, tv, bound)
     assert [r.tokens[0] for r in chained] != tokens[:200]  # the trees drew otherwise than the chain
     if heads == "right":
