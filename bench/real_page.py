@@ -285,6 +285,7 @@ def sampling_section(cells: list[dict]) -> list[str]:
                     else f"blockwise sampling, {e.get('heads', 'heads')}, k = {e['k']}"
                     + (f", lookup {e['lookup']}" if e.get("lookup") else "")
                     + (f", narrow {e['narrow']}" if e.get("narrow") else "")
+                    + (f", tree {e['tree']}" if e.get("tree") else "")
                     + (f", {e['verify']}" if e.get("verify") else ""),
                     _tok(e["tok_s"]),
                     _x(e.get("vs_plain")),
