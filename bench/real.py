@@ -288,21 +288,9 @@ def head_settings(heads: list[tuple[str, object]], args) -> list[Heads]:
 
 
 def sampling_settings(heads: list[tuple[str, object]], args) -> list[Heads]:
-    """The blockwise sampling settings: each trained model at each --heads-k, --lookup, --narrow and --tree (narrow
-    steps act with lookup only, on fewer rows than the block; a tree replaces narrow steps, with heads as deep as it;
-    both act on one row)."""
-    out = []
-    for name, trained in heads:
-        kt = trained.config.block_size
-        for k, lookup, narrow, tree in itertools.product(
-            [k for k in args.heads_k if k <= kt] or [kt], args.lookup, args.narrow, args.tree
-        ):
-            if narrow and (not lookup or narrow >= k):
-                continue
-            if tree and (narrow or max(map(len, tree)) >= k):
-                continue
-            out.append(Heads(name, trained, k, lookup, narrow, tree))
-    return out
+    """The blockwise sampling settings: head_settings's, each trained model's by k (narrow steps and trees act on a
+    row of its own)."""
+    return [h for one in heads for h in sorted(head_settings([one], args), key=lambda h: h.k)]
 
 
 def batched(settings: list[Heads]) -> list[Heads]:
