@@ -26,7 +26,8 @@ N_TREE = 8_000  # one-row calls (trees act in a call of one row): ~0.8 ms each
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
 def test_match_with_candidate_trees_returns_plain_samplings_tokens(dtype):
     """Each prompt alone with a tree gives plain sampling's tokens for its seed, as the chain does, in fewer calls
-    (nodes off the top-1 chain are accepted); a batch with the same options (trees do not act there) too."""
+    (nodes off the top-1 chain are accepted), with head 1 computed at every node in one pass or node by node; a batch
+    with the same options (trees do not act there) too."""
     calls = {"chain": 0, "tree": 0}
     for i, (heads, kv, bias, tie, extra) in enumerate([CONFIGS[0], CONFIGS[2], CONFIGS[5]]):
         m = lm(80 + i, heads, k=4, kv=kv, qkv_bias=bias, tie=tie, **extra)
@@ -40,6 +41,7 @@ def test_match_with_candidate_trees_returns_plain_samplings_tokens(dtype):
                 tree_w = PackedWeights(DecodeOptions(dtype=dtype, lookup=lookup, tree=parse_tree(TREE)))
                 for j, p in enumerate(src):
                     chain = native_blockwise(m, [p], max_len=40, row_seeds=[seeds[j]], weights=chain_w, **how)
+                    tree_w.get(m).batch_verify_group = 64 if j % 2 else 1  # head 1 at all nodes at once, or as reached
                     tree = native_blockwise(m, [p], max_len=40, row_seeds=[seeds[j]], weights=tree_w, **how)
                     assert tree.tokens[0] == plain[j] == chain.tokens[0], (heads, how, lookup, j)
                     assert max(tree.accepted_hist) <= 4

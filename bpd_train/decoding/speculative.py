@@ -37,7 +37,9 @@ only where it is that choice: blockwise sampling then returns plain native sampl
 whatever was drafted, fed or batched; `verify="speculative"` is the algorithm above. `native=False`, CUDA and
 models the native loops do not run take this reference PyTorch decoder (speculative whatever `verify` says): every
 step through `model.decode`, head 1's full-vocabulary logits (`head1`) and the heads' draft-vocabulary logits
-(`draft_logits`, in the proposal precision). Candidate trees and adaptive feeding are not used here.
+(`draft_logits`, in the proposal precision). Candidate trees (DecodeOptions.tree) run in the native loop's calls of
+one row only (a step's tokens drawn node by node from p, the path following the child holding each: sample_loop.h),
+adaptive feeding nowhere here.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@
 
 // One candidate tree's step for a call's one row (cache row 0; sample_block_loop's trees): feed the tree x [w] (par:
 // each node's parent) at slots base.., then from the root down draw each reached node's token from p and follow the
-// child holding it, never past a stop id. match: the token is smp.choose's race at its place (place: the root's
+// child holding it, never past a stop id (head 1 at every node in one pass where `group` covers them, as the chain's
+// lazy verification groups positions; else node by node as reached). match: the token is smp.choose's race at its place (place: the root's
 // output position). Else, where the reached node's children hold its depth's draw from the heads' q (col[n], a
 // column of q [depth][Vd] over ids dmap), speculative verification of that draw (min(1, p/q), else the residual
 // max(0, p - q)); else a draw from p. Out: dr[0..n) the accepted nodes' tokens, last the last one's row of h, nxt the
@@ -16,7 +17,7 @@ static void sample_tree_step(const LoopModel& mdl, const Sampler& smp, const std
                              const std::vector<int64_t>& par, int64_t base, int64_t place, int64_t row,
                              std::vector<float>& h, std::vector<double>& p, std::vector<int64_t>& slot,
                              std::vector<int64_t>& pslot, std::vector<uint64_t>& anc, std::vector<int64_t>& path,
-                             std::vector<int64_t>& ids, const double* q, const int64_t* col, int64_t depth,
+                             std::vector<int64_t>& ids, int64_t group, const double* q, const int64_t* col, int64_t depth,
                              const int64_t* dmap, int64_t Vd, std::vector<double>& res, int64_t* dr, int64_t& n,
                              int64_t& last, int64_t& nxt) {
   const int64_t w = (int64_t)x.size(), d = mdl.d, V = mdl.vocab();
@@ -34,13 +35,15 @@ static void sample_tree_step(const LoopModel& mdl, const Sampler& smp, const std
   tk.to(P_EMBED);
   mdl.layers_tree(h.data(), w, slot.data(), pslot.data(), anc.data());
   tk = Tick();
-  grow(ids, 1);
+  const bool all = group >= w;
+  grow(ids, w);
+  if (all) mdl.head1(h.data(), w, ids.data());
   n = 0;
   last = 0;
   path.clear();
-  for (;;) {                                         // head 1 at the reached node only: its draw picks the child
-    mdl.head1(h.data() + last * d, 1, ids.data());
-    const float* l = work().logits.data();
+  for (;;) {                                         // the reached node's draw picks the child
+    if (!all) mdl.head1(h.data() + last * d, 1, ids.data() + last);
+    const float* l = work().logits.data() + (all ? last * V : 0);
     if (smp.match) {
       nxt = smp.choose(l, V, nullptr, row, place + n, p.data());
     } else {
@@ -73,6 +76,7 @@ static void sample_tree_step(const LoopModel& mdl, const Sampler& smp, const std
     last = c;
     if (mdl.stop(x[c])) break;                       // nothing follows a stop id
   }
+  ids[0] = ids[last];
   for (int64_t i = 0; i < n; i++)                    // the chain's slots (sources lie beyond each target)
     if (path[i] != i + 1) mdl.move_slot(base + i + 1, base + path[i]);
   tk.to(P_VERIFY);
@@ -139,7 +143,7 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
     int64_t B = 1;
     if (is_tree) {
       sample_tree_step(mdl, smp, tx, par, t + len[0], pos0[id[0]] + cnt[id[0]], id[0], h, p, tslot, pslot, anc, path,
-                       ids, q.data(), tcol.data(), mdl.tree_depth, dmap, Vd, res, dr.data(), n[0], hrow[0], cho[0]);
+                       ids, group, q.data(), tcol.data(), mdl.tree_depth, dmap, Vd, res, dr.data(), n[0], hrow[0], cho[0]);
       g1[0] = ids[0];
     } else {
     for (int64_t r = 0; r < R; r++) B = std::max(B, wid[r]);
