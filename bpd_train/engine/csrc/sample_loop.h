@@ -8,18 +8,19 @@
 // One candidate tree's step for a call's one row (cache row 0; sample_block_loop's trees): feed the tree x [w] (par:
 // each node's parent) at slots base.., then from the root down draw each reached node's token from p and follow the
 // child holding it, never past a stop id (head 1 at every node in one pass where `group` covers them, as the chain's
-// lazy verification groups positions; else node by node as reached). match: the token is smp.choose's race at its place (place: the root's
-// output position). Else, where the reached node's children hold its depth's draw from the heads' q (col[n], a
-// column of q [depth][Vd] over ids dmap), speculative verification of that draw (min(1, p/q), else the residual
-// max(0, p - q)); else a draw from p. Out: dr[0..n) the accepted nodes' tokens, last the last one's row of h, nxt the
-// token drawn there (unused after a stop id), ids[0] head 1's argmax there; the path's K/V moved to a chain's slots.
+// lazy verification groups positions; else node by node as reached). match: the token is smp.choose's race at its
+// place (place: the root's output position). Else, where the reached node's children hold its depth's draw from
+// the heads' q (col[n], a column of q [depth][Vd] over ids dmap), speculative verification of that draw (min(1, p/q),
+// else the residual max(0, p - q)); else a draw from p. Out: dr[0..n) the accepted nodes' tokens, last the last
+// one's row of h, nxt the token drawn there (unused after a stop id), ids[0] head 1's argmax there; the path's K/V
+// moved to a chain's slots.
 static void sample_tree_step(const LoopModel& mdl, const Sampler& smp, const std::vector<int64_t>& x,
                              const std::vector<int64_t>& par, int64_t base, int64_t place, int64_t row,
                              std::vector<float>& h, std::vector<double>& p, std::vector<int64_t>& slot,
                              std::vector<int64_t>& pslot, std::vector<uint64_t>& anc, std::vector<int64_t>& path,
-                             std::vector<int64_t>& ids, int64_t group, const double* q, const int64_t* col, int64_t depth,
-                             const int64_t* dmap, int64_t Vd, std::vector<double>& res, int64_t* dr, int64_t& n,
-                             int64_t& last, int64_t& nxt) {
+                             std::vector<int64_t>& ids, int64_t group, const double* q, const int64_t* col,
+                             int64_t depth, const int64_t* dmap, int64_t Vd, std::vector<double>& res, int64_t* dr,
+                             int64_t& n, int64_t& last, int64_t& nxt) {
   const int64_t w = (int64_t)x.size(), d = mdl.d, V = mdl.vocab();
   slot.resize(w);
   pslot.resize(w);
@@ -143,57 +144,58 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
     int64_t B = 1;
     if (is_tree) {
       sample_tree_step(mdl, smp, tx, par, t + len[0], pos0[id[0]] + cnt[id[0]], id[0], h, p, tslot, pslot, anc, path,
-                       ids, group, q.data(), tcol.data(), mdl.tree_depth, dmap, Vd, res, dr.data(), n[0], hrow[0], cho[0]);
+                       ids, group, q.data(), tcol.data(), mdl.tree_depth, dmap, Vd, res, dr.data(), n[0], hrow[0],
+                       cho[0]);
       g1[0] = ids[0];
     } else {
-    for (int64_t r = 0; r < R; r++) B = std::max(B, wid[r]);
-    fed.resize(R * B);
-    slot.resize(R * B);
-    for (int64_t r = 0; r < R; r++)
-      for (int64_t j = 0; j < B; j++) {
-        fed[r * B + j] = j == 0 ? x0[r] : dr[r * nh + j - 1];
-        slot[r * B + j] = t + len[r] + j;
-      }
-    grow(h, R * B * d);
-    mdl.embed(fed.data(), slot.data(), R * B, h.data());
-    tk.to(P_EMBED);
-    mdl.layers(h.data(), R * B, B, slot.data());
-    tk = Tick();
-    // lazy verification: head 1 at positions done..done+cols-1 of the rows still accepting
-    act.resize(R);
-    for (int64_t r = 0; r < R; r++) { act[r] = r; n[r] = 0; }
-    for (int64_t done = 0; !act.empty(); done += group) {
-      const int64_t cols = std::min(group, B - done), A = (int64_t)act.size();
-      grow(hv, A * cols * d);
-      grow(ids, A * cols);
-      for (int64_t a = 0; a < A; a++)
-        std::memcpy(hv.data() + a * cols * d, h.data() + (act[a] * B + done) * d, cols * d * sizeof(float));
-      mdl.head1(hv.data(), A * cols, ids.data());
-      nact.clear();
-      for (int64_t a = 0; a < A; a++) {
-        const int64_t r = act[a];
-        double* pr = p.data() + r * V;
-        bool going = true;
-        for (int64_t j = done; j < done + cols && going; j++) {
-          const float* lj = work().logits.data() + (a * cols + j - done) * V;
-          g1[r] = ids[a * cols + j - done];
-          n[r] = j;
-          going = j < wid[r] - 1 && !(j > 0 && mdl.stop(fed[r * B + j]));
-          if (smp.match) {                           // the token chosen at position j: kept where drafted
-            cho[r] = smp.choose(lj, V, nullptr, id[r], pos0[id[r]] + cnt[id[r]] + j, pr);
-            going = going && cho[r] == dr[r * nh + j];
-          } else {
-            smp.probs(lj, V, pr);                    // p_j
-            going = going && smp.uniform(id[r]) * qd[r * nh + j] < pr[dr[r * nh + j]];
-          }
-          if (going) n[r] = j + 1;
+      for (int64_t r = 0; r < R; r++) B = std::max(B, wid[r]);
+      fed.resize(R * B);
+      slot.resize(R * B);
+      for (int64_t r = 0; r < R; r++)
+        for (int64_t j = 0; j < B; j++) {
+          fed[r * B + j] = j == 0 ? x0[r] : dr[r * nh + j - 1];
+          slot[r * B + j] = t + len[r] + j;
         }
-        if (going && n[r] < B) nact.push_back(r);    // every draft so far accepted: p at the next position needed
+      grow(h, R * B * d);
+      mdl.embed(fed.data(), slot.data(), R * B, h.data());
+      tk.to(P_EMBED);
+      mdl.layers(h.data(), R * B, B, slot.data());
+      tk = Tick();
+      // lazy verification: head 1 at positions done..done+cols-1 of the rows still accepting
+      act.resize(R);
+      for (int64_t r = 0; r < R; r++) { act[r] = r; n[r] = 0; }
+      for (int64_t done = 0; !act.empty(); done += group) {
+        const int64_t cols = std::min(group, B - done), A = (int64_t)act.size();
+        grow(hv, A * cols * d);
+        grow(ids, A * cols);
+        for (int64_t a = 0; a < A; a++)
+          std::memcpy(hv.data() + a * cols * d, h.data() + (act[a] * B + done) * d, cols * d * sizeof(float));
+        mdl.head1(hv.data(), A * cols, ids.data());
+        nact.clear();
+        for (int64_t a = 0; a < A; a++) {
+          const int64_t r = act[a];
+          double* pr = p.data() + r * V;
+          bool going = true;
+          for (int64_t j = done; j < done + cols && going; j++) {
+            const float* lj = work().logits.data() + (a * cols + j - done) * V;
+            g1[r] = ids[a * cols + j - done];
+            n[r] = j;
+            going = j < wid[r] - 1 && !(j > 0 && mdl.stop(fed[r * B + j]));
+            if (smp.match) {                           // the token chosen at position j: kept where drafted
+              cho[r] = smp.choose(lj, V, nullptr, id[r], pos0[id[r]] + cnt[id[r]] + j, pr);
+              going = going && cho[r] == dr[r * nh + j];
+            } else {
+              smp.probs(lj, V, pr);                    // p_j
+              going = going && smp.uniform(id[r]) * qd[r * nh + j] < pr[dr[r * nh + j]];
+            }
+            if (going) n[r] = j + 1;
+          }
+          if (going && n[r] < B) nact.push_back(r);    // every draft so far accepted: p at the next position needed
+        }
+        act.swap(nact);
       }
-      act.swap(nact);
-    }
-    for (int64_t r = 0; r < R; r++) hrow[r] = r * B + n[r];
-    tk.to(P_VERIFY);
+      for (int64_t r = 0; r < R; r++) hrow[r] = r * B + n[r];
+      tk.to(P_VERIFY);
     }
     // each row's tokens: its accepted drafts, then a draw from the residual (or the bonus from p)
     for (int64_t r = 0; r < R; r++) {
