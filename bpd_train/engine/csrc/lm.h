@@ -297,18 +297,6 @@ static void lm_propose_chain(const float* h, int64_t M, const LMNet& net, const 
                 p.draft.defined() ? p.draft.data_ptr<int64_t>() : nullptr, first, out, lg);
 }
 
-// the r largest of l[0..V) (ties: the lower index first), best first -> out[0..r)
-static void top_r_row(const float* l, int64_t V, int64_t r, int64_t* out) {
-  for (int64_t i = 0; i < r; i++) out[i] = -1;
-  for (int64_t v = 0; v < V; v++) {
-    int64_t i = r;
-    while (i > 0 && (out[i - 1] < 0 || l[v] > l[out[i - 1]])) i--;
-    if (i >= r) continue;
-    for (int64_t j = r - 1; j > i; j--) out[j] = out[j - 1];
-    out[i] = v;
-  }
-}
-
 // heads 1..n_heads at M positions h [M][d] -> ids [M][n_heads] (top_r > 1: each head's top_r best first, [M][n_heads]
 // [top_r]); first [M]: head 1's tokens (chained heads read them; they give their top 1 only)
 static void lm_propose_raw(const float* h, int64_t M, const LMNet& net, const LMProp& p, int64_t n_heads,

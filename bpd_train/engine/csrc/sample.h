@@ -85,15 +85,8 @@ struct Sampler {
     double* sc = grow(ub, n);
     for (int64_t c = 0; c < n; c++)
       sc[c] = !(w[c] > 0.0) ? -1.0 : by_race ? w[c] / -std::log1p(-one_minus_u(key, map ? map[c] : c)) : w[c];
-    for (int64_t i = 0; i < r; i++) out[i] = -1;
-    for (int64_t c = 0; c < n; c++) {                      // insertion into the r best (ties: the lower index)
-      if (sc[c] < 0.0) continue;
-      int64_t i = r;
-      while (i > 0 && (out[i - 1] < 0 || sc[c] > sc[out[i - 1]])) i--;
-      if (i >= r) continue;
-      for (int64_t j = r - 1; j > i; j--) out[j] = out[j - 1];
-      out[i] = c;
-    }
+    top_r_row(sc, n, r, out);
+    for (int64_t i = 0; i < r; i++) if (out[i] >= 0 && sc[out[i]] < 0.0) out[i] = -1;   // (weight 0: never drawn)
   }
 
   // row `row`'s token at output position pos, chosen from the sampling distribution of logits l [n] over ids map

@@ -22,6 +22,11 @@ static void sample_tree_step(const LoopModel& mdl, const Sampler& smp, const std
                              int64_t depth, const int64_t* dmap, int64_t Vd, std::vector<double>& res, int64_t* dr,
                              int64_t& n, int64_t& last, int64_t& nxt) {
   const int64_t w = (int64_t)x.size(), d = mdl.d, V = mdl.vocab();
+  auto child = [&](int64_t node, int64_t tok) {      // node's child holding tok (w: none)
+    int64_t c = node + 1;
+    while (c < w && !(par[c] == node && x[c] == tok)) c++;
+    return c;
+  };
   slot.resize(w);
   pslot.resize(w);
   anc.resize(w);
@@ -50,8 +55,7 @@ static void sample_tree_step(const LoopModel& mdl, const Sampler& smp, const std
     } else {
       smp.probs(l, V, p.data());
       const int64_t sid = n < depth ? (dmap ? dmap[col[n]] : col[n]) : -1;   // the depth's draw from q
-      int64_t c = last + 1;
-      while (c < w && !(par[c] == last && x[c] == sid)) c++;
+      const int64_t c = child(last, sid);
       const double* qn = q + n * Vd;
       const double u = smp.uniform(row);
       if (c < w && u * qn[col[n]] < p[sid]) {
@@ -69,8 +73,7 @@ static void sample_tree_step(const LoopModel& mdl, const Sampler& smp, const std
         nxt = Sampler::pick(p.data(), V, u);
       }
     }
-    int64_t c = last + 1;
-    while (c < w && !(par[c] == last && x[c] == nxt)) c++;
+    const int64_t c = child(last, nxt);
     if (c >= w) break;
     path.push_back(c);
     dr[n++] = x[c];
@@ -239,10 +242,10 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
     for (int64_t r = 0; r < R; r++) if (!ended[r]) act.push_back(r);
     const int64_t A = (int64_t)act.size();
     is_tree = false;
+    int64_t got0 = -1, matched0 = 0;                 // (one row with trees: its lookup, done once a step)
     if (A > 0 && trees) {                            // one row: a tree where its context repeats fewer than 2 tokens
-      int64_t matched = 0;
-      const int64_t got = mdl.lookup(id[0], nh, tmp.data(), &matched);
-      if (matched < 2) {
+      got0 = mdl.lookup(id[0], nh, tmp.data(), &matched0);
+      if (matched0 < 2) {
         is_tree = true;
         wid[0] = 1;
         const int64_t dep = mdl.tree_depth, rk = mdl.tree_r;
@@ -268,7 +271,7 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
           }
           for (int64_t i = 0; i < rk; i++) if (tr[i] >= 0 && dmap) tr[i] = dmap[tr[i]];
         }
-        mdl.tree_from(top.data(), x0[0], matched == 1 && got > 0 ? tmp[0] : -1, tx, par);
+        mdl.tree_from(top.data(), x0[0], matched0 == 1 && got0 > 0 ? tmp[0] : -1, tx, par);
       }
     }
     if (A > 0 && !is_tree) {
@@ -277,8 +280,8 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
       int64_t need = 0;
       for (int64_t a = 0; a < A; a++) {
         const int64_t r = act[a];
-        int64_t matched = 0;
-        const int64_t got = mdl.lookup(id[r], nh, tmp.data(), &matched);
+        int64_t matched = matched0;
+        const int64_t got = got0 >= 0 ? got0 : mdl.lookup(id[r], nh, tmp.data(), &matched);
         const bool thin = narrow >= 1 && mdl.lookup_n > 0 && matched < 2;
         wid[r] = thin ? std::min(narrow, kb) : kb;   // narrow: the heads' first drafts only
         for (int64_t j = 0; j < nh; j++) {

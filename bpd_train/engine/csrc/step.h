@@ -67,6 +67,19 @@ static void norm_rows(const float* x, float* y, int64_t M, int64_t D, const floa
   }
 }
 
+// the r largest of l[0..V) (ties: the lower index first), best first -> out[0..r) (-1 past V)
+template <typename T>
+static void top_r_row(const T* l, int64_t V, int64_t r, int64_t* out) {
+  for (int64_t i = 0; i < r; i++) out[i] = -1;
+  for (int64_t v = 0; v < V; v++) {
+    int64_t i = r;
+    while (i > 0 && (out[i - 1] < 0 || l[v] > l[out[i - 1]])) i--;
+    if (i >= r) continue;
+    for (int64_t j = r - 1; j > i; j--) out[j] = out[j - 1];
+    out[i] = v;
+  }
+}
+
 // index of the first largest value (torch.argmax's choice on ties)
 static inline int64_t argmax_row(const float* l, int64_t V) {
 #if defined(__AVX512F__)
