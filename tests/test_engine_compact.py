@@ -51,6 +51,48 @@ def test_4bit_gguf_blocks_run_on_their_codes_with_the_fp32_bits(monkeypatch, qty
     assert q4_blocks(w) is None and PackedLinear(w, None, "fp32").mode == 0
 
 
+def q4_k_weight(n: int, k: int, seed: int) -> torch.Tensor:
+    """A Q4_K tensor as gguf dequantizes it: random codes and 6-bit sub-scales / offsets, and per 256 weights its own
+    half-precision scale and offset scale (positive, from 1e-4 to 0.03, some exactly zero offsets)."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+    from _gguf_files import k_blocks
+    from gguf.quants import dequantize
+
+    qt = gguf.GGMLQuantizationType.Q4_K
+    raw = k_blocks(n, k, qt, seed).reshape(n, k // 256, -1)
+    rng = np.random.default_rng(seed)
+    d = np.exp(rng.uniform(np.log(1e-4), np.log(0.03), size=(n, k // 256, 2))).astype(np.float16)
+    d[..., 1][rng.random((n, k // 256)) < 0.1] = 0  # no offset in some blocks: every group holds D * code only
+    raw[..., 0:4] = d.view(np.uint8)
+    return torch.from_numpy(dequantize(raw.reshape(n, -1), qt).copy()).view(n, k)
+
+
+@native
+def test_q4_k_blocks_run_on_their_codes_with_the_fp32_bits(monkeypatch):
+    """A K-quant's 4-bit groups have float32 scales and offsets (a half-precision scale per 256 times a 6-bit one
+    per 32) and need not hold code 0: recognised all the same, decoded with the fp32 kernels' bits."""
+    from bpd_train.engine.fastlinear import q4_blocks
+
+    rng = torch.Generator().manual_seed(1)
+    for n, k, seed in [(100, 256, 0), (192, 512, 1), (64, 1536, 2)]:
+        w = q4_k_weight(n, k, seed)
+        codes, d, m = q4_blocks(w)
+        rebuilt = (codes.view(n, -1, 32).float() * d.unsqueeze(-1) + m.unsqueeze(-1)).view(n, k)
+        assert torch.equal(rebuilt, w)
+        assert not torch.equal(d.half().float(), d)  # not half-precision scales: the Q4_0 / Q4_1 search alone fails
+        lin = PackedLinear(w, None, "fp32")
+        monkeypatch.setenv("BPD_COMPACT", "0")
+        ref = PackedLinear(w, None, "fp32")
+        monkeypatch.delenv("BPD_COMPACT")
+        assert (lin.mode, ref.mode) == (6, 0) and lin.nbytes * 5 < ref.nbytes
+        x = torch.randn(9, k, generator=rng)
+        for rows in range(1, 10):
+            assert torch.equal(lin(x[:rows]).view(torch.int32), ref(x[:rows]).view(torch.int32)), (n, k, rows)
+    w[3, 100] = torch.nextafter(w[3, 100], torch.tensor(1.0))  # one weight an ulp off: not blocks, stays fp32
+    assert q4_blocks(w) is None and PackedLinear(w, None, "fp32").mode == 0
+
+
 @native
 def test_bf16_valued_weights_decode_from_two_bytes_with_the_fp32_bits(monkeypatch):
     torch.manual_seed(0)

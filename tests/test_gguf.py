@@ -134,19 +134,22 @@ def test_logits_greedy_and_tokenizer_match_transformers(files, name, caplog):
         assert tok.encode("hello")[0] == SPECIALS.index("<|im_start|>")
 
 
-def test_4bit_tensors_decode_from_their_codes_with_the_same_tokens(files, monkeypatch):
+# per layer: qkv, o, gate/up, down (mode 6: fp32 from the 4-bit codes); llama: blk.0's feed-forward is Q4_0, blk.1's
+# attention Q4_1, the rest Q8_0 / F16; kquant: blk.0's attention Q4_K (float32 scales per 32), its feed-forward Q6_K
+FOUR_BIT_MODES = {"llama": [[0, 0, 6, 6], [6, 6, 0, 0]], "kquant": [[6, 6, 0, 0]]}
+
+
+@pytest.mark.parametrize("name", ["llama", "kquant"])
+def test_4bit_tensors_decode_from_their_codes_with_the_same_tokens(files, monkeypatch, name):
     from bpd_train.engine.fastlinear import native_kernels
 
     if native_kernels() is None:
         pytest.skip("native decode kernels not built on this machine")
-    model, tok, _ = load_gguf(files["llama"], block_size=3, heads="medusa")
-    # per layer: qkv, o, gate/up, down; blk.0's feed-forward is Q4_0, blk.1's attention Q4_1, the rest Q8_0 / F16
-    assert [[lin.mode for lin in layer] for layer in default_weights(model).get(model).lin] == [
-        [0, 0, 6, 6],
-        [6, 6, 0, 0],
-    ]
+    model, tok, _ = load_gguf(files[name], block_size=3, heads="medusa")
+    modes = [[lin.mode for lin in layer] for layer in default_weights(model).get(model).lin]
+    assert modes == FOUR_BIT_MODES[name]
     monkeypatch.setenv("BPD_COMPACT", "0")
-    ref, _, _ = load_gguf(files["llama"], block_size=3, heads="medusa")
+    ref, _, _ = load_gguf(files[name], block_size=3, heads="medusa")
     assert {lin.mode for layer in default_weights(ref).get(ref).lin for lin in layer} == {0}
     torch.manual_seed(0)
     with torch.no_grad():

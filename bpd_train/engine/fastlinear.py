@@ -221,11 +221,12 @@ def check_dtype(dtype: str) -> str:
 
 
 def q4_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
-    """(codes [N,K] uint8 in 0..15, d [N,K/32], m [N,K/32]) with w == (d * codes) + m exactly, each product and
-    sum rounded to float32 as gguf's dequantize computes them, or None where w [N,K] float32 is not such blocks (a
-    GGUF's Q4_1 and Q4_0 tensors are; trained weights are not). A group's offset is its smallest weight (code 0),
-    its scale the half-precision value nearest (range / top code) or a neighbour of it: a half-precision scale times
-    a 4-bit code is exact in float32, so the kernels' fma(code, d, m) rounds once, as (d * code) + m does."""
+    """(codes [N,K] uint8 in 0..15, d [N,K/32], m [N,K/32]) with w == (d * codes) + m exactly, each product exact
+    and each sum rounded once in float32 as gguf's dequantize computes them, or None where w [N,K] float32 is not
+    such blocks (a GGUF's Q4_0, Q4_1 and Q4_K tensors are; trained weights are not). Q4_0 / Q4_1: a group's offset is
+    its smallest weight (code 0), its scale the half-precision value nearest (range / top code) or a neighbour of it.
+    Q4_K (a half-precision scale per 256 times a 6-bit one per 32, and a 6-bit offset): _float_scales. Either way a
+    scale times a 4-bit code is exact in float32, so the kernels' fma(code, d, m) rounds once, as (d * code) + m does."""
     n, k = w.shape
     if k % Q4_GROUP or w.numel() == 0 or w.dtype != torch.float32:
         return None
@@ -258,9 +259,72 @@ def q4_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
             codes[good] = q[ok].to(torch.uint8)
             d[good] = dd[ok].squeeze(-1)
             todo[good] = False
-        if top == 15 and todo.float().mean() > 0.75:  # not 4-bit blocks (Q4_0 groups may lack the top code)
-            return None
-    return None if todo.any() else (codes.view(n, k), d, m)
+            if top == 15 and step == 0 and todo.float().mean() > 0.9:  # not half-precision scales (Q4_K): no more
+                break
+        if top == 15 and todo.float().mean() > 0.75:  # not half-precision scales (Q4_0 groups may lack the top code)
+            break
+    if todo.any() and not _float_scales(b, m, span, todo, codes, d):
+        return None
+    return codes.view(n, k), d, m
+
+
+# float32 scale candidates: multiples of 16 ulps (a scale times a 4-bit code stays exact), nearest first
+_SCALE_STEPS = (0, 16, -16, 32, -32)
+_OFFSET_STEPS = (0, 1, -1, 2, -2)
+
+
+def _float_scales(b: Tensor, lo: Tensor, span: Tensor, todo: Tensor, codes: Tensor, d: Tensor) -> bool:
+    """q4_blocks for the groups `todo` still holds, with float32 scales and offsets (Q4_K: d = d256 * sc and
+    m = -dmin * mn, exact in float32; a group need not hold code 0). A group's scale is about its smallest gap
+    between two weights, so its codes span t = range / gap; the scale is then range / t on the grid of float32 values
+    whose low 4 bits are zero (times a 4-bit code: exact), the offset is taken from the weight nearest zero (whose
+    rounding says most about it), the lowest code c from 0 up; each candidate checked weight by weight. Fills codes,
+    d and lo (the offsets) in place; False where a group matches none (or most groups miss the first try: not
+    blocks)."""
+    idx = todo.nonzero(as_tuple=True)
+    bb = b[idx]
+    srt = bb.sort(-1).values
+    gap = srt[:, 1:] - srt[:, :-1]
+    gap = torch.where(gap > 0, gap, torch.full_like(gap, float("inf"))).amin(-1)
+    tops = torch.zeros(todo.shape, dtype=torch.int64)
+    tops[idx] = torch.where(gap.isfinite(), (span[idx] / gap).round(), torch.zeros_like(gap)).clamp(0, 15).long()
+    first = True
+    for dt in (0, -1, 1):
+        for c in range(16):
+            for ds in _SCALE_STEPS:
+                idx = (todo & (tops + dt >= 0) & (tops + dt + c <= 15)).nonzero(as_tuple=True)
+                if not idx[0].numel():
+                    if not todo.any():
+                        return True
+                    continue
+                bb, low = b[idx], lo[idx].unsqueeze(-1)  # [G,32], [G,1]
+                t = (tops[idx] + dt).double()
+                d0 = torch.where(t > 0, span[idx].double() / t.clamp(min=1), 0.0).float().view(torch.int32)
+                dd = (((d0 + 8) & ~15) + ds).clamp(min=0).view(torch.float32).unsqueeze(-1)  # [G,1], low 4 bits 0
+                q = torch.where(dd > 0, ((bb - low) / dd).round(), torch.zeros_like(bb))
+                q = torch.minimum(q, t.float().unsqueeze(-1)).clamp(min=0) + c
+                j = bb.abs().argmin(-1, keepdim=True)  # the weight nearest zero: its rounding bounds m the most
+                m0 = (bb.gather(-1, j).double() - dd.double() * q.gather(-1, j)).float().view(torch.int32)
+                for ms in _OFFSET_STEPS:
+                    mm = (m0 + ms).view(torch.float32)
+                    ok = ((dd * q + mm) == bb).all(-1)  # dd * q exact: one rounding, as the kernels' FMA
+                    if not ok.any():
+                        continue
+                    good = tuple(i[ok] for i in idx)
+                    codes[good] = q[ok].to(torch.uint8)
+                    d[good] = dd[ok].squeeze(-1)
+                    lo[good] = mm[ok].squeeze(-1)
+                    todo[good] = False
+                    keep = ~ok
+                    idx = tuple(i[keep] for i in idx)
+                    if not idx[0].numel():
+                        break
+                    bb, q, dd, m0 = bb[keep], q[keep], dd[keep], m0[keep]
+                if first:
+                    first = False
+                    if todo.float().mean() > 0.75:
+                        return False
+    return not todo.any()
 
 
 def bf16_exact(w: Tensor) -> bool:
