@@ -127,6 +127,24 @@ def k_blocks(rows: int, cols: int, qtype, seed: int) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
+def q4_k_weight(n: int, k: int, seed: int) -> torch.Tensor:
+    """A Q4_K tensor as gguf dequantizes it: random codes and 6-bit sub-scales / offsets, and per 256 weights its own
+    half-precision scale (from 1e-4 to 0.03) and offset scale (2 to 10 times it, as llama.cpp's quantizer gives
+    groups around zero; exactly zero in some blocks)."""
+    import gguf
+    from gguf.quants import dequantize
+
+    qt = gguf.GGMLQuantizationType.Q4_K
+    raw = k_blocks(n, k, qt, seed).reshape(n, k // 256, -1)
+    rng = np.random.default_rng(seed)
+    d = np.exp(rng.uniform(np.log(1e-4), np.log(0.03), size=(n, k // 256, 2)))
+    d[..., 1] = d[..., 0] * rng.uniform(2, 10, size=(n, k // 256))
+    d[..., 1][rng.random((n, k // 256)) < 0.1] = 0  # no offset in some blocks: every group holds D * code only
+    d = d.astype(np.float16)
+    raw[..., 0:4] = d.view(np.uint8)
+    return torch.from_numpy(dequantize(raw.reshape(n, -1), qt).copy()).view(n, k)
+
+
 def write_gguf(
     path,
     model,

@@ -51,27 +51,13 @@ def test_4bit_gguf_blocks_run_on_their_codes_with_the_fp32_bits(monkeypatch, qty
     assert q4_blocks(w) is None and PackedLinear(w, None, "fp32").mode == 0
 
 
-def q4_k_weight(n: int, k: int, seed: int) -> torch.Tensor:
-    """A Q4_K tensor as gguf dequantizes it: random codes and 6-bit sub-scales / offsets, and per 256 weights its own
-    half-precision scale and offset scale (positive, from 1e-4 to 0.03, some exactly zero offsets)."""
-    gguf = pytest.importorskip("gguf")
-    import numpy as np
-    from _gguf_files import k_blocks
-    from gguf.quants import dequantize
-
-    qt = gguf.GGMLQuantizationType.Q4_K
-    raw = k_blocks(n, k, qt, seed).reshape(n, k // 256, -1)
-    rng = np.random.default_rng(seed)
-    d = np.exp(rng.uniform(np.log(1e-4), np.log(0.03), size=(n, k // 256, 2))).astype(np.float16)
-    d[..., 1][rng.random((n, k // 256)) < 0.1] = 0  # no offset in some blocks: every group holds D * code only
-    raw[..., 0:4] = d.view(np.uint8)
-    return torch.from_numpy(dequantize(raw.reshape(n, -1), qt).copy()).view(n, k)
-
-
 @native
 def test_q4_k_blocks_run_on_their_codes_with_the_fp32_bits(monkeypatch):
     """A K-quant's 4-bit groups have float32 scales and offsets (a half-precision scale per 256 times a 6-bit one
     per 32) and need not hold code 0: recognised all the same, decoded with the fp32 kernels' bits."""
+    pytest.importorskip("gguf")
+    from _gguf_files import q4_k_weight
+
     from bpd_train.engine.fastlinear import q4_blocks
 
     rng = torch.Generator().manual_seed(1)

@@ -20,7 +20,9 @@ from tests.test_lm_engine import prompts
 
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
 
-Q4 = 7  # fastlinear._Q4Q (csrc/vec.h Mode Q4Q)
+Q4, Q4F32 = 7, 8  # fastlinear._Q4Q / _Q4QF (csrc/vec.h Modes Q4Q, Q4QF)
+SIZES = [(100, 64), (192, 576), (64, 1536), (70, 32)]
+K_SIZES = [(100, 256), (192, 512), (64, 1536), (70, 256)]  # Q4_K: rows of whole 256-weight blocks
 
 
 def reference(x: torch.Tensor, codes, d, m) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,23 +53,31 @@ def gguf_weight(qtype: str, n: int, k: int, seed: int) -> torch.Tensor:
     return torch.from_numpy(dequantize(quantize(w, qt), qt).copy())
 
 
-@pytest.mark.parametrize("source", ["Q4_0", "Q4_1", "fp32"])
+@pytest.mark.parametrize("source", ["Q4_0", "Q4_1", "Q4_K", "fp32"])
 def test_q4_rows_are_the_same_bits_alone_in_batches_any_order_and_thread_count(source):
-    for n, k in [(100, 64), (192, 576), (64, 1536), (70, 32)]:
-        w = gguf_weight(source, n, k, n + k) if source != "fp32" else torch.randn(n, k)
+    kq = source == "Q4_K"  # float32 scales and offsets (mode Q4QF, 0.75 bytes a weight)
+    for n, k in K_SIZES if kq else SIZES:
+        if kq:
+            pytest.importorskip("gguf")
+            from _gguf_files import q4_k_weight
+
+            w = q4_k_weight(n, k, n + k)
+        else:
+            w = gguf_weight(source, n, k, n + k) if source != "fp32" else torch.randn(n, k)
         b = torch.randn(n)
         lin = PackedLinear(w, b, "q4")
-        assert lin.mode == Q4 and lin.q4 == ("load" if source == "fp32" else "file")
+        assert lin.mode == (Q4F32 if kq else Q4) and lin.q4 == ("load" if source == "fp32" else "file")
         codes, d, m, kept = q4_weight(w)
-        assert d.dtype == m.dtype == torch.float16
-        if kept:  # the file's weights exactly: d * code + m in exact arithmetic
+        assert d.dtype == m.dtype == (torch.float32 if kq else torch.float16)
+        if kept:  # the file's weights exactly: d * code + m in exact arithmetic (Q4_K: then rounded to float32)
             rebuilt = codes.view(n, -1, 32).double() * d.double().unsqueeze(-1) + m.double().unsqueeze(-1)
-            assert torch.equal(rebuilt.view(n, k), w.double())
+            assert torch.equal(rebuilt.view(n, k).float() if kq else rebuilt.view(n, k), w if kq else w.double())
         else:  # quantised at load: within half a step of each weight
             step = d.float().repeat_interleave(32, 1)
             rebuilt = codes.float() * step + m.float().repeat_interleave(32, 1)
             assert ((rebuilt - w).abs() <= 0.51 * step + 1e-3).all()
-        assert lin.nbytes == -(-n // 64) * 64 * k * 5 // 8  # 4-bit codes, two halves per 32: 0.625 bytes a weight
+        # 4-bit codes, two halves (floats) per 32: 0.625 (0.75) bytes a weight
+        assert lin.nbytes == -(-n // 64) * 64 * k * (6 if kq else 5) // 8
         x = torch.randn(11, k) * torch.linspace(0.1, 3.0, k)  # blocks of different scales
         y = lin(x)
         ref, mag = reference(x, codes, d, m)
@@ -150,8 +160,8 @@ def test_exact_blockwise_is_q4_greedy_alone_in_batches_with_lookup(cfg, caplog):
     assert {lin.mode for layer in w.lin for lin in layer} == {Q4}
     assert {lin.q4 for layer in w.lin for lin in layer} == {"load"}  # random weights: quantised at load
     assert [r.getMessage() for r in caplog.records if "q4" in r.getMessage()] == [
-        "decode dtype q4: the model holds no Q4_0 / Q4_1 blocks of 32; 8 of its 8 layer linears are quantised to "
-        "4-bit blocks at load (as gguf's Q4_1)"
+        "decode dtype q4: the model holds no Q4_0 / Q4_1 / Q4_K blocks of 32; 8 of its 8 layer linears are "
+        "quantised to 4-bit blocks at load (as gguf's Q4_1)"
     ]
     g = greedy(m, src, max_len=30, weights=pw_m)
     for opts in (dict(), dict(lookup=3), dict(proposal_dtype="int8"), dict(draft_vocab=tuple(range(0, 12, 2)))):
@@ -195,8 +205,8 @@ def test_a_q4_gguf_keeps_its_4bit_blocks_and_decodes_exactly(tmp_path, monkeypat
     assert [[lin.mode for lin in layer] for layer in w.lin] == [[4, 4, Q4, Q4], [Q4] * 4]
     assert w.proj.mode in (2, 4)  # the vocabulary projection in int8
     assert [r.getMessage() for r in caplog.records if "q4" in r.getMessage()] == [
-        "decode dtype q4: 6 of 8 layer linears keep the file's 4-bit blocks; the other 2 (not Q4_0 / Q4_1 blocks "
-        "of 32: K-quants, Q8_0, F16 / F32 tensors) run in int8"
+        "decode dtype q4: 6 of 8 layer linears keep the file's 4-bit blocks; the other 2 (not Q4_0 / Q4_1 / Q4_K "
+        "blocks of 32: Q5 / Q6 / Q8 types, F16 / F32 tensors) run in int8"
     ]
     with torch.no_grad():
         for p in model.head_parameters():
@@ -216,6 +226,38 @@ def test_a_q4_gguf_keeps_its_4bit_blocks_and_decodes_exactly(tmp_path, monkeypat
         h = model.decode(state, state.first)[:, 0]
         ref = torch.stack([model.features(torch.tensor([p]))[0, -1] for p in rows])
     assert float((h - ref).norm() / ref.norm()) < 0.08  # (int8: 0.037, this q4: 0.036)
+
+
+def test_a_k_quant_gguf_keeps_its_q4_k_blocks_and_decodes_exactly(tmp_path, monkeypatch, caplog):
+    """Q4_K tensors (float32 scales per 32) keep their 4-bit codes in q4 (mode Q4QF); Q6_K runs in int8; exact
+    blockwise decoding is q4 greedy decoding, alone and in a batch."""
+    pytest.importorskip("gguf")
+    from _gguf_files import bpe, hf_model, write_gguf
+
+    monkeypatch.setenv("BPD_CACHE", str(tmp_path / "cache"))
+    tokens, merges, types = bpe(320)
+    eos = tokens.index("<|im_end|>")
+    hf = hf_model("llama", len(tokens), d=256, d_ff=512, heads=4, kv=2, eos=eos, seed=3)
+    path = tmp_path / "q4k.gguf"
+    qtypes = {"blk.0.attn": "Q4_K", "blk.0.ffn": "Q6_K", "blk.1": "Q4_K", "output": "Q8_0"}
+    write_gguf(path, hf, tokens, merges, types, arch="llama", eos=eos, qtypes=qtypes, default="F16")
+    model, tok, _ = load_gguf(path, block_size=3, heads="medusa")
+    pw_model = PackedWeights(DecodeOptions(dtype="q4"))
+    with caplog.at_level(logging.INFO, logger="bpd_train.engine.lm"):
+        w = pw_model.get(model)
+    assert [[lin.mode for lin in layer] for layer in w.lin] == [[Q4F32, Q4F32, 4, 4], [Q4F32] * 4]
+    assert [r.getMessage() for r in caplog.records if "q4" in r.getMessage()] == [
+        "decode dtype q4: 6 of 8 layer linears keep the file's 4-bit blocks; the other 2 (not Q4_0 / Q4_1 / Q4_K "
+        "blocks of 32: Q5 / Q6 / Q8 types, F16 / F32 tensors) run in int8"
+    ]
+    with torch.no_grad():
+        for p in model.head_parameters():
+            p.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+    rows = tok.encode(["the quick brown fox", "hello world, how", "good morning to you 12345 and"])
+    g = greedy(model, rows, max_len=24, weights=pw_model)
+    assert blockwise(model, rows, max_len=24, weights=pw_model).tokens == g.tokens
+    for p, want in zip(rows, g.tokens):
+        assert blockwise(model, [p], max_len=24, adaptive=False, weights=pw_model).tokens[0] == want
 
 
 AVX2_Q4 = """

@@ -40,6 +40,7 @@ _COMPUTE_MODE = {"bf16": 3, "int8": 4}  # csrc/vec.h Mode BF16D / I8D: activatio
 _BF16_AMX = 5  # csrc/vec.h Mode BF16A: bf16 x bf16 on AMX tiles, every row count
 Q4F = 6  # csrc/vec.h Mode Q4F: fp32 arithmetic over 4-bit codes (weights that are such blocks exactly)
 _Q4Q = 7  # csrc/vec.h Mode Q4Q: 4-bit codes (half-precision d, m per 32) x int8 activations per block of 32
+_Q4QF = 8  # csrc/vec.h Mode Q4QF: the same with float32 d, m (a GGUF's Q4_K blocks)
 Q4_GROUP = 32  # weights of a row per scale and offset (GGUF's Q4_0 / Q4_1 blocks)
 _lock = threading.Lock()
 _ext = None
@@ -268,8 +269,9 @@ def q4_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
     return codes.view(n, k), d, m
 
 
-# float32 scale candidates: multiples of 16 ulps (a scale times a 4-bit code stays exact), nearest first
-_SCALE_STEPS = (0, 16, -16, 32, -32)
+# float32 scale candidates: multiples of 16 ulps (a scale times a 4-bit code stays exact), nearest first, as far as a
+# group whose weights sit far from zero needs (its range carries their rounding: up to about 300 times the range)
+_SCALE_STEPS = tuple(s * 16 for i in range(25) for s in ((i, -i) if i else (0,)))
 _OFFSET_STEPS = (0, 1, -1, 2, -2)
 
 
@@ -277,8 +279,8 @@ def _float_scales(b: Tensor, lo: Tensor, span: Tensor, todo: Tensor, codes: Tens
     """q4_blocks for the groups `todo` still holds, with float32 scales and offsets (Q4_K: d = d256 * sc and
     m = -dmin * mn, exact in float32; a group need not hold code 0). A group's scale is about its smallest gap
     between two weights, so its codes span t = range / gap; the scale is then range / t on the grid of float32 values
-    whose low 4 bits are zero (times a 4-bit code: exact), the offset is taken from the weight nearest zero (whose
-    rounding says most about it), the lowest code c from 0 up; each candidate checked weight by weight. Fills codes,
+    whose low 4 bits are zero (times a 4-bit code: exact), the offset is the middle of the interval every weight's
+    rounding allows it, the lowest code c from 0 up; each candidate checked weight by weight. Fills codes,
     d and lo (the offsets) in place; False where a group matches none (or most groups miss the first try: not
     blocks)."""
     idx = todo.nonzero(as_tuple=True)
@@ -290,8 +292,8 @@ def _float_scales(b: Tensor, lo: Tensor, span: Tensor, todo: Tensor, codes: Tens
     tops[idx] = torch.where(gap.isfinite(), (span[idx] / gap).round(), torch.zeros_like(gap)).clamp(0, 15).long()
     first = True
     for dt in (0, -1, 1):
-        for c in range(16):
-            for ds in _SCALE_STEPS:
+        for ds in _SCALE_STEPS:
+            for c in range(16):
                 idx = (todo & (tops + dt >= 0) & (tops + dt + c <= 15)).nonzero(as_tuple=True)
                 if not idx[0].numel():
                     if not todo.any():
@@ -303,8 +305,11 @@ def _float_scales(b: Tensor, lo: Tensor, span: Tensor, todo: Tensor, codes: Tens
                 dd = (((d0 + 8) & ~15) + ds).clamp(min=0).view(torch.float32).unsqueeze(-1)  # [G,1], low 4 bits 0
                 q = torch.where(dd > 0, ((bb - low) / dd).round(), torch.zeros_like(bb))
                 q = torch.minimum(q, t.float().unsqueeze(-1)).clamp(min=0) + c
-                j = bb.abs().argmin(-1, keepdim=True)  # the weight nearest zero: its rounding bounds m the most
-                m0 = (bb.gather(-1, j).double() - dd.double() * q.gather(-1, j)).float().view(torch.int32)
+                # each weight bounds the offset to within half its ulp of (weight - d * code): the middle of where
+                # all 32 bounds meet (an offset near zero beside large weights has many float32 values there)
+                r = bb.double() - dd.double() * q.double()
+                half = (torch.nextafter(bb.abs(), torch.tensor(float("inf"))) - bb.abs()).double() / 2
+                m0 = (((r - half).amax(-1) + (r + half).amin(-1)) / 2).float().unsqueeze(-1).view(torch.int32)
                 for ms in _OFFSET_STEPS:
                     mm = (m0 + ms).view(torch.float32)
                     ok = ((dd * q + mm) == bb).all(-1)  # dd * q exact: one rounding, as the kernels' FMA
@@ -358,7 +363,9 @@ def q4_weight(w: Tensor, quantize: bool = True) -> tuple[Tensor, Tensor, Tensor,
     """The "q4" form of w [N, K] float32 (K a multiple of 32): (codes [N,K] uint8 in 0..15, d [N,K/32] float16,
     m [N,K/32] float16, from_blocks); weight = d * code + m. from_blocks: w is 4-bit blocks (a GGUF's Q4_0 / Q4_1
     tensors, q4_blocks) and every d and m is a half-precision value, so the form holds the file's weights exactly
-    (Q4_0's d (q - 8) as the file has it: offset -8 d, where the group's smallest weight need not be a half).
+    (Q4_0's d (q - 8) as the file has it: offset -8 d, where the group's smallest weight need not be a half); where
+    the blocks' d and m are not half-precision values (Q4_K: a half-precision scale per 256 times a 6-bit one), d and
+    m are float32 (the kernels' Q4QF layout).
     Otherwise the weights are quantised here as gguf's Q4_1 does (per 32: the
     offset the group's minimum, the scale its range / 15, both rounded to half precision, codes rounded to the
     nearest step from them); quantize=False: None instead. None where a weight is not finite or beyond half
@@ -370,6 +377,7 @@ def q4_weight(w: Tensor, quantize: bool = True) -> tuple[Tensor, Tensor, Tensor,
     blocks = q4_blocks(w)
     if blocks is not None:
         codes, d, m = blocks
+        exact = (codes, d, m)
         codes = codes.view(n, g, Q4_GROUP)
         bad = m.half().float() != m
         if bad.any():  # Q4_0: d (q - 8), whose smallest weight (q4_blocks' offset) need not be a half: offset -8 d
@@ -386,6 +394,7 @@ def q4_weight(w: Tensor, quantize: bool = True) -> tuple[Tensor, Tensor, Tensor,
         dh, mh = d.half(), m.half()
         if bool((dh.float() == d).all() and (mh.float() == m).all()):
             return codes.view(n, k), dh, mh, True
+        return (*exact, True)  # float32 scales and offsets: the blocks as q4_blocks found them
     if not quantize:
         return None
     b = w.reshape(n, g, Q4_GROUP)
@@ -400,8 +409,9 @@ def q4_weight(w: Tensor, quantize: bool = True) -> tuple[Tensor, Tensor, Tensor,
 
 def pack_q4q(codes: Tensor, d: Tensor, m: Tensor) -> Tensor:
     """The Q4Q kernels' layout (csrc/kernels_q4q.h) of q4_weight's form: per block of 64 rows (zero-padded), 4
-    sub-blocks of 16 rows, per group of 32 k: d[16], m[16] (float16 bytes), then 4 chunks of 64 bytes, chunk t
-    holding row n's codes of k = 4t..4t+3 in bytes 4n..4n+3, low nibbles, and of k = 16+4t..16+4t+3, high nibbles."""
+    sub-blocks of 16 rows, per group of 32 k: d[16], m[16] (float16 bytes; float32 where d and m are: mode Q4QF),
+    then 4 chunks of 64 bytes, chunk t holding row n's codes of k = 4t..4t+3 in bytes 4n..4n+3, low nibbles, and of
+    k = 16+4t..16+4t+3, high nibbles."""
     n, k = codes.shape
     np_ = -(-n // 64) * 64
     g = k // Q4_GROUP
@@ -412,7 +422,7 @@ def pack_q4q(codes: Tensor, d: Tensor, m: Tensor) -> Tensor:
     c = codes.view(np_ // 64, 4, 16, g, 2, 4, 4).permute(0, 1, 3, 4, 5, 2, 6)  # [blocks, 4, g, half, t, 16 rows, j]
     nib = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(np_ // 64, 4, g, 256)
 
-    def groups(v: Tensor) -> Tensor:  # [N, g] float16 -> [blocks, 4, g, 32] bytes
+    def groups(v: Tensor) -> Tensor:  # [N, g] float16 / float32 -> [blocks, 4, g, 32 / 64] bytes
         return v.reshape(np_ // 64, 4, 16, g).permute(0, 1, 3, 2).contiguous().view(torch.uint8)
 
     return torch.cat([groups(d), groups(m), nib], -1).reshape(-1).contiguous()
@@ -441,7 +451,7 @@ class PackedLinear:
                 dtype = "int8"
             else:
                 self.q4 = "file" if q4[3] else "load"
-        self.mode = _Q4Q if q4 is not None else _MODE[dtype]
+        self.mode = (_Q4QF if q4[1].dtype == torch.float32 else _Q4Q) if q4 is not None else _MODE[dtype]
         self.bias = bias.detach().float().contiguous() if bias is not None else None
         ext = native_kernels() if w.device.type == "cpu" and w.dtype == torch.float32 else None
         self.native = ext

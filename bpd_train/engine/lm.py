@@ -495,17 +495,17 @@ def _log_q4(lins: list[PackedLinear]) -> None:
     kept = sum(p.q4 == "file" for p in lins)
     load = sum(p.q4 == "load" for p in lins)
     if kept == n:
-        log.info("decode dtype q4: all %d layer linears keep the file's 4-bit blocks (Q4_0 / Q4_1)", n)
+        log.info("decode dtype q4: all %d layer linears keep the file's 4-bit blocks (Q4_0 / Q4_1 / Q4_K)", n)
     elif kept:
         log.warning(
-            "decode dtype q4: %d of %d layer linears keep the file's 4-bit blocks; the other %d (not Q4_0 / Q4_1 "
-            "blocks of 32: K-quants, Q8_0, F16 / F32 tensors) run in int8",
+            "decode dtype q4: %d of %d layer linears keep the file's 4-bit blocks; the other %d (not Q4_0 / Q4_1 / "
+            "Q4_K blocks of 32: Q5 / Q6 / Q8 types, F16 / F32 tensors) run in int8",
             kept, n, n - kept,
         )  # fmt: skip
     else:
         log.warning(
-            "decode dtype q4: the model holds no Q4_0 / Q4_1 blocks of 32; %d of its %d layer linears are quantised "
-            "to 4-bit blocks at load (as gguf's Q4_1)%s",
+            "decode dtype q4: the model holds no Q4_0 / Q4_1 / Q4_K blocks of 32; %d of its %d layer linears are "
+            "quantised to 4-bit blocks at load (as gguf's Q4_1)%s",
             load, n, f", {n - load} run in int8 (inner size not a multiple of 32)" if n > load else "",
         )  # fmt: skip
 

@@ -22,8 +22,11 @@ static_assert(sizeof(Q8Block) == 40, "Q8Block: 40 bytes");
 
 // Packed layout (engine/fastlinear.py pack_q4q): per block of 64 weight rows, 4 sub-blocks of 16 rows, each [K/32]
 // groups of Q4QG bytes: d[16] and m[16] (half precision), then 4 chunks of 64 bytes, chunk t holding row n's codes
-// of k = 4t..4t+3 in bytes 4n..4n+3 (low nibbles) and of k = 16+4t..16+4t+3 (high nibbles).
-constexpr int64_t Q4QG = 320;
+// of k = 4t..4t+3 in bytes 4n..4n+3 (low nibbles) and of k = 16+4t..16+4t+3 (high nibbles). F (mode Q4QF): d and m
+// as float32 (a K-quant's scales: a half-precision scale per 256 times a 6-bit one per 32), Q4QG_F bytes a group.
+constexpr int64_t Q4QG = 320, Q4QG_F = 384;
+template <bool F> constexpr int64_t q4q_group() { return F ? Q4QG_F : Q4QG; }
+template <bool F> constexpr int64_t q4q_head() { return F ? 128 : 64; }   // bytes of d and m before the codes
 
 // quantise rows x [M][K] (K a multiple of 32) into Q8Blocks [M][K/32]
 static void q8_rows(const float* x, int64_t M, int64_t K, Q8Block* out) {
@@ -63,8 +66,9 @@ static void q8_rows(const float* x, int64_t M, int64_t K, Q8Block* out) {
 // one row's 8 dependent vpdpbusd per block would wait on their latency), added at the block's end (exact). With
 // one or two rows (H) the high nibbles are multiplied in place (v & 0xf0: 16 x the code, no shift per 64 bytes) and
 // their chain divided by 16 at the block's end (an exact shift: every product is a multiple of 16).
-template <int R, int S>
+template <int R, int S, bool F>
 static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64_t ss, float* out) {
+  constexpr int64_t GB = q4q_group<F>(), HD = q4q_head<F>();
   constexpr int C = R * S <= 4 ? 2 : 1;
   constexpr bool H = C == 2 && R <= 2;
   __m512 acc[R][S];
@@ -85,7 +89,7 @@ static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64
     for (int t = 0; t < 4; t++) {
 #pragma GCC unroll 4
       for (int s = 0; s < S; s++) {
-        const __m512i v = _mm512_loadu_si512((const void*)(w + s * ss + g * Q4QG + 64 + 64 * t));
+        const __m512i v = _mm512_loadu_si512((const void*)(w + s * ss + g * GB + HD + 64 * t));
         const __m512i lo = _mm512_and_si512(v, nib);
         const __m512i hi = H ? _mm512_andnot_si512(nib, v) : _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
 #pragma GCC unroll 8
@@ -98,9 +102,10 @@ static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64
     }
 #pragma GCC unroll 4
     for (int s = 0; s < S; s++) {
-      const uint8_t* p = w + s * ss + g * Q4QG;
-      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
-      const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32)));
+      const uint8_t* p = w + s * ss + g * GB;
+      const __m512 dw = F ? _mm512_loadu_ps((const float*)p) : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+      const __m512 mw = F ? _mm512_loadu_ps((const float*)(p + 64))
+                          : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32)));
 #pragma GCC unroll 8
       for (int i = 0; i < R; i++) {
         const __m512i sum = C == 1 ? si[i][s][0]
@@ -117,32 +122,33 @@ static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64
     for (int s = 0; s < S; s++) _mm512_storeu_ps(out + i * NB + s * 16, acc[i][s]);
 }
 
-template <int R>
+template <int R, bool F>
 static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, float* out, const uint8_t*) {
   constexpr int S = R == 1 ? 4 : R == 2 ? 2 : 1;   // one or two rows: sub-blocks side by side for more chains
-  const int64_t ss = G * Q4QG;
-  for (int s0 = 0; s0 < 4; s0 += S) q4q_rows<R, S>(x, G, w + s0 * ss, ss, out + s0 * 16);
+  const int64_t ss = G * q4q_group<F>();
+  for (int s0 = 0; s0 < 4; s0 += S) q4q_rows<R, S, F>(x, G, w + s0 * ss, ss, out + s0 * 16);
 }
 #else
 #define BPD_Q4Q_VNNI 0
 // AVX2: 8 weight rows (half a sub-block) at a time, up to 4 activation rows per pass; vpmaddubsw multiplies the
 // u8 codes (0..15) by the s8 activations into int16 pairs (|sum of 4| <= 7620: never saturates), vpmaddwd by ones
 // adds the pairs into int32 lanes: the VNNI kernel's integer per output.
-template <int R>
+template <int R, bool F>
 static inline void q4q_half(const Q8Block* x, int64_t G, const uint8_t* w, int h, float* out, const char* pf) {
+  constexpr int64_t GB = q4q_group<F>(), HD = q4q_head<F>();
   __m256 acc[R];
 #pragma GCC unroll 4
   for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
   const __m256i nib = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < G; g++) {
-    const uint8_t* p = w + g * Q4QG;
-    if (pf) for (int b = 0; b < Q4QG / 2; b += 64) _mm_prefetch(pf + g * (Q4QG / 2) + b, _MM_HINT_T1);
+    const uint8_t* p = w + g * GB;
+    if (pf) for (int b = 0; b < GB / 2; b += 64) _mm_prefetch(pf + g * (GB / 2) + b, _MM_HINT_T1);
     __m256i si[R];
 #pragma GCC unroll 4
     for (int i = 0; i < R; i++) si[i] = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int t = 0; t < 4; t++) {
-      const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 64 + 64 * t + 32 * h));
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(p + HD + 64 * t + 32 * h));
       const __m256i lo = _mm256_and_si256(v, nib);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
 #pragma GCC unroll 4
@@ -153,8 +159,9 @@ static inline void q4q_half(const Q8Block* x, int64_t G, const uint8_t* w, int h
         si[i] = _mm256_add_epi32(si[i], _mm256_madd_epi16(p16, ones));
       }
     }
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
-    const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 32 + 16 * h)));
+    const __m256 dw = F ? _mm256_loadu_ps((const float*)(p + 32 * h)) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
+    const __m256 mw = F ? _mm256_loadu_ps((const float*)(p + 64 + 32 * h))
+                        : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 32 + 16 * h)));
 #pragma GCC unroll 4
     for (int i = 0; i < R; i++) {
       const Q8Block& b = x[i * G + g];
@@ -168,33 +175,36 @@ static inline void q4q_half(const Q8Block* x, int64_t G, const uint8_t* w, int h
 
 // next: the next packed block, fetched into L2 over the 8 passes (the hardware prefetchers follow the half passes
 // poorly from memory)
-template <int R>
+template <int R, bool F>
 static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, float* out, const uint8_t* next) {
-  const int64_t ss = G * Q4QG;
+  constexpr int64_t GB = q4q_group<F>();
+  const int64_t ss = G * GB;
   for (int s = 0; s < 4; s++)
     for (int h = 0; h < 2; h++) {
-      const char* pf = next ? (const char*)next + (2 * s + h) * G * (Q4QG / 2) : nullptr;
+      const char* pf = next ? (const char*)next + (2 * s + h) * G * (GB / 2) : nullptr;
       if (R <= 4) {
-        q4q_half<R <= 4 ? R : 4>(x, G, w + s * ss, h, out + s * 16, pf);
+        q4q_half<R <= 4 ? R : 4, F>(x, G, w + s * ss, h, out + s * 16, pf);
       } else {   // 5-8 rows: 4, then the rest (the sub-block's bytes are in L1 for the second pass)
-        q4q_half<4>(x, G, w + s * ss, h, out + s * 16, pf);
-        q4q_half<R <= 4 ? 1 : R - 4>(x + 4 * G, G, w + s * ss, h, out + 4 * NB + s * 16, nullptr);
+        q4q_half<4, F>(x, G, w + s * ss, h, out + s * 16, pf);
+        q4q_half<R <= 4 ? 1 : R - 4, F>(x + 4 * G, G, w + s * ss, h, out + 4 * NB + s * 16, nullptr);
       }
     }
 }
 #endif
 
-struct Q4QKern {
+template <bool F> struct Q4QKernT {
   using X = Q8Block; using WT = uint8_t;
   static constexpr int xw = 1;
-  static int64_t stride(int64_t G) { return 4 * G * Q4QG; }   // bytes per packed block of 64 rows (G = K / 32)
+  static int64_t stride(int64_t G) { return 4 * G * q4q_group<F>(); }   // bytes per packed block of 64 rows (G = K / 32)
   template <int R> static void blk(const X* x, int64_t G, const WT* w, float* o, const WT* nx) {
-    q4q_block<R>(x, G, w, o, nx);
+    q4q_block<R, F>(x, G, w, o, nx);
   }
-  static void one(const X* x, int64_t G, const WT* w, float* o, const WT* nx) { q4q_block<1>(x, G, w, o, nx); }
+  static void one(const X* x, int64_t G, const WT* w, float* o, const WT* nx) { q4q_block<1, F>(x, G, w, o, nx); }
   template <int R> static void half(const X* x, int64_t G, const WT* w, float* o, const WT* nx) {
-    q4q_block<R>(x, G, w, o, nx);
+    q4q_block<R, F>(x, G, w, o, nx);
   }
 };
+using Q4QKern = Q4QKernT<false>;    // mode Q4Q: half-precision d and m (Q4_0 / Q4_1)
+using Q4QFKern = Q4QKernT<true>;    // mode Q4QF: float32 d and m (Q4_K)
 
 }  // namespace
