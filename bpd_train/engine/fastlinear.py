@@ -221,18 +221,30 @@ def check_dtype(dtype: str) -> str:
     return d
 
 
-def q4_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+def q4_blocks(w: Tensor, halves: bool = True) -> tuple[Tensor, Tensor, Tensor] | None:
     """(codes [N,K] uint8 in 0..15, d [N,K/32], m [N,K/32]) with w == (d * codes) + m exactly, each product exact
     and each sum rounded once in float32 as gguf's dequantize computes them, or None where w [N,K] float32 is not
     such blocks (a GGUF's Q4_0, Q4_1 and Q4_K tensors are; trained weights are not). Q4_0 / Q4_1: a group's offset is
     its smallest weight (code 0), its scale the half-precision value nearest (range / top code) or a neighbour of it.
     Q4_K (a half-precision scale per 256 times a 6-bit one per 32, and a 6-bit offset): _float_scales. Either way a
-    scale times a 4-bit code is exact in float32, so the kernels' fma(code, d, m) rounds once, as (d * code) + m does."""
+    scale times a 4-bit code is exact in float32, so the kernels' fma(code, d, m) rounds once, as (d * code) + m does.
+    halves=False: the float32 search alone."""
     n, k = w.shape
     if k % Q4_GROUP or w.numel() == 0 or w.dtype != torch.float32:
         return None
-    if n > 8 and q4_blocks(w[:8]) is None:  # most weights fail on their first rows: no pass over a large matrix
-        return None
+    if n > 8:  # most weights fail on their first rows: no pass over a large matrix
+        first = q4_blocks(w[:8], halves)
+        if first is None:
+            return None
+        halves = halves and bool((first[1].half().float() == first[1]).all())  # a K-quant's: no half-precision pass
+        if n * k > _SLICE:  # a slice of rows at a time: the search's passes stay in cache
+            step = max(8, _SLICE // k)
+            parts = [first]
+            for r0 in range(8, n, step):
+                if (got := q4_blocks(w[r0 : r0 + step], halves)) is None:
+                    return None
+                parts.append(got)
+            return tuple(torch.cat(x) for x in zip(*parts))  # type: ignore[return-value]
     b = w.reshape(n, k // Q4_GROUP, Q4_GROUP)
     m = b.amin(-1)
     span = b.amax(-1) - m
@@ -241,7 +253,7 @@ def q4_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
     codes = torch.zeros(b.shape, dtype=torch.uint8)
     d = torch.zeros_like(m)
     todo = torch.ones(m.shape, dtype=torch.bool)
-    for top in range(15, 0, -1):
+    for top in range(15, 0, -1) if halves else ():
         for step in (0, 1, -1):
             idx = todo.nonzero(as_tuple=True)
             if not idx[0].numel():
@@ -269,6 +281,7 @@ def q4_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
     return codes.view(n, k), d, m
 
 
+_SLICE = 1 << 20  # weights per slice of q4_blocks' search
 # float32 scale candidates: multiples of 16 ulps (a scale times a 4-bit code stays exact), nearest first, as far as a
 # group whose weights sit far from zero needs (its range carries their rounding: up to about 300 times the range)
 _SCALE_STEPS = tuple(s * 16 for i in range(25) for s in ((i, -i) if i else (0,)))
