@@ -72,6 +72,18 @@ def q4_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
     return (d * codes + m).reshape(n, k)
 
 
+def q4k_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """A random [n, k] float32 weight made of gguf Q4_K blocks (k a multiple of 256): per 256 a half-precision
+    scale and offset scale, per 32 a 6-bit multiple of each, so a group's scale and offset are float32 values that
+    are not half-precision ones; w = (d * code) - m rounded to float32 as gguf's dequantize does."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k // 32, 32), generator=g).float()
+    ds = (torch.rand(n, k // 256, 1, generator=g) * 0.001 + 1e-4).half().float().repeat_interleave(8, 1)
+    dm = (ds * (2 + 8 * torch.rand(n, k // 32, 1, generator=g))).half().float()
+    sc, mn = torch.randint(1, 64, (n, k // 32, 1), generator=g).float(), torch.randint(0, 64, (n, k // 32, 1), generator=g)
+    return (ds * sc * codes - dm * mn.float()).reshape(n, k)
+
+
 def q4_linear(n: int, k: int):
     """q4_weight's PackedLinear where the engine runs it from its codes (Q4F), else None."""
     from bpd_train.engine.fastlinear import Q4F
@@ -163,6 +175,13 @@ def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: in
                 lins[Q4_NAME] = q4.lin
                 fams.append((name := "q4 " + ("vpdpbusd" if ext.q4q_vnni() else "vpmaddubsw (AVX2)"), 7, False))
                 lins[name] = PackedLinear(q4_weight(n, k), None, "q4").lin  # x int8 per 32 (csrc/kernels_q4q.h)
+            if k % 256 == 0:  # a GGUF's Q4_K weights: float32 scales per 32, in fp32 (Q4F) and q4 (Q4QF)
+                wk = q4k_weight(n, k)
+                for name, dt in (("fp32 from Q4_K codes", "fp32"), ("q4 from Q4_K blocks", "q4")):
+                    p = PackedLinear(wk, None, dt, quantize=False)
+                    if p.lin is not None and p.mode in (6, 8):
+                        fams.append((name, p.mode, False))
+                        lins[name] = p.lin
             for r in rows:
                 x = torch.randn(r, k)
                 inner = max(1, int(2e6 // (n * k * r)))
