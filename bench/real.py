@@ -82,7 +82,7 @@ PROMPT_CACHE = (
 )
 # bytes one weight of a decoder matrix reads in our precisions (int8: plus one fp32 scale a row)
 OUR_BYTES = {"int8": 1.0, "bf16": 2.0, "fp32": 4.0, "q4": 0.625}  # q4: 4-bit codes, half d and m per 32
-Q4_TYPES = ("Q4_0", "Q4_1")  # files whose matrices our fp32 reads from their 4-bit codes (0.75 bytes a weight)
+Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # files whose matrices our fp32 reads from their 4-bit codes (0.75 bytes a weight)
 
 DRAFT_VOCAB = "auto"  # --draft-vocab
 
@@ -305,9 +305,12 @@ def batched(settings: list[Heads]) -> list[Heads]:
 
 
 def bytes_per_weight(dtype: str, shipped: str) -> float:
-    """What one weight of a decoder matrix reads in our `dtype` (fp32 reads a Q4_0 / Q4_1 file's own codes)."""
+    """What one weight of a decoder matrix reads in our `dtype`, by the file's main type (fp32 reads a Q4_0 / Q4_1 /
+    Q4_K file's own codes; q4 a Q4_K file's with float32 scales)."""
     if dtype == "fp32" and shipped in Q4_TYPES:
         return 0.75  # 4-bit codes and one fp32 scale and offset per 32 weights (engine/fastlinear.py pack_q4)
+    if dtype == "q4" and shipped == "Q4_K":
+        return 0.75  # float32 d and m per 32 (engine/fastlinear.py pack_q4q)
     return OUR_BYTES[dtype]
 
 
