@@ -64,11 +64,13 @@ def test_the_rule_by_weight_type_device_and_kernels():
     assert auto_dtype("Q4_0", "cpu", int8_kernels=True)[0] == "q4"
     assert auto_dtype("Q4_K", "cpu", int8_kernels=True)[0] == "q4"  # its codes, float32 scales per 32
     assert auto_dtype("Q8_0", "cpu", int8_kernels=True)[0] == "int8"
-    for kept in ("F32", "F16", "BF16", "Q5_K", "Q6_K", None):  # the weights exactly: no faster precision keeps them
+    for fewer in ("Q5_0", "Q5_K", "Q6_K", "Q3_K"):  # under 8 bits, no 4-bit blocks to keep: int8, a rounding more
+        assert auto_dtype(fewer, "cpu", int8_kernels=True)[0] == "int8" and fewer in auto_dtype(fewer, "cpu")[1]
+    for kept in ("F32", "F16", "BF16", "TQ1_0", None):  # the weights exactly: no faster precision keeps them
         dtype, why = auto_dtype(kept, "cpu", int8_kernels=True)
         assert dtype == "fp32" and "exactly" in why, kept
     assert "an hf: folder or a model of ours" in auto_dtype(None, "cpu", int8_kernels=True)[1]
-    assert "Q6_K" in auto_dtype("Q6_K", "cpu", int8_kernels=True)[1]
+    assert "TQ1_0" in auto_dtype("TQ1_0", "cpu", int8_kernels=True)[1]
     # CUDA keeps fp32 (as before auto); so does a CPU without the int8 kernels, where q4 / int8 are only dequantised
     for t in ("Q4_1", "Q8_0", None):
         assert auto_dtype(t, "cuda", int8_kernels=True)[0] == "fp32"

@@ -111,8 +111,8 @@ def proposal_precision(proposal_dtype, dtype: str = "fp32", device="cpu") -> str
 
 # dtype "auto" on a CPU with the int8 kernels, by the model's weight type (a GGUF file's: the type most of its
 # matrices have): (dtype, why). Q4_0 / Q4_1 and Q8_0 follow the greedy speeds measured on a Q4_1 file
-# (docs/results-real-amx.md), Q4_K the kernels' (docs/experiments.md 8.15); 16/32-bit files keep fp32, which holds
-# them exactly. A type not listed, an hf: folder
+# (docs/results-real-amx.md), Q4_K the kernels' and the other sub-8-bit types a Q5_0 file's (docs/experiments.md
+# 8.15); 16/32-bit files keep fp32, which holds them exactly. A type not listed, an hf: folder
 # and a model of ours decode in AUTO_DTYPE_OTHER. docs/gguf.md shows this table to users.
 AUTO_DTYPE: dict[str, tuple[str, str]] = {
     "Q4_0": ("q4", "the file's own Q4_0 blocks with 8-bit activations, as llama.cpp's CPU backend runs them: the "
@@ -123,6 +123,9 @@ AUTO_DTYPE: dict[str, tuple[str, str]] = {
                    "activations, its other tensors in int8: over twice the fp32 kernels' speed on the same codes"),
     "Q8_0": ("int8", "the file's 8-bit weights re-scaled per row (a rounding beyond the file's), 8-bit "
                      "activations: int8's speed, well ahead of fp32's greedy"),
+    **{t: ("int8", f"the file's {t} weights re-scaled per row to 8 bits (a rounding beyond the file's), 8-bit "
+                   "activations: a quarter of fp32's bytes, about twice its greedy speed")
+       for t in ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")},
     "F32": ("fp32", "the file's F32 weights exactly; no faster precision keeps them"),
     "F16": ("fp32", "the file's F16 weights exactly; no faster precision keeps them (bf16 rounds them)"),
     "BF16": ("fp32", "the file's BF16 weights exactly (the native kernels read them as bf16); bf16 would round the "
