@@ -80,8 +80,9 @@ def q4k_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
     codes = torch.randint(0, 16, (n, k // 32, 32), generator=g).float()
     ds = (torch.rand(n, k // 256, 1, generator=g) * 0.001 + 1e-4).half().float().repeat_interleave(8, 1)
     dm = (ds * (2 + 8 * torch.rand(n, k // 32, 1, generator=g))).half().float()
-    sc, mn = torch.randint(1, 64, (n, k // 32, 1), generator=g).float(), torch.randint(0, 64, (n, k // 32, 1), generator=g)
-    return (ds * sc * codes - dm * mn.float()).reshape(n, k)
+    sc = torch.randint(1, 64, (n, k // 32, 1), generator=g).float()
+    mn = torch.randint(0, 64, (n, k // 32, 1), generator=g).float()
+    return (ds * sc * codes - dm * mn).reshape(n, k)
 
 
 def q4_linear(n: int, k: int):

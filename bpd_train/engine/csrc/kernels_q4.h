@@ -1,8 +1,8 @@
 // The Q4F kernels: fp32 arithmetic over weights stored as 4-bit codes, for weights that are 4-bit blocks exactly
 // (a GGUF's Q4_0 / Q4_1 / Q4_K tensors dequantised to fp32): w = fma(q, d, m), which is gguf's (d * q) + m because
 // d (half precision, or Q4_K's float32 with at most 20 significant bits) times a 4-bit q is exact in float32 (the
-// packer checks every weight against its fp32 value bit for bit), then one FMA per k into the row's accumulator in k order from zero: the fp32 kernels' chain, so the
-// same bits, from under a fifth of the bytes. AVX2 instructions (AVX-512 builds run them too).
+// packer checks every weight against its fp32 value bit for bit), then one FMA per k into the row's accumulator in
+// k order from zero: the fp32 kernels' chain, so the same bits, from under a fifth of the bytes. AVX2 instructions (AVX-512 builds run them too).
 // A part of the decode extension's one translation unit: linear.cpp includes every part in order, and
 // fastlinear.py compiles linear.cpp alone.
 #pragma once

@@ -159,7 +159,8 @@ static inline void q4q_half(const Q8Block* x, int64_t G, const uint8_t* w, int h
         si[i] = _mm256_add_epi32(si[i], _mm256_madd_epi16(p16, ones));
       }
     }
-    const __m256 dw = F ? _mm256_loadu_ps((const float*)(p + 32 * h)) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
+    const __m256 dw = F ? _mm256_loadu_ps((const float*)(p + 32 * h))
+                        : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
     const __m256 mw = F ? _mm256_loadu_ps((const float*)(p + 64 + 32 * h))
                         : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 32 + 16 * h)));
 #pragma GCC unroll 4
@@ -195,7 +196,7 @@ static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, floa
 template <bool F> struct Q4QKernT {
   using X = Q8Block; using WT = uint8_t;
   static constexpr int xw = 1;
-  static int64_t stride(int64_t G) { return 4 * G * q4q_group<F>(); }   // bytes per packed block of 64 rows (G = K / 32)
+  static int64_t stride(int64_t G) { return 4 * G * q4q_group<F>(); }   // bytes per block of 64 rows (G = K / 32)
   template <int R> static void blk(const X* x, int64_t G, const WT* w, float* o, const WT* nx) {
     q4q_block<R, F>(x, G, w, o, nx);
   }
