@@ -253,3 +253,24 @@ def test_match_verification_returns_plain_samplings_own_tokens(family, heads, mo
                     assert r.mean_accepted > 1.0, (how, look, kb)  # drafts were kept: not plain steps
     spec = native_blockwise(model, src, max_len=12, row_seeds=seeds, temperature=1.0, verify="speculative")
     assert spec.tokens != native_sample(model, src, max_len=12, row_seeds=seeds, temperature=1.0).tokens
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bf16", "q4"])
+def test_every_precision_samples_natively_and_match_keeps_its_tokens(dtype, monkeypatch):
+    """Each decode precision samples in the native loops: top_k = 1 is that precision's greedy decoding, and match
+    verification returns plain sampling's tokens in it (with and without lookup and narrow steps)."""
+    model = set_heads(MODELS["lm"](3), "right", monkeypatch)
+    src = torch.tensor([[1, 4, 6, 4, 6, 3], [1, 5, 3, 5, 3, 5], [1, 6, 6, 4, 4, 3], [1, 3, 7, 5, 7, 5]])
+    seeds = [70 + 5 * i for i in range(src.shape[0])]
+
+    def weights(**kw):
+        return PackedWeights(DecodeOptions(dtype=dtype, **kw))
+
+    greedy_ids = greedy(model, src, max_len=12, weights=weights()).tokens
+    assert native_sample(model, src, max_len=12, row_seeds=seeds, top_k=1, weights=weights()).tokens == greedy_ids
+    for look in ({}, {"lookup": 2, "narrow": 2}):
+        plain = native_sample(model, src, max_len=12, row_seeds=seeds, temperature=0.8, weights=weights(**look))
+        r = native_blockwise(
+            model, src, block_size=3, max_len=12, row_seeds=seeds, temperature=0.8, weights=weights(**look)
+        )
+        assert r.tokens == plain.tokens and r.mean_accepted > 1.0, look
