@@ -185,29 +185,27 @@ def test_trees_keep_q4_greedy_output():
             assert [blockwise(m, [p], max_len=30, weights=pw_m).tokens[0] for p in src] == g.tokens, (heads, lookup)
 
 
-def test_a_q4_gguf_keeps_its_4bit_blocks_and_decodes_exactly(tmp_path, monkeypatch, caplog):
+def q4_gguf(tmp_path, monkeypatch, caplog, qtypes: dict, default: str = "F32", **hf_kw):
+    """A tiny llama GGUF file with `qtypes` (name prefix -> type), loaded; its q4 weights packed: (model, tokenizer,
+    q4 weights, their PackedWeights, the q4 log lines)."""
     pytest.importorskip("gguf")
     from _gguf_files import bpe, hf_model, write_gguf
 
     monkeypatch.setenv("BPD_CACHE", str(tmp_path / "cache"))
     tokens, merges, types = bpe(320)
     eos = tokens.index("<|im_end|>")
-    hf = hf_model("llama", len(tokens), eos=eos, seed=0)
+    hf = hf_model("llama", len(tokens), eos=eos, **hf_kw)
     path = tmp_path / "q4.gguf"
-    qtypes = {"blk.0.attn": "Q8_0", "blk.0.ffn": "Q4_0", "blk.1.attn": "Q4_1", "blk.1.ffn": "Q4_1"}
-    write_gguf(path, hf, tokens, merges, types, arch="llama", eos=eos, qtypes={**qtypes, "output": "Q8_0"})
+    write_gguf(path, hf, tokens, merges, types, arch="llama", eos=eos, qtypes=qtypes, default=default)
     model, tok, _ = load_gguf(path, block_size=3, heads="medusa")
     pw_model = PackedWeights(DecodeOptions(dtype="q4"))
     with caplog.at_level(logging.INFO, logger="bpd_train.engine.lm"):
         w = pw_model.get(model)
-    # blk.0's attention is Q8_0: int8, not 4 bits again
-    assert [[lin.q4 for lin in layer] for layer in w.lin] == [[None, None, "file", "file"], ["file"] * 4]
-    assert [[lin.mode for lin in layer] for layer in w.lin] == [[4, 4, Q4, Q4], [Q4] * 4]
-    assert w.proj.mode in (2, 4)  # the vocabulary projection in int8
-    assert [r.getMessage() for r in caplog.records if "q4" in r.getMessage()] == [
-        "decode dtype q4: 6 of 8 layer linears keep the file's 4-bit blocks; the other 2 (not Q4_0 / Q4_1 / Q4_K "
-        "blocks of 32: Q5 / Q6 / Q8 types, F16 / F32 tensors) run in int8"
-    ]
+    return model, tok, w, pw_model, [r.getMessage() for r in caplog.records if "q4" in r.getMessage()]
+
+
+def blockwise_is_greedy(model, tok, pw_model) -> list:
+    """With random Medusa heads, exact blockwise decoding in a batch and alone is q4 greedy decoding; the rows."""
     with torch.no_grad():
         for p in model.head_parameters():
             p.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
@@ -216,6 +214,24 @@ def test_a_q4_gguf_keeps_its_4bit_blocks_and_decodes_exactly(tmp_path, monkeypat
     assert blockwise(model, rows, max_len=24, weights=pw_model).tokens == g.tokens
     for p, want in zip(rows, g.tokens):
         assert blockwise(model, [p], max_len=24, adaptive=False, weights=pw_model).tokens[0] == want
+    return rows
+
+
+KEPT_6_OF_8 = (
+    "decode dtype q4: 6 of 8 layer linears keep the file's 4-bit blocks; the other 2 (not Q4_0 / Q4_1 / Q4_K "
+    "blocks of 32: Q5 / Q6 / Q8 types, F16 / F32 tensors) run in int8"
+)
+
+
+def test_a_q4_gguf_keeps_its_4bit_blocks_and_decodes_exactly(tmp_path, monkeypatch, caplog):
+    qtypes = {"blk.0.attn": "Q8_0", "blk.0.ffn": "Q4_0", "blk.1.attn": "Q4_1", "blk.1.ffn": "Q4_1", "output": "Q8_0"}
+    model, tok, w, pw_model, said = q4_gguf(tmp_path, monkeypatch, caplog, qtypes, seed=0)
+    # blk.0's attention is Q8_0: int8, not 4 bits again
+    assert [[lin.q4 for lin in layer] for layer in w.lin] == [[None, None, "file", "file"], ["file"] * 4]
+    assert [[lin.mode for lin in layer] for layer in w.lin] == [[4, 4, Q4, Q4], [Q4] * 4]
+    assert w.proj.mode in (2, 4)  # the vocabulary projection in int8
+    assert said == [KEPT_6_OF_8]
+    rows = blockwise_is_greedy(model, tok, pw_model)
     # q4's decoder output is near fp32's (4-bit weights, 8-bit activations: a few per cent here)
     with torch.inference_mode():
         src = torch.full((len(rows), max(map(len, rows))), -1, dtype=torch.long)
@@ -231,33 +247,13 @@ def test_a_q4_gguf_keeps_its_4bit_blocks_and_decodes_exactly(tmp_path, monkeypat
 def test_a_k_quant_gguf_keeps_its_q4_k_blocks_and_decodes_exactly(tmp_path, monkeypatch, caplog):
     """Q4_K tensors (float32 scales per 32) keep their 4-bit codes in q4 (mode Q4QF); Q6_K runs in int8; exact
     blockwise decoding is q4 greedy decoding, alone and in a batch."""
-    pytest.importorskip("gguf")
-    from _gguf_files import bpe, hf_model, write_gguf
-
-    monkeypatch.setenv("BPD_CACHE", str(tmp_path / "cache"))
-    tokens, merges, types = bpe(320)
-    eos = tokens.index("<|im_end|>")
-    hf = hf_model("llama", len(tokens), d=256, d_ff=512, heads=4, kv=2, eos=eos, seed=3)
-    path = tmp_path / "q4k.gguf"
     qtypes = {"blk.0.attn": "Q4_K", "blk.0.ffn": "Q6_K", "blk.1": "Q4_K", "output": "Q8_0"}
-    write_gguf(path, hf, tokens, merges, types, arch="llama", eos=eos, qtypes=qtypes, default="F16")
-    model, tok, _ = load_gguf(path, block_size=3, heads="medusa")
-    pw_model = PackedWeights(DecodeOptions(dtype="q4"))
-    with caplog.at_level(logging.INFO, logger="bpd_train.engine.lm"):
-        w = pw_model.get(model)
+    model, tok, w, pw_model, said = q4_gguf(
+        tmp_path, monkeypatch, caplog, qtypes, default="F16", d=256, d_ff=512, heads=4, kv=2, seed=3
+    )
     assert [[lin.mode for lin in layer] for layer in w.lin] == [[Q4F32, Q4F32, 4, 4], [Q4F32] * 4]
-    assert [r.getMessage() for r in caplog.records if "q4" in r.getMessage()] == [
-        "decode dtype q4: 6 of 8 layer linears keep the file's 4-bit blocks; the other 2 (not Q4_0 / Q4_1 / Q4_K "
-        "blocks of 32: Q5 / Q6 / Q8 types, F16 / F32 tensors) run in int8"
-    ]
-    with torch.no_grad():
-        for p in model.head_parameters():
-            p.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
-    rows = tok.encode(["the quick brown fox", "hello world, how", "good morning to you 12345 and"])
-    g = greedy(model, rows, max_len=24, weights=pw_model)
-    assert blockwise(model, rows, max_len=24, weights=pw_model).tokens == g.tokens
-    for p, want in zip(rows, g.tokens):
-        assert blockwise(model, [p], max_len=24, adaptive=False, weights=pw_model).tokens[0] == want
+    assert said == [KEPT_6_OF_8]
+    blockwise_is_greedy(model, tok, pw_model)
 
 
 AVX2_Q4 = """
