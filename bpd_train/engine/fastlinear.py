@@ -290,58 +290,59 @@ _OFFSET_STEPS = (0, 1, -1, 2, -2)
 
 def _float_scales(b: Tensor, lo: Tensor, span: Tensor, todo: Tensor, codes: Tensor, d: Tensor) -> bool:
     """q4_blocks for the groups `todo` still holds, with float32 scales and offsets (Q4_K: d = d256 * sc and
-    m = -dmin * mn, exact in float32; a group need not hold code 0). A group's scale is about its smallest gap
-    between two weights, so its codes span t = range / gap; the scale is then range / t on the grid of float32 values
-    whose low 4 bits are zero (times a 4-bit code: exact), the offset is the middle of the interval every weight's
-    rounding allows it, the lowest code c from 0 up; each candidate checked weight by weight. Fills codes,
-    d and lo (the offsets) in place; False where a group matches none (or most groups miss the first try: not
-    blocks)."""
+    m = -dmin * mn, exact in float32; a group need not hold code 0). Most groups use codes 0 and 15 (llama.cpp's
+    quantizer maps a group's extremes there); for the others a group's scale is about its smallest gap between two
+    weights, so its codes span t = range / gap. The scale is then range / t on the grid of float32 values whose low 4
+    bits are zero (times a 4-bit code: exact), the offset the middle of the interval every weight's rounding allows
+    it, the lowest code c from 0 up; each candidate checked weight by weight. Fills codes, d and lo (the offsets) in
+    place; False where a group matches none (or most groups miss the first try: not blocks)."""
+    tops = torch.full(todo.shape, 15, dtype=torch.int64)
+
+    def attempt(dt: int, ds: int, c: int) -> None:
+        idx = (todo & (tops + dt >= 0) & (tops + dt + c <= 15)).nonzero(as_tuple=True)
+        if not idx[0].numel():
+            return
+        bb, low = b[idx], lo[idx].unsqueeze(-1)  # [G,32], [G,1]
+        t = (tops[idx] + dt).double()
+        d0 = torch.where(t > 0, span[idx].double() / t.clamp(min=1), 0.0).float().view(torch.int32)
+        dd = (((d0 + 8) & ~15) + ds).clamp(min=0).view(torch.float32).unsqueeze(-1)  # [G,1], low 4 bits 0
+        q = torch.where(dd > 0, ((bb - low) / dd).round(), torch.zeros_like(bb))
+        q = torch.minimum(q, t.float().unsqueeze(-1)).clamp(min=0) + c
+        # each weight bounds the offset to within half its ulp of (weight - d * code): the middle of where all 32
+        # bounds meet (an offset near zero beside large weights has many float32 values there)
+        r = bb.double() - dd.double() * q.double()
+        half = (torch.nextafter(bb.abs(), torch.tensor(float("inf"))) - bb.abs()).double() / 2
+        m0 = (((r - half).amax(-1) + (r + half).amin(-1)) / 2).float().unsqueeze(-1).view(torch.int32)
+        for ms in _OFFSET_STEPS:
+            mm = (m0 + ms).view(torch.float32)
+            ok = ((dd * q + mm) == bb).all(-1)  # dd * q exact: one rounding, as the kernels' FMA
+            if not ok.any():
+                continue
+            good = tuple(i[ok] for i in idx)
+            codes[good] = q[ok].to(torch.uint8)
+            d[good] = dd[ok].squeeze(-1)
+            lo[good] = mm[ok].squeeze(-1)
+            todo[good] = False
+            keep = ~ok
+            idx = tuple(i[keep] for i in idx)
+            if not idx[0].numel():
+                return
+            bb, q, dd, m0 = bb[keep], q[keep], dd[keep], m0[keep]
+
+    attempt(0, 0, 0)
+    if todo.float().mean() > 0.75:
+        return False
     idx = todo.nonzero(as_tuple=True)
-    bb = b[idx]
-    srt = bb.sort(-1).values
+    srt = b[idx].sort(-1).values
     gap = srt[:, 1:] - srt[:, :-1]
     gap = torch.where(gap > 0, gap, torch.full_like(gap, float("inf"))).amin(-1)
-    tops = torch.zeros(todo.shape, dtype=torch.int64)
     tops[idx] = torch.where(gap.isfinite(), (span[idx] / gap).round(), torch.zeros_like(gap)).clamp(0, 15).long()
-    first = True
     for dt in (0, -1, 1):
         for ds in _SCALE_STEPS:
             for c in range(16):
-                idx = (todo & (tops + dt >= 0) & (tops + dt + c <= 15)).nonzero(as_tuple=True)
-                if not idx[0].numel():
-                    if not todo.any():
-                        return True
-                    continue
-                bb, low = b[idx], lo[idx].unsqueeze(-1)  # [G,32], [G,1]
-                t = (tops[idx] + dt).double()
-                d0 = torch.where(t > 0, span[idx].double() / t.clamp(min=1), 0.0).float().view(torch.int32)
-                dd = (((d0 + 8) & ~15) + ds).clamp(min=0).view(torch.float32).unsqueeze(-1)  # [G,1], low 4 bits 0
-                q = torch.where(dd > 0, ((bb - low) / dd).round(), torch.zeros_like(bb))
-                q = torch.minimum(q, t.float().unsqueeze(-1)).clamp(min=0) + c
-                # each weight bounds the offset to within half its ulp of (weight - d * code): the middle of where
-                # all 32 bounds meet (an offset near zero beside large weights has many float32 values there)
-                r = bb.double() - dd.double() * q.double()
-                half = (torch.nextafter(bb.abs(), torch.tensor(float("inf"))) - bb.abs()).double() / 2
-                m0 = (((r - half).amax(-1) + (r + half).amin(-1)) / 2).float().unsqueeze(-1).view(torch.int32)
-                for ms in _OFFSET_STEPS:
-                    mm = (m0 + ms).view(torch.float32)
-                    ok = ((dd * q + mm) == bb).all(-1)  # dd * q exact: one rounding, as the kernels' FMA
-                    if not ok.any():
-                        continue
-                    good = tuple(i[ok] for i in idx)
-                    codes[good] = q[ok].to(torch.uint8)
-                    d[good] = dd[ok].squeeze(-1)
-                    lo[good] = mm[ok].squeeze(-1)
-                    todo[good] = False
-                    keep = ~ok
-                    idx = tuple(i[keep] for i in idx)
-                    if not idx[0].numel():
-                        break
-                    bb, q, dd, m0 = bb[keep], q[keep], dd[keep], m0[keep]
-                if first:
-                    first = False
-                    if todo.float().mean() > 0.75:
-                        return False
+                if not todo.any():
+                    return True
+                attempt(dt, ds, c)
     return not todo.any()
 
 
