@@ -78,8 +78,9 @@ def q4k_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
     are not half-precision ones; w = (d * code) - m rounded to float32 as gguf's dequantize does."""
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 16, (n, k // 32, 32), generator=g).float()
+    codes[..., 0], codes[..., 1] = 0.0, 15.0  # (llama.cpp's quantizer puts nearly every group's extremes there)
     ds = (torch.rand(n, k // 256, 1, generator=g) * 0.001 + 1e-4).half().float().repeat_interleave(8, 1)
-    dm = (ds * (2 + 8 * torch.rand(n, k // 32, 1, generator=g))).half().float()
+    dm = (ds * (2 + 8 * torch.rand(n, k // 256, 1, generator=g)).repeat_interleave(8, 1)).half().float()
     sc = torch.randint(1, 64, (n, k // 32, 1), generator=g).float()
     mn = torch.randint(0, 64, (n, k // 32, 1), generator=g).float()
     return (ds * sc * codes - dm * mn).reshape(n, k)
@@ -176,11 +177,11 @@ def bench_kernels(sizes, threads: int = 1, rows=(1, 4, 8, 16, 32, 128), reps: in
                 lins[Q4_NAME] = q4.lin
                 fams.append((name := "q4 " + ("vpdpbusd" if ext.q4q_vnni() else "vpmaddubsw (AVX2)"), 7, False))
                 lins[name] = PackedLinear(q4_weight(n, k), None, "q4").lin  # x int8 per 32 (csrc/kernels_q4q.h)
-            if k % 256 == 0:  # a GGUF's Q4_K weights: float32 scales per 32, in fp32 (Q4F) and q4 (Q4QF)
+            if k % 256 == 0:  # a GGUF's Q4_K weights: float32 scales per 32 in fp32 (Q4F), its own scales in q4 (Q4QK)
                 wk = q4k_weight(n, k)
                 for name, dt in (("fp32 from Q4_K codes", "fp32"), ("q4 from Q4_K blocks", "q4")):
                     p = PackedLinear(wk, None, dt, quantize=False)
-                    if p.lin is not None and p.mode in (6, 8):
+                    if p.lin is not None and p.mode in (6, 9):
                         fams.append((name, p.mode, False))
                         lins[name] = p.lin
             for r in rows:

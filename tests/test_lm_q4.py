@@ -11,7 +11,7 @@ import torch
 
 from bpd_train.decoding import blockwise, greedy
 from bpd_train.decoding.settings import DecodeSettings
-from bpd_train.engine.fastlinear import PackedLinear, native_kernels, q4_weight
+from bpd_train.engine.fastlinear import PackedLinear, native_kernels, pack_q4q, q4_weight, q4k_form
 from bpd_train.engine.packed import DecodeOptions, parse_tree
 from bpd_train.engine.weights import PackedWeights
 from bpd_train.model import LMConfig, LMModel
@@ -20,7 +20,7 @@ from tests.test_lm_engine import prompts
 
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native decode kernels not built on this machine")
 
-Q4, Q4F32 = 7, 8  # fastlinear._Q4Q / _Q4QF (csrc/vec.h Modes Q4Q, Q4QF)
+Q4, Q4F32, Q4K = 7, 8, 9  # fastlinear._Q4Q / _Q4QF / _Q4QK (csrc/vec.h Modes Q4Q, Q4QF, Q4QK)
 SIZES = [(100, 64), (192, 576), (64, 1536), (70, 32)]
 K_SIZES = [(100, 256), (192, 512), (64, 1536), (70, 256)]  # Q4_K: rows of whole 256-weight blocks
 
@@ -55,7 +55,7 @@ def gguf_weight(qtype: str, n: int, k: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("source", ["Q4_0", "Q4_1", "Q4_K", "fp32"])
 def test_q4_rows_are_the_same_bits_alone_in_batches_any_order_and_thread_count(source):
-    kq = source == "Q4_K"  # float32 scales and offsets (mode Q4QF, 0.75 bytes a weight)
+    kq = source == "Q4_K"  # the file's 6-bit scales and offsets per 32 (mode Q4QK, 0.578 bytes a weight)
     for n, k in K_SIZES if kq else SIZES:
         if kq:
             pytest.importorskip("gguf")
@@ -66,9 +66,13 @@ def test_q4_rows_are_the_same_bits_alone_in_batches_any_order_and_thread_count(s
             w = gguf_weight(source, n, k, n + k) if source != "fp32" else torch.randn(n, k)
         b = torch.randn(n)
         lin = PackedLinear(w, b, "q4")
-        assert lin.mode == (Q4F32 if kq else Q4) and lin.q4 == ("load" if source == "fp32" else "file")
+        assert lin.mode == (Q4K if kq else Q4) and lin.q4 == ("load" if source == "fp32" else "file")
         codes, d, m, kept = q4_weight(w)
         assert d.dtype == m.dtype == (torch.float32 if kq else torch.float16)
+        if kq:  # the kernel's form: the file's codes, d = d256 * sc and m = -(dmin256 * mn)
+            codes, d256, sc, m256, mn = q4k_form(w, codes, d, m)
+            d = d256.float().repeat_interleave(8, 1) * sc.float()
+            m = -(m256.float().repeat_interleave(8, 1) * mn.float())
         if kept:  # the file's weights exactly: d * code + m in exact arithmetic (Q4_K: then rounded to float32)
             rebuilt = codes.view(n, -1, 32).double() * d.double().unsqueeze(-1) + m.double().unsqueeze(-1)
             assert torch.equal(rebuilt.view(n, k).float() if kq else rebuilt.view(n, k), w if kq else w.double())
@@ -76,8 +80,8 @@ def test_q4_rows_are_the_same_bits_alone_in_batches_any_order_and_thread_count(s
             step = d.float().repeat_interleave(32, 1)
             rebuilt = codes.float() * step + m.float().repeat_interleave(32, 1)
             assert ((rebuilt - w).abs() <= 0.51 * step + 1e-3).all()
-        # 4-bit codes, two halves (floats) per 32: 0.625 (0.75) bytes a weight
-        assert lin.nbytes == -(-n // 64) * 64 * k * (6 if kq else 5) // 8
+        # 4-bit codes, two halves per 32: 0.625 bytes a weight (Q4_K: two bytes per 32, two halves per 256: 0.578)
+        assert lin.nbytes == -(-n // 64) * 64 * k * (37 if kq else 40) // 64
         x = torch.randn(11, k) * torch.linspace(0.1, 3.0, k)  # blocks of different scales
         y = lin(x)
         ref, mag = reference(x, codes, d, m)
@@ -97,6 +101,33 @@ def test_q4_rows_are_the_same_bits_alone_in_batches_any_order_and_thread_count(s
             assert torch.equal(lin(x), y)
         finally:
             torch.set_num_threads(before)
+
+
+def test_q4_k_scales_as_the_file_holds_them_give_the_float32_scales_bits():
+    """Mode Q4QK (d = d256 * sc, m = -(dmin256 * mn) formed in the kernel) gives the bits of mode Q4QF (d and m
+    stored as float32) for the same codes, d and m: the products are exact; and where a group's offset is not a
+    6-bit multiple of a half per 256, the float32 form stays."""
+    pytest.importorskip("gguf")
+    from _gguf_files import q4_k_weight
+
+    ext = native_kernels()
+    for n, k, seed in [(100, 256, 0), (64, 1536, 2), (70, 512, 3)]:
+        w = q4_k_weight(n, k, seed)
+        lin = PackedLinear(w, None, "q4", quantize=False)
+        assert lin.mode == Q4K
+        codes, d256, sc, m256, mn = q4k_form(w, *q4_weight(w)[:3])
+        d = d256.float().repeat_interleave(8, 1) * sc.float()
+        m = -(m256.float().repeat_interleave(8, 1) * mn.float())
+        ref = ext.Lin(pack_q4q(codes, d, m), None, None, n, k, Q4F32)
+        x = torch.randn(11, k, generator=torch.Generator().manual_seed(seed))
+        for rows in range(1, 12):
+            assert torch.equal(lin(x[:rows]).view(torch.int32), ref(x[:rows]).view(torch.int32)), (n, k, rows)
+    g = torch.Generator().manual_seed(5)  # float32 scales that are not 6-bit multiples of a half: Q4QF
+    codes = torch.randint(0, 16, (64, 8, 32), generator=g).float()
+    codes[..., 0], codes[..., 1] = 0, 15
+    dd = torch.rand(64, 8, 1, generator=g).mul(0.01).add(0.001).view(torch.int32).bitwise_and(~15).view(torch.float32)
+    lin = PackedLinear((dd * codes - 0.03).view(64, 256), None, "q4", quantize=False)
+    assert lin.mode == Q4F32
 
 
 def test_weights_that_cannot_be_q4_blocks_run_in_int8():
@@ -245,13 +276,13 @@ def test_a_q4_gguf_keeps_its_4bit_blocks_and_decodes_exactly(tmp_path, monkeypat
 
 
 def test_a_k_quant_gguf_keeps_its_q4_k_blocks_and_decodes_exactly(tmp_path, monkeypatch, caplog):
-    """Q4_K tensors (float32 scales per 32) keep their 4-bit codes in q4 (mode Q4QF); Q6_K runs in int8; exact
-    blockwise decoding is q4 greedy decoding, alone and in a batch."""
+    """Q4_K tensors keep their 4-bit codes and 6-bit scales in q4 (mode Q4QK); Q6_K runs in int8; exact blockwise
+    decoding is q4 greedy decoding, alone and in a batch."""
     qtypes = {"blk.0.attn": "Q4_K", "blk.0.ffn": "Q6_K", "blk.1": "Q4_K", "output": "Q8_0"}
     model, tok, w, pw_model, said = q4_gguf(
         tmp_path, monkeypatch, caplog, qtypes, default="F16", d=256, d_ff=512, heads=4, kv=2, seed=3
     )
-    assert [[lin.mode for lin in layer] for layer in w.lin] == [[Q4F32, Q4F32, 4, 4], [Q4F32] * 4]
+    assert [[lin.mode for lin in layer] for layer in w.lin] == [[Q4K, Q4K, 4, 4], [Q4K] * 4]
     assert said == [KEPT_6_OF_8]
     blockwise_is_greedy(model, tok, pw_model)
 

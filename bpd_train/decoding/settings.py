@@ -119,7 +119,7 @@ AUTO_DTYPE: dict[str, tuple[str, str]] = {
                    "fastest greedy measured"),
     "Q4_1": ("q4", "the file's own Q4_1 blocks with 8-bit activations, as llama.cpp's CPU backend runs them: the "
                    "fastest greedy measured"),
-    "Q4_K": ("q4", "the file's own Q4_K blocks (4-bit codes, a float32 scale and offset per 32) with 8-bit "
+    "Q4_K": ("q4", "the file's own Q4_K blocks (4-bit codes, 6-bit scales and offsets per 32) with 8-bit "
                    "activations, its other tensors in int8: over twice the fp32 kernels' speed on the same codes"),
     "Q8_0": ("int8", "the file's 8-bit weights re-scaled per row (a rounding beyond the file's), 8-bit "
                      "activations: int8's speed, well ahead of fp32's greedy"),

@@ -40,7 +40,8 @@ _COMPUTE_MODE = {"bf16": 3, "int8": 4}  # csrc/vec.h Mode BF16D / I8D: activatio
 _BF16_AMX = 5  # csrc/vec.h Mode BF16A: bf16 x bf16 on AMX tiles, every row count
 Q4F = 6  # csrc/vec.h Mode Q4F: fp32 arithmetic over 4-bit codes (weights that are such blocks exactly)
 _Q4Q = 7  # csrc/vec.h Mode Q4Q: 4-bit codes (half-precision d, m per 32) x int8 activations per block of 32
-_Q4QF = 8  # csrc/vec.h Mode Q4QF: the same with float32 d, m (a GGUF's Q4_K blocks)
+_Q4QF = 8  # csrc/vec.h Mode Q4QF: the same with float32 d, m
+_Q4QK = 9  # csrc/vec.h Mode Q4QK: the same with a GGUF's Q4_K scales as the file holds them
 Q4_GROUP = 32  # weights of a row per scale and offset (GGUF's Q4_0 / Q4_1 blocks)
 _lock = threading.Lock()
 _ext = None
@@ -421,6 +422,94 @@ def q4_weight(w: Tensor, quantize: bool = True) -> tuple[Tensor, Tensor, Tensor,
     return q.to(torch.uint8).view(n, k), dh, mh, False
 
 
+def _six_bit(v: Tensor) -> tuple[Tensor, Tensor] | None:
+    """v [N, G] >= 0 (G a multiple of 8) as a half-precision value per 8 groups times a 6-bit integer per group
+    (Q4_K's scales): (s [N, G/8] float16, q [N, G] uint8) with s * q == v exactly, or None."""
+    n, g = v.shape
+    vb = v.view(n, g // 8, 8)
+    top_v = vb.amax(-1)
+    s, q = torch.zeros(n, g // 8), torch.zeros(vb.shape)
+    todo = top_v > 0
+    for top in range(63, 0, -1):
+        for step in (0, 1, -1):
+            idx = todo.nonzero(as_tuple=True)
+            if not idx[0].numel():
+                return s.half(), q.to(torch.uint8).view(n, g)
+            c = (top_v[idx] / top).half()
+            if step:
+                c = (c.view(torch.int16) + step).clamp(min=0).view(torch.float16)
+            c = c.float().unsqueeze(-1)
+            qq = torch.where(c > 0, (vb[idx] / c).round(), torch.zeros_like(vb[idx])).clamp(0, 63)
+            ok = (c * qq == vb[idx]).all(-1)  # c * qq exact: 11 bits times 6
+            good = tuple(i[ok] for i in idx)
+            s[good], q[good], todo[good] = c[ok].squeeze(-1), qq[ok], False
+    return None if todo.any() else (s.half(), q.to(torch.uint8).view(n, g))
+
+
+def _six_bit_offsets(w: Tensor, q: Tensor, d: Tensor, mid: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+    """Q4_K's offsets for the groups w [N, G, 32] with codes q and scales d (float32 [N, G]): a half-precision dmin
+    per 8 groups times a 6-bit mn per group, with each group's codes shifted up by c (0..15 - its top code: where
+    q4_blocks gave code 0 to a weight the file coded higher), such that every weight == d * (q + c) - dmin * mn
+    rounded once: (dmin [N, G/8] float16, mn [N, G] uint8, c [N, G] uint8), or None. mid: each group's offset
+    magnitude as found (its middle), which places dmin: the groups that use code 15 cannot shift, so the largest
+    of their offsets is dmin times the largest mn (63 in llama.cpp's files, else lower)."""
+    n, g, _ = w.shape
+    sh = (n, g // 8, 8)
+    w4, q4, d4 = w.view(*sh, 32), q.view(*sh, 32), d.view(*sh, 1)
+    room = (15 - q.amax(-1)).view(sh)
+    mid3 = mid.view(sh)  # (below zero where the group's codes start lower than the file's)
+    fixed = room == 0
+    top_v = torch.where(fixed.any(-1), torch.where(fixed, mid3, 0.0).amax(-1), mid3.amax(-1)).clamp(min=0)
+    dmin, mn, shift = torch.zeros(n, g // 8), torch.zeros(sh), torch.zeros(sh)
+    todo = torch.ones(n, g // 8, dtype=torch.bool)
+    for top in [0] + list(range(63, 0, -1)):
+        for step in (0, 1, -1) if top else (0,):
+            idx = todo.nonzero(as_tuple=True)
+            if not idx[0].numel():
+                return dmin.half(), mn.to(torch.uint8).view(n, g), shift.to(torch.uint8).view(n, g)
+            c = (top_v[idx] / max(top, 1)).half() if top else torch.zeros(len(idx[0]), dtype=torch.float16)
+            if step:
+                c = (c.view(torch.int16) + step).clamp(min=0).view(torch.float16)
+            c = c.float().view(-1, 1, 1)  # [B, 1, 1]
+            ww, qq, dd, mm, rr = w4[idx], q4[idx], d4[idx], mid3[idx].unsqueeze(-1), room[idx]
+            got, kk = torch.full(rr.shape, -1.0), torch.zeros(rr.shape)
+            for s in range(16):
+                k = torch.where(c > 0, ((mm + dd * s) / c).round(), torch.zeros_like(mm)).clamp(0, 63)
+                fit = ((dd * (qq + s) - c * k) == ww).all(-1) & (s <= rr) & (got < 0)  # products exact: one rounding
+                got[fit], kk[fit] = float(s), k.squeeze(-1)[fit]
+            ok = (got >= 0).all(-1)
+            good = tuple(i[ok] for i in idx)
+            dmin[good], mn[good], shift[good] = c.view(-1)[ok], kk[ok], got[ok]
+            todo[good] = False
+    return None if todo.any() else (dmin.half(), mn.to(torch.uint8).view(n, g), shift.to(torch.uint8).view(n, g))
+
+
+def q4k_form(w: Tensor, codes: Tensor, d: Tensor, m: Tensor):
+    """Q4_K's own form of q4_blocks' float32-scale blocks of w [N, K] (K a multiple of 256): (codes [N, K] uint8,
+    d256 [N, K/256] and dmin256 float16, sc [N, K/32] and mn uint8 in 0..63) with every weight == (d256 * sc) * code
+    - dmin256 * mn, rounded once; or None (the blocks then keep a float32 d and m per 32). q4_blocks' offset rebuilds
+    its group but need not be the file's (nor its lowest code the file's), so each group's offset may be any value
+    its 32 weights' roundings allow, with its codes shifted up; the result is checked weight by weight."""
+    n, k = w.shape
+    if k % 256 or d.dtype != torch.float32 or bool((d < 0).any()):
+        return None
+    g = k // Q4_GROUP
+    ds = _six_bit(d)
+    if ds is None:
+        return None
+    b, q = w.view(n, g, Q4_GROUP), codes.view(n, g, Q4_GROUP).float()
+    ms = _six_bit_offsets(b, q, d, -m)
+    if ms is None:
+        return None
+    (d256, sc), (m256, mn, shift) = ds, ms
+    q = q + shift.unsqueeze(-1).float()
+    dd = (d256.float().repeat_interleave(8, 1) * sc.float()).unsqueeze(-1)
+    mm = -(m256.float().repeat_interleave(8, 1) * mn.float()).unsqueeze(-1)
+    if not torch.equal((dd * q + mm).view(n, k), w):
+        return None
+    return q.to(torch.uint8).view(n, k), d256, sc, m256, mn
+
+
 def pack_q4q(codes: Tensor, d: Tensor, m: Tensor) -> Tensor:
     """The Q4Q kernels' layout (csrc/kernels_q4q.h) of q4_weight's form: per block of 64 rows (zero-padded), 4
     sub-blocks of 16 rows, per group of 32 k: d[16], m[16] (float16 bytes; float32 where d and m are: mode Q4QF),
@@ -440,6 +529,28 @@ def pack_q4q(codes: Tensor, d: Tensor, m: Tensor) -> Tensor:
         return v.reshape(np_ // 64, 4, 16, g).permute(0, 1, 3, 2).contiguous().view(torch.uint8)
 
     return torch.cat([groups(d), groups(m), nib], -1).reshape(-1).contiguous()
+
+
+def pack_q4qk(codes: Tensor, d256: Tensor, sc: Tensor, m256: Tensor, mn: Tensor) -> Tensor:
+    """The Q4QK layout (csrc/kernels_q4q.h) of q4k_form's output: per block of 64 rows (zero-padded), 4 sub-blocks
+    of 16 rows, per 256 k: d256[16], dmin256[16] (float16 bytes), then per group of 32 k: sc[16], mn[16] (bytes) and
+    the codes as pack_q4q lays them (0.578 bytes a weight)."""
+    n, k = codes.shape
+    np_, g, s = -(-n // 64) * 64, k // Q4_GROUP, k // 256
+    pad = np_ - n
+    if pad:
+        codes = torch.cat([codes, codes.new_zeros(pad, k)])
+        d256, m256 = torch.cat([d256, d256.new_zeros(pad, s)]), torch.cat([m256, m256.new_zeros(pad, s)])
+        sc, mn = torch.cat([sc, sc.new_zeros(pad, g)]), torch.cat([mn, mn.new_zeros(pad, g)])
+    c = codes.view(np_ // 64, 4, 16, g, 2, 4, 4).permute(0, 1, 3, 4, 5, 2, 6)  # [blocks, 4, g, half, t, 16 rows, j]
+    nib = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(np_ // 64, 4, s, 8, 256)
+
+    def rows(v: Tensor, per: int) -> Tensor:  # [N, per] -> [blocks, 4, per, 16 rows] as bytes
+        return v.reshape(np_ // 64, 4, 16, per).permute(0, 1, 3, 2).contiguous().view(torch.uint8)
+
+    groups = torch.cat([rows(sc, g).view(np_ // 64, 4, s, 8, 16), rows(mn, g).view(np_ // 64, 4, s, 8, 16), nib], -1)
+    head = torch.cat([rows(d256, s), rows(m256, s)], -1)  # [blocks, 4, s, 64]
+    return torch.cat([head, groups.reshape(np_ // 64, 4, s, 8 * 288)], -1).reshape(-1).contiguous()
 
 
 class PackedLinear:
@@ -480,7 +591,11 @@ class PackedLinear:
                     amx()  # int8 takes the tiles from 4 rows on (the same bits): follow BPD_AMX now
             lossless = dtype == "fp32" and not screen and env_on("BPD_COMPACT")
             blocks = q4_blocks(w) if lossless else None
-            if q4 is not None:  # 4-bit codes x int8 activations per block of 32
+            kq = q4k_form(w.cpu(), *q4[:3]) if q4 is not None and self.mode == _Q4QF else None
+            if kq is not None:  # Q4_K blocks with the file's own scales: 0.578 bytes a weight
+                self.mode = _Q4QK
+                packed = [pack_q4qk(*kq)]
+            elif q4 is not None:  # 4-bit codes x int8 activations per block of 32
                 packed = [pack_q4q(*q4[:3])]
             elif blocks is not None:  # 4-bit blocks exactly (a GGUF's Q4 tensors): the fp32 bits from 1/5 the bytes
                 self.mode = Q4F

@@ -22,11 +22,37 @@ static_assert(sizeof(Q8Block) == 40, "Q8Block: 40 bytes");
 
 // Packed layout (engine/fastlinear.py pack_q4q): per block of 64 weight rows, 4 sub-blocks of 16 rows, each [K/32]
 // groups of Q4QG bytes: d[16] and m[16] (half precision), then 4 chunks of 64 bytes, chunk t holding row n's codes
-// of k = 4t..4t+3 in bytes 4n..4n+3 (low nibbles) and of k = 16+4t..16+4t+3 (high nibbles). F (mode Q4QF): d and m
-// as float32 (a K-quant's scales: a half-precision scale per 256 times a 6-bit one per 32), Q4QG_F bytes a group.
-constexpr int64_t Q4QG = 320, Q4QG_F = 384;
-template <bool F> constexpr int64_t q4q_group() { return F ? Q4QG_F : Q4QG; }
-template <bool F> constexpr int64_t q4q_head() { return F ? 128 : 64; }   // bytes of d and m before the codes
+// of k = 4t..4t+3 in bytes 4n..4n+3 (low nibbles) and of k = 16+4t..16+4t+3 (high nibbles). Layout F (mode
+// Q4QF): d and m as float32, 384 bytes a group. Layout F = 2 (mode Q4QK, a GGUF's Q4_K as the file holds it): per 8
+// groups (256 k) d256[16] and dmin256[16] (half precision), then per group sc[16] and mn[16] (6-bit integers in
+// bytes) and the codes: d = d256 * sc and m = -(dmin256 * mn), both exact in float32 (2368 bytes per 8 groups).
+constexpr int64_t Q4QG = 320, Q4QG_F = 384, Q4QK_SB = 2368;
+template <int F> constexpr int64_t q4q_group() { return F == 0 ? Q4QG : F == 1 ? Q4QG_F : Q4QK_SB / 8; }   // (mean)
+// group g's bytes: its codes (256 bytes) and, layouts 0 / 1, its d and m
+template <int F> static inline const uint8_t* q4q_at(const uint8_t* w, int64_t g) {
+  return F == 2 ? w + (g >> 3) * Q4QK_SB + 64 + (g & 7) * 288 : w + g * q4q_group<F>();
+}
+template <int F> static inline const uint8_t* q4q_codes(const uint8_t* w, int64_t g) {
+  return q4q_at<F>(w, g) + (F == 0 ? 64 : F == 1 ? 128 : 32);
+}
+// the d and m of rows 8h..8h+7 (AVX2) of group g
+template <int F> static inline void q4q_dm8(const uint8_t* w, int64_t g, int h, __m256& dw, __m256& mw) {
+  const uint8_t* p = q4q_at<F>(w, g);
+  if (F == 0) {
+    dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
+    mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 32 + 16 * h)));
+  } else if (F == 1) {
+    dw = _mm256_loadu_ps((const float*)(p + 32 * h));
+    mw = _mm256_loadu_ps((const float*)(p + 64 + 32 * h));
+  } else {
+    const uint8_t* sb = w + (g >> 3) * Q4QK_SB;
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8 * h))));
+    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 16 + 8 * h))));
+    dw = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sb + 16 * h))), sc);
+    mw = _mm256_xor_ps(_mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sb + 32 + 16 * h))), mn),
+                       _mm256_set1_ps(-0.0f));
+  }
+}
 
 // quantise rows x [M][K] (K a multiple of 32) into Q8Blocks [M][K/32]
 static void q8_rows(const float* x, int64_t M, int64_t K, Q8Block* out) {
@@ -66,9 +92,8 @@ static void q8_rows(const float* x, int64_t M, int64_t K, Q8Block* out) {
 // one row's 8 dependent vpdpbusd per block would wait on their latency), added at the block's end (exact). With
 // one or two rows (H) the high nibbles are multiplied in place (v & 0xf0: 16 x the code, no shift per 64 bytes) and
 // their chain divided by 16 at the block's end (an exact shift: every product is a multiple of 16).
-template <int R, int S, bool F>
+template <int R, int S, int F>
 static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64_t ss, float* out) {
-  constexpr int64_t GB = q4q_group<F>(), HD = q4q_head<F>();
   constexpr int C = R * S <= 4 ? 2 : 1;
   constexpr bool H = C == 2 && R <= 2;
   __m512 acc[R][S];
@@ -89,7 +114,7 @@ static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64
     for (int t = 0; t < 4; t++) {
 #pragma GCC unroll 4
       for (int s = 0; s < S; s++) {
-        const __m512i v = _mm512_loadu_si512((const void*)(w + s * ss + g * GB + HD + 64 * t));
+        const __m512i v = _mm512_loadu_si512((const void*)(q4q_codes<F>(w + s * ss, g) + 64 * t));
         const __m512i lo = _mm512_and_si512(v, nib);
         const __m512i hi = H ? _mm512_andnot_si512(nib, v) : _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
 #pragma GCC unroll 8
@@ -102,10 +127,21 @@ static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64
     }
 #pragma GCC unroll 4
     for (int s = 0; s < S; s++) {
-      const uint8_t* p = w + s * ss + g * GB;
-      const __m512 dw = F ? _mm512_loadu_ps((const float*)p) : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
-      const __m512 mw = F ? _mm512_loadu_ps((const float*)(p + 64))
-                          : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32)));
+      const uint8_t* p = q4q_at<F>(w + s * ss, g);
+      __m512 dw, mw;
+      if (F == 0) {
+        dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+        mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32)));
+      } else if (F == 1) {
+        dw = _mm512_loadu_ps((const float*)p);
+        mw = _mm512_loadu_ps((const float*)(p + 64));
+      } else {   // rows 0-7 and 8-15 as the AVX2 form reads them
+        __m256 d0, m0, d1, m1;
+        q4q_dm8<F>(w + s * ss, g, 0, d0, m0);
+        q4q_dm8<F>(w + s * ss, g, 1, d1, m1);
+        dw = _mm512_insertf32x8(_mm512_castps256_ps512(d0), d1, 1);
+        mw = _mm512_insertf32x8(_mm512_castps256_ps512(m0), m1, 1);
+      }
 #pragma GCC unroll 8
       for (int i = 0; i < R; i++) {
         const __m512i sum = C == 1 ? si[i][s][0]
@@ -122,7 +158,7 @@ static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64
     for (int s = 0; s < S; s++) _mm512_storeu_ps(out + i * NB + s * 16, acc[i][s]);
 }
 
-template <int R, bool F>
+template <int R, int F>
 static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, float* out, const uint8_t*) {
   constexpr int S = R == 1 ? 4 : R == 2 ? 2 : 1;   // one or two rows: sub-blocks side by side for more chains
   const int64_t ss = G * q4q_group<F>();
@@ -133,22 +169,22 @@ static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, floa
 // AVX2: 8 weight rows (half a sub-block) at a time, up to 4 activation rows per pass; vpmaddubsw multiplies the
 // u8 codes (0..15) by the s8 activations into int16 pairs (|sum of 4| <= 7620: never saturates), vpmaddwd by ones
 // adds the pairs into int32 lanes: the VNNI kernel's integer per output.
-template <int R, bool F>
+template <int R, int F>
 static inline void q4q_half(const Q8Block* x, int64_t G, const uint8_t* w, int h, float* out, const char* pf) {
-  constexpr int64_t GB = q4q_group<F>(), HD = q4q_head<F>();
+  constexpr int64_t GB = q4q_group<F>();
   __m256 acc[R];
 #pragma GCC unroll 4
   for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
   const __m256i nib = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < G; g++) {
-    const uint8_t* p = w + g * GB;
+    const uint8_t* p = q4q_codes<F>(w, g);
     if (pf) for (int b = 0; b < GB / 2; b += 64) _mm_prefetch(pf + g * (GB / 2) + b, _MM_HINT_T1);
     __m256i si[R];
 #pragma GCC unroll 4
     for (int i = 0; i < R; i++) si[i] = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int t = 0; t < 4; t++) {
-      const __m256i v = _mm256_loadu_si256((const __m256i*)(p + HD + 64 * t + 32 * h));
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 64 * t + 32 * h));
       const __m256i lo = _mm256_and_si256(v, nib);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
 #pragma GCC unroll 4
@@ -159,10 +195,8 @@ static inline void q4q_half(const Q8Block* x, int64_t G, const uint8_t* w, int h
         si[i] = _mm256_add_epi32(si[i], _mm256_madd_epi16(p16, ones));
       }
     }
-    const __m256 dw = F ? _mm256_loadu_ps((const float*)(p + 32 * h))
-                        : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
-    const __m256 mw = F ? _mm256_loadu_ps((const float*)(p + 64 + 32 * h))
-                        : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 32 + 16 * h)));
+    __m256 dw, mw;
+    q4q_dm8<F>(w, g, h, dw, mw);
 #pragma GCC unroll 4
     for (int i = 0; i < R; i++) {
       const Q8Block& b = x[i * G + g];
@@ -176,7 +210,7 @@ static inline void q4q_half(const Q8Block* x, int64_t G, const uint8_t* w, int h
 
 // next: the next packed block, fetched into L2 over the 8 passes (the hardware prefetchers follow the half passes
 // poorly from memory)
-template <int R, bool F>
+template <int R, int F>
 static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, float* out, const uint8_t* next) {
   constexpr int64_t GB = q4q_group<F>();
   const int64_t ss = G * GB;
@@ -193,7 +227,7 @@ static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, floa
 }
 #endif
 
-template <bool F> struct Q4QKernT {
+template <int F> struct Q4QKernT {
   using X = Q8Block; using WT = uint8_t;
   static constexpr int xw = 1;
   static int64_t stride(int64_t G) { return 4 * G * q4q_group<F>(); }   // bytes per block of 64 rows (G = K / 32)
@@ -205,7 +239,8 @@ template <bool F> struct Q4QKernT {
     q4q_block<R, F>(x, G, w, o, nx);
   }
 };
-using Q4QKern = Q4QKernT<false>;    // mode Q4Q: half-precision d and m (Q4_0 / Q4_1)
-using Q4QFKern = Q4QKernT<true>;    // mode Q4QF: float32 d and m (Q4_K)
+using Q4QKern = Q4QKernT<0>;    // mode Q4Q: half-precision d and m (Q4_0 / Q4_1)
+using Q4QFKern = Q4QKernT<1>;   // mode Q4QF: float32 d and m
+using Q4QKKern = Q4QKernT<2>;   // mode Q4QK: Q4_K's own scales (6-bit multiples of a half per 256)
 
 }  // namespace

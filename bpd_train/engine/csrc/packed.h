@@ -68,15 +68,18 @@ static void run_mode(int64_t mode, const float* xp, const torch::Tensor& packed,
     TORCH_CHECK(K % 32 == 0 && packed.numel() == (N + NB - 1) / NB * Q4Kern::stride(K), "linear: bad Q4F weight");
     run<Q4Kern>(xp, packed.data_ptr<uint8_t>(), nullptr, bp, yp, M, N, K);
   }
-  else if (mode == Q4Q || mode == Q4QF) {  // each activation row quantised per block of 32 on its own (q8_rows)
+  else if (mode == Q4Q || mode == Q4QF || mode == Q4QK) {  // activation rows quantised per block of 32 (q8_rows)
     const int64_t G = K / 32;
-    const int64_t stride = mode == Q4Q ? Q4QKern::stride(G) : Q4QFKern::stride(G);
-    TORCH_CHECK(K % 32 == 0 && packed.numel() == (N + NB - 1) / NB * stride, "linear: bad Q4Q weight");
+    const int64_t stride =
+        mode == Q4Q ? Q4QKern::stride(G) : mode == Q4QF ? Q4QFKern::stride(G) : Q4QKKern::stride(G);
+    TORCH_CHECK(K % 32 == 0 && (mode != Q4QK || K % 256 == 0) && packed.numel() == (N + NB - 1) / NB * stride,
+                "linear: bad Q4Q weight");
     thread_local std::vector<Q8Block> xq;
     if ((int64_t)xq.size() < M * G) xq.resize(M * G);
     q8_rows(xp, M, K, xq.data());
     if (mode == Q4Q) run<Q4QKern>(xq.data(), packed.data_ptr<uint8_t>(), nullptr, bp, yp, M, N, G);
-    else run<Q4QFKern>(xq.data(), packed.data_ptr<uint8_t>(), nullptr, bp, yp, M, N, G);
+    else if (mode == Q4QF) run<Q4QFKern>(xq.data(), packed.data_ptr<uint8_t>(), nullptr, bp, yp, M, N, G);
+    else run<Q4QKKern>(xq.data(), packed.data_ptr<uint8_t>(), nullptr, bp, yp, M, N, G);
   }
 #if BPD_BF16_DOT
   else if (mode == BF16D || mode == BF16A) {

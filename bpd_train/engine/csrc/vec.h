@@ -47,8 +47,8 @@ static_assert(MB == 4 && NV % 2 == 0, "run() dispatches blocks of 1..4 rows and 
 // such blocks exactly (kernels_q4.h); the fp32 kernels' bits.
 // Q4Q: 4-bit codes with a half-precision scale and offset per 32 weights of a row times activations quantised to
 // int8 per block of 32 (kernels_q4q.h): a GGUF's Q4_0 / Q4_1 blocks multiplied as llama.cpp's CPU backend does.
-// Q4QF: the same with a float32 scale and offset per 32 (a GGUF's Q4_K blocks).
-enum Mode { F32 = 0, BF16 = 1, I8 = 2, BF16D = 3, I8D = 4, BF16A = 5, Q4F = 6, Q4Q = 7, Q4QF = 8 };
+// Q4QF: the same with a float32 scale and offset per 32; Q4QK: with a GGUF's Q4_K scales as the file holds them.
+enum Mode { F32 = 0, BF16 = 1, I8 = 2, BF16D = 3, I8D = 4, BF16A = 5, Q4F = 6, Q4Q = 7, Q4QF = 8, Q4QK = 9 };
 
 #if defined(__AVX512F__)
 using vf = __m512;
