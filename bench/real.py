@@ -308,9 +308,9 @@ def bytes_per_weight(dtype: str, shipped: str) -> float:
     """What one weight of a decoder matrix reads in our `dtype`, by the file's main type (fp32 reads a Q4_0 / Q4_1 /
     Q4_K file's own codes; q4 a Q4_K file's with float32 scales)."""
     if dtype == "fp32" and shipped in Q4_TYPES:
-        return 0.75  # 4-bit codes and one fp32 scale and offset per 32 weights (engine/fastlinear.py pack_q4)
+        return 0.75  # 4-bit codes and one fp32 scale and offset per 32 weights (engine/q4blocks.py pack_q4)
     if dtype == "q4" and shipped == "Q4_K":
-        return 0.75  # float32 d and m per 32 (engine/fastlinear.py pack_q4q)
+        return 0.75  # float32 d and m per 32 (engine/q4blocks.py pack_q4q)
     return OUR_BYTES[dtype]
 
 

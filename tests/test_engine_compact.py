@@ -1,6 +1,6 @@
-"""fp32 decoding from fewer bytes (engine/fastlinear.py q4_blocks / bf16_exact, csrc/kernels_q4.h): weights that are
-a GGUF's 4-bit groups or bf16 values exactly are packed as such and give the fp32 kernels' bits, for any number of
-rows and threads; any other weight stays plain fp32."""
+"""fp32 decoding from fewer bytes (engine/q4blocks.py q4_blocks, fastlinear.py bf16_exact, csrc/kernels_q4.h):
+weights that are a GGUF's 4-bit groups or bf16 values exactly are packed as such and give the fp32 kernels' bits, for
+any number of rows and threads; any other weight stays plain fp32."""
 
 import subprocess
 import sys
@@ -21,7 +21,7 @@ def test_4bit_gguf_blocks_run_on_their_codes_with_the_fp32_bits(monkeypatch, qty
     gguf = pytest.importorskip("gguf")
     from gguf.quants import dequantize, quantize
 
-    from bpd_train.engine.fastlinear import q4_blocks
+    from bpd_train.engine.q4blocks import q4_blocks
 
     qt = gguf.GGMLQuantizationType[qtype]
     rng = torch.Generator().manual_seed(0)
@@ -58,7 +58,7 @@ def test_q4_k_blocks_run_on_their_codes_with_the_fp32_bits(monkeypatch):
     pytest.importorskip("gguf")
     from _gguf_files import q4_k_weight
 
-    from bpd_train.engine.fastlinear import q4_blocks
+    from bpd_train.engine.q4blocks import q4_blocks
 
     rng = torch.Generator().manual_seed(1)
     for n, k, seed in [(100, 256, 0), (192, 512, 1), (64, 1536, 2)]:

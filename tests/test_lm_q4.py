@@ -1,4 +1,4 @@
-"""decode.dtype=q4 (engine/fastlinear.py q4_weight / pack_q4q, csrc/kernels_q4q.h): 4-bit weights with a half-precision
+"""decode.dtype=q4 (engine/q4blocks.py q4_weight / pack_q4q, csrc/kernels_q4q.h): 4-bit weights with a half-precision
 scale and offset per 32 weights of a row (a GGUF's own Q4_0 / Q4_1 blocks, or weights quantised so at load) times
 activations quantised to int8 per block of 32. Every row's outputs are the same bits alone, in any batch, in any
 order and at any thread count, so exact blockwise decoding (alone, in batches, with lookup and trees) is q4 greedy
@@ -11,8 +11,9 @@ import torch
 
 from bpd_train.decoding import blockwise, greedy
 from bpd_train.decoding.settings import DecodeSettings
-from bpd_train.engine.fastlinear import PackedLinear, native_kernels, pack_q4q, q4_weight, q4k_form
+from bpd_train.engine.fastlinear import PackedLinear, native_kernels
 from bpd_train.engine.packed import DecodeOptions, parse_tree
+from bpd_train.engine.q4blocks import pack_q4q, q4_weight, q4k_form
 from bpd_train.engine.weights import PackedWeights
 from bpd_train.model import LMConfig, LMModel
 from bpd_train.sources.convert.gguf import load_gguf

@@ -10,7 +10,7 @@
 
 namespace {
 
-// Packed layout (engine/fastlinear.py pack_q4): per block of 64 weight rows, 4 sub-blocks of 16 rows, each
+// Packed layout (engine/q4blocks.py pack_q4): per block of 64 weight rows, 4 sub-blocks of 16 rows, each
 // [K/32] groups of Q4G bytes: d[16] and m[16] (float32, the group's scale and offset per row), then 32 k x 8 bytes
 // of codes (byte j: row j's code in the low nibble, row j + 8's in the high one).
 constexpr int64_t Q4G = 384;

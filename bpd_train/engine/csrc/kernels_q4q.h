@@ -20,7 +20,7 @@ struct Q8Block {
 };
 static_assert(sizeof(Q8Block) == 40, "Q8Block: 40 bytes");
 
-// Packed layout (engine/fastlinear.py pack_q4q): per block of 64 weight rows, 4 sub-blocks of 16 rows, each [K/32]
+// Packed layout (engine/q4blocks.py pack_q4q): per block of 64 weight rows, 4 sub-blocks of 16 rows, each [K/32]
 // groups of Q4QG bytes: d[16] and m[16] (half precision), then 4 chunks of 64 bytes, chunk t holding row n's codes
 // of k = 4t..4t+3 in bytes 4n..4n+3 (low nibbles) and of k = 16+4t..16+4t+3 (high nibbles). Layout F (mode
 // Q4QF): d and m as float32, 384 bytes a group. Layout F = 2 (mode Q4QK, a GGUF's Q4_K as the file holds it): per 8
