@@ -89,6 +89,7 @@ def test_models_and_the_decode_engine_live_apart():
         "lm.py",
         "mt.py",
         "packed.py",
+        "q4blocks.py",
         "step.py",
         "weights.py",
     ]

@@ -271,11 +271,21 @@ def q4k_form(w: Tensor, codes: Tensor, d: Tensor, m: Tensor):
     """Q4_K's own form of q4_blocks' float32-scale blocks of w [N, K] (K a multiple of 256): (codes [N, K] uint8,
     d256 [N, K/256] and dmin256 float16, sc [N, K/32] and mn uint8 in 0..63) with every weight == (d256 * sc) * code
     - dmin256 * mn, rounded once; or None (the blocks then keep a float32 d and m per 32). q4_blocks' offset rebuilds
-    its group but need not be the file's (nor its lowest code the file's), so each group's offset may be any value
-    its 32 weights' roundings allow, with its codes shifted up; the result is checked weight by weight."""
+    its group but need not be the file's (nor its lowest code the file's), so the offsets are searched as dmin256 *
+    mn with each group's codes shifted up as its weights allow (_six_bit_offsets); a slice of rows at a time, the
+    result checked weight by weight."""
     n, k = w.shape
     if k % 256 or d.dtype != torch.float32 or bool((d < 0).any()):
         return None
+    if n * k > _SLICE and n > 8:
+        step = max(8, _SLICE // k)
+        parts = []
+        for r0 in range(0, n, step):
+            r1 = r0 + step
+            if (got := q4k_form(w[r0:r1], codes[r0:r1], d[r0:r1], m[r0:r1])) is None:
+                return None
+            parts.append(got)
+        return tuple(torch.cat(x) for x in zip(*parts))
     g = k // Q4_GROUP
     ds = _six_bit(d)
     if ds is None:
