@@ -28,13 +28,8 @@ def q4_blocks(w: Tensor, halves: bool = True) -> tuple[Tensor, Tensor, Tensor] |
             return None
         halves = halves and bool((first[1].half().float() == first[1]).all())  # a K-quant's: no half-precision pass
         if n * k > _SLICE:  # a slice of rows at a time: the search's passes stay in cache
-            step = max(8, _SLICE // k)
-            parts = [first]
-            for r0 in range(8, n, step):
-                if (got := q4_blocks(w[r0 : r0 + step], halves)) is None:
-                    return None
-                parts.append(got)
-            return tuple(torch.cat(x) for x in zip(*parts))  # type: ignore[return-value]
+            rest = _by_rows(lambda r: q4_blocks(w[r], halves), 8, n, k)
+            return None if rest is None else tuple(torch.cat(x) for x in zip(first, rest))  # type: ignore
     b = w.reshape(n, k // Q4_GROUP, Q4_GROUP)
     m = b.amin(-1)
     span = b.amax(-1) - m
@@ -72,6 +67,18 @@ def q4_blocks(w: Tensor, halves: bool = True) -> tuple[Tensor, Tensor, Tensor] |
 
 
 _SLICE = 1 << 20  # weights per slice of q4_blocks' search
+
+
+def _by_rows(fn, r0: int, n: int, k: int):
+    """fn over rows r0..n in slices of about _SLICE weights, its tuples of tensors joined; None where a slice's is."""
+    parts = []
+    for a in range(r0, n, max(8, _SLICE // k)):
+        if (got := fn(slice(a, a + max(8, _SLICE // k)))) is None:
+            return None
+        parts.append(got)
+    return tuple(torch.cat(x) for x in zip(*parts))
+
+
 # float32 scale candidates: multiples of 16 ulps (a scale times a 4-bit code stays exact), nearest first, as far as a
 # group whose weights sit far from zero needs (its range carries their rounding: up to about 300 times the range)
 _SCALE_STEPS = tuple(s * 16 for i in range(25) for s in ((i, -i) if i else (0,)))
@@ -278,14 +285,7 @@ def q4k_form(w: Tensor, codes: Tensor, d: Tensor, m: Tensor):
     if k % 256 or d.dtype != torch.float32 or bool((d < 0).any()):
         return None
     if n * k > _SLICE and n > 8:
-        step = max(8, _SLICE // k)
-        parts = []
-        for r0 in range(0, n, step):
-            r1 = r0 + step
-            if (got := q4k_form(w[r0:r1], codes[r0:r1], d[r0:r1], m[r0:r1])) is None:
-                return None
-            parts.append(got)
-        return tuple(torch.cat(x) for x in zip(*parts))
+        return _by_rows(lambda r: q4k_form(w[r], codes[r], d[r], m[r]), 0, n, k)
     g = k // Q4_GROUP
     ds = _six_bit(d)
     if ds is None:
