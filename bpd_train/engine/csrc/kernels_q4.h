@@ -75,7 +75,7 @@ constexpr int q4_side() {
 #if defined(__AVX512F__)
   return R == 1 ? 4 : 1;
 #else
-  return R == 1 ? 2 : 1;
+  return R == 1 ? 4 : 1;
 #endif
 }
 template <int R>

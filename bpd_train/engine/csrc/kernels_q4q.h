@@ -88,12 +88,12 @@ static void q8_rows(const float* x, int64_t M, int64_t K, Q8Block* out) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define BPD_Q4Q_VNNI 1
 // R rows ([R][G] blocks) times S sub-blocks side by side (16 weight rows each, ss bytes apart): out[i][s * 16 ..]
-// at out + i * NB. C integer chains per (row, sub-block) (the low and the high nibbles apart where registers allow:
+// at out + i * NB; pf (or null): bytes to fetch into L2 meanwhile, a group's worth per group. C integer chains per (row, sub-block) (the low and the high nibbles apart where registers allow:
 // one row's 8 dependent vpdpbusd per block would wait on their latency), added at the block's end (exact). With
 // one or two rows (H) the high nibbles are multiplied in place (v & 0xf0: 16 x the code, no shift per 64 bytes) and
 // their chain divided by 16 at the block's end (an exact shift: every product is a multiple of 16).
 template <int R, int S, int F>
-static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64_t ss, float* out) {
+static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64_t ss, float* out, const char* pf) {
   constexpr int C = R * S <= 4 ? 2 : 1;
   constexpr bool H = C == 2 && R <= 2;
   __m512 acc[R][S];
@@ -103,6 +103,7 @@ static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64
     for (int s = 0; s < S; s++) acc[i][s] = _mm512_setzero_ps();
   const __m512i nib = _mm512_set1_epi8(15);
   for (int64_t g = 0; g < G; g++) {
+    if (pf) for (int64_t b = 0; b < q4q_group<F>(); b += 64) _mm_prefetch(pf + g * q4q_group<F>() + b, _MM_HINT_T1);
     __m512i si[R][S][C];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
@@ -158,11 +159,14 @@ static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64
     for (int s = 0; s < S; s++) _mm512_storeu_ps(out + i * NB + s * 16, acc[i][s]);
 }
 
+// One sub-block at a time, the next 64-row block fetched into L2 meanwhile: from memory, sub-blocks side by side
+// (4 streams for one row) and no prefetch ran slower (docs/experiments.md 8.16).
 template <int R, int F>
-static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, float* out, const uint8_t*) {
-  constexpr int S = R == 1 ? 4 : R == 2 ? 2 : 1;   // one or two rows: sub-blocks side by side for more chains
+static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, float* out, const uint8_t* next) {
+  constexpr int S = 1;
   const int64_t ss = G * q4q_group<F>();
-  for (int s0 = 0; s0 < 4; s0 += S) q4q_rows<R, S, F>(x, G, w + s0 * ss, ss, out + s0 * 16);
+  for (int s0 = 0; s0 < 4; s0 += S)
+    q4q_rows<R, S, F>(x, G, w + s0 * ss, ss, out + s0 * 16, next ? (const char*)next + s0 * ss : nullptr);
 }
 #else
 #define BPD_Q4Q_VNNI 0
