@@ -20,12 +20,13 @@ static inline __m256i q4codes(const uint8_t* g, int64_t kk) {
 }
 
 // R rows ([R][K]) times S sub-blocks side by side (16 weight rows each, ss bytes apart): out[i][s * 16 ..] at
-// out + i * NB. Each output's FMA chain runs over k in order from zero whatever R and S; S > 1 gives the FMA pipes
+// out + i * NB; pf (or null): the next block's same sub-blocks, fetched into L2 meanwhile (one row's four streams
+// from memory ran at half speed without it). Each output's FMA chain runs over k in order from zero whatever R and S; S > 1 gives the FMA pipes
 // 2 R S independent chains where one sub-block's 2 R would leave them waiting on their latency (a row or two).
 // Every loop over rows and sub-blocks is unrolled: left as loops, the accumulators of 4 or more rows lived on the
 // stack and were stored back every k (GCC 12), and a 4-row pass cost nearly two 2-row ones.
 template <int R, int S>
-static inline void q4_rows(const float* x, int64_t K, const uint8_t* w, int64_t ss, float* out) {
+static inline void q4_rows(const float* x, int64_t K, const uint8_t* w, int64_t ss, float* out, const char* pf) {
   __m256 acc[R][S][2];
 #pragma GCC unroll 16
   for (int i = 0; i < R; i++)
@@ -37,6 +38,7 @@ static inline void q4_rows(const float* x, int64_t K, const uint8_t* w, int64_t 
 #pragma GCC unroll 8
     for (int s = 0; s < S; s++) {
       g[s] = w + s * ss + kb * Q4G;
+      if (pf) for (int b = 0; b < Q4G; b += 64) _mm_prefetch(pf + s * ss + kb * Q4G + b, _MM_HINT_T1);
       for (int h = 0; h < 2; h++) {
         dv[s][h] = _mm256_loadu_ps((const float*)g[s] + 8 * h);
         mv[s][h] = _mm256_loadu_ps((const float*)g[s] + 16 + 8 * h);
@@ -79,27 +81,28 @@ constexpr int q4_side() {
 #endif
 }
 template <int R>
-static inline void q4_block(const float* x, int64_t K, const uint8_t* w, float* out) {
+static inline void q4_block(const float* x, int64_t K, const uint8_t* w, float* out, const uint8_t* next) {
   constexpr int S = q4_side<R>();
   const int64_t ss = K / 32 * Q4G;   // bytes per sub-block
-  for (int s0 = 0; s0 < 4; s0 += S) q4_rows<R, S>(x, K, w + s0 * ss, ss, out + s0 * 16);
+  for (int s0 = 0; s0 < 4; s0 += S)
+    q4_rows<R, S>(x, K, w + s0 * ss, ss, out + s0 * 16, next ? (const char*)next + s0 * ss : nullptr);
 }
 
 struct Q4Kern {
   using X = float; using WT = uint8_t;
   static constexpr int xw = 1;
   static int64_t stride(int64_t K) { return 4 * (K / 32) * Q4G; }   // bytes per packed block of 64 rows
-  template <int R> static void blk(const X* x, int64_t K, const WT* w, float* o, const WT*) { q4_block<R>(x, K, w, o); }
-  static void one(const X* x, int64_t K, const WT* w, float* o, const WT*) { q4_block<1>(x, K, w, o); }
-  template <int R> static void half(const X* x, int64_t K, const WT* w, float* o, const WT*) {
+  template <int R> static void blk(const X* x, int64_t K, const WT* w, float* o, const WT* nx) { q4_block<R>(x, K, w, o, nx); }
+  static void one(const X* x, int64_t K, const WT* w, float* o, const WT* nx) { q4_block<1>(x, K, w, o, nx); }
+  template <int R> static void half(const X* x, int64_t K, const WT* w, float* o, const WT* nx) {
 #if defined(__AVX512F__)
-    q4_block<R>(x, K, w, o);   // 5-8 rows in one pass: 16 accumulators, the codes decoded once for all
+    q4_block<R>(x, K, w, o, nx);   // 5-8 rows in one pass: 16 accumulators, the codes decoded once for all
 #else
     // 5-8 rows: 4, then the rest, per sub-block (its bytes are in L1 / L2 for the second pass)
     const int64_t ss = K / 32 * Q4G;
     for (int s = 0; s < 4; s++) {
-      q4_rows<4, 1>(x, K, w + s * ss, ss, o + s * 16);
-      q4_rows<R - 4, 1>(x + 4 * K, K, w + s * ss, ss, o + 4 * NB + s * 16);
+      q4_rows<4, 1>(x, K, w + s * ss, ss, o + s * 16, nx ? (const char*)nx + s * ss : nullptr);
+      q4_rows<R - 4, 1>(x + 4 * K, K, w + s * ss, ss, o + 4 * NB + s * 16, nullptr);
     }
 #endif
   }
