@@ -107,7 +107,7 @@ smoke-real: install
 	$(PYTHON) -m bpd_train.real_model --run --experiment smoke-real --gguf artifacts/smoke-real/tiny.gguf
 
 # make demo-real's heads timed on this CPU under bench/protocol.py (about 18 min on 2 idle cores): our greedy and exact
-# blockwise in int8 / q4 / bf16 / fp32 (batch 8 in int8), and llama.cpp on the file as shipped where the bench-llama extra is installed, on
+# blockwise (k = 4, the setting the evaluation exports) in int8 / q4 / bf16 / fp32 (batch 8 in int8), and llama.cpp on the file as shipped where the bench-llama extra is installed, on
 # the held-out requests; page and JSON under artifacts/bench-real/. Without heads it times greedy, steps and peers.
 # To publish a run: copy its real-<isa>.json into docs/results/, then make results-real.
 BENCH_HEADS ?= artifacts/real/general_chat/heads/distill-medusa-k8
@@ -117,7 +117,7 @@ BENCH_EXCLUDE ?= artifacts/real/prompts/validation.jsonl
 BENCH_ARGS ?= --threads 1 --dtype int8 q4 bf16 fp32 --batch-dtype int8 --k 4 8 --step-prompts 2 --max-prompts 12 --new-tokens 64 --transformers-prompts 2
 bench-real: install-real
 	$(PYTHON) bench/real.py $(BENCH_ARGS) \
-	  $(if $(wildcard $(BENCH_HEADS)),--heads $(BENCH_HEADS) --heads-k 8 --lookup 3 --narrow 2) \
+	  $(if $(wildcard $(BENCH_HEADS)),--heads $(BENCH_HEADS) --heads-k 4 --lookup 3 --narrow 2) \
 	  $(if $(wildcard $(BENCH_PROMPTS)),--prompts $(BENCH_PROMPTS)) $(if $(wildcard $(BENCH_EXCLUDE)),--exclude $(BENCH_EXCLUDE)) \
 	  $(shell $(PYTHON) -c "import llama_cpp" 2>/dev/null && echo --llama-cpp) --out artifacts/bench-real
 
