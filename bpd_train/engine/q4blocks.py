@@ -264,9 +264,18 @@ def _six_bit_offsets(w: Tensor, q: Tensor, d: Tensor, mid: Tensor) -> tuple[Tens
             ww, qq, dd, mm, rr = w4[idx], q4[idx], d4[idx], mid3[idx].unsqueeze(-1), room[idx]
             got, kk = torch.full(rr.shape, -1.0), torch.zeros(rr.shape)
             for s in range(16):
-                k = torch.where(c > 0, ((mm + dd * s) / c).round(), torch.zeros_like(mm)).clamp(0, 63)
-                fit = ((dd * (qq + s) - c * k) == ww).all(-1) & (s <= rr) & (got < 0)  # products exact: one rounding
-                got[fit], kk[fit] = float(s), k.squeeze(-1)[fit]
+                # the super-blocks where a group may still fit at this shift, and none is out of shifts
+                left = got < 0
+                live = (left & (rr >= s)).any(-1) & ~(left & (rr < s)).any(-1)
+                sel = live.nonzero(as_tuple=True)[0]
+                if not sel.numel():
+                    break
+                cs, ms_, ds_ = c[sel], mm[sel], dd[sel]
+                k = torch.where(cs > 0, ((ms_ + ds_ * s) / cs).round(), torch.zeros_like(ms_)).clamp(0, 63)
+                fit = ((ds_ * (qq[sel] + s) - cs * k) == ww[sel]).all(-1)  # products exact: one rounding
+                fit &= (s <= rr[sel]) & left[sel]
+                got[sel] = torch.where(fit, float(s), got[sel])
+                kk[sel] = torch.where(fit, k.squeeze(-1), kk[sel])
             ok = (got >= 0).all(-1)
             good = tuple(i[ok] for i in idx)
             dmin[good], mn[good], shift[good] = c.view(-1)[ok], kk[ok], got[ok]
