@@ -21,8 +21,9 @@ static inline __m256i q4codes(const uint8_t* g, int64_t kk) {
 
 // R rows ([R][K]) times S sub-blocks side by side (16 weight rows each, ss bytes apart): out[i][s * 16 ..] at
 // out + i * NB; pf (or null): the next block's same sub-blocks, fetched into L2 meanwhile (one row's four streams
-// from memory ran at half speed without it). Each output's FMA chain runs over k in order from zero whatever R and S; S > 1 gives the FMA pipes
-// 2 R S independent chains where one sub-block's 2 R would leave them waiting on their latency (a row or two).
+// from memory ran at half speed without it). Each output's FMA chain runs over k in order from zero whatever R and
+// S; S > 1 gives the FMA pipes 2 R S independent chains where one sub-block's 2 R would leave them waiting on their
+// latency (a row or two).
 // Every loop over rows and sub-blocks is unrolled: left as loops, the accumulators of 4 or more rows lived on the
 // stack and were stored back every k (GCC 12), and a 4-row pass cost nearly two 2-row ones.
 template <int R, int S>
@@ -77,7 +78,7 @@ constexpr int q4_side() {
 #if defined(__AVX512F__)
   return R == 1 ? 4 : 1;
 #else
-  return R == 1 ? 4 : 1;
+  return R == 1 ? 2 : 1;
 #endif
 }
 template <int R>
@@ -92,7 +93,9 @@ struct Q4Kern {
   using X = float; using WT = uint8_t;
   static constexpr int xw = 1;
   static int64_t stride(int64_t K) { return 4 * (K / 32) * Q4G; }   // bytes per packed block of 64 rows
-  template <int R> static void blk(const X* x, int64_t K, const WT* w, float* o, const WT* nx) { q4_block<R>(x, K, w, o, nx); }
+  template <int R> static void blk(const X* x, int64_t K, const WT* w, float* o, const WT* nx) {
+    q4_block<R>(x, K, w, o, nx);
+  }
   static void one(const X* x, int64_t K, const WT* w, float* o, const WT* nx) { q4_block<1>(x, K, w, o, nx); }
   template <int R> static void half(const X* x, int64_t K, const WT* w, float* o, const WT* nx) {
 #if defined(__AVX512F__)

@@ -88,8 +88,9 @@ static void q8_rows(const float* x, int64_t M, int64_t K, Q8Block* out) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define BPD_Q4Q_VNNI 1
 // R rows ([R][G] blocks) times S sub-blocks side by side (16 weight rows each, ss bytes apart): out[i][s * 16 ..]
-// at out + i * NB; pf (or null): bytes to fetch into L2 meanwhile, a group's worth per group. C integer chains per (row, sub-block) (the low and the high nibbles apart where registers allow:
-// one row's 8 dependent vpdpbusd per block would wait on their latency), added at the block's end (exact). With
+// at out + i * NB; pf (or null): bytes to fetch into L2 meanwhile, a group's worth per group. C integer chains per
+// (row, sub-block) (the low and the high nibbles apart where registers allow: one row's 8 dependent vpdpbusd per
+// block would wait on their latency), added at the block's end (exact). With
 // one or two rows (H) the high nibbles are multiplied in place (v & 0xf0: 16 x the code, no shift per 64 bytes) and
 // their chain divided by 16 at the block's end (an exact shift: every product is a multiple of 16).
 template <int R, int S, int F>
