@@ -87,87 +87,74 @@ static void q8_rows(const float* x, int64_t M, int64_t K, Q8Block* out) {
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define BPD_Q4Q_VNNI 1
-// R rows ([R][G] blocks) times S sub-blocks side by side (16 weight rows each, ss bytes apart): out[i][s * 16 ..]
-// at out + i * NB; pf (or null): bytes to fetch into L2 meanwhile, a group's worth per group. C integer chains per
-// (row, sub-block) (the low and the high nibbles apart where registers allow: one row's 8 dependent vpdpbusd per
-// block would wait on their latency), added at the block's end (exact). With
-// one or two rows (H) the high nibbles are multiplied in place (v & 0xf0: 16 x the code, no shift per 64 bytes) and
-// their chain divided by 16 at the block's end (an exact shift: every product is a multiple of 16).
-template <int R, int S, int F>
-static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, int64_t ss, float* out, const char* pf) {
-  constexpr int C = R * S <= 4 ? 2 : 1;
+// R rows ([R][G] blocks) times one sub-block (16 weight rows): out[i][0..16) at out + i * NB; pf (or null): bytes
+// to fetch into L2 meanwhile, a group's worth per group. C integer chains per row (the low and the high nibbles
+// apart where registers allow: one row's 8 dependent vpdpbusd per block would wait on their latency), added at the
+// block's end (exact). With one or two rows (H) the high nibbles are multiplied in place (v & 0xf0: 16 x the code,
+// no shift per 64 bytes) and their chain divided by 16 at the block's end (an exact shift: every product is a
+// multiple of 16).
+template <int R, int F>
+static inline void q4q_rows(const Q8Block* x, int64_t G, const uint8_t* w, float* out, const char* pf) {
+  constexpr int C = R <= 4 ? 2 : 1;
   constexpr bool H = C == 2 && R <= 2;
-  __m512 acc[R][S];
+  __m512 acc[R];
 #pragma GCC unroll 8
-  for (int i = 0; i < R; i++)
-#pragma GCC unroll 4
-    for (int s = 0; s < S; s++) acc[i][s] = _mm512_setzero_ps();
+  for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
   const __m512i nib = _mm512_set1_epi8(15);
   for (int64_t g = 0; g < G; g++) {
     if (pf) for (int64_t b = 0; b < q4q_group<F>(); b += 64) _mm_prefetch(pf + g * q4q_group<F>() + b, _MM_HINT_T1);
-    __m512i si[R][S][C];
+    __m512i si[R][C];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
-#pragma GCC unroll 4
-      for (int s = 0; s < S; s++)
 #pragma GCC unroll 2
-        for (int c = 0; c < C; c++) si[i][s][c] = _mm512_setzero_si512();
+      for (int c = 0; c < C; c++) si[i][c] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int t = 0; t < 4; t++) {
-#pragma GCC unroll 4
-      for (int s = 0; s < S; s++) {
-        const __m512i v = _mm512_loadu_si512((const void*)(q4q_codes<F>(w + s * ss, g) + 64 * t));
-        const __m512i lo = _mm512_and_si512(v, nib);
-        const __m512i hi = H ? _mm512_andnot_si512(nib, v) : _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-          const int32_t* xq = (const int32_t*)x[i * G + g].q;
-          si[i][s][0] = _mm512_dpbusd_epi32(si[i][s][0], lo, _mm512_set1_epi32(xq[t]));
-          si[i][s][C - 1] = _mm512_dpbusd_epi32(si[i][s][C - 1], hi, _mm512_set1_epi32(xq[t + 4]));
-        }
-      }
-    }
-#pragma GCC unroll 4
-    for (int s = 0; s < S; s++) {
-      const uint8_t* p = q4q_at<F>(w + s * ss, g);
-      __m512 dw, mw;
-      if (F == 0) {
-        dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
-        mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32)));
-      } else if (F == 1) {
-        dw = _mm512_loadu_ps((const float*)p);
-        mw = _mm512_loadu_ps((const float*)(p + 64));
-      } else {   // rows 0-7 and 8-15 as the AVX2 form reads them
-        __m256 d0, m0, d1, m1;
-        q4q_dm8<F>(w + s * ss, g, 0, d0, m0);
-        q4q_dm8<F>(w + s * ss, g, 1, d1, m1);
-        dw = _mm512_insertf32x8(_mm512_castps256_ps512(d0), d1, 1);
-        mw = _mm512_insertf32x8(_mm512_castps256_ps512(m0), m1, 1);
-      }
+      const __m512i v = _mm512_loadu_si512((const void*)(q4q_codes<F>(w, g) + 64 * t));
+      const __m512i lo = _mm512_and_si512(v, nib);
+      const __m512i hi = H ? _mm512_andnot_si512(nib, v) : _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
 #pragma GCC unroll 8
       for (int i = 0; i < R; i++) {
-        const __m512i sum = C == 1 ? si[i][s][0]
-                            : _mm512_add_epi32(si[i][s][0], H ? _mm512_srai_epi32(si[i][s][C - 1], 4) : si[i][s][C - 1]);
-        const Q8Block& b = x[i * G + g];
-        acc[i][s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(b.d)), acc[i][s]);
-        acc[i][s] = _mm512_fmadd_ps(mw, _mm512_set1_ps(b.s), acc[i][s]);
+        const int32_t* xq = (const int32_t*)x[i * G + g].q;
+        si[i][0] = _mm512_dpbusd_epi32(si[i][0], lo, _mm512_set1_epi32(xq[t]));
+        si[i][C - 1] = _mm512_dpbusd_epi32(si[i][C - 1], hi, _mm512_set1_epi32(xq[t + 4]));
       }
+    }
+    const uint8_t* p = q4q_at<F>(w, g);
+    __m512 dw, mw;
+    if (F == 0) {
+      dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+      mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32)));
+    } else if (F == 1) {
+      dw = _mm512_loadu_ps((const float*)p);
+      mw = _mm512_loadu_ps((const float*)(p + 64));
+    } else {   // rows 0-7 and 8-15 as the AVX2 form reads them
+      __m256 d0, m0, d1, m1;
+      q4q_dm8<F>(w, g, 0, d0, m0);
+      q4q_dm8<F>(w, g, 1, d1, m1);
+      dw = _mm512_insertf32x8(_mm512_castps256_ps512(d0), d1, 1);
+      mw = _mm512_insertf32x8(_mm512_castps256_ps512(m0), m1, 1);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+      const __m512i sum =
+          C == 1 ? si[i][0] : _mm512_add_epi32(si[i][0], H ? _mm512_srai_epi32(si[i][C - 1], 4) : si[i][C - 1]);
+      const Q8Block& b = x[i * G + g];
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(b.d)), acc[i]);
+      acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(b.s), acc[i]);
     }
   }
 #pragma GCC unroll 8
-  for (int i = 0; i < R; i++)
-#pragma GCC unroll 4
-    for (int s = 0; s < S; s++) _mm512_storeu_ps(out + i * NB + s * 16, acc[i][s]);
+  for (int i = 0; i < R; i++) _mm512_storeu_ps(out + i * NB, acc[i]);
 }
 
 // One sub-block at a time, the next 64-row block fetched into L2 meanwhile: from memory, sub-blocks side by side
 // (4 streams for one row) and no prefetch ran slower (docs/experiments.md 8.16).
 template <int R, int F>
 static inline void q4q_block(const Q8Block* x, int64_t G, const uint8_t* w, float* out, const uint8_t* next) {
-  constexpr int S = 1;
-  const int64_t ss = G * q4q_group<F>();
-  for (int s0 = 0; s0 < 4; s0 += S)
-    q4q_rows<R, S, F>(x, G, w + s0 * ss, ss, out + s0 * 16, next ? (const char*)next + s0 * ss : nullptr);
+  const int64_t ss = G * q4q_group<F>();   // bytes per sub-block
+  for (int s = 0; s < 4; s++)
+    q4q_rows<R, F>(x, G, w + s * ss, out + s * 16, next ? (const char*)next + s * ss : nullptr);
 }
 #else
 #define BPD_Q4Q_VNNI 0
