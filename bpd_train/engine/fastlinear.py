@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bpd_train.decode_settings import DTYPES  # noqa: F401 - the decode precisions, declared with the settings
-from bpd_train.engine.q4blocks import (  # noqa: F401 - the 4-bit blocks' recognition and layouts (q4blocks.py)
+from bpd_train.engine.q4blocks import (  # the 4-bit blocks: their recognition and packed layouts
     Q4_GROUP,
     pack_q4,
     pack_q4q,

@@ -143,25 +143,35 @@ def _float_scales(b: Tensor, lo: Tensor, span: Tensor, todo: Tensor, codes: Tens
     return not todo.any()
 
 
+def _padded(n: int, *vs: Tensor) -> tuple[Tensor, ...]:
+    """Each [N, ...] tensor with zero rows added up to the packed layouts' whole blocks of 64 rows."""
+    pad = -(-n // 64) * 64 - n
+    return tuple(torch.cat([v, v.new_zeros(pad, *v.shape[1:])]) if pad else v for v in vs)
+
+
+def _per_row(v: Tensor, per: int) -> Tensor:
+    """[N, per] (N a multiple of 64) -> [blocks, 4 sub-blocks, per, 16 rows] as bytes: a value per row of a
+    sub-block side by side, as every layout here holds scales and offsets."""
+    return v.reshape(-1, 4, 16, per).permute(0, 1, 3, 2).contiguous().view(torch.uint8)
+
+
+def _q4q_codes(codes: Tensor) -> Tensor:
+    """[N, K] codes (N a multiple of 64) -> [blocks, 4, K/32, 256] bytes as the Q4Q kernels read a group: chunk t
+    holds row n's codes of k = 4t..4t+3 in bytes 4n..4n+3, low nibbles, and of k = 16+4t..16+4t+3, high nibbles."""
+    n, k = codes.shape
+    c = codes.view(n // 64, 4, 16, k // Q4_GROUP, 2, 4, 4).permute(0, 1, 3, 4, 5, 2, 6)  # [.., g, half, t, rows, j]
+    return (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(n // 64, 4, k // Q4_GROUP, 256)
+
+
 def pack_q4(codes: Tensor, d: Tensor, m: Tensor) -> Tensor:
     """The Q4F kernels' layout (csrc/kernels_q4.h) of q4_blocks' output: per block of 64 rows (zero-padded), 4
     sub-blocks of 16 rows, per group of 32 k: d[16], m[16] (float32 bytes), then 32 x 8 code bytes (row j's code in
     byte j's low nibble, row j + 8's in its high one)."""
-    n, k = codes.shape
-    np_ = -(-n // 64) * 64
-    g = k // Q4_GROUP
-    pad = np_ - n
-    codes = torch.cat([codes, codes.new_zeros(pad, k)]) if pad else codes
-    d = torch.cat([d, d.new_zeros(pad, g)]) if pad else d
-    m = torch.cat([m, m.new_zeros(pad, g)]) if pad else m
-    c = codes.view(np_ // 64, 4, 16, g, Q4_GROUP).permute(0, 1, 3, 4, 2)  # [blocks, 4, g, 32, 16 rows]
-    nib = c[..., :8] | (c[..., 8:] << 4)  # [blocks, 4, g, 32, 8]
-
-    def groups(v: Tensor) -> Tensor:  # [N, g] float32 -> [blocks, 4, g, 64] bytes
-        return v.reshape(np_ // 64, 4, 16, g).permute(0, 1, 3, 2).contiguous().view(torch.uint8)
-
-    out = torch.cat([groups(d), groups(m), nib.reshape(np_ // 64, 4, g, 256)], -1)
-    return out.reshape(-1).contiguous()
+    g = codes.shape[1] // Q4_GROUP
+    codes, d, m = _padded(codes.shape[0], codes, d, m)
+    c = codes.view(-1, 4, 16, g, Q4_GROUP).permute(0, 1, 3, 4, 2)  # [blocks, 4, g, 32, 16 rows]
+    nib = (c[..., :8] | (c[..., 8:] << 4)).reshape(-1, 4, g, 256)  # [blocks, 4, g, 32 x 8]
+    return torch.cat([_per_row(d, g), _per_row(m, g), nib], -1).reshape(-1).contiguous()
 
 
 def q4_weight(w: Tensor, quantize: bool = True) -> tuple[Tensor, Tensor, Tensor, bool] | None:
@@ -315,41 +325,20 @@ def q4k_form(w: Tensor, codes: Tensor, d: Tensor, m: Tensor):
 def pack_q4q(codes: Tensor, d: Tensor, m: Tensor) -> Tensor:
     """The Q4Q kernels' layout (csrc/kernels_q4q.h) of q4_weight's form: per block of 64 rows (zero-padded), 4
     sub-blocks of 16 rows, per group of 32 k: d[16], m[16] (float16 bytes; float32 where d and m are: mode Q4QF),
-    then 4 chunks of 64 bytes, chunk t holding row n's codes of k = 4t..4t+3 in bytes 4n..4n+3, low nibbles, and of
-    k = 16+4t..16+4t+3, high nibbles."""
-    n, k = codes.shape
-    np_ = -(-n // 64) * 64
-    g = k // Q4_GROUP
-    pad = np_ - n
-    if pad:
-        codes = torch.cat([codes, codes.new_zeros(pad, k)])
-        d, m = torch.cat([d, d.new_zeros(pad, g)]), torch.cat([m, m.new_zeros(pad, g)])
-    c = codes.view(np_ // 64, 4, 16, g, 2, 4, 4).permute(0, 1, 3, 4, 5, 2, 6)  # [blocks, 4, g, half, t, 16 rows, j]
-    nib = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(np_ // 64, 4, g, 256)
-
-    def groups(v: Tensor) -> Tensor:  # [N, g] float16 / float32 -> [blocks, 4, g, 32 / 64] bytes
-        return v.reshape(np_ // 64, 4, 16, g).permute(0, 1, 3, 2).contiguous().view(torch.uint8)
-
-    return torch.cat([groups(d), groups(m), nib], -1).reshape(-1).contiguous()
+    then the group's codes (_q4q_codes)."""
+    g = codes.shape[1] // Q4_GROUP
+    codes, d, m = _padded(codes.shape[0], codes, d, m)
+    return torch.cat([_per_row(d, g), _per_row(m, g), _q4q_codes(codes)], -1).reshape(-1).contiguous()
 
 
 def pack_q4qk(codes: Tensor, d256: Tensor, sc: Tensor, m256: Tensor, mn: Tensor) -> Tensor:
     """The Q4QK layout (csrc/kernels_q4q.h) of q4k_form's output: per block of 64 rows (zero-padded), 4 sub-blocks
     of 16 rows, per 256 k: d256[16], dmin256[16] (float16 bytes), then per group of 32 k: sc[16], mn[16] (bytes) and
     the codes as pack_q4q lays them (0.578 bytes a weight)."""
-    n, k = codes.shape
-    np_, g, s = -(-n // 64) * 64, k // Q4_GROUP, k // 256
-    pad = np_ - n
-    if pad:
-        codes = torch.cat([codes, codes.new_zeros(pad, k)])
-        d256, m256 = torch.cat([d256, d256.new_zeros(pad, s)]), torch.cat([m256, m256.new_zeros(pad, s)])
-        sc, mn = torch.cat([sc, sc.new_zeros(pad, g)]), torch.cat([mn, mn.new_zeros(pad, g)])
-    c = codes.view(np_ // 64, 4, 16, g, 2, 4, 4).permute(0, 1, 3, 4, 5, 2, 6)  # [blocks, 4, g, half, t, 16 rows, j]
-    nib = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(np_ // 64, 4, s, 8, 256)
-
-    def rows(v: Tensor, per: int) -> Tensor:  # [N, per] -> [blocks, 4, per, 16 rows] as bytes
-        return v.reshape(np_ // 64, 4, 16, per).permute(0, 1, 3, 2).contiguous().view(torch.uint8)
-
-    groups = torch.cat([rows(sc, g).view(np_ // 64, 4, s, 8, 16), rows(mn, g).view(np_ // 64, 4, s, 8, 16), nib], -1)
-    head = torch.cat([rows(d256, s), rows(m256, s)], -1)  # [blocks, 4, s, 64]
-    return torch.cat([head, groups.reshape(np_ // 64, 4, s, 8 * 288)], -1).reshape(-1).contiguous()
+    g, s = codes.shape[1] // Q4_GROUP, codes.shape[1] // 256
+    codes, d256, sc, m256, mn = _padded(codes.shape[0], codes, d256, sc, m256, mn)
+    nb = codes.shape[0] // 64
+    sm = [_per_row(v, g).view(nb, 4, s, 8, 16) for v in (sc, mn)]
+    groups = torch.cat([*sm, _q4q_codes(codes).view(nb, 4, s, 8, 256)], -1)
+    head = torch.cat([_per_row(d256, s), _per_row(m256, s)], -1)  # [blocks, 4, s, 64]
+    return torch.cat([head, groups.reshape(nb, 4, s, 8 * 288)], -1).reshape(-1).contiguous()
