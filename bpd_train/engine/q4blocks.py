@@ -11,6 +11,13 @@ from torch import Tensor
 Q4_GROUP = 32  # weights of a row per scale and offset (GGUF's Q4_0 / Q4_1 blocks; Q4_K's sub-blocks)
 
 
+def _half_near(v: Tensor, step: int) -> Tensor:
+    """v (>= 0) rounded to half precision, then `step` ulps up or down (a bit step is one ulp of a value >= 0):
+    the candidates for a scale the file stored in half precision."""
+    h = v.half()
+    return (h.view(torch.int16) + step).clamp(min=0).view(torch.float16) if step else h
+
+
 def q4_blocks(w: Tensor, halves: bool = True) -> tuple[Tensor, Tensor, Tensor] | None:
     """(codes [N,K] uint8 in 0..15, d [N,K/32], m [N,K/32]) with w == (d * codes) + m exactly, each product exact
     and each sum rounded once in float32 as gguf's dequantize computes them, or None where w [N,K] float32 is not
@@ -44,9 +51,7 @@ def q4_blocks(w: Tensor, halves: bool = True) -> tuple[Tensor, Tensor, Tensor] |
             if not idx[0].numel():
                 return codes.view(n, k), d, m
             bb, mm = b[idx], m[idx].unsqueeze(-1)  # [G,32], [G,1]
-            dh = (span[idx] / top).half()
-            if step:  # the half-precision neighbour (scales are >= 0, so one bit step is one ulp)
-                dh = (dh.view(torch.int16) + step).clamp(min=0).view(torch.float16)
+            dh = _half_near(span[idx] / top, step)
             dd = dh.float().unsqueeze(-1)
             q = torch.where(dd > 0, ((bb - mm) / dd).round(), torch.zeros_like(bb)).clamp(0, 15)
             rec = dd * q + mm  # two roundings, as dequantize (no fused multiply-add in eager torch)
@@ -235,9 +240,7 @@ def _six_bit(v: Tensor) -> tuple[Tensor, Tensor] | None:
             idx = todo.nonzero(as_tuple=True)
             if not idx[0].numel():
                 return s.half(), q.to(torch.uint8).view(n, g)
-            c = (top_v[idx] / top).half()
-            if step:
-                c = (c.view(torch.int16) + step).clamp(min=0).view(torch.float16)
+            c = _half_near(top_v[idx] / top, step)
             c = c.float().unsqueeze(-1)
             qq = torch.where(c > 0, (vb[idx] / c).round(), torch.zeros_like(vb[idx])).clamp(0, 63)
             ok = (c * qq == vb[idx]).all(-1)  # c * qq exact: 11 bits times 6
@@ -267,9 +270,7 @@ def _six_bit_offsets(w: Tensor, q: Tensor, d: Tensor, mid: Tensor) -> tuple[Tens
             idx = todo.nonzero(as_tuple=True)
             if not idx[0].numel():
                 return dmin.half(), mn.to(torch.uint8).view(n, g), shift.to(torch.uint8).view(n, g)
-            c = (top_v[idx] / max(top, 1)).half() if top else torch.zeros(len(idx[0]), dtype=torch.float16)
-            if step:
-                c = (c.view(torch.int16) + step).clamp(min=0).view(torch.float16)
+            c = _half_near(top_v[idx] / top, step) if top else torch.zeros(len(idx[0]), dtype=torch.float16)
             c = c.float().view(-1, 1, 1)  # [B, 1, 1]
             ww, qq, dd, mm, rr = w4[idx], q4[idx], d4[idx], mid3[idx].unsqueeze(-1), room[idx]
             got, kk = torch.full(rr.shape, -1.0), torch.zeros(rr.shape)
