@@ -147,12 +147,8 @@ static inline void rope(float* x, int64_t n_h, int64_t dh, const float* c, const
   float* t = grow(tmp, dh);
   for (int64_t hh = 0; hh < n_h; hh++) {
     float* v = x + hh * dh;
-    for (int64_t i = 0; i < dh; i++) {
-      const float r = i < half ? -v[i + half] : v[i - half];
-      const float a = v[i] * c[i];
-      const float b = r * s[i];
-      t[i] = a + b;
-    }
+    for (int64_t i = 0; i < half; i++) t[i] = v[i] * c[i] + (-v[i + half]) * s[i];   // two branch-free halves: vectorised
+    for (int64_t i = half; i < dh; i++) t[i] = v[i] * c[i] + v[i - half] * s[i];
     std::memcpy(v, t, dh * sizeof(float));
   }
 }
@@ -165,6 +161,9 @@ struct TreeRows {
   const int64_t* pslot;
   const uint64_t* anc;
 };
+// bytes of the next linear's weights fetched into L2 ahead of it, during the attention or the norms before it (the
+// first blocks of each matrix missed every cache: docs/experiments.md 8.17)
+constexpr int64_t PF_NEXT = 64 << 10;
 static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, const LMNet& net, const LMCache& c,
                           const TreeRows* tree = nullptr) {
   Work& ws = work();
@@ -190,6 +189,7 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
     rms_rows(x, y, M, d, w.n1w.data_ptr<float>(), (float)w.eps);
     tk.to(P_DEC_OTHER);
     lin_rows(w.qkv, y, big, M);                                               // [M][q H*Dh | k G*Dh | v G*Dh]
+    prefetch_lin(w.o, PF_NEXT);                                                // memory is idle during attention
     tk.to(P_DEC_LIN);
     float* kl = c.kv + li * ks[0];
     for (int64_t m = 0; m < M; m++) {
@@ -259,11 +259,13 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
     });
     tk.to(P_DEC_ATT);
     lin_rows(w.o, a, o, M);
+    prefetch_lin(w.gate_up, PF_NEXT);
     tk.to(P_DEC_LIN);
     for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
     rms_rows(x, y, M, d, w.n2w.data_ptr<float>(), (float)w.eps);
     tk.to(P_DEC_OTHER);
     lin_rows(w.gate_up, y, big, M);                                           // [M][gate F | up F]
+    prefetch_lin(w.down, PF_NEXT);
     tk.to(P_DEC_LIN);
     const int64_t f = w.down.K;
     for (int64_t m = 0; m < M; m++) {
@@ -273,6 +275,8 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
     }
     tk.to(P_DEC_OTHER);
     lin_rows(w.down, big, o, M);
+    if (li + 1 < net.layers.size()) prefetch_lin(net.layers[li + 1].qkv, PF_NEXT);
+    else if (!net.proj.screen) prefetch_lin(net.proj, PF_NEXT);              // head 1 after the final norm
     tk.to(P_DEC_LIN);
     for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
     tk.to(P_DEC_OTHER);

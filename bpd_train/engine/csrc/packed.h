@@ -294,6 +294,14 @@ struct Lin {
   void add_screen(const torch::Tensor& w);
 };
 
+// the first `bytes` of L's packed weights fetched into L2 (software prefetch, no wait): issued before work that
+// reads little memory (attention, norms), so that L's first blocks are there when lin_rows starts on them
+static inline void prefetch_lin(const Lin& L, int64_t bytes) {
+  const char* p = (const char*)L.data.data_ptr();
+  const int64_t n = std::min<int64_t>(bytes, L.data.numel() * L.data.element_size());
+  for (int64_t b = 0; b < n; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
+}
+
 static void lin_rows(const Lin& L, const float* x, float* y, int64_t M) {
   const float* bp = L.bias.has_value() ? L.bias->data_ptr<float>() : nullptr;
   const float* sp = L.scale.has_value() ? L.scale->data_ptr<float>() : nullptr;
