@@ -187,7 +187,7 @@ def test_native_sampling_rows_do_not_depend_on_batch_mates_and_seeds_reproduce(f
 
 @pytest.mark.parametrize("heads", ["chain", "medusa"])
 def test_native_blockwise_sampling_with_chained_and_medusa_heads_keeps_the_distribution(heads):
-    """Heads that read the token before their own (drafting after head 1's argmax, as the reference decoder's
+    """Heads that read the token before their own (drafting after the token drawn, as the reference decoder's
     draft_logits does) and Medusa blocks, random: the same enumerated test, and top_k=1 is greedy."""
     from bpd_train.model.lm.config import LMConfig
     from bpd_train.model.lm.model import LMModel
@@ -211,6 +211,53 @@ def test_native_blockwise_sampling_with_chained_and_medusa_heads_keeps_the_distr
     many = torch.tensor([[1, 4, 6, 3], [1, 5, 3, 3], [1, 6, 6, 4]])
     top1 = native_blockwise(model, many, max_len=10, temperature=0.7, top_k=1, seed=3)
     assert top1.tokens == greedy(model, many, max_len=10).tokens
+
+
+def bigram_lm_with_right_chained_head():
+    """A decoder-only model whose next token depends on the last token alone (its layers add nothing: a bigram
+    model) and a chained head 2 that is right under sampling: it reads the token before its target, e(prev), through
+    tok = c I, w1 = [I; -I], w2 = [I, -I] (w2 relu(w1 x) = x), so its state 2h + c e(prev) normalises to about
+    e(prev)'s, and its distribution is the model's after prev, whatever prev was drawn."""
+    from bpd_train.model.lm.config import LMConfig
+    from bpd_train.model.lm.model import LMModel
+
+    torch.manual_seed(5)
+    d = 16
+    cfg = LMConfig(vocab_size=8, d_model=d, n_layers=1, n_heads=2, d_ff=32, block_size=2, eos_id=2, heads="chain",
+                   head_d_hidden=2 * d, tie_output=False)
+    model = LMModel(cfg).eval()
+    eye = torch.eye(d)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.attn.o.weight.zero_()
+            layer.mlp.down.weight.zero_()
+        model.embed.weight.copy_(torch.randn(8, d))
+        model.embed.weight[:, 0] = 2.0  # one shared direction, which the output reads for EOS alone: long answers
+        model.lm_head.weight.copy_(torch.randn(8, d) * 0.5)
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[2, 0] = -3.0
+        hd = model.heads
+        hd.tok[0].copy_(1e4 * eye)
+        hd.w1[0].copy_(torch.cat([eye, -eye], 0))
+        hd.b1.zero_()
+        hd.w2[0].copy_(torch.cat([eye, -eye], 1))
+        hd.b2.zero_()
+    return model
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_chained_heads_under_sampling_read_the_token_drawn(native):
+    """Under sampling the token before head 2's target is the one drawn at the last accepted place, often not head
+    1's argmax: a chained head that reads it proposes from the model's own distribution there, so speculative
+    verification keeps nearly every draft (reading head 1's argmax instead kept two in three)."""
+    model = bigram_lm_with_right_chained_head()
+    src = torch.tensor([[1, 4, 6, 3]]).repeat(64, 1)
+    plain = sample(model, src, max_len=15, temperature=1.0, seed=3).tokens
+    assert len({t[0] for t in plain}) > 4  # the drawn tokens vary: often not the argmax
+    run = native_blockwise if native else speculative_sample  # 15 tokens: the first, then 7 blocks of 2
+    r = run(model, src, max_len=15, temperature=1.0, seed=3, verify="speculative", native=native)
+    steps, two = sum(r.accepted_hist.values()), r.accepted_hist.get(2, 0)
+    assert two / steps > 0.97, r.accepted_hist
 
 
 @pytest.mark.parametrize("family", ["mt", "lm"])

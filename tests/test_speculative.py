@@ -72,8 +72,8 @@ def set_heads(model, kind: str, monkeypatch, seed: int = 0):
         cls = type(default_weights(model).get(model))
         real = cls.logits
 
-        def pointing(self, h, lo=0, hi=1):
-            out = real(self, h, lo, hi)
+        def pointing(self, h, lo=0, hi=1, first=None):
+            out = real(self, h, lo, hi, first)
             if lo >= 1:  # heads 2..k (head 1 never comes through here with lo >= 1)
                 out = torch.full_like(out, -40.0)
                 out[..., WRONG] = 40.0
@@ -81,8 +81,8 @@ def set_heads(model, kind: str, monkeypatch, seed: int = 0):
 
         real_draft = cls.draft_logits
 
-        def pointing_draft(self, h, lo, hi):  # with a draft vocabulary: WRONG's column
-            out = torch.full_like(real_draft(self, h, lo, hi), -40.0)
+        def pointing_draft(self, h, lo, hi, first=None):  # with a draft vocabulary: WRONG's column
+            out = torch.full_like(real_draft(self, h, lo, hi, first), -40.0)
             out[..., WRONG if self.draft_ids is None else self.draft_ids.tolist().index(WRONG)] = 40.0
             return out
 

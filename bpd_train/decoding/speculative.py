@@ -154,10 +154,11 @@ class _Sampler:
     def probs(self, logits: Tensor) -> Tensor:
         return sampling_probs(logits, self.t, self.top_k, self.top_p)
 
-    def drafts(self, h: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def drafts(self, h: Tensor, u: Tensor, x0: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Heads 2..b at h [R,D]: their distributions q [R,b-1,Vd] over the draft vocabulary, each draft's column
-        in q [R,b-1] and its id d [R,b-1], one uniform each (u [R,b-1])."""
-        q = self.probs(self.w.draft_logits(h, 1, self.kb))
+        in q [R,b-1] and its id d [R,b-1], one uniform each (u [R,b-1]). Chained heads read x0 [R], the token
+        drawn at h (not head 1's argmax: under sampling the next token is often another)."""
+        q = self.probs(self.w.draft_logits(h, 1, self.kb, x0))
         col = draw(q, u)
         return q, col, col if self.ids is None else self.ids[col]
 
@@ -237,7 +238,7 @@ class _Sampler:
         h = model.decode(state, start_tokens(model, state, orig.size, dev))[:, 0]  # [R,D]
         u = uniforms(gens, kb)
         x0 = draw(self.probs(self.w.head1(h)), u[:, 0].to(dev))  # [R]
-        q, col, d = self.drafts(h, u[:, 1:].to(dev))
+        q, col, d = self.drafts(h, u[:, 1:].to(dev), x0)
         out[orig, 0] = x0.cpu().numpy()
         length = np.ones(orig.size, dtype=np.int64)  # cached tokens = tokens out (BOS + x0..)
         d, looked, width = self.looked_up(d, out, orig, length)
@@ -283,7 +284,7 @@ class _Sampler:
             hist += np.bincount(c, minlength=kb + 1)
             done = eos_in_block | is_stop(new_np[np.arange(r), n_np], eos) | (length >= limit)
             x0 = nxt
-            q, col, d = self.drafts(h[rows, n], u[:, kb:])
+            q, col, d = self.drafts(h[rows, n], u[:, kb:], nxt)
             d, looked, width = self.looked_up(d, out, orig, length)
         return self.result(out, out_len, hist, calls)
 

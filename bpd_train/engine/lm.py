@@ -261,16 +261,17 @@ class LMDecodeWeights(DecodeStep):
                 parts.append(self.final_norm(h.unsqueeze(-2) + out.view(*h.shape[:-1], hi - lo, self.d)))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
-    def logits(self, h: Tensor, lo: int = 0, hi: int = 1) -> Tensor:
-        """Full-vocabulary logits of heads lo..hi-1: h [...,D] -> [...,hi-lo,V]."""
-        return self.proj(self.states(h, lo, hi))
+    def logits(self, h: Tensor, lo: int = 0, hi: int = 1, first: Tensor | None = None) -> Tensor:
+        """Full-vocabulary logits of heads lo..hi-1: h [...,D] -> [...,hi-lo,V] (first: see states)."""
+        return self.proj(self.states(h, lo, hi, first))
 
-    def draft_logits(self, h: Tensor, lo: int, hi: int) -> Tensor:
+    def draft_logits(self, h: Tensor, lo: int, hi: int, first: Tensor | None = None) -> Tensor:
         """Logits of heads lo..hi-1 (lo >= 1) over the draft vocabulary, columns in draft_ids' order, in the
-        proposal precision: h [...,D] -> [...,hi-lo,len(draft_ids)]; without a draft vocabulary `logits`."""
+        proposal precision: h [...,D] -> [...,hi-lo,len(draft_ids)]; without a draft vocabulary `logits`. first:
+        the token before head lo's target, which chained heads read (None: head lo-1's argmax)."""
         if self.draft_proj is None:
-            return self.logits(h, lo, hi)
-        return self.draft_proj(self.states(h, lo, hi))
+            return self.logits(h, lo, hi, first)
+        return self.draft_proj(self.states(h, lo, hi, first))
 
     def head1(self, h: Tensor) -> Tensor:
         """Head 1's (the LM's) logits: h [...,D] -> [...,V]."""

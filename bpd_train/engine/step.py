@@ -38,8 +38,9 @@ class DecodeStep(Protocol):
         """[..., hi - lo, V] heads lo..hi-1's logits."""
         ...
 
-    def draft_logits(self, h: Tensor, lo: int, hi: int) -> Tensor:
-        """[..., hi - lo, len(draft_ids)] heads lo..hi-1's logits over the draft vocabulary (logits without one)."""
+    def draft_logits(self, h: Tensor, lo: int, hi: int, first: Tensor | None = None) -> Tensor:
+        """[..., hi - lo, len(draft_ids)] heads lo..hi-1's logits over the draft vocabulary (logits without one);
+        first [...]: the token before head lo's target, which chained heads read (None: head lo-1's argmax)."""
         ...
 
     def head1(self, h: Tensor) -> Tensor:

@@ -126,7 +126,7 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
   std::vector<int64_t> x0(tt.data_ptr<int64_t>(), tt.data_ptr<int64_t>() + R0), len(lt.data_ptr<int64_t>(),
       lt.data_ptr<int64_t>() + R0), room(rt.data_ptr<int64_t>(), rt.data_ptr<int64_t>() + R0), id(R0), wid(R0, 1);
   std::vector<int64_t> dr(R0 * nh, x0.empty() ? 0 : x0[0]), look(R0 * nh, 0), cnt(R0, 0);
-  std::vector<int64_t> hist(kb + 1, 0), n(R0), g1(R0), ended(R0), act, nact, ids, fed, slot, tmp(nh);
+  std::vector<int64_t> hist(kb + 1, 0), n(R0), ended(R0), act, nact, ids, fed, slot, tmp(nh);
   std::vector<double> qd(R0 * nh, 1.0), q((size_t)R0 * nh * Vd, 0.0), p((size_t)R0 * V), res(V);
   std::vector<float> h, hv, lg;
   std::vector<int64_t> cho(R0, -1), pos0(R0), hrow(R0, 0);
@@ -149,7 +149,6 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
       sample_tree_step(mdl, smp, tx, par, t + len[0], pos0[id[0]] + cnt[id[0]], id[0], h, p, tslot, pslot, anc, path,
                        ids, group, q.data(), tcol.data(), mdl.tree_depth, dmap, Vd, res, dr.data(), n[0], hrow[0],
                        cho[0]);
-      g1[0] = ids[0];
     } else {
       for (int64_t r = 0; r < R; r++) B = std::max(B, wid[r]);
       fed.resize(R * B);
@@ -181,7 +180,6 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
           bool going = true;
           for (int64_t j = done; j < done + cols && going; j++) {
             const float* lj = work().logits.data() + (a * cols + j - done) * V;
-            g1[r] = ids[a * cols + j - done];
             n[r] = j;
             going = j < wid[r] - 1 && !(j > 0 && mdl.stop(fed[r * B + j]));
             if (smp.match) {                           // the token chosen at position j: kept where drafted
@@ -252,7 +250,7 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
         grow(ids, dep);
         grow(lg, dep * Vd);
         Tick tp2;
-        mdl.propose(h.data() + hrow[0] * d, 1, dep, g1.data(), ids.data(), lg.data());
+        mdl.propose(h.data() + hrow[0] * d, 1, dep, x0.data(), ids.data(), lg.data());
         tp2.to(P_PROPOSE_PROJ);
         // each depth's candidates (q over the draft vocabulary: row 0's slots of q). match: the likeliest winners
         // of the race at its place; else a draw from q first (verified as a chain's draft), then q's likeliest others
@@ -299,7 +297,7 @@ static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, to
         std::vector<int64_t> first(A);
         for (int64_t a = 0; a < A; a++) {
           std::memcpy(hv.data() + a * d, h.data() + hrow[act[a]] * d, d * sizeof(float));
-          first[a] = g1[act[a]];
+          first[a] = x0[act[a]];                     // chained heads read the token drawn, not head 1's argmax
         }
         Tick tp2;
         mdl.propose(hv.data(), A, need, first.data(), ids.data(), lg.data());
