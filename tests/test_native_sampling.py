@@ -223,8 +223,18 @@ def bigram_lm_with_right_chained_head():
 
     torch.manual_seed(5)
     d = 16
-    cfg = LMConfig(vocab_size=8, d_model=d, n_layers=1, n_heads=2, d_ff=32, block_size=2, eos_id=2, heads="chain",
-                   head_d_hidden=2 * d, tie_output=False)
+    cfg = LMConfig(
+        vocab_size=8,
+        d_model=d,
+        n_layers=1,
+        n_heads=2,
+        d_ff=32,
+        block_size=2,
+        eos_id=2,
+        heads="chain",
+        head_d_hidden=2 * d,
+        tie_output=False,
+    )
     model = LMModel(cfg).eval()
     eye = torch.eye(d)
     with torch.no_grad():
