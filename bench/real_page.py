@@ -54,10 +54,11 @@ def _label(e: dict) -> str:
     return f"{e.get('engine', 'ours')} {e.get('dtype', '')}".strip() + _bpw(e)
 
 
-def _decoding(e: dict) -> str:
+def _decoding(e: dict, named: bool = False) -> str:
+    """How an engine decoded; named: with its heads' name (a cell that times several trained models)."""
     if e.get("decoder") != "blockwise":
         return e.get("decoder", "greedy")
-    out = f"exact blockwise, k = {e['k']}"
+    out = "exact blockwise" + (f", {e['heads']}" if named and e.get("heads") else "") + f", k = {e['k']}"
     if e.get("lookup"):
         out += f", lookup {e['lookup']}"
     if e.get("narrow"):
@@ -80,13 +81,19 @@ def _order(e: dict) -> tuple:
     return (eng, not e.get("as_shipped"), dt, e.get("decoder") != "greedy")
 
 
+def _several_heads(cell: dict) -> bool:
+    """Whether a cell times more than one trained model (its blockwise rows then name their heads)."""
+    return len({e.get("heads") for e in cell["engines"] if e.get("decoder") == "blockwise"}) > 1
+
+
 def headline_rows(cell: dict) -> list[list[str]]:
     """One line per engine of a batch-1 cell: precision and bytes, decoding, tokens/s, speed over our greedy of
     the same precision and over the reference (llama.cpp's greedy on the file), k-hat, exactness, fp32 answers."""
+    named = _several_heads(cell)
     return [
         [
             _label(e),
-            _decoding(e),
+            _decoding(e, named),
             _tok(e["tok_s"]),
             _x(e.get("vs_greedy")),
             "1 (reference)" if e["name"] == cell.get("reference") else _x(e.get("vs_reference")),
@@ -186,7 +193,7 @@ def page(result: dict, json_name: str | None = None) -> str:
                 "lrrr",
                 [
                     [
-                        _decoding(e),
+                        _decoding(e, _several_heads(cell)),
                         _tok(e["tok_s"]),
                         _x(e.get("vs_greedy")),
                         _frac(e.get("identical_to_greedy")),
@@ -315,7 +322,12 @@ def per_kind_table(cell: dict) -> list[str]:
         ]
         for k in kinds
     ]
-    head = ["kind of request", "requests", *(f"{e['dtype']}: k̂ / × greedy" for e in blk)]
+    named = _several_heads(cell)
+    head = [
+        "kind of request",
+        "requests",
+        *(f"{e['dtype']}{', ' + e['heads'] if named and e.get('heads') else ''}: k̂ / × greedy" for e in blk),
+    ]
     return ["Per kind of request (k̂, and the median over that kind's requests of the speed over greedy):", ""] + _table(
         head, "lr" + "r" * len(blk), lines
     )

@@ -403,3 +403,17 @@ def test_bench_real_refuses_sampling_at_temperature_0_or_a_bad_nucleus(capsys):
     with pytest.raises(SystemExit) as e:
         real.main(["--temperature", "0.7", "--no-transformers"])
     assert e.value.code == 2 and "--heads" in capsys.readouterr().err
+
+
+def test_a_cell_that_times_several_trained_models_names_their_heads_in_every_row():
+    page = _load("real_page")
+    two = json.loads((REPO_ROOT / "docs/results/real-avx512-zen5-sampling-chain.json").read_text("utf-8"))
+    cell = next(c for c in two["rows"] if c["kind"] == "batch 1")
+    blockwise = [r[1] for r in page.headline_rows(cell) if r[1].startswith("exact blockwise")]
+    assert len(blockwise) == 2 and len(set(blockwise)) == 2
+    assert any("distill-medusa-k8" in r for r in blockwise) and any("distill-chain-k8-kd08" in r for r in blockwise)
+    kinds = "\n".join(page.per_kind_table(cell))
+    assert "q4, distill-medusa-k8: k̂" in kinds and "q4, distill-chain-k8-kd08: k̂" in kinds
+    one = json.loads((REPO_ROOT / page.README_JSON).read_text("utf-8"))
+    cell = next(c for c in one["rows"] if c["kind"] == "batch 1")
+    assert not any("distill-" in r[1] for r in page.headline_rows(cell))  # one trained model: no names
