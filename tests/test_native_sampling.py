@@ -331,3 +331,27 @@ def test_every_precision_samples_natively_and_match_keeps_its_tokens(dtype, monk
             model, src, block_size=3, max_len=12, row_seeds=seeds, temperature=0.8, weights=weights(**look)
         )
         assert r.tokens == plain.tokens and r.mean_accepted > 1.0, look
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 0.9), (1.0, 0, 0.9), (1.0, 0, 0.5), (0.7, 50, 0.95),
+                                                       (1.3, 0, 1.0), (1.0, 3000, 0.99)])  # fmt: skip
+def test_the_native_distribution_is_the_references_over_a_full_vocabulary(temperature, top_k, top_p):
+    """Sampler::probs (which ranks for top-p only the ids that can be in the nucleus) against decoding/sampling.py's
+    sampling_probs over a real vocabulary's size: the same kept ids, ties included (logits on a grid of quarters),
+    and the same probabilities to float rounding, for peaked and flat rows."""
+    from bpd_train.decoding.sampling import sampling_probs
+    from bpd_train.engine.fastlinear import native_kernels
+
+    g = torch.Generator().manual_seed(4)
+    v = 49152
+    rows = torch.cat([torch.randn(3, v, generator=g) * s for s in (4.0, 1.5, 0.3)])
+    rows = (rows * 4).round() / 4  # ties among the likeliest ids
+    ref = sampling_probs(rows, temperature, top_k, top_p)
+    if top_p < 1.0:  # (no row's nucleus ends within rounding of top_p: the set is unambiguous)
+        cum = ref.sort(dim=-1, descending=True).values.cumsum(-1)
+        assert ((cum - top_p).abs() > 1e-9).all()
+    got = native_kernels().sampling_probs(rows, temperature, top_k, top_p)
+    assert torch.equal(got > 0, ref > 0)
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-12)
+    kept = (got > 0).sum(-1)
+    assert int(kept.min()) >= 1 and (top_p == 1.0 or int(kept[:3].max()) < int(kept[6:].min()))  # peaked < flat

@@ -190,6 +190,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_steps", &block_steps);
   m.def("batch_block_steps", &batch_block_steps);
   m.def("profile", &profile);
+  m.def("sampling_probs", &sampling_probs, "the native loops' sampling distribution of rows of logits (tests)");
   m.def("set_screen_two", [](bool on) { g_screen_two = on; }, "AVX2 builds: screen with two int8 passes, not one int16 pass");
   m.def("screen_stats", &screen_stats, "screened argmax rows, full-pass rows, exact candidates since the last reset");
   m.def("copy_rows", &copy_rows, "rows dst of x = rows src (cache reorders)");

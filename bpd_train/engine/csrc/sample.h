@@ -18,6 +18,17 @@ static inline uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// the largest of x[0..n) ignoring NaNs (as a std::max loop from -inf), 16 lanes at a time
+static inline float max_of(const float* x, int64_t n) {
+  float m = -INFINITY;
+  vf mv = vbcast(&m);
+  int64_t v = 0;
+  for (; v + L <= n; v += L) mv = vmax(vload(x + v), mv);   // (a NaN in x: max returns the second operand)
+  m = hmax(mv);
+  for (; v < n; v++) m = std::max(m, x[v]);
+  return m;
+}
+
 struct Sampler {
   double temp = 1.0, top_p = 1.0;
   int64_t top_k = 0;
@@ -26,7 +37,7 @@ struct Sampler {
   int64_t* rng = nullptr;
   bool match = false;       // blockwise sampling keeps a draft only where it is the token choose() picks there
   mutable std::vector<float> xf, tf;
-  mutable std::vector<double> ub;
+  mutable std::vector<double> ub, kb;
   mutable std::vector<int64_t> rank;
 
   // Row `row`'s next uniform in [0, 1): the splitmix64 sequence keyed by its seed, at its own counter, so a row's
@@ -102,8 +113,7 @@ struct Sampler {
     // shifted by the largest logit first (softmax does not change), so a tiny temperature gives 0 and -inf, never
     // inf - inf
     const float it = (float)std::min(1.0 / temp, (double)FLT_MAX);
-    float lmax = -INFINITY;
-    for (int64_t v = 0; v < V; v++) lmax = std::max(lmax, l[v]);
+    const float lmax = max_of(l, V);
     float* x = grow(xf, V);
     for (int64_t v = 0; v < V; v++) x[v] = (l[v] - lmax) * it;
     float kth = -INFINITY;
@@ -113,40 +123,50 @@ struct Sampler {
       std::nth_element(t, t + top_k - 1, t + V, std::greater<float>());
       kth = t[top_k - 1];
     }
-    float mx = -INFINITY;
-    for (int64_t v = 0; v < V; v++) {
-      if (x[v] < kth) x[v] = -INFINITY;
-      mx = std::max(mx, x[v]);
-    }
+    if (kth > -INFINITY)
+      for (int64_t v = 0; v < V; v++) if (x[v] < kth) x[v] = -INFINITY;
+    const float mx = max_of(x, V);
     const vf vm = vbcast(&mx);
     int64_t v = 0;
     for (; v + L <= V; v += L) vstore(x + v, vexp(vsub(vload(x + v), vm)));   // (-inf lanes give 0)
     for (; v < V; v++) x[v] = x[v] == -INFINITY ? 0.0f : std::exp(x[v] - mx);
-    double s = 0.0;
-    for (int64_t u = 0; u < V; u++) s += (out[u] = (double)x[u]);
-    for (int64_t u = 0; u < V; u++) out[u] /= s;
+    double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};   // eight running sums, added in a fixed tree
+    int64_t u = 0;
+    for (; u + 8 <= V; u += 8)
+      for (int j = 0; j < 8; j++) acc[j] += (out[u + j] = (double)x[u + j]);
+    for (; u < V; u++) acc[0] += (out[u] = (double)x[u]);
+    const double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (u = 0; u < V; u++) out[u] /= s;
     if (top_p < 1.0) nucleus(out, V);
   }
 
   // keep the most likely tokens (ties by id) ranked before the probability ranked above them reaches top_p, then
   // renormalise. Only the first m ranks are sorted, m growing until the nucleus ends within them (as _nucleus).
+  // Ranked first: the ids of q >= (1 - top_p) / V alone. They rank before every other id and the others hold less
+  // than 1 - top_p, so the nucleus ends among them, the same ranks and sums as over every id; where rounding says
+  // otherwise, every id of q > 0 is ranked.
   void nucleus(double* q, int64_t V) const {
     int64_t* r = grow(rank, V);
-    int64_t n = 0;
-    for (int64_t v = 0; v < V; v++) if (q[v] > 0.0) r[n++] = v;
     auto before = [&](int64_t a, int64_t b) { return q[a] > q[b] || (q[a] == q[b] && a < b); };
-    int64_t m = std::min<int64_t>(n, 64), size = 0;
-    while (true) {
-      std::partial_sort(r, r + m, r + n, before);
-      double above = 0.0;
-      size = 0;
-      for (; size < m && above < top_p; size++) above += q[r[size]];
-      if (above >= top_p || m == n) break;              // the nucleus ends within the first m ranks
-      m = std::min<int64_t>(n, m * 8);
-    }
+    int64_t size = 0;
+    auto cut = [&](double floor) {                      // -> whether the nucleus ends among the ids ranked
+      int64_t n = 0;
+      for (int64_t v = 0; v < V; v++) if (q[v] > 0.0 && q[v] >= floor) r[n++] = v;
+      int64_t m = std::min<int64_t>(n, 64);
+      while (true) {
+        std::partial_sort(r, r + m, r + n, before);
+        double above = 0.0;
+        size = 0;
+        for (; size < m && above < top_p; size++) above += q[r[size]];
+        if (above >= top_p) return true;                // the nucleus ends within the first m ranks
+        if (m == n) return false;
+        m = std::min<int64_t>(n, m * 8);
+      }
+    };
+    if (!cut((1.0 - top_p) / (double)V)) cut(0.0);
     double s = 0.0;
     for (int64_t i = 0; i < size; i++) s += q[r[i]];
-    std::vector<double> keep(size);
+    double* keep = grow(kb, size);
     for (int64_t i = 0; i < size; i++) keep[i] = q[r[i]] / s;
     std::fill(q, q + V, 0.0);
     for (int64_t i = 0; i < size; i++) q[r[i]] = keep[i];
@@ -173,6 +193,22 @@ struct Sampler {
     return choose(l, V, nullptr, row, rng[2 * row + 1]++, buf);
   }
 };
+
+// The native loops' sampling distribution of each row of logits [R, V] (float32) as float64 [R, V]: Sampler::probs
+// (for tests against decoding/sampling.py's sampling_probs)
+static torch::Tensor sampling_probs(const torch::Tensor& logits, double temperature, int64_t top_k, double top_p) {
+  TORCH_CHECK(logits.dim() == 2 && temperature > 0.0 && top_k >= 0 && top_p > 0.0 && top_p <= 1.0,
+              "sampling_probs: logits [R, V], temperature > 0, top_k >= 0, 0 < top_p <= 1");
+  auto l = logits.to(torch::kFloat32).contiguous();
+  auto out = torch::empty(l.sizes(), l.options().dtype(torch::kDouble));
+  Sampler smp;
+  smp.temp = temperature;
+  smp.top_k = top_k;
+  smp.top_p = top_p;
+  const int64_t R = l.size(0), V = l.size(1);
+  for (int64_t r = 0; r < R; r++) smp.probs(l.data_ptr<float>() + r * V, V, out.data_ptr<double>() + r * V);
+  return out;
+}
 
 // The sampling settings the entry points take: s = [temperature, top_k, top_p(, match)] (float64), rng [rows, 2]
 // int64 (seed, counter) or none for greedy decoding
