@@ -37,8 +37,12 @@ struct Sampler {
   int64_t* rng = nullptr;
   bool match = false;       // blockwise sampling keeps a draft only where it is the token choose() picks there
   mutable std::vector<float> xf, tf;
-  mutable std::vector<double> ub, kb;
-  mutable std::vector<int64_t> rank;
+  struct QId {
+    double q;
+    int64_t id;
+  };
+  mutable std::vector<double> ub;
+  mutable std::vector<QId> rank;
 
   // Row `row`'s next uniform in [0, 1): the splitmix64 sequence keyed by its seed, at its own counter, so a row's
   // numbers depend on its seed and its own draws only (never on its batch mates)
@@ -140,36 +144,55 @@ struct Sampler {
     if (top_p < 1.0) nucleus(out, V);
   }
 
+  // the ids of r [n] (q side by side) whose q >= f, for the highest f = 2^-(b+1) with mass(q >= f) >= top_p: their
+  // probabilities summed by binary order of magnitude (bucket b: q in [2^-(b+1), 2^-b)), f the lower edge of the
+  // bucket where the sum from the top reaches top_p (the ranking checks the sum again). Returns the ids kept.
+  int64_t above_floor(QId* r, int64_t n) const {
+    double mass[64] = {};
+    for (int64_t i = 0; i < n; i++) {
+      int e;
+      std::frexp(r[i].q, &e);                            // q in [2^(e-1), 2^e)
+      mass[std::min(63, std::max(0, -e))] += r[i].q;
+    }
+    double above = 0.0;
+    int b = 0;
+    for (; b < 63 && (above += mass[b]) < top_p; b++) {}
+    const double f = std::ldexp(1.0, -(b + 1));
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) if (r[i].q >= f) r[k++] = r[i];
+    return k;
+  }
+
   // keep the most likely tokens (ties by id) ranked before the probability ranked above them reaches top_p, then
-  // renormalise. Only the first m ranks are sorted, m growing until the nucleus ends within them (as _nucleus).
-  // Ranked first: the ids of q >= (1 - top_p) / V alone. They rank before every other id and the others hold less
-  // than 1 - top_p, so the nucleus ends among them, the same ranks and sums as over every id; where rounding says
-  // otherwise, every id of q > 0 is ranked.
+  // renormalise. Ranked: the ids of q >= (1 - top_p) / V alone (and of those, where many, the binades the nucleus
+  // reaches). They rank before every other id and the others hold less than 1 - top_p, so the nucleus ends among
+  // them, with the same ranks and sums as over every id; where rounding says otherwise, every id of q > 0 is
+  // ranked. Their first 64 ranks are sorted, all of them where the nucleus ends further down.
   void nucleus(double* q, int64_t V) const {
-    int64_t* r = grow(rank, V);
-    auto before = [&](int64_t a, int64_t b) { return q[a] > q[b] || (q[a] == q[b] && a < b); };
+    QId* r = grow(rank, V);                             // (probability, id) side by side: the sort reads no q[id]
+    auto before = [](const QId& a, const QId& b) { return a.q > b.q || (a.q == b.q && a.id < b.id); };
     int64_t size = 0;
     auto cut = [&](double floor) {                      // -> whether the nucleus ends among the ids ranked
       int64_t n = 0;
-      for (int64_t v = 0; v < V; v++) if (q[v] > 0.0 && q[v] >= floor) r[n++] = v;
+      for (int64_t v = 0; v < V; v++) if (q[v] > 0.0 && q[v] >= floor) r[n++] = {q[v], v};
+      if (floor > 0.0 && n > 256) n = above_floor(r, n);  // (many ids: only the binades the nucleus reaches)
       int64_t m = std::min<int64_t>(n, 64);
       while (true) {
-        std::partial_sort(r, r + m, r + n, before);
+        if (m < n) std::partial_sort(r, r + m, r + n, before);
+        else std::sort(r, r + n, before);
         double above = 0.0;
         size = 0;
-        for (; size < m && above < top_p; size++) above += q[r[size]];
+        for (; size < m && above < top_p; size++) above += r[size].q;
         if (above >= top_p) return true;                // the nucleus ends within the first m ranks
         if (m == n) return false;
-        m = std::min<int64_t>(n, m * 8);
+        m = n;                                          // the rest of the few ids above the floor: all sorted
       }
     };
     if (!cut((1.0 - top_p) / (double)V)) cut(0.0);
     double s = 0.0;
-    for (int64_t i = 0; i < size; i++) s += q[r[i]];
-    double* keep = grow(kb, size);
-    for (int64_t i = 0; i < size; i++) keep[i] = q[r[i]] / s;
+    for (int64_t i = 0; i < size; i++) s += r[i].q;
     std::fill(q, q + V, 0.0);
-    for (int64_t i = 0; i < size; i++) q[r[i]] = keep[i];
+    for (int64_t i = 0; i < size; i++) q[r[i].id] = r[i].q / s;
   }
 
   // an id drawn from the non-negative weights w [V] (unnormalised) with uniform u: the first id whose running sum
