@@ -134,13 +134,9 @@ struct Sampler {
     int64_t v = 0;
     for (; v + L <= V; v += L) vstore(x + v, vexp(vsub(vload(x + v), vm)));   // (-inf lanes give 0)
     for (; v < V; v++) x[v] = x[v] == -INFINITY ? 0.0f : std::exp(x[v] - mx);
-    double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};   // eight running sums, added in a fixed tree
-    int64_t u = 0;
-    for (; u + 8 <= V; u += 8)
-      for (int j = 0; j < 8; j++) acc[j] += (out[u + j] = (double)x[u + j]);
-    for (; u < V; u++) acc[0] += (out[u] = (double)x[u]);
-    const double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (u = 0; u < V; u++) out[u] /= s;
+    for (int64_t u = 0; u < V; u++) out[u] = (double)x[u];
+    const double s = sum8(out, V);                      // (eight running sums in a fixed order: step.h)
+    for (int64_t u = 0; u < V; u++) out[u] /= s;
     if (top_p < 1.0) nucleus(out, V);
   }
 
