@@ -21,7 +21,7 @@ static inline __m256i q4codes(const uint8_t* g, int64_t kk) {
 
 // R rows ([R][K]) times S sub-blocks side by side (16 weight rows each, ss bytes apart): out[i][s * 16 ..] at
 // out + i * NB; pf (or null): the next block's same sub-blocks, fetched into L2 meanwhile (one row's four streams
-// from memory ran at half speed without it). Each output's FMA chain runs over k in order from zero whatever R and
+// from memory are the prefetchers' hard case: docs/experiments.md 8.16). Each output's FMA chain runs over k in order from zero whatever R and
 // S; S > 1 gives the FMA pipes 2 R S independent chains where one sub-block's 2 R would leave them waiting on their
 // latency (a row or two).
 // Every loop over rows and sub-blocks is unrolled: left as loops, the accumulators of 4 or more rows lived on the
