@@ -9,7 +9,7 @@
 # make results — docs/results.md and README.md's results block from make demo's evaluation report (the only
 #                target that changes tracked files; make demo writes its page under artifacts/demo/results/)
 # make bench-real — make demo-real's heads timed against our greedy and llama.cpp on this CPU, one protocol for all
-#                  (about 18 min; artifacts/bench-real/); make results-real: the committed pages and README's block
+#                  (45 held-out requests; artifacts/bench-real/); make results-real: the committed pages and README's block
 PY ?= python3
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
@@ -106,7 +106,7 @@ smoke-real: install
 	$(PYTHON) tests/_gguf_files.py artifacts/smoke-real/tiny.gguf
 	$(PYTHON) -m bpd_train.real_model --run --experiment smoke-real --gguf artifacts/smoke-real/tiny.gguf
 
-# make demo-real's heads timed on this CPU under bench/protocol.py (about 18 min on 2 idle cores): our greedy and exact
+# make demo-real's heads timed on this CPU under bench/protocol.py (45 held-out requests: 17 min on an idle Zen 5 core): our greedy and exact
 # blockwise (k = 4, the setting the evaluation exports) in int8 / q4 / bf16 / fp32 (batch 8 in int8), and llama.cpp on the file as shipped where the bench-llama extra is installed, on
 # the held-out requests; page and JSON under artifacts/bench-real/. Without heads it times greedy, steps and peers.
 # To publish a run: copy its real-<isa>.json into docs/results/, then make results-real.
@@ -114,7 +114,7 @@ BENCH_HEADS ?= artifacts/real/general_chat/heads/distill-medusa-k8
 # the held-out kinds on held-out topics, less the requests the evaluation chose its exported settings on
 BENCH_PROMPTS ?= artifacts/real/prompts/unseen.jsonl
 BENCH_EXCLUDE ?= artifacts/real/prompts/validation.jsonl
-BENCH_ARGS ?= --threads 1 --dtype int8 q4 bf16 fp32 --batch-dtype int8 --k 4 8 --step-prompts 2 --max-prompts 12 --new-tokens 64 --transformers-prompts 2
+BENCH_ARGS ?= --threads 1 --dtype int8 q4 bf16 fp32 --batch-dtype int8 --k 4 8 --step-prompts 2 --max-prompts 45 --new-tokens 64 --transformers-prompts 2
 bench-real: install-real
 	$(PYTHON) bench/real.py $(BENCH_ARGS) \
 	  $(if $(wildcard $(BENCH_HEADS)),--heads $(BENCH_HEADS) --heads-k 4 --lookup 3 --narrow 2) \
