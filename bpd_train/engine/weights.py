@@ -43,7 +43,10 @@ class PackedWeights:
         key = weights_key(model, self.options)
         if self._cache is None or self._cache[0] != key:
             with torch.no_grad():
-                self._cache = (key, build_step_weights(model, self.options))
+                built = build_step_weights(model, self.options)
+            # keyed as the next call reads it: the first build of a process loads the native kernels, which read
+            # the key natively from then on (a key taken before would never match: the weights packed twice)
+            self._cache = (weights_key(model, self.options), built)
         return self._cache[1]
 
     @property
