@@ -153,6 +153,7 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
         "distill-chain-k3",
         "evaluate",
         "evaluate bf16",
+        "evaluate q4",
         "export bundle",
         "export hf",
         "export vllm",
@@ -185,14 +186,14 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     exact = [row for row in report["rows"] if row["rule"] == "exact"]
     assert {row["batch_size"] for row in exact} == {1, 8} and all(row["agreement"] == 100.0 for row in exact)
     assert {c["decode"]["dtype"] for c in report["checkpoints"]} == {"fp32"}
-    # and in bf16 and int8 (pipeline.real.also_bf16 / also_int8): exact against greedy of that precision, its own
-    # report; the three side by side in tokens/s
-    for dtype in ("bf16", "int8"):
+    # and in bf16, int8 and q4 (pipeline.real.also_*): exact against greedy of that precision, its own report; the
+    # four side by side in tokens/s
+    for dtype in ("bf16", "int8", "q4"):
         other = json.loads((corpus / "eval" / f"real-{dtype}" / "report.json").read_text())
         assert {c["decode"]["dtype"] for c in other["checkpoints"]} == {dtype}
         assert all(row["agreement"] == 100.0 for row in other["rows"] if row["rule"] == "exact")
     table = (corpus / "eval" / "precisions.md").read_text()
-    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == ["| fp32", "| bf16", "| int8"]
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == ["| fp32", "| bf16", "| int8", "| q4"]
     assert (corpus / "export" / "best" / "model.safetensors").is_file()
     assert (corpus / "export" / "best-hf" / "custom_generate" / "generate.py").is_file()
     assert json.loads((corpus / "export" / "best-medusa-vllm" / "config.json").read_text())
@@ -202,12 +203,13 @@ def test_smoke_real_chain_end_to_end_resumes_and_is_exact(tmp_path):
     r2 = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert "done in" not in r2.stdout.replace("pipeline finished", ""), r2.stdout[-3000:]
-    assert r2.stdout.count("skipped") == 1 + 1 + 3 + 3 + 3
+    assert r2.stdout.count("skipped") == 1 + 1 + 3 + 4 + 3
     # another decode setting makes the report stale: evaluation and the exports again, nothing before them
     r3 = subprocess.run([*cmd, "decode.narrow=0"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r3.returncode == 0, r3.stderr[-3000:]
     assert "=== evaluate: done in" in r3.stdout and "=== export bundle: done in" in r3.stdout, r3.stdout[-3000:]
     assert "=== evaluate bf16: done in" in r3.stdout and "=== evaluate int8: done in" in r3.stdout, r3.stdout[-3000:]
+    assert "=== evaluate q4: done in" in r3.stdout, r3.stdout[-3000:]
     assert r3.stdout.count("skipped") == 1 + 1 + 3, r3.stdout[-3000:]
 
 
@@ -287,6 +289,11 @@ def test_the_extra_evaluations_follow_their_settings_and_the_cpu():
     assert not _also("auto", "int8", "int8")
     assert _also("auto", "bf16", "fp32") == bool(bf16_compute())
     assert _also("auto", "int8", "fp32") == bool(int8_compute())
+    # q4 where serving the file picks it: a 4-bit file on a CPU with the int8 kernels, never an F32 / Q8_0 one
+    assert _also("auto", "q4", "fp32", "Q4_1") == bool(int8_compute()) == _also("auto", "q4", "int8", "Q4_K")
+    assert not _also("auto", "q4", "fp32", "F32") and not _also("auto", "q4", "fp32", "Q8_0")
+    assert not _also("auto", "q4", "fp32", None) and _also("true", "q4", "fp32", "F32")
+    assert not _also("auto", "q4", "q4", "Q4_1")
     with pytest.raises(PromptsError, match="also_int8='sometimes': auto, true or false"):
         _also("sometimes", "int8", "fp32")
 
@@ -356,6 +363,7 @@ def test_heads_for_a_users_own_requests_file_in_one_command(tmp_path):
         "pipeline.real.runs=[medusa-k3]",
         "pipeline.real.also_bf16=false",
         "pipeline.real.also_int8=false",
+        "pipeline.real.also_q4=false",
     ]
     r = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])

@@ -57,7 +57,7 @@ def smollm2_file() -> Path | None:
 
 
 class PromptsError(ValueError):
-    """Bad pipeline.real settings (prompts, runs, also_bf16 / also_int8): one line, exit 2."""
+    """Bad pipeline.real settings (prompts, runs, also_bf16 / also_int8 / also_q4): one line, exit 2."""
 
 
 def _evenly(n: int, m: int) -> list[int]:
@@ -341,9 +341,11 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _also(setting: Any, extra: str, dtype: str) -> bool:
-    """pipeline.real.also_<extra> (bf16 or int8): true / false, or auto (where the CPU computes in that precision:
-    AVX512_BF16 or AMX for bf16, an int8 dot product for int8). Never where decode.dtype is that precision already."""
+def _also(setting: Any, extra: str, dtype: str, weight_type: str | None = None) -> bool:
+    """pipeline.real.also_<extra> (bf16, int8 or q4): true / false, or auto (where the CPU computes in that
+    precision: AVX512_BF16 or AMX for bf16, an int8 dot product for int8; q4 where serving the model's file picks
+    it, a Q4_0 / Q4_1 / Q4_K file's `weight_type` on a CPU with the int8 kernels). Never where decode.dtype is that
+    precision already."""
     word = str(setting).lower()
     if word not in ("auto", "true", "false"):
         raise PromptsError(f"pipeline.real.also_{extra}={setting!r}: auto, true or false")
@@ -351,8 +353,11 @@ def _also(setting: Any, extra: str, dtype: str) -> bool:
         return False
     if word == "true":
         return True
+    from bpd_train.decoding.settings import auto_dtype
     from bpd_train.engine.fastlinear import bf16_compute, int8_compute
 
+    if extra == "q4":
+        return auto_dtype(weight_type, "cpu")[0] == "q4"
     return bool(bf16_compute() if extra == "bf16" else int8_compute())
 
 
@@ -437,9 +442,14 @@ def run_chain(args: argparse.Namespace) -> None:
     cfg = compose("train", ["+regime=distill", *common, *(o for o in args.overrides if o.startswith("pipeline."))])
     real = cfg.pipeline.real
     t0 = time.monotonic()
+    from bpd_train.sources.convert.gguf import GGUFError, open_gguf, weight_type
+
     try:
         runs = _runs(real)
-        also = [x for x in ("bf16", "int8") if _also(real.get(f"also_{x}", "auto"), x, str(cfg.decode.dtype))]
+        wtype = weight_type(open_gguf(gguf))  # the file's own type: q4 is evaluated where serving it picks q4
+        also = [
+            x for x in ("bf16", "int8", "q4") if _also(real.get(f"also_{x}", "auto"), x, str(cfg.decode.dtype), wtype)
+        ]
         art = Path(str(cfg.paths.artifacts))
         spec = dict(_plain(real.prompts))
         if requests is not None:
@@ -450,7 +460,7 @@ def run_chain(args: argparse.Namespace) -> None:
                 "validation": spec["validation"],
             }
         prompts_stage(cfg, spec, art / "prompts")
-    except (PromptsError, RequestsError) as e:
+    except (PromptsError, RequestsError, GGUFError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
@@ -484,8 +494,9 @@ def run_chain(args: argparse.Namespace) -> None:
             name,
         )
 
-    # evaluation on the held-out prompts: in decode.dtype (what the exports are chosen by), and in bf16 / int8 too
-    # where pipeline.real.also_bf16 / also_int8 ask (auto: on a CPU that computes in that precision)
+    # evaluation on the held-out prompts: in decode.dtype, and in bf16 / int8 / q4 too where pipeline.real.also_bf16 /
+    # also_int8 / also_q4 ask (auto: on a CPU that computes in that precision; q4 for a 4-bit file); the exports
+    # follow the fastest
     report_path = _evaluate("evaluate", common, dirs, corpus / "eval" / "real", cfg)
     reports = [report_path]
     for x in also:
