@@ -283,32 +283,6 @@ def test_weights_key_changes_with_every_kind_of_parameter_change(monkeypatch, wa
 
 
 @native
-def test_weights_packed_while_the_kernels_load_are_packed_once(monkeypatch):
-    """A process's first decoder loads the native kernels while it packs its weights, and the cache key is read
-    natively from then on: the weights must be cached under that key (under the key read before, every first
-    decoding call packed them twice)."""
-    from bpd_train.engine import packed
-    from bpd_train.engine import weights as wmod
-
-    loaded = []
-    real_loaded, real_build = packed.loaded_kernels, wmod.build_step_weights
-    monkeypatch.setattr(packed, "loaded_kernels", lambda: real_loaded() if loaded else None)
-
-    def build(model, options):  # building is what loads the kernels
-        loaded.append(1)
-        return real_build(model, options)
-
-    monkeypatch.setattr(wmod, "build_step_weights", build)
-    m = random_model(4, seed=3)
-    pw = PackedWeights(DecodeOptions())
-    w = pw.get(m)
-    assert pw.get(m) is w and len(loaded) == 1
-    with torch.no_grad():
-        m.embed.weight.mul_(-1.0)
-    assert pw.get(m) is not w and len(loaded) == 2  # a changed parameter still repacks
-
-
-@native
 def test_int8_on_amx_tiles_gives_the_bits_of_the_vnni_kernels():
     """int8 sums are exact integers: the AMX kernels (4 rows and more) and vpdpbusd give the same bits, so the engine
     picks by row count; bf16 on AMX is its own precision (mode 5), row-exact whatever the batch."""

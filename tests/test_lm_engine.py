@@ -285,6 +285,31 @@ def test_weights_are_repacked_after_a_parameter_changes():
     assert after == blockwise(m, src, max_len=12).tokens and after != before
 
 
+def test_weights_packed_while_the_kernels_load_are_packed_once(monkeypatch):
+    """A process's first decoder loads the native kernels while it packs its weights, and the cache key is read
+    natively from then on: the weights must be cached under that key (under the key read before, every first
+    decoding call packed them twice)."""
+    from bpd_train.engine import packed
+    from bpd_train.engine import weights as wmod
+
+    loaded = []
+    real_loaded, real_build = packed.loaded_kernels, wmod.build_step_weights
+    monkeypatch.setattr(packed, "loaded_kernels", lambda: real_loaded() if loaded else None)
+
+    def build(model, options):  # building is what loads the kernels
+        loaded.append(1)
+        return real_build(model, options)
+
+    monkeypatch.setattr(wmod, "build_step_weights", build)
+    m = lm(7, "medusa")
+    pw = PackedWeights(DecodeOptions(dtype="int8"))
+    w = pw.get(m)
+    assert pw.get(m) is w and len(loaded) == 1
+    with torch.no_grad():
+        m.layers[0].mlp.down.weight.mul_(-1.0)
+    assert pw.get(m) is not w and len(loaded) == 2  # a changed parameter still repacks
+
+
 def test_the_native_prefix_does_not_depend_on_the_batch():
     # every combination of prompts: a row's tokens never depend on its batch mates or on their lengths
     m = lm(8, "bpd", qkv_bias=True)

@@ -402,8 +402,7 @@ def _evaluate(
 
 
 def run_chain(args: argparse.Namespace) -> None:
-    from bpd_train.app import pipeline
-    from bpd_train.app.pipeline import compose, run_stage, train_stage
+    from bpd_train.app.pipeline import compose, distilled_dir, run_stage, train_stage
     from bpd_train.data.distilled import read_manifest
 
     gguf = Path(args.gguf) if args.gguf else smollm2_file()
@@ -444,9 +443,12 @@ def run_chain(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     from bpd_train.sources.convert.gguf import GGUFError, open_gguf, weight_type
 
+    try:  # the file's own type: q4 is evaluated where serving it picks q4
+        wtype = weight_type(open_gguf(gguf))
+    except GGUFError:  # a file that cannot be read: the first stage that loads it says why
+        wtype = None
     try:
         runs = _runs(real)
-        wtype = weight_type(open_gguf(gguf))  # the file's own type: q4 is evaluated where serving it picks q4
         also = [
             x for x in ("bf16", "int8", "q4") if _also(real.get(f"also_{x}", "auto"), x, str(cfg.decode.dtype), wtype)
         ]
@@ -460,13 +462,13 @@ def run_chain(args: argparse.Namespace) -> None:
                 "validation": spec["validation"],
             }
         prompts_stage(cfg, spec, art / "prompts")
-    except (PromptsError, RequestsError, GGUFError) as e:
+    except (PromptsError, RequestsError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
     # the model's own greedy answers to the training prompts
     teacher = [f"teacher={model}", "distill.beam_size=1"]
-    made = pipeline.distilled_dir([*common, "distill.beam_size=1"], model)  # type: ignore[arg-type]
+    made = distilled_dir([*common, "distill.beam_size=1"], model)  # type: ignore[arg-type]
     corpus = art / str(cfg.data.name)
     for heads, k in runs:  # before any work: heads trained on another corpus are not resumed or kept
         if why := stale_heads(corpus / "heads" / f"distill-{heads}-k{k}", made):
