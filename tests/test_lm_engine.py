@@ -310,6 +310,31 @@ def test_weights_packed_while_the_kernels_load_are_packed_once(monkeypatch):
     assert pw.get(m) is not w and len(loaded) == 2  # a changed parameter still repacks
 
 
+def test_the_kv_cache_is_half_precision_below_fp32_and_read_within_its_rounding(monkeypatch):
+    """Below fp32 the native engine keeps K/V in float16 (half the bytes attention reads a token); fp32 keeps float32
+    (and BPD_KV_HALF=0 any precision). The same tokens decoded over a half cache land as near fp32's outputs as over a
+    float32 one; blockwise stays greedy's (the other tests run half caches)."""
+    m = lm(9, "medusa")
+    src = prompts(3, 9, longest=12)
+    ids = torch.full((3, max(map(len, src))), -1, dtype=torch.long)
+    for r, p in enumerate(src):
+        ids[r, : len(p)] = torch.tensor(p)
+    toks = torch.randint(3, 12, (3, 5), generator=torch.Generator().manual_seed(9))
+
+    def run(dtype, half):
+        monkeypatch.setenv("BPD_KV_HALF", "1" if half else "0")
+        w = PackedWeights(DecodeOptions(dtype=dtype)).get(m)
+        with torch.inference_mode():
+            st = m.start_decoding(m.encode(ids, w), 8, weights=w)
+            return st.self_kv.dtype, m.decode(st, toks)
+
+    (d_half, h_half), (d_full, h_full), (d_32, h_32) = run("int8", True), run("int8", False), run("fp32", True)
+    assert (d_half, d_full, d_32) == (torch.float16, torch.float32, torch.float32)
+    assert not torch.equal(h_half, h_full)  # the half cache is what attention read
+    # as near fp32's outputs as with a float32 cache: int8's own rounding of the activations is what parts them
+    assert (h_half - h_32).norm() < 1.1 * (h_full - h_32).norm()
+
+
 def test_the_native_prefix_does_not_depend_on_the_batch():
     # every combination of prompts: a row's tokens never depend on its batch mates or on their lengths
     m = lm(8, "bpd", qkv_bias=True)

@@ -92,6 +92,9 @@ class LMDecodeWeights(DecodeStep):
         self.batch_verify_group: int | None = None
         self.ext = ext
         self.native_layers = self.native_loop = None
+        # the K/V cache's element (LMModel.start_decoding): half precision in the precisions that already round
+        # beyond fp32 on the native engine (half the bytes attention reads a token), float32 in fp32 and on torch
+        self.kv_dtype = torch.float16 if ext is not None and dt != "fp32" and env_on("BPD_KV_HALF") else torch.float32
         self.lin: list = []
         if ext is not None:
             smooth = int8_smoothing(model) if dt == "int8" and env_on("BPD_INT8_SMOOTH") else None

@@ -6,7 +6,8 @@
 #include "step.h"
 
 // For each query a: out_a[0..dh) = softmax_j(q_a.k_j * scale + mask_j) v_j over slots j < len_a (keys/values
-// `stride` floats apart, shared by the nq queries: one cache row and head). Up to QB queries go through the slots
+// `stride` elements apart, float or f16 (widened exactly as they load), shared by the nq queries: one cache row and
+// head). Up to QB queries go through the slots
 // together, so each value vector is loaded once for them and their FMA chains overlap, but every query's
 // arithmetic is exactly that of the query alone, in the same order (scores; max; exp; sum; then per lane the FMA
 // chain over its slots in order): a token's attention output is bit-identical whether it is decoded alone
@@ -37,8 +38,8 @@ static inline __m256 sum8x8(const __m256* f) {
 // fixed order whatever len or its neighbours: per lane the FMA chain over the 16-float chunks of the head, the
 // lanes folded 16 -> 8 -> 1 eight slots at a time (sum8x8), then the scalar remainder of dh % 16. Writes sc up to
 // len rounded up to 8.
-template <int NC>
-static void scores(const float* q, const float* k, int64_t stride, int64_t len, int64_t dh, float scale,
+template <int NC, typename T>
+static void scores(const float* q, const T* k, int64_t stride, int64_t len, int64_t dh, float scale,
                    const float* mask, float* sc) {
   const int nc = NC ? NC : (int)(dh / L);
   const int64_t rem = dh - (int64_t)nc * L;
@@ -50,7 +51,7 @@ static void scores(const float* q, const float* k, int64_t stride, int64_t len, 
     __m256 f[8];
     for (int i = 0; i < 8; i++) {
       if (i >= cnt || nc == 0) { f[i] = _mm256_setzero_ps(); continue; }
-      const float* kj = k + (j0 + i) * stride;
+      const T* kj = k + (j0 + i) * stride;
       vf t = vmul(NC ? qv[0] : vload(q), vload(kj));
       for (int c = 1; c < nc; c++) t = vfma(NC ? qv[c] : vload(q + c * L), vload(kj + c * L), t);
       f[i] = fold8(t);
@@ -61,9 +62,9 @@ static void scores(const float* q, const float* k, int64_t stride, int64_t len, 
     } else {
       _mm256_storeu_ps(sc + j0, s);
       for (int i = 0; i < cnt; i++) {
-        const float* kj = k + (j0 + i) * stride;
+        const T* kj = k + (j0 + i) * stride;
         float v = sc[j0 + i];
-        for (int64_t e = (int64_t)nc * L; e < dh; e++) v = std::fma(q[e], kj[e], v);
+        for (int64_t e = (int64_t)nc * L; e < dh; e++) v = std::fma(q[e], sload(kj + e), v);
         sc[j0 + i] = v * scale;
       }
     }
@@ -73,15 +74,15 @@ static void scores(const float* q, const float* k, int64_t stride, int64_t len, 
 
 // out_b[c*16 ..] for NB queries whose weights p_b (softmax, normalised) cover slots [0, len_b), lmin = min len_b:
 // per lane the FMA chain over the query's slots in order; the NB x NC accumulators stay in registers
-template <int NB, int NC>
-static inline void mix_fixed(const float* const* p, const int64_t* len, int64_t lmin, int64_t lmax, const float* v,
+template <int NB, int NC, typename T>
+static inline void mix_fixed(const float* const* p, const int64_t* len, int64_t lmin, int64_t lmax, const T* v,
                              int64_t stride, float* const* out) {
   vf acc[NB][NC];
   for (int b = 0; b < NB; b++)
     for (int c = 0; c < NC; c++) acc[b][c] = vzero();
   int64_t j = 0;
   for (; j < lmin; j++) {                                  // every query of the group: one load of v_j
-    const float* vj = v + j * stride;
+    const T* vj = v + j * stride;
     vf vv[NC];
     for (int c = 0; c < NC; c++) vv[c] = vload(vj + c * L);
     for (int b = 0; b < NB; b++) {
@@ -90,7 +91,7 @@ static inline void mix_fixed(const float* const* p, const int64_t* len, int64_t 
     }
   }
   for (; j < lmax; j++) {                                  // the longer queries' last slots
-    const float* vj = v + j * stride;
+    const T* vj = v + j * stride;
     for (int b = 0; b < NB; b++) {
       if (j >= len[b]) continue;
       const vf w = vbcast(p[b] + j);
@@ -102,7 +103,8 @@ static inline void mix_fixed(const float* const* p, const int64_t* len, int64_t 
 }
 
 // the same arithmetic for any dh: chunks outer, then the scalar remainder
-static void mix_any(int nb, const float* const* p, const int64_t* len, int64_t lmin, int64_t lmax, const float* v,
+template <typename T>
+static void mix_any(int nb, const float* const* p, const int64_t* len, int64_t lmin, int64_t lmax, const T* v,
                     int64_t stride, float* const* out, int64_t dh) {
   int64_t i = 0;
   for (; i + L <= dh; i += L) {
@@ -125,7 +127,7 @@ static void mix_any(int nb, const float* const* p, const int64_t* len, int64_t l
   for (; i < dh; i++) {
     for (int b = 0; b < nb; b++) {
       float acc = 0.0f;
-      for (int64_t j = 0; j < len[b]; j++) acc = std::fma(p[b][j], v[j * stride + i], acc);
+      for (int64_t j = 0; j < len[b]; j++) acc = std::fma(p[b][j], sload(v + j * stride + i), acc);
       out[b][i] = acc;
     }
   }
@@ -138,8 +140,8 @@ constexpr int MIX_ACC = 16;
 constexpr int MIX_ACC = 4;
 #endif
 
-template <int NC>
-static void mix(int nb, const float* const* p, const int64_t* len, int64_t lmin, int64_t lmax, const float* v,
+template <int NC, typename T>
+static void mix(int nb, const float* const* p, const int64_t* len, int64_t lmin, int64_t lmax, const T* v,
                 int64_t stride, float* const* out, int64_t dh) {
   if (NC == 0) return mix_any(nb, p, len, lmin, lmax, v, stride, out, dh);
   constexpr int G = NC ? std::max(1, MIX_ACC / std::max(1, NC)) : 1;   // queries per register-resident group
@@ -176,8 +178,8 @@ static inline void softmax_row(float* sc, int64_t len) {
   for (int64_t j = 0; j < lp; j += L) vstore(sc + j, vmul(vload(sc + j), iv));
 }
 
-template <int NC>
-static void attend_t(int64_t nq, const float* const* q, const int64_t* len, const float* k, const float* v,
+template <int NC, typename T>
+static void attend_t(int64_t nq, const float* const* q, const int64_t* len, const T* k, const T* v,
                      int64_t stride, const float* mask, float scale, float* const* out, int64_t dh, float* sc) {
   static_assert(QB == 4, "mix() dispatches groups of 1..4 queries");
   for (int64_t a0 = 0; a0 < nq; a0 += QB) {
@@ -197,7 +199,8 @@ static void attend_t(int64_t nq, const float* const* q, const int64_t* len, cons
   }
 }
 
-static void attend(int64_t nq, const float* const* q, const int64_t* len, const float* k, const float* v,
+template <typename T>
+static void attend(int64_t nq, const float* const* q, const int64_t* len, const T* k, const T* v,
                    int64_t stride, const float* mask, float scale, float* const* out, int64_t dh, float* sc) {
   switch (dh) {
     case 16: return attend_t<1>(nq, q, len, k, v, stride, mask, scale, out, dh, sc);
@@ -213,8 +216,9 @@ static void attend(int64_t nq, const float* const* q, const int64_t* len, const 
 // (the same lanes, the same bits as the query decoded alone after those tokens), then spread back with zero
 // weights, which the value mix adds exactly; up to QB queries share each value load, as in attend_t.
 // sc: scratch for QB * (max len rounded up to L, + 2 L) floats.
+template <typename T>
 static void attend_keep(int64_t nq, const float* const* q, const int64_t* len, const uint8_t* const* keep,
-                        const float* k, const float* v, int64_t stride, float scale, float* const* out, int64_t dh,
+                        const T* k, const T* v, int64_t stride, float scale, float* const* out, int64_t dh,
                         float* sc) {
   thread_local std::vector<float> packed_buf;
   for (int64_t a0 = 0; a0 < nq; a0 += QB) {

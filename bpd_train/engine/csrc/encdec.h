@@ -27,14 +27,15 @@ struct StepLayer {
 // the torch path (model/layers.py) by rounding only.
 
 // Cache row dst = cache row src of a [L,2,R,H,slots,Dh] cache (strides st, sizes n), its first `slots` slots
-static void move_cache_row(float* base, const int64_t* st, const int64_t* n, int64_t dst, int64_t src, int64_t slots) {
+template <typename T>
+static void move_cache_row(T* base, const int64_t* st, const int64_t* n, int64_t dst, int64_t src, int64_t slots) {
   for (int64_t a = 0; a < n[0]; a++)
     for (int64_t b = 0; b < n[1]; b++)
       for (int64_t hh = 0; hh < n[3]; hh++) {
-        float* to = base + a * st[0] + b * st[1] + dst * st[2] + hh * st[3];
-        const float* from = base + a * st[0] + b * st[1] + src * st[2] + hh * st[3];
-        if (st[4] == n[5]) std::memcpy(to, from, slots * n[5] * sizeof(float));
-        else for (int64_t j = 0; j < slots; j++) std::memcpy(to + j * st[4], from + j * st[4], n[5] * sizeof(float));
+        T* to = base + a * st[0] + b * st[1] + dst * st[2] + hh * st[3];
+        const T* from = base + a * st[0] + b * st[1] + src * st[2] + hh * st[3];
+        if (st[4] == n[5]) std::memcpy(to, from, slots * n[5] * sizeof(T));
+        else for (int64_t j = 0; j < slots; j++) std::memcpy(to + j * st[4], from + j * st[4], n[5] * sizeof(T));
       }
 }
 

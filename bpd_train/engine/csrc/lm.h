@@ -105,22 +105,26 @@ struct LMProp {
   }
 };
 
-// KV cache [layers,2,R,G,cap,Dh] (model/lm.py LMState), each row's pad slots lpad [R], rotary tables [cap, Dh]
+// KV cache [layers,2,R,G,cap,Dh] (model/lm.py LMState), float32 or float16 (half: the precisions other than fp32,
+// engine/lm.py kv_dtype), each row's pad slots lpad [R], rotary tables [cap, Dh]
 struct LMCache {
-  float* kv;
+  void* kv;
+  bool half;
   int64_t ks[6], kn[6], cap, rope_n, dh;
   mutable std::vector<int64_t> lpad;            // (move_row rearranges it with the rows)
   torch::Tensor cos_keep, sin_keep;
   const float* cos;
   const float* sin;
   LMCache(const torch::Tensor& self_kv, const torch::Tensor& lp, const torch::Tensor& cos_t, const torch::Tensor& sin_t) {
-    TORCH_CHECK(self_kv.scalar_type() == torch::kFloat32, "decode: float32 caches only");
+    TORCH_CHECK(self_kv.scalar_type() == torch::kFloat32 || self_kv.scalar_type() == torch::kHalf,
+                "decode: float32 or float16 caches only");
+    half = self_kv.scalar_type() == torch::kHalf;
     for (int i = 0; i < 6; i++) {
       ks[i] = self_kv.stride(i);
       kn[i] = self_kv.size(i);
     }
     TORCH_CHECK(ks[5] == 1, "decode: caches must be contiguous in the head dimension");
-    kv = self_kv.data_ptr<float>();
+    kv = self_kv.data_ptr();
     cap = self_kv.size(4);
     dh = self_kv.size(5);
     auto l = lp.to(torch::kLong).contiguous();
@@ -135,7 +139,8 @@ struct LMCache {
   }
   // row dst = row src: its first `filled` slots and its left padding
   void move_row(int64_t dst, int64_t src, int64_t filled) const {
-    move_cache_row(kv, ks, kn, dst, src, filled);
+    if (half) move_cache_row((f16*)kv, ks, kn, dst, src, filled);
+    else move_cache_row((float*)kv, ks, kn, dst, src, filled);
     lpad[dst] = lpad[src];
   }
 };
@@ -164,8 +169,9 @@ struct TreeRows {
 // bytes of the next linear's weights fetched into L2 ahead of it, during the attention or the norms before it (the
 // first blocks of each matrix missed every cache: docs/experiments.md 8.17)
 constexpr int64_t PF_NEXT = 64 << 10;
-static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, const LMNet& net, const LMCache& c,
-                          const TreeRows* tree = nullptr) {
+template <typename T>
+static void lm_decode_raw_t(float* x, int64_t M, int64_t n, const int64_t* slot, const LMNet& net, const LMCache& c,
+                            const TreeRows* tree) {
   Work& ws = work();
   const int64_t d = net.d;
   int64_t wide = 0, hd = 0, max_slot = 0;
@@ -191,7 +197,7 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
     lin_rows(w.qkv, y, big, M);                                               // [M][q H*Dh | k G*Dh | v G*Dh]
     prefetch_lin(w.o, PF_NEXT);                                                // memory is idle during attention
     tk.to(P_DEC_LIN);
-    float* kl = c.kv + li * ks[0];
+    T* kl = (T*)c.kv + li * ks[0];
     for (int64_t m = 0; m < M; m++) {
       const int64_t row = m / n;
       const int64_t ps = tree ? tree->pslot[m] : slot[m];
@@ -199,8 +205,8 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
       float* q = big + m * qn;
       rope(q, h + g, dh, c.cos + pos * dh, c.sin + pos * dh);                 // q and k heads
       for (int64_t gg = 0; gg < g; gg++) {
-        std::memcpy(kl + row * ks[2] + gg * ks[3] + slot[m] * ks[4], q + (h + gg) * dh, dh * sizeof(float));
-        std::memcpy(kl + ks[1] + row * ks[2] + gg * ks[3] + slot[m] * ks[4], q + (h + g + gg) * dh, dh * sizeof(float));
+        kv_store(kl + row * ks[2] + gg * ks[3] + slot[m] * ks[4], q + (h + gg) * dh, dh);
+        kv_store(kl + ks[1] + row * ks[2] + gg * ks[3] + slot[m] * ks[4], q + (h + g + gg) * dh, dh);
       }
     }
     const int64_t kmax = max_slot + 1, R = M / n;
@@ -232,14 +238,14 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
               kq[m * rep + r] = km;
             }
           }
-          const float* base = kl + row * ks[2] + gg * ks[3] + start * ks[4];
+          const T* base = kl + row * ks[2] + gg * ks[3] + start * ks[4];
           attend_keep(M * rep, qs, lens, kq.data(), base, base + ks[1], ks[4], scale, os, dh, scp);
           continue;
         }
         int64_t cnt = 0, run_start = -1;
         auto flush = [&]() {
           if (cnt == 0) return;
-          const float* base = kl + row * ks[2] + gg * ks[3] + run_start * ks[4];
+          const T* base = kl + row * ks[2] + gg * ks[3] + run_start * ks[4];
           attend(cnt, qs, lens, base, base + ks[1], ks[4], nullptr, scale, os, dh, scp);
           cnt = 0;
         };
@@ -281,6 +287,12 @@ static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, c
     for (int64_t i = 0; i < M * d; i++) x[i] += o[i];
     tk.to(P_DEC_OTHER);
   }
+}
+
+static void lm_decode_raw(float* x, int64_t M, int64_t n, const int64_t* slot, const LMNet& net, const LMCache& c,
+                          const TreeRows* tree = nullptr) {
+  if (c.half) lm_decode_raw_t<f16>(x, M, n, slot, net, c, tree);
+  else lm_decode_raw_t<float>(x, M, n, slot, net, c, tree);
 }
 
 static void lm_head1_ids(const float* h, int64_t M, const LMNet& net, int64_t* out, bool full = false) {
@@ -415,8 +427,9 @@ struct LMLoop : LoopModel {
     for (int64_t li = 0; li < c.kn[0]; li++)
       for (int64_t kv = 0; kv < 2; kv++)
         for (int64_t gg = 0; gg < c.kn[3]; gg++) {
-          float* b = c.kv + li * c.ks[0] + kv * c.ks[1] + gg * c.ks[3];
-          std::memcpy(b + dst * c.ks[4], b + src * c.ks[4], c.dh * sizeof(float));
+          const int64_t es = c.half ? 2 : 4;   // bytes an element
+          char* b = (char*)c.kv + (li * c.ks[0] + kv * c.ks[1] + gg * c.ks[3]) * es;
+          std::memcpy(b + dst * c.ks[4] * es, b + src * c.ks[4] * es, c.dh * es);
         }
   }
 };

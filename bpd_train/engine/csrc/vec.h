@@ -50,10 +50,17 @@ static_assert(MB == 4 && NV % 2 == 0, "run() dispatches blocks of 1..4 rows and 
 // Q4QF: the same with a float32 scale and offset per 32; Q4QK: with a GGUF's Q4_K scales as the file holds them.
 enum Mode { F32 = 0, BF16 = 1, I8 = 2, BF16D = 3, I8D = 4, BF16A = 5, Q4F = 6, Q4Q = 7, Q4QF = 8, Q4QK = 9 };
 
+// An IEEE half (torch.float16's layout): the K/V cache's element in the precisions that are not fp32 (lm.h LMCache)
+struct f16 { uint16_t bits; };
+#if !defined(__F16C__)
+#error "bpd_train native decode kernels need F16C (every AVX2 CPU has it)"
+#endif
+
 #if defined(__AVX512F__)
 using vf = __m512;
 static inline vf vzero() { return _mm512_setzero_ps(); }
 static inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline vf vload(const f16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 static inline vf vbcast(const float* p) { return _mm512_set1_ps(*p); }
 static inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
@@ -73,6 +80,9 @@ static inline void keep(vf& v) { asm("" : "+v"(v)); }  // (on a local: on an arr
 struct vf { __m256 lo, hi; };
 static inline vf vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 static inline vf vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+static inline vf vload(const f16* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8)))};
+}
 static inline vf vbcast(const float* p) { __m256 v = _mm256_broadcast_ss(p); return {v, v}; }
 static inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v.lo); _mm256_storeu_ps(p + 8, v.hi); }
 static inline vf vfma(vf a, vf b, vf c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
@@ -90,6 +100,17 @@ static inline void keep(vf& v) { asm("" : "+x"(v.lo), "+x"(v.hi)); }
 #else
 #error "bpd_train native decode kernels need AVX2+FMA or AVX-512 (the Python side falls back to torch)"
 #endif
+
+// one element of a K/V cache as float, and n floats into one (halves rounded to nearest even, as torch's .half())
+static inline float sload(const float* p) { return *p; }
+static inline float sload(const f16* p) { return _cvtsh_ss(p->bits); }
+static inline void kv_store(float* d, const float* s, int64_t n) { std::memcpy(d, s, n * sizeof(float)); }
+static inline void kv_store(f16* d, const float* s, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i*)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; i++) d[i].bits = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
+}
 
 static inline float hsum(vf v) {
   // a fixed tree (the same for every query): 16 lanes in 4 dependent adds, not 16

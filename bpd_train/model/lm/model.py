@@ -362,7 +362,8 @@ class LMModel(HeadedModel):
             ids, lpad = ids.repeat_interleave(expand, 0), lpad.repeat_interleave(expand, 0)
         r, p = ids.shape
         w = self.embed.weight
-        kv = w.new_zeros(c.n_layers, 2, r, c.kv_heads, p - 1 + capacity, c.dh)
+        dtype = getattr(weights, "kv_dtype", None) or w.dtype  # (the native engine's: half below fp32)
+        kv = w.new_zeros(c.n_layers, 2, r, c.kv_heads, p - 1 + capacity, c.dh, dtype=dtype)
         state = LMState(kv, lpad, c)
         state.weights = weights
         state.first = ids[:, -1:].clone()
