@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- real:begin -->", "<!-- real:end -->"
-README_JSON = "docs/results/real-avx512-zen5-45.json"  # the run README.md shows
+README_JSON = "docs/results/real-avx512-zen5-45-halfkv.json"  # the run README.md shows
 ENGINE_BEGIN, ENGINE_END = "<!-- engine:begin -->", "<!-- engine:end -->"  # docs/engine.md's per-CPU table
 
 
