@@ -61,6 +61,14 @@ def prompts(n, seed, vocab=12, longest=9):
     return [g.integers(3, vocab, size=int(g.integers(1, longest + 1))).tolist() for _ in range(n)]
 
 
+def padded(rows):
+    """Token lists -> [R, longest] right-padded with -1 (the encode input)."""
+    out = torch.full((len(rows), max(map(len, rows))), -1, dtype=torch.long)
+    for r, p in enumerate(rows):
+        out[r, : len(p)] = torch.tensor(p)
+    return out
+
+
 CONFIGS = [  # (head type, GQA kv heads, qkv bias, tied output, extra config)
     ("bpd", 2, False, True, {}),
     ("bpd", 4, True, False, {}),  # MHA, q/k/v and o biases, separate lm_head
@@ -96,9 +104,7 @@ def test_the_native_step_computes_the_torch_step():
         w = default_weights(m).get(m)
         assert isinstance(w, LMDecodeWeights) and w.native_layers is not None
         with torch.inference_mode():
-            src = torch.full((4, max(map(len, rows))), -1, dtype=torch.long)
-            for r, p in enumerate(rows):
-                src[r, : len(p)] = torch.tensor(p)
+            src = padded(rows)
             _w = default_weights(m).get(m)
             state = m.start_decoding(m.encode(src, _w), 8, weights=_w)
             h1 = m.decode(state, state.first)  # [4,1,D]
@@ -120,9 +126,7 @@ def test_a_row_is_bit_identical_alone_or_inside_a_block(dtype):
     m = lm(1, "bpd", kv=2, qkv_bias=True)
     pw_m = PackedWeights(DecodeOptions(dtype=dtype))
     rows = prompts(3, 1)
-    src = torch.full((3, max(map(len, rows))), -1, dtype=torch.long)
-    for r, p in enumerate(rows):
-        src[r, : len(p)] = torch.tensor(p)
+    src = padded(rows)
     toks = torch.randint(3, 12, (3, 5))
     with torch.inference_mode():
         _w = pw_m.get(m)
@@ -316,9 +320,7 @@ def test_the_kv_cache_is_half_precision_below_fp32_and_read_within_its_rounding(
     float32 one; blockwise stays greedy's (the other tests run half caches)."""
     m = lm(9, "medusa")
     src = prompts(3, 9, longest=12)
-    ids = torch.full((3, max(map(len, src))), -1, dtype=torch.long)
-    for r, p in enumerate(src):
-        ids[r, : len(p)] = torch.tensor(p)
+    ids = padded(src)
     toks = torch.randint(3, 12, (3, 5), generator=torch.Generator().manual_seed(9))
 
     def run(dtype, half):
@@ -410,9 +412,7 @@ def test_thread_count_does_not_change_a_bit(dtype):
     m = lm(13, "bpd", kv=2, qkv_bias=True)
     pw_m = PackedWeights(DecodeOptions(dtype=dtype))
     src = prompts(4, 13)
-    ids = torch.full((4, max(map(len, src))), -1, dtype=torch.long)
-    for r, p in enumerate(src):
-        ids[r, : len(p)] = torch.tensor(p)
+    ids = padded(src)
     toks = torch.randint(3, 12, (4, 6))
     before = torch.get_num_threads()
     got = []

@@ -404,6 +404,7 @@ def _evaluate(
 def run_chain(args: argparse.Namespace) -> None:
     from bpd_train.app.pipeline import compose, distilled_dir, run_stage, train_stage
     from bpd_train.data.distilled import read_manifest
+    from bpd_train.sources.convert.gguf import GGUFError, open_gguf, weight_type
 
     gguf = Path(args.gguf) if args.gguf else smollm2_file()
     if gguf is None:
@@ -441,8 +442,6 @@ def run_chain(args: argparse.Namespace) -> None:
     cfg = compose("train", ["+regime=distill", *common, *(o for o in args.overrides if o.startswith("pipeline."))])
     real = cfg.pipeline.real
     t0 = time.monotonic()
-    from bpd_train.sources.convert.gguf import GGUFError, open_gguf, weight_type
-
     try:  # the file's own type: q4 is evaluated where serving it picks q4
         wtype = weight_type(open_gguf(gguf))
     except GGUFError:  # a file that cannot be read: the first stage that loads it says why

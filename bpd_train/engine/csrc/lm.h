@@ -424,10 +424,10 @@ struct LMLoop : LoopModel {
   }
   // cache row 0's K and V at slot dst = those at slot src, every layer and KV head
   void move_slot(int64_t dst, int64_t src) const override {
+    const int64_t es = c.half ? 2 : 4;   // bytes an element
     for (int64_t li = 0; li < c.kn[0]; li++)
       for (int64_t kv = 0; kv < 2; kv++)
         for (int64_t gg = 0; gg < c.kn[3]; gg++) {
-          const int64_t es = c.half ? 2 : 4;   // bytes an element
           char* b = (char*)c.kv + (li * c.ks[0] + kv * c.ks[1] + gg * c.ks[3]) * es;
           std::memcpy(b + dst * c.ks[4] * es, b + src * c.ks[4] * es, c.dh * es);
         }
